@@ -1,0 +1,17 @@
+//! `meta-bench`: the project's benchmarks. `cargo run --release -p meta-bench -- <wal|limiter|raft|storm>`.
+
+mod report;
+mod wal;
+
+use anyhow::{bail, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(which) = args.first() else {
+        bail!("usage: meta-bench <wal|limiter|raft|storm> [options]");
+    };
+    match which.as_str() {
+        "wal" => wal::run(&args[1..]),
+        other => bail!("unknown benchmark {other:?}; expected wal, limiter, raft or storm"),
+    }
+}

@@ -1,0 +1,2 @@
+//! WAL benchmark (placeholder).
+pub fn run(_args: &[String]) -> anyhow::Result<()> { Ok(()) }

@@ -1,0 +1,14 @@
+//! Durable storage for the metaserver, with no knowledge of Raft or HTTP.
+//!
+//! - [`wal`]: a segmented write-ahead log whose writers share fsync barriers (group commit).
+//! - [`rate_limit`]: an accumulating byte-rate limiter and the writers that use it.
+//! - [`snapshot`]: snapshot files written to a temp file, fsynced and renamed into place.
+//! - [`fs`]: the small file-system trait behind which all file access sits, so tests can inject faults.
+
+pub mod error;
+pub mod fs;
+pub mod rate_limit;
+pub mod snapshot;
+pub mod wal;
+
+pub use error::{Error, Result};
