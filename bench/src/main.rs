@@ -1,6 +1,9 @@
 //! `meta-bench`: the project's benchmarks. `cargo run --release -p meta-bench -- <wal|limiter|raft|storm>`.
 
+mod limiter;
+mod raft;
 mod report;
+mod storm;
 mod wal;
 
 use anyhow::{bail, Result};
@@ -12,6 +15,9 @@ fn main() -> Result<()> {
     };
     match which.as_str() {
         "wal" => wal::run(&args[1..]),
+        "limiter" => limiter::run(&args[1..]),
+        "raft" => raft::run(&args[1..]),
+        "storm" => storm::run(&args[1..]),
         other => bail!("unknown benchmark {other:?}; expected wal, limiter, raft or storm"),
     }
 }

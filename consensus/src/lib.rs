@@ -1,1 +1,51 @@
-//! Placeholder; filled in by its issue.
+//! The metaserver's replicated state machine: openraft over the `meta-store` write-ahead log,
+//! with the shard registry kept in sled.
+//!
+//! - [`MetaNode`]: open a node from a data dir, write commands, read the registry with a
+//!   consistency choice, manage membership, take snapshots, read status.
+//! - [`Command`] / [`CommandResult`]: the registry's commands and their results.
+//! - [`transport`]: the in-process transport (tests, benches); the crate is generic over
+//!   openraft's network factory and knows nothing of HTTP.
+//! - [`LogStore`] and [`StateMachine`]: the openraft storage implementations.
+
+mod apply_batch;
+mod capture;
+pub mod codec;
+mod command;
+mod config;
+mod error;
+mod keys;
+mod log_record;
+mod log_store;
+mod node;
+mod records;
+mod registry;
+mod sm_stats;
+mod snapshot_builder;
+mod snapshot_data;
+mod snapshot_format;
+mod state_machine;
+mod status;
+pub mod transport;
+mod types;
+mod view;
+
+pub use command::{Command, CommandResult, ShardReport};
+pub use config::NodeConfig;
+pub use error::{Error, Result};
+pub use log_store::LogStore;
+pub use meta_store::{BarrierMode, WalMetrics};
+pub use node::MetaNode;
+pub use registry::MAX_PAGE;
+pub use sm_stats::StateMachineStats;
+pub use snapshot_builder::SnapshotBuilder;
+pub use snapshot_data::SnapshotData;
+pub use state_machine::StateMachine;
+pub use status::{ClusterStatus, ReplicationLag, Role};
+pub use types::{
+    Entry, LogId, Node, NodeId, Raft, SnapshotMeta, StoredMembership, TypeConfig, Vote,
+};
+pub use view::{
+    Consistency, DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo,
+    SnapshotInfo, Written,
+};

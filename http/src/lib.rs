@@ -1,1 +1,28 @@
-//! Placeholder; filled in by its issue.
+//! The metaserver's HTTP layer: the admin API (`/v1/...`), its error mapping, metrics and
+//! token authentication, and the Raft transport between processes (`/raft/...`).
+//!
+//! It talks to the node API of `meta-consensus` only, never to the log or the registry
+//! directly.
+
+pub mod auth;
+pub mod codec;
+pub mod error;
+pub mod extract;
+pub mod forward;
+pub mod handlers;
+pub mod limits;
+pub mod metrics;
+pub mod network;
+pub mod node_metrics;
+pub mod raft_routes;
+pub mod request;
+pub mod response;
+pub mod router;
+pub mod state;
+
+pub use auth::Token;
+pub use error::ApiError;
+pub use metrics::Metrics;
+pub use network::HttpNetwork;
+pub use router::router;
+pub use state::AppState;

@@ -5,6 +5,7 @@
 //! - [`snapshot`]: snapshot files written to a temp file, fsynced and renamed into place.
 //! - [`fs`]: the small file-system trait behind which all file access sits, so tests can inject faults.
 
+mod barrier;
 pub mod error;
 pub mod fs;
 pub mod rate_limit;
@@ -12,3 +13,7 @@ pub mod snapshot;
 pub mod wal;
 
 pub use error::{Error, Result};
+pub use fs::{FileSystem, OsFileSystem};
+pub use rate_limit::{AsyncThrottledWriter, RateLimiter, ThrottledWriter};
+pub use snapshot::{SnapshotFile, SnapshotReader, SnapshotStore, SnapshotWriter};
+pub use wal::{BarrierMode, Lsn, Wal, WalMetrics, WalOptions};

@@ -1,0 +1,562 @@
+//! The `limiter` benchmark: how closely the accumulating rate limiter keeps to the requested rate
+//! under the write pattern that broke a naive limiter (8 KiB write, zero-byte write, flush), what
+//! the adapter costs at the unlimited rate, and how long a paced snapshot export takes.
+//!
+//! `cargo run --release -p meta-bench -- limiter [--seconds S] [--rounds N] [--rates 1,4,..]
+//! [--export-mib M] [--export-rate R]`
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use meta_store::{RateLimiter, SnapshotStore, ThrottledWriter};
+use serde_json::{json, Value};
+
+use crate::report;
+
+const MB: f64 = 1_000_000.0;
+const BLOCK: usize = 8192;
+/// The clock is checked for the end of a run once per this many blocks (in every arm alike).
+const BLOCKS_PER_CHECK: usize = 16;
+/// The real file is rewritten from its start once it reaches this size, to bound disk use.
+const FILE_WRAP: u64 = 256 << 20;
+/// Lower and upper bounds of the accepted achieved/requested ratio.
+const TARGET: (f64, f64) = (0.97, 1.01);
+
+struct Options {
+    seconds: f64,
+    rounds: usize,
+    rates: Vec<u64>,
+    export_mib: u64,
+    export_rate: u64,
+    overhead_rounds: usize,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options> {
+        let mut opts = Options {
+            seconds: 2.0,
+            rounds: 2,
+            rates: vec![1, 4, 16, 64, 256, 1024],
+            export_mib: 256,
+            export_rate: 64,
+            overhead_rounds: 15,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || {
+                it.next()
+                    .with_context(|| format!("{flag} needs a value"))
+                    .cloned()
+            };
+            match flag.as_str() {
+                "--seconds" => opts.seconds = value()?.parse().context("--seconds")?,
+                "--rounds" => opts.rounds = value()?.parse().context("--rounds")?,
+                "--overhead-rounds" => {
+                    opts.overhead_rounds = value()?.parse().context("--overhead-rounds")?
+                }
+                "--export-mib" => opts.export_mib = value()?.parse().context("--export-mib")?,
+                "--export-rate" => opts.export_rate = value()?.parse().context("--export-rate")?,
+                "--rates" => {
+                    opts.rates = value()?
+                        .split(',')
+                        .map(|r| r.trim().parse::<u64>())
+                        .collect::<Result<_, _>>()
+                        .context("--rates: comma-separated MB/s")?
+                }
+                other => bail!(
+                    "unknown option {other:?}; expected --seconds, --rounds, --overhead-rounds, \
+                     --rates, --export-mib or --export-rate"
+                ),
+            }
+        }
+        if !(opts.seconds > 0.0) || opts.rounds == 0 || opts.overhead_rounds == 0 {
+            bail!("--seconds, --rounds and --overhead-rounds must be positive");
+        }
+        if opts.rates.contains(&0) || opts.export_rate == 0 {
+            bail!("rates must be positive (MB/s)");
+        }
+        Ok(opts)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sink {
+    Sink,
+    File,
+}
+
+impl Sink {
+    fn name(self) -> &'static str {
+        match self {
+            Sink::Sink => "sink",
+            Sink::File => "file",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arm {
+    Accumulating,
+    Naive,
+    Bare,
+    Adapter,
+}
+
+impl Arm {
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Accumulating => "accumulating",
+            Arm::Naive => "naive",
+            Arm::Bare => "bare",
+            Arm::Adapter => "adapter",
+        }
+    }
+}
+
+/// A real file of [`FILE_WRAP`] bytes, written over and over from its start.
+struct WrappingFile {
+    file: File,
+    pos: u64,
+}
+
+impl WrappingFile {
+    /// Creates the file at its full size and makes it durable once, so that the runs overwrite
+    /// allocated blocks (through the page cache) instead of each run allocating anew.
+    fn prepare(path: &Path) -> Result<()> {
+        let mut file = File::create(path).with_context(|| format!("create {}", path.display()))?;
+        let block = vec![0x5Au8; 1 << 20];
+        for _ in 0..FILE_WRAP / block.len() as u64 {
+            file.write_all(&block)?;
+        }
+        file.sync_all()?;
+        Ok(())
+    }
+
+    /// Opens the prepared file for a run, at offset 0.
+    fn open(path: &Path) -> Result<WrappingFile> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("open {}", path.display()))?;
+        Ok(WrappingFile { file, pos: 0 })
+    }
+}
+
+impl Write for WrappingFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.pos + buf.len() as u64 > FILE_WRAP {
+            self.file.seek(SeekFrom::Start(0))?;
+            self.pos = 0;
+        }
+        let n = self.file.write(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// The naive limiter the reference system started with: every call, including a zero-byte one,
+/// reads the clock and sleeps until the call's bytes are due; a deadline already past is reset to
+/// now (so oversleep is never made up).
+struct NaiveWriter<W> {
+    inner: W,
+    nanos_per_byte: f64,
+    last: Instant,
+}
+
+impl<W: Write> NaiveWriter<W> {
+    fn new(inner: W, bytes_per_sec: u64) -> Self {
+        NaiveWriter {
+            inner,
+            nanos_per_byte: 1e9 / bytes_per_sec as f64,
+            last: Instant::now(),
+        }
+    }
+
+    fn pause(&mut self, bytes: usize) {
+        let target = self.last + Duration::from_nanos((bytes as f64 * self.nanos_per_byte) as u64);
+        self.last = target;
+        let mut now = Instant::now();
+        if self.last < now {
+            self.last = now;
+        }
+        while target > now {
+            thread::sleep(target - now);
+            now = Instant::now();
+        }
+    }
+}
+
+impl<W: Write> Write for NaiveWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.pause(n);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes 8 KiB blocks, each followed by a zero-byte write and a flush, for `seconds`. Returns
+/// the bytes written.
+fn pattern(out: &mut impl Write, seconds: f64) -> Result<u64> {
+    let block = [0xA5u8; BLOCK];
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut bytes = 0u64;
+    loop {
+        for _ in 0..BLOCKS_PER_CHECK {
+            out.write_all(&block)?;
+            let _ = out.write(&[])?;
+            out.flush()?;
+            bytes += BLOCK as u64;
+        }
+        if Instant::now() >= end {
+            return Ok(bytes);
+        }
+    }
+}
+
+/// One run of `arm` into `sink` at `rate` bytes/s (0 = unlimited); returns achieved bytes/s.
+fn run_arm(arm: Arm, sink: Sink, rate: u64, seconds: f64, file: &Path) -> Result<f64> {
+    fn timed<W: Write>(
+        out: W,
+        arm: Arm,
+        rate: u64,
+        seconds: f64,
+        start: Instant,
+    ) -> Result<(u64, Duration)> {
+        let bytes = match arm {
+            Arm::Accumulating | Arm::Adapter => {
+                let limiter =
+                    Arc::new(RateLimiter::new(if arm == Arm::Adapter { 0 } else { rate }));
+                let mut w = ThrottledWriter::new(out, limiter);
+                let bytes = pattern(&mut w, seconds)?;
+                w.finish()?;
+                bytes
+            }
+            Arm::Naive => {
+                let mut w = NaiveWriter::new(out, rate);
+                let bytes = pattern(&mut w, seconds)?;
+                w.flush()?;
+                bytes
+            }
+            Arm::Bare => {
+                let mut w = out;
+                let bytes = pattern(&mut w, seconds)?;
+                w.flush()?;
+                bytes
+            }
+        };
+        Ok((bytes, start.elapsed()))
+    }
+    let (bytes, elapsed) = match sink {
+        Sink::Sink => timed(io::sink(), arm, rate, seconds, Instant::now())?,
+        Sink::File => {
+            let out = WrappingFile::open(file)?;
+            timed(out, arm, rate, seconds, Instant::now())?
+        }
+    };
+    Ok(bytes as f64 / elapsed.as_secs_f64())
+}
+
+/// Exports a snapshot of `bytes` payload bytes at `rate` bytes/s (0 = unlimited), from creating
+/// the temp file to the directory fsync; returns the seconds it took in all and the seconds
+/// `finish` took (trailer, sync, rename, directory fsync, retention).
+fn export(store: &SnapshotStore, name: &str, bytes: u64, rate: u64) -> Result<(f64, f64)> {
+    let mut data = vec![0u8; 1 << 20];
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let limiter = Arc::new(RateLimiter::new(rate));
+    let start = Instant::now();
+    let mut writer = store.create(name, b"bench", limiter)?;
+    let mut left = bytes;
+    while left > 0 {
+        for piece in data.chunks(64 * 1024) {
+            let n = (piece.len() as u64).min(left) as usize;
+            writer.write_all(&piece[..n])?;
+            left -= n as u64;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    let finishing = Instant::now();
+    writer.finish()?;
+    Ok((
+        start.elapsed().as_secs_f64(),
+        finishing.elapsed().as_secs_f64(),
+    ))
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn within(ratio: f64) -> bool {
+    (TARGET.0..=TARGET.1).contains(&ratio)
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let opts = Options::parse(args)?;
+    let work = tempfile::tempdir_in(report::out_dir()?).context("create bench temp dir")?;
+    let file = work.path().join("limiter.dat");
+    WrappingFile::prepare(&file)?;
+    let mut json: Vec<Value> = Vec::new();
+
+    // Unthrottled: the bare writer against the adapter at the unlimited rate, interleaved.
+    let overhead_seconds = (opts.seconds / 6.0).max(0.1);
+    let mut overhead_rows = Vec::new();
+    let mut unthrottled_file = 0.0;
+    let mut overhead_file = 0.0;
+    let mut overhead_sink_ns = 0.0;
+    for sink in [Sink::File, Sink::Sink] {
+        let (mut bare, mut adapter, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..opts.overhead_rounds {
+            // A B, then B A: a drift in the machine's speed cancels out of the ratios.
+            let (b, a) = if round % 2 == 0 {
+                let b = run_arm(Arm::Bare, sink, 0, overhead_seconds, &file)?;
+                (b, run_arm(Arm::Adapter, sink, 0, overhead_seconds, &file)?)
+            } else {
+                let a = run_arm(Arm::Adapter, sink, 0, overhead_seconds, &file)?;
+                (run_arm(Arm::Bare, sink, 0, overhead_seconds, &file)?, a)
+            };
+            eprintln!(
+                "  unthrottled {} pair {round}: bare {:.0} MB/s, adapter {:.0} MB/s, ratio {:.4}",
+                sink.name(),
+                b / MB,
+                a / MB,
+                a / b
+            );
+            bare.push(b);
+            adapter.push(a);
+            ratios.push(a / b);
+        }
+        let (b, a, r) = (median(&bare), median(&adapter), median(&ratios));
+        eprintln!(
+            "unthrottled {}: bare {:.0} MB/s, adapter {:.0} MB/s, ratio {r:.4}",
+            sink.name(),
+            b / MB,
+            a / MB
+        );
+        if sink == Sink::File {
+            unthrottled_file = b;
+            overhead_file = r;
+            json.push(json!({
+                "arm": "overhead",
+                "sink": sink.name(),
+                "ratio": r,
+                "bare_mb_s": b / MB,
+                "adapter_mb_s": a / MB,
+            }));
+        } else {
+            // Into the sink a block costs a few nanoseconds, so the ratio there measures the
+            // loop, not the adapter; it is reported (as nanoseconds per block) but not the target.
+            overhead_sink_ns = (BLOCK as f64 / a - BLOCK as f64 / b) * 1e9;
+        }
+        overhead_rows.push(vec![
+            sink.name().to_string(),
+            format!("{:.0}", b / MB),
+            format!("{:.0}", a / MB),
+            format!("{r:.4}"),
+            format!("{:.1}%", (1.0 - r) * 100.0),
+            format!(
+                "{:.1} ns",
+                (BLOCK as f64 / a - BLOCK as f64 / b) * 1e9 // per 8 KiB + empty write + flush
+            ),
+        ]);
+    }
+
+    // Paced runs: both arms, interleaved A B A B, into the sink and into the file.
+    let mut rate_rows = Vec::new();
+    let mut misses = Vec::new();
+    for &rate_mb in &opts.rates {
+        let rate = rate_mb * 1_000_000;
+        for sink in [Sink::Sink, Sink::File] {
+            let mut achieved = [Vec::new(), Vec::new()];
+            for _ in 0..opts.rounds {
+                for (i, arm) in [Arm::Accumulating, Arm::Naive].into_iter().enumerate() {
+                    let a = run_arm(arm, sink, rate, opts.seconds, &file)?;
+                    eprintln!(
+                        "{rate_mb:>5} MB/s {:<4} {:<12} {:>9.3} MB/s ratio {:.4}",
+                        sink.name(),
+                        arm.name(),
+                        a / MB,
+                        a / rate as f64
+                    );
+                    achieved[i].push(a);
+                }
+            }
+            let acc = median(&achieved[0]);
+            let naive = median(&achieved[1]);
+            let (acc_ratio, naive_ratio) = (acc / rate as f64, naive / rate as f64);
+            let applies = sink == Sink::Sink || unthrottled_file >= 2.0 * rate as f64;
+            let verdict = if !applies {
+                format!(
+                    "n/a (file only {:.1}x the rate)",
+                    unthrottled_file / rate as f64
+                )
+            } else if within(acc_ratio) {
+                "yes".to_string()
+            } else {
+                misses.push(format!("{rate_mb} MB/s {}", sink.name()));
+                "NO".to_string()
+            };
+            rate_rows.push(vec![
+                sink.name().to_string(),
+                rate_mb.to_string(),
+                format!("{:.3}", acc / MB),
+                format!("{acc_ratio:.4}"),
+                format!("{:.3}", naive / MB),
+                format!("{naive_ratio:.4}"),
+                verdict,
+            ]);
+            for (arm, mb, ratio) in [
+                (Arm::Accumulating, acc, acc_ratio),
+                (Arm::Naive, naive, naive_ratio),
+            ] {
+                json.push(json!({
+                    "arm": arm.name(),
+                    "sink": sink.name(),
+                    "requested_mb_s": rate_mb,
+                    "achieved_mb_s": mb / MB,
+                    "ratio": ratio,
+                    "runs": opts.rounds,
+                }));
+            }
+        }
+    }
+
+    // Snapshot export: unthrottled and paced, interleaved.
+    let store = SnapshotStore::open(work.path().join("snapshots"), 2)?;
+    let export_bytes = opts.export_mib << 20;
+    let export_rate = opts.export_rate * 1_000_000;
+    let (mut free, mut paced, mut free_fin, mut paced_fin) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..opts.rounds {
+        let (f, ff) = export(&store, &format!("{round:04}-a"), export_bytes, 0)?;
+        let (p, pf) = export(&store, &format!("{round:04}-b"), export_bytes, export_rate)?;
+        eprintln!(
+            "export: unthrottled {f:.3} s (finish {ff:.3} s), {} MB/s {p:.3} s (finish {pf:.3} s)",
+            opts.export_rate
+        );
+        free.push(f);
+        paced.push(p);
+        free_fin.push(ff);
+        paced_fin.push(pf);
+    }
+    let (free_s, paced_s) = (median(&free), median(&paced));
+    let (free_fin_s, paced_fin_s) = (median(&free_fin), median(&paced_fin));
+    let ideal = free_s.max(4.0);
+    let floor = export_bytes as f64 / export_rate as f64;
+    json.push(json!({
+        "arm": "export",
+        "seconds": paced_s,
+        "ideal_seconds": ideal,
+        "unthrottled_seconds": free_s,
+        "pacing_floor_seconds": floor,
+        "finish_seconds": paced_fin_s,
+        "requested_mb_s": opts.export_rate,
+        "payload_bytes": export_bytes,
+    }));
+
+    println!(
+        "\n### Paced writes: 8 KiB write + zero-byte write + flush, {} s per run, median of {} runs per arm (interleaved)\n",
+        opts.seconds, opts.rounds
+    );
+    report::print_table(
+        &[
+            "sink",
+            "requested MB/s",
+            "accumulating MB/s",
+            "accumulating ratio",
+            "naive MB/s",
+            "naive ratio",
+            "accumulating within [0.97, 1.01]",
+        ],
+        &rate_rows,
+    );
+    println!(
+        "\n### Unthrottled: adapter at the unlimited rate vs the bare writer, median of {} interleaved pairs of {overhead_seconds:.2} s\n",
+        opts.overhead_rounds
+    );
+    report::print_table(
+        &[
+            "sink",
+            "bare MB/s",
+            "adapter MB/s",
+            "ratio",
+            "overhead",
+            "cost per block",
+        ],
+        &overhead_rows,
+    );
+    println!(
+        "\n### Snapshot export: {} MiB, median of {} runs each (interleaved)\n",
+        opts.export_mib, opts.rounds
+    );
+    report::print_table(
+        &[
+            "arm",
+            "seconds",
+            "of which finish",
+            "vs ideal",
+            "vs bytes/rate",
+        ],
+        &[
+            vec![
+                "unthrottled".to_string(),
+                format!("{free_s:.3}"),
+                format!("{free_fin_s:.3}"),
+                String::new(),
+                String::new(),
+            ],
+            vec![
+                format!("{} MB/s", opts.export_rate),
+                format!("{paced_s:.3}"),
+                format!("{paced_fin_s:.3}"),
+                format!("{:.4}", paced_s / ideal),
+                format!("{:.4}", paced_s / floor),
+            ],
+        ],
+    );
+    println!(
+        "\nideal = max(unthrottled {free_s:.3} s, 4.0 s) = {ideal:.3} s; \
+         the bytes alone take {floor:.3} s at {} MB/s ({:.4} of the ideal)",
+        opts.export_rate,
+        floor / ideal
+    );
+    println!(
+        "file overhead ratio {overhead_file:.4} (target >= 0.98); into the sink the adapter adds \
+         {overhead_sink_ns:.1} ns per block; misses: {}",
+        if misses.is_empty() {
+            "none".to_string()
+        } else {
+            misses.join(", ")
+        }
+    );
+    let path = report::write_json("limiter.json", &Value::Array(json))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The registration storm benchmark (`meta-bench storm`): a real three-node cluster of `metaserver`
+//! release processes on loopback, driven through the HTTP API v1 that datanodes use.
+//!
+//! Two workloads, each in two arms (`shared` and `own` WAL barriers, set through the server's
+//! `METASERVER_WAL_BARRIER`), interleaved A B A B with a fresh cluster for every run:
+//! single-shard writes at several client counts, and the restart storm (every datanode registers all
+//! its shards at once while admin reads run). Prints markdown tables and writes
+//! `target/bench/storm.json` and `target/bench/storm.svg`.
+
+mod admin_probe;
+mod api;
+mod chart;
+mod cluster;
+mod options;
+mod reaper;
+mod restart;
+mod results;
+mod server_build;
+mod single;
+mod wal_figures;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+use self::api::Api;
+use self::cluster::Cluster;
+use self::options::Options;
+use self::reaper::Reaper;
+use self::restart::StormWorkload;
+use self::results::Results;
+use self::server_build::ServerBuild;
+use self::single::SingleWorkload;
+use crate::report::out_dir;
+
+/// How long a stopping server may take to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the benchmark with the words after `storm` as options (`--help` lists them).
+pub fn run(args: &[String]) -> Result<()> {
+    let options = Options::parse(args)?;
+    let binary = match &options.server_binary {
+        Some(path) => path.clone(),
+        None => ServerBuild::run()?.binary,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")?;
+    let mut results = Results::default();
+    let outcome = runtime.block_on(drive(&options, &binary, &mut results));
+    Reaper::kill_all();
+    results.print();
+    if outcome.is_ok() {
+        results.write()?;
+    }
+    outcome
+}
+
+/// Runs every round and arm, each on a fresh cluster, collecting into `results`.
+async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Result<()> {
+    Reaper::install();
+    let api = Api::new()?;
+    let runs_dir = out_dir()?.join("storm-runs");
+    let per_arm = if options.runs_single() {
+        options.clients.len()
+    } else {
+        0
+    } + usize::from(options.runs_storm());
+    let steps = (options.rounds * options.arms.len() * per_arm) as u64;
+    let progress = MultiProgress::new();
+    let overall = progress.add(ProgressBar::new(steps));
+    overall.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} points  {msg}")
+            .context("progress template")?
+            .progress_chars("=> "),
+    );
+    overall.enable_steady_tick(Duration::from_millis(200));
+    let server_log = options.server_log();
+    let start_cluster = |arm| {
+        Cluster::start(
+            binary,
+            arm,
+            &runs_dir,
+            &server_log,
+            options.keep_data,
+            Duration::from_secs(options.startup_timeout),
+            &api,
+        )
+    };
+
+    for round in 0..options.rounds {
+        for &arm in &options.arms {
+            let tag = format!("round {} {}", round + 1, arm.name());
+            if options.runs_single() {
+                overall.set_message(format!("{tag}: starting a cluster"));
+                let mut cluster = start_cluster(arm).await?;
+                let mut workload = SingleWorkload {
+                    cluster: &mut cluster,
+                    api: &api,
+                    arm,
+                    round,
+                    warmup: options.warmup(),
+                    measure: options.measure(),
+                };
+                let mut next_datanode = 1;
+                for &clients in &options.clients {
+                    overall.set_message(format!("{tag}: single-shard writes, {clients} client(s)"));
+                    let p = workload.run(clients, next_datanode).await?;
+                    next_datanode += clients as u64;
+                    progress.suspend(|| eprintln!(
+                        "{tag}: single {clients:>3} clients: {:>8.0} reg/s  p50 {:.2} ms  p99 {:.2} ms",
+                        p.per_sec, p.p50_ms, p.p99_ms
+                    ));
+                    results.single.push(p);
+                    overall.inc(1);
+                }
+                cluster.stop(STOP_GRACE);
+            }
+            if options.runs_storm() {
+                overall.set_message(format!("{tag}: starting a cluster"));
+                let mut cluster = start_cluster(arm).await?;
+                overall.set_message(format!("{tag}: restart storm"));
+                let bar = progress.add(ProgressBar::new(0));
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "  storm [{bar:30}] {human_pos}/{human_len} replicas {per_sec} eta {eta}",
+                    )
+                    .context("progress template")?
+                    .progress_chars("=> "),
+                );
+                let mut workload = StormWorkload {
+                    cluster: &mut cluster,
+                    api: &api,
+                    arm,
+                    round,
+                    datanodes: options.datanodes,
+                    shards_per_datanode: options.shards_per_datanode,
+                    batch: options.batch,
+                    admin_interval: Duration::from_millis(options.admin_interval_ms),
+                };
+                let p = workload.run(&bar).await;
+                bar.finish_and_clear();
+                progress.remove(&bar);
+                let p = p?;
+                progress.suspend(|| {
+                    eprintln!(
+                        "{tag}: storm {} replicas in {:.2} s ({:.0}/s), admin p99 {:.2} ms",
+                        p.replicas, p.seconds, p.per_sec, p.admin_p99_ms
+                    )
+                });
+                results.storm.push(p);
+                overall.inc(1);
+                cluster.stop(STOP_GRACE);
+            }
+        }
+    }
+    overall.finish_and_clear();
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! Command-line options of the registration storm benchmark.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+/// Which barrier mode a cluster runs with: the server's `METASERVER_WAL_BARRIER` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arm {
+    /// Writers share fsync barriers (the default design).
+    Shared,
+    /// Every append takes its own barrier (the naive design).
+    Own,
+}
+
+impl Arm {
+    /// The arm's name as the server configuration and the JSON output spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Shared => "shared",
+            Arm::Own => "own",
+        }
+    }
+}
+
+/// Which workloads to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workloads {
+    /// Single-shard writes only.
+    Single,
+    /// The restart storm only.
+    Storm,
+    /// Both (the default).
+    Both,
+}
+
+/// `meta-bench storm`: the registration storm against a real three-node cluster of `metaserver` processes.
+#[derive(Debug, Parser)]
+#[command(name = "meta-bench storm", about)]
+pub struct Options {
+    /// Seconds each single-shard point is measured (after a short warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Concurrent clients of the single-shard workload, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub clients: Vec<usize>,
+    /// Rounds of interleaved arms (A B A B for 2); every run gets a fresh cluster.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// Arms to run, in this order within each round.
+    #[arg(long, value_delimiter = ',', default_value = "shared,own")]
+    pub arms: Vec<Arm>,
+    /// Which workloads to run.
+    #[arg(long, value_enum, default_value = "both")]
+    pub workload: Workloads,
+    /// Datanodes of the restart storm (all register at once).
+    #[arg(long, default_value_t = 100)]
+    pub datanodes: u64,
+    /// Shards each datanode registers in the storm.
+    #[arg(long, default_value_t = 10_000)]
+    pub shards_per_datanode: u64,
+    /// Shards per registration request in the storm.
+    #[arg(long, default_value_t = 1_000)]
+    pub batch: u64,
+    /// Interval of each admin read probe during the storm, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub admin_interval_ms: u64,
+    /// Seconds to wait for a fresh cluster to elect a leader and become ready.
+    #[arg(long, default_value_t = 60)]
+    pub startup_timeout: u64,
+    /// Log filter for the servers (`RUST_LOG` of the children); the bench's own `RUST_LOG` if unset, else `warn`.
+    #[arg(long)]
+    pub server_log: Option<String>,
+    /// Run this server binary instead of building `metaserver` with cargo (to compare two builds).
+    #[arg(long)]
+    pub server_binary: Option<std::path::PathBuf>,
+    /// Keep the data dirs and server logs of every run (under `target/bench/storm-runs/`).
+    #[arg(long)]
+    pub keep_data: bool,
+}
+
+impl Options {
+    /// Parses `args` (the words after `storm`) and checks them.
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let argv = std::iter::once("storm".to_string()).chain(args.iter().cloned());
+        let options = match Options::try_parse_from(argv) {
+            Ok(o) => o,
+            Err(e) if !e.use_stderr() => {
+                // --help or --version: print and stop successfully.
+                e.print()?;
+                std::process::exit(0);
+            }
+            Err(e) => bail!("{e}"),
+        };
+        options.check()?;
+        Ok(options)
+    }
+
+    fn check(&self) -> Result<()> {
+        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
+            bail!("--seconds must be a positive number, got {}", self.seconds);
+        }
+        if self.clients.is_empty() || self.clients.contains(&0) {
+            bail!("--clients must list positive numbers");
+        }
+        if self.rounds == 0 {
+            bail!("--rounds must be at least 1");
+        }
+        if self.arms.is_empty() {
+            bail!("--arms must name at least one arm");
+        }
+        if self.datanodes == 0 || self.shards_per_datanode == 0 {
+            bail!("--datanodes and --shards-per-datanode must be positive");
+        }
+        if self.batch == 0 || self.batch > 10_000 {
+            bail!("--batch must be between 1 and 10000 (the API's limit)");
+        }
+        if self.admin_interval_ms == 0 {
+            bail!("--admin-interval-ms must be positive");
+        }
+        Ok(())
+    }
+
+    /// How long a single-shard point is measured.
+    pub fn measure(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+
+    /// The warm-up before a single-shard point is measured: a fifth of it, at most one second.
+    pub fn warmup(&self) -> Duration {
+        Duration::from_secs_f64((self.seconds * 0.2).min(1.0))
+    }
+
+    /// Whether the single-shard workload runs.
+    pub fn runs_single(&self) -> bool {
+        matches!(self.workload, Workloads::Single | Workloads::Both)
+    }
+
+    /// Whether the restart storm runs.
+    pub fn runs_storm(&self) -> bool {
+        matches!(self.workload, Workloads::Storm | Workloads::Both)
+    }
+
+    /// The log filter for the server processes.
+    pub fn server_log(&self) -> String {
+        self.server_log
+            .clone()
+            .or_else(|| std::env::var("RUST_LOG").ok())
+            .unwrap_or_else(|| "warn".to_string())
+    }
+}

@@ -1,0 +1,246 @@
+//! The restart storm: every datanode registers itself and then all its shards in batches, all
+//! datanodes at once, while admin reads run; measures time to register everything, request latency,
+//! admin-read latency, peak RSS of each server and the leader's WAL records per barrier.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+
+use super::admin_probe::AdminProbe;
+use super::api::{Api, CallError, ShardSpec};
+use super::cluster::Cluster;
+use super::options::Arm;
+use super::single::register_datanode;
+use super::wal_figures::WalFigures;
+use crate::report::percentile;
+
+/// How long one batch may keep being retried (no leader, timeouts) before the storm fails.
+const BATCH_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Replicas per shard in the generated layout: datanodes 1-3 hold shards of group 0, 4-6 group 1, ...
+const REPLICATION: u64 = 3;
+
+/// The measurements of one storm.
+#[derive(Clone, Debug)]
+pub struct StormPoint {
+    pub arm: Arm,
+    pub round: usize,
+    pub datanodes: u64,
+    pub replicas: u64,
+    /// From the first request to the last acknowledged batch.
+    pub seconds: f64,
+    pub per_sec: f64,
+    /// Latency of the shard-batch requests.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub admin_shard_p50_ms: f64,
+    pub admin_shard_p99_ms: f64,
+    pub admin_cluster_p50_ms: f64,
+    pub admin_cluster_p99_ms: f64,
+    /// All admin reads together.
+    pub admin_p50_ms: f64,
+    pub admin_p99_ms: f64,
+    pub admin_reads: usize,
+    pub admin_errors: u64,
+    /// Peak RSS by member id, MiB.
+    pub peak_rss_mib: Vec<(u64, f64)>,
+    pub records_per_barrier: Option<f64>,
+    /// Batch requests that had to be sent again (no leader, timeout, connection trouble).
+    pub retries: u64,
+    /// Whether the registry's replica count matched what was acknowledged.
+    pub verified: bool,
+}
+
+/// What one datanode task measured.
+struct DatanodeTally {
+    latencies_ms: Vec<f64>,
+    retries: u64,
+    finished: Instant,
+}
+
+/// The restart storm on one fresh cluster.
+pub struct StormWorkload<'a> {
+    pub cluster: &'a mut Cluster,
+    pub api: &'a Api,
+    pub arm: Arm,
+    pub round: usize,
+    pub datanodes: u64,
+    pub shards_per_datanode: u64,
+    pub batch: u64,
+    pub admin_interval: Duration,
+}
+
+impl StormWorkload<'_> {
+    /// Runs the storm; `bar` counts registered replicas.
+    pub async fn run(&mut self, bar: &ProgressBar) -> Result<StormPoint> {
+        let replicas = self.datanodes * self.shards_per_datanode;
+        let bases = self.cluster.bases_leader_first();
+        let leader = self.cluster.leader();
+        let leader_base = self.cluster.base(leader).to_string();
+        let before = WalFigures::read(self.api, &leader_base).await;
+        let groups = self.datanodes.div_ceil(REPLICATION);
+        let probe = AdminProbe::start(
+            self.api,
+            bases.clone(),
+            groups * self.shards_per_datanode,
+            self.admin_interval,
+        );
+
+        bar.set_length(replicas);
+        bar.set_position(0);
+        let start = Instant::now();
+        let tasks: Vec<_> = (1..=self.datanodes)
+            .map(|datanode| {
+                let base = bases[(datanode as usize) % bases.len()].clone();
+                tokio::spawn(datanode_storm(
+                    self.api.clone(),
+                    base,
+                    datanode,
+                    self.shards_per_datanode,
+                    self.batch,
+                    bar.clone(),
+                ))
+            })
+            .collect();
+        let mut latencies = Vec::with_capacity((replicas / self.batch + 1) as usize);
+        let mut retries = 0;
+        let mut finished = start;
+        let mut failure = None;
+        for t in tasks {
+            match t.await.context("a datanode task panicked")? {
+                Ok(tally) => {
+                    latencies.extend(tally.latencies_ms);
+                    retries += tally.retries;
+                    finished = finished.max(tally.finished);
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        let admin = probe.stop().await;
+        self.cluster.check_alive()?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let seconds = (finished - start).as_secs_f64();
+
+        let after_leader = self.cluster.refresh_leader(self.api).await;
+        let records_per_barrier = if after_leader != leader {
+            eprintln!("storm: the leader changed during the storm ({leader} -> {after_leader}); no records per barrier");
+            None
+        } else {
+            let after = WalFigures::read(self.api, &leader_base).await;
+            match (before, after) {
+                (Ok(b), Ok(a)) => Some(b.records_per_barrier(&a)),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("storm: leader WAL figures: {e}");
+                    None
+                }
+            }
+        };
+        let peak_rss_mib = self.cluster.peak_rss_mib()?;
+        let registered = self
+            .api
+            .replica_count(self.cluster.base(after_leader))
+            .await
+            .map_err(|e| anyhow::anyhow!("count replicas after the storm: {e}"))?;
+        let verified = registered == replicas;
+        if !verified {
+            eprintln!("storm: the registry holds {registered} replicas after the storm; {replicas} were acknowledged");
+        }
+        if admin.errors > 0 {
+            eprintln!(
+                "storm: {} admin read(s) failed; last: {}",
+                admin.errors,
+                admin.last_error.as_deref().unwrap_or("?")
+            );
+        }
+
+        let mut all_admin: Vec<f64> = admin
+            .shard_ms
+            .iter()
+            .chain(&admin.cluster_ms)
+            .copied()
+            .collect();
+        let mut shard_ms = admin.shard_ms;
+        let mut cluster_ms = admin.cluster_ms;
+        Ok(StormPoint {
+            arm: self.arm,
+            round: self.round,
+            datanodes: self.datanodes,
+            replicas,
+            seconds,
+            per_sec: replicas as f64 / seconds,
+            p50_ms: percentile(&mut latencies, 0.50),
+            p99_ms: percentile(&mut latencies, 0.99),
+            admin_shard_p50_ms: percentile(&mut shard_ms, 0.50),
+            admin_shard_p99_ms: percentile(&mut shard_ms, 0.99),
+            admin_cluster_p50_ms: percentile(&mut cluster_ms, 0.50),
+            admin_cluster_p99_ms: percentile(&mut cluster_ms, 0.99),
+            admin_p50_ms: percentile(&mut all_admin, 0.50),
+            admin_p99_ms: percentile(&mut all_admin, 0.99),
+            admin_reads: all_admin.len(),
+            admin_errors: admin.errors,
+            peak_rss_mib,
+            records_per_barrier,
+            retries,
+            verified,
+        })
+    }
+}
+
+/// One datanode coming back: registers itself (new epoch), then its shards batch after batch.
+async fn datanode_storm(
+    api: Api,
+    base: String,
+    datanode: u64,
+    shards: u64,
+    batch: u64,
+    bar: ProgressBar,
+) -> Result<DatanodeTally> {
+    let epoch = register_datanode(&api, &base, datanode).await?;
+    let first_shard = (datanode - 1) / REPLICATION * shards;
+    let mut tally = DatanodeTally {
+        latencies_ms: Vec::with_capacity(shards.div_ceil(batch) as usize),
+        retries: 0,
+        finished: Instant::now(),
+    };
+    let mut specs = Vec::with_capacity(batch as usize);
+    let mut next = 0;
+    while next < shards {
+        let n = batch.min(shards - next);
+        specs.clear();
+        specs.extend((next..next + n).map(|k| ShardSpec {
+            id: first_shard + k,
+            generation: 1,
+            size: (64 << 20) + k,
+        }));
+        let deadline = Instant::now() + BATCH_DEADLINE;
+        loop {
+            let sent = Instant::now();
+            match api.register_shards(&base, datanode, epoch, &specs).await {
+                Ok(reply) => {
+                    if !reply.stale.is_empty() || reply.accepted + reply.unchanged != n {
+                        bail!("datanode {datanode}: batch of {n} answered {reply:?}");
+                    }
+                    tally.latencies_ms.push(sent.elapsed().as_secs_f64() * 1e3);
+                    break;
+                }
+                Err(CallError::Retryable(e)) if Instant::now() < deadline => {
+                    tally.retries += 1;
+                    if tally.retries == 1 {
+                        bar.suspend(|| {
+                            eprintln!("storm: datanode {datanode} retries a batch: {e}")
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => bail!("datanode {datanode}: register a batch of {n}: {e}"),
+            }
+        }
+        bar.inc(n);
+        next += n;
+    }
+    tally.finished = Instant::now();
+    Ok(tally)
+}

@@ -1,0 +1,523 @@
+//! The storm's results: every measured run, summarised as medians per arm with shared/own ratios,
+//! printed as markdown tables, checked against the targets, and written as JSON and a chart.
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::chart::{self, Series};
+use super::options::Arm;
+use super::restart::StormPoint;
+use super::single::SinglePoint;
+use crate::report::{median, out_dir, print_table, write_json};
+
+/// Everything one invocation measured.
+#[derive(Default)]
+pub struct Results {
+    pub single: Vec<SinglePoint>,
+    pub storm: Vec<StormPoint>,
+}
+
+/// Formats a number with `digits` decimals.
+fn f(v: f64, digits: usize) -> String {
+    format!("{v:.digits$}")
+}
+
+/// Formats an optional number, `-` when absent.
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| f(v, digits)).unwrap_or_else(|| "-".into())
+}
+
+/// The median of the values that are present, if any.
+fn median_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = values.flatten().collect();
+    (!v.is_empty()).then(|| median(&v))
+}
+
+/// The largest peak RSS over the members of one run.
+fn max_rss(p: &StormPoint) -> f64 {
+    p.peak_rss_mib.iter().map(|r| r.1).fold(0.0, f64::max)
+}
+
+/// Medians of the single-shard workload for one arm and client count.
+struct SingleSummary {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    records_per_barrier: Option<f64>,
+}
+
+/// Medians of the storm for one arm.
+struct StormSummary {
+    datanodes: u64,
+    replicas: u64,
+    seconds: f64,
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    admin_p50_ms: f64,
+    admin_p99_ms: f64,
+    peak_rss_mib: f64,
+    records_per_barrier: Option<f64>,
+}
+
+impl Results {
+    fn arms(&self) -> Vec<Arm> {
+        let mut arms = Vec::new();
+        for a in self
+            .single
+            .iter()
+            .map(|p| p.arm)
+            .chain(self.storm.iter().map(|p| p.arm))
+        {
+            if !arms.contains(&a) {
+                arms.push(a);
+            }
+        }
+        arms
+    }
+
+    fn client_counts(&self) -> Vec<usize> {
+        let mut c: Vec<usize> = self.single.iter().map(|p| p.clients).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
+    fn single_summary(&self, arm: Arm, clients: usize) -> Option<SingleSummary> {
+        let runs: Vec<&SinglePoint> = self
+            .single
+            .iter()
+            .filter(|p| p.arm == arm && p.clients == clients)
+            .collect();
+        if runs.is_empty() {
+            return None;
+        }
+        let m = |g: fn(&SinglePoint) -> f64| median(&runs.iter().map(|p| g(p)).collect::<Vec<_>>());
+        Some(SingleSummary {
+            per_sec: m(|p| p.per_sec),
+            p50_ms: m(|p| p.p50_ms),
+            p99_ms: m(|p| p.p99_ms),
+            records_per_barrier: median_of(runs.iter().map(|p| p.records_per_barrier)),
+        })
+    }
+
+    fn storm_summary(&self, arm: Arm) -> Option<StormSummary> {
+        let runs: Vec<&StormPoint> = self.storm.iter().filter(|p| p.arm == arm).collect();
+        let first = runs.first()?;
+        let m = |g: fn(&StormPoint) -> f64| median(&runs.iter().map(|p| g(p)).collect::<Vec<_>>());
+        Some(StormSummary {
+            datanodes: first.datanodes,
+            replicas: first.replicas,
+            seconds: m(|p| p.seconds),
+            per_sec: m(|p| p.per_sec),
+            p50_ms: m(|p| p.p50_ms),
+            p99_ms: m(|p| p.p99_ms),
+            admin_p50_ms: m(|p| p.admin_p50_ms),
+            admin_p99_ms: m(|p| p.admin_p99_ms),
+            peak_rss_mib: m(max_rss),
+            records_per_barrier: median_of(runs.iter().map(|p| p.records_per_barrier)),
+        })
+    }
+
+    /// Prints every table: the raw runs, the medians with ratios, and the targets.
+    pub fn print(&self) {
+        if !self.single.is_empty() {
+            println!("\n### Single-shard writes, every run\n");
+            let rows: Vec<Vec<String>> = self
+                .single
+                .iter()
+                .map(|p| {
+                    vec![
+                        (p.round + 1).to_string(),
+                        p.arm.name().into(),
+                        p.clients.to_string(),
+                        f(p.per_sec, 0),
+                        f(p.p50_ms, 2),
+                        f(p.p99_ms, 2),
+                        opt(p.records_per_barrier, 2),
+                        p.errors.to_string(),
+                    ]
+                })
+                .collect();
+            print_table(
+                &[
+                    "round",
+                    "arm",
+                    "clients",
+                    "registrations/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "records/barrier",
+                    "errors",
+                ],
+                &rows,
+            );
+            self.print_single_medians();
+        }
+        if !self.storm.is_empty() {
+            println!("\n### Restart storm, every run\n");
+            let rows: Vec<Vec<String>> = self
+                .storm
+                .iter()
+                .map(|p| {
+                    let rss = p
+                        .peak_rss_mib
+                        .iter()
+                        .map(|(id, r)| format!("{id}:{r:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    vec![
+                        (p.round + 1).to_string(),
+                        p.arm.name().into(),
+                        format!("{}x{}", p.datanodes, p.replicas / p.datanodes),
+                        f(p.seconds, 2),
+                        f(p.per_sec, 0),
+                        f(p.p50_ms, 1),
+                        f(p.p99_ms, 1),
+                        format!(
+                            "{} / {}",
+                            f(p.admin_shard_p50_ms, 2),
+                            f(p.admin_shard_p99_ms, 2)
+                        ),
+                        format!(
+                            "{} / {}",
+                            f(p.admin_cluster_p50_ms, 2),
+                            f(p.admin_cluster_p99_ms, 2)
+                        ),
+                        format!(
+                            "{} ({} reads, {} failed)",
+                            f(p.admin_p99_ms, 2),
+                            p.admin_reads,
+                            p.admin_errors
+                        ),
+                        rss,
+                        opt(p.records_per_barrier, 2),
+                        p.retries.to_string(),
+                        if p.verified { "yes" } else { "NO" }.into(),
+                    ]
+                })
+                .collect();
+            print_table(
+                &[
+                    "round",
+                    "arm",
+                    "datanodes x shards",
+                    "seconds",
+                    "replicas/s",
+                    "batch p50 ms",
+                    "batch p99 ms",
+                    "GET shard p50/p99 ms",
+                    "GET cluster p50/p99 ms",
+                    "admin p99 ms",
+                    "peak RSS MiB by node",
+                    "records/barrier",
+                    "retries",
+                    "count ok",
+                ],
+                &rows,
+            );
+            self.print_storm_medians();
+        }
+        self.print_targets();
+    }
+
+    fn print_single_medians(&self) {
+        let arms = self.arms();
+        println!("\n### Single-shard writes, medians over rounds\n");
+        let mut header = vec!["clients".to_string()];
+        for a in &arms {
+            header.push(format!("{} reg/s", a.name()));
+            header.push(format!("{} p50 / p99 ms", a.name()));
+            header.push(format!("{} records/barrier", a.name()));
+        }
+        let ratio = arms.contains(&Arm::Shared) && arms.contains(&Arm::Own);
+        if ratio {
+            header.push("shared/own".into());
+        }
+        let rows: Vec<Vec<String>> = self
+            .client_counts()
+            .into_iter()
+            .map(|c| {
+                let mut row = vec![c.to_string()];
+                for a in &arms {
+                    match self.single_summary(*a, c) {
+                        Some(s) => {
+                            row.push(f(s.per_sec, 0));
+                            row.push(format!("{} / {}", f(s.p50_ms, 2), f(s.p99_ms, 2)));
+                            row.push(opt(s.records_per_barrier, 2));
+                        }
+                        None => row.extend(["-".into(), "-".into(), "-".into()]),
+                    }
+                }
+                if ratio {
+                    let r = self
+                        .single_summary(Arm::Shared, c)
+                        .zip(self.single_summary(Arm::Own, c))
+                        .map(|(s, o)| s.per_sec / o.per_sec);
+                    row.push(opt(r, 2));
+                }
+                row
+            })
+            .collect();
+        let header: Vec<&str> = header.iter().map(String::as_str).collect();
+        print_table(&header, &rows);
+    }
+
+    fn print_storm_medians(&self) {
+        println!("\n### Restart storm, medians over rounds\n");
+        let rows: Vec<Vec<String>> = self
+            .arms()
+            .into_iter()
+            .filter_map(|a| self.storm_summary(a).map(|s| (a, s)))
+            .map(|(a, s)| {
+                vec![
+                    a.name().into(),
+                    s.datanodes.to_string(),
+                    s.replicas.to_string(),
+                    f(s.seconds, 2),
+                    f(s.per_sec, 0),
+                    format!("{} / {}", f(s.p50_ms, 1), f(s.p99_ms, 1)),
+                    format!("{} / {}", f(s.admin_p50_ms, 2), f(s.admin_p99_ms, 2)),
+                    f(s.peak_rss_mib, 0),
+                    opt(s.records_per_barrier, 2),
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "arm",
+                "datanodes",
+                "replicas",
+                "seconds",
+                "replicas/s",
+                "batch p50 / p99 ms",
+                "admin p50 / p99 ms",
+                "peak RSS MiB (max node)",
+                "records/barrier",
+            ],
+            &rows,
+        );
+        if let (Some(s), Some(o)) = (
+            self.storm_summary(Arm::Shared),
+            self.storm_summary(Arm::Own),
+        ) {
+            println!(
+                "\nshared/own replicas/s ratio: {:.2}",
+                s.per_sec / o.per_sec
+            );
+        }
+    }
+
+    /// Prints each target of the issue with the measured median and whether it was met.
+    fn print_targets(&self) {
+        let mut rows = Vec::new();
+        let mut check = |what: &str, measured: String, ok: bool| {
+            rows.push(vec![
+                what.to_string(),
+                measured,
+                if ok { "met" } else { "MISSED" }.into(),
+            ]);
+        };
+        if let Some(s) = self.single_summary(Arm::Shared, 1) {
+            check(
+                "shared, 1 client: >= 1200/s",
+                f(s.per_sec, 0),
+                s.per_sec >= 1200.0,
+            );
+            check(
+                "shared, 1 client: p50 <= 0.8 ms",
+                f(s.p50_ms, 2),
+                s.p50_ms <= 0.8,
+            );
+        }
+        if let Some(s) = self.single_summary(Arm::Shared, 64) {
+            check(
+                "shared, 64 clients: >= 8000/s",
+                f(s.per_sec, 0),
+                s.per_sec >= 8000.0,
+            );
+        }
+        if let (Some(s), Some(o)) = (
+            self.single_summary(Arm::Shared, 16),
+            self.single_summary(Arm::Own, 16),
+        ) {
+            let r = s.per_sec / o.per_sec;
+            check("16 clients: shared >= 3x own", format!("{r:.2}x"), r >= 3.0);
+        }
+        if let Some(s) = self.storm_summary(Arm::Shared) {
+            let per_million = s.seconds * 1e6 / s.replicas as f64;
+            let scaled = if s.replicas == 1_000_000 {
+                ""
+            } else {
+                " (scaled)"
+            };
+            check(
+                &format!("storm: 1M replicas in <= 15 s{scaled}"),
+                format!("{per_million:.2} s"),
+                per_million <= 15.0,
+            );
+            check(
+                "storm: admin p99 <= 50 ms",
+                f(s.admin_p99_ms, 2),
+                s.admin_p99_ms <= 50.0,
+            );
+            check(
+                "storm: peak RSS <= 512 MiB per server",
+                f(s.peak_rss_mib, 0),
+                s.peak_rss_mib <= 512.0,
+            );
+        }
+        if !rows.is_empty() {
+            println!("\n### Targets (shared arm, medians)\n");
+            print_table(&["target", "measured", "verdict"], &rows);
+        }
+    }
+
+    /// The JSON output: one object of medians per workload, arm and client count.
+    pub fn json(&self) -> serde_json::Value {
+        let mut out = Vec::new();
+        for arm in self.arms() {
+            for c in self.client_counts() {
+                if let Some(s) = self.single_summary(arm, c) {
+                    out.push(json!({
+                        "workload": "single",
+                        "arm": arm.name(),
+                        "clients": c,
+                        "per_sec": s.per_sec,
+                        "p50_ms": s.p50_ms,
+                        "p99_ms": s.p99_ms,
+                    }));
+                }
+            }
+        }
+        for arm in self.arms() {
+            if let Some(s) = self.storm_summary(arm) {
+                out.push(json!({
+                    "workload": "storm",
+                    "arm": arm.name(),
+                    "clients": s.datanodes,
+                    "per_sec": s.per_sec,
+                    "p50_ms": s.p50_ms,
+                    "p99_ms": s.p99_ms,
+                    "seconds": s.seconds,
+                    "admin_p50_ms": s.admin_p50_ms,
+                    "admin_p99_ms": s.admin_p99_ms,
+                    "peak_rss_mib": s.peak_rss_mib,
+                    "records_per_barrier": s.records_per_barrier,
+                }));
+            }
+        }
+        serde_json::Value::Array(out)
+    }
+
+    /// Writes `target/bench/storm.json` and, when the single-shard workload ran,
+    /// `target/bench/storm.svg`.
+    pub fn write(&self) -> Result<()> {
+        let path = write_json("storm.json", &self.json())?;
+        println!("\nwrote {}", path.display());
+        if !self.single.is_empty() {
+            let series: Vec<Series> = self
+                .arms()
+                .into_iter()
+                .map(|a| Series {
+                    name: format!("{} barriers", a.name()),
+                    points: self
+                        .client_counts()
+                        .into_iter()
+                        .filter_map(|c| self.single_summary(a, c).map(|s| (c, s.per_sec)))
+                        .collect(),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            let svg = out_dir()?.join("storm.svg");
+            chart::draw(&svg, &series)?;
+            println!("wrote {}", svg.display());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn single(arm: Arm, round: usize, clients: usize, per_sec: f64) -> SinglePoint {
+        SinglePoint {
+            arm,
+            round,
+            clients,
+            per_sec,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            errors: 0,
+            records_per_barrier: None,
+        }
+    }
+
+    fn storm(arm: Arm, round: usize, seconds: f64) -> StormPoint {
+        StormPoint {
+            arm,
+            round,
+            datanodes: 10,
+            replicas: 1000,
+            seconds,
+            per_sec: 1000.0 / seconds,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            admin_shard_p50_ms: 0.5,
+            admin_shard_p99_ms: 0.9,
+            admin_cluster_p50_ms: 0.4,
+            admin_cluster_p99_ms: 0.8,
+            admin_p50_ms: 0.45,
+            admin_p99_ms: 0.9,
+            admin_reads: 100,
+            admin_errors: 0,
+            peak_rss_mib: vec![(1, 100.0), (2, 120.0), (3, 90.0)],
+            records_per_barrier: Some(3.0),
+            retries: 0,
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn json_has_exactly_the_documented_keys_and_medians() {
+        let results = Results {
+            single: vec![
+                single(Arm::Shared, 0, 1, 100.0),
+                single(Arm::Own, 0, 1, 50.0),
+                single(Arm::Shared, 1, 1, 300.0),
+                single(Arm::Own, 1, 1, 70.0),
+            ],
+            storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0)],
+        };
+        let json = results.json();
+        let objects = json.as_array().unwrap();
+        assert_eq!(objects.len(), 4);
+        let keys = |o: &serde_json::Value| {
+            let mut k: Vec<String> = o.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let mut single_keys = vec!["workload", "arm", "clients", "per_sec", "p50_ms", "p99_ms"];
+        single_keys.sort_unstable();
+        assert_eq!(keys(&objects[0]), single_keys);
+        let mut storm_keys = single_keys.clone();
+        storm_keys.extend([
+            "seconds",
+            "admin_p50_ms",
+            "admin_p99_ms",
+            "peak_rss_mib",
+            "records_per_barrier",
+        ]);
+        storm_keys.sort_unstable();
+        assert_eq!(keys(&objects[2]), storm_keys);
+        // The median of two rounds lies between them; the storm's RSS is the largest member's.
+        assert_eq!(objects[0]["workload"], "single");
+        assert_eq!(objects[0]["arm"], "shared");
+        let shared = objects[0]["per_sec"].as_f64().unwrap();
+        assert!((100.0..=300.0).contains(&shared), "{shared}");
+        assert_eq!(objects[2]["workload"], "storm");
+        assert_eq!(objects[2]["peak_rss_mib"], 120.0);
+        assert_eq!(objects[3]["arm"], "own");
+    }
+}

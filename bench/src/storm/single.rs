@@ -1,0 +1,186 @@
+//! The single-shard workload: N concurrent clients, each registering one shard per request in a
+//! closed loop, spread over all members; measures registrations per second and request latency.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::api::{Api, CallError, ShardSpec};
+use super::cluster::Cluster;
+use super::options::Arm;
+use super::wal_figures::WalFigures;
+use crate::report::percentile;
+
+/// One measured point of the single-shard workload.
+#[derive(Clone, Debug)]
+pub struct SinglePoint {
+    pub arm: Arm,
+    pub round: usize,
+    pub clients: usize,
+    /// Registrations acknowledged per second in the measured window.
+    pub per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Requests that failed in the measured window.
+    pub errors: u64,
+    /// Leader WAL records per barrier in the window, when the metrics could be read.
+    pub records_per_barrier: Option<f64>,
+}
+
+/// What one client measured.
+#[derive(Default)]
+struct ClientTally {
+    latencies_ms: Vec<f64>,
+    errors: u64,
+    last_error: Option<String>,
+}
+
+/// The single-shard workload at one client count.
+pub struct SingleWorkload<'a> {
+    pub cluster: &'a mut Cluster,
+    pub api: &'a Api,
+    pub arm: Arm,
+    pub round: usize,
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+impl SingleWorkload<'_> {
+    /// Registers one datanode per client (datanode ids from `first_datanode`), then runs `clients`
+    /// closed-loop writers for the warm-up plus the measured window and returns the point.
+    pub async fn run(&mut self, clients: usize, first_datanode: u64) -> Result<SinglePoint> {
+        let bases = self.cluster.bases_leader_first();
+        let mut targets = Vec::with_capacity(clients);
+        for c in 0..clients {
+            let base = bases[c % bases.len()].clone();
+            let datanode = first_datanode + c as u64;
+            let epoch = register_datanode(self.api, &base, datanode).await?;
+            targets.push((base, datanode, epoch));
+        }
+        let leader_base = self.cluster.base(self.cluster.leader()).to_string();
+        let start = Instant::now();
+        let measure_from = start + self.warmup;
+        let end = measure_from + self.measure;
+        let workers: Vec<_> = targets
+            .into_iter()
+            .map(|(base, datanode, epoch)| {
+                let api = self.api.clone();
+                tokio::spawn(client_loop(api, base, datanode, epoch, measure_from, end))
+            })
+            .collect();
+
+        tokio::time::sleep_until(measure_from.into()).await;
+        let before = WalFigures::read(self.api, &leader_base).await;
+        tokio::time::sleep_until(end.into()).await;
+        let after = WalFigures::read(self.api, &leader_base).await;
+
+        let mut latencies = Vec::new();
+        let mut errors = 0;
+        let mut last_error = None;
+        for w in workers {
+            let tally = w.await.context("a client task failed")?;
+            latencies.extend(tally.latencies_ms);
+            errors += tally.errors;
+            last_error = tally.last_error.or(last_error);
+        }
+        self.cluster.check_alive()?;
+        if latencies.is_empty() {
+            bail!(
+                "no registration succeeded with {clients} client(s); last error: {}",
+                last_error.unwrap_or_else(|| "none".into())
+            );
+        }
+        if let Some(e) = &last_error {
+            eprintln!("storm: {errors} failed request(s) with {clients} client(s); last: {e}");
+        }
+        let records_per_barrier = match (before, after) {
+            (Ok(b), Ok(a)) => Some(b.records_per_barrier(&a)),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("storm: leader WAL figures: {e}");
+                None
+            }
+        };
+        let per_sec = latencies.len() as f64 / self.measure.as_secs_f64();
+        Ok(SinglePoint {
+            arm: self.arm,
+            round: self.round,
+            clients,
+            per_sec,
+            p50_ms: percentile(&mut latencies, 0.50),
+            p99_ms: percentile(&mut latencies, 0.99),
+            errors,
+            records_per_barrier,
+        })
+    }
+}
+
+/// Registers a datanode, retrying while the cluster cannot answer, for up to ten seconds.
+pub async fn register_datanode(api: &Api, base: &str, datanode: u64) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match api
+            .register_datanode(
+                base,
+                datanode,
+                &format!("127.0.0.1:{}", 20_000 + datanode % 40_000),
+            )
+            .await
+        {
+            Ok(epoch) => return Ok(epoch),
+            Err(CallError::Retryable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => bail!("register datanode {datanode}: {e}"),
+        }
+    }
+}
+
+/// One client: registers shard after shard until `end`; keeps the latencies of requests that
+/// completed in `[measure_from, end]`.
+async fn client_loop(
+    api: Api,
+    base: String,
+    datanode: u64,
+    epoch: u64,
+    measure_from: Instant,
+    end: Instant,
+) -> ClientTally {
+    let mut tally = ClientTally::default();
+    let mut next_shard = datanode << 32;
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            return tally;
+        }
+        let shard = ShardSpec {
+            id: next_shard,
+            generation: 1,
+            size: 64 << 20,
+        };
+        next_shard += 1;
+        let result = api.register_shards(&base, datanode, epoch, &[shard]).await;
+        let done = Instant::now();
+        let counted = done >= measure_from && done <= end;
+        match result {
+            Ok(reply) if reply.accepted == 1 => {
+                if counted {
+                    tally.latencies_ms.push((done - sent).as_secs_f64() * 1e3);
+                }
+            }
+            Ok(reply) => {
+                if counted {
+                    tally.errors += 1;
+                }
+                tally.last_error = Some(format!("shard {} not accepted: {reply:?}", shard.id));
+            }
+            Err(e) => {
+                if counted {
+                    tally.errors += 1;
+                }
+                tally.last_error = Some(e.to_string());
+                // Do not spin on a cluster that has no leader for a moment.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The registry's commands (the application data of the Raft log) and their per-command
+//! results.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// One shard replica as reported by a datanode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardReport {
+    pub id: u64,
+    pub generation: u64,
+    pub size: u64,
+}
+
+/// A change to the registry. Each command is one Raft log entry; its log index is what the
+/// registry uses as a datanode's epoch and as a key's revision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Registers (or re-registers) a datanode; its new epoch is this command's log index, which
+    /// fences every batch sent by a former incarnation.
+    RegisterDatanode { id: u64, addr: String },
+    /// Registers a batch of replicas held by `datanode` under incarnation `epoch`.
+    RegisterShards {
+        datanode: u64,
+        epoch: u64,
+        shards: Vec<ShardReport>,
+    },
+    /// Drops the given replicas of `datanode`.
+    DeregisterShards { datanode: u64, shards: Vec<u64> },
+    /// Drops a datanode and all its replicas.
+    RemoveDatanode { id: u64 },
+    /// Writes a key if its revision matches `if_revision` (`Some(0)`: the key must not exist).
+    Put {
+        key: String,
+        value: Vec<u8>,
+        if_revision: Option<u64>,
+    },
+    /// Deletes a key if its revision matches `if_revision`.
+    Delete {
+        key: String,
+        if_revision: Option<u64>,
+    },
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::RegisterDatanode { id, addr } => write!(f, "RegisterDatanode({id}, {addr})"),
+            Command::RegisterShards {
+                datanode,
+                epoch,
+                shards,
+            } => write!(
+                f,
+                "RegisterShards(datanode {datanode}, epoch {epoch}, {} shards)",
+                shards.len()
+            ),
+            Command::DeregisterShards { datanode, shards } => write!(
+                f,
+                "DeregisterShards(datanode {datanode}, {} shards)",
+                shards.len()
+            ),
+            Command::RemoveDatanode { id } => write!(f, "RemoveDatanode({id})"),
+            Command::Put {
+                key, if_revision, ..
+            } => write!(f, "Put({key:?}, if {if_revision:?})"),
+            Command::Delete { key, if_revision } => {
+                write!(f, "Delete({key:?}, if {if_revision:?})")
+            }
+        }
+    }
+}
+
+/// The outcome of applying one command (or a blank/membership entry).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum CommandResult {
+    /// Blank and membership entries.
+    #[default]
+    Empty,
+    DatanodeRegistered {
+        id: u64,
+        epoch: u64,
+    },
+    /// `accepted` replicas were written, `unchanged` were identical re-registrations and the
+    /// ids in `stale` carried a generation lower than the stored one.
+    ShardsRegistered {
+        accepted: u64,
+        unchanged: u64,
+        stale: Vec<u64>,
+    },
+    /// The batch's epoch is not the datanode's current epoch; nothing was written.
+    Fenced {
+        current_epoch: u64,
+    },
+    UnknownDatanode {
+        id: u64,
+    },
+    ShardsDeregistered {
+        removed: u64,
+    },
+    DatanodeRemoved {
+        existed: bool,
+        replicas_removed: u64,
+    },
+    /// The key now has `revision` (the command's log index).
+    Put {
+        revision: u64,
+    },
+    /// `revision` is the command's log index.
+    Deleted {
+        existed: bool,
+        revision: u64,
+    },
+    /// The compare-and-swap failed; `current` is the key's revision (0 = absent).
+    RevisionMismatch {
+        current: u64,
+    },
+}

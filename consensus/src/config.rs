@@ -1,0 +1,131 @@
+//! A node's configuration: identity, data dir, barrier mode, snapshot pacing and policy,
+//! sled cache size and Raft timing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use meta_store::BarrierMode;
+
+use crate::error::{Error, Result};
+use crate::types::NodeId;
+
+/// How to open a [`MetaNode`](crate::MetaNode).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// The address peers and clients reach this node at (stored in the membership).
+    pub addr: String,
+    /// Holds `wal/`, `registry/` (sled) and `snapshots/`.
+    pub data_dir: PathBuf,
+    /// `Shared` (group commit, the default) or `Own` (every append its own barrier; benches).
+    pub barrier: BarrierMode,
+    /// Pace of snapshot export in bytes per second; 0 = unlimited. Changeable at runtime.
+    pub snapshot_max_bytes_per_sec: u64,
+    /// sled page cache size.
+    pub sled_cache_bytes: u64,
+    /// Build a snapshot automatically once this many entries were applied since the last one;
+    /// 0 = only on request.
+    pub snapshot_logs_since_last: u64,
+    /// Log entries already in a snapshot that are kept for lagging followers.
+    pub max_in_snapshot_log_to_keep: u64,
+    /// How many snapshot files to keep.
+    pub snapshots_to_keep: usize,
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// How long a write or linearizable read may wait for commit/apply.
+    pub request_timeout: Duration,
+    /// How long a received snapshot may take to install.
+    pub install_snapshot_timeout: Duration,
+    /// WAL segment size.
+    pub wal_segment_bytes: u64,
+}
+
+impl NodeConfig {
+    /// A configuration with defaults for everything but identity and place.
+    pub fn new(id: NodeId, addr: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        NodeConfig {
+            id,
+            addr: addr.into(),
+            data_dir: data_dir.into(),
+            barrier: BarrierMode::Shared,
+            snapshot_max_bytes_per_sec: 0,
+            sled_cache_bytes: 64 << 20,
+            snapshot_logs_since_last: 100_000,
+            max_in_snapshot_log_to_keep: 10_000,
+            snapshots_to_keep: 2,
+            heartbeat_ms: 100,
+            election_min_ms: 500,
+            election_max_ms: 1000,
+            request_timeout: Duration::from_secs(10),
+            install_snapshot_timeout: Duration::from_secs(600),
+            wal_segment_bytes: 64 << 20,
+        }
+    }
+
+    /// Checks the values that openraft or the stores would refuse later.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.addr.is_empty() {
+            return bad("node address is empty".into());
+        }
+        if self.heartbeat_ms == 0 || self.election_min_ms <= self.heartbeat_ms {
+            return bad(format!(
+                "election_min_ms ({}) must exceed heartbeat_ms ({}) > 0",
+                self.election_min_ms, self.heartbeat_ms
+            ));
+        }
+        if self.election_max_ms <= self.election_min_ms {
+            return bad(format!(
+                "election_max_ms ({}) must exceed election_min_ms ({})",
+                self.election_max_ms, self.election_min_ms
+            ));
+        }
+        if self.snapshots_to_keep == 0 {
+            return bad("snapshots_to_keep must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn wal_dir(&self) -> PathBuf {
+        self.data_dir.join("wal")
+    }
+
+    pub(crate) fn registry_dir(&self) -> PathBuf {
+        self.data_dir.join("registry")
+    }
+
+    pub(crate) fn snapshot_dir(&self) -> PathBuf {
+        self.data_dir.join("snapshots")
+    }
+
+    /// The openraft configuration derived from this one: batching of client writes and of
+    /// storage appends, loopback-friendly timeouts, the streaming snapshot timeout and the
+    /// snapshot policy.
+    pub(crate) fn raft_config(&self) -> Result<openraft::Config> {
+        let policy = if self.snapshot_logs_since_last == 0 {
+            openraft::SnapshotPolicy::Never
+        } else {
+            openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last)
+        };
+        let cfg = openraft::Config {
+            cluster_name: "metaserver".into(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_min_ms,
+            election_timeout_max: self.election_max_ms,
+            install_snapshot_timeout: self.install_snapshot_timeout.as_millis() as u64,
+            max_payload_entries: 4096,
+            max_append_entries: Some(4096),
+            api_batch_capacity: 4096,
+            api_batch_linger_ms: 0,
+            replication_lag_threshold: self.max_in_snapshot_log_to_keep.max(1000) * 2,
+            snapshot_policy: policy,
+            max_in_snapshot_log_to_keep: self.max_in_snapshot_log_to_keep,
+            purge_batch_size: 1,
+            backoff: "20ms 40ms ...500ms".into(),
+            ..Default::default()
+        };
+        cfg.validate()
+            .map_err(|e| Error::InvalidArgument(format!("raft config: {e}")))
+    }
+}

@@ -1,0 +1,109 @@
+//! The error type of the `meta-consensus` crate.
+
+use std::path::PathBuf;
+
+use crate::codec::CodecError;
+use crate::types::NodeId;
+
+/// Everything that can go wrong in `meta-consensus`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This node is not the leader; the request must go to `leader_id` at `leader_addr`.
+    #[error("not the leader; forward to node {leader_id} at {leader_addr}")]
+    ForwardToLeader {
+        leader_id: NodeId,
+        leader_addr: String,
+    },
+    /// No leader is known (election in progress, or no quorum).
+    #[error("no leader known")]
+    NoLeader,
+    /// The request could not complete in time; a write's outcome is unknown.
+    #[error("timed out")]
+    Timeout,
+    /// The write's entry was discarded when leadership changed; it may or may not commit.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The cluster was initialized before (on this node, ever).
+    #[error("the cluster is already initialized")]
+    AlreadyInitialized,
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Bad input (a bad cursor, an empty key, a bad membership); nothing changed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The write-ahead log or snapshot files failed.
+    #[error("storage ({op}): {source}")]
+    Storage {
+        op: &'static str,
+        #[source]
+        source: meta_store::Error,
+    },
+    /// The registry database (sled) failed.
+    #[error("registry database ({op}): {source}")]
+    Registry {
+        op: &'static str,
+        #[source]
+        source: sled::Error,
+    },
+    /// A file outside the log and snapshot stores (e.g. the data dir) failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored or received bytes did not decode.
+    #[error("corrupt data ({what}): {source}")]
+    Corrupt {
+        what: String,
+        #[source]
+        source: CodecError,
+    },
+    /// A snapshot failed verification or could not be built/installed.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
+    /// Openraft reported an error (including a fatal storage error).
+    #[error("raft: {0}")]
+    Raft(String),
+    /// The node is shut down.
+    #[error("node is shut down")]
+    Shutdown,
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn registry(op: &'static str, source: sled::Error) -> Self {
+        Error::Registry { op, source }
+    }
+
+    pub(crate) fn storage(op: &'static str, source: meta_store::Error) -> Self {
+        Error::Storage { op, source }
+    }
+
+    pub(crate) fn corrupt(what: impl Into<String>, source: CodecError) -> Self {
+        Error::Corrupt {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Io { source, .. } => source,
+            other => std::io::Error::other(other),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The key layout of the registry tree. Everything lives in one sled tree so that one
+//! `apply_batch` writes a whole `apply` call atomically:
+//!
+//! | prefix | key                              | value            |
+//! |--------|----------------------------------|------------------|
+//! | `d`    | datanode id (u64 BE)             | `DatanodeRecord` |
+//! | `r`    | shard id, datanode id (u64 BE)   | `ReplicaRecord`  |
+//! | `x`    | datanode id, shard id (u64 BE)   | empty (index)    |
+//! | `k`    | key bytes (UTF-8)                | `KvRecord`       |
+//! | `m`    | name                             | metadata         |
+//!
+//! (the `m` keys below are the metadata names, prefix included)
+//!
+//! Big-endian ids make sled's byte order the numeric order, which listings and cursors use.
+
+pub const DATANODE: u8 = b'd';
+pub const REPLICA: u8 = b'r';
+pub const BY_DATANODE: u8 = b'x';
+pub const KV: u8 = b'k';
+
+/// Last applied log id.
+pub const META_APPLIED: &[u8] = b"mapplied";
+/// Last applied membership.
+pub const META_MEMBERSHIP: &[u8] = b"mmembership";
+/// Total number of replicas.
+pub const META_REPLICAS: &[u8] = b"mreplicas";
+
+pub fn datanode(id: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = DATANODE;
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+pub fn replica(shard: u64, datanode: u64) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[0] = REPLICA;
+    k[1..9].copy_from_slice(&shard.to_be_bytes());
+    k[9..].copy_from_slice(&datanode.to_be_bytes());
+    k
+}
+
+pub fn replica_prefix(shard: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = REPLICA;
+    k[1..].copy_from_slice(&shard.to_be_bytes());
+    k
+}
+
+pub fn by_datanode(datanode: u64, shard: u64) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[0] = BY_DATANODE;
+    k[1..9].copy_from_slice(&datanode.to_be_bytes());
+    k[9..].copy_from_slice(&shard.to_be_bytes());
+    k
+}
+
+pub fn by_datanode_prefix(datanode: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = BY_DATANODE;
+    k[1..].copy_from_slice(&datanode.to_be_bytes());
+    k
+}
+
+pub fn kv(key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(KV);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// Reads the two big-endian ids of a 17-byte `r` or `x` key.
+pub fn two_ids(key: &[u8]) -> Option<(u64, u64)> {
+    if key.len() != 17 {
+        return None;
+    }
+    let a = u64::from_be_bytes(key[1..9].try_into().ok()?);
+    let b = u64::from_be_bytes(key[9..17].try_into().ok()?);
+    Some((a, b))
+}
+
+/// Reads the id of a 9-byte `d` key.
+pub fn one_id(key: &[u8]) -> Option<u64> {
+    if key.len() != 9 {
+        return None;
+    }
+    Some(u64::from_be_bytes(key[1..9].try_into().ok()?))
+}
+
+/// The smallest key strictly greater than `key` (for "after" cursors).
+pub fn successor(key: &[u8]) -> Vec<u8> {
+    let mut k = key.to_vec();
+    k.push(0);
+    k
+}
+
+/// Lower-case hex of `bytes` (cursors are opaque hex strings).
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// Parses hex written by [`to_hex`]; `None` for anything else.
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_and_cursors() {
+        assert!(replica(1, 2) < replica(1, 3));
+        assert!(replica(1, u64::MAX) < replica(2, 0));
+        assert_eq!(two_ids(&replica(7, 9)), Some((7, 9)));
+        assert_eq!(one_id(&datanode(5)), Some(5));
+        assert_eq!(
+            from_hex(&to_hex(&[0, 1, 0xab, 0xff])),
+            Some(vec![0, 1, 0xab, 0xff])
+        );
+        assert_eq!(from_hex("abc"), None);
+        assert_eq!(from_hex("zz"), None);
+        assert!(successor(b"ab").as_slice() > &b"ab"[..]);
+    }
+}

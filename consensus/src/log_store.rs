@@ -1,0 +1,493 @@
+//! Raft log storage over the `meta-store` write-ahead log.
+//!
+//! Every entry is one WAL record; the vote, the committed id and purge/truncation state are
+//! WAL records too, so the vote is ordered with the appends around it. An in-memory index maps
+//! each live raft index to its WAL record number (LSN); it is rebuilt by replaying the WAL at
+//! open.
+//!
+//! What each call guarantees when it returns:
+//! - `append`: the entries are written to the WAL and readable by every reader; the callback
+//!   fires from the WAL's barrier thread once a barrier covered them (appends that arrive while
+//!   a barrier runs share the next one), or with the log's error.
+//! - `save_vote`: the vote is durable (it waited for a barrier covering it).
+//! - `save_committed`: the committed id is written; it becomes durable with the next barrier
+//!   (openraft tolerates losing it: it is recovered from the cluster).
+//! - `truncate_after`: entries after the given id are gone for readers. When the latest vote
+//!   record lies before them, the WAL drops their records (a durable marker); otherwise a
+//!   logical truncation record carrying the vote is written (durable with the next barrier,
+//!   which any later durable append implies), because dropping the records would drop the vote
+//!   too, and a marker plus a re-written vote cannot become durable atomically.
+//! - `purge`: entries up to the id are gone; the last purged id, vote and committed id were
+//!   re-written and made durable first, so dropping old WAL records never loses them.
+//!
+//! Nothing here waits for a barrier on the async runtime's threads: appends only write
+//! (microseconds, into the page cache) and waiting is an async wait on the barrier thread.
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::Arc;
+
+use meta_store::{Lsn, Wal, WalMetrics, WalOptions};
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use parking_lot::RwLock;
+
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::log_record::{LogRecord, LogRecordRef};
+use crate::types::{Entry, LogId, TypeConfig, Vote};
+
+/// The in-memory view of the log.
+#[derive(Debug, Default)]
+struct Index {
+    /// Raft index of `entries[0]` (meaningful when non-empty).
+    first: u64,
+    /// LSN and log id of each live entry, consecutive raft indexes.
+    entries: VecDeque<(Lsn, LogId)>,
+    last_purged: Option<LogId>,
+    vote: Option<Vote>,
+    /// LSN of the record that holds the current vote.
+    vote_lsn: Lsn,
+    committed: Option<LogId>,
+}
+
+impl Index {
+    fn last_log_id(&self) -> Option<LogId> {
+        self.entries
+            .back()
+            .map(|(_, l)| *l)
+            .or(self.last_purged)
+    }
+
+    fn next_index(&self) -> u64 {
+        match (self.entries.back(), &self.last_purged) {
+            (Some((_, l)), _) => l.index + 1,
+            (None, Some(p)) => p.index + 1,
+            (None, None) => 0,
+        }
+    }
+
+    /// Whether an entry at `index` may be appended: it follows the last entry or the purge
+    /// point; a log that never held anything starts wherever its first entry is.
+    fn accepts(&self, index: u64) -> bool {
+        let pristine = self.entries.is_empty() && self.last_purged.is_none();
+        pristine || index == self.next_index()
+    }
+
+    fn push(&mut self, lsn: Lsn, log_id: LogId) -> Result<()> {
+        let want = self.next_index();
+        if !self.accepts(log_id.index) {
+            return Err(Error::Raft(format!(
+                "log entry {log_id} does not follow the log (next index {want})"
+            )));
+        }
+        if self.entries.is_empty() {
+            self.first = log_id.index;
+        }
+        self.entries.push_back((lsn, log_id));
+        Ok(())
+    }
+
+    /// Drops entries with index > `after` (all of them for `None`).
+    fn truncate_after(&mut self, after: Option<u64>) {
+        let keep = match after {
+            None => 0,
+            Some(a) if a < self.first => 0,
+            Some(a) => (a - self.first + 1) as usize,
+        };
+        self.entries.truncate(keep.min(self.entries.len()));
+    }
+
+    /// Drops entries with index <= `upto` and records it as purged.
+    fn purge(&mut self, upto: &LogId) {
+        while let Some((_, l)) = self.entries.front() {
+            if l.index > upto.index {
+                break;
+            }
+            self.entries.pop_front();
+            self.first += 1;
+        }
+        if self.entries.is_empty() {
+            self.first = upto.index + 1;
+        }
+        if self.last_purged.as_ref().is_none_or(|p| p < upto) {
+            self.last_purged = Some(*upto);
+        }
+    }
+
+    /// LSN of the entry at `index`, if live.
+    fn lsn_of(&self, index: u64) -> Option<Lsn> {
+        if index < self.first {
+            return None;
+        }
+        self.entries
+            .get((index - self.first) as usize)
+            .map(|(l, _)| *l)
+    }
+}
+
+struct Shared {
+    wal: Wal,
+    index: RwLock<Index>,
+}
+
+/// The log store (and, cloned, its readers).
+#[derive(Clone)]
+pub struct LogStore {
+    shared: Arc<Shared>,
+}
+
+fn store_err(op: &'static str) -> impl Fn(meta_store::Error) -> io::Error {
+    move |e| Error::storage(op, e).into()
+}
+
+fn encode(rec: &LogRecordRef<'_>) -> io::Result<Vec<u8>> {
+    codec::encode(rec).map_err(io::Error::from)
+}
+
+impl LogStore {
+    /// Opens the log in `dir` and rebuilds the index by replaying it. Blocking.
+    pub fn open(dir: &Path, opts: WalOptions) -> Result<LogStore> {
+        let wal = Wal::open(dir, opts).map_err(|e| Error::storage("open log", e))?;
+        let mut index = Index::default();
+        let records = wal
+            .read_range(..)
+            .map_err(|e| Error::storage("replay log", e))?;
+        for (lsn, bytes) in records {
+            let rec: LogRecord = codec::decode(&bytes)
+                .map_err(|e| Error::corrupt(format!("log record {lsn}"), e))?;
+            match rec {
+                LogRecord::Entry(e) => {
+                    if index
+                        .last_purged
+                        .as_ref()
+                        .is_some_and(|p| e.log_id.index <= p.index)
+                    {
+                        continue;
+                    }
+                    index.push(lsn, e.log_id)?;
+                }
+                LogRecord::Vote(v) => {
+                    index.vote = Some(v);
+                    index.vote_lsn = lsn;
+                }
+                LogRecord::Committed(c) => index.committed = c,
+                LogRecord::State {
+                    vote,
+                    committed,
+                    purged,
+                } => {
+                    index.vote = vote;
+                    index.vote_lsn = lsn;
+                    index.committed = committed;
+                    if let Some(p) = purged {
+                        index.purge(&p);
+                    }
+                }
+                LogRecord::Truncated {
+                    after,
+                    vote,
+                    committed,
+                } => {
+                    index.truncate_after(after.map(|a| a.index));
+                    index.vote = vote;
+                    index.vote_lsn = lsn;
+                    index.committed = committed;
+                }
+            }
+        }
+        tracing::info!(
+            "opened log in {}: {} entries, last {:?}, purged {:?}",
+            dir.display(),
+            index.entries.len(),
+            index.last_log_id(),
+            index.last_purged
+        );
+        Ok(LogStore {
+            shared: Arc::new(Shared {
+                wal,
+                index: RwLock::new(index),
+            }),
+        })
+    }
+
+    /// The write-ahead log's own metrics.
+    pub fn wal_metrics(&self) -> WalMetrics {
+        self.shared.wal.metrics()
+    }
+
+    pub(crate) fn wal(&self) -> &Wal {
+        &self.shared.wal
+    }
+
+    /// The last log id and how many entries are held.
+    pub fn summary(&self) -> (Option<LogId>, usize) {
+        let idx = self.shared.index.read();
+        (idx.last_log_id(), idx.entries.len())
+    }
+
+    async fn sync(&self, lsn: Lsn) -> io::Result<()> {
+        self.shared
+            .wal
+            .sync_async(lsn)
+            .await
+            .map_err(store_err("wait for barrier"))
+    }
+
+    fn append_record(&self, rec: &LogRecordRef<'_>) -> io::Result<Lsn> {
+        self.shared
+            .wal
+            .append(&encode(rec)?)
+            .map_err(store_err("append log record"))
+    }
+
+    /// Reads the live entries with index in `range`, as of the moment the index is consulted.
+    fn read_entries(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry>> {
+        let wanted: Vec<(u64, Lsn)> = {
+            let idx = self.shared.index.read();
+            if idx.entries.is_empty() {
+                return Ok(Vec::new());
+            }
+            let last = idx.first + idx.entries.len() as u64 - 1;
+            let start = match range.start_bound() {
+                Bound::Included(&s) => s,
+                Bound::Excluded(&s) => s.saturating_add(1),
+                Bound::Unbounded => 0,
+            }
+            .max(idx.first);
+            let end = match range.end_bound() {
+                Bound::Included(&e) => e,
+                Bound::Excluded(&0) => return Ok(Vec::new()),
+                Bound::Excluded(&e) => e - 1,
+                Bound::Unbounded => last,
+            }
+            .min(last);
+            if start > end {
+                return Ok(Vec::new());
+            }
+            (start..=end)
+                .map(|i| (i, idx.lsn_of(i).expect("index within the live range")))
+                .collect()
+        };
+        let (first_lsn, last_lsn) = (wanted[0].1, wanted[wanted.len() - 1].1);
+        let records = if wanted.len() == 1 {
+            self.shared
+                .wal
+                .read(first_lsn)
+                .map_err(store_err("read log entry"))?
+                .map(|b| vec![(first_lsn, b)])
+                .unwrap_or_default()
+        } else {
+            self.shared
+                .wal
+                .read_range(first_lsn..=last_lsn)
+                .map_err(store_err("read log entries"))?
+        };
+        // Merge: keep the records whose LSN is wanted, in order. A record that vanished was
+        // purged (at the front) or truncated (at the back) after the index was consulted.
+        let mut out = Vec::with_capacity(wanted.len());
+        let mut recs = records.into_iter().peekable();
+        for (i, lsn) in wanted {
+            while recs.peek().is_some_and(|(l, _)| *l < lsn) {
+                recs.next();
+            }
+            match recs.peek() {
+                Some((l, _)) if *l == lsn => {
+                    let (_, bytes) = recs.next().expect("peeked");
+                    match codec::decode::<LogRecord>(&bytes)
+                        .map_err(|e| Error::corrupt(format!("log record {lsn}"), e))?
+                    {
+                        LogRecord::Entry(e) if e.log_id.index == i => out.push(e),
+                        _ => {
+                            return Err(Error::Raft(format!(
+                                "log record {lsn} is not the entry at index {i}"
+                            ))
+                            .into())
+                        }
+                    }
+                }
+                _ if out.is_empty() => continue,
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<Entry>> {
+        self.read_entries(range)
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        Ok(self.shared.index.read().vote)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
+        let idx = self.shared.index.read();
+        Ok(LogState {
+            last_purged_log_id: idx.last_purged,
+            last_log_id: idx.last_log_id(),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        let lsn = self.append_record(&LogRecordRef::Vote(vote))?;
+        self.sync(lsn).await?;
+        let mut idx = self.shared.index.write();
+        idx.vote = Some(*vote);
+        idx.vote_lsn = lsn;
+        Ok(())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
+        self.append_record(&LogRecordRef::Committed(&committed))?;
+        self.shared.index.write().committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
+        Ok(self.shared.index.read().committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if entries.is_empty() {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        }
+        let payloads = entries
+            .iter()
+            .map(|e| encode(&LogRecordRef::Entry(e)))
+            .collect::<io::Result<Vec<_>>>()?;
+        let slices: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
+        {
+            let idx = self.shared.index.read();
+            let want = idx.next_index();
+            if !idx.accepts(entries[0].log_id.index) {
+                return Err(Error::Raft(format!(
+                    "append of {} would leave a hole: next index is {want}",
+                    entries[0].log_id
+                ))
+                .into());
+            }
+        }
+        let last_lsn = self
+            .shared
+            .wal
+            .append_batch(&slices)
+            .map_err(store_err("append log entries"))?;
+        let first_lsn = last_lsn + 1 - entries.len() as u64;
+        {
+            let mut idx = self.shared.index.write();
+            for (i, e) in entries.iter().enumerate() {
+                idx.push(first_lsn + i as u64, e.log_id)
+                    .map_err(io::Error::from)?;
+            }
+        }
+        self.shared.wal.on_durable(
+            last_lsn,
+            Box::new(move |res| {
+                callback.io_completed(res.map_err(|e| Error::storage("log barrier", e).into()))
+            }),
+        );
+        Ok(())
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let after = last_log_id.as_ref().map(|l| l.index);
+        let (first_gone, vote_lsn, vote, committed) = {
+            let idx = self.shared.index.read();
+            let first_gone = match after {
+                None => idx.entries.front().map(|(lsn, _)| *lsn),
+                Some(a) => a.checked_add(1).and_then(|i| idx.lsn_of(i)),
+            };
+            (
+                first_gone,
+                idx.vote_lsn,
+                idx.vote,
+                idx.committed,
+            )
+        };
+        let Some(first_gone) = first_gone else {
+            return Ok(());
+        };
+        if vote_lsn < first_gone {
+            // The vote survives a physical truncation; re-write the committed id in case its
+            // record was among the dropped ones.
+            // `truncate_from` waits for a barrier: run it off the runtime.
+            let shared = self.shared.clone();
+            tokio::task::spawn_blocking(move || shared.wal.truncate_from(first_gone))
+                .await
+                .map_err(|e| io::Error::other(format!("truncate task failed: {e}")))?
+                .map_err(store_err("truncate log"))?;
+            self.shared.index.write().truncate_after(after);
+            self.append_record(&LogRecordRef::Committed(&committed))?;
+        } else {
+            // Dropping the records from `first_gone` would drop the current vote: truncate
+            // logically, with the vote in the same record.
+            self.append_record(&LogRecordRef::Truncated {
+                after: &last_log_id,
+                vote: &vote,
+                committed: &committed,
+            })?;
+            let mut idx = self.shared.index.write();
+            idx.truncate_after(after);
+        }
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        let (upto_lsn, vote, committed) = {
+            let idx = self.shared.index.read();
+            if idx.last_purged.as_ref().is_some_and(|p| p >= &log_id) {
+                return Ok(());
+            }
+            let upto = idx
+                .entries
+                .iter()
+                .take_while(|(_, l)| l.index <= log_id.index)
+                .last()
+                .map(|(lsn, _)| *lsn);
+            (upto, idx.vote, idx.committed)
+        };
+        let purged = Some(log_id);
+        let state_lsn = self.append_record(&LogRecordRef::State {
+            vote: &vote,
+            committed: &committed,
+            purged: &purged,
+        })?;
+        self.sync(state_lsn).await?;
+        {
+            let mut idx = self.shared.index.write();
+            idx.purge(&log_id);
+            idx.vote_lsn = state_lsn;
+        }
+        if let Some(lsn) = upto_lsn {
+            // `purge_to` waits for a barrier and deletes files: run it off the runtime.
+            let shared = self.shared.clone();
+            tokio::task::spawn_blocking(move || shared.wal.purge_to(lsn))
+                .await
+                .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?
+                .map_err(store_err("purge log"))?;
+        }
+        Ok(())
+    }
+}

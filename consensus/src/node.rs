@@ -1,0 +1,755 @@
+//! A metaserver node: opens the log, the registry and Raft from a data dir, and offers the
+//! API the HTTP layer and the binary use: writes (answering "forward to leader" on a
+//! follower), reads with a consistency choice, membership, snapshots and status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use meta_store::{RateLimiter, WalOptions};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::{ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::network::NetSnapshot;
+use openraft::raft::SnapshotResponse;
+use openraft::{ChangeMembers, RaftNetworkFactory, ReadPolicy};
+
+use crate::command::{Command, ShardReport};
+use crate::config::NodeConfig;
+use crate::error::{Error, Result};
+use crate::log_store::LogStore;
+use crate::snapshot_data::SnapshotData;
+use crate::state_machine::{SmShared, StateMachine};
+use crate::status::{ClusterStatus, ReplicationLag, Role};
+use crate::types::{Node, NodeId, Raft, TypeConfig, Vote};
+use crate::view::{
+    Consistency, DatanodeInfo, KvEntry, KvKey, Page, ShardEntry, ShardInfo, SnapshotInfo, Written,
+};
+
+/// Marker file written once the cluster was initialized from this node.
+const INITIALIZED: &str = "initialized";
+/// Sub-directory where snapshots streamed from a leader land before they are installed.
+const INCOMING: &str = "snapshots-incoming";
+/// Largest key (bytes) and value of the key-value space.
+pub const MAX_KEY_BYTES: usize = 1024;
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// Most shards one register/deregister command may carry.
+pub const MAX_SHARDS_PER_COMMAND: usize = 100_000;
+
+struct Inner {
+    cfg: NodeConfig,
+    raft: Raft,
+    sm: Arc<SmShared>,
+    log: LogStore,
+    incoming: PathBuf,
+    shut: AtomicBool,
+}
+
+/// A metaserver node. Cheap to clone (an `Arc` inside).
+#[derive(Clone)]
+pub struct MetaNode {
+    inner: Arc<Inner>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Raft(format!("blocking task failed: {e}")))?
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "key must be 1 to {MAX_KEY_BYTES} bytes, got {}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_shards(n: usize) -> Result<()> {
+    if n > MAX_SHARDS_PER_COMMAND {
+        return Err(Error::InvalidArgument(format!(
+            "{n} shards in one command; at most {MAX_SHARDS_PER_COMMAND}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses commands the registry would never want, before they reach the log.
+fn validate(cmd: &Command) -> Result<()> {
+    match cmd {
+        Command::RegisterDatanode { addr, .. } => {
+            if addr.is_empty() || addr.len() > MAX_KEY_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "datanode address must be 1 to {MAX_KEY_BYTES} bytes"
+                )));
+            }
+        }
+        Command::RegisterShards { shards, .. } => check_shards(shards.len())?,
+        Command::DeregisterShards { shards, .. } => check_shards(shards.len())?,
+        Command::RemoveDatanode { .. } => {}
+        Command::Put { key, value, .. } => {
+            check_key(key)?;
+            if value.len() > MAX_VALUE_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "value of {} bytes; at most {MAX_VALUE_BYTES}",
+                    value.len()
+                )));
+            }
+        }
+        Command::Delete { key, .. } => check_key(key)?,
+    }
+    Ok(())
+}
+
+impl MetaNode {
+    /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
+    /// Recovers the log, the registry and, when the registry is behind the log's purge point,
+    /// reloads it from the newest snapshot. Never initializes a cluster: see
+    /// [`MetaNode::initialize`].
+    pub async fn open<N>(cfg: NodeConfig, network: N) -> Result<MetaNode>
+    where
+        N: RaftNetworkFactory<TypeConfig>,
+        N::Network: NetSnapshot<TypeConfig, SnapshotData = SnapshotData>,
+    {
+        cfg.validate()?;
+        let raft_config = Arc::new(cfg.raft_config()?);
+        let c = cfg.clone();
+        let (log, sm, incoming) = blocking(move || {
+            std::fs::create_dir_all(&c.data_dir)
+                .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
+            let incoming = c.data_dir.join(INCOMING);
+            if incoming.exists() {
+                std::fs::remove_dir_all(&incoming)
+                    .map_err(|e| Error::io("clear incoming snapshots", &incoming, e))?;
+            }
+            std::fs::create_dir_all(&incoming)
+                .map_err(|e| Error::io("create incoming snapshots dir", &incoming, e))?;
+            let log = LogStore::open(
+                &c.wal_dir(),
+                WalOptions {
+                    segment_bytes: c.wal_segment_bytes,
+                    barrier: c.barrier,
+                    ..WalOptions::default()
+                },
+            )?;
+            let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
+            let sm = StateMachine::open(
+                &c.registry_dir(),
+                &c.snapshot_dir(),
+                c.sled_cache_bytes,
+                c.snapshots_to_keep,
+                limiter,
+            )?;
+            Ok((log, sm, incoming))
+        })
+        .await?;
+        let shared = sm.shared();
+        // Openraft's startup reloads the registry from the newest snapshot when it is behind,
+        // re-applies committed entries, and rebuilds a snapshot if the log was purged without
+        // one; see `check_not_behind_purge` for the check that it did.
+        let raft = Raft::new(cfg.id, raft_config, network, log.clone(), sm)
+            .await
+            .map_err(|e| Error::Raft(format!("start raft: {e}")))?;
+        let node = MetaNode {
+            inner: Arc::new(Inner {
+                cfg,
+                raft,
+                sm: shared,
+                log,
+                incoming,
+                shut: AtomicBool::new(false),
+            }),
+        };
+        node.check_not_behind_purge()?;
+        Ok(node)
+    }
+
+    /// The registry must never be behind the log's purge point after open.
+    fn check_not_behind_purge(&self) -> Result<()> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let applied = m.last_applied.as_ref().map(|l| l.index);
+        let purged = m.purged.as_ref().map(|l| l.index);
+        if purged > applied {
+            return Err(Error::Snapshot(format!(
+                "registry applied up to {applied:?} but the log is purged up to {purged:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.cfg.id
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.cfg.addr
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.cfg
+    }
+
+    /// The Raft handle: the HTTP `/raft` router calls `append_entries`, `vote`,
+    /// `handle_transfer_leader` on it (and [`MetaNode::install_received_snapshot`]).
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.shut.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    /// Maps openraft's routing information to [`Error::ForwardToLeader`] (or `NoLeader`).
+    fn forward(&self, f: &ForwardToLeader<TypeConfig>) -> Error {
+        // Openraft names the leader once this node's vote is committed; until then the metrics
+        // may already know it.
+        let leader = f
+            .leader_id
+            .or_else(|| self.inner.raft.metrics().borrow_watched().current_leader);
+        let Some(leader) = leader else {
+            return Error::NoLeader;
+        };
+        let addr = f.leader_node.as_ref().map(|n| n.addr.clone()).or_else(|| {
+            let m = self
+                .inner
+                .raft
+                .metrics()
+                .borrow_watched()
+                .membership_config
+                .clone();
+            m.get_node(&leader).map(|n| n.addr.clone())
+        });
+        match addr {
+            Some(leader_addr) if leader != self.id() => Error::ForwardToLeader {
+                leader_id: leader,
+                leader_addr,
+            },
+            _ => Error::NoLeader,
+        }
+    }
+
+    fn fatal(&self, e: impl std::fmt::Display) -> Error {
+        if self.inner.shut.load(Ordering::Acquire) {
+            Error::Shutdown
+        } else {
+            Error::Raft(e.to_string())
+        }
+    }
+
+    fn write_error(&self, e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(&f),
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
+                Error::OutcomeUnknown(format!(
+                    "entry discarded on leader change (leader now {:?})",
+                    f.leader_id
+                ))
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                Error::InvalidArgument(e.to_string())
+            }
+            RaftError::APIError(other) => Error::Raft(other.to_string()),
+            RaftError::Fatal(f) => self.fatal(f),
+        }
+    }
+
+    /// Whether openraft refused because this leader's lease is not (yet, or any more) backed by
+    /// a quorum: a fresh leader answers so until its first quorum acknowledgement.
+    fn lease_refusal(e: &RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> bool {
+        matches!(
+            e,
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f))
+                if f.reason == openraft::error::ForwardReason::LeaseExpired && f.leader_id.is_none()
+        )
+    }
+
+    /// Waits (at most until `deadline`, and at most 100 ms) for the Raft metrics to change.
+    async fn await_metrics_change(&self, deadline: tokio::time::Instant) -> Result<()> {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout);
+        }
+        let mut rx = self.inner.raft.metrics();
+        let until = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
+        let _ = tokio::time::timeout_at(until, rx.changed()).await;
+        Ok(())
+    }
+
+    /// Runs a client-write-like call, retrying while this leader waits for its lease.
+    async fn leader_call<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
+        >,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        loop {
+            let res = tokio::time::timeout_at(deadline, call())
+                .await
+                .map_err(|_| Error::Timeout)?;
+            match res {
+                Ok(v) => return Ok(v),
+                Err(e) if Self::lease_refusal(&e) => self.await_metrics_change(deadline).await?,
+                Err(e) => return Err(self.write_error(e)),
+            }
+        }
+    }
+
+    /// Proposes `cmd` and returns once it is committed (durable on a quorum) and applied here.
+    /// On a follower: [`Error::ForwardToLeader`]. Bad input: [`Error::InvalidArgument`], nothing
+    /// proposed.
+    pub async fn write(&self, cmd: Command) -> Result<Written> {
+        self.check_open()?;
+        validate(&cmd)?;
+        let raft = &self.inner.raft;
+        let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
+        Ok(Written {
+            index: r.log_id.index,
+            result: r.data,
+        })
+    }
+
+    /// Registers (or re-registers) a datanode; the result carries its new epoch.
+    pub async fn register_datanode(&self, id: u64, addr: impl Into<String>) -> Result<Written> {
+        self.write(Command::RegisterDatanode {
+            id,
+            addr: addr.into(),
+        })
+        .await
+    }
+
+    /// Registers a batch of replicas of `datanode` under incarnation `epoch`.
+    pub async fn register_shards(
+        &self,
+        datanode: u64,
+        epoch: u64,
+        shards: Vec<ShardReport>,
+    ) -> Result<Written> {
+        self.write(Command::RegisterShards {
+            datanode,
+            epoch,
+            shards,
+        })
+        .await
+    }
+
+    /// Makes reads after it see every write committed before it was called (Linearizable:
+    /// read index confirmed by a quorum, then wait until applied here), or nothing (Local).
+    pub async fn read_barrier(&self, c: Consistency) -> Result<()> {
+        self.check_open()?;
+        if c == Consistency::Local {
+            return Ok(());
+        }
+        use openraft::error::LinearizableReadError as L;
+        let raft = &self.inner.raft;
+        let timeout = self.inner.cfg.request_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let lin = loop {
+            let lin =
+                tokio::time::timeout_at(deadline, raft.get_read_linearizer(ReadPolicy::ReadIndex))
+                    .await
+                    .map_err(|_| Error::Timeout)?;
+            match lin {
+                Ok(l) => break l,
+                Err(RaftError::APIError(L::ForwardToLeader(f)))
+                    if f.reason == openraft::error::ForwardReason::LeaseExpired
+                        && f.leader_id.is_none() =>
+                {
+                    self.await_metrics_change(deadline).await?
+                }
+                Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
+                Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
+                Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
+            }
+        };
+        match lin.try_await_ready(raft, Some(timeout)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Timeout),
+            Err(f) => Err(self.fatal(f)),
+        }
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        c: Consistency,
+        f: impl FnOnce(&SmShared) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.read_barrier(c).await?;
+        let sm = self.inner.sm.clone();
+        blocking(move || f(&sm)).await
+    }
+
+    pub async fn datanode(&self, c: Consistency, id: u64) -> Result<Option<DatanodeInfo>> {
+        self.read(c, move |sm| sm.registry.datanode(id)).await
+    }
+
+    pub async fn datanodes(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
+        self.read(c, |sm| sm.registry.datanodes()).await
+    }
+
+    /// A shard's replica set; `None` if no datanode holds it.
+    pub async fn shard(&self, c: Consistency, id: u64) -> Result<Option<ShardInfo>> {
+        self.read(c, move |sm| sm.registry.shard(id)).await
+    }
+
+    /// All replicas by (shard, datanode); `after` is the previous page's `next` cursor. At most
+    /// `limit` items (capped at [`crate::MAX_PAGE`]; 0 is invalid).
+    pub async fn shards(
+        &self,
+        c: Consistency,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ShardEntry>> {
+        let after = after.map(str::to_string);
+        self.read(c, move |sm| sm.registry.shards(after.as_deref(), limit))
+            .await
+    }
+
+    /// One datanode's replicas by shard id, paginated like [`MetaNode::shards`].
+    pub async fn datanode_shards(
+        &self,
+        c: Consistency,
+        datanode: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ShardEntry>> {
+        let after = after.map(str::to_string);
+        self.read(c, move |sm| {
+            sm.registry
+                .datanode_shards(datanode, after.as_deref(), limit)
+        })
+        .await
+    }
+
+    pub async fn kv_get(&self, c: Consistency, key: &str) -> Result<Option<KvEntry>> {
+        check_key(key)?;
+        let key = key.to_string();
+        self.read(c, move |sm| sm.registry.kv_get(&key)).await
+    }
+
+    /// Keys starting with `prefix` in byte order, paginated like [`MetaNode::shards`].
+    pub async fn kv_list(
+        &self,
+        c: Consistency,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<KvKey>> {
+        if prefix.len() > MAX_KEY_BYTES {
+            return Err(Error::InvalidArgument("prefix too long".into()));
+        }
+        let (prefix, after) = (prefix.to_string(), after.map(str::to_string));
+        self.read(c, move |sm| {
+            sm.registry.kv_list(&prefix, after.as_deref(), limit)
+        })
+        .await
+    }
+
+    /// A digest of this node's registry content (datanodes, replicas, keys): number of records
+    /// and a 64-bit FNV-1a hash. Replicas that applied the same log agree on it.
+    pub async fn registry_digest(&self) -> Result<(u64, u64)> {
+        let sm = self.inner.sm.clone();
+        blocking(move || {
+            let content = sm.registry.content()?;
+            let mut h: u64 = 0xcbf29ce484222325;
+            let mut feed = |b: &[u8]| {
+                for &x in (b.len() as u32).to_le_bytes().iter().chain(b) {
+                    h ^= x as u64;
+                    h = h.wrapping_mul(0x100000001b3);
+                }
+            };
+            for (k, v) in &content {
+                feed(k);
+                feed(v);
+            }
+            Ok((content.len() as u64, h))
+        })
+        .await
+    }
+
+    fn marker(&self) -> PathBuf {
+        self.inner.cfg.data_dir.join(INITIALIZED)
+    }
+
+    /// Whether this node belongs to an initialized cluster (it initialized one, or holds any
+    /// log, vote or membership).
+    pub async fn is_initialized(&self) -> Result<bool> {
+        self.check_open()?;
+        if self.marker().exists() {
+            return Ok(true);
+        }
+        self.inner
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| self.fatal(e))
+    }
+
+    /// Forms a new cluster of `members` (which must include this node). Only ever once: a
+    /// node that was initialized, or that holds any Raft state, answers
+    /// [`Error::AlreadyInitialized`]; the fact is persisted in the data dir.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, Node>) -> Result<()> {
+        if self.is_initialized().await? {
+            return Err(Error::AlreadyInitialized);
+        }
+        if !members.contains_key(&self.id()) {
+            return Err(Error::InvalidArgument(format!(
+                "members {:?} must include this node ({})",
+                members.keys().collect::<Vec<_>>(),
+                self.id()
+            )));
+        }
+        match self.inner.raft.initialize(members).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                return Err(Error::AlreadyInitialized)
+            }
+            Err(RaftError::APIError(e)) => return Err(Error::InvalidArgument(e.to_string())),
+            Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
+        }
+        let marker = self.marker();
+        let dir = self.inner.cfg.data_dir.clone();
+        blocking(move || {
+            std::fs::write(&marker, b"initialized\n")
+                .and_then(|_| std::fs::File::open(&marker)?.sync_all())
+                .map_err(|e| Error::io("write initialized marker", &marker, e))?;
+            sync_dir(&dir)
+        })
+        .await
+    }
+
+    /// Adds (or re-adds) a learner and starts replicating to it; returns once the membership
+    /// change is committed, without waiting for the learner to catch up.
+    pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
+        self.check_open()?;
+        if node.addr.is_empty() {
+            return Err(Error::InvalidArgument("learner address is empty".into()));
+        }
+        let raft = &self.inner.raft;
+        self.leader_call(|| raft.add_learner(id, node.clone(), false))
+            .await
+            .map(|_| ())
+    }
+
+    /// Makes `voters` the voting members (each must already be a member or learner); removed
+    /// voters leave the cluster.
+    pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
+        self.check_open()?;
+        if voters.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the voter set cannot be empty".into(),
+            ));
+        }
+        let raft = &self.inner.raft;
+        self.leader_call(|| {
+            raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Builds a snapshot of everything applied so far (or returns the newest one if it is
+    /// already that recent) and returns once it is durable.
+    pub async fn snapshot_now(&self) -> Result<SnapshotInfo> {
+        self.check_open()?;
+        let raft = &self.inner.raft;
+        let applied = raft.metrics().borrow_watched().last_applied;
+        raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
+        let want = applied;
+        raft.wait(Some(self.inner.cfg.install_snapshot_timeout))
+            .metrics(move |m| m.snapshot >= want, "snapshot_now")
+            .await
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
+            })?;
+        let sm = self.inner.sm.clone();
+        let current = blocking(move || sm.current_snapshot()).await?;
+        match current {
+            Some((meta, data)) => Ok(SnapshotInfo {
+                index: meta.last_log_id.map(|l| l.index).unwrap_or(0),
+                bytes: data.payload_bytes(),
+            }),
+            None => Err(Error::Snapshot("no snapshot after building one".into())),
+        }
+    }
+
+    /// The newest complete snapshot file (for a backup download). Lists the snapshot dir.
+    pub fn newest_snapshot_file(&self) -> Option<PathBuf> {
+        match self.inner.sm.snapshots.newest() {
+            Ok(f) => f.map(|f| f.path),
+            Err(e) => {
+                tracing::warn!("listing snapshots: {e}");
+                None
+            }
+        }
+    }
+
+    /// Creates an empty file, in this node's data dir, for a snapshot a leader streams to it.
+    /// The transport writes the snapshot file's bytes into it as received, then passes it to
+    /// [`MetaNode::install_received_snapshot`]. Dropping it deletes the file.
+    pub fn snapshot_receive_file(&self) -> Result<tempfile::TempPath> {
+        tempfile::Builder::new()
+            .prefix("incoming-")
+            .tempfile_in(&self.inner.incoming)
+            .map(|f| f.into_temp_path())
+            .map_err(|e| Error::io("create incoming snapshot file", &self.inner.incoming, e))
+    }
+
+    /// Verifies a received snapshot file completely and hands it to Raft, which installs it
+    /// if `vote` is still current (replacing the registry atomically). Answers like
+    /// `Raft::install_full_snapshot`.
+    pub async fn install_received_snapshot(
+        &self,
+        vote: Vote,
+        file: tempfile::TempPath,
+    ) -> Result<SnapshotResponse<TypeConfig>> {
+        self.check_open()?;
+        let (meta, data) = blocking(move || SnapshotData::open_received(file)).await?;
+        self.inner
+            .raft
+            .install_full_snapshot(
+                vote,
+                openraft::storage::Snapshot {
+                    meta,
+                    snapshot: data,
+                },
+            )
+            .await
+            .map_err(|e| self.fatal(e))
+    }
+
+    /// Waits until this node applied `index` (for tests and tools).
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<()> {
+        self.inner
+            .raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "wait_applied")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
+            })
+    }
+
+    /// This node's status.
+    pub fn status(&self) -> ClusterStatus {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let nodes: BTreeMap<NodeId, String> = membership
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect();
+        let leader_addr = m.current_leader.and_then(|l| nodes.get(&l).cloned());
+        let last = m.last_log_index;
+        let replication = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(node, matched)| {
+                        let matched = matched.as_ref().map(|l| l.index);
+                        let lag = match (last, matched) {
+                            (Some(l), Some(mi)) => l.saturating_sub(mi),
+                            (Some(l), None) => l + 1,
+                            _ => 0,
+                        };
+                        ReplicationLag {
+                            node: *node,
+                            matched,
+                            lag,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let sm = &self.inner.sm;
+        let datanodes = sm.registry.datanode_count().unwrap_or(0);
+        let snapshot = sm.last_snapshot();
+        let role = if self.inner.shut.load(Ordering::Acquire) {
+            Role::Shutdown
+        } else {
+            Role::from(m.state)
+        };
+        ClusterStatus {
+            id: self.id(),
+            role,
+            leader_id: m.current_leader,
+            leader_addr,
+            term: m.current_term,
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            nodes,
+            last_log_index: last,
+            committed: m.local_committed.as_ref().map(|l| l.index),
+            applied: m.last_applied.as_ref().map(|l| l.index),
+            purged: m.purged.as_ref().map(|l| l.index),
+            snapshot_index: m.snapshot.as_ref().map(|l| l.index),
+            snapshot_bytes: snapshot.map(|s| s.bytes),
+            replication,
+            datanodes,
+            replicas: sm.replicas(),
+            wal: self.inner.log.wal_metrics(),
+            state_machine: sm.stats.snapshot(),
+            snapshot_rate: sm.limiter.rate(),
+            snapshot_throttle_pauses: sm.limiter.pauses(),
+            snapshot_throttle_millis: sm.limiter.paused_nanos() / 1_000_000,
+        }
+    }
+
+    /// Clears the longest-apply and longest-builder-start figures (benchmarks).
+    pub fn reset_apply_maxima(&self) {
+        self.inner.sm.stats.reset_maxima();
+    }
+
+    /// Changes the snapshot export pace (bytes per second, 0 = unlimited), effective at the
+    /// running export's next pause.
+    pub fn set_snapshot_rate(&self, bytes_per_sec: u64) {
+        self.inner.sm.limiter.set_rate(bytes_per_sec);
+    }
+
+    pub fn snapshot_rate(&self) -> u64 {
+        self.inner.sm.limiter.rate()
+    }
+
+    /// Switches the WAL between shared barriers and one barrier per append (benchmarks).
+    pub fn set_barrier_mode(&self, mode: meta_store::BarrierMode) {
+        self.inner.log.wal().set_barrier_mode(mode);
+    }
+
+    /// Stops Raft, makes the log durable and flushes the registry. Later calls answer
+    /// [`Error::Shutdown`].
+    pub async fn shutdown(&self) -> Result<()> {
+        if self.inner.shut.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| Error::Raft(format!("shutdown: {e}")))?;
+        let inner = self.inner.clone();
+        blocking(move || {
+            inner
+                .log
+                .wal()
+                .close()
+                .map_err(|e| Error::storage("close log", e))?;
+            inner.sm.registry.flush()
+        })
+        .await
+    }
+}

@@ -1,0 +1,477 @@
+//! The shard registry in sled: the tree that holds it, the reads the API serves (with cursor
+//! pagination), atomic commits of applied batches, and the atomic replacement of the whole
+//! registry by an installed snapshot.
+//!
+//! The registry lives in one sled tree (a *generation*, named `reg-<n>`); the default tree
+//! names the active generation. Installing a snapshot imports into a fresh generation and then
+//! flips that name in one insert, so a crash leaves either the old registry or the new one,
+//! never a mix. Retired generations are dropped once no export still reads them (and at open).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::capture::Capture;
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::records::{DatanodeRecord, KvRecord, ReplicaRecord};
+use crate::types::{LogId, StoredMembership};
+use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo};
+
+/// Name of the default-tree key that names the active generation.
+const ACTIVE: &[u8] = b"active-generation";
+/// Prefix of generation tree names.
+const GENERATION_PREFIX: &str = "reg-";
+/// Largest page a listing returns.
+pub const MAX_PAGE: usize = 10_000;
+
+/// One generation of the registry: a sled tree plus the captures of running exports.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub(crate) tree: sled::Tree,
+    pub(crate) number: u64,
+    captures: Mutex<Vec<Arc<Capture>>>,
+}
+
+impl Generation {
+    fn new(tree: sled::Tree, number: u64) -> Self {
+        Generation {
+            tree,
+            number,
+            captures: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Writes `batch` atomically, first recording pre-images of `keys` for every running
+    /// capture. Callers serialize commits (the state machine applies one batch at a time).
+    pub(crate) fn commit<'a>(
+        &self,
+        batch: sled::Batch,
+        keys: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> Result<()> {
+        {
+            let captures = self.captures.lock();
+            for c in captures.iter() {
+                c.record(&self.tree, keys.clone())
+                    .map_err(|e| Error::registry("record pre-images", e))?;
+            }
+        }
+        self.tree
+            .apply_batch(batch)
+            .map_err(|e| Error::registry("apply batch", e))
+    }
+
+    /// Starts a point-in-time capture at the current state. O(1).
+    pub(crate) fn start_capture(&self) -> Arc<Capture> {
+        let c = Arc::new(Capture::new());
+        self.captures.lock().push(c.clone());
+        c
+    }
+
+    /// Ends a capture; later commits stop recording pre-images for it.
+    pub(crate) fn end_capture(&self, capture: &Arc<Capture>) {
+        self.captures.lock().retain(|c| !Arc::ptr_eq(c, capture));
+    }
+
+    fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8], what: &str) -> Result<Option<T>> {
+        match self.tree.get(key).map_err(|e| Error::registry("read", e))? {
+            None => Ok(None),
+            Some(v) => codec::decode(&v)
+                .map(Some)
+                .map_err(|e| Error::corrupt(what.to_string(), e)),
+        }
+    }
+
+    /// Last applied log id and membership as stored in this generation.
+    pub(crate) fn applied(&self) -> Result<(Option<LogId>, StoredMembership)> {
+        let applied = self.get::<LogId>(keys::META_APPLIED, "last applied")?;
+        let membership = self
+            .get::<StoredMembership>(keys::META_MEMBERSHIP, "membership")?
+            .unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    pub(crate) fn replica_count(&self) -> Result<u64> {
+        Ok(self
+            .get::<u64>(keys::META_REPLICAS, "replica count")?
+            .unwrap_or(0))
+    }
+}
+
+/// The registry database of one node.
+pub(crate) struct Registry {
+    db: sled::Db,
+    current: RwLock<Arc<Generation>>,
+    retired: Mutex<Vec<Arc<Generation>>>,
+}
+
+/// A registry being imported into a fresh generation; becomes active with
+/// [`Registry::finish_replace`], or is dropped with [`Registry::abort_replace`].
+pub(crate) struct Replacement {
+    generation: Arc<Generation>,
+    name: String,
+}
+
+impl Replacement {
+    pub(crate) fn tree(&self) -> &sled::Tree {
+        &self.generation.tree
+    }
+}
+
+fn generation_name(n: u64) -> String {
+    format!("{GENERATION_PREFIX}{n}")
+}
+
+impl Registry {
+    /// Opens (creating if needed) the registry in `dir` with a page cache of `cache_bytes`.
+    /// Generations other than the active one (left by a crash during an install) are dropped.
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(Some(500))
+            .open()
+            .map_err(|e| Error::registry("open", e))?;
+        let number = match db.get(ACTIVE).map_err(|e| Error::registry("open", e))? {
+            Some(v) => {
+                codec::decode::<u64>(&v).map_err(|e| Error::corrupt("active generation", e))?
+            }
+            None => {
+                let v = codec::encode(&0u64).map_err(|e| Error::corrupt("active generation", e))?;
+                db.insert(ACTIVE, v)
+                    .map_err(|e| Error::registry("open", e))?;
+                0
+            }
+        };
+        let active = generation_name(number);
+        for name in db.tree_names() {
+            let name_str = String::from_utf8_lossy(&name);
+            if name_str.starts_with(GENERATION_PREFIX) && name_str != active {
+                db.drop_tree(&name)
+                    .map_err(|e| Error::registry("drop stale generation", e))?;
+            }
+        }
+        let tree = db
+            .open_tree(&active)
+            .map_err(|e| Error::registry("open", e))?;
+        Ok(Registry {
+            db,
+            current: RwLock::new(Arc::new(Generation::new(tree, number))),
+            retired: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The active generation.
+    pub(crate) fn current(&self) -> Arc<Generation> {
+        self.current.read().clone()
+    }
+
+    /// Writes everything to disk. Blocking: call off the async runtime.
+    pub(crate) fn flush(&self) -> Result<()> {
+        self.db
+            .flush()
+            .map(|_| ())
+            .map_err(|e| Error::registry("flush", e))
+    }
+
+    /// Starts importing a whole registry into a fresh, empty generation.
+    pub(crate) fn begin_replace(&self) -> Result<Replacement> {
+        let number = self.current().number + 1;
+        let name = generation_name(number);
+        self.db
+            .drop_tree(name.as_bytes())
+            .map_err(|e| Error::registry("prepare generation", e))?;
+        let tree = self
+            .db
+            .open_tree(&name)
+            .map_err(|e| Error::registry("prepare generation", e))?;
+        Ok(Replacement {
+            generation: Arc::new(Generation::new(tree, number)),
+            name,
+        })
+    }
+
+    /// Makes an imported generation the registry, atomically (one insert names it), flushes it
+    /// to disk and retires the previous one. Blocking: call off the async runtime.
+    pub(crate) fn finish_replace(&self, r: Replacement) -> Result<()> {
+        r.generation
+            .tree
+            .flush()
+            .map_err(|e| Error::registry("flush imported generation", e))?;
+        let v = codec::encode(&r.generation.number)
+            .map_err(|e| Error::corrupt("active generation", e))?;
+        let old = {
+            let mut cur = self.current.write();
+            self.db
+                .insert(ACTIVE, v)
+                .map_err(|e| Error::registry("activate generation", e))?;
+            std::mem::replace(&mut *cur, r.generation)
+        };
+        self.flush()?;
+        self.retired.lock().push(old);
+        self.collect_garbage();
+        Ok(())
+    }
+
+    /// Drops an unfinished import.
+    pub(crate) fn abort_replace(&self, r: Replacement) {
+        let Replacement { generation, name } = r;
+        drop(generation);
+        if let Err(e) = self.db.drop_tree(name.as_bytes()) {
+            tracing::warn!("dropping aborted generation {name}: {e}");
+        }
+    }
+
+    /// Drops retired generations that no export reads any more.
+    pub(crate) fn collect_garbage(&self) {
+        let mut retired = self.retired.lock();
+        retired.retain(|g| {
+            if Arc::strong_count(g) > 1 {
+                return true;
+            }
+            let name = generation_name(g.number);
+            if let Err(e) = self.db.drop_tree(name.as_bytes()) {
+                tracing::warn!("dropping retired generation {name}: {e}");
+            }
+            false
+        });
+    }
+
+    // ---- reads ----
+
+    pub(crate) fn datanode(&self, id: u64) -> Result<Option<DatanodeInfo>> {
+        let g = self.current();
+        Ok(g.get::<DatanodeRecord>(&keys::datanode(id), "datanode")?
+            .map(|r| datanode_info(id, r)))
+    }
+
+    pub(crate) fn datanodes(&self) -> Result<Vec<DatanodeInfo>> {
+        let g = self.current();
+        let mut out = Vec::new();
+        for item in g.tree.scan_prefix([keys::DATANODE]) {
+            let (k, v) = item.map_err(|e| Error::registry("list datanodes", e))?;
+            let id = keys::one_id(&k).ok_or_else(|| bad_key("datanode", &k))?;
+            let rec: DatanodeRecord =
+                codec::decode(&v).map_err(|e| Error::corrupt(format!("datanode {id}"), e))?;
+            out.push(datanode_info(id, rec));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn datanode_count(&self) -> Result<u64> {
+        Ok(self.current().tree.scan_prefix([keys::DATANODE]).count() as u64)
+    }
+
+    pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
+        let g = self.current();
+        let mut replicas = Vec::new();
+        for item in g.tree.scan_prefix(keys::replica_prefix(id)) {
+            let (k, v) = item.map_err(|e| Error::registry("read shard", e))?;
+            let (_, datanode) = keys::two_ids(&k).ok_or_else(|| bad_key("replica", &k))?;
+            let r: ReplicaRecord = codec::decode(&v)
+                .map_err(|e| Error::corrupt(format!("replica {id}/{datanode}"), e))?;
+            replicas.push(ReplicaInfo {
+                datanode,
+                generation: r.generation,
+                size: r.size,
+                epoch: r.epoch,
+            });
+        }
+        Ok((!replicas.is_empty()).then_some(ShardInfo { id, replicas }))
+    }
+
+    /// All replicas ordered by (shard, datanode), after the cursor.
+    pub(crate) fn shards(&self, after: Option<&str>, limit: usize) -> Result<Page<ShardEntry>> {
+        let limit = check_limit(limit)?;
+        let start = match after {
+            None => vec![keys::REPLICA],
+            Some(c) => {
+                let raw = cursor_bytes(c, 16)?;
+                let mut k = vec![keys::REPLICA];
+                k.extend_from_slice(&raw);
+                keys::successor(&k)
+            }
+        };
+        let g = self.current();
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in g.tree.range(start..) {
+            let (k, v) = item.map_err(|e| Error::registry("list shards", e))?;
+            if k.first() != Some(&keys::REPLICA) {
+                break;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let (shard, datanode) = keys::two_ids(&k).ok_or_else(|| bad_key("replica", &k))?;
+            let r: ReplicaRecord = codec::decode(&v)
+                .map_err(|e| Error::corrupt(format!("replica {shard}/{datanode}"), e))?;
+            items.push(ShardEntry {
+                shard,
+                datanode,
+                generation: r.generation,
+                size: r.size,
+            });
+        }
+        let next = more.then(|| {
+            let last = items.last().expect("a full page is not empty");
+            let mut raw = last.shard.to_be_bytes().to_vec();
+            raw.extend_from_slice(&last.datanode.to_be_bytes());
+            keys::to_hex(&raw)
+        });
+        Ok(Page { items, next })
+    }
+
+    /// A datanode's replicas ordered by shard id, after the cursor.
+    pub(crate) fn datanode_shards(
+        &self,
+        datanode: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ShardEntry>> {
+        let limit = check_limit(limit)?;
+        let prefix = keys::by_datanode_prefix(datanode);
+        let start = match after {
+            None => prefix.to_vec(),
+            Some(c) => {
+                let raw = cursor_bytes(c, 8)?;
+                let mut k = prefix.to_vec();
+                k.extend_from_slice(&raw);
+                keys::successor(&k)
+            }
+        };
+        let g = self.current();
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in g.tree.range(start..) {
+            let (k, _) = item.map_err(|e| Error::registry("list datanode shards", e))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let (_, shard) = keys::two_ids(&k).ok_or_else(|| bad_key("index", &k))?;
+            // The index and the replica are written in one batch; a concurrent removal between
+            // the two reads only drops the entry from this page.
+            if let Some(r) = g.get::<ReplicaRecord>(&keys::replica(shard, datanode), "replica")? {
+                items.push(ShardEntry {
+                    shard,
+                    datanode,
+                    generation: r.generation,
+                    size: r.size,
+                });
+            }
+        }
+        let next = more.then(|| {
+            let last = items.last().map(|e| e.shard).unwrap_or(0);
+            keys::to_hex(&last.to_be_bytes())
+        });
+        Ok(Page { items, next })
+    }
+
+    pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>> {
+        let g = self.current();
+        Ok(g.get::<KvRecord>(&keys::kv(key), "kv")?.map(|r| KvEntry {
+            key: key.to_string(),
+            value: r.value,
+            revision: r.revision,
+        }))
+    }
+
+    /// Keys starting with `prefix`, in byte order, after the cursor.
+    pub(crate) fn kv_list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<KvKey>> {
+        let limit = check_limit(limit)?;
+        let full_prefix = keys::kv(prefix);
+        let mut start = full_prefix.clone();
+        if let Some(c) = after {
+            let raw = keys::from_hex(c)
+                .ok_or_else(|| Error::InvalidArgument(format!("bad cursor {c:?}")))?;
+            let mut k = vec![keys::KV];
+            k.extend_from_slice(&raw);
+            let k = keys::successor(&k);
+            if k > start {
+                start = k;
+            }
+        }
+        let g = self.current();
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in g.tree.range(start..) {
+            let (k, v) = item.map_err(|e| Error::registry("list keys", e))?;
+            if !k.starts_with(&full_prefix) {
+                break;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let key = String::from_utf8(k[1..].to_vec()).map_err(|_| bad_key("kv", &k))?;
+            let r: KvRecord =
+                codec::decode(&v).map_err(|e| Error::corrupt(format!("kv {key:?}"), e))?;
+            items.push(KvKey {
+                key,
+                revision: r.revision,
+            });
+        }
+        let next = more.then(|| keys::to_hex(items.last().expect("full page").key.as_bytes()));
+        Ok(Page { items, next })
+    }
+
+    /// The primary data (datanodes, replicas, keys) of the active generation as a map; the
+    /// content two replicas of the registry must agree on.
+    pub(crate) fn content(&self) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        for item in self.current().tree.iter() {
+            let (k, v) = item.map_err(|e| Error::registry("read all", e))?;
+            if matches!(
+                k.first(),
+                Some(&keys::DATANODE | &keys::REPLICA | &keys::KV)
+            ) {
+                out.insert(k.to_vec(), v.to_vec());
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn datanode_info(id: u64, r: DatanodeRecord) -> DatanodeInfo {
+    DatanodeInfo {
+        id,
+        addr: r.addr,
+        epoch: r.epoch,
+        registered_index: r.registered_index,
+        shards: r.shards,
+    }
+}
+
+fn bad_key(what: &str, key: &[u8]) -> Error {
+    Error::corrupt(
+        format!("{what} key {}", keys::to_hex(key)),
+        crate::codec::CodecError::Decode("malformed key".into()),
+    )
+}
+
+fn check_limit(limit: usize) -> Result<usize> {
+    if limit == 0 {
+        return Err(Error::InvalidArgument("limit must be at least 1".into()));
+    }
+    Ok(limit.min(MAX_PAGE))
+}
+
+fn cursor_bytes(c: &str, len: usize) -> Result<Vec<u8>> {
+    match keys::from_hex(c) {
+        Some(raw) if raw.len() == len => Ok(raw),
+        _ => Err(Error::InvalidArgument(format!("bad cursor {c:?}"))),
+    }
+}

@@ -1,0 +1,125 @@
+//! Builds a snapshot of the registry at a recorded last-applied without stalling `apply`.
+//!
+//! [`SnapshotBuilder::start`] runs on the state machine's worker between two applies: it
+//! records last-applied and membership and starts a capture (O(1)). `build_snapshot` then
+//! exports on a blocking thread through the `meta-store` snapshot writer, paced by the
+//! node's rate limiter, while `apply` continues; the capture keeps the export at the
+//! recorded point (see `capture.rs`).
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use openraft::alias::SnapshotOf;
+use openraft::storage::{RaftSnapshotBuilder, Snapshot};
+
+use crate::capture::Capture;
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::registry::Generation;
+use crate::snapshot_data::{snapshot_name, SnapshotData};
+use crate::snapshot_format;
+use crate::state_machine::SmShared;
+use crate::types::{SnapshotMeta, TypeConfig};
+
+/// A snapshot in the making: the point it captures and the capture keeping it.
+pub struct SnapshotBuilder {
+    shared: Arc<SmShared>,
+    meta: SnapshotMeta,
+    generation: Arc<Generation>,
+    capture: Option<Arc<Capture>>,
+}
+
+impl SnapshotBuilder {
+    /// Captures the current state. Called with `apply` not running (on the state machine).
+    pub(crate) fn start(shared: Arc<SmShared>) -> SnapshotBuilder {
+        let started = Instant::now();
+        shared.building.fetch_add(1, Ordering::AcqRel);
+        let (last_log_id, last_membership) = shared.applied();
+        let generation = shared.registry.current();
+        let capture = generation.start_capture();
+        shared.stats.builder_started(started.elapsed());
+        SnapshotBuilder {
+            shared,
+            meta: SnapshotMeta {
+                last_log_id,
+                last_membership,
+            },
+            generation,
+            capture: Some(capture),
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(c) = self.capture.take() {
+            self.generation.end_capture(&c);
+            self.shared.building.fetch_sub(1, Ordering::AcqRel);
+            self.shared.registry.collect_garbage();
+        }
+    }
+
+    /// Exports the captured state to a durable snapshot file. Blocking.
+    fn build(&mut self) -> Result<(SnapshotMeta, SnapshotData)> {
+        let started = Instant::now();
+        if let Some((meta, data)) = self.shared.current_snapshot()? {
+            if meta.last_log_id == self.meta.last_log_id {
+                self.release();
+                return Ok((meta, data));
+            }
+        }
+        let capture = self.capture.clone().expect("a builder builds once");
+        let meta_bytes =
+            codec::encode(&self.meta).map_err(|e| Error::corrupt("snapshot meta", e))?;
+        let mut writer = self
+            .shared
+            .snapshots
+            .create(
+                &snapshot_name(&self.meta),
+                &meta_bytes,
+                self.shared.limiter.clone(),
+            )
+            .map_err(|e| Error::storage("create snapshot", e))?;
+        snapshot_format::export(&self.generation.tree, &capture, &mut writer)?;
+        self.release();
+        let file = writer
+            .finish()
+            .map_err(|e| Error::storage("finish snapshot", e))?;
+        self.shared.stats.built(file.bytes, started.elapsed());
+        self.shared.set_last_snapshot(&self.meta, file.bytes);
+        tracing::info!(
+            "built snapshot {} ({} bytes) in {:?}",
+            file.name,
+            file.bytes,
+            started.elapsed()
+        );
+        Ok((
+            self.meta.clone(),
+            SnapshotData::stored(file.path, file.bytes),
+        ))
+    }
+}
+
+impl Drop for SnapshotBuilder {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<SnapshotOf<TypeConfig, SnapshotData>> {
+        let mut this = SnapshotBuilder {
+            shared: self.shared.clone(),
+            meta: self.meta.clone(),
+            generation: self.generation.clone(),
+            capture: self.capture.take(),
+        };
+        let (meta, snapshot) = tokio::task::spawn_blocking(move || this.build())
+            .await
+            .map_err(|e| io::Error::other(format!("snapshot build task failed: {e}")))?
+            .map_err(io::Error::from)?;
+        Ok(Snapshot { meta, snapshot })
+    }
+}

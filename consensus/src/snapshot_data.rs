@@ -1,0 +1,77 @@
+//! The snapshot data openraft moves around: a complete snapshot file on disk.
+//!
+//! A snapshot is never held in memory: the leader's builder writes a file through the
+//! `meta-store` snapshot writer, the transport streams that file to a follower (openraft's
+//! `full_snapshot` path), the follower lands the bytes in a file of its own and installs from
+//! it. The file's header carries the Raft metadata (last log id and membership).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use meta_store::SnapshotStore;
+
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::types::SnapshotMeta;
+
+/// A complete snapshot file. Cloning shares the file; a received file that was never adopted
+/// into the snapshot store is deleted when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct SnapshotData {
+    path: PathBuf,
+    bytes: u64,
+    /// Deletes a received file when the last clone goes.
+    _temp: Option<Arc<tempfile::TempPath>>,
+}
+
+impl SnapshotData {
+    pub(crate) fn stored(path: PathBuf, bytes: u64) -> Self {
+        SnapshotData {
+            path,
+            bytes,
+            _temp: None,
+        }
+    }
+
+    /// Opens a received snapshot file, verifies it completely (magic, version, lengths,
+    /// checksum) and decodes its metadata. The file is deleted when the returned data is
+    /// dropped. Blocking: call off the async runtime.
+    pub fn open_received(temp: tempfile::TempPath) -> Result<(SnapshotMeta, SnapshotData)> {
+        let (meta, bytes) = read_meta(&temp)?;
+        let data = SnapshotData {
+            path: temp.to_path_buf(),
+            bytes,
+            _temp: Some(Arc::new(temp)),
+        };
+        Ok((meta, data))
+    }
+
+    /// The snapshot file (header, payload and trailer): what a transport sends as is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Payload bytes.
+    pub fn payload_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Verifies the snapshot file at `path` and decodes its Raft metadata. Blocking.
+pub(crate) fn read_meta(path: &Path) -> Result<(SnapshotMeta, u64)> {
+    let reader =
+        SnapshotStore::open_reader(path).map_err(|e| Error::storage("open snapshot", e))?;
+    let meta: SnapshotMeta = codec::decode(reader.meta())
+        .map_err(|e| Error::corrupt(format!("snapshot metadata of {}", path.display()), e))?;
+    Ok((meta, reader.payload_len()))
+}
+
+/// The file name (without extension) of the snapshot with this metadata: names sort by age.
+pub(crate) fn snapshot_name(meta: &SnapshotMeta) -> String {
+    let (index, term) = meta
+        .last_log_id
+        .as_ref()
+        .map(|l| (l.index, l.leader_id.term))
+        .unwrap_or((0, 0));
+    format!("snap-{index:020}-{term:020}")
+}

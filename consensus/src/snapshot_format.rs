@@ -1,0 +1,269 @@
+//! The payload of a registry snapshot: a stream of frames, and how it is exported from a
+//! registry generation and imported into a fresh one.
+//!
+//! A frame is `tag (u8) | key length (u32 LE) | key | value length (u32 LE) | value`. Pair
+//! frames carry the primary registry records (datanodes, replicas, keys) exactly as stored;
+//! the last frame is an end frame whose value is the codec-encoded [`Trailer`] with the
+//! counts, so a truncated stream is detected even before the file checksum is. The datanode
+//! index and counters are derived data: the importer rebuilds and cross-checks them. The Raft
+//! metadata (last log id, membership) travels in the snapshot file's header, not here.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+use sled::IVec;
+
+use crate::capture::Capture;
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::records::{DatanodeRecord, KvRecord, ReplicaRecord};
+use crate::types::SnapshotMeta;
+
+const TAG_PAIR: u8 = 1;
+const TAG_END: u8 = 0xFE;
+/// Pairs read from the live tree before their pre-images are checked.
+const EXPORT_CHUNK: usize = 1024;
+/// Pairs per sled batch when importing.
+const IMPORT_CHUNK: usize = 8192;
+/// Largest key or value a frame may carry.
+const MAX_FIELD: u32 = 64 << 20;
+
+/// Counts written at the end of the payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Trailer {
+    pub pairs: u64,
+    pub datanodes: u64,
+    pub replicas: u64,
+    pub kvs: u64,
+}
+
+impl Trailer {
+    fn count(&mut self, key: &[u8]) {
+        self.pairs += 1;
+        match key.first() {
+            Some(&keys::DATANODE) => self.datanodes += 1,
+            Some(&keys::REPLICA) => self.replicas += 1,
+            Some(&keys::KV) => self.kvs += 1,
+            _ => {}
+        }
+    }
+}
+
+fn write_frame<W: Write + ?Sized>(
+    out: &mut W,
+    tag: u8,
+    key: &[u8],
+    value: &[u8],
+) -> io::Result<()> {
+    out.write_all(&[tag])?;
+    out.write_all(&(key.len() as u32).to_le_bytes())?;
+    out.write_all(key)?;
+    out.write_all(&(value.len() as u32).to_le_bytes())?;
+    out.write_all(value)
+}
+
+/// Writes the registry as it was when `capture` started: the live tree read in key order,
+/// corrected by the capture's pre-images. Blocking.
+pub(crate) fn export(
+    tree: &sled::Tree,
+    capture: &Capture,
+    out: &mut impl Write,
+) -> Result<Trailer> {
+    let mut trailer = Trailer::default();
+    let io_err = |e: io::Error| Error::io("write snapshot payload", "snapshot", e);
+    let mut chunk: Vec<(IVec, IVec)> = Vec::with_capacity(EXPORT_CHUNK);
+    for prefix in [keys::DATANODE, keys::KV, keys::REPLICA] {
+        let mut iter = tree.scan_prefix([prefix]);
+        loop {
+            chunk.clear();
+            for item in iter.by_ref().take(EXPORT_CHUNK) {
+                chunk.push(item.map_err(|e| Error::registry("export", e))?);
+            }
+            if chunk.is_empty() {
+                break;
+            }
+            capture.resolve(&mut chunk);
+            for (k, v) in &chunk {
+                write_frame(out, TAG_PAIR, k, v).map_err(io_err)?;
+                trailer.count(k);
+            }
+        }
+    }
+    for (k, v) in capture.leftovers() {
+        if matches!(
+            k.first(),
+            Some(&keys::DATANODE | &keys::REPLICA | &keys::KV)
+        ) {
+            write_frame(out, TAG_PAIR, &k, &v).map_err(io_err)?;
+            trailer.count(&k);
+        }
+    }
+    let end = codec::encode(&trailer).map_err(|e| Error::corrupt("snapshot trailer", e))?;
+    write_frame(out, TAG_END, &[], &end).map_err(io_err)?;
+    Ok(trailer)
+}
+
+/// One decoded frame.
+enum Frame {
+    Pair(Vec<u8>, Vec<u8>),
+    End(Trailer),
+}
+
+fn read_exact_or_eof(input: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut read = 0;
+    while read < buf.len() {
+        match input.read(&mut buf[read..]) {
+            Ok(0) if read == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => read += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+fn read_field(input: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    input.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_FIELD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame field of {len} bytes"),
+        ));
+    }
+    let mut v = vec![0u8; len as usize];
+    input.read_exact(&mut v)?;
+    Ok(v)
+}
+
+fn read_frame(input: &mut impl Read) -> Result<Option<Frame>> {
+    let bad = |e: io::Error| Error::Snapshot(format!("reading payload: {e}"));
+    let mut tag = [0u8; 1];
+    if !read_exact_or_eof(input, &mut tag).map_err(bad)? {
+        return Ok(None);
+    }
+    let key = read_field(input).map_err(bad)?;
+    let value = read_field(input).map_err(bad)?;
+    match tag[0] {
+        TAG_PAIR => Ok(Some(Frame::Pair(key, value))),
+        TAG_END => Ok(Some(Frame::End(
+            codec::decode(&value).map_err(|e| Error::corrupt("snapshot trailer", e))?,
+        ))),
+        t => Err(Error::Snapshot(format!("unknown frame tag {t:#x}"))),
+    }
+}
+
+/// Checks one pair and returns the derived writes (the datanode index entry of a replica).
+fn check_pair(key: &[u8], value: &[u8], per_datanode: &mut HashMap<u64, (u64, u64)>) -> Result<()> {
+    let what = || format!("snapshot record {}", keys::to_hex(key));
+    match key.first() {
+        Some(&keys::DATANODE) => {
+            let id = keys::one_id(key)
+                .ok_or_else(|| Error::Snapshot(format!("bad key in {}", what())))?;
+            let rec: DatanodeRecord =
+                codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            per_datanode.entry(id).or_default().0 = rec.shards;
+        }
+        Some(&keys::REPLICA) => {
+            let (_, dn) = keys::two_ids(key)
+                .ok_or_else(|| Error::Snapshot(format!("bad key in {}", what())))?;
+            let _: ReplicaRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            per_datanode.entry(dn).or_default().1 += 1;
+        }
+        Some(&keys::KV) => {
+            std::str::from_utf8(&key[1..])
+                .map_err(|_| Error::Snapshot(format!("non-UTF-8 key in {}", what())))?;
+            let _: KvRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+        }
+        _ => return Err(Error::Snapshot(format!("unexpected {}", what()))),
+    }
+    Ok(())
+}
+
+/// Imports a payload into the empty `tree`, verifying every record, the trailer counts and
+/// each datanode's replica count, then writes the metadata from `meta`. Every pair read is
+/// also handed to `tee` (to keep a local copy of a received snapshot). Blocking.
+pub(crate) fn import(
+    input: &mut impl Read,
+    tree: &sled::Tree,
+    meta: &SnapshotMeta,
+    mut tee: Option<&mut dyn Write>,
+) -> Result<Trailer> {
+    let mut counted = Trailer::default();
+    let mut per_datanode: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0usize;
+    let flush = |batch: &mut sled::Batch| -> Result<()> {
+        tree.apply_batch(std::mem::take(batch))
+            .map_err(|e| Error::registry("import snapshot", e))
+    };
+    let tee_err = |e: io::Error| Error::io("copy snapshot", "snapshot", e);
+    let trailer = loop {
+        match read_frame(input)? {
+            None => return Err(Error::Snapshot("payload ends without an end frame".into())),
+            Some(Frame::End(t)) => {
+                if let Some(out) = tee.as_deref_mut() {
+                    let end =
+                        codec::encode(&t).map_err(|e| Error::corrupt("snapshot trailer", e))?;
+                    write_frame(out, TAG_END, &[], &end).map_err(tee_err)?;
+                }
+                break t;
+            }
+            Some(Frame::Pair(k, v)) => {
+                check_pair(&k, &v, &mut per_datanode)?;
+                if let Some(out) = tee.as_deref_mut() {
+                    write_frame(out, TAG_PAIR, &k, &v).map_err(tee_err)?;
+                }
+                if k[0] == keys::REPLICA {
+                    if let Some((shard, dn)) = keys::two_ids(&k) {
+                        batch.insert(&keys::by_datanode(dn, shard)[..], &[][..]);
+                        in_batch += 1;
+                    }
+                }
+                counted.count(&k);
+                batch.insert(k, v);
+                in_batch += 1;
+                if in_batch >= IMPORT_CHUNK {
+                    flush(&mut batch)?;
+                    in_batch = 0;
+                }
+            }
+        }
+    };
+    if read_frame(input)?.is_some() {
+        return Err(Error::Snapshot("frames after the end frame".into()));
+    }
+    if trailer != counted {
+        return Err(Error::Snapshot(format!(
+            "trailer says {trailer:?} but the payload holds {counted:?}"
+        )));
+    }
+    for (dn, (declared, found)) in &per_datanode {
+        if declared != found {
+            return Err(Error::Snapshot(format!(
+                "datanode {dn} declares {declared} replicas but the snapshot holds {found}"
+            )));
+        }
+    }
+    let enc = |what: &'static str, e| Error::corrupt(what, e);
+    if let Some(applied) = &meta.last_log_id {
+        batch.insert(
+            keys::META_APPLIED,
+            codec::encode(applied).map_err(|e| enc("applied", e))?,
+        );
+    }
+    batch.insert(
+        keys::META_MEMBERSHIP,
+        codec::encode(&meta.last_membership).map_err(|e| enc("membership", e))?,
+    );
+    batch.insert(
+        keys::META_REPLICAS,
+        codec::encode(&counted.replicas).map_err(|e| enc("replica count", e))?,
+    );
+    flush(&mut batch)?;
+    Ok(counted)
+}

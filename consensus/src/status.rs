@@ -1,0 +1,74 @@
+//! A node's status for operators and the HTTP layer: role, leader, indexes, membership,
+//! replication lag, registry size, and WAL, state machine and snapshot figures.
+
+use std::collections::BTreeMap;
+
+use meta_store::WalMetrics;
+use serde::{Deserialize, Serialize};
+
+use crate::sm_stats::StateMachineStats;
+use crate::types::NodeId;
+
+/// What this node is in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl From<openraft::ServerState> for Role {
+    fn from(s: openraft::ServerState) -> Self {
+        match s {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Follower => Role::Follower,
+            openraft::ServerState::Candidate => Role::Candidate,
+            openraft::ServerState::Learner => Role::Learner,
+            openraft::ServerState::Shutdown => Role::Shutdown,
+        }
+    }
+}
+
+/// How far a member's log is behind the leader's (only on the leader).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationLag {
+    pub node: NodeId,
+    /// Highest index known to be replicated to it.
+    pub matched: Option<u64>,
+    /// Leader's last log index minus `matched`.
+    pub lag: u64,
+}
+
+/// A node's status.
+#[derive(Clone, Debug)]
+pub struct ClusterStatus {
+    pub id: NodeId,
+    pub role: Role,
+    pub leader_id: Option<NodeId>,
+    pub leader_addr: Option<String>,
+    pub term: u64,
+    pub voters: Vec<NodeId>,
+    pub learners: Vec<NodeId>,
+    /// Every member's address.
+    pub nodes: BTreeMap<NodeId, String>,
+    pub last_log_index: Option<u64>,
+    pub committed: Option<u64>,
+    pub applied: Option<u64>,
+    pub purged: Option<u64>,
+    /// Index of the newest snapshot, and its payload bytes.
+    pub snapshot_index: Option<u64>,
+    pub snapshot_bytes: Option<u64>,
+    /// Replication progress per member (leader only).
+    pub replication: Vec<ReplicationLag>,
+    pub datanodes: u64,
+    pub replicas: u64,
+    /// This node's write-ahead log.
+    pub wal: WalMetrics,
+    pub state_machine: StateMachineStats,
+    /// Snapshot pacing: rate (bytes/s, 0 = unlimited), pauses and time paused.
+    pub snapshot_rate: u64,
+    pub snapshot_throttle_pauses: u64,
+    pub snapshot_throttle_millis: u64,
+}

@@ -1,0 +1,216 @@
+//! The in-process transport: Raft RPCs between nodes of one process, through direct calls
+//! on the target node, with links that tests and benches can cut and heal.
+//!
+//! An RPC over a cut link, or to a node that is not registered (stopped), fails with
+//! openraft's `Unreachable` error, so openraft backs off before retrying (the backoff comes
+//! from the node's configuration). Snapshots take the streaming `full_snapshot` path: the
+//! leader's snapshot file is copied into a file the target created for it, which the target
+//! verifies and installs, as the HTTP transport does between processes.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::{RaftNetworkFactory, RaftNetworkV2};
+use parking_lot::RwLock;
+
+use crate::node::MetaNode;
+use crate::snapshot_data::SnapshotData;
+use crate::types::{Node, NodeId, TypeConfig, Vote};
+
+#[derive(Default)]
+struct RouterInner {
+    nodes: RwLock<HashMap<NodeId, MetaNode>>,
+    /// Cut directed links (from, to).
+    cut: RwLock<HashSet<(NodeId, NodeId)>>,
+}
+
+/// Connects the nodes of one process. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct LocalRouter {
+    inner: Arc<RouterInner>,
+}
+
+impl LocalRouter {
+    pub fn new() -> Self {
+        LocalRouter::default()
+    }
+
+    /// The network factory for node `from` (pass it to [`MetaNode::open`]).
+    pub fn network(&self, from: NodeId) -> LocalNetwork {
+        LocalNetwork {
+            router: self.clone(),
+            from,
+        }
+    }
+
+    /// Makes `node` reachable under its id (replacing a previous registration).
+    pub fn register(&self, node: MetaNode) {
+        self.inner.nodes.write().insert(node.id(), node);
+    }
+
+    /// Makes node `id` unreachable (e.g. it was stopped).
+    pub fn unregister(&self, id: NodeId) -> Option<MetaNode> {
+        self.inner.nodes.write().remove(&id)
+    }
+
+    /// The registered node `id`.
+    pub fn node(&self, id: NodeId) -> Option<MetaNode> {
+        self.inner.nodes.read().get(&id).cloned()
+    }
+
+    /// Cuts the links between `a` and `b` in both directions.
+    pub fn cut(&self, a: NodeId, b: NodeId) {
+        let mut cut = self.inner.cut.write();
+        cut.insert((a, b));
+        cut.insert((b, a));
+    }
+
+    /// Heals the links between `a` and `b` in both directions.
+    pub fn heal(&self, a: NodeId, b: NodeId) {
+        let mut cut = self.inner.cut.write();
+        cut.remove(&(a, b));
+        cut.remove(&(b, a));
+    }
+
+    /// Cuts every link of `a` to the registered nodes.
+    pub fn isolate(&self, a: NodeId) {
+        let ids: Vec<NodeId> = self.inner.nodes.read().keys().copied().collect();
+        for b in ids.into_iter().filter(|b| *b != a) {
+            self.cut(a, b);
+        }
+    }
+
+    /// Heals every link.
+    pub fn heal_all(&self) {
+        self.inner.cut.write().clear();
+    }
+
+    fn target(&self, from: NodeId, to: NodeId) -> Result<MetaNode, Unreachable<TypeConfig>> {
+        if self.inner.cut.read().contains(&(from, to)) {
+            return Err(Unreachable::from_string(format!(
+                "link {from}->{to} is cut"
+            )));
+        }
+        self.node(to)
+            .ok_or_else(|| Unreachable::from_string(format!("node {to} is not running")))
+    }
+}
+
+/// The network factory of one node.
+#[derive(Clone)]
+pub struct LocalNetwork {
+    router: LocalRouter,
+    from: NodeId,
+}
+
+impl RaftNetworkFactory<TypeConfig> for LocalNetwork {
+    type Network = LocalConnection;
+
+    async fn new_client(&mut self, target: NodeId, _node: &Node) -> LocalConnection {
+        LocalConnection {
+            router: self.router.clone(),
+            from: self.from,
+            target,
+        }
+    }
+}
+
+/// RPCs from one node to another.
+pub struct LocalConnection {
+    router: LocalRouter,
+    from: NodeId,
+    target: NodeId,
+}
+
+impl LocalConnection {
+    fn target(&self) -> Result<MetaNode, RPCError<TypeConfig>> {
+        self.router
+            .target(self.from, self.target)
+            .map_err(RPCError::Unreachable)
+    }
+}
+
+/// A stopped target answers `Fatal`; to the caller that is an unreachable peer.
+fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
+    Unreachable::from_string(e.to_string())
+}
+
+impl RaftNetworkV2<TypeConfig> for LocalConnection {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let target = self.target()?;
+        target
+            .raft()
+            .append_entries(rpc)
+            .await
+            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let target = self.target()?;
+        target
+            .raft()
+            .vote(rpc)
+            .await
+            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotData>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let target = self.target()?;
+        let dest = target
+            .snapshot_receive_file()
+            .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
+        let src = snapshot.snapshot.path().to_path_buf();
+        let dest_path = dest.to_path_buf();
+        let copy = tokio::task::spawn_blocking(move || std::fs::copy(&src, &dest_path));
+        tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            copied = copy => {
+                copied
+                    .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?
+                    .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+            }
+        }
+        // The link may have been cut while the bytes moved.
+        let target = self.target()?;
+        target
+            .install_received_snapshot(vote, dest)
+            .await
+            .map_err(|e| StreamingError::Unreachable(unreachable(e)))
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let target = self.target()?;
+        target
+            .raft()
+            .handle_transfer_leader(req)
+            .await
+            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+    }
+}

@@ -1,0 +1,93 @@
+//! What reads return: read-only views of the registry, pages with opaque cursors, and the
+//! consistency a read asks for.
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::CommandResult;
+
+/// A committed and applied write: the command's log index and its result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Written {
+    pub index: u64,
+    pub result: CommandResult,
+}
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Consistency {
+    /// Confirms leadership with a quorum (read index), then waits until this node applied up to
+    /// the read index. Answers `ForwardToLeader` on a follower.
+    #[default]
+    Linearizable,
+    /// This node's applied state, possibly stale.
+    Local,
+}
+
+/// A registered datanode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeInfo {
+    pub id: u64,
+    pub addr: String,
+    /// The incarnation: the log index of its latest registration.
+    pub epoch: u64,
+    pub registered_index: u64,
+    /// How many replicas it holds.
+    pub shards: u64,
+}
+
+/// One replica of a shard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaInfo {
+    pub datanode: u64,
+    pub generation: u64,
+    pub size: u64,
+    pub epoch: u64,
+}
+
+/// A shard and its replica set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub id: u64,
+    pub replicas: Vec<ReplicaInfo>,
+}
+
+/// One (shard, datanode) replica in a listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    pub shard: u64,
+    pub datanode: u64,
+    pub generation: u64,
+    pub size: u64,
+}
+
+/// A page of a listing; `next` is the opaque cursor for the following page (None at the end).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// A key-value entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEntry {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Log index of the key's last write.
+    pub revision: u64,
+}
+
+/// A key in a listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvKey {
+    pub key: String,
+    pub revision: u64,
+}
+
+/// A snapshot written by this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Last log index the snapshot covers.
+    pub index: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+}

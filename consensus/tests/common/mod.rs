@@ -1,0 +1,161 @@
+//! A three-node in-process cluster for tests: nodes over the in-process transport, each with
+//! its own data dir, started, stopped and restarted from their dirs. Waits poll metrics with
+//! deadlines; nothing sleeps to synchronize.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use meta_consensus::transport::LocalRouter;
+use meta_consensus::{MetaNode, Node, NodeConfig, NodeId, Role};
+use openraft::async_runtime::watch::WatchReceiver;
+use tempfile::TempDir;
+
+/// How long a test waits for the cluster to reach a state.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub struct Cluster {
+    pub router: LocalRouter,
+    base: TempDir,
+    pub nodes: BTreeMap<NodeId, MetaNode>,
+    /// Applied to each node's configuration before it opens.
+    pub tune: fn(&mut NodeConfig),
+}
+
+pub fn addr(id: NodeId) -> String {
+    format!("local-{id}")
+}
+
+fn no_tuning(_: &mut NodeConfig) {}
+
+impl Cluster {
+    /// An empty cluster (no node started).
+    pub fn new() -> Result<Cluster> {
+        Ok(Cluster {
+            router: LocalRouter::new(),
+            base: tempfile::tempdir()?,
+            nodes: BTreeMap::new(),
+            tune: no_tuning,
+        })
+    }
+
+    /// Three nodes, initialized from node 1, with a leader elected.
+    pub async fn three() -> Result<Cluster> {
+        Self::three_tuned(no_tuning).await
+    }
+
+    pub async fn three_tuned(tune: fn(&mut NodeConfig)) -> Result<Cluster> {
+        let mut c = Cluster::new()?;
+        c.tune = tune;
+        for id in 1..=3 {
+            c.start(id).await?;
+        }
+        let members: BTreeMap<NodeId, Node> = (1..=3).map(|i| (i, Node::new(addr(i)))).collect();
+        c.node(1).initialize(members).await?;
+        c.converged().await?;
+        Ok(c)
+    }
+
+    pub fn dir(&self, id: NodeId) -> PathBuf {
+        self.base.path().join(format!("node-{id}"))
+    }
+
+    pub fn config(&self, id: NodeId) -> NodeConfig {
+        let mut cfg = NodeConfig::new(id, addr(id), self.dir(id));
+        cfg.heartbeat_ms = 100;
+        cfg.election_min_ms = 700;
+        cfg.election_max_ms = 1400;
+        cfg.sled_cache_bytes = 4 << 20;
+        cfg.wal_segment_bytes = 1 << 20;
+        cfg.snapshot_logs_since_last = 0;
+        cfg.request_timeout = Duration::from_secs(20);
+        (self.tune)(&mut cfg);
+        cfg
+    }
+
+    /// Opens node `id` from its data dir and makes it reachable.
+    pub async fn start(&mut self, id: NodeId) -> Result<MetaNode> {
+        let node = MetaNode::open(self.config(id), self.router.network(id))
+            .await
+            .with_context(|| format!("open node {id}"))?;
+        self.router.register(node.clone());
+        self.nodes.insert(id, node.clone());
+        Ok(node)
+    }
+
+    /// Makes node `id` unreachable and shuts it down (its data dir stays).
+    pub async fn stop(&mut self, id: NodeId) -> Result<()> {
+        self.router.unregister(id);
+        if let Some(n) = self.nodes.remove(&id) {
+            n.shutdown().await?;
+        }
+        Ok(())
+    }
+
+    pub fn node(&self, id: NodeId) -> &MetaNode {
+        &self.nodes[&id]
+    }
+
+    /// Waits until one running node is leader and every running node agrees on it.
+    pub async fn leader(&self) -> Result<MetaNode> {
+        let deadline = Instant::now() + WAIT;
+        let mut rx: Vec<_> = self.nodes.values().map(|n| n.raft().metrics()).collect();
+        loop {
+            let statuses: Vec<_> = self.nodes.values().map(|n| n.status()).collect();
+            let leaders: Vec<_> = statuses.iter().filter(|s| s.role == Role::Leader).collect();
+            if let [l] = leaders.as_slice() {
+                let agreed = statuses
+                    .iter()
+                    .filter(|s| s.role != Role::Learner)
+                    .all(|s| s.leader_id == Some(l.id));
+                if agreed {
+                    return Ok(self.node(l.id).clone());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no agreed leader after {WAIT:?}: {statuses:#?}");
+            }
+            // Wake on any metrics change (or re-check at least every 50 ms).
+            let changed = futures::future::select_all(rx.iter_mut().map(|r| Box::pin(r.changed())));
+            let _ = tokio::time::timeout(Duration::from_millis(50), changed).await;
+        }
+    }
+
+    /// Waits until every running node applied at least `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<()> {
+        for n in self.nodes.values() {
+            n.wait_applied(index, WAIT)
+                .await
+                .with_context(|| format!("node {} applying {index}", n.id()))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every running node applied what the leader has, then checks that all
+    /// registries hold the same content.
+    pub async fn converged(&self) -> Result<(u64, u64)> {
+        let leader = self.leader().await?;
+        let last = leader.status().last_log_index.context("leader has a log")?;
+        self.wait_applied(last).await?;
+        let mut digests = BTreeMap::new();
+        for (id, n) in &self.nodes {
+            digests.insert(*id, n.registry_digest().await?);
+        }
+        let first = *digests.values().next().unwrap();
+        if digests.values().any(|d| *d != first) {
+            bail!("registries differ: {digests:?}");
+        }
+        Ok(first)
+    }
+
+    pub async fn shutdown(mut self) -> Result<()> {
+        let ids: Vec<_> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.stop(id).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! The one place where failures become HTTP answers.
+//!
+//! Every error the admin API returns is an [`ApiError`], and every `ApiError` renders as
+//! `{"error":{"code":"snake_case_code","message":"what was wrong"}}` with the status its
+//! variant maps to. Rejections of axum's extractors are converted here too (see `extract`).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Seconds a client is told to wait before retrying when there is no leader.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// A failed admin API request: the status, a stable snake_case code and a message.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or out of range (400). `code` names what was wrong.
+    #[error("{message}")]
+    Invalid {
+        /// Stable snake_case code, for example `malformed_json` or `invalid_cursor`.
+        code: &'static str,
+        /// What was wrong, for a person.
+        message: String,
+    },
+    /// The bearer token is missing or wrong (401).
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// The addressed datanode, shard, key, snapshot or route does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The route exists but not with this method (405).
+    #[error("method not allowed for this path")]
+    MethodNotAllowed,
+    /// A shard batch carried an epoch that is not the datanode's current one (409).
+    #[error("datanode {datanode}: batch epoch {epoch} is fenced, the current epoch is {current_epoch}")]
+    Fenced {
+        /// The datanode the batch was for.
+        datanode: u64,
+        /// The epoch the batch carried.
+        epoch: u64,
+        /// The datanode's current epoch.
+        current_epoch: u64,
+    },
+    /// A compare-and-swap on a key found another revision (409).
+    #[error("key {key:?}: expected revision {expected}, current revision is {current}")]
+    RevisionMismatch {
+        /// The key written.
+        key: String,
+        /// The revision the request expected (0 = must not exist).
+        expected: u64,
+        /// The key's current revision (0 = absent).
+        current: u64,
+    },
+    /// `POST /v1/cluster/init` on a node that was initialized before (409).
+    #[error("this node is already initialized")]
+    AlreadyInitialized,
+    /// A membership change conflicts with the cluster's state (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The body, batch or value is larger than allowed (413).
+    #[error("{message}")]
+    TooLarge {
+        /// `body_too_large`, `batch_too_large` or `value_too_large`.
+        code: &'static str,
+        /// What was too large, and the limit.
+        message: String,
+    },
+    /// No leader is known or reachable, or there is no quorum (503, with `Retry-After`).
+    #[error("no leader: {0}")]
+    NoLeader(String),
+    /// This node is shutting down or its storage failed (503, with `Retry-After`).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A write could not be committed in time; it may still commit later (504).
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// A write's entry was discarded by a leader change; it may or may not commit (504).
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// This node is not the leader; the request should be sent to `addr`.
+    ///
+    /// The forwarding middleware replays the request there. Where nothing forwards (or the
+    /// request was already forwarded once) it renders as 503 `no_leader`.
+    #[error("not the leader; leader is node {leader_id} at {addr}")]
+    ForwardToLeader {
+        /// The leader's node id.
+        leader_id: u64,
+        /// The leader's HTTP address (`host:port`).
+        addr: String,
+    },
+    /// A bug or an unexpected failure (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 with the given code and message.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A 413 with the given code and message.
+    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::TooLarge {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Fenced { .. }
+            | ApiError::RevisionMismatch { .. }
+            | ApiError::AlreadyInitialized
+            | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NoLeader(_) | ApiError::Unavailable(_) | ApiError::ForwardToLeader { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Timeout(_) | ApiError::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable snake_case code of the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid { code, .. } | ApiError::TooLarge { code, .. } => code,
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Fenced { .. } => "fenced",
+            ApiError::RevisionMismatch { .. } => "revision_mismatch",
+            ApiError::AlreadyInitialized => "already_initialized",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::OutcomeUnknown(_) => "outcome_unknown",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<meta_consensus::Error> for ApiError {
+    /// Maps the node's errors. `InvalidArgument` becomes 400 `invalid_argument`; listing
+    /// handlers, where the only argument the node checks is the cursor, map it to
+    /// `invalid_cursor` themselves.
+    fn from(e: meta_consensus::Error) -> Self {
+        use meta_consensus::Error as E;
+        match e {
+            E::ForwardToLeader {
+                leader_id,
+                leader_addr,
+            } => ApiError::ForwardToLeader {
+                leader_id,
+                addr: leader_addr,
+            },
+            E::NoLeader => ApiError::NoLeader("no leader is known (election running or no quorum)".into()),
+            E::Timeout => ApiError::Timeout("the request could not complete in time; a write may still commit".into()),
+            E::OutcomeUnknown(m) => ApiError::OutcomeUnknown(m),
+            E::AlreadyInitialized => ApiError::AlreadyInitialized,
+            E::NotFound(m) => ApiError::NotFound(m),
+            E::InvalidArgument(m) => ApiError::invalid("invalid_argument", m),
+            E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
+            e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
+                ApiError::Unavailable(e.to_string())
+            }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// The JSON body of every error answer.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// The error's code and message.
+    pub error: ErrorDetail<'a>,
+}
+
+/// The inner object of [`ErrorBody`].
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail<'a> {
+    /// Stable snake_case code.
+    pub code: &'a str,
+    /// What was wrong, for a person.
+    pub message: String,
+}
+
+/// Marks an error response whose request should be replayed at the leader.
+#[derive(Debug, Clone)]
+pub struct ForwardTo {
+    /// The leader's node id.
+    pub leader_id: u64,
+    /// The leader's HTTP address (`host:port`).
+    pub addr: String,
+}
+
+/// Renders an error response with the given status, code and message.
+pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
+    let body = ErrorBody {
+        error: ErrorDetail { code, message },
+    };
+    let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{\"error\":{}}".to_vec());
+    let mut response = (status, bytes).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(code = self.code(), "request failed: {self}");
+        }
+        let mut response = error_response(status, self.code(), self.to_string());
+        match self {
+            ApiError::ForwardToLeader { leader_id, addr } => {
+                response
+                    .extensions_mut()
+                    .insert(ForwardTo { leader_id, addr });
+            }
+            ApiError::RevisionMismatch { current, .. } => {
+                response
+                    .headers_mut()
+                    .insert("x-revision", HeaderValue::from(current));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_a_distinct_status_and_code() {
+        let cases = [
+            (ApiError::invalid("malformed_json", "x"), 400, "malformed_json"),
+            (ApiError::Unauthorized, 401, "unauthorized"),
+            (ApiError::NotFound("x".into()), 404, "not_found"),
+            (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
+            (
+                ApiError::Fenced {
+                    datanode: 1,
+                    epoch: 2,
+                    current_epoch: 3,
+                },
+                409,
+                "fenced",
+            ),
+            (ApiError::AlreadyInitialized, 409, "already_initialized"),
+            (ApiError::too_large("batch_too_large", "x"), 413, "batch_too_large"),
+            (ApiError::NoLeader("x".into()), 503, "no_leader"),
+            (ApiError::Timeout("x".into()), 504, "timeout"),
+            (ApiError::OutcomeUnknown("x".into()), 504, "outcome_unknown"),
+            (ApiError::Internal("x".into()), 500, "internal"),
+        ];
+        for (error, status, code) in cases {
+            assert_eq!(error.status().as_u16(), status, "{error:?}");
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn no_leader_carries_retry_after() {
+        let response = ApiError::NoLeader("election running".into()).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn forward_marks_the_response() {
+        let response = ApiError::ForwardToLeader {
+            leader_id: 2,
+            addr: "127.0.0.1:7102".into(),
+        }
+        .into_response();
+        let forward = response.extensions().get::<ForwardTo>().expect("marker");
+        assert_eq!(forward.leader_id, 2);
+        assert_eq!(forward.addr, "127.0.0.1:7102");
+    }
+}

@@ -1,0 +1,169 @@
+//! Extractors whose rejections are [`ApiError`]s, so that a bad path, query or body answers with
+//! the same JSON error shape as every other failure.
+
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{Method, Uri};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::request::ObjectOnly;
+
+/// A JSON body parsed with serde (types declare `deny_unknown_fields`).
+///
+/// Unlike axum's `Json`, no content type is required, so `curl -d` works as written.
+#[derive(Debug)]
+pub struct Json<T>(pub T);
+
+/// Path parameters; a value that does not parse (for example a negative id) is `invalid_path`.
+#[derive(Debug)]
+pub struct Path<T>(pub T);
+
+/// Query parameters; a value that does not parse or an unknown parameter is `invalid_query`.
+#[derive(Debug)]
+pub struct Query<T>(pub T);
+
+/// The raw body bytes, limited like every body.
+#[derive(Debug)]
+pub struct RawBody(pub Bytes);
+
+/// Parses a JSON object, telling malformed JSON (`malformed_json`) from a well-formed document
+/// of the wrong shape (`invalid_body`: not an object, wrong types, unknown or missing fields,
+/// numbers out of range).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice::<ObjectOnly<T>>(bytes)
+        .map(|o| o.0)
+        .map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Data => ApiError::invalid("invalid_body", format!("invalid request body: {e}")),
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::invalid("malformed_json", format!("malformed JSON: {e}"))
+            }
+        }
+    })
+}
+
+/// Maps a failure to buffer a body: too large is 413 `body_too_large`, anything else 400.
+pub fn body_error(status: axum::http::StatusCode, text: String) -> ApiError {
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(
+            "body_too_large",
+            format!(
+                "request body is larger than {} bytes",
+                crate::limits::MAX_BODY_BYTES
+            ),
+        )
+    } else {
+        ApiError::invalid("bad_body", format!("could not read the request body: {text}"))
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(req, state)
+            .await
+            .map(RawBody)
+            .map_err(|r| body_error(r.status(), r.body_text()))
+    }
+}
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let RawBody(bytes) = RawBody::from_request(req, state).await?;
+        parse_json(&bytes).map(Json)
+    }
+}
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(ApiError::invalid(
+                "invalid_path",
+                format!("invalid path parameter: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+impl<T, S> FromRequestParts<S> for Query<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        // An empty query string means "no parameters", which the struct's defaults handle.
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|axum::extract::Query(value)| Query(value))
+            .map_err(|rejection| {
+                ApiError::invalid(
+                    "invalid_query",
+                    format!(
+                        "invalid query string {query:?}: {}",
+                        rejection.body_text()
+                    ),
+                )
+            })
+    }
+}
+
+/// Fallback for paths that no route matches.
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::NotFound(format!("no route for {method} {}", uri.path()))
+}
+
+/// Fallback for a known path with a method it does not serve.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    tracing::debug!(%method, path = uri.path(), "method not allowed");
+    ApiError::MethodNotAllowed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[allow(dead_code)]
+        id: u64,
+    }
+
+    fn code_of(result: Result<Body, ApiError>) -> &'static str {
+        result.expect_err("must fail").code()
+    }
+
+    #[test]
+    fn json_errors_are_classified() {
+        assert!(parse_json::<Body>(br#"{"id":1}"#).is_ok());
+        assert_eq!(code_of(parse_json(b"{\"id\":")), "malformed_json");
+        assert_eq!(code_of(parse_json(b"")), "malformed_json");
+        assert_eq!(code_of(parse_json(b"not json")), "malformed_json");
+        assert_eq!(code_of(parse_json(br#"{"id":"1"}"#)), "invalid_body");
+        assert_eq!(code_of(parse_json(br#"{"id":-1}"#)), "invalid_body");
+        assert_eq!(code_of(parse_json(br#"{"id":1.5}"#)), "invalid_body");
+        assert_eq!(
+            code_of(parse_json(br#"{"id":18446744073709551616}"#)),
+            "invalid_body"
+        );
+        assert_eq!(code_of(parse_json(br#"{"id":1,"x":2}"#)), "invalid_body");
+        assert_eq!(code_of(parse_json(br#"{}"#)), "invalid_body");
+        assert_eq!(code_of(parse_json(br#"[1]"#)), "invalid_body");
+    }
+}

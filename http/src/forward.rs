@@ -1,0 +1,164 @@
+//! Forwarding: a write (or linearizable read) that reaches a follower is replayed at the
+//! leader, so clients can talk to any member.
+//!
+//! The middleware buffers the request body (bounded by the body limit, which is where 413
+//! `body_too_large` comes from), runs the handler, and if the handler answered "forward to
+//! leader" sends the same method, path, query, body and `Authorization` header to the leader
+//! and relays its answer. A forwarded request carries a marker header; a node receiving one
+//! never forwards again (it answers 503 `no_leader`), so a stale leader hint cannot loop.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use crate::auth::Token;
+use crate::error::{ApiError, ForwardTo};
+use crate::extract::body_error;
+use crate::limits::MAX_BODY_BYTES;
+use crate::network::peer_client;
+use crate::state::AppState;
+
+/// Marks a request forwarded by another member; its value is that member's id.
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-metaserver-forwarded-by");
+
+/// How long the leader may take to answer a forwarded request (its own request timeout,
+/// plus slack).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Headers of the leader's answer that are relayed to the client.
+const RELAYED: [HeaderName; 3] = [
+    header::CONTENT_TYPE,
+    header::RETRY_AFTER,
+    HeaderName::from_static("x-revision"),
+];
+
+/// Sends requests on to the leader. Cloning shares the connection pool.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    id: u64,
+    client: reqwest::Client,
+    token: Token,
+}
+
+/// The parts of a request needed to replay it.
+struct Replay {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Forwarder {
+    /// The forwarder of node `id`.
+    pub fn new(id: u64, token: Token) -> Self {
+        Forwarder {
+            id,
+            client: peer_client(),
+            token,
+        }
+    }
+
+    async fn send(&self, target: &ForwardTo, replay: Replay) -> Response {
+        let path = replay
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let url = format!("http://{}{}", target.addr, path);
+        tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
+        let mut request = self
+            .client
+            .request(replay.method, &url)
+            .timeout(FORWARD_TIMEOUT)
+            .header(FORWARDED_BY, self.id)
+            .body(replay.body);
+        for name in [header::CONTENT_TYPE, header::ACCEPT] {
+            if let Some(value) = replay.headers.get(&name) {
+                request = request.header(name, value);
+            }
+        }
+        // The client's own credentials go along; without any, this node's token (the client
+        // was already authenticated here).
+        match replay.headers.get(header::AUTHORIZATION) {
+            Some(value) => request = request.header(header::AUTHORIZATION, value),
+            None => {
+                if let Some(value) = self.token.header_value() {
+                    request = request.header(header::AUTHORIZATION, value);
+                }
+            }
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) if e.is_timeout() => {
+                return ApiError::Timeout(format!(
+                    "the leader (node {} at {}) did not answer in time",
+                    target.leader_id, target.addr
+                ))
+                .into_response()
+            }
+            Err(e) => {
+                return ApiError::NoLeader(format!(
+                    "the leader (node {} at {}) is unreachable: {e}",
+                    target.leader_id, target.addr
+                ))
+                .into_response()
+            }
+        };
+        let mut relayed = Response::builder().status(response.status().as_u16());
+        for name in RELAYED {
+            if let Some(value) = response.headers().get(name.as_str()) {
+                if let Ok(value) = HeaderValue::from_bytes(value.as_bytes()) {
+                    relayed = relayed.header(name, value);
+                }
+            }
+        }
+        relayed
+            .body(Body::from_stream(response.bytes_stream()))
+            .unwrap_or_else(|e| ApiError::Internal(e.to_string()).into_response())
+    }
+}
+
+/// Route layer of the admin API: buffers the body, runs the handler, forwards if told to.
+pub async fn forward_to_leader(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let status = if too_large {
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                axum::http::StatusCode::BAD_REQUEST
+            };
+            return body_error(status, e.to_string()).into_response();
+        }
+    };
+    let forwarded = parts.headers.contains_key(&FORWARDED_BY);
+    let replay = Replay {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(body)))
+        .await;
+    let Some(target) = response.extensions().get::<ForwardTo>().cloned() else {
+        return response;
+    };
+    if forwarded {
+        // Already forwarded once: the leader hint was stale. The 503 tells the client to retry.
+        return response;
+    }
+    state.forwarder.send(&target, replay).await
+}

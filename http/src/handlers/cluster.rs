@@ -1,0 +1,191 @@
+//! `/v1/cluster...` and `/v1/config`: status, membership, snapshots and runtime settings.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use meta_consensus::{ClusterStatus, Node, Role};
+
+use crate::error::ApiError;
+use crate::extract::Json;
+use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody};
+use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
+use crate::state::AppState;
+
+/// The role's name in the API.
+pub fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::Learner => "learner",
+        Role::Shutdown => "shutdown",
+    }
+}
+
+impl From<ClusterStatus> for ClusterView {
+    fn from(s: ClusterStatus) -> Self {
+        let snapshot = s.snapshot_index.map(|index| SnapshotView {
+            index,
+            bytes: s.snapshot_bytes.unwrap_or(0),
+        });
+        ClusterView {
+            id: s.id,
+            role: role_name(s.role).to_owned(),
+            leader_id: s.leader_id,
+            leader_addr: s.leader_addr,
+            term: s.term,
+            voters: s.voters,
+            learners: s.learners,
+            nodes: s.nodes,
+            last_log_index: s.last_log_index.unwrap_or(0),
+            committed: s.committed.unwrap_or(0),
+            applied: s.applied.unwrap_or(0),
+            snapshot,
+            wal: WalView {
+                appends: s.wal.appends,
+                barriers: s.wal.barriers,
+                appends_per_barrier: if s.wal.barriers == 0 {
+                    0.0
+                } else {
+                    s.wal.appends as f64 / s.wal.barriers as f64
+                },
+            },
+            datanodes: s.datanodes,
+            replicas: s.replicas,
+        }
+    }
+}
+
+/// `GET /v1/cluster`: this node's view.
+pub async fn status(State(state): State<AppState>) -> axum::Json<ClusterView> {
+    axum::Json(state.node.status().into())
+}
+
+fn membership(state: &AppState) -> MembershipView {
+    let status = state.node.status();
+    MembershipView {
+        voters: status.voters,
+        learners: status.learners,
+    }
+}
+
+/// `POST /v1/cluster/init` `{"members":{"1":"host:port",..}}`: only on a never-initialized
+/// node (409 `already_initialized` otherwise). Never forwarded.
+pub async fn init(
+    State(state): State<AppState>,
+    Json(body): Json<InitBody>,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    body.validate()?;
+    let voters: Vec<u64> = body.members.keys().copied().collect();
+    let members: BTreeMap<u64, Node> = body
+        .members
+        .into_iter()
+        .map(|(id, addr)| (id, Node::new(addr)))
+        .collect();
+    state.node.initialize(members).await?;
+    Ok(axum::Json(MembershipView {
+        voters,
+        learners: Vec::new(),
+    }))
+}
+
+/// `POST /v1/cluster/learners` `{"id":..,"addr":..}`: returns once the change is committed.
+pub async fn add_learner(
+    State(state): State<AppState>,
+    Json(body): Json<AddLearnerBody>,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    body.validate()?;
+    state
+        .node
+        .add_learner(body.id, Node::new(body.addr))
+        .await?;
+    Ok(axum::Json(membership(&state)))
+}
+
+/// `PUT /v1/cluster/voters` `{"voters":[..]}`: each must be a member or learner already.
+pub async fn change_voters(
+    State(state): State<AppState>,
+    Json(body): Json<ChangeVotersBody>,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    let voters = body.validate()?;
+    state.node.change_voters(voters).await?;
+    Ok(axum::Json(membership(&state)))
+}
+
+/// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
+pub async fn build_snapshot(
+    State(state): State<AppState>,
+) -> Result<axum::Json<SnapshotView>, ApiError> {
+    let info = state.node.snapshot_now().await?;
+    Ok(axum::Json(SnapshotView {
+        index: info.index,
+        bytes: info.bytes,
+    }))
+}
+
+/// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup); 404 if none.
+pub async fn download_snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let missing = || ApiError::NotFound("this node has no snapshot yet".into());
+    let path = state.node.newest_snapshot_file().ok_or_else(missing)?;
+    // Retention may delete the file between listing and opening; once open it stays readable.
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
+        Err(e) => {
+            return Err(ApiError::Internal(format!(
+                "opening snapshot {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let len = file
+        .metadata()
+        .await
+        .map_err(|e| ApiError::Internal(format!("reading snapshot {}: {e}", path.display())))?
+        .len();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("snapshot")
+        .to_owned();
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        file,
+        256 * 1024,
+    ));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// `GET /v1/config`: this node's runtime settings.
+pub async fn get_config(State(state): State<AppState>) -> axum::Json<ConfigView> {
+    axum::Json(ConfigView {
+        snapshot_max_bytes_per_sec: state.node.snapshot_rate(),
+    })
+}
+
+/// `PATCH /v1/config` `{"snapshot_max_bytes_per_sec":N}`: applied to this node at once.
+pub async fn patch_config(
+    State(state): State<AppState>,
+    Json(body): Json<ConfigPatchBody>,
+) -> axum::Json<ConfigView> {
+    if let Some(rate) = body.snapshot_max_bytes_per_sec {
+        tracing::info!(rate, "snapshot rate changed");
+        state.node.set_snapshot_rate(rate);
+    }
+    axum::Json(ConfigView {
+        snapshot_max_bytes_per_sec: state.node.snapshot_rate(),
+    })
+}

@@ -1,0 +1,197 @@
+//! `/v1/datanodes...`: register, list, read and remove datanodes; register and deregister
+//! their shard replicas; list a datanode's shards.
+
+use axum::extract::State;
+use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
+
+use super::{listing_error, unexpected};
+use crate::error::ApiError;
+use crate::extract::{Json, Path, Query};
+use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
+use crate::response::{
+    DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage,
+    ShardsDeregistered, ShardsRegistered,
+};
+use crate::state::AppState;
+
+impl From<DatanodeInfo> for DatanodeView {
+    fn from(d: DatanodeInfo) -> Self {
+        DatanodeView {
+            id: d.id,
+            addr: d.addr,
+            epoch: d.epoch,
+            shards: d.shards,
+        }
+    }
+}
+
+/// `PUT /v1/datanodes/{id}` `{"addr":..}`: registers (again) with a new epoch.
+pub async fn register(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+    Json(body): Json<RegisterDatanodeBody>,
+) -> Result<axum::Json<DatanodeRegistered>, ApiError> {
+    body.validate()?;
+    let written = state
+        .node
+        .write(Command::RegisterDatanode {
+            id,
+            addr: body.addr,
+        })
+        .await?;
+    match written.result {
+        CommandResult::DatanodeRegistered { id, epoch } => {
+            Ok(axum::Json(DatanodeRegistered { id, epoch }))
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `GET /v1/datanodes`.
+pub async fn list(
+    State(state): State<AppState>,
+    Query(query): Query<ReadQuery>,
+) -> Result<axum::Json<DatanodeList>, ApiError> {
+    let consistency = query.validate()?;
+    let datanodes = state.node.datanodes(consistency.into()).await?;
+    Ok(axum::Json(DatanodeList {
+        datanodes: datanodes.into_iter().map(DatanodeView::from).collect(),
+    }))
+}
+
+/// `GET /v1/datanodes/{id}`; 404 if unknown.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+    Query(query): Query<ReadQuery>,
+) -> Result<axum::Json<DatanodeView>, ApiError> {
+    let consistency = query.validate()?;
+    match state.node.datanode(consistency.into(), id).await? {
+        Some(info) => Ok(axum::Json(info.into())),
+        None => Err(unknown_datanode(id)),
+    }
+}
+
+/// `DELETE /v1/datanodes/{id}`: drops it and its replicas; 404 if unknown.
+pub async fn remove(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
+    let written = state.node.write(Command::RemoveDatanode { id }).await?;
+    match written.result {
+        CommandResult::DatanodeRemoved {
+            existed: true,
+            replicas_removed,
+        } => Ok(axum::Json(DatanodeRemoved {
+            id,
+            replicas_removed,
+            index: written.index,
+        })),
+        CommandResult::DatanodeRemoved { existed: false, .. } => Err(unknown_datanode(id)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `POST /v1/datanodes/{id}/shards` `{"epoch":E,"shards":[..]}`: one batch, one log entry.
+pub async fn register_shards(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+    Json(body): Json<RegisterShardsBody>,
+) -> Result<axum::Json<ShardsRegistered>, ApiError> {
+    body.validate()?;
+    let epoch = body.epoch;
+    let shards = body
+        .shards
+        .into_iter()
+        .map(|s| ShardReport {
+            id: s.id,
+            generation: s.generation,
+            size: s.size,
+        })
+        .collect();
+    let written = state
+        .node
+        .write(Command::RegisterShards {
+            datanode: id,
+            epoch,
+            shards,
+        })
+        .await?;
+    match written.result {
+        CommandResult::ShardsRegistered {
+            accepted,
+            unchanged,
+            stale,
+        } => Ok(axum::Json(ShardsRegistered {
+            accepted,
+            unchanged,
+            stale,
+            index: written.index,
+        })),
+        CommandResult::Fenced { current_epoch } => Err(ApiError::Fenced {
+            datanode: id,
+            epoch,
+            current_epoch,
+        }),
+        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `DELETE /v1/datanodes/{id}/shards/{shard}`; 404 if the replica is not registered.
+pub async fn deregister_shard(
+    State(state): State<AppState>,
+    Path((id, shard)): Path<(u64, u64)>,
+) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
+    let written = state
+        .node
+        .write(Command::DeregisterShards {
+            datanode: id,
+            shards: vec![shard],
+        })
+        .await?;
+    match written.result {
+        CommandResult::ShardsDeregistered { removed: 0 } => Err(ApiError::NotFound(format!(
+            "datanode {id} holds no replica of shard {shard}"
+        ))),
+        CommandResult::ShardsDeregistered { removed } => Ok(axum::Json(ShardsDeregistered {
+            removed,
+            index: written.index,
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `GET /v1/datanodes/{id}/shards?after=&limit=`; 404 if the datanode is unknown.
+pub async fn list_shards(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+    Query(query): Query<PageQuery>,
+) -> Result<axum::Json<ShardPage>, ApiError> {
+    let (page, consistency) = query.validate()?;
+    let after = page.after.as_deref();
+    let result = state
+        .node
+        .datanode_shards(consistency.into(), id, after, page.limit)
+        .await
+        .map_err(listing_error(after))?;
+    if result.items.is_empty() && after.is_none() {
+        // An empty first page: tell an unknown datanode from one without shards.
+        let known = state
+            .node
+            .datanode(meta_consensus::Consistency::Local, id)
+            .await?
+            .is_some();
+        if !known {
+            return Err(unknown_datanode(id));
+        }
+    }
+    Ok(axum::Json(ShardPage {
+        shards: result.items.into_iter().map(Into::into).collect(),
+        next: result.next,
+    }))
+}
+
+fn unknown_datanode(id: u64) -> ApiError {
+    ApiError::NotFound(format!("datanode {id} is not registered"))
+}

@@ -1,0 +1,146 @@
+//! `/v1/kv...`: the small key-value space with compare-and-swap on per-key revisions.
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use meta_consensus::{Command, CommandResult};
+
+use super::{listing_error, unexpected};
+use crate::error::ApiError;
+use crate::extract::{Query, RawBody};
+use crate::request::{validate_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery};
+use crate::response::{KvKeyPage, KvKeyView, KvWritten};
+use crate::state::AppState;
+
+/// Response header carrying a key's revision.
+pub const X_REVISION: &str = "x-revision";
+
+/// The key of `/v1/kv/{*key}`, percent-decoded, valid UTF-8 and within the key rules.
+#[derive(Debug)]
+pub struct KeyPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let key = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| {
+                ApiError::invalid(
+                    "invalid_key",
+                    format!("key is not valid percent-encoded UTF-8: {}", r.body_text()),
+                )
+            })?
+            .0;
+        validate_key(&key)?;
+        Ok(KeyPath(key))
+    }
+}
+
+fn written(result: CommandResult, key: &str, expected: Option<u64>) -> Result<KvWritten, ApiError> {
+    match result {
+        CommandResult::Put { revision } => Ok(KvWritten { revision }),
+        CommandResult::Deleted {
+            existed: true,
+            revision,
+        } => Ok(KvWritten { revision }),
+        CommandResult::Deleted { existed: false, .. } => {
+            Err(ApiError::NotFound(format!("key {key:?} does not exist")))
+        }
+        CommandResult::RevisionMismatch { current } => Err(ApiError::RevisionMismatch {
+            key: key.to_owned(),
+            expected: expected.unwrap_or_default(),
+            current,
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `PUT /v1/kv/{key}?if_revision=N` with the value as body (at most 1 MiB).
+pub async fn put(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    Query(query): Query<KvWriteQuery>,
+    RawBody(value): RawBody,
+) -> Result<axum::Json<KvWritten>, ApiError> {
+    validate_value(&value)?;
+    let result = state
+        .node
+        .write(Command::Put {
+            key: key.clone(),
+            value: value.to_vec(),
+            if_revision: query.if_revision,
+        })
+        .await?
+        .result;
+    written(result, &key, query.if_revision).map(axum::Json)
+}
+
+/// `DELETE /v1/kv/{key}?if_revision=N`; 404 if the key does not exist.
+pub async fn delete(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    Query(query): Query<KvWriteQuery>,
+) -> Result<axum::Json<KvWritten>, ApiError> {
+    let result = state
+        .node
+        .write(Command::Delete {
+            key: key.clone(),
+            if_revision: query.if_revision,
+        })
+        .await?
+        .result;
+    written(result, &key, query.if_revision).map(axum::Json)
+}
+
+/// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision`; 404 if absent.
+pub async fn get(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    Query(query): Query<ReadQuery>,
+) -> Result<Response, ApiError> {
+    let consistency = query.validate()?;
+    match state.node.kv_get(consistency.into(), &key).await? {
+        Some(entry) => Ok((
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                ),
+                (
+                    header::HeaderName::from_static(X_REVISION),
+                    HeaderValue::from(entry.revision),
+                ),
+            ],
+            entry.value,
+        )
+            .into_response()),
+        None => Err(ApiError::NotFound(format!("key {key:?} does not exist"))),
+    }
+}
+
+/// `GET /v1/kv?prefix=&after=&limit=`: keys and revisions in byte order.
+pub async fn list(
+    State(state): State<AppState>,
+    Query(query): Query<KvListQuery>,
+) -> Result<axum::Json<KvKeyPage>, ApiError> {
+    let (prefix, page, consistency) = query.validate()?;
+    let after = page.after.as_deref();
+    let result = state
+        .node
+        .kv_list(consistency.into(), &prefix, after, page.limit)
+        .await
+        .map_err(listing_error(after))?;
+    Ok(axum::Json(KvKeyPage {
+        keys: result
+            .items
+            .into_iter()
+            .map(|k| KvKeyView {
+                key: k.key,
+                revision: k.revision,
+            })
+            .collect(),
+        next: result.next,
+    }))
+}

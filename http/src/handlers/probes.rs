@@ -1,0 +1,40 @@
+//! `/healthz`, `/readyz` and `/metrics`: open without a token.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::error::{error_response, ApiError};
+use crate::response::HealthView;
+use crate::state::AppState;
+
+/// Content type of the OpenMetrics text format that `/metrics` answers in.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `GET /healthz`: the process serves.
+pub async fn healthz() -> axum::Json<HealthView> {
+    axum::Json(HealthView {
+        status: "ok".into(),
+    })
+}
+
+/// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
+/// `not_ready` saying what it waits for.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.readiness.check(&state.node.status()) {
+        Ok(()) => axum::Json(HealthView {
+            status: "ok".into(),
+        })
+        .into_response(),
+        Err(waiting) => error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", waiting),
+    }
+}
+
+/// `GET /metrics`: Prometheus (OpenMetrics) text.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = state
+        .metrics
+        .encode()
+        .map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
+}

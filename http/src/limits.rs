@@ -1,0 +1,29 @@
+//! The fixed limits of the admin API, in one place so that handlers, tests and docs agree.
+
+/// Most shards one `POST /v1/datanodes/{id}/shards` may carry.
+pub const MAX_SHARDS_PER_BATCH: usize = 10_000;
+
+/// Largest key-value value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
+
+/// Longest key-value key (and listing prefix), in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Longest pagination cursor accepted, in bytes.
+pub const MAX_CURSOR_BYTES: usize = 512;
+
+/// Longest datanode or member address, in bytes.
+pub const MAX_ADDR_BYTES: usize = 255;
+
+/// Page size of listings when the request names none.
+pub const DEFAULT_PAGE_LIMIT: usize = 1_000;
+
+/// Largest page size a listing may ask for.
+pub const MAX_PAGE_LIMIT: usize = 10_000;
+
+/// Largest request body of the admin API. It leaves room for a full batch of shards and for a
+/// value of [`MAX_VALUE_BYTES`]; a value between the two limits is refused as `value_too_large`.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Largest body of a Raft RPC other than a snapshot (which is streamed without a limit).
+pub const MAX_RAFT_BODY_BYTES: usize = 256 * 1024 * 1024;

@@ -1,0 +1,185 @@
+//! Prometheus metrics of the HTTP layer, and the `/metrics` registry.
+//!
+//! Requests are counted by route template, method and status, with a latency histogram per
+//! route. The node's own figures (WAL, Raft, snapshots, registry size) are read from the node at
+//! scrape time by a collector registered next to them (see `node_metrics`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Route label of requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Labels of the request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The route template, e.g. `/v1/datanodes/{id}`.
+    pub route: String,
+    /// The HTTP method.
+    pub method: String,
+    /// The answered status code.
+    pub status: u16,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route template.
+    pub route: String,
+    /// The HTTP method.
+    pub method: String,
+}
+
+/// Route template recorded on a response by [`tag_route`].
+#[derive(Clone, Debug)]
+struct RouteTag(String);
+
+/// The metrics registry of one server. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 us to about 1.6 s, doubling.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+impl Metrics {
+    /// A registry with the HTTP metrics and, if given, a collector of the node's figures.
+    pub fn new(node_collector: Option<Box<dyn Collector>>) -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency =
+            Family::<RouteLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        registry.register(
+            "metaserver_http_requests",
+            "HTTP requests answered, by route template, method and status",
+            requests.clone(),
+        );
+        registry.register(
+            "metaserver_http_request_duration_seconds",
+            "HTTP request latency, by route template and method",
+            latency.clone(),
+        );
+        if let Some(collector) = node_collector {
+            registry.register_collector(collector);
+        }
+        Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                requests,
+                latency,
+            }),
+        }
+    }
+
+    /// Records one answered request.
+    pub fn observe(&self, route: &str, method: &str, status: u16, seconds: f64) {
+        self.inner
+            .requests
+            .get_or_create(&RequestLabels {
+                route: route.to_owned(),
+                method: method.to_owned(),
+                status,
+            })
+            .inc();
+        self.inner
+            .latency
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+                method: method.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    /// Renders every metric in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
+        Ok(out)
+    }
+
+    /// How many requests were answered for this route, method and status (for tests).
+    pub fn request_count(&self, route: &str, method: &str, status: u16) -> u64 {
+        self.inner
+            .requests
+            .get(&RequestLabels {
+                route: route.to_owned(),
+                method: method.to_owned(),
+                status,
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+}
+
+/// Route layer: remembers the matched route template on the response for [`record`].
+pub async fn tag_route(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let mut response = next.run(request).await;
+    if let Some(route) = route {
+        response.extensions_mut().insert(RouteTag(route));
+    }
+    response
+}
+
+/// Outermost layer: counts the request and observes its latency.
+pub async fn record(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let response = next.run(request).await;
+    let route = response
+        .extensions()
+        .get::<RouteTag>()
+        .map(|t| t.0.as_str())
+        .unwrap_or(UNMATCHED_ROUTE);
+    metrics.observe(
+        route,
+        &method,
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observed_requests_are_encoded() {
+        let metrics = Metrics::new(None);
+        metrics.observe("/v1/shards/{id}", "GET", 200, 0.001);
+        metrics.observe("/v1/shards/{id}", "GET", 200, 0.002);
+        metrics.observe("/v1/shards/{id}", "GET", 404, 0.001);
+        assert_eq!(metrics.request_count("/v1/shards/{id}", "GET", 200), 2);
+        assert_eq!(metrics.request_count("/v1/shards/{id}", "GET", 404), 1);
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(
+            "metaserver_http_requests_total{route=\"/v1/shards/{id}\",method=\"GET\",status=\"200\"} 2"
+        ), "{text}");
+        assert!(text.contains("metaserver_http_request_duration_seconds_bucket"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,283 @@
+//! The Raft transport between processes, client side: openraft's network factory over HTTP.
+//!
+//! One pooled HTTP/1.1 client (keep-alive, no Nagle delay) carries every RPC to every peer;
+//! bodies are bincode through [`crate::codec`]. Append, vote and transfer-leader RPCs are
+//! bounded by openraft's per-RPC soft TTL. A full snapshot is streamed from its file with no
+//! overall timeout (a registry of a million replicas must get through), ending early only
+//! when openraft cancels it. A peer that cannot be connected to, or that is shutting down,
+//! answers openraft's `Unreachable`, which makes openraft back off before retrying (with the
+//! backoff of the node's Raft configuration).
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use meta_consensus::{Node, NodeId, SnapshotData, TypeConfig, Vote};
+use openraft::alias::SnapshotOf;
+use openraft::errors::{
+    NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RPCTypes, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::auth::Token;
+use crate::codec;
+use crate::raft_routes::{
+    encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_PRE_VOTE, PATH_SNAPSHOT,
+    PATH_TRANSFER_LEADER, PATH_VOTE,
+};
+
+/// How long connecting to a peer may take before it counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Builds the pooled HTTP client used between nodes (and for forwarding to the leader).
+pub fn peer_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(64)
+        .tcp_keepalive(Duration::from_secs(30))
+        .build()
+        .expect("building an HTTP client without TLS cannot fail")
+}
+
+/// openraft's network factory over HTTP. Cloning shares the connection pool.
+#[derive(Clone, Debug)]
+pub struct HttpNetwork {
+    id: NodeId,
+    client: reqwest::Client,
+    token: Token,
+}
+
+impl HttpNetwork {
+    /// The network of node `id`; every RPC carries `token` when one is set.
+    pub fn new(id: NodeId, token: Token) -> Self {
+        HttpNetwork {
+            id,
+            client: peer_client(),
+            token,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
+    type Network = HttpConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> HttpConnection {
+        HttpConnection {
+            from: self.id,
+            target,
+            base: format!("http://{}", node.addr),
+            client: self.client.clone(),
+            token: self.token.clone(),
+        }
+    }
+}
+
+/// RPCs from this node to one peer.
+#[derive(Debug)]
+pub struct HttpConnection {
+    from: NodeId,
+    target: NodeId,
+    base: String,
+    client: reqwest::Client,
+    token: Token,
+}
+
+impl HttpConnection {
+    fn request(&self, path: &str) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(format!("{}{}", self.base, path))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
+        if let Some(value) = self.token.header_value() {
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        request
+    }
+
+    /// Maps a failed exchange: no connection is `Unreachable` (openraft backs off), an
+    /// expired deadline is `Timeout`, anything else a `NetworkError`.
+    fn rpc_error(&self, action: RPCTypes, timeout: Duration, e: reqwest::Error) -> RPCError<TypeConfig> {
+        if e.is_timeout() {
+            RPCError::Timeout(Timeout {
+                action,
+                id: self.from,
+                target: self.target,
+                timeout,
+            })
+        } else if e.is_connect() || e.is_request() {
+            RPCError::Unreachable(Unreachable::from_string(format!(
+                "node {} at {}: {e}",
+                self.target, self.base
+            )))
+        } else {
+            RPCError::Network(NetworkError::from_string(format!(
+                "node {} at {}: {e}",
+                self.target, self.base
+            )))
+        }
+    }
+
+    /// Decodes a peer's answer: a non-2xx status or an undecodable body is a network error;
+    /// an error the peer reports (it is shutting down, its storage failed) is `Unreachable`.
+    fn answer<T: DeserializeOwned>(
+        &self,
+        status: reqwest::StatusCode,
+        body: &[u8],
+    ) -> Result<T, RemoteFailure> {
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(RemoteFailure::Network(format!(
+                "node {} answered {status}: {text}",
+                self.target
+            )));
+        }
+        let result: RemoteResult<T> = codec::decode(body).map_err(|e| {
+            RemoteFailure::Network(format!("node {}: {e}", self.target))
+        })?;
+        result.map_err(|message| {
+            RemoteFailure::Unreachable(format!("node {}: {message}", self.target))
+        })
+    }
+
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        action: RPCTypes,
+        rpc: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let body = codec::encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let timeout = option.soft_ttl();
+        let response = self
+            .request(path)
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.rpc_error(action, timeout, e))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| self.rpc_error(action, timeout, e))?;
+        self.answer(status, &bytes).map_err(RemoteFailure::into_rpc)
+    }
+}
+
+/// A peer's failure, before it becomes one of openraft's error types.
+enum RemoteFailure {
+    Unreachable(String),
+    Network(String),
+}
+
+impl RemoteFailure {
+    fn into_rpc(self) -> RPCError<TypeConfig> {
+        match self {
+            RemoteFailure::Unreachable(m) => RPCError::Unreachable(Unreachable::from_string(m)),
+            RemoteFailure::Network(m) => RPCError::Network(NetworkError::from_string(m)),
+        }
+    }
+
+    fn into_streaming(self) -> StreamingError<TypeConfig> {
+        match self {
+            RemoteFailure::Unreachable(m) => {
+                StreamingError::Unreachable(Unreachable::from_string(m))
+            }
+            RemoteFailure::Network(m) => StreamingError::Network(NetworkError::from_string(m)),
+        }
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for HttpConnection {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(PATH_VOTE, RPCTypes::Vote, &rpc, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(PATH_PRE_VOTE, RPCTypes::Vote, &rpc, &option)
+            .await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: SnapshotOf<TypeConfig, SnapshotData>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let network = |m: String| StreamingError::Network(NetworkError::from_string(m));
+        let prefix = encode_snapshot_prefix(&vote).map_err(|e| network(e.to_string()))?;
+        let path = snapshot.snapshot.path().to_path_buf();
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| network(format!("opening snapshot {}: {e}", path.display())))?;
+        tracing::info!(
+            target_node = self.target,
+            file = %path.display(),
+            bytes = snapshot.snapshot.payload_bytes(),
+            "streaming snapshot"
+        );
+        let stream = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(prefix.into()) })
+            .chain(tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024));
+        // No timeout: a large snapshot takes as long as it takes; openraft cancels it when
+        // replication to this peer stops (leadership lost, peer removed).
+        let exchange = async {
+            let response = self
+                .request(PATH_SNAPSHOT)
+                .body(reqwest::Body::wrap_stream(stream))
+                .send()
+                .await
+                .map_err(|e| self.rpc_error(RPCTypes::InstallSnapshot, Duration::ZERO, e))?;
+            let status = response.status();
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| self.rpc_error(RPCTypes::InstallSnapshot, Duration::ZERO, e))?;
+            Ok::<_, RPCError<TypeConfig>>((status, bytes))
+        };
+        let (status, bytes) = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            result = exchange => result.map_err(StreamingError::from)?,
+        };
+        self.answer(status, &bytes)
+            .map_err(RemoteFailure::into_streaming)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(PATH_TRANSFER_LEADER, RPCTypes::TransferLeader, &req, &option)
+            .await
+    }
+}

@@ -1,0 +1,198 @@
+//! The Raft transport between processes, server side: the `/raft/...` routes.
+//!
+//! Each route decodes a bincode request, hands it to this node's Raft handle and answers
+//! `RemoteResult<T>` in bincode: the Raft response, or the message of the failure (this node
+//! is shutting down, its storage failed), which the caller treats as unreachable. A body that
+//! does not decode is a 400 with the usual JSON error.
+//!
+//! A full snapshot arrives as one streamed body: a 4-byte big-endian length, the leader's vote
+//! (bincode), then the snapshot file's bytes. They are written to a file in this node's data
+//! dir as they arrive, verified, and installed.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use meta_consensus::{MetaNode, TypeConfig, Vote};
+use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+
+use crate::codec;
+use crate::error::ApiError;
+use crate::limits::MAX_RAFT_BODY_BYTES;
+
+/// Append entries (and heartbeats).
+pub const PATH_APPEND: &str = "/raft/append";
+/// Request vote.
+pub const PATH_VOTE: &str = "/raft/vote";
+/// Pre-vote.
+pub const PATH_PRE_VOTE: &str = "/raft/pre-vote";
+/// Streamed full snapshot.
+pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
+/// Transfer leadership.
+pub const PATH_TRANSFER_LEADER: &str = "/raft/transfer-leader";
+
+/// What a `/raft` route answers: the response, or why this node could not produce one.
+pub type RemoteResult<T> = Result<T, String>;
+
+/// Largest encoded vote accepted at the head of a snapshot stream.
+const MAX_VOTE_BYTES: usize = 4096;
+
+/// The routes, for a router whose state yields the node.
+pub fn raft_routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    MetaNode: axum::extract::FromRef<S>,
+{
+    Router::new()
+        .route(PATH_APPEND, post(append))
+        .route(PATH_VOTE, post(vote))
+        .route(PATH_PRE_VOTE, post(pre_vote))
+        .route(PATH_TRANSFER_LEADER, post(transfer_leader))
+        .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
+        .route(PATH_SNAPSHOT, post(snapshot))
+}
+
+/// Encodes the head of a snapshot stream: length and vote.
+pub fn encode_snapshot_prefix(vote: &Vote) -> std::io::Result<Vec<u8>> {
+    let encoded = codec::encode(vote)?;
+    let mut prefix = Vec::with_capacity(4 + encoded.len());
+    prefix.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    prefix.extend_from_slice(&encoded);
+    Ok(prefix)
+}
+
+fn reply<T: Serialize>(result: RemoteResult<T>) -> Response {
+    match codec::encode(&result) {
+        Ok(bytes) => (
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => ApiError::Internal(format!("encoding a Raft response: {e}")).into_response(),
+    }
+}
+
+fn bad_rpc(e: impl std::fmt::Display) -> Response {
+    ApiError::invalid("bad_rpc", format!("undecodable Raft RPC: {e}")).into_response()
+}
+
+async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
+    let rpc: AppendEntriesRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_rpc(e),
+    };
+    reply(node.raft().append_entries(rpc).await.map_err(|e| e.to_string()))
+}
+
+async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
+    let rpc: VoteRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_rpc(e),
+    };
+    reply(node.raft().vote(rpc).await.map_err(|e| e.to_string()))
+}
+
+async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
+    let rpc: VoteRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_rpc(e),
+    };
+    reply(node.raft().pre_vote(rpc).await.map_err(|e| e.to_string()))
+}
+
+async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response {
+    let rpc: TransferLeaderRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_rpc(e),
+    };
+    reply(
+        node.raft()
+            .handle_transfer_leader(rpc)
+            .await
+            .map_err(|e| e.to_string()),
+    )
+}
+
+async fn snapshot(State(node): State<MetaNode>, body: Body) -> Response {
+    match receive_snapshot(&node, body).await {
+        Ok(response) => response,
+        Err(response) => response,
+    }
+}
+
+/// Reads the vote, lands the file, installs it. `Err` carries the answer to a failure.
+async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Response> {
+    let mut stream = body.into_data_stream();
+    let mut head: Vec<u8> = Vec::new();
+    // The vote's length and the vote itself, possibly split over several chunks.
+    let vote_len = loop {
+        if head.len() >= 4 {
+            let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+            if len > MAX_VOTE_BYTES {
+                return Err(bad_rpc(format!("snapshot vote of {len} bytes")));
+            }
+            if head.len() >= 4 + len {
+                break len;
+            }
+        }
+        match stream.next().await {
+            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+            Some(Err(e)) => return Err(bad_rpc(format!("reading the snapshot stream: {e}"))),
+            None => return Err(bad_rpc("snapshot stream ended before its vote")),
+        }
+    };
+    let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
+    let temp = node
+        .snapshot_receive_file()
+        .map_err(|e| reply::<()>(Err(e.to_string())))?;
+    let landed: std::io::Result<u64> = async {
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&temp)
+            .await?;
+        let mut received = (head.len() - 4 - vote_len) as u64;
+        file.write_all(&head[4 + vote_len..]).await?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(std::io::Error::other)?;
+            received += chunk.len() as u64;
+            file.write_all(&chunk).await?;
+        }
+        file.flush().await?;
+        Ok(received)
+    }
+    .await;
+    let received = landed.map_err(|e| {
+        tracing::warn!("receiving a snapshot failed: {e}");
+        bad_rpc(format!("receiving the snapshot failed: {e}"))
+    })?;
+    tracing::info!(bytes = received, "snapshot received, installing");
+    let result = node
+        .install_received_snapshot(vote, temp)
+        .await
+        .map_err(|e| e.to_string());
+    if let Err(e) = &result {
+        tracing::warn!("installing a received snapshot failed: {e}");
+    }
+    Ok(reply(result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_prefix_round_trip() {
+        let vote = Vote::new(3, 2);
+        let prefix = encode_snapshot_prefix(&vote).unwrap();
+        let len = u32::from_be_bytes(prefix[..4].try_into().unwrap()) as usize;
+        assert_eq!(prefix.len(), 4 + len);
+        let back: Vote = codec::decode(&prefix[4..]).unwrap();
+        assert_eq!(back, vote);
+    }
+}

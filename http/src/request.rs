@@ -1,0 +1,571 @@
+//! Request bodies and query parameters of the admin API, with their validation.
+//!
+//! Bodies reject unknown fields; ids are unsigned 64-bit integers. `validate` methods check
+//! what serde cannot (sizes, key rules, addresses) and never touch the registry, so a request
+//! that fails here changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use crate::error::ApiError;
+use crate::limits::{
+    DEFAULT_PAGE_LIMIT, MAX_ADDR_BYTES, MAX_CURSOR_BYTES, MAX_KEY_BYTES, MAX_PAGE_LIMIT,
+    MAX_SHARDS_PER_BATCH, MAX_VALUE_BYTES,
+};
+
+/// Body of `PUT /v1/datanodes/{id}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterDatanodeBody {
+    /// The datanode's address, `host:port`.
+    pub addr: String,
+}
+
+/// One shard replica in a registration batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardBody {
+    /// Shard id.
+    pub id: u64,
+    /// The replica's generation; a lower one than stored is rejected as stale.
+    pub generation: u64,
+    /// The replica's size in bytes.
+    pub size: u64,
+}
+
+/// Body of `POST /v1/datanodes/{id}/shards`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterShardsBody {
+    /// The datanode's epoch the batch belongs to.
+    pub epoch: u64,
+    /// 1 to 10,000 distinct shards.
+    #[serde(deserialize_with = "objects")]
+    pub shards: Vec<ShardBody>,
+}
+
+/// Deserializes `T` from a JSON object only.
+///
+/// serde's derived structs also accept a JSON array of the fields in order; the API does not,
+/// so `[1,2,3]` where an object is expected is `invalid_body` like any other wrong type.
+#[derive(Debug)]
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+
+        deserializer
+            .deserialize_map(ObjectVisitor(PhantomData))
+            .map(ObjectOnly)
+    }
+}
+
+fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Vec<T>, D::Error> {
+    let items = Vec::<ObjectOnly<T>>::deserialize(deserializer)?;
+    Ok(items.into_iter().map(|o| o.0).collect())
+}
+
+/// Body of `POST /v1/cluster/init`: member id to address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitBody {
+    /// The initial voters, id to `host:port`.
+    pub members: BTreeMap<u64, String>,
+}
+
+/// Body of `POST /v1/cluster/learners`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLearnerBody {
+    /// The new node's id.
+    pub id: u64,
+    /// The new node's address, `host:port`.
+    pub addr: String,
+}
+
+/// Body of `PUT /v1/cluster/voters`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeVotersBody {
+    /// The complete new set of voters.
+    pub voters: Vec<u64>,
+}
+
+/// Body of `PATCH /v1/config`; absent fields stay as they are.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigPatchBody {
+    /// Snapshot export rate in bytes per second; 0 = unlimited.
+    pub snapshot_max_bytes_per_sec: Option<u64>,
+}
+
+/// Query of single-item reads: `?consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// Query of shard listings: `?after=&limit=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Cursor from the previous page's `next`.
+    pub after: Option<String>,
+    /// Page size, 1 to 10,000 (default 1,000).
+    pub limit: Option<u64>,
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// Query of `GET /v1/kv`: `?prefix=&after=&limit=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvListQuery {
+    /// Only keys starting with this prefix.
+    pub prefix: Option<String>,
+    /// Cursor from the previous page's `next`.
+    pub after: Option<String>,
+    /// Page size, 1 to 10,000 (default 1,000).
+    pub limit: Option<u64>,
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// Query of key-value writes: `?if_revision=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvWriteQuery {
+    /// Compare-and-swap: the key's expected revision; 0 = must not exist.
+    pub if_revision: Option<u64>,
+}
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadConsistency {
+    /// Reflects every write acknowledged before the read began (answered by the leader).
+    #[default]
+    Linearizable,
+    /// This node's applied state, possibly stale; never forwarded.
+    Local,
+}
+
+/// A validated pagination request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Resume after this cursor; `None` starts at the beginning.
+    pub after: Option<String>,
+    /// Page size.
+    pub limit: usize,
+}
+
+/// Parses `?consistency=`.
+pub fn parse_consistency(value: Option<&str>) -> Result<ReadConsistency, ApiError> {
+    match value {
+        None | Some("linearizable") => Ok(ReadConsistency::Linearizable),
+        Some("local") => Ok(ReadConsistency::Local),
+        Some(other) => Err(ApiError::invalid(
+            "invalid_consistency",
+            format!("consistency must be \"linearizable\" or \"local\", not {other:?}"),
+        )),
+    }
+}
+
+/// Validates `?limit=` (default 1,000, 1 to 10,000).
+pub fn parse_limit(limit: Option<u64>) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_PAGE_LIMIT),
+        Some(n) if (1..=MAX_PAGE_LIMIT as u64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(
+            "invalid_limit",
+            format!("limit must be between 1 and {MAX_PAGE_LIMIT}, not {n}"),
+        )),
+    }
+}
+
+/// Validates `?after=`: an empty cursor means "from the start"; a cursor is printable ASCII of
+/// bounded length (the registry checks the rest and answers `invalid_cursor` too).
+pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
+    match after {
+        None => Ok(None),
+        Some(cursor) if cursor.is_empty() => Ok(None),
+        Some(cursor) => {
+            if cursor.len() > MAX_CURSOR_BYTES
+                || !cursor.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(invalid_cursor(&cursor));
+            }
+            Ok(Some(cursor))
+        }
+    }
+}
+
+/// The error for a cursor that is not one this server handed out.
+pub fn invalid_cursor(cursor: &str) -> ApiError {
+    let shown: String = cursor.chars().take(64).collect();
+    ApiError::invalid(
+        "invalid_cursor",
+        format!("cursor {shown:?} is not a cursor returned by this API"),
+    )
+}
+
+impl PageQuery {
+    /// Validates the query into a page request and a consistency.
+    pub fn validate(self) -> Result<(PageRequest, ReadConsistency), ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let after = parse_cursor(self.after)?;
+        Ok((PageRequest { after, limit }, consistency))
+    }
+}
+
+impl ReadQuery {
+    /// Validates the consistency choice.
+    pub fn validate(&self) -> Result<ReadConsistency, ApiError> {
+        parse_consistency(self.consistency.as_deref())
+    }
+}
+
+impl KvListQuery {
+    /// Validates into (prefix, page, consistency).
+    pub fn validate(self) -> Result<(String, PageRequest, ReadConsistency), ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let after = parse_cursor(self.after)?;
+        let prefix = self.prefix.unwrap_or_default();
+        if prefix.len() > MAX_KEY_BYTES {
+            return Err(ApiError::invalid(
+                "invalid_key",
+                format!("prefix is longer than {MAX_KEY_BYTES} bytes"),
+            ));
+        }
+        if prefix.chars().any(char::is_control) {
+            return Err(ApiError::invalid(
+                "invalid_key",
+                "prefix contains control characters",
+            ));
+        }
+        Ok((prefix, PageRequest { after, limit }, consistency))
+    }
+}
+
+/// Validates a key-value key: 1 to 1,024 bytes of UTF-8 without control characters.
+pub fn validate_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::invalid("invalid_key", "key must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!(
+                "key is {} bytes long, at most {MAX_KEY_BYTES} are allowed",
+                key.len()
+            ),
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            "key contains control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a key-value value's size (at most 1 MiB).
+pub fn validate_value(value: &[u8]) -> Result<(), ApiError> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(ApiError::too_large(
+            "value_too_large",
+            format!(
+                "value is {} bytes, at most {MAX_VALUE_BYTES} are allowed",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates an address `host:port`: a non-empty host without whitespace and a port 1-65535.
+pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        let shown: String = addr.chars().take(64).collect();
+        ApiError::invalid(
+            "invalid_addr",
+            format!("address {shown:?} is not host:port: {why}"),
+        )
+    };
+    if addr.len() > MAX_ADDR_BYTES {
+        return Err(bad("too long"));
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(bad("no port"));
+    };
+    if host.is_empty() {
+        return Err(bad("empty host"));
+    }
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == '@')
+    {
+        return Err(bad("the host contains characters not allowed"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
+        _ => Err(bad("the port must be 1 to 65535")),
+    }
+}
+
+impl RegisterDatanodeBody {
+    /// Checks the address.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        validate_addr(&self.addr)
+    }
+}
+
+impl RegisterShardsBody {
+    /// Checks the batch: 1 to 10,000 shards (413 `batch_too_large` above), no shard twice.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.shards.is_empty() {
+            return Err(ApiError::invalid(
+                "empty_batch",
+                "a batch must carry at least one shard",
+            ));
+        }
+        if self.shards.len() > MAX_SHARDS_PER_BATCH {
+            return Err(ApiError::too_large(
+                "batch_too_large",
+                format!(
+                    "a batch carries at most {MAX_SHARDS_PER_BATCH} shards, this one {}",
+                    self.shards.len()
+                ),
+            ));
+        }
+        let mut seen = HashSet::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            if !seen.insert(shard.id) {
+                return Err(ApiError::invalid(
+                    "duplicate_shard",
+                    format!("shard {} appears more than once in the batch", shard.id),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl InitBody {
+    /// Checks the member list: not empty, every address `host:port`.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.members.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "members must name at least one node",
+            ));
+        }
+        for addr in self.members.values() {
+            validate_addr(addr)?;
+        }
+        Ok(())
+    }
+}
+
+impl AddLearnerBody {
+    /// Checks the address.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        validate_addr(&self.addr)
+    }
+}
+
+impl ChangeVotersBody {
+    /// Checks the voter set: not empty, no id twice.
+    pub fn validate(&self) -> Result<BTreeSet<u64>, ApiError> {
+        if self.voters.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "voters must name at least one node",
+            ));
+        }
+        let set: BTreeSet<u64> = self.voters.iter().copied().collect();
+        if set.len() != self.voters.len() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "voters names a node more than once",
+            ));
+        }
+        Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consistency_values() {
+        assert_eq!(parse_consistency(None).unwrap(), ReadConsistency::Linearizable);
+        assert_eq!(
+            parse_consistency(Some("linearizable")).unwrap(),
+            ReadConsistency::Linearizable
+        );
+        assert_eq!(parse_consistency(Some("local")).unwrap(), ReadConsistency::Local);
+        for bad in ["", "LOCAL", "stale", "local "] {
+            assert_eq!(
+                parse_consistency(Some(bad)).unwrap_err().code(),
+                "invalid_consistency"
+            );
+        }
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit(None).unwrap(), 1_000);
+        assert_eq!(parse_limit(Some(1)).unwrap(), 1);
+        assert_eq!(parse_limit(Some(10_000)).unwrap(), 10_000);
+        assert_eq!(parse_limit(Some(0)).unwrap_err().code(), "invalid_limit");
+        assert_eq!(parse_limit(Some(10_001)).unwrap_err().code(), "invalid_limit");
+        assert_eq!(parse_limit(Some(u64::MAX)).unwrap_err().code(), "invalid_limit");
+    }
+
+    #[test]
+    fn cursors() {
+        assert_eq!(parse_cursor(None).unwrap(), None);
+        assert_eq!(parse_cursor(Some(String::new())).unwrap(), None);
+        assert_eq!(
+            parse_cursor(Some("00000000000000ff".into())).unwrap().as_deref(),
+            Some("00000000000000ff")
+        );
+        assert_eq!(
+            parse_cursor(Some("a b".into())).unwrap_err().code(),
+            "invalid_cursor"
+        );
+        assert_eq!(
+            parse_cursor(Some("x".repeat(MAX_CURSOR_BYTES + 1))).unwrap_err().code(),
+            "invalid_cursor"
+        );
+        assert_eq!(
+            parse_cursor(Some("é".into())).unwrap_err().code(),
+            "invalid_cursor"
+        );
+    }
+
+    #[test]
+    fn keys_and_values() {
+        assert!(validate_key("a").is_ok());
+        assert!(validate_key("config/datanode/7").is_ok());
+        assert!(validate_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert_eq!(validate_key("").unwrap_err().code(), "invalid_key");
+        assert_eq!(
+            validate_key(&"k".repeat(MAX_KEY_BYTES + 1)).unwrap_err().code(),
+            "invalid_key"
+        );
+        assert_eq!(validate_key("a\nb").unwrap_err().code(), "invalid_key");
+        assert!(validate_value(&vec![0; MAX_VALUE_BYTES]).is_ok());
+        assert_eq!(
+            validate_value(&vec![0; MAX_VALUE_BYTES + 1]).unwrap_err().code(),
+            "value_too_large"
+        );
+    }
+
+    #[test]
+    fn addresses() {
+        for good in ["127.0.0.1:7101", "localhost:1", "dn-7.example:65535", "[::1]:80"] {
+            assert!(validate_addr(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1",
+            ":80",
+            "host:0",
+            "host:65536",
+            "host:+80",
+            "host:port",
+            "a b:80",
+            "http://x:80",
+        ] {
+            assert_eq!(validate_addr(bad).unwrap_err().code(), "invalid_addr", "{bad}");
+        }
+        assert_eq!(
+            validate_addr(&format!("{}:80", "h".repeat(300))).unwrap_err().code(),
+            "invalid_addr"
+        );
+    }
+
+    #[test]
+    fn shard_batches() {
+        let shard = |id| ShardBody {
+            id,
+            generation: 1,
+            size: 10,
+        };
+        let batch = |shards| RegisterShardsBody { epoch: 1, shards };
+        assert!(batch(vec![shard(1)]).validate().is_ok());
+        assert!(batch((0..10_000).map(shard).collect()).validate().is_ok());
+        assert_eq!(batch(vec![]).validate().unwrap_err().code(), "empty_batch");
+        let too_many = batch((0..10_001).map(shard).collect()).validate().unwrap_err();
+        assert_eq!(too_many.code(), "batch_too_large");
+        assert_eq!(too_many.status().as_u16(), 413);
+        assert_eq!(
+            batch(vec![shard(1), shard(1)]).validate().unwrap_err().code(),
+            "duplicate_shard"
+        );
+    }
+
+    #[test]
+    fn shards_must_be_objects() {
+        let ok: ObjectOnly<RegisterShardsBody> = serde_json::from_str(
+            r#"{"epoch":3,"shards":[{"id":1,"generation":2,"size":3}]}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.0.shards[0].size, 3);
+        for bad in [
+            r#"{"epoch":3,"shards":[[1,2,3]]}"#,
+            r#"[3,[{"id":1,"generation":2,"size":3}]]"#,
+            r#"{"epoch":3,"shards":[{"id":1,"generation":2,"size":3,"x":0}]}"#,
+            r#"{"epoch":3,"shards":{"id":1}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<ObjectOnly<RegisterShardsBody>>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn membership_bodies() {
+        let init: InitBody =
+            serde_json::from_str(r#"{"members":{"1":"127.0.0.1:7101","2":"127.0.0.1:7102"}}"#)
+                .unwrap();
+        assert!(init.validate().is_ok());
+        assert_eq!(init.members[&2], "127.0.0.1:7102");
+        assert!(serde_json::from_str::<InitBody>(r#"{"members":{"-1":"a:1"}}"#).is_err());
+        assert!(serde_json::from_str::<InitBody>(r#"{"members":{"x":"a:1"}}"#).is_err());
+        let empty: InitBody = serde_json::from_str(r#"{"members":{}}"#).unwrap();
+        assert_eq!(empty.validate().unwrap_err().code(), "invalid_members");
+        let voters = ChangeVotersBody {
+            voters: vec![1, 2, 2],
+        };
+        assert_eq!(voters.validate().unwrap_err().code(), "invalid_members");
+    }
+}

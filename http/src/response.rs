@@ -1,0 +1,212 @@
+//! Response bodies of the admin API. Their field names are part of the API.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `PUT /v1/datanodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeRegistered {
+    /// The datanode's id.
+    pub id: u64,
+    /// Its new incarnation epoch; shard batches must carry it.
+    pub epoch: u64,
+}
+
+/// One datanode in `GET /v1/datanodes` and the body of `GET /v1/datanodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeView {
+    /// The datanode's id.
+    pub id: u64,
+    /// Its address, `host:port`.
+    pub addr: String,
+    /// Its current incarnation epoch.
+    pub epoch: u64,
+    /// How many shard replicas it holds.
+    pub shards: u64,
+}
+
+/// `GET /v1/datanodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeList {
+    /// Every registered datanode, by id.
+    pub datanodes: Vec<DatanodeView>,
+}
+
+/// `DELETE /v1/datanodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeRemoved {
+    /// The removed datanode's id.
+    pub id: u64,
+    /// How many replicas were dropped with it.
+    pub replicas_removed: u64,
+    /// Log index of the removal.
+    pub index: u64,
+}
+
+/// `POST /v1/datanodes/{id}/shards`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardsRegistered {
+    /// Replicas that were new or changed.
+    pub accepted: u64,
+    /// Replicas registered before exactly as given.
+    pub unchanged: u64,
+    /// Shard ids refused because a higher generation is registered.
+    pub stale: Vec<u64>,
+    /// Log index of the batch.
+    pub index: u64,
+}
+
+/// `DELETE /v1/datanodes/{id}/shards/{shard}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardsDeregistered {
+    /// Replicas removed (1).
+    pub removed: u64,
+    /// Log index of the removal.
+    pub index: u64,
+}
+
+/// One replica in a shard listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntryView {
+    /// Shard id.
+    pub id: u64,
+    /// The datanode holding this replica.
+    pub datanode: u64,
+    /// The replica's generation.
+    pub generation: u64,
+    /// The replica's size in bytes.
+    pub size: u64,
+}
+
+/// `GET /v1/shards` and `GET /v1/datanodes/{id}/shards`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPage {
+    /// Replicas in (shard, datanode) order, or shard order for one datanode.
+    pub shards: Vec<ShardEntryView>,
+    /// Cursor for the next page (`?after=`), `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// One replica of a shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    /// The datanode holding it.
+    pub datanode: u64,
+    /// The replica's generation.
+    pub generation: u64,
+    /// The replica's size in bytes.
+    pub size: u64,
+}
+
+/// `GET /v1/shards/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardView {
+    /// Shard id.
+    pub id: u64,
+    /// Its replicas, by datanode.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// `PUT /v1/kv/{key}` and `DELETE /v1/kv/{key}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvWritten {
+    /// The key's revision after the write (the write's log index).
+    pub revision: u64,
+}
+
+/// One key in `GET /v1/kv`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvKeyView {
+    /// The key.
+    pub key: String,
+    /// Its revision.
+    pub revision: u64,
+}
+
+/// `GET /v1/kv`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvKeyPage {
+    /// Keys in order.
+    pub keys: Vec<KvKeyView>,
+    /// Cursor for the next page, `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// The newest snapshot in `GET /v1/cluster`, and the answer of `POST /v1/cluster/snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotView {
+    /// Last log index the snapshot covers.
+    pub index: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// WAL figures in `GET /v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WalView {
+    /// Records appended since the log was opened.
+    pub appends: u64,
+    /// fsync barriers run since the log was opened.
+    pub barriers: u64,
+    /// `appends / barriers` (0 before the first barrier).
+    pub appends_per_barrier: f64,
+}
+
+/// `GET /v1/cluster`: this node's view of the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// This node's id.
+    pub id: u64,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    pub role: String,
+    /// The leader's id, if known.
+    pub leader_id: Option<u64>,
+    /// The leader's HTTP address, if known.
+    pub leader_addr: Option<String>,
+    /// Current term.
+    pub term: u64,
+    /// Voting members.
+    pub voters: Vec<u64>,
+    /// Non-voting members.
+    pub learners: Vec<u64>,
+    /// Every member's address, by id.
+    pub nodes: BTreeMap<u64, String>,
+    /// Index of the last log entry on this node.
+    pub last_log_index: u64,
+    /// Highest index known committed.
+    pub committed: u64,
+    /// Highest index applied to the registry.
+    pub applied: u64,
+    /// Newest snapshot, if any.
+    pub snapshot: Option<SnapshotView>,
+    /// Write-ahead log figures.
+    pub wal: WalView,
+    /// Registered datanodes.
+    pub datanodes: u64,
+    /// Registered shard replicas.
+    pub replicas: u64,
+}
+
+/// `POST /v1/cluster/init`, `POST /v1/cluster/learners`, `PUT /v1/cluster/voters`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembershipView {
+    /// Voting members after the change.
+    pub voters: Vec<u64>,
+    /// Non-voting members after the change.
+    pub learners: Vec<u64>,
+}
+
+/// `GET /v1/config` and `PATCH /v1/config`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigView {
+    /// Snapshot export rate in bytes per second; 0 = unlimited.
+    pub snapshot_max_bytes_per_sec: u64,
+}
+
+/// `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthView {
+    /// `ok`, or what the node is waiting for.
+    pub status: String,
+}

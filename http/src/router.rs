@@ -1,0 +1,71 @@
+//! The whole HTTP surface of a node: the admin API, the probes and metrics, and the Raft
+//! routes, with authentication, forwarding, metrics and the JSON fallbacks wired in.
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post, put};
+use axum::Router;
+
+use crate::auth::require_token;
+use crate::extract::{method_not_allowed, not_found};
+use crate::forward::forward_to_leader;
+use crate::handlers::{cluster, datanodes, kv, probes, shards};
+use crate::limits::MAX_BODY_BYTES;
+use crate::metrics::{record, tag_route};
+use crate::raft_routes::raft_routes;
+use crate::state::AppState;
+
+/// The admin API routes (`/v1/...`), forwarded to the leader when needed.
+fn v1_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/v1/datanodes", get(datanodes::list))
+        .route(
+            "/v1/datanodes/{id}",
+            put(datanodes::register)
+                .get(datanodes::get)
+                .delete(datanodes::remove),
+        )
+        .route(
+            "/v1/datanodes/{id}/shards",
+            post(datanodes::register_shards).get(datanodes::list_shards),
+        )
+        .route(
+            "/v1/datanodes/{id}/shards/{shard}",
+            axum::routing::delete(datanodes::deregister_shard),
+        )
+        .route("/v1/shards", get(shards::list))
+        .route("/v1/shards/{id}", get(shards::get))
+        .route("/v1/kv", get(kv::list))
+        .route("/v1/kv/{*key}", put(kv::put).get(kv::get).delete(kv::delete))
+        .route("/v1/cluster", get(cluster::status))
+        .route("/v1/cluster/init", post(cluster::init))
+        .route("/v1/cluster/learners", post(cluster::add_learner))
+        .route("/v1/cluster/voters", put(cluster::change_voters))
+        .route(
+            "/v1/cluster/snapshot",
+            post(cluster::build_snapshot).get(cluster::download_snapshot),
+        )
+        .route(
+            "/v1/config",
+            get(cluster::get_config).patch(cluster::patch_config),
+        )
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .route_layer(from_fn_with_state(state.clone(), forward_to_leader))
+}
+
+/// The complete router of a node.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(v1_routes(&state))
+        .merge(raft_routes())
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(from_fn_with_state(state.token.clone(), require_token))
+        .route_layer(from_fn(tag_route))
+        .fallback(not_found)
+        .layer(from_fn_with_state(state.metrics.clone(), record))
+        .with_state(state)
+}

@@ -1,0 +1,101 @@
+//! What every handler shares: the node, the metrics, the forwarding client, the token and
+//! the readiness latch.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::FromRef;
+use meta_consensus::{ClusterStatus, MetaNode};
+
+use crate::auth::Token;
+use crate::forward::Forwarder;
+use crate::metrics::Metrics;
+use crate::node_metrics::NodeCollector;
+
+/// The state of the admin and Raft routers. Cloning is cheap.
+#[derive(Clone)]
+pub struct AppState {
+    /// The node every request is answered by.
+    pub node: MetaNode,
+    /// The `/metrics` registry.
+    pub metrics: Metrics,
+    /// Replays requests at the leader.
+    pub forwarder: Forwarder,
+    /// The shared secret, if any.
+    pub token: Token,
+    /// Whether this node has caught up since it started.
+    pub readiness: Arc<Readiness>,
+}
+
+impl AppState {
+    /// State for serving `node`; the node's figures are added to the metrics registry.
+    pub fn new(node: MetaNode, token: Token) -> Self {
+        let metrics = Metrics::new(Some(Box::new(NodeCollector::new(node.clone()))));
+        let readiness = Arc::new(Readiness::new(&node.status()));
+        AppState {
+            forwarder: Forwarder::new(node.id(), token.clone()),
+            node,
+            metrics,
+            token,
+            readiness,
+        }
+    }
+}
+
+impl FromRef<AppState> for MetaNode {
+    fn from_ref(state: &AppState) -> MetaNode {
+        state.node.clone()
+    }
+}
+
+impl FromRef<AppState> for Token {
+    fn from_ref(state: &AppState) -> Token {
+        state.token.clone()
+    }
+}
+
+impl FromRef<AppState> for Metrics {
+    fn from_ref(state: &AppState) -> Metrics {
+        state.metrics.clone()
+    }
+}
+
+/// `/readyz`: a member of a cluster with a known leader whose applied index has reached the
+/// commit index this node knew when it started. The catch-up part latches once reached.
+#[derive(Debug)]
+pub struct Readiness {
+    start_committed: u64,
+    caught_up: AtomicBool,
+}
+
+impl Readiness {
+    /// Remembers the commit index known now (at start).
+    pub fn new(status: &ClusterStatus) -> Self {
+        Readiness {
+            start_committed: status.committed.unwrap_or(0),
+            caught_up: AtomicBool::new(false),
+        }
+    }
+
+    /// `Ok` when ready, otherwise what the node still waits for.
+    pub fn check(&self, status: &ClusterStatus) -> Result<(), String> {
+        let member = status.voters.contains(&status.id) || status.learners.contains(&status.id);
+        if !member {
+            return Err("not a member of a cluster".into());
+        }
+        if status.leader_id.is_none() {
+            return Err("no leader known".into());
+        }
+        if !self.caught_up.load(Ordering::Acquire) {
+            let applied = status.applied.unwrap_or(0);
+            if applied < self.start_committed {
+                return Err(format!(
+                    "catching up: applied {applied} of {} committed at start",
+                    self.start_committed
+                ));
+            }
+            self.caught_up.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}

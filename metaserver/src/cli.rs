@@ -1,0 +1,146 @@
+//! The command line: `metaserver` (one self-initializing node), `serve`, `local-cluster` and
+//! the operator commands. Every serve option can also come from a `METASERVER_*` variable or
+//! the `--config` TOML file (command line first, then environment, then file, then default).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The metaserver: a replicated shard registry for a storage cluster.
+#[derive(Debug, Parser)]
+#[command(name = "metaserver", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// Without a command: serve one node (id 1, 127.0.0.1:7101, ./metaserver-data) that
+    /// initializes itself as a one-node cluster on its first start.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one node of a cluster.
+    Serve(ServeArgs),
+    /// Run a whole cluster on loopback as child processes; Ctrl-C stops them all.
+    LocalCluster(LocalClusterArgs),
+    /// Show a member's view of the cluster.
+    Status(ClientArgs),
+    /// List shard replicas (one JSON object per line), all or of one datanode.
+    Shards(ShardsArgs),
+    /// Register a datanode's shards from a JSON file.
+    Register(RegisterArgs),
+    /// Snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+/// Options of a node. Unset options fall back to the environment, the config file, then the
+/// defaults shown.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (snake_case names).
+    #[arg(long, env = "METASERVER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id [default: 1].
+    #[arg(long, env = "METASERVER_ID")]
+    pub id: Option<u64>,
+    /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7101].
+    #[arg(long, env = "METASERVER_LISTEN")]
+    pub listen: Option<String>,
+    /// Address peers and clients reach this node at [default: the bound listen address].
+    #[arg(long, env = "METASERVER_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Data directory [default: ./metaserver-data].
+    #[arg(long, env = "METASERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Initial members, `1=ADDR,2=ADDR,3=ADDR` (used with --init).
+    #[arg(long, env = "METASERVER_PEERS")]
+    pub peers: Option<String>,
+    /// Initialize the cluster (of --peers, or of this node alone) on the first start only.
+    #[arg(long, env = "METASERVER_INIT", num_args = 0..=1, default_missing_value = "true")]
+    pub init: Option<bool>,
+    /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
+    #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// WAL barriers: `shared` (group commit) or `own` (one fsync per append) [default: shared].
+    #[arg(long, env = "METASERVER_BARRIER")]
+    pub barrier: Option<String>,
+    /// Snapshot export rate in bytes per second, 0 = unlimited [default: 0].
+    #[arg(long, env = "METASERVER_SNAPSHOT_RATE")]
+    pub snapshot_rate: Option<u64>,
+    /// Build a snapshot after this many applied entries, 0 = only on request [default: 100000].
+    #[arg(long, env = "METASERVER_SNAPSHOT_LOGS_SINCE_LAST")]
+    pub snapshot_logs_since_last: Option<u64>,
+    /// Log entries kept after a snapshot for lagging followers [default: 10000].
+    #[arg(long, env = "METASERVER_KEEP_LOGS")]
+    pub keep_logs: Option<u64>,
+    /// Registry (sled) cache size in bytes [default: 67108864].
+    #[arg(long, env = "METASERVER_SLED_CACHE_BYTES")]
+    pub sled_cache_bytes: Option<u64>,
+}
+
+/// Options of `local-cluster`.
+#[derive(Debug, Clone, Args)]
+pub struct LocalClusterArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u64,
+    /// Port of node 1; node N listens on base-port + N - 1. 0 picks free ports.
+    #[arg(long, default_value_t = 7101)]
+    pub base_port: u16,
+    /// Directory holding node1/, node2/, ...
+    #[arg(long, default_value = "metaserver-cluster")]
+    pub data_dir: PathBuf,
+    /// Token every node requires (also passed on to the nodes).
+    #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// How operator commands reach a member.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Any member, `host:port` or `http://host:port`.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    pub server: String,
+    /// Bearer token, if the cluster requires one.
+    #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Options of `shards`.
+#[derive(Debug, Clone, Args)]
+pub struct ShardsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only this datanode's replicas.
+    #[arg(long)]
+    pub datanode: Option<u64>,
+}
+
+/// Options of `register`.
+#[derive(Debug, Clone, Args)]
+pub struct RegisterArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The datanode whose shards these are (it must be registered).
+    #[arg(long)]
+    pub datanode: u64,
+    /// JSON: `[{"id":..,"generation":..,"size":..},..]` or `{"epoch":E,"shards":[..]}`.
+    #[arg(long)]
+    pub file: PathBuf,
+}
+
+/// `snapshot` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Build a snapshot on the member and download it to FILE (a backup).
+    Save {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Where to write the snapshot.
+        file: PathBuf,
+    },
+}

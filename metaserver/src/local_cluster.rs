@@ -1,0 +1,196 @@
+//! `metaserver local-cluster`: a whole cluster on loopback, one child process per node.
+//!
+//! Node N listens on base-port + N - 1 (or on a free port when the base port is 0), keeps its
+//! data in DIR/nodeN and knows every other node; node 1 initializes the cluster on its first
+//! start. SIGINT or SIGTERM stops every child with SIGTERM (each makes its log durable and
+//! exits); a child that dies on its own stops the others too. Children also get SIGTERM if
+//! this process dies, so none is left behind.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::cli::LocalClusterArgs;
+use crate::shutdown::Signals;
+
+/// How long children may take to stop after SIGTERM before they are killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One running node.
+struct NodeProcess {
+    id: u64,
+    child: Child,
+}
+
+impl NodeProcess {
+    fn signal(&self, signal: libc::c_int) {
+        // The child is ours and not yet reaped, so its pid is still valid.
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// Picks `n` free loopback ports by binding port 0; the listeners are closed before the
+/// children bind them again (loopback ports are not handed out again that quickly).
+fn free_ports(n: u64) -> Result<Vec<u16>> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .context("picking free ports")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+/// Runs the cluster until a signal or a child's death.
+pub async fn run(args: LocalClusterArgs) -> Result<()> {
+    if args.nodes == 0 || args.nodes > 9 {
+        bail!("--nodes must be 1 to 9, not {}", args.nodes);
+    }
+    let mut signals = Signals::install()?;
+    let ports: Vec<u16> = if args.base_port == 0 {
+        free_ports(args.nodes)?
+    } else {
+        (0..args.nodes)
+            .map(|i| {
+                u16::try_from(u64::from(args.base_port) + i)
+                    .context("--base-port + --nodes exceeds 65535")
+            })
+            .collect::<Result<_>>()?
+    };
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let exe = std::env::current_exe().context("locating the metaserver binary")?;
+
+    let mut nodes = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let dir = args.data_dir.join(format!("node{id}"));
+        let mut command = Command::new(&exe);
+        command
+            .arg("serve")
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(addr)
+            .arg("--data-dir")
+            .arg(&dir)
+            .arg("--peers")
+            .arg(&peers)
+            .arg("--init")
+            .arg(if id == 1 { "true" } else { "false" })
+            .env_remove("METASERVER_CONFIG")
+            .env_remove("METASERVER_ID")
+            .env_remove("METASERVER_LISTEN")
+            .env_remove("METASERVER_ADVERTISE")
+            .env_remove("METASERVER_DATA_DIR")
+            .env_remove("METASERVER_PEERS")
+            .env_remove("METASERVER_INIT");
+        match &args.token {
+            Some(token) => command.env("METASERVER_TOKEN", token),
+            None => command.env_remove("METASERVER_TOKEN"),
+        };
+        // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_all(&mut nodes).await;
+                return Err(e).with_context(|| format!("starting node {id}"));
+            }
+        };
+        println!("node {id} at {addr} (data in {})", dir.display());
+        nodes.push(NodeProcess { id, child });
+    }
+    println!(
+        "local cluster of {} nodes running; Ctrl-C stops it",
+        args.nodes
+    );
+
+    let outcome = loop {
+        tokio::select! {
+            signal = signals.recv() => {
+                tracing::info!(signal, "stopping the local cluster");
+                break Ok(());
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if let Some((id, status)) = exited(&mut nodes) {
+                    break Err(anyhow::anyhow!("node {id} exited on its own: {status}"));
+                }
+            }
+        }
+    };
+    let clean = stop_all(&mut nodes).await;
+    outcome?;
+    if !clean {
+        bail!("not every node stopped cleanly");
+    }
+    println!("local cluster stopped");
+    Ok(())
+}
+
+/// The first child that has exited, if any.
+fn exited(nodes: &mut [NodeProcess]) -> Option<(u64, ExitStatus)> {
+    nodes
+        .iter_mut()
+        .find_map(|n| match n.child.try_wait() {
+            Ok(Some(status)) => Some((n.id, status)),
+            _ => None,
+        })
+}
+
+/// SIGTERM to every running child, then waits; kills those that do not stop in time.
+/// Returns whether every child exited with status 0 after the SIGTERM.
+async fn stop_all(nodes: &mut [NodeProcess]) -> bool {
+    for node in nodes.iter_mut() {
+        if let Ok(None) = node.child.try_wait() {
+            node.signal(libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut clean = true;
+    for node in nodes.iter_mut() {
+        loop {
+            match node.child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        eprintln!("node {} exited with {status}", node.id);
+                        clean = false;
+                    }
+                    break;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => {
+                    eprintln!("node {} did not stop in time; killing it", node.id);
+                    let _ = node.child.kill();
+                    let _ = node.child.wait();
+                    clean = false;
+                    break;
+                }
+            }
+        }
+    }
+    clean
+}

@@ -1,0 +1,233 @@
+//! Operator commands over the admin API: `status`, `shards`, `register` and `snapshot save`.
+//! Any member will do: writes sent to a follower are forwarded to the leader.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use meta_http::limits::MAX_SHARDS_PER_BATCH;
+use meta_http::request::ShardBody;
+use meta_http::response::{DatanodeView, ShardPage, ShardsRegistered};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs};
+
+/// A client of one member.
+pub struct Operator {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+/// The shards file: a bare list, or a batch with its epoch.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ShardsFile {
+    List(Vec<ShardBody>),
+    Batch { epoch: u64, shards: Vec<ShardBody> },
+}
+
+impl Operator {
+    /// A client of `--server`.
+    pub fn new(args: &ClientArgs) -> Result<Self> {
+        let server = args.server.trim_end_matches('/');
+        let base = if server.starts_with("http://") || server.starts_with("https://") {
+            server.to_owned()
+        } else {
+            format!("http://{server}")
+        };
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Operator {
+            base,
+            token: args.token.clone().filter(|t| !t.is_empty()),
+            http,
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Sends a request; a non-2xx answer becomes an error with the API's code and message.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("contacting {}", self.base))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.text().await.unwrap_or_default();
+        let detail = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| {
+                let e = v.get("error")?;
+                Some(format!(
+                    "{}: {}",
+                    e.get("code")?.as_str()?,
+                    e.get("message")?.as_str()?
+                ))
+            })
+            .unwrap_or(body);
+        bail!("{} answered {status}: {detail}", self.base)
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self.send(self.request(reqwest::Method::GET, path)).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("decoding the answer to GET {path}"))
+    }
+}
+
+/// `metaserver status`: the member's view, as pretty JSON.
+pub async fn status(args: ClientArgs) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let view: Value = op.get_json("/v1/cluster").await?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+/// `metaserver shards [--datanode N]`: every replica, one JSON object per line.
+pub async fn shards(args: ShardsArgs) -> Result<()> {
+    let op = Operator::new(&args.client)?;
+    let path = match args.datanode {
+        Some(id) => format!("/v1/datanodes/{id}/shards"),
+        None => "/v1/shards".to_owned(),
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut after: Option<String> = None;
+    loop {
+        let url = match &after {
+            Some(cursor) => format!("{path}?limit=10000&after={cursor}"),
+            None => format!("{path}?limit=10000"),
+        };
+        let page: ShardPage = op.get_json(&url).await?;
+        for shard in &page.shards {
+            writeln!(out, "{}", serde_json::to_string(shard)?)?;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `metaserver register --datanode N --file shards.json`: registers the shards in batches of
+/// at most 10,000 under the datanode's current epoch (or the file's).
+pub async fn register(args: RegisterArgs) -> Result<()> {
+    let op = Operator::new(&args.client)?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let parsed: ShardsFile = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is neither a list of {{\"id\",\"generation\",\"size\"}} nor {{\"epoch\",\"shards\"}}",
+            args.file.display()
+        )
+    })?;
+    let (epoch, shards) = match parsed {
+        ShardsFile::Batch { epoch, shards } => (epoch, shards),
+        ShardsFile::List(shards) => {
+            let datanode: DatanodeView = op
+                .get_json(&format!("/v1/datanodes/{}", args.datanode))
+                .await
+                .with_context(|| {
+                    format!(
+                        "looking up datanode {} (register it first with PUT /v1/datanodes/{})",
+                        args.datanode, args.datanode
+                    )
+                })?;
+            (datanode.epoch, shards)
+        }
+    };
+    if shards.is_empty() {
+        bail!("{} lists no shards", args.file.display());
+    }
+    let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
+    for batch in shards.chunks(MAX_SHARDS_PER_BATCH) {
+        let body = serde_json::json!({ "epoch": epoch, "shards": batch.iter().map(|s| {
+            serde_json::json!({"id": s.id, "generation": s.generation, "size": s.size})
+        }).collect::<Vec<_>>() });
+        let response = op
+            .send(
+                op.request(
+                    reqwest::Method::POST,
+                    &format!("/v1/datanodes/{}/shards", args.datanode),
+                )
+                .json(&body),
+            )
+            .await?;
+        let result: ShardsRegistered = response.json().await.context("decoding the answer")?;
+        accepted += result.accepted;
+        unchanged += result.unchanged;
+        stale.extend(result.stale);
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "datanode": args.datanode,
+            "epoch": epoch,
+            "accepted": accepted,
+            "unchanged": unchanged,
+            "stale": stale,
+        })
+    );
+    Ok(())
+}
+
+/// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
+/// file next to FILE, fsyncs it and renames it into place.
+pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let built: Value = op
+        .send(op.request(reqwest::Method::POST, "/v1/cluster/snapshot"))
+        .await?
+        .json()
+        .await
+        .context("decoding the snapshot answer")?;
+    let response = op
+        .send(op.request(reqwest::Method::GET, "/v1/cluster/snapshot"))
+        .await?;
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let mut temp = tempfile::NamedTempFile::new_in(&dir)
+        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    let mut bytes = 0u64;
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("downloading the snapshot")?;
+        bytes += chunk.len() as u64;
+        temp.write_all(&chunk)?;
+    }
+    temp.as_file().sync_all().context("syncing the snapshot")?;
+    temp.persist(file)
+        .with_context(|| format!("renaming the snapshot to {}", file.display()))?;
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "file": file.display().to_string(),
+            "bytes": bytes,
+            "snapshot": built,
+        })
+    );
+    Ok(())
+}

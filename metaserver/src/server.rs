@@ -1,0 +1,98 @@
+//! Running one node: bind, open the node over the HTTP transport, initialize on the first
+//! start if asked, serve until SIGTERM or SIGINT, then stop accepting, let in-flight requests
+//! finish, and shut the node down so its log is durable.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use meta_consensus::{MetaNode, Node};
+use meta_http::{AppState, HttpNetwork, Token};
+use tokio::net::TcpListener;
+
+use crate::settings::ServeSettings;
+use crate::shutdown::Signals;
+
+/// How long in-flight requests may run after a shutdown signal before the node stops anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Serves one node until a shutdown signal; returns once its log is durable.
+pub async fn serve(settings: ServeSettings) -> Result<()> {
+    let mut signals = Signals::install()?;
+    let listener = TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("binding {}", settings.listen))?;
+    let bound = listener.local_addr().context("reading the bound address")?;
+    let addr = settings
+        .advertise
+        .clone()
+        .unwrap_or_else(|| bound.to_string());
+    if bound.ip().is_unspecified() && settings.advertise.is_none() {
+        tracing::warn!(
+            %bound,
+            "listening on all interfaces without --advertise; peers are told {addr}"
+        );
+    }
+    let token = Token::new(settings.token.as_deref());
+    let node = MetaNode::open(
+        settings.node_config(&addr),
+        HttpNetwork::new(settings.id, token.clone()),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "opening node {} in {}",
+            settings.id,
+            settings.data_dir.display()
+        )
+    })?;
+    tracing::info!(id = settings.id, %addr, data_dir = %settings.data_dir.display(), "node open");
+
+    if settings.init {
+        initialize_once(&node, &settings, &addr).await?;
+    }
+
+    let app = meta_http::router(AppState::new(node.clone(), token));
+    // Tests and scripts read the bound address (port 0 picks a free one) from this line.
+    println!("listening on {bound}");
+    tracing::info!(%bound, "serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let signal = signals.recv().await;
+    tracing::info!(signal, "shutting down: no new connections, draining requests");
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("server error while draining: {e}"),
+        Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
+        Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
+    }
+    node.shutdown().await.context("shutting the node down")?;
+    tracing::info!("stopped; the log is durable");
+    Ok(())
+}
+
+/// Initializes the cluster unless this node was ever initialized (or joined one).
+async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) -> Result<()> {
+    if node.is_initialized().await? {
+        tracing::info!("already initialized; restarting from the data dir");
+        return Ok(());
+    }
+    let members = settings.initial_members(addr);
+    tracing::info!(?members, "initializing the cluster (first start)");
+    let members = members
+        .into_iter()
+        .map(|(id, addr)| (id, Node::new(addr)))
+        .collect();
+    match node.initialize(members).await {
+        Ok(()) => Ok(()),
+        Err(meta_consensus::Error::AlreadyInitialized) => Ok(()),
+        Err(e) => Err(e).context("initializing the cluster"),
+    }
+}

@@ -1,0 +1,256 @@
+//! A node's settings, merged from the command line and environment (clap), the TOML file and
+//! the defaults, and checked before anything starts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use meta_consensus::{BarrierMode, NodeConfig};
+use serde::Deserialize;
+
+use crate::cli::ServeArgs;
+
+/// Default listen address of `metaserver` and `serve`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7101";
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "metaserver-data";
+
+/// The `--config` file: the same settings as the flags, in snake_case.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    id: Option<u64>,
+    listen: Option<String>,
+    advertise: Option<String>,
+    data_dir: Option<PathBuf>,
+    peers: Option<String>,
+    init: Option<bool>,
+    token: Option<String>,
+    barrier: Option<String>,
+    snapshot_max_bytes_per_sec: Option<u64>,
+    snapshot_logs_since_last: Option<u64>,
+    keep_logs: Option<u64>,
+    sled_cache_bytes: Option<u64>,
+}
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeSettings {
+    /// This node's id.
+    pub id: u64,
+    /// Where to listen.
+    pub listen: String,
+    /// Address given to peers and clients; `None` = the bound address.
+    pub advertise: Option<String>,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Initial members for `init`.
+    pub peers: BTreeMap<u64, String>,
+    /// Initialize on the first start.
+    pub init: bool,
+    /// Shared secret.
+    pub token: Option<String>,
+    /// WAL barrier mode.
+    pub barrier: BarrierMode,
+    /// Snapshot export rate (bytes/s, 0 = unlimited).
+    pub snapshot_rate: u64,
+    /// Automatic snapshot policy (0 = only on request); `None` keeps the node's default.
+    pub snapshot_logs_since_last: Option<u64>,
+    /// Log entries kept after a snapshot; `None` keeps the node's default.
+    pub keep_logs: Option<u64>,
+    /// sled cache size; `None` keeps the node's default.
+    pub sled_cache_bytes: Option<u64>,
+}
+
+/// Parses `1=ADDR,2=ADDR`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((id, addr)) = item.split_once('=') else {
+            bail!("peer {item:?} is not ID=ADDR");
+        };
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("peer id {id:?} is not an unsigned integer"))?;
+        let addr = addr.trim();
+        meta_http::request::validate_addr(addr)
+            .map_err(|e| anyhow::anyhow!("peer {id}: {e}"))?;
+        if peers.insert(id, addr.to_owned()).is_some() {
+            bail!("peer {id} is given twice");
+        }
+    }
+    Ok(peers)
+}
+
+/// Parses `shared` or `own`.
+pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
+    match text {
+        "shared" => Ok(BarrierMode::Shared),
+        "own" => Ok(BarrierMode::Own),
+        other => bail!("barrier mode must be \"shared\" or \"own\", not {other:?}"),
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileSettings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+}
+
+impl ServeSettings {
+    /// Merges flags/environment over the config file over the defaults. `default_mode` is the
+    /// command-less `metaserver`: it initializes itself unless told otherwise or given peers.
+    pub fn resolve(args: &ServeArgs, default_mode: bool) -> Result<Self> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileSettings::default(),
+        };
+        let peers = match args.peers.as_deref().or(file.peers.as_deref()) {
+            Some(text) => parse_peers(text)?,
+            None => BTreeMap::new(),
+        };
+        let init = args
+            .init
+            .or(file.init)
+            .unwrap_or(default_mode && peers.is_empty());
+        let barrier = match args.barrier.as_deref().or(file.barrier.as_deref()) {
+            Some(text) => parse_barrier(text)?,
+            None => BarrierMode::Shared,
+        };
+        let settings = ServeSettings {
+            id: args.id.or(file.id).unwrap_or(1),
+            listen: args
+                .listen
+                .clone()
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
+            advertise: args.advertise.clone().or(file.advertise),
+            data_dir: args
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            peers,
+            init,
+            token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+            barrier,
+            snapshot_rate: args
+                .snapshot_rate
+                .or(file.snapshot_max_bytes_per_sec)
+                .unwrap_or(0),
+            snapshot_logs_since_last: args
+                .snapshot_logs_since_last
+                .or(file.snapshot_logs_since_last),
+            keep_logs: args.keep_logs.or(file.keep_logs),
+            sled_cache_bytes: args.sled_cache_bytes.or(file.sled_cache_bytes),
+        };
+        settings.check()?;
+        Ok(settings)
+    }
+
+    fn check(&self) -> Result<()> {
+        if let Some(addr) = &self.advertise {
+            meta_http::request::validate_addr(addr)
+                .map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
+        }
+        if let Some(addr) = self.peers.get(&self.id) {
+            if let Some(advertise) = &self.advertise {
+                if advertise != addr {
+                    bail!(
+                        "--peers gives node {} the address {addr} but --advertise says {advertise}",
+                        self.id
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The node configuration, once the advertised address is known.
+    pub fn node_config(&self, addr: &str) -> NodeConfig {
+        let mut cfg = NodeConfig::new(self.id, addr, &self.data_dir);
+        cfg.barrier = self.barrier;
+        cfg.snapshot_max_bytes_per_sec = self.snapshot_rate;
+        if let Some(n) = self.snapshot_logs_since_last {
+            cfg.snapshot_logs_since_last = n;
+        }
+        if let Some(n) = self.keep_logs {
+            cfg.max_in_snapshot_log_to_keep = n;
+        }
+        if let Some(n) = self.sled_cache_bytes {
+            cfg.sled_cache_bytes = n;
+        }
+        cfg
+    }
+
+    /// The members to initialize with: `--peers` (plus this node), or this node alone.
+    pub fn initial_members(&self, addr: &str) -> BTreeMap<u64, String> {
+        let mut members = self.peers.clone();
+        members.entry(self.id).or_insert_with(|| addr.to_owned());
+        members
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_of_the_commandless_mode() {
+        let s = ServeSettings::resolve(&ServeArgs::default(), true).unwrap();
+        assert_eq!(s.id, 1);
+        assert_eq!(s.listen, "127.0.0.1:7101");
+        assert_eq!(s.data_dir, PathBuf::from("metaserver-data"));
+        assert!(s.init);
+        assert_eq!(s.barrier, BarrierMode::Shared);
+        let s = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
+        assert!(!s.init, "serve initializes only with --init");
+    }
+
+    #[test]
+    fn peers_parse_and_refuse_garbage() {
+        let p = parse_peers("1=127.0.0.1:7101, 2=127.0.0.1:7102,3=127.0.0.1:7103").unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[&2], "127.0.0.1:7102");
+        assert!(parse_peers("1=a:1,1=b:2").is_err());
+        assert!(parse_peers("x=a:1").is_err());
+        assert!(parse_peers("1").is_err());
+        assert!(parse_peers("1=nohost").is_err());
+        assert!(parse_peers("-1=a:1").is_err());
+    }
+
+    #[test]
+    fn barrier_modes() {
+        assert_eq!(parse_barrier("own").unwrap(), BarrierMode::Own);
+        assert_eq!(parse_barrier("shared").unwrap(), BarrierMode::Shared);
+        assert!(parse_barrier("Own").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(
+            &path,
+            "id = 2\nlisten = \"127.0.0.1:9000\"\nbarrier = \"own\"\nsnapshot_max_bytes_per_sec = 5\npeers = \"1=127.0.0.1:1,2=127.0.0.1:9000\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            id: Some(3),
+            ..ServeArgs::default()
+        };
+        let s = ServeSettings::resolve(&args, false).unwrap();
+        assert_eq!(s.id, 3);
+        assert_eq!(s.listen, "127.0.0.1:9000");
+        assert_eq!(s.barrier, BarrierMode::Own);
+        assert_eq!(s.snapshot_rate, 5);
+        assert_eq!(s.peers.len(), 2);
+        assert_eq!(s.initial_members("127.0.0.1:9999").len(), 3);
+
+        std::fs::write(&path, "idd = 2\n").unwrap();
+        let err = ServeSettings::resolve(&args, false).unwrap_err();
+        assert!(format!("{err:#}").contains("idd"), "{err:#}");
+    }
+}

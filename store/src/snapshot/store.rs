@@ -1,0 +1,187 @@
+//! The snapshot directory: creating, listing and retiring snapshot files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::format::MAX_META_BYTES;
+use super::reader::inspect;
+use super::{SnapshotFile, SnapshotReader, SnapshotWriter};
+use crate::rate_limit::RateLimiter;
+use crate::{Error, Result};
+
+/// How many snapshots a store keeps unless told otherwise.
+pub const DEFAULT_KEEP: usize = 2;
+/// The extension of complete snapshot files.
+pub(crate) const EXTENSION: &str = "snap";
+/// The prefix of temp files; anything with it is removed when the store opens.
+pub(crate) const TEMP_PREFIX: &str = ".tmp-snap-";
+const MAX_NAME_LEN: usize = 200;
+
+/// A directory of snapshot files named `<name>.snap`, where names sort by age (for example a
+/// zero-padded log index and term), so the newest snapshot is the last name.
+///
+/// All methods do blocking file IO: call them from a blocking thread, never on an async runtime
+/// worker. The store is a cheap handle (a path); clones refer to the same directory.
+#[derive(Debug, Clone)]
+pub struct SnapshotStore {
+    dir: PathBuf,
+    keep: usize,
+}
+
+impl SnapshotStore {
+    /// Opens the snapshot directory `dir`, creating it if needed, and removes temp files left by
+    /// an interrupted write. Finishing a snapshot keeps the newest `keep` snapshots (at least 1;
+    /// [`DEFAULT_KEEP`] is the usual choice) and deletes older ones.
+    pub fn open(dir: impl AsRef<Path>, keep: usize) -> Result<SnapshotStore> {
+        let dir = dir.as_ref().to_path_buf();
+        if keep == 0 {
+            return Err(Error::InvalidArgument {
+                op: "open snapshot store",
+                reason: "keep must be at least 1".to_string(),
+            });
+        }
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create snapshot directory", &dir, e))?;
+        for entry in read_dir(&dir)? {
+            if entry.starts_with(TEMP_PREFIX) {
+                let path = dir.join(&entry);
+                tracing::info!(path = %path.display(), "removing leftover snapshot temp file");
+                fs::remove_file(&path)
+                    .map_err(|e| Error::io("remove leftover snapshot temp file", &path, e))?;
+            }
+        }
+        Ok(SnapshotStore { dir, keep })
+    }
+
+    /// Starts a snapshot named `name` (final file `<name>.snap`) with the caller's metadata `meta`
+    /// (at most 16 MiB, for example the last log id and membership), paced by `limiter`. The
+    /// payload is written through the returned [`SnapshotWriter`]; nothing appears under the final
+    /// name until [`SnapshotWriter::finish`] returns. A name may use ASCII letters, digits, `-`,
+    /// `_` and `.` (not first), up to 200 characters. An existing snapshot of the same name is
+    /// replaced when the new one finishes.
+    pub fn create(
+        &self,
+        name: &str,
+        meta: &[u8],
+        limiter: Arc<RateLimiter>,
+    ) -> Result<SnapshotWriter> {
+        check_name(name)?;
+        if meta.len() > MAX_META_BYTES {
+            return Err(Error::InvalidArgument {
+                op: "create snapshot",
+                reason: format!(
+                    "metadata of {} bytes exceeds the limit of {MAX_META_BYTES}",
+                    meta.len()
+                ),
+            });
+        }
+        SnapshotWriter::create(self.clone(), name, meta, limiter)
+    }
+
+    /// The newest complete snapshot (the last by name), if any. Reads its header and trailer;
+    /// open it with [`SnapshotFile::open`] to verify the payload.
+    pub fn newest(&self) -> Result<Option<SnapshotFile>> {
+        match self.names()?.last() {
+            Some(name) => Ok(Some(inspect(&self.path_of(name))?.info)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every complete snapshot, oldest first. Reads each one's header and trailer; a damaged
+    /// one is an error naming the file.
+    pub fn list(&self) -> Result<Vec<SnapshotFile>> {
+        self.names()?
+            .iter()
+            .map(|name| Ok(inspect(&self.path_of(name))?.info))
+            .collect()
+    }
+
+    /// Opens and fully verifies (magic, version, length, checksum) the snapshot file at `path`;
+    /// an error names the file. Same as [`SnapshotReader::open`].
+    pub fn open_reader(path: &Path) -> Result<SnapshotReader> {
+        SnapshotReader::open(path)
+    }
+
+    /// The snapshot directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many snapshots are kept.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    /// The final path of the snapshot `name`.
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.{EXTENSION}"))
+    }
+
+    /// The names of the complete snapshots, oldest first.
+    fn names(&self) -> Result<Vec<String>> {
+        let suffix = format!(".{EXTENSION}");
+        let mut names: Vec<String> = read_dir(&self.dir)?
+            .into_iter()
+            .filter(|f| !f.starts_with('.'))
+            .filter_map(|f| f.strip_suffix(&suffix).map(str::to_string))
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Deletes all but the newest `keep` snapshots, never `just_written`. Called only once the
+    /// new snapshot is durable. A failed delete is logged, not returned: the new snapshot is
+    /// already in place, and the next retention pass tries again.
+    pub(crate) fn retire_old(&self, just_written: &str) {
+        let names = match self.names() {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing snapshots for retention failed");
+                return;
+            }
+        };
+        let excess = names.len().saturating_sub(self.keep);
+        for name in names.iter().take(excess).filter(|n| *n != just_written) {
+            let path = self.path_of(name);
+            match fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "deleted old snapshot"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "deleting old snapshot failed")
+                }
+            }
+        }
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            op: "create snapshot",
+            reason: format!(
+                "bad snapshot name {name:?}: use 1 to {MAX_NAME_LEN} ASCII letters, digits, '-', '_' or '.' (not first)"
+            ),
+        })
+    }
+}
+
+/// The file names in `dir` (names that are not UTF-8 are skipped).
+fn read_dir(dir: &Path) -> Result<Vec<String>> {
+    let entries = fs::read_dir(dir).map_err(|e| Error::io("list snapshot directory", dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("list snapshot directory", dir, e))?;
+        if let Ok(name) = entry.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}

@@ -1,0 +1,228 @@
+//! Recovery on open: scans every segment, verifies every record, cuts a torn or corrupt tail off
+//! the newest segment (the only physical truncate, done before any writer starts), and refuses to
+//! open a log with a corrupt record followed by valid ones, naming the file and offset.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::index::Index;
+use super::record::{self, RecordMeta};
+use super::segment::{self, Segment, SEGMENT_HEADER_LEN};
+use super::{Lsn, WalOptions};
+use crate::error::{Error, Result};
+use crate::fs::FileSystem;
+
+/// The state recovery hands to the log.
+pub(crate) struct Recovered {
+    pub index: Index,
+    /// The newest segment; appends continue in it.
+    pub tail: Arc<Segment>,
+    /// Where the next record goes in the tail.
+    pub tail_offset: u64,
+}
+
+/// One segment after its scan.
+struct Scanned {
+    segment: Arc<Segment>,
+    records: Vec<RecordMeta>,
+    /// Offset just past the last valid record.
+    end: u64,
+    /// The LSN after the last valid record.
+    next: Lsn,
+}
+
+fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason: reason.into(),
+    }
+}
+
+fn prealloc(opts: &WalOptions) -> Option<u64> {
+    opts.preallocate.then_some(opts.segment_bytes)
+}
+
+/// Recovers the log in `dir` (creating it if needed). On success everything recovered is durable.
+pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Result<Recovered> {
+    fs.create_dir_all(dir)
+        .map_err(|e| Error::io("create log directory", dir, e))?;
+    let names = fs
+        .read_dir(dir)
+        .map_err(|e| Error::io("list log directory", dir, e))?;
+    let mut firsts: Vec<Lsn> = names
+        .iter()
+        .filter_map(|n| segment::parse_name(n))
+        .collect();
+    firsts.sort_unstable();
+
+    // A newest segment without a valid header is a creation torn by a crash: nothing was ever
+    // written to it, so it goes (unless it holds valid records, which means damage).
+    let mut tail_bytes = None;
+    while let Some(&first) = firsts.last() {
+        let seg = Segment::open(fs, dir, first)?;
+        let bytes = seg.read_all()?;
+        if segment::header_ok(&bytes, first) {
+            tail_bytes = Some(bytes);
+            break;
+        }
+        if record::find_valid(&bytes, 0, first, first).is_some() {
+            return Err(corrupt(&seg.path, 0, "invalid segment header"));
+        }
+        tracing::warn!(path = %seg.path.display(), "removing a segment whose creation was torn");
+        fs.remove_file(&seg.path)
+            .map_err(|e| Error::io("remove torn segment", &seg.path, e))?;
+        fs.sync_dir(dir)
+            .map_err(|e| Error::io("fsync log directory", dir, e))?;
+        firsts.pop();
+        if firsts.is_empty() {
+            return fresh(fs, dir, first, opts);
+        }
+    }
+    if firsts.is_empty() {
+        return fresh(fs, dir, 1, opts);
+    }
+
+    let mut scanned: Vec<Scanned> = Vec::with_capacity(firsts.len());
+    let mut run_start = 0;
+    for (i, &first) in firsts.iter().enumerate() {
+        let is_last = i + 1 == firsts.len();
+        let segment = Arc::new(Segment::open(fs, dir, first)?);
+        let bytes = match (is_last, tail_bytes.take()) {
+            (true, Some(bytes)) => bytes,
+            _ => segment.read_all()?,
+        };
+        if !segment::header_ok(&bytes, first) {
+            return Err(corrupt(&segment.path, 0, "invalid segment header"));
+        }
+        if let Some(prev) = scanned.last() {
+            if first < prev.next {
+                return Err(corrupt(
+                    &segment.path,
+                    0,
+                    format!(
+                        "segment starts at LSN {first} but the previous one ends at LSN {}",
+                        prev.next - 1
+                    ),
+                ));
+            }
+            if first > prev.next {
+                run_start = i;
+            }
+        }
+        let scan = scan(opts, segment, &bytes, is_last)?;
+        scanned.push(scan);
+    }
+
+    let mut index = Index::new(firsts[run_start]);
+    for s in &scanned[run_start..] {
+        index.add_segment(s.segment.clone());
+        for r in &s.records {
+            index.push(s.segment.first_lsn, r);
+        }
+    }
+    // Segments before a gap are leftovers of a purge whose deletions were not all durable; any
+    // record they hold that is not purged means records are missing.
+    if run_start > 0 {
+        let prev = &scanned[run_start - 1];
+        if prev.next - 1 > index.purged_to() {
+            return Err(corrupt(
+                &prev.segment.path,
+                prev.end,
+                format!(
+                    "records from LSN {} to {} are missing",
+                    prev.next,
+                    firsts[run_start] - 1
+                ),
+            ));
+        }
+    }
+    let mut obsolete: Vec<Arc<Segment>> = scanned[..run_start]
+        .iter()
+        .map(|s| s.segment.clone())
+        .collect();
+    obsolete.extend(index.take_obsolete_segments());
+    if !obsolete.is_empty() {
+        for seg in &obsolete {
+            fs.remove_file(&seg.path)
+                .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
+        }
+        fs.sync_dir(dir)
+            .map_err(|e| Error::io("fsync log directory", dir, e))?;
+    }
+
+    let last = scanned.pop().expect("at least one segment");
+    // What recovery read may still sit only in the page cache (a process crash): make it durable
+    // so that the log can start with everything durable.
+    last.segment
+        .file
+        .sync_data()
+        .map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
+    Ok(Recovered {
+        index,
+        tail: last.segment,
+        tail_offset: last.end,
+    })
+}
+
+/// Creates the first segment of an empty log.
+fn fresh(fs: &dyn FileSystem, dir: &Path, first: Lsn, opts: &WalOptions) -> Result<Recovered> {
+    let tail = Arc::new(Segment::create(fs, dir, first, prealloc(opts))?);
+    let mut index = Index::new(first);
+    index.add_segment(tail.clone());
+    Ok(Recovered {
+        index,
+        tail,
+        tail_offset: SEGMENT_HEADER_LEN,
+    })
+}
+
+/// Verifies the records of one segment in order, and deals with what follows the last valid one:
+/// zeros are the unused (preallocated) rest; anything else is either a torn tail of the newest
+/// segment (cut off) or corruption (an error).
+fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -> Result<Scanned> {
+    let first = segment.first_lsn;
+    let mut pos = SEGMENT_HEADER_LEN as usize;
+    let mut next = first;
+    let mut records = Vec::new();
+    while let Some(meta) = record::decode(bytes, pos, first, next) {
+        if meta.lsn != next {
+            break;
+        }
+        pos += meta.size() as usize;
+        next += 1;
+        records.push(meta);
+    }
+    if record::skip_zeros(bytes, pos) < bytes.len() {
+        let path = &segment.path;
+        if !is_last {
+            return Err(corrupt(path, pos as u64, "invalid record"));
+        }
+        if record::find_valid(bytes, pos + 1, first, next).is_some() {
+            return Err(corrupt(
+                path,
+                pos as u64,
+                "invalid record followed by valid records",
+            ));
+        }
+        tracing::warn!(
+            path = %path.display(),
+            offset = pos,
+            "cutting a torn or corrupt tail off the log"
+        );
+        let file = &segment.file;
+        file.set_len(pos as u64)
+            .map_err(|e| Error::io("cut torn tail", path, e))?;
+        if let Some(len) = prealloc(opts) {
+            segment::preallocate(&**file, len, path)?;
+        }
+        file.sync_all()
+            .map_err(|e| Error::io("fsync after cutting tail", path, e))?;
+    }
+    Ok(Scanned {
+        segment,
+        records,
+        end: pos as u64,
+        next,
+    })
+}

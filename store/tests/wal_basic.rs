@@ -1,0 +1,229 @@
+//! The log's single-threaded contract: appends, reads, markers, segments, reopen, bad input.
+
+use std::sync::Arc;
+
+use meta_store::fs::FaultyFileSystem;
+use meta_store::{BarrierMode, Error, Wal, WalOptions};
+
+fn small_segments() -> WalOptions {
+    WalOptions {
+        segment_bytes: 512,
+        ..WalOptions::default()
+    }
+}
+
+fn segment_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".wal"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn append_read_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    assert_eq!(
+        (wal.last_lsn(), wal.durable_lsn(), wal.first_lsn()),
+        (0, 0, None)
+    );
+    assert_eq!(wal.append(b"one").unwrap(), 1);
+    assert_eq!(wal.append(b"").unwrap(), 2);
+    assert_eq!(wal.append_batch(&[b"three", b"four"]).unwrap(), 4);
+    // Readable at once, durable only after sync.
+    assert_eq!(wal.read(1).unwrap().as_deref(), Some(&b"one"[..]));
+    assert_eq!(wal.read(2).unwrap().as_deref(), Some(&b""[..]));
+    assert_eq!(wal.read(5).unwrap(), None);
+    assert_eq!(wal.read(0).unwrap(), None);
+    assert_eq!(wal.durable_lsn(), 0);
+    wal.sync(3).unwrap();
+    assert!(wal.durable_lsn() >= 3);
+    wal.close().unwrap();
+    assert_eq!(wal.durable_lsn(), 4);
+
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    assert_eq!(
+        (wal.last_lsn(), wal.durable_lsn(), wal.first_lsn()),
+        (4, 4, Some(1))
+    );
+    let all = wal.read_range(..).unwrap();
+    let want: Vec<(u64, Vec<u8>)> = vec![
+        (1, b"one".to_vec()),
+        (2, vec![]),
+        (3, b"three".to_vec()),
+        (4, b"four".to_vec()),
+    ];
+    assert_eq!(all, want);
+    assert_eq!(wal.read_range(2..=3).unwrap(), want[1..3].to_vec());
+    assert_eq!(wal.read_range(3..3).unwrap(), vec![]);
+    assert_eq!(wal.append(b"five").unwrap(), 5);
+}
+
+#[test]
+fn truncate_hides_records_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    for i in 1..=5u8 {
+        wal.append(&[i]).unwrap();
+    }
+    let marker = wal.truncate_from(3).unwrap();
+    assert_eq!(marker, 6);
+    assert!(
+        wal.durable_lsn() >= marker,
+        "the marker is durable on return"
+    );
+    assert_eq!(wal.read(3).unwrap(), None);
+    assert_eq!(wal.read(6).unwrap(), None, "markers are not records");
+    assert_eq!(wal.append(b"x").unwrap(), 7);
+    let lsns =
+        |w: &Wal| -> Vec<u64> { w.read_range(..).unwrap().into_iter().map(|r| r.0).collect() };
+    assert_eq!(lsns(&wal), vec![1, 2, 7]);
+    drop(wal);
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    assert_eq!(lsns(&wal), vec![1, 2, 7]);
+    assert_eq!(wal.read(4).unwrap(), None);
+    assert_eq!(wal.last_lsn(), 7);
+}
+
+#[test]
+fn purge_drops_prefix_and_deletes_whole_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), small_segments()).unwrap();
+    let payload = [7u8; 100];
+    for _ in 0..20 {
+        wal.append(&payload).unwrap();
+    }
+    let before = segment_files(dir.path());
+    assert!(before.len() >= 5, "small segments roll: {before:?}");
+    assert_eq!(wal.metrics().segments_created as usize, before.len() - 1);
+    let marker = wal.purge_to(15).unwrap();
+    assert_eq!(marker, 21);
+    assert_eq!(wal.first_lsn(), Some(16));
+    assert_eq!(wal.purged_to(), 15);
+    assert_eq!(wal.read(15).unwrap(), None);
+    assert_eq!(wal.read(16).unwrap().as_deref(), Some(&payload[..]));
+    let after = segment_files(dir.path());
+    assert!(after.len() < before.len(), "{after:?}");
+    // The first remaining segment holds LSN 16 or starts right after it.
+    let first_remaining: u64 = after[0].trim_end_matches(".wal").parse().unwrap();
+    assert!(first_remaining <= 16);
+    drop(wal);
+
+    let wal = Wal::open(dir.path(), small_segments()).unwrap();
+    assert_eq!(wal.first_lsn(), Some(16));
+    let lsns: Vec<u64> = wal
+        .read_range(..)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(lsns, (16..=20).collect::<Vec<_>>());
+    assert_eq!(wal.append(b"next").unwrap(), 22);
+}
+
+#[test]
+fn records_larger_than_a_segment_get_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), small_segments()).unwrap();
+    let big = vec![3u8; 2000];
+    wal.append(b"a").unwrap();
+    wal.append(&big).unwrap();
+    wal.append(b"b").unwrap();
+    wal.close().unwrap();
+    let wal = Wal::open(dir.path(), small_segments()).unwrap();
+    assert_eq!(wal.read(2).unwrap(), Some(big));
+    assert_eq!(wal.read(3).unwrap().as_deref(), Some(&b"b"[..]));
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    wal.append(b"a").unwrap();
+    let invalid = |r: Result<u64, Error>| matches!(r, Err(Error::InvalidArgument { .. }));
+    assert!(invalid(wal.append_batch(&[])));
+    assert!(invalid(wal.truncate_from(0)));
+    assert!(invalid(wal.truncate_from(3)));
+    assert!(invalid(wal.purge_to(0)));
+    assert!(invalid(wal.purge_to(2)));
+    assert!(matches!(wal.sync(2), Err(Error::InvalidArgument { .. })));
+    assert_eq!(wal.last_lsn(), 1);
+    assert_eq!(wal.read_range(..).unwrap().len(), 1);
+    let too_small = WalOptions {
+        segment_bytes: 10,
+        ..WalOptions::default()
+    };
+    assert!(matches!(
+        Wal::open_with(Arc::new(FaultyFileSystem::new()), "/other", too_small),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn closed_log_refuses_calls() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let lsn = wal.append(b"a").unwrap();
+    wal.close().unwrap();
+    assert_eq!(wal.durable_lsn(), lsn);
+    assert!(matches!(wal.append(b"b"), Err(Error::Closed)));
+    assert!(matches!(wal.sync(lsn), Err(Error::Closed)));
+    assert!(matches!(wal.read(lsn), Err(Error::Closed)));
+    let (tx, rx) = std::sync::mpsc::channel();
+    wal.on_durable(lsn, Box::new(move |r| tx.send(r).unwrap()));
+    assert!(matches!(rx.recv().unwrap(), Err(Error::Closed)));
+    wal.close().unwrap();
+}
+
+#[test]
+fn on_durable_fires_from_the_barrier_thread() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let lsn = wal.append_batch(&[b"a", b"b"]).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx2 = tx.clone();
+    wal.on_durable(lsn, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
+    assert_eq!(wal.durable_lsn(), lsn);
+    // Already durable: answered inline.
+    wal.on_durable(1, Box::new(move |r| tx2.send(r.is_ok()).unwrap()));
+    assert!(rx.try_recv().unwrap());
+}
+
+#[tokio::test]
+async fn sync_async_resolves_without_blocking_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    let mut last = 0;
+    for i in 0..10u8 {
+        last = wal.append(&[i]).unwrap();
+    }
+    let fut = wal.sync_async(last);
+    tokio::time::timeout(std::time::Duration::from_secs(10), fut)
+        .await
+        .expect("resolved in time")
+        .unwrap();
+    assert!(wal.durable_lsn() >= last);
+}
+
+#[test]
+fn own_mode_takes_a_barrier_per_sync() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    wal.set_barrier_mode(BarrierMode::Own);
+    assert_eq!(wal.barrier_mode(), BarrierMode::Own);
+    let lsn = wal.append(b"a").unwrap();
+    wal.sync(lsn).unwrap();
+    wal.sync(lsn).unwrap();
+    assert_eq!(wal.metrics().barriers, 2);
+    wal.set_barrier_mode(BarrierMode::Shared);
+    wal.sync(lsn).unwrap();
+    assert_eq!(wal.metrics().barriers, 2, "shared mode: already durable");
+    let m = wal.metrics();
+    assert_eq!(m.appends, 1);
+    assert_eq!(m.records_synced, 1);
+    assert_eq!(m.barrier_latency.count, 2);
+}

@@ -1,0 +1,216 @@
+//! Concurrency: many writers, shared barriers, and poisoning after a failed sync.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use meta_store::fs::FaultyFileSystem;
+use meta_store::{Error, Wal, WalOptions};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Polls `cond` until it holds or the deadline passes.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn eight_writers_every_durable_record_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Arc::new(Wal::open(dir.path(), WalOptions::default()).unwrap());
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let wal = wal.clone();
+            thread::spawn(move || {
+                let mut acked = Vec::new();
+                for r in 0..12 {
+                    let payload = format!("writer {w} record {r}").into_bytes();
+                    let lsn = wal.append(&payload).unwrap();
+                    wal.sync(lsn).unwrap();
+                    assert!(wal.durable_lsn() >= lsn);
+                    acked.push((lsn, payload));
+                }
+                acked
+            })
+        })
+        .collect();
+    let mut acked: Vec<(u64, Vec<u8>)> = writers
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    acked.sort();
+    // Barrier counts depend on timing: deliberately not asserted here.
+    drop(wal);
+
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    let all = wal.read_range(..).unwrap();
+    assert_eq!(all.len(), 96);
+    assert_eq!(
+        all, acked,
+        "each acknowledged record exactly once, at its LSN"
+    );
+    let mut payloads: Vec<&Vec<u8>> = all.iter().map(|(_, p)| p).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), 96);
+}
+
+#[test]
+fn one_further_barrier_covers_everyone_who_appended_while_the_first_was_held() {
+    const WRITERS: u64 = 6;
+    let fs = FaultyFileSystem::new();
+    let wal =
+        Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap());
+    let before = wal.metrics();
+    assert_eq!(before.barriers, 0);
+
+    let first = wal.append(b"first").unwrap();
+    fs.gate().close();
+    let first_sync = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.sync(first))
+    };
+    assert!(
+        fs.gate().wait_held(1, TIMEOUT),
+        "first barrier reached the gate"
+    );
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let wal = wal.clone();
+            thread::spawn(move || {
+                let lsn = wal.append(format!("writer {i}").as_bytes()).unwrap();
+                wal.sync(lsn).map(|()| lsn)
+            })
+        })
+        .collect();
+    wait_for("all writers to append", || {
+        wal.last_lsn() == first + WRITERS
+    });
+    assert_eq!(
+        wal.durable_lsn(),
+        0,
+        "nothing durable while the barrier is held"
+    );
+    fs.gate().release();
+
+    first_sync.join().unwrap().unwrap();
+    for w in writers {
+        let lsn = w.join().unwrap().unwrap();
+        assert!(wal.durable_lsn() >= lsn);
+    }
+    let m = wal.metrics();
+    assert_eq!(
+        m.barriers, 2,
+        "the held barrier plus exactly one more: {m:?}"
+    );
+    assert_eq!(m.records_synced, 1 + WRITERS);
+    assert_eq!(wal.durable_lsn(), first + WRITERS);
+}
+
+#[test]
+fn a_failed_sync_fails_every_waiter_and_every_later_call() {
+    let fs = FaultyFileSystem::new();
+    let wal =
+        Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap());
+    let ok = wal.append(b"ok").unwrap();
+    wal.sync(ok).unwrap();
+
+    let first = wal.append(b"doomed").unwrap();
+    fs.gate().close();
+    let first_sync = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.sync(first))
+    };
+    assert!(fs.gate().wait_held(1, TIMEOUT));
+    let waiters: Vec<_> = (0..4)
+        .map(|i| {
+            let wal = wal.clone();
+            thread::spawn(move || {
+                let lsn = wal.append(&[i]).unwrap();
+                wal.sync(lsn)
+            })
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    wait_for("waiters to append", || wal.last_lsn() == first + 4);
+    wal.on_durable(first + 4, Box::new(move |r| tx.send(r).unwrap()));
+    fs.fail_next_syncs(1);
+    fs.gate().release();
+
+    assert!(matches!(
+        first_sync.join().unwrap(),
+        Err(Error::Poisoned(_))
+    ));
+    for w in waiters {
+        assert!(matches!(w.join().unwrap(), Err(Error::Poisoned(_))));
+    }
+    assert!(matches!(
+        rx.recv_timeout(TIMEOUT).unwrap(),
+        Err(Error::Poisoned(_))
+    ));
+
+    // Never retried: the file system would succeed now, yet every call fails without a sync.
+    let syncs = fs.sync_count();
+    assert!(matches!(wal.sync(first), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.sync(ok), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.append(b"more"), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.truncate_from(1), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.purge_to(1), Err(Error::Poisoned(_))));
+    assert!(matches!(
+        futures_lite_block_on(wal.sync_async(first)),
+        Err(Error::Poisoned(_))
+    ));
+    assert!(matches!(wal.close(), Err(Error::Poisoned(_))));
+    assert_eq!(fs.sync_count(), syncs);
+    assert_eq!(wal.metrics().barriers, 1, "only the successful one");
+}
+
+/// Runs a future to completion on a small runtime.
+fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn a_failed_write_poisons_the_log() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let lsn = wal.append(b"a").unwrap();
+    fs.set_fail_writes(true);
+    assert!(matches!(wal.append(b"b"), Err(Error::Io { .. })));
+    fs.set_fail_writes(false);
+    assert!(matches!(wal.append(b"c"), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.sync(lsn), Err(Error::Poisoned(_))));
+    assert_eq!(wal.last_lsn(), lsn);
+}
+
+#[test]
+fn callbacks_may_call_back_into_the_log() {
+    let fs = FaultyFileSystem::new();
+    let wal =
+        Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap());
+    let lsn = wal.append(b"a").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let inner = wal.clone();
+    wal.on_durable(
+        lsn,
+        Box::new(move |r| {
+            r.unwrap();
+            // Runs on the barrier thread: appending and asking again must not deadlock.
+            let next = inner.append(b"b").unwrap();
+            let tx2 = tx.clone();
+            inner.on_durable(next, Box::new(move |r| tx2.send(r.is_ok()).unwrap()));
+            tx.send(true).unwrap();
+        }),
+    );
+    assert!(rx.recv_timeout(TIMEOUT).unwrap());
+    assert!(rx.recv_timeout(TIMEOUT).unwrap());
+    assert_eq!(wal.durable_lsn(), 2);
+}

@@ -1,0 +1,206 @@
+//! Recovery on open: a torn or garbage tail is cut; corruption in the middle of the log is an
+//! error naming the file and offset, and opening then changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use meta_store::fs::{FaultyFileSystem, FileSystem};
+use meta_store::{Error, Wal, WalOptions};
+
+fn opts(preallocate: bool, segment_bytes: u64) -> WalOptions {
+    WalOptions {
+        segment_bytes,
+        preallocate,
+        ..WalOptions::default()
+    }
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Writes records "record-NN" for 1..=n and closes the log.
+fn write_records(dir: &Path, o: &WalOptions, n: usize) {
+    let wal = Wal::open(dir, o.clone()).unwrap();
+    for i in 1..=n {
+        wal.append(format!("record-{i:02}").as_bytes()).unwrap();
+    }
+    wal.close().unwrap();
+}
+
+/// The offset of the header of the record whose payload is `payload`, and its file.
+fn find_record(dir: &Path, payload: &str) -> (PathBuf, u64) {
+    for path in segments(dir) {
+        let bytes = std::fs::read(&path).unwrap();
+        if let Some(pos) = bytes
+            .windows(payload.len())
+            .position(|w| w == payload.as_bytes())
+        {
+            return (path, pos as u64 - 17);
+        }
+    }
+    panic!("{payload} not found");
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+fn payloads(wal: &Wal) -> Vec<String> {
+    wal.read_range(..)
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| String::from_utf8(p).unwrap())
+        .collect()
+}
+
+#[test]
+fn garbage_after_the_last_record_is_cut() {
+    for preallocate in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(preallocate, 1 << 20);
+        write_records(dir.path(), &o, 10);
+        let (path, at) = find_record(dir.path(), "record-10");
+        let end = at + 17 + 9;
+        patch(&path, end, &[0xFF; 37]);
+
+        let wal = Wal::open(dir.path(), o.clone()).unwrap();
+        assert_eq!(wal.last_lsn(), 10);
+        assert_eq!(payloads(&wal).len(), 10);
+        // Cut physically: only zeros (preallocated space) or nothing follows the last record.
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            bytes[end as usize..].iter().all(|&b| b == 0),
+            "prealloc={preallocate}"
+        );
+        if !preallocate {
+            assert_eq!(bytes.len() as u64, end);
+        }
+        assert_eq!(wal.append(b"record-11").unwrap(), 11);
+        wal.close().unwrap();
+        let wal = Wal::open(dir.path(), o).unwrap();
+        assert_eq!(payloads(&wal).last().unwrap(), "record-11");
+    }
+}
+
+#[test]
+fn a_torn_last_record_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(true, 1 << 20);
+    write_records(dir.path(), &o, 5);
+    let (path, at) = find_record(dir.path(), "record-05");
+    // Only the first 12 bytes of the last record reached the disk.
+    patch(&path, at + 12, &[0; 14]);
+    let wal = Wal::open(dir.path(), o).unwrap();
+    assert_eq!(wal.last_lsn(), 4);
+    assert_eq!(wal.read(5).unwrap(), None);
+    assert_eq!(wal.append(b"again").unwrap(), 5);
+}
+
+fn assert_corrupt_at(result: Result<Wal, Error>, path: &Path, offset: u64) {
+    match result {
+        Err(e @ Error::Corrupt { .. }) => {
+            let Error::Corrupt {
+                path: p, offset: o, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((p.as_path(), *o), (path, offset));
+            let msg = e.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains(&offset.to_string()), "{msg}");
+        }
+        other => panic!(
+            "expected Corrupt at {}:{offset}, got {other:?}",
+            path.display()
+        ),
+    }
+}
+
+#[test]
+fn corruption_followed_by_valid_records_names_file_and_offset() {
+    for preallocate in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(preallocate, 1 << 20);
+        write_records(dir.path(), &o, 10);
+        let (path, at) = find_record(dir.path(), "record-04");
+        patch(&path, at + 20, b"X");
+        let before = std::fs::read(&path).unwrap();
+        assert_corrupt_at(Wal::open(dir.path(), o.clone()), &path, at);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "a failed open changes nothing"
+        );
+        // A damaged length field is found the same way.
+        patch(&path, at + 20, b"c");
+        patch(&path, at, &[0xEE]);
+        assert_corrupt_at(Wal::open(dir.path(), o), &path, at);
+    }
+}
+
+#[test]
+fn corruption_in_an_older_segment_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(true, 256);
+    write_records(dir.path(), &o, 40);
+    assert!(segments(dir.path()).len() > 3);
+    let (path, at) = find_record(dir.path(), "record-02");
+    assert_eq!(path, segments(dir.path())[0]);
+    patch(&path, at + 17, b"?");
+    assert_corrupt_at(Wal::open(dir.path(), o.clone()), &path, at);
+
+    // The last record of an older segment damaged so that it reads as zeros: the records are
+    // missing, which is reported too.
+    patch(&path, at + 17, b"r");
+    let (path, at) = find_record(dir.path(), "record-16");
+    let next = find_record(dir.path(), "record-17").0;
+    assert_ne!(path, next, "record-16 ends its segment");
+    patch(&path, at, &[0; 26]);
+    match Wal::open(dir.path(), o) {
+        Err(Error::Corrupt { path: p, .. }) => assert_eq!(p, path),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_torn_segment_creation_is_removed() {
+    let fs = FaultyFileSystem::new();
+    let dir = Path::new("/log");
+    let o = opts(true, 1 << 20);
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, o.clone()).unwrap();
+    wal.append(b"a").unwrap();
+    wal.close().unwrap();
+    // A crash during creation left a segment without its header.
+    let torn = dir.join(format!("{:020}.wal", 2));
+    let f = fs.create_new(&torn).unwrap();
+    f.write_all_at(b"MSWAL", 0).unwrap();
+    f.sync_all().unwrap();
+    fs.sync_dir(dir).unwrap();
+    drop(wal);
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, o).unwrap();
+    assert_eq!(wal.last_lsn(), 1);
+    assert!(fs.contents(&torn).is_none());
+    assert_eq!(wal.append(b"b").unwrap(), 2);
+}
+
+#[test]
+fn a_damaged_byte_found_on_read_is_an_error() {
+    let fs = FaultyFileSystem::new();
+    let dir = Path::new("/log");
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, WalOptions::default()).unwrap();
+    wal.append(b"hello").unwrap();
+    let seg = dir.join(format!("{:020}.wal", 1));
+    fs.damage(&seg, 24 + 17, b"J").unwrap();
+    assert!(matches!(wal.read(1), Err(Error::Corrupt { .. })));
+    assert!(matches!(wal.read_range(..), Err(Error::Corrupt { .. })));
+}

@@ -1,0 +1,389 @@
+//! Linearizable reads under faults: one sequential writer per key writes increasing numbers while
+//! readers read with `consistency=linearizable` from random nodes; the recorded history is checked
+//! for reads that return a state older than a write acknowledged before the read began.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::client::{Api, Consistency};
+use crate::cluster::Endpoints;
+use crate::seed::derived_rng;
+
+/// How a write ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Acknowledged at this time.
+    Acked(Instant),
+    /// No answer: it may take effect at any later time, or never.
+    Unknown,
+    /// Refused: it never takes effect.
+    Refused,
+}
+
+/// One write of `value` (values of a key are 1, 2, 3, ... in the order the writer issued them).
+#[derive(Clone, Debug)]
+pub struct WriteOp {
+    /// The value written.
+    pub value: u64,
+    /// When the request was sent.
+    pub start: Instant,
+    /// How it ended.
+    pub outcome: WriteOutcome,
+}
+
+/// One successful read.
+#[derive(Clone, Debug)]
+pub struct ReadOp {
+    /// The key.
+    pub key: String,
+    /// The node asked.
+    pub node: u64,
+    /// When the request was sent.
+    pub start: Instant,
+    /// When the answer arrived.
+    pub end: Instant,
+    /// The value read; 0 when the key did not exist.
+    pub value: u64,
+    /// The revision read (0 when absent).
+    pub revision: u64,
+}
+
+/// Everything recorded.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// Writes per key, in issue order.
+    pub writes: BTreeMap<String, Vec<WriteOp>>,
+    /// Successful reads.
+    pub reads: Vec<ReadOp>,
+}
+
+impl History {
+    /// Every read that no linearizable register could have returned.
+    ///
+    /// A read of value `v` is wrong when (a) `v` was never written, was refused, or was sent only
+    /// after the read ended; (b) a write acknowledged before the read began wrote a newer value while
+    /// `v`'s own write was acknowledged (or `v` is the initial absence), so `v`'s write cannot be
+    /// ordered after it; (c) a read that ended before this one began already saw a newer value, under
+    /// the same condition; (d) the same value comes with two different revisions, or revisions do
+    /// not grow with values.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut by_key: BTreeMap<&str, Vec<&ReadOp>> = BTreeMap::new();
+        for read in &self.reads {
+            by_key.entry(&read.key).or_default().push(read);
+        }
+        let empty = Vec::new();
+        for (key, reads) in by_key {
+            let writes = self.writes.get(key).unwrap_or(&empty);
+            let write = |v: u64| {
+                if v == 0 {
+                    None
+                } else {
+                    writes.get(v as usize - 1)
+                }
+            };
+            // `v` is pinned before any later acknowledged write: the initial state or an acked write.
+            let pinned = |v: u64| {
+                v == 0 || write(v).is_some_and(|w| matches!(w.outcome, WriteOutcome::Acked(_)))
+            };
+            let mut acked: Vec<(Instant, u64)> = writes
+                .iter()
+                .filter_map(|w| match w.outcome {
+                    WriteOutcome::Acked(end) => Some((end, w.value)),
+                    _ => None,
+                })
+                .collect();
+            acked.sort();
+            let newest_acked_before = |t: Instant| {
+                acked
+                    .iter()
+                    .take_while(|(end, _)| *end < t)
+                    .map(|(_, v)| *v)
+                    .max()
+                    .unwrap_or(0)
+            };
+            let mut by_end: Vec<&ReadOp> = reads.clone();
+            by_end.sort_by_key(|r| r.end);
+            let mut prefix_max = Vec::with_capacity(by_end.len());
+            let mut best = 0u64;
+            for r in &by_end {
+                best = best.max(r.value);
+                prefix_max.push(best);
+            }
+            let mut revisions: BTreeMap<u64, u64> = BTreeMap::new();
+            for read in &reads {
+                let v = read.value;
+                let at = format!(
+                    "key {key} read {v} (revision {}) from node {}",
+                    read.revision, read.node
+                );
+                if v != 0 {
+                    match write(v) {
+                        None => out.push(format!("{at}: value never written")),
+                        Some(w) if w.outcome == WriteOutcome::Refused => {
+                            out.push(format!("{at}: write was refused"))
+                        }
+                        Some(w) if w.start > read.end => {
+                            out.push(format!("{at}: written only after the read ended"))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let newer = newest_acked_before(read.start);
+                if newer > v && pinned(v) {
+                    out.push(format!(
+                        "{at}: stale, {newer} was acknowledged before the read began"
+                    ));
+                }
+                let earlier = by_end.partition_point(|r| r.end < read.start);
+                let seen = if earlier == 0 {
+                    0
+                } else {
+                    prefix_max[earlier - 1]
+                };
+                if seen > v && pinned(v) {
+                    out.push(format!("{at}: older than {seen}, read by a request that ended before this one began"));
+                }
+                if let Some(rev) = revisions.insert(v, read.revision) {
+                    if rev != read.revision {
+                        out.push(format!("{at}: also read with revision {rev}"));
+                    }
+                }
+            }
+            let mut last = (0u64, 0u64);
+            for (v, rev) in revisions {
+                if v > 0 && last.0 > 0 && rev <= last.1 {
+                    out.push(format!(
+                        "key {key}: value {v} has revision {rev}, older value {} has {}",
+                        last.0, last.1
+                    ));
+                }
+                last = (v, rev);
+            }
+        }
+        out
+    }
+}
+
+/// The running workload.
+pub struct LinearizableWorkload {
+    stopping: Arc<AtomicBool>,
+    history: Arc<Mutex<History>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl LinearizableWorkload {
+    /// Starts one writer per key (`{prefix}{n}`) and `readers` readers.
+    pub fn start(
+        endpoints: Endpoints,
+        http: reqwest::Client,
+        prefix: &str,
+        keys: usize,
+        readers: usize,
+        seed: u64,
+    ) -> LinearizableWorkload {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let history = Arc::new(Mutex::new(History::default()));
+        let keys: Vec<String> = (0..keys).map(|k| format!("{prefix}{k}")).collect();
+        let mut tasks = Vec::new();
+        for (n, key) in keys.iter().enumerate() {
+            let (endpoints, http, stopping, history) = (
+                endpoints.clone(),
+                http.clone(),
+                stopping.clone(),
+                history.clone(),
+            );
+            let key = key.clone();
+            let mut rng = derived_rng(seed, 2_000_000 + n as u64);
+            tasks.push(tokio::spawn(async move {
+                let mut value = 0u64;
+                while !stopping.load(Ordering::SeqCst) {
+                    let live = endpoints.live();
+                    if live.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    let (_, addr) = live[rng.usize(..live.len())];
+                    value += 1;
+                    let start = Instant::now();
+                    let result = Api::with_client(http.clone(), addr)
+                        .kv_put(&key, value.to_string().as_bytes(), None)
+                        .await;
+                    let outcome = match result {
+                        Ok(_) => WriteOutcome::Acked(Instant::now()),
+                        Err(err) if err.is_definite_rejection() => WriteOutcome::Refused,
+                        Err(_) => WriteOutcome::Unknown,
+                    };
+                    history
+                        .lock()
+                        .unwrap()
+                        .writes
+                        .entry(key.clone())
+                        .or_default()
+                        .push(WriteOp {
+                            value,
+                            start,
+                            outcome,
+                        });
+                    if !matches!(outcome, WriteOutcome::Acked(_)) {
+                        tokio::time::sleep(Duration::from_millis(rng.u64(20..80))).await;
+                    }
+                }
+            }));
+        }
+        for n in 0..readers {
+            let (endpoints, http, stopping, history) = (
+                endpoints.clone(),
+                http.clone(),
+                stopping.clone(),
+                history.clone(),
+            );
+            let keys = keys.clone();
+            let mut rng = derived_rng(seed, 3_000_000 + n as u64);
+            tasks.push(tokio::spawn(async move {
+                while !stopping.load(Ordering::SeqCst) {
+                    let live = endpoints.live();
+                    if live.is_empty() || keys.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    let (node, addr) = live[rng.usize(..live.len())];
+                    let key = keys[rng.usize(..keys.len())].clone();
+                    let start = Instant::now();
+                    match Api::with_client(http.clone(), addr)
+                        .kv_get(&key, Consistency::Linearizable)
+                        .await
+                    {
+                        Ok(found) => {
+                            let end = Instant::now();
+                            let (value, revision) = match found {
+                                None => (0, 0),
+                                Some((bytes, revision)) => {
+                                    let text = String::from_utf8_lossy(&bytes).into_owned();
+                                    // An unparsable value is recorded as one never written.
+                                    (text.parse().unwrap_or(u64::MAX), revision)
+                                }
+                            };
+                            history.lock().unwrap().reads.push(ReadOp {
+                                key,
+                                node,
+                                start,
+                                end,
+                                value,
+                                revision,
+                            });
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(rng.u64(20..80))).await,
+                    }
+                }
+            }));
+        }
+        LinearizableWorkload {
+            stopping,
+            history,
+            tasks,
+        }
+    }
+
+    /// Number of successful reads so far.
+    pub fn reads(&self) -> usize {
+        self.history.lock().unwrap().reads.len()
+    }
+
+    /// Stops every task and returns the history.
+    pub async fn stop(self) -> anyhow::Result<History> {
+        self.stopping.store(true, Ordering::SeqCst);
+        for task in self.tasks {
+            task.await?;
+        }
+        let history = self.history.lock().unwrap().clone();
+        Ok(history)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    fn history(
+        base: Instant,
+        writes: &[(u64, u64, Option<u64>)],
+        reads: &[(u64, u64, u64, u64)],
+    ) -> History {
+        let mut h = History::default();
+        for (value, start, end) in writes {
+            let outcome = match end {
+                Some(end) => WriteOutcome::Acked(at(base, *end)),
+                None => WriteOutcome::Unknown,
+            };
+            h.writes.entry("k".into()).or_default().push(WriteOp {
+                value: *value,
+                start: at(base, *start),
+                outcome,
+            });
+        }
+        for (start, end, value, revision) in reads {
+            h.reads.push(ReadOp {
+                key: "k".into(),
+                node: 1,
+                start: at(base, *start),
+                end: at(base, *end),
+                value: *value,
+                revision: *revision,
+            });
+        }
+        h
+    }
+
+    #[test]
+    fn accepts_a_correct_history() {
+        let base = Instant::now();
+        let h = history(
+            base,
+            &[(1, 0, Some(10)), (2, 20, Some(30))],
+            &[(5, 8, 0, 0), (12, 15, 1, 3), (25, 40, 2, 5)],
+        );
+        assert!(h.violations().is_empty(), "{:?}", h.violations());
+    }
+
+    #[test]
+    fn reports_a_read_older_than_an_acknowledged_write() {
+        let base = Instant::now();
+        let h = history(
+            base,
+            &[(1, 0, Some(10)), (2, 20, Some(30))],
+            &[(35, 40, 1, 3)],
+        );
+        assert_eq!(h.violations().len(), 1, "{:?}", h.violations());
+        let h = history(base, &[(1, 0, Some(10))], &[(15, 20, 0, 0)]);
+        assert_eq!(h.violations().len(), 1, "{:?}", h.violations());
+    }
+
+    #[test]
+    fn allows_an_unanswered_write_to_take_effect_late() {
+        let base = Instant::now();
+        let h = history(base, &[(1, 0, None), (2, 20, Some(30))], &[(35, 40, 1, 9)]);
+        assert!(h.violations().is_empty(), "{:?}", h.violations());
+    }
+
+    #[test]
+    fn reports_reads_from_the_future_and_going_back() {
+        let base = Instant::now();
+        let h = history(base, &[(1, 50, Some(60))], &[(10, 20, 1, 3)]);
+        assert!(!h.violations().is_empty());
+        let h = history(
+            base,
+            &[(1, 0, Some(10)), (2, 20, None)],
+            &[(25, 30, 2, 5), (35, 40, 1, 3)],
+        );
+        assert_eq!(h.violations().len(), 1, "{:?}", h.violations());
+    }
+}

@@ -1,0 +1,231 @@
+//! A TCP proxy in front of one node, through which every other node reaches it. It learns which node
+//! opened each connection (see [`crate::socket_owner`]) so a test can cut single directed links:
+//! a partition needs no test-only code in the server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+
+use crate::socket_owner::{pid_holding_socket, socket_inode};
+
+/// Node ids of the cluster's processes by pid, shared by all proxies of a cluster.
+#[derive(Clone, Default)]
+pub struct PidTable(Arc<Mutex<BTreeMap<u32, u64>>>);
+
+impl PidTable {
+    /// Records that `pid` is node `node`.
+    pub fn insert(&self, pid: u32, node: u64) {
+        self.0.lock().unwrap().insert(pid, node);
+    }
+
+    /// Forgets `pid`.
+    pub fn remove(&self, pid: u32) {
+        self.0.lock().unwrap().remove(&pid);
+    }
+
+    fn snapshot(&self) -> Vec<(u32, u64)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(p, n)| (*p, *n))
+            .collect()
+    }
+}
+
+struct Shared {
+    to: u64,
+    target: Mutex<Option<SocketAddr>>,
+    blocked: Mutex<BTreeSet<u64>>,
+    conns: Mutex<Vec<(Option<u64>, AbortHandle)>>,
+    pids: PidTable,
+}
+
+/// The proxy for connections *to* one node.
+pub struct LinkProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl LinkProxy {
+    /// Binds a proxy for node `to` on an ephemeral loopback port. It forwards nothing until
+    /// [`LinkProxy::set_target`] names the node's real address.
+    pub async fn bind(to: u64, pids: PidTable) -> anyhow::Result<LinkProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            to,
+            target: Mutex::new(None),
+            blocked: Mutex::new(BTreeSet::new()),
+            conns: Mutex::new(Vec::new()),
+            pids,
+        });
+        let accept = tokio::spawn(accept_loop(listener, addr, shared.clone()));
+        Ok(LinkProxy {
+            addr,
+            shared,
+            accept,
+        })
+    }
+
+    /// The address the other nodes use for this node.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where connections are forwarded; `None` while the node is down (connections are closed).
+    pub fn set_target(&self, target: Option<SocketAddr>) {
+        *self.shared.target.lock().unwrap() = target;
+        if target.is_none() {
+            self.abort_where(|_| true);
+        }
+    }
+
+    /// Cuts the link from node `from` to this node: open connections are dropped, new ones closed.
+    pub fn block(&self, from: u64) {
+        self.shared.blocked.lock().unwrap().insert(from);
+        self.abort_where(|source| source == Some(from));
+    }
+
+    /// Restores every link to this node.
+    pub fn unblock_all(&self) {
+        self.shared.blocked.lock().unwrap().clear();
+    }
+
+    fn abort_where(&self, pred: impl Fn(Option<u64>) -> bool) {
+        let mut conns = self.shared.conns.lock().unwrap();
+        conns.retain(|(source, handle)| {
+            if pred(*source) {
+                handle.abort();
+                false
+            } else {
+                !handle.is_finished()
+            }
+        });
+    }
+}
+
+impl Drop for LinkProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.abort_where(|_| true);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let shared2 = shared.clone();
+        tokio::spawn(async move {
+            let source = identify(&shared2.pids, peer, local).await;
+            let target = *shared2.target.lock().unwrap();
+            let Some(target) = target else { return };
+            if let Some(node) = source {
+                if shared2.blocked.lock().unwrap().contains(&node) {
+                    return;
+                }
+            } else {
+                eprintln!(
+                    "proxy to node {}: could not tell which node opened {peer}; not subject to partitions",
+                    shared2.to
+                );
+            }
+            let task = tokio::spawn(pipe(stream, target));
+            let mut conns = shared2.conns.lock().unwrap();
+            conns.retain(|(_, handle)| !handle.is_finished());
+            // A cut that raced with this connection's setup still applies to it.
+            let blocked =
+                source.is_some_and(|node| shared2.blocked.lock().unwrap().contains(&node));
+            if blocked || shared2.target.lock().unwrap().is_none() {
+                task.abort();
+            } else {
+                conns.push((source, task.abort_handle()));
+            }
+        });
+    }
+}
+
+async fn pipe(mut client: TcpStream, target: SocketAddr) {
+    let Ok(mut server) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+}
+
+async fn identify(pids: &PidTable, peer: SocketAddr, local: SocketAddr) -> Option<u64> {
+    let table = pids.snapshot();
+    tokio::task::spawn_blocking(move || {
+        let inode = socket_inode(peer, local)?;
+        let pid_list: Vec<u32> = table.iter().map(|(pid, _)| *pid).collect();
+        let pid = pid_holding_socket(&pid_list, inode)?;
+        table.iter().find(|(p, _)| *p == pid).map(|(_, node)| *node)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = stream.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        stream.read_exact(&mut buf).await?;
+        Ok(buf.to_vec())
+    }
+
+    #[tokio::test]
+    async fn forwards_and_cuts_by_source_process() {
+        let pids = PidTable::default();
+        pids.insert(std::process::id(), 7);
+        let proxy = LinkProxy::bind(1, pids).await.unwrap();
+        proxy.set_target(Some(echo_server().await));
+        assert_eq!(round_trip(proxy.addr()).await.unwrap(), b"ping");
+
+        // An open connection from node 7 is dropped when its link is cut.
+        let mut open = TcpStream::connect(proxy.addr()).await.unwrap();
+        open.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        open.read_exact(&mut buf).await.unwrap();
+        proxy.block(7);
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            open.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        assert!(round_trip(proxy.addr()).await.is_err());
+
+        proxy.unblock_all();
+        assert_eq!(round_trip(proxy.addr()).await.unwrap(), b"ping");
+        proxy.set_target(None);
+        assert!(round_trip(proxy.addr()).await.is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! Scenario 5: a follower is stopped, more than 100,000 replicas are registered, a snapshot is forced
+//! so the leader purges its log, and the follower restarts while registrations continue: it installs
+//! the snapshot (at a low snapshot rate, so the transfer takes a few seconds) and catches up by log.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use meta_tests::scenario::within;
+use meta_tests::{poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+
+const STEP: Duration = Duration::from_secs(90);
+
+/// The server keeps this many log entries behind a snapshot; the scenario needs them purged.
+const KEEP_LOG: &str = "0";
+
+async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
+    let all = cluster.ids();
+    let leader = cluster.wait_leader(&all, STEP).await?.id;
+    let follower = *all.iter().find(|id| **id != leader).expect("a follower");
+    cluster.stop(follower).await?;
+    let started_at = cluster.status(leader).await?.applied;
+
+    // 4 datanodes x 6 batches x 4,500 shards = 108,000 replicas.
+    let model = Arc::new(Mutex::new(Model::default()));
+    let bulk = StormConfig {
+        datanodes: (101..=104).collect(),
+        batch: 4_500,
+        batches_per_datanode: Some(6),
+        kv_writers: 0,
+        kv_prefix: String::from("bulk/"),
+    };
+    let load = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        bulk,
+        seed,
+    );
+    load.wait_finished(STEP).await?;
+    load.stop().await?;
+    let registered = model.lock().unwrap().acked().1;
+    anyhow::ensure!(
+        registered > 100_000,
+        "only {registered} replicas acknowledged"
+    );
+
+    let leader_api = cluster.api(leader)?;
+    let (index, bytes) = leader_api.snapshot_now().await?;
+    let status = cluster.status(leader).await?;
+    eprintln!(
+        "snapshot at index {index}, {bytes} bytes; leader purged up to {:?}, the follower stopped at {started_at}",
+        status.purged
+    );
+
+    // About four seconds of transfer at the follower's snapshot rate.
+    let rate = (bytes / 4).max(64 * 1024);
+    leader_api.set_snapshot_rate(rate).await?;
+    let storm = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        StormConfig::default(),
+        seed,
+    );
+    storm.wait_progress(500, STEP).await?;
+    let restarted = Instant::now();
+    let env = [(
+        String::from("METASERVER_SNAPSHOT_MAX_BYTES_PER_SEC"),
+        rate.to_string(),
+    )];
+    cluster.start_node(follower, &env).await?;
+    let installed = poll_until("the follower to install the snapshot", STEP, || async {
+        let status = cluster.status(follower).await?;
+        match status.snapshot_index {
+            Some(at) if at >= index => Ok(Some(at)),
+            other => anyhow::bail!("snapshot {other:?}, applied {}", status.applied),
+        }
+    })
+    .await?;
+    eprintln!(
+        "follower installed the snapshot at {installed} after {:?} ({rate} bytes/s)",
+        restarted.elapsed()
+    );
+    storm.wait_progress(1_000, STEP).await?;
+
+    let model = storm.stop().await?.lock().unwrap().clone();
+    cluster.assert_converged(&all, &model, "storm/").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_behind_follower_installs_snapshot_then_catches_up() {
+    let seed = test_seed("far_behind_follower");
+    let config = ClusterConfig {
+        env: vec![(
+            String::from("METASERVER_MAX_IN_SNAPSHOT_LOG_TO_KEEP"),
+            String::from(KEEP_LOG),
+        )],
+        ..ClusterConfig::default()
+    };
+    let mut cluster = Cluster::start("far-behind", config)
+        .await
+        .expect("start the cluster");
+    within(
+        "far_behind_follower",
+        Duration::from_secs(300),
+        scenario(&mut cluster, seed),
+    )
+    .await;
+}

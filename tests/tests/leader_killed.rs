@@ -1,0 +1,57 @@
+//! Scenario 1: the leader is killed (SIGKILL) in the middle of a registration storm; a new leader is
+//! elected, registrations continue, the killed node restarts and catches up, and every node holds
+//! every acknowledged replica exactly once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meta_tests::scenario::within;
+use meta_tests::{test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+
+const STEP: Duration = Duration::from_secs(60);
+
+async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
+    let model = Arc::new(Mutex::new(Model::default()));
+    let storm = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        StormConfig::default(),
+        seed,
+    );
+    storm.wait_progress(2_000, STEP).await?;
+
+    let all = cluster.ids();
+    let old = cluster.wait_leader(&all, STEP).await?;
+    cluster.kill(old.id);
+    let rest: Vec<u64> = all.iter().copied().filter(|id| *id != old.id).collect();
+    let new = cluster.wait_leader(&rest, STEP).await?;
+    anyhow::ensure!(
+        new.id != old.id && new.term > old.term,
+        "no new leader: {new:?}"
+    );
+    eprintln!(
+        "leader {} killed at term {}; node {} leads at term {}",
+        old.id, old.term, new.id, new.term
+    );
+    storm.wait_progress(2_000, STEP).await?;
+
+    cluster.start_node(old.id, &[]).await?;
+    storm.wait_progress(1_000, STEP).await?;
+    let model = storm.stop().await?.lock().unwrap().clone();
+    cluster.assert_converged(&all, &model, "storm/").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_mid_storm() {
+    let seed = test_seed("leader_killed_mid_storm");
+    let mut cluster = Cluster::start("leader-killed", ClusterConfig::default())
+        .await
+        .expect("start the cluster");
+    within(
+        "leader_killed_mid_storm",
+        Duration::from_secs(240),
+        scenario(&mut cluster, seed),
+    )
+    .await;
+}

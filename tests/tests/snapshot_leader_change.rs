@@ -1,0 +1,136 @@
+//! Scenario 6: the leader is killed while a far-behind follower is installing a snapshot from it.
+//! The remaining node becomes leader, the follower still ends up with the whole registry (by a new
+//! snapshot or by log), and after the old leader restarts every node equals the model.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meta_tests::scenario::within;
+use meta_tests::{poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+
+const STEP: Duration = Duration::from_secs(90);
+
+async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
+    let all = cluster.ids();
+    let leader = cluster.wait_leader(&all, STEP).await?.id;
+    let follower = *all.iter().find(|id| **id != leader).expect("a follower");
+    let other = *all
+        .iter()
+        .find(|id| **id != leader && **id != follower)
+        .expect("a third node");
+    cluster.stop(follower).await?;
+
+    // 4 datanodes x 5 batches x 3,000 shards = 60,000 replicas.
+    let model = Arc::new(Mutex::new(Model::default()));
+    let bulk = StormConfig {
+        datanodes: (201..=204).collect(),
+        batch: 3_000,
+        batches_per_datanode: Some(5),
+        kv_writers: 0,
+        kv_prefix: String::from("bulk/"),
+    };
+    let load = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        bulk,
+        seed,
+    );
+    load.wait_finished(STEP).await?;
+    load.stop().await?;
+
+    // Both remaining nodes snapshot and purge, so whichever leads must send a snapshot.
+    cluster.wait_caught_up(&[leader, other], STEP).await?;
+    let mut bytes = 0;
+    let mut snapshot_index = u64::MAX;
+    for id in [leader, other] {
+        let (index, size) = cluster.api(id)?.snapshot_now().await?;
+        bytes = bytes.max(size);
+        snapshot_index = snapshot_index.min(index);
+        eprintln!("node {id}: snapshot at index {index}, {size} bytes");
+    }
+    // About eight seconds per transfer.
+    let rate = (bytes / 8).max(32 * 1024);
+    for id in [leader, other] {
+        cluster.api(id)?.set_snapshot_rate(rate).await?;
+    }
+
+    let storm = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        StormConfig::default(),
+        seed,
+    );
+    storm.wait_progress(500, STEP).await?;
+    let env = [(
+        String::from("METASERVER_SNAPSHOT_MAX_BYTES_PER_SEC"),
+        rate.to_string(),
+    )];
+    cluster.start_node(follower, &env).await?;
+    let data_dir = cluster.data_dir(follower);
+    poll_until(
+        "the follower to start receiving a snapshot",
+        STEP,
+        || async {
+            let status = cluster.status(follower).await?;
+            anyhow::ensure!(
+                status.snapshot_index.is_none_or(|at| at < snapshot_index),
+                "the follower installed the snapshot before it was seen arriving"
+            );
+            Ok(receiving_snapshot(&data_dir).then_some(()))
+        },
+    )
+    .await?;
+    cluster.kill(leader);
+    eprintln!("leader {leader} killed while node {follower} receives its snapshot");
+
+    let new = cluster.wait_leader(&[other, follower], STEP).await?;
+    anyhow::ensure!(new.id == other, "node {} leads, expected {other}", new.id);
+    storm.wait_progress(1_000, STEP).await?;
+    cluster.wait_caught_up(&[other, follower], STEP).await?;
+
+    cluster.start_node(leader, &[]).await?;
+    storm.wait_progress(500, STEP).await?;
+    let model = storm.stop().await?.lock().unwrap().clone();
+    cluster.assert_converged(&all, &model, "storm/").await
+}
+
+/// Whether a snapshot is arriving: a non-empty file whose path mentions `incoming` in the data dir
+/// (where the server streams a snapshot before it verifies and installs it).
+fn receiving_snapshot(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let path = entry.path();
+        if path.is_dir() {
+            receiving_snapshot(&path)
+        } else {
+            path.to_string_lossy().contains("incoming")
+                && entry.metadata().is_ok_and(|m| m.len() > 0)
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_change_during_snapshot_install() {
+    let seed = test_seed("leader_change_during_snapshot_install");
+    let config = ClusterConfig {
+        env: vec![(
+            String::from("METASERVER_MAX_IN_SNAPSHOT_LOG_TO_KEEP"),
+            String::from("0"),
+        )],
+        ..ClusterConfig::default()
+    };
+    let mut cluster = Cluster::start("snapshot-leader-change", config)
+        .await
+        .expect("start the cluster");
+    within(
+        "leader_change_during_snapshot_install",
+        Duration::from_secs(300),
+        scenario(&mut cluster, seed),
+    )
+    .await;
+}
