@@ -2,7 +2,7 @@
 //! release processes on loopback, driven through the HTTP API v1 that datanodes use.
 //!
 //! Two workloads, each in two arms (`shared` and `own` WAL barriers, set through the server's
-//! `METASERVER_WAL_BARRIER`), interleaved A B A B with a fresh cluster for every run:
+//! `--barrier` setting), interleaved A B A B with a fresh cluster for every run:
 //! single-shard writes at several client counts, and the restart storm (every datanode registers all
 //! its shards at once while admin reads run). Prints markdown tables and writes
 //! `target/bench/storm.json` and `target/bench/storm.svg`.

@@ -4,8 +4,8 @@
 //!
 //! The disk is shared with other work and its fsync latency swings widely over seconds, so the
 //! arms of one point are interleaved in short slices (A B A B ..., each arm keeping its own open
-//! log) until every arm has run `--seconds`; rates are total appends over total measured time,
-//! and the table also gives the median of the per-slice A/B ratios.
+//! log) until every arm has run `--seconds`. A rate is the median of the arm's per-slice rates;
+//! for arms of the same point the median of the paired per-slice ratios is given too.
 //!
 //! `meta-bench wal [--seconds S] [--slice S] [--writers 1,4,16,64] [--dir DIR]`; the seconds can
 //! also come from `WAL_BENCH_SECONDS`. Writes `target/bench/wal.json` and
@@ -213,8 +213,9 @@ impl Totals {
         self.latencies_ms.extend(s.latencies_ms);
     }
 
+    /// Appends per second: the median over the slices, which is robust to the disk's slow spells.
     fn rate(&self) -> f64 {
-        self.appends as f64 / self.seconds.max(1e-9)
+        report::median(&self.slice_rates)
     }
 
     fn per_barrier(&self) -> f64 {

@@ -18,7 +18,7 @@ async fn probe() {
         let shards: Vec<ShardReport> = (0..1000).map(|s| ShardReport { id: round * 1000 + s, generation: 1, size: 1 }).collect();
         let e = mk(2 + round, Command::RegisterShards { datanode: 1, epoch: 1, shards });
         let t = Instant::now();
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        use openraft::type_config::TypeConfigExt; let (tx, rx) = TypeConfig::oneshot();
         log.append(vec![e.clone()], IOFlushed::signal(tx)).await.unwrap();
         let t_append = t.elapsed();
         rx.await.unwrap().unwrap();

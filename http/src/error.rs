@@ -32,7 +32,9 @@ pub enum ApiError {
     #[error("method not allowed for this path")]
     MethodNotAllowed,
     /// A shard batch carried an epoch that is not the datanode's current one (409).
-    #[error("datanode {datanode}: batch epoch {epoch} is fenced, the current epoch is {current_epoch}")]
+    #[error(
+        "datanode {datanode}: batch epoch {epoch} is fenced, the current epoch is {current_epoch}"
+    )]
     Fenced {
         /// The datanode the batch was for.
         datanode: u64,
@@ -164,8 +166,12 @@ impl From<meta_consensus::Error> for ApiError {
                 leader_id,
                 addr: leader_addr,
             },
-            E::NoLeader => ApiError::NoLeader("no leader is known (election running or no quorum)".into()),
-            E::Timeout => ApiError::Timeout("the request could not complete in time; a write may still commit".into()),
+            E::NoLeader => {
+                ApiError::NoLeader("no leader is known (election running or no quorum)".into())
+            }
+            E::Timeout => ApiError::Timeout(
+                "the request could not complete in time; a write may still commit".into(),
+            ),
             E::OutcomeUnknown(m) => ApiError::OutcomeUnknown(m),
             E::AlreadyInitialized => ApiError::AlreadyInitialized,
             E::NotFound(m) => ApiError::NotFound(m),
@@ -254,7 +260,11 @@ mod tests {
     #[test]
     fn every_variant_has_a_distinct_status_and_code() {
         let cases = [
-            (ApiError::invalid("malformed_json", "x"), 400, "malformed_json"),
+            (
+                ApiError::invalid("malformed_json", "x"),
+                400,
+                "malformed_json",
+            ),
             (ApiError::Unauthorized, 401, "unauthorized"),
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
@@ -268,7 +278,11 @@ mod tests {
                 "fenced",
             ),
             (ApiError::AlreadyInitialized, 409, "already_initialized"),
-            (ApiError::too_large("batch_too_large", "x"), 413, "batch_too_large"),
+            (
+                ApiError::too_large("batch_too_large", "x"),
+                413,
+                "batch_too_large",
+            ),
             (ApiError::NoLeader("x".into()), 503, "no_leader"),
             (ApiError::Timeout("x".into()), 504, "timeout"),
             (ApiError::OutcomeUnknown("x".into()), 504, "outcome_unknown"),

@@ -35,14 +35,16 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice::<ObjectOnly<T>>(bytes)
         .map(|o| o.0)
         .map_err(|e| {
-        use serde_json::error::Category;
-        match e.classify() {
-            Category::Data => ApiError::invalid("invalid_body", format!("invalid request body: {e}")),
-            Category::Syntax | Category::Eof | Category::Io => {
-                ApiError::invalid("malformed_json", format!("malformed JSON: {e}"))
+            use serde_json::error::Category;
+            match e.classify() {
+                Category::Data => {
+                    ApiError::invalid("invalid_body", format!("invalid request body: {e}"))
+                }
+                Category::Syntax | Category::Eof | Category::Io => {
+                    ApiError::invalid("malformed_json", format!("malformed JSON: {e}"))
+                }
             }
-        }
-    })
+        })
 }
 
 /// Maps a failure to buffer a body: too large is 413 `body_too_large`, anything else 400.
@@ -56,7 +58,10 @@ pub fn body_error(status: axum::http::StatusCode, text: String) -> ApiError {
             ),
         )
     } else {
-        ApiError::invalid("bad_body", format!("could not read the request body: {text}"))
+        ApiError::invalid(
+            "bad_body",
+            format!("could not read the request body: {text}"),
+        )
     }
 }
 
@@ -113,10 +118,7 @@ where
             .map_err(|rejection| {
                 ApiError::invalid(
                     "invalid_query",
-                    format!(
-                        "invalid query string {query:?}: {}",
-                        rejection.body_text()
-                    ),
+                    format!("invalid query string {query:?}: {}", rejection.body_text()),
                 )
             })
     }

@@ -150,9 +150,7 @@ pub async fn forward_to_leader(
         headers: parts.headers.clone(),
         body: body.clone(),
     };
-    let response = next
-        .run(Request::from_parts(parts, Body::from(body)))
-        .await;
+    let response = next.run(Request::from_parts(parts, Body::from(body))).await;
     let Some(target) = response.extensions().get::<ForwardTo>().cloned() else {
         return response;
     };

@@ -179,7 +179,10 @@ mod tests {
         assert!(text.contains(
             "metaserver_http_requests_total{route=\"/v1/shards/{id}\",method=\"GET\",status=\"200\"} 2"
         ), "{text}");
-        assert!(text.contains("metaserver_http_request_duration_seconds_bucket"), "{text}");
+        assert!(
+            text.contains("metaserver_http_request_duration_seconds_bucket"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -106,7 +106,12 @@ impl HttpConnection {
 
     /// Maps a failed exchange: no connection is `Unreachable` (openraft backs off), an
     /// expired deadline is `Timeout`, anything else a `NetworkError`.
-    fn rpc_error(&self, action: RPCTypes, timeout: Duration, e: reqwest::Error) -> RPCError<TypeConfig> {
+    fn rpc_error(
+        &self,
+        action: RPCTypes,
+        timeout: Duration,
+        e: reqwest::Error,
+    ) -> RPCError<TypeConfig> {
         if e.is_timeout() {
             RPCError::Timeout(Timeout {
                 action,
@@ -141,9 +146,8 @@ impl HttpConnection {
                 self.target
             )));
         }
-        let result: RemoteResult<T> = codec::decode(body).map_err(|e| {
-            RemoteFailure::Network(format!("node {}: {e}", self.target))
-        })?;
+        let result: RemoteResult<T> = codec::decode(body)
+            .map_err(|e| RemoteFailure::Network(format!("node {}: {e}", self.target)))?;
         result.map_err(|message| {
             RemoteFailure::Unreachable(format!("node {}: {message}", self.target))
         })
@@ -246,8 +250,10 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             bytes = snapshot.snapshot.payload_bytes(),
             "streaming snapshot"
         );
-        let stream = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(prefix.into()) })
-            .chain(tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024));
+        let stream =
+            futures::stream::once(async move { Ok::<Bytes, std::io::Error>(prefix.into()) }).chain(
+                tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024),
+            );
         // No timeout: a large snapshot takes as long as it takes; openraft cancels it when
         // replication to this peer stops (leadership lost, peer removed).
         let exchange = async {
@@ -277,7 +283,12 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(PATH_TRANSFER_LEADER, RPCTypes::TransferLeader, &req, &option)
-            .await
+        self.call(
+            PATH_TRANSFER_LEADER,
+            RPCTypes::TransferLeader,
+            &req,
+            &option,
+        )
+        .await
     }
 }

@@ -72,9 +72,24 @@ fn count(v: u64) -> i64 {
 /// Encodes `status`; a separate function so tests can feed a status directly.
 fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt::Result {
     let wal = &status.wal;
-    counter(&mut enc, "metaserver_wal_appends", "WAL records appended", wal.appends)?;
-    counter(&mut enc, "metaserver_wal_bytes", "WAL bytes written by appends", wal.bytes)?;
-    counter(&mut enc, "metaserver_wal_barriers", "WAL fsync barriers completed", wal.barriers)?;
+    counter(
+        &mut enc,
+        "metaserver_wal_appends",
+        "WAL records appended",
+        wal.appends,
+    )?;
+    counter(
+        &mut enc,
+        "metaserver_wal_bytes",
+        "WAL bytes written by appends",
+        wal.bytes,
+    )?;
+    counter(
+        &mut enc,
+        "metaserver_wal_barriers",
+        "WAL fsync barriers completed",
+        wal.barriers,
+    )?;
     counter(
         &mut enc,
         "metaserver_wal_records_synced",
@@ -94,7 +109,14 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         .copied()
         .zip(latency.counts.iter().copied())
         .collect();
-    buckets.push((f64::MAX, latency.counts.get(latency.bounds_seconds.len()).copied().unwrap_or(0)));
+    buckets.push((
+        f64::MAX,
+        latency
+            .counts
+            .get(latency.bounds_seconds.len())
+            .copied()
+            .unwrap_or(0),
+    ));
     let histogram = BucketHistogram {
         sum: latency.sum_seconds,
         count: latency.count,
@@ -107,7 +129,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         histogram.metric_type(),
     )?)?;
 
-    gauge(&mut enc, "metaserver_raft_term", "Current Raft term", count(status.term))?;
+    gauge(
+        &mut enc,
+        "metaserver_raft_term",
+        "Current Raft term",
+        count(status.term),
+    )?;
     gauge(
         &mut enc,
         "metaserver_raft_leader",
@@ -158,7 +185,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     }
 
     let sm = &status.state_machine;
-    counter(&mut enc, "metaserver_snapshot_builds", "Snapshots built", sm.snapshot_builds)?;
+    counter(
+        &mut enc,
+        "metaserver_snapshot_builds",
+        "Snapshots built",
+        sm.snapshot_builds,
+    )?;
     counter(
         &mut enc,
         "metaserver_snapshot_build_bytes",
@@ -216,7 +248,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         count(sm.apply_max_micros),
     )?;
 
-    gauge(&mut enc, "metaserver_registry_datanodes", "Registered datanodes", count(status.datanodes))?;
+    gauge(
+        &mut enc,
+        "metaserver_registry_datanodes",
+        "Registered datanodes",
+        count(status.datanodes),
+    )?;
     gauge(
         &mut enc,
         "metaserver_registry_replicas",

@@ -68,11 +68,7 @@ pub fn encode_snapshot_prefix(vote: &Vote) -> std::io::Result<Vec<u8>> {
 
 fn reply<T: Serialize>(result: RemoteResult<T>) -> Response {
     match codec::encode(&result) {
-        Ok(bytes) => (
-            [(header::CONTENT_TYPE, "application/octet-stream")],
-            bytes,
-        )
-            .into_response(),
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
         Err(e) => ApiError::Internal(format!("encoding a Raft response: {e}")).into_response(),
     }
 }
@@ -86,7 +82,12 @@ async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
-    reply(node.raft().append_entries(rpc).await.map_err(|e| e.to_string()))
+    reply(
+        node.raft()
+            .append_entries(rpc)
+            .await
+            .map_err(|e| e.to_string()),
+    )
 }
 
 async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {

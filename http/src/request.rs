@@ -211,9 +211,7 @@ pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
         None => Ok(None),
         Some(cursor) if cursor.is_empty() => Ok(None),
         Some(cursor) => {
-            if cursor.len() > MAX_CURSOR_BYTES
-                || !cursor.bytes().all(|b| b.is_ascii_graphic())
-            {
+            if cursor.len() > MAX_CURSOR_BYTES || !cursor.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(invalid_cursor(&cursor));
             }
             Ok(Some(cursor))
@@ -424,12 +422,18 @@ mod tests {
 
     #[test]
     fn consistency_values() {
-        assert_eq!(parse_consistency(None).unwrap(), ReadConsistency::Linearizable);
+        assert_eq!(
+            parse_consistency(None).unwrap(),
+            ReadConsistency::Linearizable
+        );
         assert_eq!(
             parse_consistency(Some("linearizable")).unwrap(),
             ReadConsistency::Linearizable
         );
-        assert_eq!(parse_consistency(Some("local")).unwrap(), ReadConsistency::Local);
+        assert_eq!(
+            parse_consistency(Some("local")).unwrap(),
+            ReadConsistency::Local
+        );
         for bad in ["", "LOCAL", "stale", "local "] {
             assert_eq!(
                 parse_consistency(Some(bad)).unwrap_err().code(),
@@ -444,8 +448,14 @@ mod tests {
         assert_eq!(parse_limit(Some(1)).unwrap(), 1);
         assert_eq!(parse_limit(Some(10_000)).unwrap(), 10_000);
         assert_eq!(parse_limit(Some(0)).unwrap_err().code(), "invalid_limit");
-        assert_eq!(parse_limit(Some(10_001)).unwrap_err().code(), "invalid_limit");
-        assert_eq!(parse_limit(Some(u64::MAX)).unwrap_err().code(), "invalid_limit");
+        assert_eq!(
+            parse_limit(Some(10_001)).unwrap_err().code(),
+            "invalid_limit"
+        );
+        assert_eq!(
+            parse_limit(Some(u64::MAX)).unwrap_err().code(),
+            "invalid_limit"
+        );
     }
 
     #[test]
@@ -453,7 +463,9 @@ mod tests {
         assert_eq!(parse_cursor(None).unwrap(), None);
         assert_eq!(parse_cursor(Some(String::new())).unwrap(), None);
         assert_eq!(
-            parse_cursor(Some("00000000000000ff".into())).unwrap().as_deref(),
+            parse_cursor(Some("00000000000000ff".into()))
+                .unwrap()
+                .as_deref(),
             Some("00000000000000ff")
         );
         assert_eq!(
@@ -461,7 +473,9 @@ mod tests {
             "invalid_cursor"
         );
         assert_eq!(
-            parse_cursor(Some("x".repeat(MAX_CURSOR_BYTES + 1))).unwrap_err().code(),
+            parse_cursor(Some("x".repeat(MAX_CURSOR_BYTES + 1)))
+                .unwrap_err()
+                .code(),
             "invalid_cursor"
         );
         assert_eq!(
@@ -477,20 +491,29 @@ mod tests {
         assert!(validate_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
         assert_eq!(validate_key("").unwrap_err().code(), "invalid_key");
         assert_eq!(
-            validate_key(&"k".repeat(MAX_KEY_BYTES + 1)).unwrap_err().code(),
+            validate_key(&"k".repeat(MAX_KEY_BYTES + 1))
+                .unwrap_err()
+                .code(),
             "invalid_key"
         );
         assert_eq!(validate_key("a\nb").unwrap_err().code(), "invalid_key");
         assert!(validate_value(&vec![0; MAX_VALUE_BYTES]).is_ok());
         assert_eq!(
-            validate_value(&vec![0; MAX_VALUE_BYTES + 1]).unwrap_err().code(),
+            validate_value(&vec![0; MAX_VALUE_BYTES + 1])
+                .unwrap_err()
+                .code(),
             "value_too_large"
         );
     }
 
     #[test]
     fn addresses() {
-        for good in ["127.0.0.1:7101", "localhost:1", "dn-7.example:65535", "[::1]:80"] {
+        for good in [
+            "127.0.0.1:7101",
+            "localhost:1",
+            "dn-7.example:65535",
+            "[::1]:80",
+        ] {
             assert!(validate_addr(good).is_ok(), "{good}");
         }
         for bad in [
@@ -504,10 +527,16 @@ mod tests {
             "a b:80",
             "http://x:80",
         ] {
-            assert_eq!(validate_addr(bad).unwrap_err().code(), "invalid_addr", "{bad}");
+            assert_eq!(
+                validate_addr(bad).unwrap_err().code(),
+                "invalid_addr",
+                "{bad}"
+            );
         }
         assert_eq!(
-            validate_addr(&format!("{}:80", "h".repeat(300))).unwrap_err().code(),
+            validate_addr(&format!("{}:80", "h".repeat(300)))
+                .unwrap_err()
+                .code(),
             "invalid_addr"
         );
     }
@@ -523,21 +552,25 @@ mod tests {
         assert!(batch(vec![shard(1)]).validate().is_ok());
         assert!(batch((0..10_000).map(shard).collect()).validate().is_ok());
         assert_eq!(batch(vec![]).validate().unwrap_err().code(), "empty_batch");
-        let too_many = batch((0..10_001).map(shard).collect()).validate().unwrap_err();
+        let too_many = batch((0..10_001).map(shard).collect())
+            .validate()
+            .unwrap_err();
         assert_eq!(too_many.code(), "batch_too_large");
         assert_eq!(too_many.status().as_u16(), 413);
         assert_eq!(
-            batch(vec![shard(1), shard(1)]).validate().unwrap_err().code(),
+            batch(vec![shard(1), shard(1)])
+                .validate()
+                .unwrap_err()
+                .code(),
             "duplicate_shard"
         );
     }
 
     #[test]
     fn shards_must_be_objects() {
-        let ok: ObjectOnly<RegisterShardsBody> = serde_json::from_str(
-            r#"{"epoch":3,"shards":[{"id":1,"generation":2,"size":3}]}"#,
-        )
-        .unwrap();
+        let ok: ObjectOnly<RegisterShardsBody> =
+            serde_json::from_str(r#"{"epoch":3,"shards":[{"id":1,"generation":2,"size":3}]}"#)
+                .unwrap();
         assert_eq!(ok.0.shards[0].size, 3);
         for bad in [
             r#"{"epoch":3,"shards":[[1,2,3]]}"#,

@@ -36,7 +36,10 @@ fn v1_routes(state: &AppState) -> Router<AppState> {
         .route("/v1/shards", get(shards::list))
         .route("/v1/shards/{id}", get(shards::get))
         .route("/v1/kv", get(kv::list))
-        .route("/v1/kv/{*key}", put(kv::put).get(kv::get).delete(kv::delete))
+        .route(
+            "/v1/kv/{*key}",
+            put(kv::put).get(kv::get).delete(kv::delete),
+        )
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/learners", post(cluster::add_learner))

@@ -151,12 +151,10 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
 
 /// The first child that has exited, if any.
 fn exited(nodes: &mut [NodeProcess]) -> Option<(u64, ExitStatus)> {
-    nodes
-        .iter_mut()
-        .find_map(|n| match n.child.try_wait() {
-            Ok(Some(status)) => Some((n.id, status)),
-            _ => None,
-        })
+    nodes.iter_mut().find_map(|n| match n.child.try_wait() {
+        Ok(Some(status)) => Some((n.id, status)),
+        _ => None,
+    })
 }
 
 /// SIGTERM to every running child, then waits; kills those that do not stop in time.

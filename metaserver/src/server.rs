@@ -65,7 +65,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             .await
     });
     let signal = signals.recv().await;
-    tracing::info!(signal, "shutting down: no new connections, draining requests");
+    tracing::info!(
+        signal,
+        "shutting down: no new connections, draining requests"
+    );
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(Ok(Ok(()))) => {}

@@ -74,8 +74,7 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
             .parse()
             .with_context(|| format!("peer id {id:?} is not an unsigned integer"))?;
         let addr = addr.trim();
-        meta_http::request::validate_addr(addr)
-            .map_err(|e| anyhow::anyhow!("peer {id}: {e}"))?;
+        meta_http::request::validate_addr(addr).map_err(|e| anyhow::anyhow!("peer {id}: {e}"))?;
         if peers.insert(id, addr.to_owned()).is_some() {
             bail!("peer {id} is given twice");
         }

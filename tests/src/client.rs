@@ -133,6 +133,7 @@ pub struct DatanodeEntry {
 pub struct Api {
     http: reqwest::Client,
     base: String,
+    timeout: Option<Duration>,
 }
 
 /// Per-request timeout for writes and reads.
@@ -154,7 +155,14 @@ impl Api {
         Api {
             http,
             base: format!("http://{addr}"),
+            timeout: None,
         }
+    }
+
+    /// The same client with another per-request timeout (instead of [`REQUEST_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Api {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// The base URL.
@@ -163,6 +171,10 @@ impl Api {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, ApiError> {
+        let request = match self.timeout {
+            Some(timeout) => request.timeout(timeout),
+            None => request,
+        };
         let response = request
             .send()
             .await

@@ -196,6 +196,8 @@ impl Cluster {
             String::from("127.0.0.1:0"),
             String::from("--data-dir"),
             slot.data_dir.display().to_string(),
+            String::from("--advertise"),
+            self.proxies[&id].addr().to_string(),
             String::from("--peers"),
             peers,
         ];
@@ -204,7 +206,8 @@ impl Cluster {
         if id == 1 && !slot.wiped {
             args.push(String::from("--init"));
         }
-        let mut env = self.config.env.clone();
+        let mut env = vec![(String::from("NO_COLOR"), String::from("1"))];
+        env.extend(self.config.env.iter().cloned());
         env.extend(extra_env.iter().cloned());
         let stdout_log = root
             .join("logs")
@@ -383,6 +386,12 @@ impl Cluster {
             }
         }
         eprintln!("[{}] node {id} isolated", self.name);
+    }
+
+    /// Limits the bytes per second that other nodes can send to node `id` (per connection); `None`
+    /// lifts the limit. A slow link makes a snapshot transfer to `id` take a while.
+    pub fn set_link_rate(&self, id: u64, bytes_per_sec: Option<u64>) {
+        self.proxies[&id].set_rate(bytes_per_sec);
     }
 
     /// Restores every link.

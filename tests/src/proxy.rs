@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinHandle};
 
@@ -40,6 +43,7 @@ struct Shared {
     to: u64,
     target: Mutex<Option<SocketAddr>>,
     blocked: Mutex<BTreeSet<u64>>,
+    rate: Mutex<Option<u64>>,
     conns: Mutex<Vec<(Option<u64>, AbortHandle)>>,
     pids: PidTable,
 }
@@ -61,6 +65,7 @@ impl LinkProxy {
             to,
             target: Mutex::new(None),
             blocked: Mutex::new(BTreeSet::new()),
+            rate: Mutex::new(None),
             conns: Mutex::new(Vec::new()),
             pids,
         });
@@ -88,7 +93,14 @@ impl LinkProxy {
     /// Cuts the link from node `from` to this node: open connections are dropped, new ones closed.
     pub fn block(&self, from: u64) {
         self.shared.blocked.lock().unwrap().insert(from);
-        self.abort_where(|source| source == Some(from));
+        // Connections of unknown origin go too: a partition must not leak.
+        self.abort_where(|source| source == Some(from) || source.is_none());
+    }
+
+    /// Limits each connection's bytes per second towards the node (`None`: no limit). Takes effect
+    /// at the next chunk of open connections too.
+    pub fn set_rate(&self, bytes_per_sec: Option<u64>) {
+        *self.shared.rate.lock().unwrap() = bytes_per_sec;
     }
 
     /// Restores every link to this node.
@@ -123,25 +135,39 @@ async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Share
         };
         let shared2 = shared.clone();
         tokio::spawn(async move {
-            let source = identify(&shared2.pids, peer, local).await;
-            let target = *shared2.target.lock().unwrap();
-            let Some(target) = target else { return };
-            if let Some(node) = source {
-                if shared2.blocked.lock().unwrap().contains(&node) {
-                    return;
+            let Some(target) = *shared2.target.lock().unwrap() else {
+                return;
+            };
+            let source = identify(&shared2.pids, peer, local);
+            match source {
+                Ok(node) => {
+                    if shared2.blocked.lock().unwrap().contains(&node) {
+                        return;
+                    }
                 }
-            } else {
-                eprintln!(
-                    "proxy to node {}: could not tell which node opened {peer}; not subject to partitions",
-                    shared2.to
-                );
+                Err(ref why) => {
+                    // Fail closed while any link to this node is cut, so a partition never leaks.
+                    if !shared2.blocked.lock().unwrap().is_empty() {
+                        return;
+                    }
+                    eprintln!(
+                        "proxy to node {}: cannot tell which node opened {peer} ({why}); let through",
+                        shared2.to
+                    );
+                }
             }
-            let task = tokio::spawn(pipe(stream, target));
+            let source = source.ok();
+            let task = tokio::spawn(pipe(stream, target, shared2.clone()));
             let mut conns = shared2.conns.lock().unwrap();
             conns.retain(|(_, handle)| !handle.is_finished());
             // A cut that raced with this connection's setup still applies to it.
-            let blocked =
-                source.is_some_and(|node| shared2.blocked.lock().unwrap().contains(&node));
+            let blocked = {
+                let blocked = shared2.blocked.lock().unwrap();
+                match source {
+                    Some(node) => blocked.contains(&node),
+                    None => !blocked.is_empty(),
+                }
+            };
             if blocked || shared2.target.lock().unwrap().is_none() {
                 task.abort();
             } else {
@@ -151,32 +177,75 @@ async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Share
     }
 }
 
-async fn pipe(mut client: TcpStream, target: SocketAddr) {
-    let Ok(mut server) = TcpStream::connect(target).await else {
+async fn pipe(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) {
+    let Ok(server) = TcpStream::connect(target).await else {
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = async {
+        let _ = paced_copy(&mut client_read, &mut server_write, &shared).await;
+        let _ = server_write.shutdown().await;
+    };
+    let downstream = async {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let _ = client_write.shutdown().await;
+    };
+    tokio::join!(upstream, downstream);
 }
 
-async fn identify(pids: &PidTable, peer: SocketAddr, local: SocketAddr) -> Option<u64> {
+/// Copies like `tokio::io::copy`, but keeps to the proxy's rate (if any) by pacing each chunk
+/// against an absolute schedule.
+async fn paced_copy(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    shared: &Shared,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut paced: Option<(Instant, u64, u64)> = None; // (start, bytes since start, rate)
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n]).await?;
+        let rate = *shared.rate.lock().unwrap();
+        match rate {
+            None | Some(0) => paced = None,
+            Some(rate) => {
+                let (start, sent, _) = match paced {
+                    Some((start, sent, r)) if r == rate => (start, sent, r),
+                    _ => (Instant::now(), 0, rate),
+                };
+                let sent = sent + n as u64;
+                paced = Some((start, sent, rate));
+                let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+            }
+        }
+    }
+}
+
+/// Runs inline: reading `/proc/net/tcp` and three descriptor tables takes well under a
+/// millisecond, and a delay here lets short-lived client sockets vanish before they are seen.
+fn identify(pids: &PidTable, peer: SocketAddr, local: SocketAddr) -> Result<u64, String> {
     let table = pids.snapshot();
-    tokio::task::spawn_blocking(move || {
-        let inode = socket_inode(peer, local)?;
-        let pid_list: Vec<u32> = table.iter().map(|(pid, _)| *pid).collect();
-        let pid = pid_holding_socket(&pid_list, inode)?;
-        table.iter().find(|(p, _)| *p == pid).map(|(_, node)| *node)
-    })
-    .await
-    .ok()
-    .flatten()
+    let inode = socket_inode(peer, local).ok_or("no such socket in /proc/net/tcp")?;
+    let pid_list: Vec<u32> = table.iter().map(|(pid, _)| *pid).collect();
+    let pid = pid_holding_socket(&pid_list, inode)
+        .ok_or_else(|| format!("socket {inode} is held by none of the pids {pid_list:?}"))?;
+    table
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map(|(_, node)| *node)
+        .ok_or_else(|| String::from("pid vanished"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn echo_server() -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

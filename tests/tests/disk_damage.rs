@@ -15,8 +15,8 @@ use meta_tests::{
 
 const STEP: Duration = Duration::from_secs(60);
 
-/// Small segments, so that a few thousand replicas fill several of them.
-const SEGMENT_BYTES: &str = "262144";
+/// The server's WAL segments are 64 MiB; this much key-value data makes each node start a second one.
+const FILL_MIB: usize = 70;
 
 async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let mut rng = derived_rng(seed, 4);
@@ -28,7 +28,8 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         StormConfig::default(),
         seed,
     );
-    storm.wait_progress(3_000, STEP).await?;
+    storm.wait_progress(2_000, STEP).await?;
+    fill_wal(cluster).await?;
 
     // A torn tail: cut the last record of the newest segment in the middle, append garbage.
     let all = cluster.ids();
@@ -113,6 +114,21 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     cluster.assert_converged(&all, &model, "storm/").await
 }
 
+/// Writes `FILL_MIB` values of 1 MiB (over a few keys, outside the checked prefix), so the log
+/// holds more than one segment.
+async fn fill_wal(cluster: &Cluster) -> anyhow::Result<()> {
+    let value = vec![b'f'; 1 << 20];
+    for n in 0..FILL_MIB {
+        let key = format!("fill/{}", n % 4);
+        poll_until(&format!("a 1 MiB write to {key}"), STEP, || async {
+            let leader = cluster.wait_leader(&cluster.ids(), STEP).await?.id;
+            Ok(Some(cluster.api(leader)?.kv_put(&key, &value, None).await?))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 /// The refusal must name the damaged segment and an offset inside (or at the start of) the record.
 fn check_names_file_and_offset(
     output: &str,
@@ -155,14 +171,7 @@ async fn wait_membership(cluster: &Cluster, leader: u64, voters: &[u64]) -> anyh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_wal_is_cut_or_refused_and_recovered() {
     let seed = test_seed("disk_damage");
-    let config = ClusterConfig {
-        env: vec![(
-            String::from("METASERVER_WAL_SEGMENT_BYTES"),
-            String::from(SEGMENT_BYTES),
-        )],
-        ..ClusterConfig::default()
-    };
-    let mut cluster = Cluster::start("disk-damage", config)
+    let mut cluster = Cluster::start("disk-damage", ClusterConfig::default())
         .await
         .expect("start the cluster");
     within(

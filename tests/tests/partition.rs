@@ -4,11 +4,11 @@
 //! return a state older than a write acknowledged before the read began.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meta_tests::scenario::within;
 use meta_tests::{
-    poll_until, test_seed, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
+    test_seed, Api, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
 };
 
 const STEP: Duration = Duration::from_secs(60);
@@ -41,31 +41,14 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     );
 
     // The isolated node never acknowledges a write, and stops acting as leader: it reports another
-    // role, or refuses writes at once with `no_leader` instead of accepting them.
-    let isolated = cluster.api(old.id)?;
-    let mut probe = 0u32;
-    let how = poll_until("the isolated leader to step down", STEP, || {
-        probe += 1;
-        let key = format!("probe/{probe}");
-        let isolated = isolated.clone();
-        async move {
-            let status = isolated.cluster().await?;
-            if !status.is_leader() {
-                return Ok(Some(format!("reports role {}", status.role)));
-            }
-            match isolated.kv_put(&key, b"from the minority", None).await {
-                Ok(revision) => {
-                    anyhow::bail!("isolated leader acknowledged {key} at revision {revision}")
-                }
-                Err(err) if err.code() == Some("no_leader") => {
-                    Ok(Some(String::from("refuses writes with no_leader")))
-                }
-                Err(err) => anyhow::bail!("not yet: write answered {err}"),
-            }
-        }
-    })
-    .await?;
-    eprintln!("isolated node {}: {how}", old.id);
+    // role, or refuses writes with 503 `no_leader`. A failure here is kept and reported at the end,
+    // so the rest of the scenario still runs.
+    let isolated = cluster.api(old.id)?.with_timeout(Duration::from_secs(15));
+    let step_down = step_down(&isolated).await;
+    match &step_down {
+        Ok(how) => eprintln!("isolated node {}: {how}", old.id),
+        Err(err) => eprintln!("isolated node {}: {err:#}", old.id),
+    }
 
     storm.wait_progress(1_000, STEP).await?;
     let reads_in_partition = reads.reads();
@@ -90,7 +73,39 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     eprintln!("{} linearizable reads checked", history.reads.len());
 
     let model = storm.stop().await?.lock().unwrap().clone();
-    cluster.assert_converged(&all, &model, "storm/").await
+    cluster.assert_converged(&all, &model, "storm/").await?;
+    step_down.map(|_| ())
+}
+
+/// Waits until the isolated leader stops acting as leader; fails at once if it acknowledges a
+/// write.
+async fn step_down(isolated: &Api) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    for probe in 0.. {
+        let status = isolated.cluster().await?;
+        if !status.is_leader() {
+            return Ok(format!("reports role {}", status.role));
+        }
+        let key = format!("probe/{probe}");
+        let started = Instant::now();
+        match isolated.kv_put(&key, b"from the minority", None).await {
+            Ok(revision) => {
+                anyhow::bail!("the isolated leader acknowledged {key} at revision {revision}")
+            }
+            Err(err) if err.code() == Some("no_leader") => {
+                return Ok(format!("refuses writes: {err}"));
+            }
+            Err(err) => last = format!("{err} after {:?}", started.elapsed()),
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    anyhow::bail!(
+        "the isolated leader still reports role leader after 30 s and does not refuse writes with \
+         no_leader; last write answered: {last}"
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,11 +50,13 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         snapshot_index = snapshot_index.min(index);
         eprintln!("node {id}: snapshot at index {index}, {size} bytes");
     }
-    // About eight seconds per transfer.
+    // About eight seconds per transfer: the snapshot rate paces the files, the slowed link into the
+    // follower (the harness's proxy) paces the transfer.
     let rate = (bytes / 8).max(32 * 1024);
     for id in [leader, other] {
         cluster.api(id)?.set_snapshot_rate(rate).await?;
     }
+    cluster.set_link_rate(follower, Some(rate));
 
     let storm = Storm::start(
         cluster.endpoints(),
@@ -64,10 +66,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         seed,
     );
     storm.wait_progress(500, STEP).await?;
-    let env = [(
-        String::from("METASERVER_SNAPSHOT_MAX_BYTES_PER_SEC"),
-        rate.to_string(),
-    )];
+    let env = [(String::from("METASERVER_SNAPSHOT_RATE"), rate.to_string())];
     cluster.start_node(follower, &env).await?;
     let data_dir = cluster.data_dir(follower);
     poll_until(
@@ -85,6 +84,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     .await?;
     cluster.kill(leader);
     eprintln!("leader {leader} killed while node {follower} receives its snapshot");
+    cluster.set_link_rate(follower, None);
 
     let new = cluster.wait_leader(&[other, follower], STEP).await?;
     anyhow::ensure!(new.id == other, "node {} leads, expected {other}", new.id);
@@ -118,10 +118,7 @@ fn receiving_snapshot(dir: &Path) -> bool {
 async fn leader_change_during_snapshot_install() {
     let seed = test_seed("leader_change_during_snapshot_install");
     let config = ClusterConfig {
-        env: vec![(
-            String::from("METASERVER_MAX_IN_SNAPSHOT_LOG_TO_KEEP"),
-            String::from("0"),
-        )],
+        env: vec![(String::from("METASERVER_KEEP_LOGS"), String::from("0"))],
         ..ClusterConfig::default()
     };
     let mut cluster = Cluster::start("snapshot-leader-change", config)

@@ -35,7 +35,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts three `binary serve` processes with `arm`'s barrier mode under a fresh directory in
+    /// Starts three `binary serve` processes with `arm`'s barrier mode (`--barrier`) under a fresh directory in
     /// `parent`, member 1 with `--init`, and waits until all agree on a leader and report ready.
     ///
     /// Call this from the thread that drives the runtime (not a spawned task): the children's
@@ -82,13 +82,19 @@ impl Cluster {
                 .arg("--data-dir")
                 .arg(&data)
                 .args(["--peers", &peers])
-                .env("METASERVER_WAL_BARRIER", arm.name())
+                .args(["--barrier", arm.name()])
                 .env("RUST_LOG", server_log)
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err);
             if id == 1 {
                 command.arg("--init");
+            }
+            // Only the flags above configure the servers: no setting leaks in from this environment.
+            for (key, _) in std::env::vars_os() {
+                if key.to_string_lossy().starts_with("METASERVER_") {
+                    command.env_remove(&key);
+                }
             }
             Reaper::arm_parent_death_signal(&mut command);
             let child = command

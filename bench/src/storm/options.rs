@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Parser;
 
-/// Which barrier mode a cluster runs with: the server's `METASERVER_WAL_BARRIER` setting.
+/// Which barrier mode a cluster runs with: the server's `barrier` setting (`--barrier`, `METASERVER_BARRIER`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arm {
     /// Writers share fsync barriers (the default design).

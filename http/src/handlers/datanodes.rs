@@ -9,8 +9,8 @@ use crate::error::ApiError;
 use crate::extract::{Json, Path, Query};
 use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
-    DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage,
-    ShardsDeregistered, ShardsRegistered,
+    DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage, ShardsDeregistered,
+    ShardsRegistered,
 };
 use crate::state::AppState;
 

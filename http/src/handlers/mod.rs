@@ -34,7 +34,9 @@ impl From<ShardEntry> for ShardEntryView {
 }
 
 /// Maps a node error of a listing: the only argument the node checks there is the cursor.
-pub(crate) fn listing_error(cursor: Option<&str>) -> impl Fn(meta_consensus::Error) -> ApiError + '_ {
+pub(crate) fn listing_error(
+    cursor: Option<&str>,
+) -> impl Fn(meta_consensus::Error) -> ApiError + '_ {
     move |e| match e {
         meta_consensus::Error::InvalidArgument(_) => invalid_cursor(cursor.unwrap_or_default()),
         other => other.into(),

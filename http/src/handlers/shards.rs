@@ -47,6 +47,8 @@ pub async fn get(
                 })
                 .collect(),
         })),
-        None => Err(ApiError::NotFound(format!("shard {id} has no registered replica"))),
+        None => Err(ApiError::NotFound(format!(
+            "shard {id} has no registered replica"
+        ))),
     }
 }

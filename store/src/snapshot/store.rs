@@ -31,7 +31,8 @@ pub struct SnapshotStore {
 
 impl SnapshotStore {
     /// Opens the snapshot directory `dir`, creating it if needed, and removes temp files left by
-    /// an interrupted write. Finishing a snapshot keeps the newest `keep` snapshots (at least 1;
+    /// an interrupted write (so open a directory once, at startup, not while a snapshot of it is
+    /// being written). Finishing a snapshot keeps the newest `keep` snapshots (at least 1;
     /// [`DEFAULT_KEEP`] is the usual choice) and deletes older ones.
     pub fn open(dir: impl AsRef<Path>, keep: usize) -> Result<SnapshotStore> {
         let dir = dir.as_ref().to_path_buf();

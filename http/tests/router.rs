@@ -1,0 +1,630 @@
+//! Every route of the router, and every error status, against a real single-node `MetaNode`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use common::{call, leader_node, open_node, test_config, wait_for};
+use meta_consensus::transport::LocalRouter;
+use meta_consensus::{MetaNode, Node, Role};
+use meta_http::{AppState, Token};
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn probes_and_metrics() {
+    let t = leader_node(None).await;
+    let a = t.get("/healthz").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json(), json!({"status":"ok"}));
+    let a = t.get("/readyz").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+
+    t.register_datanode(3).await;
+    let a = t.get("/metrics").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = String::from_utf8(a.body.to_vec()).unwrap();
+    for metric in [
+        "metaserver_http_requests_total{route=\"/v1/datanodes/{id}\",method=\"PUT\",status=\"200\"} 1",
+        "metaserver_http_request_duration_seconds_bucket",
+        "metaserver_wal_appends_total",
+        "metaserver_wal_barriers_total",
+        "metaserver_wal_records_per_barrier",
+        "metaserver_wal_barrier_seconds_bucket{le=\"+Inf\"}",
+        "metaserver_raft_term 1",
+        "metaserver_raft_leader 1",
+        "metaserver_raft_is_leader 1",
+        "metaserver_raft_commit_index",
+        "metaserver_raft_applied_index",
+        "metaserver_snapshot_builds_total",
+        "metaserver_snapshot_throttle_pauses_total",
+        "metaserver_registry_datanodes 1",
+        "metaserver_registry_replicas 0",
+    ] {
+        assert!(text.contains(metric), "missing {metric} in:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn readyz_waits_for_a_cluster() {
+    let t = open_node(None).await;
+    let a = t.get("/readyz").await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.error_code(), "not_ready");
+    assert!(a.headers.contains_key("retry-after"));
+    assert_eq!(t.get("/healthz").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn datanodes_and_shards() {
+    let t = leader_node(None).await;
+    let epoch = t.register_datanode(7).await;
+    assert!(epoch > 0);
+
+    // A new registration is a new epoch.
+    let again = t.register_datanode(7).await;
+    assert!(again > epoch);
+    let epoch = again;
+
+    let a = t.get("/v1/datanodes").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.json(),
+        json!({"datanodes":[{"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0}]})
+    );
+    let a = t.get("/v1/datanodes/7?consistency=local").await;
+    assert_eq!(
+        a.json(),
+        json!({"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0})
+    );
+    let a = t.get("/v1/datanodes/8").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+
+    // Register a batch.
+    let body = json!({"epoch": epoch, "shards": [
+        {"id": 1, "generation": 1, "size": 100},
+        {"id": 2, "generation": 5, "size": 200},
+        {"id": 3, "generation": 1, "size": 300},
+    ]});
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/shards", body.to_string())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = a.json();
+    assert_eq!(v["accepted"], 3);
+    assert_eq!(v["unchanged"], 0);
+    assert_eq!(v["stale"], json!([]));
+    assert!(v["index"].as_u64().unwrap() > epoch);
+
+    // Idempotent re-registration, and a stale generation.
+    let body = json!({"epoch": epoch, "shards": [
+        {"id": 1, "generation": 1, "size": 100},
+        {"id": 2, "generation": 4, "size": 200},
+    ]});
+    let v = t
+        .send(Method::POST, "/v1/datanodes/7/shards", body.to_string())
+        .await
+        .json();
+    assert_eq!(
+        (v["accepted"].clone(), v["unchanged"].clone()),
+        (json!(0), json!(1))
+    );
+    assert_eq!(v["stale"], json!([2]));
+
+    // Fenced: a former epoch.
+    let before = t.digest().await;
+    let body = json!({"epoch": epoch - 1, "shards": [{"id": 9, "generation": 1, "size": 1}]});
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/shards", body.to_string())
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "fenced");
+    assert_eq!(t.digest().await, before);
+
+    // Unknown datanode.
+    let body = json!({"epoch": 1, "shards": [{"id": 9, "generation": 1, "size": 1}]});
+    let a = t
+        .send(Method::POST, "/v1/datanodes/99/shards", body.to_string())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+    assert_eq!(t.digest().await, before);
+
+    // One shard's replica set.
+    let a = t.get("/v1/shards/2").await;
+    assert_eq!(
+        a.json(),
+        json!({"id":2,"replicas":[{"datanode":7,"generation":5,"size":200}]})
+    );
+    let a = t.get("/v1/shards/42").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+
+    // The datanode's count follows.
+    assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 3);
+
+    // Deregister one replica; again is 404.
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7/shards/3", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["removed"], 1);
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7/shards/3", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+
+    // Remove the datanode with its replicas; again is 404.
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["replicas_removed"], 2);
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(t.get("/v1/shards/1").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
+}
+
+/// Follows `next` cursors until the end, returning the shard items in order.
+async fn all_pages(t: &common::TestNode, path: &str, limit: u64) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..100 {
+        let uri = match &after {
+            Some(c) => format!("{path}?limit={limit}&after={c}"),
+            None => format!("{path}?limit={limit}"),
+        };
+        let a = t.get(&uri).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        let v = a.json();
+        let page = v["shards"].as_array().unwrap();
+        assert!(page.len() as u64 <= limit);
+        items.extend(page.iter().cloned());
+        match v["next"].as_str() {
+            Some(c) => after = Some(c.to_owned()),
+            None => return items,
+        }
+    }
+    panic!("pagination did not end");
+}
+
+#[tokio::test]
+async fn shard_listings_paginate() {
+    let t = leader_node(None).await;
+    for dn in [1u64, 2] {
+        let epoch = t.register_datanode(dn).await;
+        let shards: Vec<Value> = (0..25u64)
+            .map(|i| json!({"id": i * 2 + dn, "generation": 1, "size": i}))
+            .collect();
+        let a = t
+            .send(
+                Method::POST,
+                &format!("/v1/datanodes/{dn}/shards"),
+                json!({"epoch": epoch, "shards": shards}).to_string(),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let all = all_pages(&t, "/v1/shards", 7).await;
+    assert_eq!(all.len(), 50);
+    let keys: Vec<(u64, u64)> = all
+        .iter()
+        .map(|v| (v["id"].as_u64().unwrap(), v["datanode"].as_u64().unwrap()))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "in order, no repeats");
+
+    let mine = all_pages(&t, "/v1/datanodes/2/shards", 10).await;
+    assert_eq!(mine.len(), 25);
+    assert!(mine.iter().all(|v| v["datanode"] == 2));
+
+    // Default limit covers everything here; the last page says null.
+    let v = t.get("/v1/shards").await.json();
+    assert_eq!(v["shards"].as_array().unwrap().len(), 50);
+    assert_eq!(v["next"], Value::Null);
+
+    // A registered datanode without shards lists nothing; an unknown one is 404.
+    t.register_datanode(3).await;
+    let v = t.get("/v1/datanodes/3/shards").await.json();
+    assert_eq!(v, json!({"shards":[],"next":null}));
+    let a = t.get("/v1/datanodes/4/shards").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn key_value() {
+    let t = leader_node(None).await;
+    // Create only if absent.
+    let a = t
+        .send(Method::PUT, "/v1/kv/config/replication?if_revision=0", "3")
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let rev = a.json()["revision"].as_u64().unwrap();
+    let a = t
+        .send(Method::PUT, "/v1/kv/config/replication?if_revision=0", "4")
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "revision_mismatch");
+    assert_eq!(a.headers["x-revision"], rev.to_string().as_str());
+
+    let a = t.get("/v1/kv/config/replication").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(&a.body[..], b"3");
+    assert_eq!(a.headers["x-revision"], rev.to_string().as_str());
+    assert_eq!(a.headers["content-type"], "application/octet-stream");
+
+    // Compare-and-swap on the current revision; binary values round-trip.
+    let a = t
+        .send(
+            Method::PUT,
+            &format!("/v1/kv/config/replication?if_revision={rev}"),
+            vec![0u8, 159, 146, 150, 255],
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let rev2 = a.json()["revision"].as_u64().unwrap();
+    assert!(rev2 > rev);
+    assert_eq!(
+        &t.get("/v1/kv/config/replication?consistency=local")
+            .await
+            .body[..],
+        &[0u8, 159, 146, 150, 255]
+    );
+
+    // Percent-encoded keys, unconditional puts, listing by prefix.
+    for key in ["config/a", "config/b%20c", "other"] {
+        let a = t.send(Method::PUT, &format!("/v1/kv/{key}"), "x").await;
+        assert_eq!(a.status, StatusCode::OK, "{key}: {a:?}");
+    }
+    let v = t.get("/v1/kv?prefix=config/").await.json();
+    let keys: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["config/a", "config/b c", "config/replication"]);
+    assert_eq!(v["next"], Value::Null);
+    let v = t.get("/v1/kv?prefix=config/&limit=2").await.json();
+    assert_eq!(v["keys"].as_array().unwrap().len(), 2);
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let v = t
+        .get(&format!("/v1/kv?prefix=config/&limit=2&after={next}"))
+        .await
+        .json();
+    assert_eq!(v["keys"][0]["key"], "config/replication");
+
+    // Delete with a wrong revision, then right; then it is gone.
+    let a = t
+        .send(
+            Method::DELETE,
+            "/v1/kv/config/replication?if_revision=1",
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "revision_mismatch");
+    let a = t
+        .send(
+            Method::DELETE,
+            &format!("/v1/kv/config/replication?if_revision={rev2}"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = t.get("/v1/kv/config/replication").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+    let a = t
+        .send(Method::DELETE, "/v1/kv/config/replication", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn cluster_membership_and_config() {
+    let t = leader_node(None).await;
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!(v["id"], 1);
+    assert_eq!(v["role"], "leader");
+    assert_eq!(v["leader_id"], 1);
+    assert_eq!(v["leader_addr"], "127.0.0.1:1");
+    assert_eq!(v["voters"], json!([1]));
+    assert_eq!(v["learners"], json!([]));
+    assert!(v["term"].as_u64().unwrap() >= 1);
+    assert!(v["committed"].as_u64().unwrap() >= 1);
+    for field in [
+        "last_log_index",
+        "applied",
+        "wal",
+        "snapshot",
+        "datanodes",
+        "replicas",
+    ] {
+        assert!(v.get(field).is_some(), "{field} missing: {v}");
+    }
+    assert!(v["wal"]["appends_per_barrier"].is_number());
+
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "already_initialized");
+
+    // A learner that is never reachable still joins the membership.
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/learners",
+            r#"{"id":4,"addr":"127.0.0.1:9"}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["learners"], json!([4]));
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["voters"], json!([1]));
+    // A voter that is not a learner is refused.
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1,5]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    assert_eq!(t.get("/v1/cluster").await.json()["voters"], json!([1]));
+
+    let a = t.get("/v1/config").await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":0}));
+    let a = t
+        .send(
+            Method::PATCH,
+            "/v1/config",
+            r#"{"snapshot_max_bytes_per_sec":1048576}"#,
+        )
+        .await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":1048576}));
+    assert_eq!(t.node.snapshot_rate(), 1_048_576);
+    let a = t.send(Method::PATCH, "/v1/config", "{}").await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":1048576}));
+}
+
+#[tokio::test]
+async fn init_on_a_fresh_node() {
+    let t = open_node(None).await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json(), json!({"voters":[1],"learners":[]}));
+    wait_for(|| t.node.status().role == Role::Leader, "leader").await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn snapshots_build_and_download() {
+    let t = leader_node(None).await;
+    let a = t.get("/v1/cluster/snapshot").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+
+    let epoch = t.register_datanode(1).await;
+    let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});
+    t.send(Method::POST, "/v1/datanodes/1/shards", body.to_string())
+        .await;
+    let a = t
+        .send(Method::POST, "/v1/cluster/snapshot", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = a.json();
+    let index = v["index"].as_u64().unwrap();
+    assert!(index >= 3, "{v}");
+    assert!(v["bytes"].as_u64().unwrap() > 0);
+
+    let a = t.get("/v1/cluster/snapshot").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.headers["content-type"], "application/octet-stream");
+    let file = t.node.newest_snapshot_file().unwrap();
+    assert_eq!(&a.body[..], &std::fs::read(file).unwrap()[..]);
+    assert_eq!(
+        t.get("/v1/cluster").await.json()["snapshot"]["index"],
+        index
+    );
+}
+
+#[tokio::test]
+async fn wrong_method_and_unknown_route() {
+    let t = leader_node(None).await;
+    for (method, uri) in [
+        (Method::POST, "/v1/shards"),
+        (Method::DELETE, "/v1/cluster"),
+        (Method::GET, "/v1/cluster/init"),
+        (Method::PATCH, "/v1/datanodes/1"),
+        (Method::POST, "/v1/kv/a"),
+        (Method::GET, "/raft/vote"),
+        (Method::POST, "/healthz"),
+    ] {
+        let a = t.send(method.clone(), uri, Body::empty()).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        assert_eq!(a.error_code(), "method_not_allowed");
+    }
+    for uri in ["/", "/v2/shards", "/v1/datanodes/1/other"] {
+        let a = t.get(uri).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{uri}");
+        assert_eq!(a.error_code(), "not_found");
+    }
+}
+
+#[tokio::test]
+async fn no_leader_answers_503_with_retry_after() {
+    // A node that was never initialized knows no leader.
+    let t = open_node(None).await;
+    let before = t.digest().await;
+    let a = t
+        .send(Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+    assert_eq!(a.headers["retry-after"], "1");
+    let a = t.get("/v1/datanodes").await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+    // A local read is answered from this node's state.
+    assert_eq!(
+        t.get("/v1/datanodes?consistency=local").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.digest().await, before);
+}
+
+#[tokio::test]
+async fn raft_routes_refuse_garbage() {
+    let t = leader_node(None).await;
+    for path in [
+        "/raft/append",
+        "/raft/vote",
+        "/raft/pre-vote",
+        "/raft/transfer-leader",
+        "/raft/snapshot",
+    ] {
+        let a = t.send(Method::POST, path, vec![1u8, 2, 3]).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(a.error_code(), "bad_rpc", "{path}");
+    }
+    assert_eq!(t.node.status().role, Role::Leader);
+}
+
+#[tokio::test]
+async fn token_is_required_except_for_probes() {
+    let t = leader_node(Some("s3cret")).await;
+    let before = t.digest().await;
+    for (method, uri, body) in [
+        (Method::GET, "/v1/cluster", ""),
+        (Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#),
+        (Method::GET, "/v1/shards", ""),
+        (Method::PUT, "/v1/kv/a", "x"),
+        (Method::POST, "/raft/vote", ""),
+        (Method::POST, "/raft/append", ""),
+    ] {
+        for headers in [
+            vec![],
+            vec![("authorization", "Bearer wrong")],
+            vec![("authorization", "Bearer s3cret2")],
+            vec![("authorization", "s3cret")],
+            vec![("authorization", "Basic s3cret")],
+        ] {
+            let a = call(&t.app, method.clone(), uri, body.to_owned(), &headers).await;
+            assert_eq!(
+                a.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri} {headers:?}"
+            );
+            assert_eq!(a.error_code(), "unauthorized");
+        }
+    }
+    assert_eq!(t.digest().await, before);
+    for uri in ["/healthz", "/readyz", "/metrics"] {
+        let a = t.get(uri).await;
+        assert_eq!(a.status, StatusCode::OK, "{uri}");
+    }
+    let auth = [("authorization", "Bearer s3cret")];
+    let a = call(&t.app, Method::GET, "/v1/cluster", "", &auth).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let a = call(
+        &t.app,
+        Method::PUT,
+        "/v1/datanodes/1",
+        r#"{"addr":"10.0.0.1:1"}"#,
+        &auth,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+}
+
+/// Three in-process nodes with short request timeouts; returns them and the leader's id.
+async fn three_nodes(dir: &std::path::Path) -> (LocalRouter, BTreeMap<u64, MetaNode>, u64) {
+    let router = LocalRouter::new();
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3u64 {
+        let mut cfg = test_config(id, &format!("127.0.0.1:{id}"), &dir.join(id.to_string()));
+        cfg.request_timeout = Duration::from_millis(300);
+        let node = MetaNode::open(cfg, router.network(id)).await.unwrap();
+        router.register(node.clone());
+        nodes.insert(id, node);
+    }
+    let members = (1..=3u64)
+        .map(|id| (id, Node::new(format!("127.0.0.1:{id}"))))
+        .collect();
+    nodes[&1].initialize(members).await.unwrap();
+    wait_for(
+        || {
+            let leader = nodes[&1].status().leader_id;
+            leader.is_some() && nodes.values().all(|n| n.status().leader_id == leader)
+        },
+        "all three agree on a leader",
+    )
+    .await;
+    let leader = nodes[&1].status().leader_id.unwrap();
+    (router, nodes, leader)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_once_and_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (router, nodes, leader) = three_nodes(dir.path()).await;
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    let app = meta_http::router(AppState::new(nodes[&follower].clone(), Token::new(None)));
+
+    // A request another member already forwarded is not forwarded again.
+    let a = call(
+        &app,
+        Method::PUT,
+        "/v1/datanodes/1",
+        r#"{"addr":"10.0.0.1:1"}"#,
+        &[("x-metaserver-forwarded-by", "3")],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+
+    // A leader cut off from both followers cannot commit: 504 within its request timeout.
+    let leader_app = meta_http::router(AppState::new(nodes[&leader].clone(), Token::new(None)));
+    router.isolate(leader);
+    let before = nodes[&follower].registry_digest().await.unwrap();
+    let a = call(&leader_app, Method::PUT, "/v1/kv/k", "v", &[]).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT, "{a:?}");
+    assert_eq!(a.error_code(), "timeout");
+    // Nothing reached the followers.
+    assert_eq!(nodes[&follower].registry_digest().await.unwrap(), before);
+    router.heal_all();
+    for node in nodes.values() {
+        node.shutdown().await.unwrap();
+    }
+}

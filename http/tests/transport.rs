@@ -1,0 +1,213 @@
+//! The HTTP transport end to end: three nodes, each behind a real HTTP server on an
+//! ephemeral loopback port, talking Raft over `/raft/...` with a token. Writes and
+//! linearizable reads sent to followers are forwarded to the leader, and a learner that joins
+//! after the leader purged its log catches up by a streamed snapshot.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{test_config, wait_for, DEADLINE};
+use meta_consensus::{MetaNode, Node, Role};
+use meta_http::{AppState, HttpNetwork, Token};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+const TOKEN: &str = "transport-token";
+
+struct Server {
+    node: MetaNode,
+    addr: String,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn start(id: u64, dir: &TempDir) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
+    cfg.snapshot_logs_since_last = 0;
+    cfg.max_in_snapshot_log_to_keep = 0;
+    let token = Token::new(Some(TOKEN));
+    let node = MetaNode::open(cfg, HttpNetwork::new(id, token.clone()))
+        .await
+        .unwrap();
+    let app = meta_http::router(AppState::new(node.clone(), token));
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    Server { node, addr, task }
+}
+
+struct Client {
+    http: reqwest::Client,
+}
+
+impl Client {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        server: &Server,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("http://{}{path}", server.addr))
+            .bearer_auth(TOKEN);
+        if let Some(body) = body {
+            request = request.body(body.to_string());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = BTreeMap::new();
+    for id in 1..=3 {
+        servers.insert(id, start(id, &dir).await);
+    }
+    let members = servers
+        .iter()
+        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
+        .collect();
+    servers[&1].node.initialize(members).await.unwrap();
+    wait_for(
+        || {
+            let leader = servers[&1].node.status().leader_id;
+            leader.is_some()
+                && servers
+                    .values()
+                    .all(|s| s.node.status().leader_id == leader)
+        },
+        "three nodes agree on a leader",
+    )
+    .await;
+    let leader = servers[&1].node.status().leader_id.unwrap();
+    let followers: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+    };
+
+    // A write at a follower is forwarded to the leader.
+    let f1 = &servers[&followers[0]];
+    let f2 = &servers[&followers[1]];
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            f1,
+            "/v1/datanodes/5",
+            Some(json!({"addr": "10.0.0.5:9000"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let epoch = v["epoch"].as_u64().unwrap();
+    for batch in 0..2u64 {
+        let shards: Vec<Value> = (0..10_000u64)
+            .map(|i| json!({"id": batch * 10_000 + i, "generation": 1, "size": i}))
+            .collect();
+        let (status, v) = client
+            .send(
+                reqwest::Method::POST,
+                f2,
+                "/v1/datanodes/5/shards",
+                Some(json!({"epoch": epoch, "shards": shards})),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["accepted"], 10_000);
+    }
+    // A linearizable read at a follower is forwarded and sees the writes.
+    let (status, v) = client
+        .send(reqwest::Method::GET, f1, "/v1/shards/19999", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["replicas"][0]["datanode"], 5);
+    let (status, v) = client
+        .send(reqwest::Method::GET, f2, "/v1/datanodes/5", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["shards"], 20_000);
+
+    // The leader snapshots and purges its log; a new learner must catch up by snapshot.
+    let l = &servers[&leader];
+    let (status, v) = client
+        .send(reqwest::Method::POST, l, "/v1/cluster/snapshot", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let snapshot_index = v["index"].as_u64().unwrap();
+    wait_for(
+        || l.node.status().purged >= Some(snapshot_index),
+        "the leader purges its log up to the snapshot",
+    )
+    .await;
+
+    let learner = &start(4, &dir).await;
+    let (status, v) = client
+        .send(
+            reqwest::Method::POST,
+            &servers[&followers[0]],
+            "/v1/cluster/learners",
+            Some(json!({"id": 4, "addr": learner.addr})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["learners"], json!([4]));
+
+    let target = l.node.status().applied;
+    wait_for(
+        || learner.node.status().applied >= target,
+        "the learner catches up",
+    )
+    .await;
+    assert!(
+        learner.node.status().state_machine.snapshot_installs >= 1,
+        "the learner caught up by snapshot"
+    );
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let want = l.node.registry_digest().await.unwrap();
+        let got = learner.node.registry_digest().await.unwrap();
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "learner registry {got:?} != {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(learner.node.status().role, Role::Learner);
+
+    // Wrong token on the Raft routes: refused, the cluster is unaffected.
+    let response = client
+        .http
+        .post(format!("http://{}/raft/vote", l.addr))
+        .bearer_auth("wrong")
+        .body(vec![1u8])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    assert_eq!(l.node.status().role, Role::Leader);
+
+    for server in servers.values().chain([learner]) {
+        server.node.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,431 @@
+//! The `metaserver` binary as operators use it: the command-less default node, restarts,
+//! the token, graceful shutdown on SIGTERM, the operator commands and `local-cluster`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use common::{client, poll, run, send, spawn};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Registers datanode `id` and returns its epoch.
+async fn register_datanode(
+    http: &reqwest::Client,
+    base: &str,
+    id: u64,
+    token: Option<&str>,
+) -> u64 {
+    let (status, v) = send(
+        http,
+        Method::PUT,
+        &format!("{base}/v1/datanodes/{id}"),
+        token,
+        Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    v["epoch"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_arguments_serve_and_keep_data_across_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    let http = client();
+    // No arguments at all; only the listen port is made ephemeral through the environment.
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(cwd, cwd, &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    assert!(
+        cwd.join("metaserver-data").is_dir(),
+        "data in ./metaserver-data"
+    );
+    let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
+    assert_eq!(v["role"], "leader");
+    assert_eq!(v["id"], 1);
+    assert_eq!(v["voters"], json!([1]));
+
+    let epoch = register_datanode(&http, &base, 7, None).await;
+    let shards = json!({"epoch": epoch, "shards": [
+        {"id": 1, "generation": 1, "size": 10},
+        {"id": 2, "generation": 1, "size": 20},
+    ]});
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/datanodes/7/shards"),
+        None,
+        Some(shards.to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = send(
+        &http,
+        Method::PUT,
+        &format!("{base}/v1/kv/greeting"),
+        None,
+        Some("hello".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+
+    // Operator commands against it.
+    let addr = base.trim_start_matches("http://").to_owned();
+    let (ok, out, err) = run(&["status", "--server", &addr], &[]).await;
+    assert!(ok, "{err}");
+    let status_view: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status_view["role"], "leader");
+
+    let file = cwd.join("shards.json");
+    std::fs::write(
+        &file,
+        r#"[{"id":3,"generation":1,"size":30},{"id":4,"generation":2,"size":40}]"#,
+    )
+    .unwrap();
+    let (ok, out, err) = run(
+        &[
+            "register",
+            "--server",
+            &addr,
+            "--datanode",
+            "7",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["accepted"], 2, "{out}");
+
+    let (ok, out, err) = run(&["shards", "--server", &addr, "--datanode", "7"], &[]).await;
+    assert!(ok, "{err}");
+    let ids: Vec<u64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+
+    let backup = cwd.join("backup.snap");
+    let (ok, out, err) = run(
+        &[
+            "snapshot",
+            "save",
+            "--server",
+            &addr,
+            backup.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let len = std::fs::metadata(&backup).unwrap().len();
+    assert!(len > 0);
+    assert_eq!(v["bytes"], len);
+
+    // Unknown datanode: a clear error, non-zero exit.
+    let (ok, _, err) = run(
+        &[
+            "register",
+            "--server",
+            &addr,
+            "--datanode",
+            "99",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok);
+    assert!(err.contains("not_found"), "{err}");
+
+    server.signal(libc::SIGTERM);
+    let exit = server.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", server.logs());
+
+    // Restart from the same directory: no second initialization, same data.
+    let mut server = spawn(cwd, cwd, &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let v = poll(&http, &format!("{base}/v1/datanodes/7"), None, |_| true).await;
+    assert_eq!(v["shards"], 4);
+    assert_eq!(v["epoch"], epoch);
+    let (status, v) = send(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/kv/greeting"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, v), (200, Value::String("hello".into())));
+    let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
+    assert_eq!(v["voters"], json!([1]));
+    server.signal(libc::SIGINT);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("data");
+    let mut server = spawn(
+        dir.path(),
+        dir.path(),
+        &["--data-dir", data.to_str().unwrap()],
+        &[
+            ("METASERVER_LISTEN", "127.0.0.1:0"),
+            ("METASERVER_TOKEN", "s3cret"),
+        ],
+        false,
+    );
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    for token in [None, Some("wrong")] {
+        for (method, path) in [
+            (Method::GET, "/v1/cluster"),
+            (Method::PUT, "/v1/datanodes/1"),
+        ] {
+            let (status, v) = send(
+                &http,
+                method.clone(),
+                &format!("{base}{path}"),
+                token,
+                Some(r#"{"addr":"a:1"}"#.into()),
+            )
+            .await
+            .unwrap();
+            assert_eq!(status, 401, "{method} {path} {token:?}: {v}");
+            assert_eq!(v["error"]["code"], "unauthorized");
+        }
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, _) = send(&http, Method::GET, &format!("{base}{path}"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{path}");
+    }
+    register_datanode(&http, &base, 1, Some("s3cret")).await;
+    let (status, v) = send(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/datanodes"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 401, "{v}");
+
+    let addr = base.trim_start_matches("http://").to_owned();
+    let (ok, _, err) = run(&["status", "--server", &addr], &[]).await;
+    assert!(!ok);
+    assert!(err.contains("unauthorized"), "{err}");
+    let (ok, out, err) = run(&["status", "--server", &addr, "--token", "s3cret"], &[]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"leader\""), "{out}");
+    let (ok, _, err) = run(
+        &["status", "--server", &addr],
+        &[("METASERVER_TOKEN", "s3cret")],
+    )
+    .await;
+    assert!(ok, "{err}");
+
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+
+    // Eight writers put keys as fast as they can; every acknowledged one is recorded.
+    let acked: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (http, base, acked) = (http.clone(), base.clone(), acked.clone());
+        writers.push(tokio::spawn(async move {
+            for i in 0..100_000u64 {
+                let key = format!("w{w}/k{i:06}");
+                let value = format!("value {w} {i}");
+                match send(
+                    &http,
+                    Method::PUT,
+                    &format!("{base}/v1/kv/{key}"),
+                    None,
+                    Some(value.clone()),
+                )
+                .await
+                {
+                    Ok((200, _)) => {
+                        acked.lock().unwrap().insert(key, value);
+                    }
+                    // The server is going away: refused connections or 503 while draining.
+                    _ => return,
+                }
+            }
+        }));
+    }
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    while acked.lock().unwrap().len() < 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes are not acknowledged"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    server.signal(libc::SIGTERM);
+    let exit = server.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", server.logs());
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let mut missing = Vec::new();
+    for (key, value) in &acked {
+        let (status, body) = send(
+            &http,
+            Method::GET,
+            &format!("{base}/v1/kv/{key}"),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        if status != 200 || body != Value::String(value.clone()) {
+            missing.push(format!("{key}: {status} {body}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged writes lost: {:?}",
+        missing.len(),
+        acked.len(),
+        &missing[..missing.len().min(10)]
+    );
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("cluster");
+    let mut cluster = spawn(
+        dir.path(),
+        dir.path(),
+        &[
+            "local-cluster",
+            "--nodes",
+            "3",
+            "--base-port",
+            "0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+        true,
+    );
+    let mut addrs = BTreeMap::new();
+    for id in 1..=3u64 {
+        let line = cluster.wait_line(&format!("node {id} at "));
+        let addr = line.split_whitespace().next().unwrap().to_owned();
+        addrs.insert(id, format!("http://{addr}"));
+    }
+    // Every node reports the same leader.
+    let mut leader = None;
+    for base in addrs.values() {
+        let v = poll(&http, &format!("{base}/v1/cluster"), None, |v| {
+            v["leader_id"].is_u64() && v["voters"] == json!([1, 2, 3])
+        })
+        .await;
+        let id = v["leader_id"].as_u64().unwrap();
+        leader.get_or_insert(id);
+    }
+    let leader = leader.unwrap();
+    for base in addrs.values() {
+        poll(&http, &format!("{base}/v1/cluster"), None, |v| {
+            v["leader_id"] == leader
+        })
+        .await;
+    }
+    let followers: Vec<u64> = addrs.keys().copied().filter(|id| *id != leader).collect();
+    let f1 = &addrs[&followers[0]];
+    let f2 = &addrs[&followers[1]];
+
+    // Registrations sent to a follower are forwarded to the leader.
+    let epoch = register_datanode(&http, f1, 11, None).await;
+    let shards: Vec<Value> = (0..1000u64)
+        .map(|i| json!({"id": i, "generation": 1, "size": i}))
+        .collect();
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f1}/v1/datanodes/11/shards"),
+        None,
+        Some(json!({"epoch": epoch, "shards": shards}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["accepted"], 1000);
+    // A linearizable read at the other follower sees it; so, eventually, does every local read.
+    let (status, v) = send(
+        &http,
+        Method::GET,
+        &format!("{f2}/v1/datanodes/11"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["shards"], 1000);
+    for base in addrs.values() {
+        poll(
+            &http,
+            &format!("{base}/v1/datanodes/11?consistency=local"),
+            None,
+            |v| v["shards"] == 1000,
+        )
+        .await;
+    }
+
+    // Ctrl-C stops the whole cluster cleanly.
+    cluster.signal(libc::SIGINT);
+    let exit = cluster.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+    for base in addrs.values() {
+        assert!(
+            send(&http, Method::GET, &format!("{base}/healthz"), None, None)
+                .await
+                .is_err(),
+            "{base} still answers"
+        );
+    }
+}

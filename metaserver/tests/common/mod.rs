@@ -1,0 +1,235 @@
+//! Helpers of the binary tests: start `metaserver` processes on ephemeral loopback ports,
+//! read the address they print, poll them with deadlines, signal them, and never leave one
+//! behind (children are killed when their handle is dropped).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a test waits for anything.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A running `metaserver` process (and, for `local-cluster`, its process group).
+pub struct Proc {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub stderr: PathBuf,
+    group: bool,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = self.child.id() as libc::pid_t;
+            let target = if self.group { -pid } else { pid };
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(target, libc::SIGKILL);
+            }
+            let _ = self.child.wait();
+        } else if self.group {
+            // The leader exited; make sure nothing of its group lingers.
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_metaserver")
+}
+
+/// Starts the binary in `cwd` with `args` and `env`; stdout lines are collected, stderr
+/// goes to a log file in `log_dir`. `group` puts it in its own process group.
+pub fn spawn(cwd: &Path, log_dir: &Path, args: &[&str], env: &[(&str, &str)], group: bool) -> Proc {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stderr = log_dir.join(format!("stderr-{n}.log"));
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .current_dir(cwd)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).expect("log file"))
+        .env("RUST_LOG", "warn");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("METASERVER_") {
+            command.env_remove(key);
+        }
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    if group {
+        command.process_group(0);
+    }
+    let mut child = command.spawn().expect("spawn metaserver");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Proc {
+        child,
+        lines: rx,
+        stderr,
+        group,
+    }
+}
+
+impl Proc {
+    /// Waits for a stdout line starting with `prefix` and returns the rest.
+    pub fn wait_line(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim().to_owned();
+                    }
+                }
+                Err(_) => panic!("no line starting with {prefix:?}; stderr:\n{}", self.logs()),
+            }
+        }
+    }
+
+    /// The address printed as `listening on ADDR`.
+    pub fn address(&mut self) -> String {
+        self.wait_line("listening on ")
+    }
+
+    /// The tail of its stderr.
+    pub fn logs(&self) -> String {
+        let bytes = std::fs::read(&self.stderr).unwrap_or_default();
+        let start = bytes.len().saturating_sub(4000);
+        String::from_utf8_lossy(&bytes[start..]).into_owned()
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions; the child is not reaped yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit; stderr:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An HTTP client for the tests.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Sends a request and returns (status, JSON or string body).
+pub async fn send(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> reqwest::Result<(u16, Value)> {
+    let mut request = http.request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    Ok((
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
+}
+
+/// Polls `GET url` until it answers 200 and `ok` accepts the body.
+pub async fn poll(
+    http: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    mut ok: impl FnMut(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + DEADLINE;
+    let mut last = None;
+    loop {
+        if let Ok((200, v)) = send(http, reqwest::Method::GET, url, token, None).await {
+            if ok(&v) {
+                return v;
+            }
+            last = Some(v);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gave up polling {url}; last {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs an operator command to completion and returns (success, stdout, stderr).
+pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tokio::task::spawn_blocking(move || run_blocking(&args, &env))
+        .await
+        .expect("operator command")
+}
+
+fn run_blocking(args: &[String], env: &[(String, String)]) -> (bool, String, String) {
+    let mut command = Command::new(binary());
+    command.args(args).env("RUST_LOG", "warn");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("METASERVER_") {
+            command.env_remove(key);
+        }
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let out = command.output().expect("run metaserver");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
