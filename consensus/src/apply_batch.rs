@@ -12,15 +12,26 @@ use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::records::{DatanodeRecord, KvRecord, ReplicaRecord};
+use crate::records::{
+    find, AppliedRecord, BucketEntry, DatanodeRecord, KvRecord, ReplicaBucket, ReplicaRecord,
+};
 use crate::types::{LogId, StoredMembership};
+
+/// A pending write: encoded bytes, or a decoded replica bucket / count kept decoded until the
+/// end of the call so that many changes to one bucket cost one decode and one encode.
+enum Pending {
+    Raw(Option<Vec<u8>>),
+    Replicas(ReplicaBucket),
+    Count(u64),
+}
 
 /// The pending writes of one `apply` call.
 pub(crate) struct ApplyBatch<'a> {
     tree: &'a sled::Tree,
-    /// key -> new value (`None` = delete).
-    pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// key -> new value.
+    pending: BTreeMap<Vec<u8>, Pending>,
     replicas: u64,
+    applied: Option<LogId>,
 }
 
 impl<'a> ApplyBatch<'a> {
@@ -29,6 +40,7 @@ impl<'a> ApplyBatch<'a> {
             tree,
             pending: BTreeMap::new(),
             replicas,
+            applied: None,
         }
     }
 
@@ -37,42 +49,75 @@ impl<'a> ApplyBatch<'a> {
         self.replicas
     }
 
-    fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if let Some(p) = self.pending.get(key) {
-            return Ok(p.clone());
-        }
+    fn tree_get(&self, key: &[u8]) -> Result<Option<sled::IVec>> {
         self.tree
             .get(key)
-            .map(|v| v.map(|v| v.to_vec()))
             .map_err(|e| Error::registry("read during apply", e))
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8], what: &str) -> Result<Option<T>> {
-        match self.raw_get(key)? {
-            None => Ok(None),
-            Some(v) => codec::decode(&v)
-                .map(Some)
-                .map_err(|e| Error::corrupt(what.to_string(), e)),
+        let bytes = match self.pending.get(key) {
+            Some(Pending::Raw(v)) => return decode_opt(v.as_deref(), what),
+            Some(_) => {
+                return Err(Error::Raft(format!(
+                    "{what}: pending value of another kind"
+                )))
+            }
+            None => self.tree_get(key)?,
+        };
+        decode_opt(bytes.as_deref(), what)
+    }
+
+    fn exists(&self, key: &[u8]) -> Result<bool> {
+        match self.pending.get(key) {
+            Some(Pending::Raw(v)) => Ok(v.is_some()),
+            Some(_) => Ok(true),
+            None => Ok(self.tree_get(key)?.is_some()),
         }
     }
 
     fn put<T: serde::Serialize>(&mut self, key: &[u8], value: &T) -> Result<()> {
         let v = codec::encode(value).map_err(|e| Error::corrupt("encode record", e))?;
-        self.pending.insert(key.to_vec(), Some(v));
+        self.pending.insert(key.to_vec(), Pending::Raw(Some(v)));
         Ok(())
     }
 
-    fn put_raw(&mut self, key: &[u8], value: Vec<u8>) {
-        self.pending.insert(key.to_vec(), Some(value));
-    }
-
     fn remove(&mut self, key: &[u8]) {
-        self.pending.insert(key.to_vec(), None);
+        self.pending.insert(key.to_vec(), Pending::Raw(None));
     }
 
-    /// Records the applied log id (and the membership, when the entry carries one).
-    pub(crate) fn set_applied(&mut self, log_id: &LogId) -> Result<()> {
-        self.put(keys::META_APPLIED, log_id)
+    /// The replica bucket `b`, decoded into the pending map.
+    fn bucket(&mut self, b: u64) -> Result<&mut ReplicaBucket> {
+        let key = keys::replica_bucket(b);
+        if !self.pending.contains_key(&key[..]) {
+            let bucket: ReplicaBucket =
+                decode_opt(self.tree_get(&key)?.as_deref(), "replica bucket")?.unwrap_or_default();
+            self.pending.insert(key.to_vec(), Pending::Replicas(bucket));
+        }
+        match self.pending.get_mut(&key[..]) {
+            Some(Pending::Replicas(b)) => Ok(b),
+            _ => Err(Error::Raft("replica bucket pending as another kind".into())),
+        }
+    }
+
+    /// Adds `delta` to the count of `datanode`'s replicas in bucket `b`.
+    fn count(&mut self, datanode: u64, b: u64, delta: i64) -> Result<()> {
+        let key = keys::by_datanode(datanode, b);
+        let current = match self.pending.get(&key[..]) {
+            Some(Pending::Count(c)) => *c,
+            Some(_) => return Err(Error::Raft("count pending as another kind".into())),
+            None => {
+                decode_opt::<u64>(self.tree_get(&key)?.as_deref(), "bucket count")?.unwrap_or(0)
+            }
+        };
+        let new = current.saturating_add_signed(delta);
+        self.pending.insert(key.to_vec(), Pending::Count(new));
+        Ok(())
+    }
+
+    /// Records the applied log id (written with the replica count by `finish`).
+    pub(crate) fn set_applied(&mut self, log_id: &LogId) {
+        self.applied = Some(*log_id);
     }
 
     pub(crate) fn set_membership(&mut self, m: &StoredMembership) -> Result<()> {
@@ -134,22 +179,30 @@ impl<'a> ApplyBatch<'a> {
         }
         let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
         for s in shards {
-            let rkey = keys::replica(s.id, datanode);
+            let b = keys::bucket_of(s.id);
             let new = ReplicaRecord {
                 generation: s.generation,
                 size: s.size,
                 epoch,
             };
-            match self.get::<ReplicaRecord>(&rkey, "replica")? {
-                Some(old) if s.generation < old.generation => stale.push(s.id),
-                Some(old) if old == new => unchanged += 1,
-                Some(_) => {
-                    self.put(&rkey, &new)?;
+            let bucket = self.bucket(b)?;
+            match find(bucket, s.id, datanode) {
+                Ok(i) if s.generation < bucket[i].replica.generation => stale.push(s.id),
+                Ok(i) if bucket[i].replica == new => unchanged += 1,
+                Ok(i) => {
+                    bucket[i].replica = new;
                     accepted += 1;
                 }
-                None => {
-                    self.put(&rkey, &new)?;
-                    self.put_raw(&keys::by_datanode(datanode, s.id), Vec::new());
+                Err(i) => {
+                    bucket.insert(
+                        i,
+                        BucketEntry {
+                            shard: s.id,
+                            datanode,
+                            replica: new,
+                        },
+                    );
+                    self.count(datanode, b, 1)?;
                     dn.shards += 1;
                     self.replicas += 1;
                     accepted += 1;
@@ -173,10 +226,11 @@ impl<'a> ApplyBatch<'a> {
         };
         let mut removed = 0u64;
         for &shard in shards {
-            let rkey = keys::replica(shard, datanode);
-            if self.raw_get(&rkey)?.is_some() {
-                self.remove(&rkey);
-                self.remove(&keys::by_datanode(datanode, shard));
+            let b = keys::bucket_of(shard);
+            let bucket = self.bucket(b)?;
+            if let Ok(i) = find(bucket, shard, datanode) {
+                bucket.remove(i);
+                self.count(datanode, b, -1)?;
                 removed += 1;
             }
         }
@@ -188,26 +242,25 @@ impl<'a> ApplyBatch<'a> {
         Ok(CommandResult::ShardsDeregistered { removed })
     }
 
-    /// The shard ids indexed under `datanode`, merging the tree with pending writes.
-    fn shards_of(&self, datanode: u64) -> Result<Vec<u64>> {
+    /// The buckets holding replicas of `datanode`, merging the tree with pending writes.
+    fn buckets_of(&self, datanode: u64) -> Result<Vec<u64>> {
         let prefix = keys::by_datanode_prefix(datanode);
         let mut set = std::collections::BTreeSet::new();
         for item in self.tree.scan_prefix(prefix) {
             let (k, _) = item.map_err(|e| Error::registry("scan during apply", e))?;
-            if let Some((_, shard)) = keys::two_ids(&k) {
-                set.insert(shard);
+            if let Some((_, b)) = keys::two_ids(&k) {
+                set.insert(b);
             }
         }
         for (k, v) in self.pending.range(prefix.to_vec()..) {
             if !k.starts_with(&prefix) {
                 break;
             }
-            if let Some((_, shard)) = keys::two_ids(k) {
-                if v.is_some() {
-                    set.insert(shard);
-                } else {
-                    set.remove(&shard);
-                }
+            if let Some((_, b)) = keys::two_ids(k) {
+                match v {
+                    Pending::Count(0) | Pending::Raw(None) => set.remove(&b),
+                    _ => set.insert(b),
+                };
             }
         }
         Ok(set.into_iter().collect())
@@ -215,19 +268,21 @@ impl<'a> ApplyBatch<'a> {
 
     fn remove_datanode(&mut self, id: u64) -> Result<CommandResult> {
         let dkey = keys::datanode(id);
-        if self.raw_get(&dkey)?.is_none() {
+        if !self.exists(&dkey)? {
             return Ok(CommandResult::DatanodeRemoved {
                 existed: false,
                 replicas_removed: 0,
             });
         }
-        let shards = self.shards_of(id)?;
-        for &shard in &shards {
-            self.remove(&keys::replica(shard, id));
-            self.remove(&keys::by_datanode(id, shard));
+        let mut n = 0u64;
+        for b in self.buckets_of(id)? {
+            let bucket = self.bucket(b)?;
+            let before = bucket.len();
+            bucket.retain(|e| e.datanode != id);
+            n += (before - bucket.len()) as u64;
+            self.remove(&keys::by_datanode(id, b));
         }
         self.remove(&dkey);
-        let n = shards.len() as u64;
         self.replicas = self.replicas.saturating_sub(n);
         Ok(CommandResult::DatanodeRemoved {
             existed: true,
@@ -289,19 +344,206 @@ impl<'a> ApplyBatch<'a> {
     }
 
     /// The sled batch of every pending write (with the replica count), and the keys it
-    /// touches (for capture pre-images).
+    /// touches (for capture pre-images). Empty buckets and zero counts are deleted.
     pub(crate) fn finish(mut self) -> Result<(sled::Batch, Vec<Vec<u8>>)> {
-        let replicas = self.replicas;
-        self.put(keys::META_REPLICAS, &replicas)?;
+        let rec = AppliedRecord {
+            applied: self.applied,
+            replicas: self.replicas,
+        };
+        self.put(keys::META_APPLIED, &rec)?;
         let mut batch = sled::Batch::default();
         let mut touched = Vec::with_capacity(self.pending.len());
+        let enc = |e| Error::corrupt("encode record", e);
         for (k, v) in self.pending {
-            match v {
+            let value = match v {
+                Pending::Raw(v) => v,
+                Pending::Replicas(b) if b.is_empty() => None,
+                Pending::Replicas(b) => Some(codec::encode(&b).map_err(enc)?),
+                Pending::Count(0) => None,
+                Pending::Count(c) => Some(codec::encode(&c).map_err(enc)?),
+            };
+            match value {
                 Some(v) => batch.insert(k.as_slice(), v),
                 None => batch.remove(k.as_slice()),
             }
             touched.push(k);
         }
         Ok((batch, touched))
+    }
+}
+
+fn decode_opt<T: serde::de::DeserializeOwned>(
+    bytes: Option<&[u8]>,
+    what: &str,
+) -> Result<Option<T>> {
+    match bytes {
+        None => Ok(None),
+        Some(v) => codec::decode(v)
+            .map(Some)
+            .map_err(|e| Error::corrupt(what.to_string(), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    fn report(id: u64, generation: u64) -> ShardReport {
+        ShardReport {
+            id,
+            generation,
+            size: 7,
+        }
+    }
+
+    /// Applies `cmds` as one batch at consecutive indexes from `first`.
+    fn apply(reg: &Registry, first: u64, cmds: &[Command]) -> Vec<CommandResult> {
+        let g = reg.current();
+        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        let out = cmds
+            .iter()
+            .enumerate()
+            .map(|(i, c)| b.execute(first + i as u64, c).unwrap())
+            .collect();
+        let (batch, keys) = b.finish().unwrap();
+        g.commit(batch, keys.iter().map(|k| k.as_slice())).unwrap();
+        out
+    }
+
+    fn registry() -> (tempfile::TempDir, Registry) {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        (dir, reg)
+    }
+
+    #[test]
+    fn buckets_hold_scattered_replicas_and_reads_see_them_in_order() {
+        let (_d, reg) = registry();
+        let ids: Vec<u64> = vec![5, 64, 63, 1 << 40, 1000, 1001, 6400];
+        let r = apply(
+            &reg,
+            1,
+            &[
+                Command::RegisterDatanode {
+                    id: 1,
+                    addr: "a".into(),
+                },
+                Command::RegisterDatanode {
+                    id: 2,
+                    addr: "b".into(),
+                },
+                Command::RegisterShards {
+                    datanode: 1,
+                    epoch: 1,
+                    shards: ids.iter().map(|&i| report(i, 1)).collect(),
+                },
+                // Same call: sees the writes above (read-your-writes within a batch).
+                Command::RegisterShards {
+                    datanode: 2,
+                    epoch: 2,
+                    shards: vec![report(5, 1), report(64, 1)],
+                },
+                Command::RegisterShards {
+                    datanode: 1,
+                    epoch: 1,
+                    shards: vec![report(5, 1), report(64, 0), report(63, 2)],
+                },
+            ],
+        );
+        assert_eq!(
+            r[4],
+            CommandResult::ShardsRegistered {
+                accepted: 1,
+                unchanged: 1,
+                stale: vec![64]
+            }
+        );
+        assert_eq!(reg.current().replica_count().unwrap(), 9);
+        let s5 = reg.shard(5).unwrap().unwrap();
+        assert_eq!(s5.replicas.iter().map(|r| r.datanode).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(reg.shard(63).unwrap().unwrap().replicas[0].generation, 2);
+        assert!(reg.shard(62).unwrap().is_none());
+
+        let page = reg.shards(None, 100).unwrap();
+        let got: Vec<(u64, u64)> = page.items.iter().map(|e| (e.shard, e.datanode)).collect();
+        let mut want: Vec<(u64, u64)> = ids.iter().map(|&i| (i, 1)).collect();
+        want.extend([(5, 2), (64, 2)]);
+        want.sort();
+        assert_eq!(got, want);
+        // Page through in twos.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let p = reg.shards(after.as_deref(), 2).unwrap();
+            seen.extend(p.items.iter().map(|e| (e.shard, e.datanode)));
+            match p.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(seen, want);
+        let mine: Vec<u64> = reg
+            .datanode_shards(1, None, 100)
+            .unwrap()
+            .items
+            .iter()
+            .map(|e| e.shard)
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(mine, sorted);
+        let p = reg.datanode_shards(1, None, 3).unwrap();
+        let rest = reg.datanode_shards(1, p.next.as_deref(), 100).unwrap();
+        assert_eq!(rest.items.len(), ids.len() - 3);
+        assert!(rest.next.is_none());
+
+        // Deregister and remove clean up buckets and counts.
+        let r = apply(
+            &reg,
+            10,
+            &[
+                Command::DeregisterShards {
+                    datanode: 1,
+                    shards: vec![5, 5, 999],
+                },
+                Command::RemoveDatanode { id: 2 },
+                Command::RemoveDatanode { id: 2 },
+            ],
+        );
+        assert_eq!(r[0], CommandResult::ShardsDeregistered { removed: 1 });
+        assert_eq!(
+            r[1],
+            CommandResult::DatanodeRemoved {
+                existed: true,
+                replicas_removed: 2
+            }
+        );
+        assert_eq!(
+            r[2],
+            CommandResult::DatanodeRemoved {
+                existed: false,
+                replicas_removed: 0
+            }
+        );
+        assert!(reg.shard(5).unwrap().is_none());
+        assert_eq!(reg.datanode(1).unwrap().unwrap().shards, 6);
+        assert_eq!(reg.current().replica_count().unwrap(), 6);
+        let r = apply(&reg, 20, &[Command::RemoveDatanode { id: 1 }]);
+        assert_eq!(
+            r[0],
+            CommandResult::DatanodeRemoved {
+                existed: true,
+                replicas_removed: 6
+            }
+        );
+        // Nothing but metadata is left.
+        assert!(reg.content().unwrap().is_empty());
+        assert!(reg
+            .current()
+            .tree
+            .iter()
+            .keys()
+            .all(|k| k.unwrap()[0] == b'm'));
     }
 }

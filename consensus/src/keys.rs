@@ -1,29 +1,30 @@
 //! The key layout of the registry tree. Everything lives in one sled tree so that one
 //! `apply_batch` writes a whole `apply` call atomically:
 //!
-//! | prefix | key                              | value            |
-//! |--------|----------------------------------|------------------|
-//! | `d`    | datanode id (u64 BE)             | `DatanodeRecord` |
-//! | `r`    | shard id, datanode id (u64 BE)   | `ReplicaRecord`  |
-//! | `x`    | datanode id, shard id (u64 BE)   | empty (index)    |
-//! | `k`    | key bytes (UTF-8)                | `KvRecord`       |
-//! | `m`    | name                             | metadata         |
+//! | prefix | key                                   | value                         |
+//! |--------|---------------------------------------|-------------------------------|
+//! | `d`    | datanode id (u64 BE)                  | `DatanodeRecord`              |
+//! | `r`    | shard bucket (u64 BE)                 | `ReplicaBucket`: the replicas of the shards in the bucket |
+//! | `x`    | datanode id, shard bucket (u64 BE)    | how many of the bucket's replicas the datanode holds (u64) |
+//! | `k`    | key bytes (UTF-8)                     | `KvRecord`                    |
+//! | `m`    | name                                  | metadata                      |
 //!
-//! (the `m` keys below are the metadata names, prefix included)
-//!
-//! Big-endian ids make sled's byte order the numeric order, which listings and cursors use.
+//! Replicas are packed by shard bucket (`shard >> BUCKET_BITS`): a sled operation costs a few
+//! microseconds whatever the value size, so a batch of shards with nearby ids costs a few
+//! bucket rewrites instead of two operations per replica. The `x` entries index which buckets
+//! hold a datanode's replicas, for listing and removing them. Big-endian ids make sled's byte
+//! order the numeric order, which listings and cursors use.
 
 pub const DATANODE: u8 = b'd';
 pub const REPLICA: u8 = b'r';
 pub const BY_DATANODE: u8 = b'x';
 pub const KV: u8 = b'k';
 
-/// Last applied log id.
+/// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
+/// every apply writes one metadata record.
 pub const META_APPLIED: &[u8] = b"mapplied";
-/// Last applied membership.
+/// Last applied membership (written only by membership entries).
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
-/// Total number of replicas.
-pub const META_REPLICAS: &[u8] = b"mreplicas";
 
 pub fn datanode(id: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -32,26 +33,28 @@ pub fn datanode(id: u64) -> [u8; 9] {
     k
 }
 
-pub fn replica(shard: u64, datanode: u64) -> [u8; 17] {
-    let mut k = [0u8; 17];
-    k[0] = REPLICA;
-    k[1..9].copy_from_slice(&shard.to_be_bytes());
-    k[9..].copy_from_slice(&datanode.to_be_bytes());
-    k
+/// Shards per bucket: `1 << BUCKET_BITS`.
+pub const BUCKET_BITS: u32 = 6;
+
+/// The bucket of a shard.
+pub fn bucket_of(shard: u64) -> u64 {
+    shard >> BUCKET_BITS
 }
 
-pub fn replica_prefix(shard: u64) -> [u8; 9] {
+/// The key of a shard bucket.
+pub fn replica_bucket(bucket: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = REPLICA;
-    k[1..].copy_from_slice(&shard.to_be_bytes());
+    k[1..].copy_from_slice(&bucket.to_be_bytes());
     k
 }
 
-pub fn by_datanode(datanode: u64, shard: u64) -> [u8; 17] {
+/// The key counting a datanode's replicas in a shard bucket.
+pub fn by_datanode(datanode: u64, bucket: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = BY_DATANODE;
     k[1..9].copy_from_slice(&datanode.to_be_bytes());
-    k[9..].copy_from_slice(&shard.to_be_bytes());
+    k[9..].copy_from_slice(&bucket.to_be_bytes());
     k
 }
 
@@ -69,7 +72,7 @@ pub fn kv(key: &str) -> Vec<u8> {
     k
 }
 
-/// Reads the two big-endian ids of a 17-byte `r` or `x` key.
+/// Reads the two big-endian ids of a 17-byte `x` key.
 pub fn two_ids(key: &[u8]) -> Option<(u64, u64)> {
     if key.len() != 17 {
         return None;
@@ -79,7 +82,7 @@ pub fn two_ids(key: &[u8]) -> Option<(u64, u64)> {
     Some((a, b))
 }
 
-/// Reads the id of a 9-byte `d` key.
+/// Reads the id of a 9-byte `d` or `r` key.
 pub fn one_id(key: &[u8]) -> Option<u64> {
     if key.len() != 9 {
         return None;
@@ -127,9 +130,10 @@ mod tests {
 
     #[test]
     fn layout_and_cursors() {
-        assert!(replica(1, 2) < replica(1, 3));
-        assert!(replica(1, u64::MAX) < replica(2, 0));
-        assert_eq!(two_ids(&replica(7, 9)), Some((7, 9)));
+        assert!(replica_bucket(1) < replica_bucket(2));
+        assert_eq!(bucket_of(63), 0);
+        assert_eq!(bucket_of(64), 1);
+        assert_eq!(two_ids(&by_datanode(7, 9)), Some((7, 9)));
         assert_eq!(one_id(&datanode(5)), Some(5));
         assert_eq!(
             from_hex(&to_hex(&[0, 1, 0xab, 0xff])),

@@ -55,10 +55,7 @@ struct Index {
 
 impl Index {
     fn last_log_id(&self) -> Option<LogId> {
-        self.entries
-            .back()
-            .map(|(_, l)| *l)
-            .or(self.last_purged)
+        self.entries.back().map(|(_, l)| *l).or(self.last_purged)
     }
 
     fn next_index(&self) -> u64 {
@@ -419,12 +416,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 None => idx.entries.front().map(|(lsn, _)| *lsn),
                 Some(a) => a.checked_add(1).and_then(|i| idx.lsn_of(i)),
             };
-            (
-                first_gone,
-                idx.vote_lsn,
-                idx.vote,
-                idx.committed,
-            )
+            (first_gone, idx.vote_lsn, idx.vote, idx.committed)
         };
         let Some(first_gone) = first_gone else {
             return Ok(());

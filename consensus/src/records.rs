@@ -2,6 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::LogId;
+
+/// What every apply writes: the last applied log id and the total replica count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedRecord {
+    pub applied: Option<LogId>,
+    pub replicas: u64,
+}
+
 /// A datanode: address, current incarnation and replica count.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatanodeRecord {
@@ -24,4 +33,20 @@ pub struct ReplicaRecord {
 pub struct KvRecord {
     pub value: Vec<u8>,
     pub revision: u64,
+}
+
+/// One replica in a shard bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketEntry {
+    pub shard: u64,
+    pub datanode: u64,
+    pub replica: ReplicaRecord,
+}
+
+/// The replicas of the shards of one bucket, sorted by (shard, datanode), without duplicates.
+pub type ReplicaBucket = Vec<BucketEntry>;
+
+/// Finds (shard, datanode) in a bucket: `Ok(position)` or `Err(insertion point)`.
+pub fn find(bucket: &[BucketEntry], shard: u64, datanode: u64) -> Result<usize, usize> {
+    bucket.binary_search_by(|e| (e.shard, e.datanode).cmp(&(shard, datanode)))
 }

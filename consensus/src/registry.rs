@@ -17,7 +17,7 @@ use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::records::{DatanodeRecord, KvRecord, ReplicaRecord};
+use crate::records::{AppliedRecord, DatanodeRecord, KvRecord, ReplicaBucket};
 use crate::types::{LogId, StoredMembership};
 use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo};
 
@@ -87,7 +87,9 @@ impl Generation {
 
     /// Last applied log id and membership as stored in this generation.
     pub(crate) fn applied(&self) -> Result<(Option<LogId>, StoredMembership)> {
-        let applied = self.get::<LogId>(keys::META_APPLIED, "last applied")?;
+        let applied = self
+            .get::<AppliedRecord>(keys::META_APPLIED, "last applied")?
+            .and_then(|r| r.applied);
         let membership = self
             .get::<StoredMembership>(keys::META_MEMBERSHIP, "membership")?
             .unwrap_or_default();
@@ -96,7 +98,8 @@ impl Generation {
 
     pub(crate) fn replica_count(&self) -> Result<u64> {
         Ok(self
-            .get::<u64>(keys::META_REPLICAS, "replica count")?
+            .get::<AppliedRecord>(keys::META_APPLIED, "last applied")?
+            .map(|r| r.replicas)
             .unwrap_or(0))
     }
 }
@@ -265,57 +268,66 @@ impl Registry {
         Ok(self.current().tree.scan_prefix([keys::DATANODE]).count() as u64)
     }
 
+    fn replica_bucket(g: &Generation, b: u64) -> Result<ReplicaBucket> {
+        Ok(
+            g.get::<ReplicaBucket>(&keys::replica_bucket(b), "replica bucket")?
+                .unwrap_or_default(),
+        )
+    }
+
     pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
         let g = self.current();
-        let mut replicas = Vec::new();
-        for item in g.tree.scan_prefix(keys::replica_prefix(id)) {
-            let (k, v) = item.map_err(|e| Error::registry("read shard", e))?;
-            let (_, datanode) = keys::two_ids(&k).ok_or_else(|| bad_key("replica", &k))?;
-            let r: ReplicaRecord = codec::decode(&v)
-                .map_err(|e| Error::corrupt(format!("replica {id}/{datanode}"), e))?;
-            replicas.push(ReplicaInfo {
-                datanode,
-                generation: r.generation,
-                size: r.size,
-                epoch: r.epoch,
-            });
-        }
+        let replicas: Vec<ReplicaInfo> = Self::replica_bucket(&g, keys::bucket_of(id))?
+            .into_iter()
+            .filter(|e| e.shard == id)
+            .map(|e| ReplicaInfo {
+                datanode: e.datanode,
+                generation: e.replica.generation,
+                size: e.replica.size,
+                epoch: e.replica.epoch,
+            })
+            .collect();
         Ok((!replicas.is_empty()).then_some(ShardInfo { id, replicas }))
     }
 
     /// All replicas ordered by (shard, datanode), after the cursor.
     pub(crate) fn shards(&self, after: Option<&str>, limit: usize) -> Result<Page<ShardEntry>> {
         let limit = check_limit(limit)?;
-        let start = match after {
-            None => vec![keys::REPLICA],
+        let after = match after {
+            None => None,
             Some(c) => {
                 let raw = cursor_bytes(c, 16)?;
-                let mut k = vec![keys::REPLICA];
-                k.extend_from_slice(&raw);
-                keys::successor(&k)
+                let shard = u64::from_be_bytes(raw[..8].try_into().expect("8 bytes"));
+                let dn = u64::from_be_bytes(raw[8..].try_into().expect("8 bytes"));
+                Some((shard, dn))
             }
         };
+        let start = keys::replica_bucket(after.map(|(s, _)| keys::bucket_of(s)).unwrap_or(0));
         let g = self.current();
         let mut items = Vec::new();
         let mut more = false;
-        for item in g.tree.range(start..) {
+        'buckets: for item in g.tree.range(start..) {
             let (k, v) = item.map_err(|e| Error::registry("list shards", e))?;
             if k.first() != Some(&keys::REPLICA) {
                 break;
             }
-            if items.len() == limit {
-                more = true;
-                break;
+            let bucket: ReplicaBucket = codec::decode(&v)
+                .map_err(|e| Error::corrupt(format!("replica bucket {}", keys::to_hex(&k)), e))?;
+            for e in bucket {
+                if after.is_some_and(|a| (e.shard, e.datanode) <= a) {
+                    continue;
+                }
+                if items.len() == limit {
+                    more = true;
+                    break 'buckets;
+                }
+                items.push(ShardEntry {
+                    shard: e.shard,
+                    datanode: e.datanode,
+                    generation: e.replica.generation,
+                    size: e.replica.size,
+                });
             }
-            let (shard, datanode) = keys::two_ids(&k).ok_or_else(|| bad_key("replica", &k))?;
-            let r: ReplicaRecord = codec::decode(&v)
-                .map_err(|e| Error::corrupt(format!("replica {shard}/{datanode}"), e))?;
-            items.push(ShardEntry {
-                shard,
-                datanode,
-                generation: r.generation,
-                size: r.size,
-            });
         }
         let next = more.then(|| {
             let last = items.last().expect("a full page is not empty");
@@ -334,37 +346,38 @@ impl Registry {
         limit: usize,
     ) -> Result<Page<ShardEntry>> {
         let limit = check_limit(limit)?;
-        let prefix = keys::by_datanode_prefix(datanode);
-        let start = match after {
-            None => prefix.to_vec(),
-            Some(c) => {
-                let raw = cursor_bytes(c, 8)?;
-                let mut k = prefix.to_vec();
-                k.extend_from_slice(&raw);
-                keys::successor(&k)
-            }
+        let after = match after {
+            None => None,
+            Some(c) => Some(u64::from_be_bytes(
+                cursor_bytes(c, 8)?.try_into().expect("8 bytes"),
+            )),
         };
+        let prefix = keys::by_datanode_prefix(datanode);
+        let start = keys::by_datanode(datanode, after.map(keys::bucket_of).unwrap_or(0));
         let g = self.current();
         let mut items = Vec::new();
         let mut more = false;
-        for item in g.tree.range(start..) {
+        'buckets: for item in g.tree.range(start..) {
             let (k, _) = item.map_err(|e| Error::registry("list datanode shards", e))?;
             if !k.starts_with(&prefix) {
                 break;
             }
-            if items.len() == limit {
-                more = true;
-                break;
-            }
-            let (_, shard) = keys::two_ids(&k).ok_or_else(|| bad_key("index", &k))?;
-            // The index and the replica are written in one batch; a concurrent removal between
-            // the two reads only drops the entry from this page.
-            if let Some(r) = g.get::<ReplicaRecord>(&keys::replica(shard, datanode), "replica")? {
+            let (_, b) = keys::two_ids(&k).ok_or_else(|| bad_key("index", &k))?;
+            // The index and the bucket are written in one batch; a concurrent change between
+            // the two reads only shows on this page as the newer bucket.
+            for e in Self::replica_bucket(&g, b)? {
+                if e.datanode != datanode || after.is_some_and(|a| e.shard <= a) {
+                    continue;
+                }
+                if items.len() == limit {
+                    more = true;
+                    break 'buckets;
+                }
                 items.push(ShardEntry {
-                    shard,
+                    shard: e.shard,
                     datanode,
-                    generation: r.generation,
-                    size: r.size,
+                    generation: e.replica.generation,
+                    size: e.replica.size,
                 });
             }
         }

@@ -5,10 +5,10 @@
 //! frames carry the primary registry records (datanodes, replicas, keys) exactly as stored;
 //! the last frame is an end frame whose value is the codec-encoded [`Trailer`] with the
 //! counts, so a truncated stream is detected even before the file checksum is. The datanode
-//! index and counters are derived data: the importer rebuilds and cross-checks them. The Raft
+//! bucket index and the counters are derived data: the importer rebuilds and cross-checks them. The Raft
 //! metadata (last log id, membership) travels in the snapshot file's header, not here.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::records::{DatanodeRecord, KvRecord, ReplicaRecord};
+use crate::records::{AppliedRecord, DatanodeRecord, KvRecord, ReplicaBucket};
 use crate::types::SnapshotMeta;
 
 const TAG_PAIR: u8 = 1;
@@ -40,14 +40,26 @@ pub(crate) struct Trailer {
 }
 
 impl Trailer {
-    fn count(&mut self, key: &[u8]) {
+    /// Counts one pair; `replicas` is the number of replicas a bucket value holds.
+    fn count(&mut self, key: &[u8], replicas: u64) {
         self.pairs += 1;
         match key.first() {
             Some(&keys::DATANODE) => self.datanodes += 1,
-            Some(&keys::REPLICA) => self.replicas += 1,
+            Some(&keys::REPLICA) => self.replicas += replicas,
             Some(&keys::KV) => self.kvs += 1,
             _ => {}
         }
+    }
+}
+
+/// How many replicas a pair holds (buckets only). Export trusts its own tree's values.
+fn replicas_in(key: &[u8], value: &[u8]) -> u64 {
+    if key.first() == Some(&keys::REPLICA) {
+        codec::decode::<ReplicaBucket>(value)
+            .map(|b| b.len() as u64)
+            .unwrap_or(0)
+    } else {
+        0
     }
 }
 
@@ -87,7 +99,7 @@ pub(crate) fn export(
             capture.resolve(&mut chunk);
             for (k, v) in &chunk {
                 write_frame(out, TAG_PAIR, k, v).map_err(io_err)?;
-                trailer.count(k);
+                trailer.count(k, replicas_in(k, v));
             }
         }
     }
@@ -97,7 +109,7 @@ pub(crate) fn export(
             Some(&keys::DATANODE | &keys::REPLICA | &keys::KV)
         ) {
             write_frame(out, TAG_PAIR, &k, &v).map_err(io_err)?;
-            trailer.count(&k);
+            trailer.count(&k, replicas_in(&k, &v));
         }
     }
     let end = codec::encode(&trailer).map_err(|e| Error::corrupt("snapshot trailer", e))?;
@@ -157,31 +169,55 @@ fn read_frame(input: &mut impl Read) -> Result<Option<Frame>> {
     }
 }
 
-/// Checks one pair and returns the derived writes (the datanode index entry of a replica).
-fn check_pair(key: &[u8], value: &[u8], per_datanode: &mut HashMap<u64, (u64, u64)>) -> Result<()> {
+/// Derived data rebuilt while importing: per datanode, its declared and found replica counts,
+/// and how many replicas it holds in each bucket.
+#[derive(Default)]
+struct Derived {
+    per_datanode: HashMap<u64, (u64, u64)>,
+    per_bucket: BTreeMap<(u64, u64), u64>,
+}
+
+/// Checks one pair (key shape, value decodes, bucket entries sorted, unique and in their
+/// bucket) and records what the index needs; returns the replicas it holds.
+fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
     let what = || format!("snapshot record {}", keys::to_hex(key));
+    let bad = |m: &str| Error::Snapshot(format!("{m} in {}", what()));
     match key.first() {
         Some(&keys::DATANODE) => {
-            let id = keys::one_id(key)
-                .ok_or_else(|| Error::Snapshot(format!("bad key in {}", what())))?;
+            let id = keys::one_id(key).ok_or_else(|| bad("bad key"))?;
             let rec: DatanodeRecord =
                 codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
-            per_datanode.entry(id).or_default().0 = rec.shards;
+            derived.per_datanode.entry(id).or_default().0 = rec.shards;
+            Ok(0)
         }
         Some(&keys::REPLICA) => {
-            let (_, dn) = keys::two_ids(key)
-                .ok_or_else(|| Error::Snapshot(format!("bad key in {}", what())))?;
-            let _: ReplicaRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
-            per_datanode.entry(dn).or_default().1 += 1;
+            let b = keys::one_id(key).ok_or_else(|| bad("bad key"))?;
+            let bucket: ReplicaBucket =
+                codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            if bucket.is_empty() {
+                return Err(bad("empty bucket"));
+            }
+            let mut prev: Option<(u64, u64)> = None;
+            for e in &bucket {
+                if keys::bucket_of(e.shard) != b {
+                    return Err(bad("replica outside its bucket"));
+                }
+                if prev.is_some_and(|p| p >= (e.shard, e.datanode)) {
+                    return Err(bad("unsorted or duplicate replicas"));
+                }
+                prev = Some((e.shard, e.datanode));
+                derived.per_datanode.entry(e.datanode).or_default().1 += 1;
+                *derived.per_bucket.entry((e.datanode, b)).or_default() += 1;
+            }
+            Ok(bucket.len() as u64)
         }
         Some(&keys::KV) => {
-            std::str::from_utf8(&key[1..])
-                .map_err(|_| Error::Snapshot(format!("non-UTF-8 key in {}", what())))?;
+            std::str::from_utf8(&key[1..]).map_err(|_| bad("non-UTF-8 key"))?;
             let _: KvRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            Ok(0)
         }
-        _ => return Err(Error::Snapshot(format!("unexpected {}", what()))),
+        _ => Err(Error::Snapshot(format!("unexpected {}", what()))),
     }
-    Ok(())
 }
 
 /// Imports a payload into the empty `tree`, verifying every record, the trailer counts and
@@ -194,7 +230,7 @@ pub(crate) fn import(
     mut tee: Option<&mut dyn Write>,
 ) -> Result<Trailer> {
     let mut counted = Trailer::default();
-    let mut per_datanode: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut derived = Derived::default();
     let mut batch = sled::Batch::default();
     let mut in_batch = 0usize;
     let flush = |batch: &mut sled::Batch| -> Result<()> {
@@ -214,17 +250,11 @@ pub(crate) fn import(
                 break t;
             }
             Some(Frame::Pair(k, v)) => {
-                check_pair(&k, &v, &mut per_datanode)?;
+                let replicas = check_pair(&k, &v, &mut derived)?;
                 if let Some(out) = tee.as_deref_mut() {
                     write_frame(out, TAG_PAIR, &k, &v).map_err(tee_err)?;
                 }
-                if k[0] == keys::REPLICA {
-                    if let Some((shard, dn)) = keys::two_ids(&k) {
-                        batch.insert(&keys::by_datanode(dn, shard)[..], &[][..]);
-                        in_batch += 1;
-                    }
-                }
-                counted.count(&k);
+                counted.count(&k, replicas);
                 batch.insert(k, v);
                 in_batch += 1;
                 if in_batch >= IMPORT_CHUNK {
@@ -242,7 +272,7 @@ pub(crate) fn import(
             "trailer says {trailer:?} but the payload holds {counted:?}"
         )));
     }
-    for (dn, (declared, found)) in &per_datanode {
+    for (dn, (declared, found)) in &derived.per_datanode {
         if declared != found {
             return Err(Error::Snapshot(format!(
                 "datanode {dn} declares {declared} replicas but the snapshot holds {found}"
@@ -250,19 +280,28 @@ pub(crate) fn import(
         }
     }
     let enc = |what: &'static str, e| Error::corrupt(what, e);
-    if let Some(applied) = &meta.last_log_id {
+    for ((dn, b), n) in &derived.per_bucket {
         batch.insert(
-            keys::META_APPLIED,
-            codec::encode(applied).map_err(|e| enc("applied", e))?,
+            &keys::by_datanode(*dn, *b)[..],
+            codec::encode(n).map_err(|e| enc("count", e))?,
         );
+        in_batch += 1;
+        if in_batch >= IMPORT_CHUNK {
+            flush(&mut batch)?;
+            in_batch = 0;
+        }
     }
+    let applied = AppliedRecord {
+        applied: meta.last_log_id,
+        replicas: counted.replicas,
+    };
+    batch.insert(
+        keys::META_APPLIED,
+        codec::encode(&applied).map_err(|e| enc("applied", e))?,
+    );
     batch.insert(
         keys::META_MEMBERSHIP,
         codec::encode(&meta.last_membership).map_err(|e| enc("membership", e))?,
-    );
-    batch.insert(
-        keys::META_REPLICAS,
-        codec::encode(&counted.replicas).map_err(|e| enc("replica count", e))?,
     );
     flush(&mut batch)?;
     Ok(counted)

@@ -185,7 +185,7 @@ impl SmShared {
         let Some(last) = last else {
             return Ok(results);
         };
-        batch.set_applied(&last)?;
+        batch.set_applied(&last);
         let replicas = batch.replicas();
         let (sled_batch, touched) = batch.finish()?;
         gen.commit(sled_batch, touched.iter().map(|k| k.as_slice()))?;

@@ -124,8 +124,12 @@ where
     }
 }
 
-/// Fallback for paths that no route matches.
+/// Fallback for paths that no route matches. `/v1/kv/` (a key-value path whose key is empty,
+/// which the key route's wildcard cannot match) is a bad key rather than an unknown route.
 pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    if uri.path() == "/v1/kv/" {
+        return ApiError::invalid("invalid_key", "key must not be empty");
+    }
     ApiError::NotFound(format!("no route for {method} {}", uri.path()))
 }
 

@@ -5,7 +5,6 @@
 //! directly.
 
 pub mod auth;
-pub mod codec;
 pub mod error;
 pub mod extract;
 pub mod forward;

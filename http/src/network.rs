@@ -1,9 +1,9 @@
 //! The Raft transport between processes, client side: openraft's network factory over HTTP.
 //!
 //! One pooled HTTP/1.1 client (keep-alive, no Nagle delay) carries every RPC to every peer;
-//! bodies are bincode through [`crate::codec`]. Append, vote and transfer-leader RPCs are
-//! bounded by openraft's per-RPC soft TTL. A full snapshot is streamed from its file with no
-//! overall timeout (a registry of a million replicas must get through), ending early only
+//! bodies are bincode through the consensus crate's codec module (the one place that knows
+//! the encoding). Append, vote and transfer-leader RPCs are bounded by openraft's per-RPC soft
+//! TTL. A full snapshot is streamed from its file with no overall timeout (a registry of a million replicas must get through), ending early only
 //! when openraft cancels it. A peer that cannot be connected to, or that is shutting down,
 //! answers openraft's `Unreachable`, which makes openraft back off before retrying (with the
 //! backoff of the node's Raft configuration).
@@ -27,11 +27,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::auth::Token;
-use crate::codec;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_PRE_VOTE, PATH_SNAPSHOT,
     PATH_TRANSFER_LEADER, PATH_VOTE,
 };
+use meta_consensus::codec;
 
 /// How long connecting to a peer may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -178,6 +178,34 @@ impl HttpConnection {
     }
 }
 
+/// Largest encoded AppendEntries body sent in one RPC (the receiver accepts up to
+/// [`crate::limits::MAX_RAFT_BODY_BYTES`]).
+pub const APPEND_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// How many of the request's entries fit in one RPC body: all of them, or the longest prefix
+/// of at least one entry whose encoding stays within [`APPEND_BODY_BYTES`].
+fn fitting_prefix(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<usize, RPCError<TypeConfig>> {
+    let encode_error = |e: codec::CodecError| RPCError::Network(NetworkError::new(&e));
+    // Cheap path: entries are small next to the limit (each is at most a few MiB).
+    let whole = codec::encode(rpc).map_err(encode_error)?.len();
+    if whole <= APPEND_BODY_BYTES || rpc.entries.len() <= 1 {
+        return Ok(rpc.entries.len());
+    }
+    let mut total = whole - rpc.entries.iter().try_fold(0usize, |sum, e| {
+        codec::encode(e).map(|b| sum + b.len()).map_err(encode_error)
+    })?;
+    let mut keep = 0;
+    for entry in &rpc.entries {
+        let len = codec::encode(entry).map_err(encode_error)?.len();
+        if keep > 0 && total + len > APPEND_BODY_BYTES {
+            break;
+        }
+        total += len;
+        keep += 1;
+    }
+    Ok(keep)
+}
+
 /// A peer's failure, before it becomes one of openraft's error types.
 enum RemoteFailure {
     Unreachable(String),
@@ -205,13 +233,34 @@ impl RemoteFailure {
 impl RaftNetworkV2<TypeConfig> for HttpConnection {
     type SnapshotData = SnapshotData;
 
+    /// Sends the entries, or, when their encoding exceeds [`APPEND_BODY_BYTES`], the longest
+    /// prefix that fits (at least one entry) and answers openraft `PartialSuccess` for it, so a
+    /// burst of large entries is replicated over several RPCs instead of being refused forever.
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
-            .await
+        let keep = fitting_prefix(&rpc)?;
+        if keep == rpc.entries.len() {
+            return self
+                .call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
+                .await;
+        }
+        rpc.entries.truncate(keep);
+        let last = rpc.entries.last().map(|e| e.log_id.clone());
+        tracing::debug!(
+            target_node = self.target,
+            entries = keep,
+            "append too large for one RPC; sending a prefix"
+        );
+        let response: AppendEntriesResponse<TypeConfig> = self
+            .call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
+            .await?;
+        Ok(match response {
+            AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last),
+            other => other,
+        })
     }
 
     async fn vote(

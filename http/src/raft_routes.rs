@@ -21,9 +21,9 @@ use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
-use crate::codec;
 use crate::error::ApiError;
 use crate::limits::MAX_RAFT_BODY_BYTES;
+use meta_consensus::codec;
 
 /// Append entries (and heartbeats).
 pub const PATH_APPEND: &str = "/raft/append";
@@ -59,7 +59,7 @@ where
 
 /// Encodes the head of a snapshot stream: length and vote.
 pub fn encode_snapshot_prefix(vote: &Vote) -> std::io::Result<Vec<u8>> {
-    let encoded = codec::encode(vote)?;
+    let encoded = codec::encode(vote).map_err(std::io::Error::from)?;
     let mut prefix = Vec::with_capacity(4 + encoded.len());
     prefix.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
     prefix.extend_from_slice(&encoded);

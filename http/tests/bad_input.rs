@@ -509,6 +509,8 @@ fn matrix(epoch: u64) -> Vec<Case> {
             400,
             "invalid_key",
         ),
+        case("empty key", M::PUT, "/v1/kv/", "v", 400, "invalid_key"),
+        case("empty key read", M::GET, "/v1/kv/", "", 400, "invalid_key"),
         case(
             "key too long",
             M::PUT,

@@ -50,7 +50,8 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7101].
     #[arg(long, env = "METASERVER_LISTEN")]
     pub listen: Option<String>,
-    /// Address peers and clients reach this node at [default: the bound listen address].
+    /// Address peers and clients reach this node at [default: its --peers entry, else the
+    /// bound listen address].
     #[arg(long, env = "METASERVER_ADVERTISE")]
     pub advertise: Option<String>,
     /// Data directory [default: ./metaserver-data].

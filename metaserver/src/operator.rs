@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::ShardBody;
-use meta_http::response::{DatanodeView, ShardPage, ShardsRegistered};
+use meta_http::response::{ClusterView, DatanodeView, ShardPage, ShardsRegistered};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -94,7 +94,7 @@ impl Operator {
 /// `metaserver status`: the member's view, as pretty JSON.
 pub async fn status(args: ClientArgs) -> Result<()> {
     let op = Operator::new(&args)?;
-    let view: Value = op.get_json("/v1/cluster").await?;
+    let view: ClusterView = op.get_json("/v1/cluster").await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }

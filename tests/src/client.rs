@@ -505,6 +505,25 @@ impl Api {
         .await
     }
 
+    /// `GET /metrics`: the value of the first sample of `name` (labels ignored), `None` when absent.
+    pub async fn metric(&self, name: &str) -> Result<Option<f64>, ApiError> {
+        let response = self
+            .send(self.http.get(format!("{}/metrics", self.base)))
+            .await?;
+        let text = response
+            .text()
+            .await
+            .map_err(|err| ApiError::NoAnswer(error_chain(&err)))?;
+        Ok(text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let rest = match rest.strip_prefix('{') {
+                Some(labelled) => &labelled[labelled.find('}')? + 1..],
+                None => rest,
+            };
+            rest.split_whitespace().next()?.parse().ok()
+        }))
+    }
+
     /// `PATCH /v1/config` with a new snapshot rate (0 = unlimited).
     pub async fn set_snapshot_rate(&self, bytes_per_sec: u64) -> Result<Value, ApiError> {
         self.json(

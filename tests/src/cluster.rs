@@ -2,6 +2,7 @@
 //! node for the Raft traffic (so links can be cut), start/kill/restart, waiting on `/v1/cluster`, and
 //! the final comparison of every node with the model. Dropping it kills every process.
 
+use crate::note::note;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -126,7 +127,7 @@ impl Cluster {
             nodes,
             endpoints,
         };
-        eprintln!("[{name}] cluster dir {}", cluster.root().display());
+        note(format!("[{name}] cluster dir {}", cluster.root().display()));
         for id in cluster.ids() {
             cluster.start_node(id, &[]).await?;
         }
@@ -247,7 +248,10 @@ impl Cluster {
         self.proxies[&id].set_target(Some(addr));
         self.endpoints.set(id, Some(addr));
         self.nodes.get_mut(&id).expect("known node").process = Some(process);
-        eprintln!("[{}] node {id} (pid {pid}) listening on {addr}", self.name);
+        note(format!(
+            "[{}] node {id} (pid {pid}) listening on {addr}",
+            self.name
+        ));
         Ok(addr)
     }
 
@@ -290,7 +294,7 @@ impl Cluster {
     pub fn kill(&mut self, id: u64) {
         if let Some(mut process) = self.forget_process(id) {
             process.kill();
-            eprintln!("[{}] node {id} killed", self.name);
+            note(format!("[{}] node {id} killed", self.name));
         }
     }
 
@@ -300,7 +304,7 @@ impl Cluster {
             .forget_process(id)
             .ok_or_else(|| anyhow::anyhow!("node {id} is not running"))?;
         let status = process.terminate(Duration::from_secs(20)).await?;
-        eprintln!("[{}] node {id} stopped: {status}", self.name);
+        note(format!("[{}] node {id} stopped: {status}", self.name));
         Ok(status)
     }
 
@@ -385,7 +389,7 @@ impl Cluster {
                 self.proxies[&id].block(*other);
             }
         }
-        eprintln!("[{}] node {id} isolated", self.name);
+        note(format!("[{}] node {id} isolated", self.name));
     }
 
     /// Limits the bytes per second that other nodes can send to node `id` (per connection); `None`
@@ -399,7 +403,7 @@ impl Cluster {
         for proxy in self.proxies.values() {
             proxy.unblock_all();
         }
-        eprintln!("[{}] links healed", self.name);
+        note(format!("[{}] links healed", self.name));
     }
 
     /// Waits until `ids` have caught up, then checks each node's local registry against the model
@@ -428,13 +432,13 @@ impl Cluster {
             }
         }
         let (batches, replicas) = model.acked();
-        eprintln!(
+        note(format!(
             "[{}] nodes {ids:?} equal the model at index {index}: {batches} batches, {replicas} replicas, \
              {} keys acknowledged, {} batches unanswered",
             self.name,
             model.acked_kv(),
             model.unresolved_batches()
-        );
+        ));
         Ok(())
     }
 }
@@ -458,17 +462,17 @@ impl Drop for Cluster {
                 if let Some((out, err)) = &self.nodes[&id].logs {
                     let mut text = std::fs::read_to_string(out).unwrap_or_default();
                     text.push_str(&std::fs::read_to_string(err).unwrap_or_default());
-                    eprintln!(
+                    note(format!(
                         "[{}] ---- node {id}, last output ----\n{}",
                         self.name,
                         tail(&text, 30)
-                    );
+                    ));
                 }
             }
         }
         if panicking && std::env::var_os(KEEP_ENV).is_some() {
             if let Some(dir) = self.dir.take() {
-                eprintln!("[{}] kept {}", self.name, dir.keep().display());
+                note(format!("[{}] kept {}", self.name, dir.keep().display()));
             }
         }
     }

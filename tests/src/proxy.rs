@@ -2,6 +2,7 @@
 //! opened each connection (see [`crate::socket_owner`]) so a test can cut single directed links:
 //! a partition needs no test-only code in the server.
 
+use crate::note::note;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -150,10 +151,10 @@ async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Share
                     if !shared2.blocked.lock().unwrap().is_empty() {
                         return;
                     }
-                    eprintln!(
+                    note(format!(
                         "proxy to node {}: cannot tell which node opened {peer} ({why}); let through",
                         shared2.to
-                    );
+                    ));
                 }
             }
             let source = source.ok();

@@ -1,6 +1,7 @@
 //! Small helpers shared by the scenarios: a time limit, and turning an error into a panic while the
 //! cluster is still alive (so that its drop prints each node's last output).
 
+use crate::note::note;
 use std::future::Future;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ where
     F: Future<Output = anyhow::Result<()>>,
 {
     match tokio::time::timeout(limit, body).await {
-        Ok(Ok(())) => eprintln!("[{name}] passed"),
+        Ok(Ok(())) => note(format!("[{name}] passed")),
         Ok(Err(err)) => panic!("[{name}] failed: {err:#}"),
         Err(_) => panic!("[{name}] did not finish within {limit:?}"),
     }

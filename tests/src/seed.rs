@@ -1,5 +1,7 @@
 //! Seeded randomness: every test prints its seed, and `META_TEST_SEED` replays a run with it.
 
+use crate::note::note;
+
 /// The environment variable that replays a run with a given seed.
 pub const SEED_ENV: &str = "META_TEST_SEED";
 
@@ -15,7 +17,9 @@ pub fn test_seed(test: &str) -> u64 {
             .unwrap_or_else(|_| panic!("{SEED_ENV}={text:?} is not an unsigned integer")),
         Err(_) => fastrand::u64(..),
     };
-    eprintln!("[{test}] seed {seed} (replay with {SEED_ENV}={seed})");
+    note(format!(
+        "[{test}] seed {seed} (replay with {SEED_ENV}={seed})"
+    ));
     seed
 }
 

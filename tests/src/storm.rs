@@ -2,6 +2,7 @@
 //! writes fresh keys) against random live nodes, retrying whatever got no answer, and record every
 //! outcome in the [`Model`].
 
+use crate::note::note;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -90,7 +91,7 @@ impl Ctx {
     }
 
     fn anomaly(&self, text: String) {
-        eprintln!("storm anomaly: {text}");
+        note(format!("storm anomaly: {text}"));
         self.model.lock().unwrap().anomalies.push(text);
     }
 }

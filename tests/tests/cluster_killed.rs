@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meta_tests::scenario::within;
-use meta_tests::{test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::{note, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -29,7 +29,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     // Everything acknowledged so far was committed at or below this index.
     let committed_before = before.committed;
     let acked_while_up = model.lock().unwrap().acked();
-    eprintln!("all killed after {acked_while_up:?} (batches, replicas) acknowledged, commit index >= {committed_before}");
+    note(format!("all killed after {acked_while_up:?} (batches, replicas) acknowledged, commit index >= {committed_before}"));
 
     // Node 1 gets `--init` again, as on its first start: it must not initialize a second time.
     for id in &all {

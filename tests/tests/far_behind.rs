@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use meta_tests::scenario::within;
-use meta_tests::{poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::{note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(90);
 
@@ -47,11 +47,11 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     let leader_api = cluster.api(leader)?;
     let (index, bytes) = leader_api.snapshot_now().await?;
-    let status = cluster.status(leader).await?;
-    eprintln!(
-        "snapshot at index {index}, {bytes} bytes; leader purged up to {:?}, the follower stopped at {started_at}",
-        status.purged
-    );
+    // Openraft purges shortly after the snapshot; a follower started before that catches up by log.
+    let purged = wait_purged(cluster, leader, index).await?;
+    note(format!(
+        "snapshot at index {index}, {bytes} bytes; leader purged up to {purged}, the follower stopped at {started_at}"
+    ));
 
     // About four seconds of transfer. The server's snapshot rate paces snapshot files as they are
     // written; the link into the follower (the harness's proxy) is slowed to the same rate, so the
@@ -70,23 +70,46 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let restarted = Instant::now();
     let env = [(String::from("METASERVER_SNAPSHOT_RATE"), rate.to_string())];
     cluster.start_node(follower, &env).await?;
-    let installed = poll_until("the follower to install the snapshot", STEP, || async {
-        let status = cluster.status(follower).await?;
-        match status.snapshot_index {
-            Some(at) if at >= index => Ok(Some(at)),
-            other => anyhow::bail!("snapshot {other:?}, applied {}", status.applied),
-        }
-    })
-    .await?;
-    eprintln!(
-        "follower installed the snapshot at {installed} after {:?} ({rate} bytes/s)",
-        restarted.elapsed()
-    );
+    cluster.wait_caught_up(&all, STEP).await?;
+    let status = cluster.status(follower).await?;
+    note(format!(
+        "follower caught up to {} after {:?} ({rate} bytes/s); its snapshot: {:?}",
+        status.applied,
+        restarted.elapsed(),
+        status.snapshot_index
+    ));
+    // Checked after the convergence below, so a failure here still shows whether data was lost.
+    let installed = match status.snapshot_index {
+        Some(at) if at >= index => Ok(()),
+        other => Err(anyhow::anyhow!(
+            "the follower caught up without installing the snapshot at {index} (its newest snapshot: {other:?})"
+        )),
+    };
     cluster.set_link_rate(follower, None);
     storm.wait_progress(1_000, STEP).await?;
 
     let model = storm.stop().await?.lock().unwrap().clone();
-    cluster.assert_converged(&all, &model, "storm/").await
+    cluster.assert_converged(&all, &model, "storm/").await?;
+    installed
+}
+
+/// Waits until node `id` has purged its log up to `index` (from `/metrics`).
+async fn wait_purged(cluster: &Cluster, id: u64, index: u64) -> anyhow::Result<u64> {
+    poll_until(
+        &format!("node {id} to purge its log up to {index}"),
+        STEP,
+        || async {
+            let purged = cluster
+                .api(id)?
+                .metric("metaserver_raft_purged_index")
+                .await?;
+            match purged {
+                Some(p) if p >= index as f64 => Ok(Some(p as u64)),
+                other => anyhow::bail!("purged index {other:?}"),
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meta_tests::scenario::within;
-use meta_tests::{test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::{note, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -30,10 +30,10 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         new.id != old.id && new.term > old.term,
         "no new leader: {new:?}"
     );
-    eprintln!(
+    note(format!(
         "leader {} killed at term {}; node {} leads at term {}",
         old.id, old.term, new.id, new.term
-    );
+    ));
     storm.wait_progress(2_000, STEP).await?;
 
     cluster.start_node(old.id, &[]).await?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use meta_tests::scenario::within;
 use meta_tests::{
-    test_seed, Api, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
+    note, test_seed, Api, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
 };
 
 const STEP: Duration = Duration::from_secs(60);
@@ -35,10 +35,10 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         new.id != old.id && new.term > old.term,
         "the majority did not elect: {new:?}"
     );
-    eprintln!(
+    note(format!(
         "node {} isolated at term {}; node {} leads at term {}",
         old.id, old.term, new.id, new.term
-    );
+    ));
 
     // The isolated node never acknowledges a write, and stops acting as leader: it reports another
     // role, or refuses writes with 503 `no_leader`. A failure here is kept and reported at the end,
@@ -46,8 +46,8 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let isolated = cluster.api(old.id)?.with_timeout(Duration::from_secs(15));
     let step_down = step_down(&isolated).await;
     match &step_down {
-        Ok(how) => eprintln!("isolated node {}: {how}", old.id),
-        Err(err) => eprintln!("isolated node {}: {err:#}", old.id),
+        Ok(how) => note(format!("isolated node {}: {how}", old.id)),
+        Err(err) => note(format!("isolated node {}: {err:#}", old.id)),
     }
 
     storm.wait_progress(1_000, STEP).await?;
@@ -55,7 +55,10 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     cluster.heal();
     let healed = cluster.wait_leader(&all, STEP).await?;
-    eprintln!("healed: node {} leads at term {}", healed.id, healed.term);
+    note(format!(
+        "healed: node {} leads at term {}",
+        healed.id, healed.term
+    ));
     storm.wait_progress(500, STEP).await?;
 
     let history = reads.stop().await?;
@@ -70,7 +73,10 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         reads_in_partition > 0 && history.reads.len() > reads_in_partition,
         "too few reads recorded"
     );
-    eprintln!("{} linearizable reads checked", history.reads.len());
+    note(format!(
+        "{} linearizable reads checked",
+        history.reads.len()
+    ));
 
     let model = storm.stop().await?.lock().unwrap().clone();
     cluster.assert_converged(&all, &model, "storm/").await?;

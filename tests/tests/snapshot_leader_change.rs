@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meta_tests::scenario::within;
-use meta_tests::{poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::{note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(90);
 
@@ -48,7 +48,25 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         let (index, size) = cluster.api(id)?.snapshot_now().await?;
         bytes = bytes.max(size);
         snapshot_index = snapshot_index.min(index);
-        eprintln!("node {id}: snapshot at index {index}, {size} bytes");
+        // Openraft purges shortly after the snapshot; until then the follower could catch up by log.
+        poll_until(
+            &format!("node {id} to purge its log up to {index}"),
+            STEP,
+            || async {
+                let purged = cluster
+                    .api(id)?
+                    .metric("metaserver_raft_purged_index")
+                    .await?;
+                match purged {
+                    Some(p) if p >= index as f64 => Ok(Some(())),
+                    other => anyhow::bail!("purged index {other:?}"),
+                }
+            },
+        )
+        .await?;
+        note(format!(
+            "node {id}: snapshot at index {index}, {size} bytes"
+        ));
     }
     // About eight seconds per transfer: the snapshot rate paces the files, the slowed link into the
     // follower (the harness's proxy) paces the transfer.
@@ -83,7 +101,9 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     )
     .await?;
     cluster.kill(leader);
-    eprintln!("leader {leader} killed while node {follower} receives its snapshot");
+    note(format!(
+        "leader {leader} killed while node {follower} receives its snapshot"
+    ));
     cluster.set_link_rate(follower, None);
 
     let new = cluster.wait_leader(&[other, follower], STEP).await?;

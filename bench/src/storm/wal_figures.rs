@@ -8,8 +8,9 @@ use super::api::Api;
 /// WAL counters of one server at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WalFigures {
-    /// Records appended to the log so far.
-    pub appends: f64,
+    /// Records made durable so far: the records (and markers) that barriers covered, summed; the
+    /// records appended when the server does not count covered records.
+    pub records: f64,
     /// Durability barriers (fdatasyncs) completed so far.
     pub barriers: f64,
 }
@@ -27,17 +28,18 @@ impl WalFigures {
                     .await
                     .map_err(|e| anyhow!("{metrics_err}; and /v1/cluster: {e}"))?;
                 Ok(WalFigures {
-                    appends: appends as f64,
+                    records: appends as f64,
                     barriers: barriers as f64,
                 })
             }
         }
     }
 
-    /// Reads the counters from Prometheus text. In order of preference: a records-per-barrier
-    /// histogram (`*wal*record*barrier*_sum` / `_count`), WAL append and barrier counters
-    /// (`*wal*append*_total` / `*wal*barrier*_total`), or the `_count` of a barrier latency
-    /// histogram for the barriers.
+    /// Reads the counters from Prometheus text. Records, in order of preference: the sum of a
+    /// records-per-barrier histogram (`*wal*record*barrier*_sum`, with its `_count` as barriers),
+    /// the covered-records counter (`*wal*records_synced*_total`), the append counter
+    /// (`*wal*append*_total`). Barriers: `*wal*barrier*_total`, else the `_count` of the barrier
+    /// latency histogram.
     pub fn parse(text: &str) -> Result<WalFigures> {
         let samples: Vec<(&str, f64)> = text
             .lines()
@@ -63,16 +65,19 @@ impl WalFigures {
             find(&|n| per_barrier(n) && n.ends_with("_count")),
         ) {
             return Ok(WalFigures {
-                appends: sum,
+                records: sum,
                 barriers: count,
             });
         }
-        let appends = find(&|n| {
-            n.contains("append")
-                && n.ends_with("_total")
-                && !n.contains("byte")
-                && !n.contains("barrier")
-        });
+        let records =
+            find(&|n| n.contains("records_synced") && n.ends_with("_total")).or_else(|| {
+                find(&|n| {
+                    n.contains("append")
+                        && n.ends_with("_total")
+                        && !n.contains("byte")
+                        && !n.contains("barrier")
+                })
+            });
         let barriers =
             find(&|n| n.contains("barrier") && n.ends_with("_total") && !n.contains("record"))
                 .or_else(|| {
@@ -84,10 +89,10 @@ impl WalFigures {
                                 || n.contains("duration"))
                     })
                 });
-        match (appends, barriers) {
-            (Some(appends), Some(barriers)) => Ok(WalFigures { appends, barriers }),
+        match (records, barriers) {
+            (Some(records), Some(barriers)) => Ok(WalFigures { records, barriers }),
             _ => bail!(
-                "no WAL append and barrier counters in /metrics (found appends={appends:?}, barriers={barriers:?})"
+                "no WAL record and barrier counters in /metrics (found records={records:?}, barriers={barriers:?})"
             ),
         }
     }
@@ -98,7 +103,7 @@ impl WalFigures {
         if barriers <= 0.0 {
             return 0.0;
         }
-        (later.appends - self.appends) / barriers
+        (later.records - self.records) / barriers
     }
 }
 
@@ -107,12 +112,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_are_read_and_labels_ignored() {
+    fn covered_records_are_preferred_to_appends_and_labels_ignored() {
         let text = "# HELP metaserver_wal_appends Records appended.\n\
                     # TYPE metaserver_wal_appends counter\n\
                     metaserver_wal_appends_total 120\n\
-                    metaserver_wal_append_bytes_total 24000\n\
+                    metaserver_wal_bytes_total 24000\n\
                     metaserver_wal_barriers_total{node=\"1\"} 40\n\
+                    metaserver_wal_records_synced_total 100\n\
+                    metaserver_wal_records_per_barrier 2.5\n\
                     metaserver_wal_barrier_seconds_count 40\n\
                     metaserver_http_requests_total{route=\"/v1/cluster\"} 9\n\
                     # EOF\n";
@@ -120,10 +127,12 @@ mod tests {
         assert_eq!(
             f,
             WalFigures {
-                appends: 120.0,
+                records: 100.0,
                 barriers: 40.0
             }
         );
+        let without = text.replace("metaserver_wal_records_synced_total 100\n", "");
+        assert_eq!(WalFigures::parse(&without).unwrap().records, 120.0);
     }
 
     #[test]
@@ -133,7 +142,7 @@ mod tests {
                     metaserver_wal_records_per_barrier_sum 90\n\
                     metaserver_wal_records_per_barrier_count 10\n";
         let f = WalFigures::parse(text).unwrap();
-        assert_eq!(f.appends, 90.0);
+        assert_eq!(f.records, 90.0);
         assert_eq!(f.barriers, 10.0);
     }
 
@@ -141,12 +150,12 @@ mod tests {
     fn missing_counters_are_an_error_and_no_barrier_is_zero() {
         assert!(WalFigures::parse("metaserver_http_requests_total 3\n").is_err());
         let a = WalFigures {
-            appends: 10.0,
+            records: 10.0,
             barriers: 5.0,
         };
         assert_eq!(a.records_per_barrier(&a), 0.0);
         let b = WalFigures {
-            appends: 30.0,
+            records: 30.0,
             barriers: 9.0,
         };
         assert_eq!(a.records_per_barrier(&b), 5.0);
