@@ -461,7 +461,10 @@ mod tests {
         );
         assert_eq!(reg.current().replica_count().unwrap(), 9);
         let s5 = reg.shard(5).unwrap().unwrap();
-        assert_eq!(s5.replicas.iter().map(|r| r.datanode).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            s5.replicas.iter().map(|r| r.datanode).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         assert_eq!(reg.shard(63).unwrap().unwrap().replicas[0].generation, 2);
         assert!(reg.shard(62).unwrap().is_none());
 

@@ -114,7 +114,7 @@ impl NodeConfig {
             election_timeout_min: self.election_min_ms,
             election_timeout_max: self.election_max_ms,
             install_snapshot_timeout: self.install_snapshot_timeout.as_millis() as u64,
-            max_payload_entries: 4096,
+            max_payload_entries: 1024,
             max_append_entries: Some(4096),
             api_batch_capacity: 4096,
             api_batch_linger_ms: 0,

@@ -39,13 +39,16 @@ use crate::error::{Error, Result};
 use crate::log_record::{LogRecord, LogRecordRef};
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
+/// Most encoded entry bytes one replication read returns (at least one entry).
+pub const MAX_REPLICATION_BYTES: u64 = 4 << 20;
+
 /// The in-memory view of the log.
 #[derive(Debug, Default)]
 struct Index {
     /// Raft index of `entries[0]` (meaningful when non-empty).
     first: u64,
-    /// LSN and log id of each live entry, consecutive raft indexes.
-    entries: VecDeque<(Lsn, LogId)>,
+    /// LSN, log id and encoded size of each live entry, consecutive raft indexes.
+    entries: VecDeque<(Lsn, LogId, u32)>,
     last_purged: Option<LogId>,
     vote: Option<Vote>,
     /// LSN of the record that holds the current vote.
@@ -55,12 +58,12 @@ struct Index {
 
 impl Index {
     fn last_log_id(&self) -> Option<LogId> {
-        self.entries.back().map(|(_, l)| *l).or(self.last_purged)
+        self.entries.back().map(|(_, l, _)| *l).or(self.last_purged)
     }
 
     fn next_index(&self) -> u64 {
         match (self.entries.back(), &self.last_purged) {
-            (Some((_, l)), _) => l.index + 1,
+            (Some((_, l, _)), _) => l.index + 1,
             (None, Some(p)) => p.index + 1,
             (None, None) => 0,
         }
@@ -73,7 +76,7 @@ impl Index {
         pristine || index == self.next_index()
     }
 
-    fn push(&mut self, lsn: Lsn, log_id: LogId) -> Result<()> {
+    fn push(&mut self, lsn: Lsn, log_id: LogId, bytes: usize) -> Result<()> {
         let want = self.next_index();
         if !self.accepts(log_id.index) {
             return Err(Error::Raft(format!(
@@ -83,7 +86,8 @@ impl Index {
         if self.entries.is_empty() {
             self.first = log_id.index;
         }
-        self.entries.push_back((lsn, log_id));
+        self.entries
+            .push_back((lsn, log_id, u32::try_from(bytes).unwrap_or(u32::MAX)));
         Ok(())
     }
 
@@ -99,7 +103,7 @@ impl Index {
 
     /// Drops entries with index <= `upto` and records it as purged.
     fn purge(&mut self, upto: &LogId) {
-        while let Some((_, l)) = self.entries.front() {
+        while let Some((_, l, _)) = self.entries.front() {
             if l.index > upto.index {
                 break;
             }
@@ -121,7 +125,18 @@ impl Index {
         }
         self.entries
             .get((index - self.first) as usize)
-            .map(|(l, _)| *l)
+            .map(|(l, _, _)| *l)
+    }
+
+    /// Encoded size of the entry at `index` (0 if not live).
+    fn size_of(&self, index: u64) -> u64 {
+        if index < self.first {
+            return 0;
+        }
+        self.entries
+            .get((index - self.first) as usize)
+            .map(|(_, _, b)| *b as u64)
+            .unwrap_or(0)
     }
 }
 
@@ -164,7 +179,7 @@ impl LogStore {
                     {
                         continue;
                     }
-                    index.push(lsn, e.log_id)?;
+                    index.push(lsn, e.log_id, bytes.len())?;
                 }
                 LogRecord::Vote(v) => {
                     index.vote = Some(v);
@@ -321,6 +336,22 @@ impl RaftLogReader<TypeConfig> for LogStore {
         self.read_entries(range)
     }
 
+    /// Replication reads through here: at most [`MAX_REPLICATION_BYTES`] of encoded entries
+    /// (at least one entry), so a transport never has to carry an unbounded message.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        let end = {
+            let idx = self.shared.index.read();
+            let mut stop = start.max(idx.first);
+            let mut bytes = 0u64;
+            while stop < end && idx.lsn_of(stop).is_some() && bytes < MAX_REPLICATION_BYTES {
+                bytes += idx.size_of(stop);
+                stop += 1;
+            }
+            stop
+        };
+        self.read_entries(start..end)
+    }
+
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
         Ok(self.shared.index.read().vote)
     }
@@ -395,7 +426,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut idx = self.shared.index.write();
             for (i, e) in entries.iter().enumerate() {
-                idx.push(first_lsn + i as u64, e.log_id)
+                idx.push(first_lsn + i as u64, e.log_id, payloads[i].len())
                     .map_err(io::Error::from)?;
             }
         }
@@ -413,7 +444,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let (first_gone, vote_lsn, vote, committed) = {
             let idx = self.shared.index.read();
             let first_gone = match after {
-                None => idx.entries.front().map(|(lsn, _)| *lsn),
+                None => idx.entries.front().map(|(lsn, _, _)| *lsn),
                 Some(a) => a.checked_add(1).and_then(|i| idx.lsn_of(i)),
             };
             (first_gone, idx.vote_lsn, idx.vote, idx.committed)
@@ -455,9 +486,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let upto = idx
                 .entries
                 .iter()
-                .take_while(|(_, l)| l.index <= log_id.index)
+                .take_while(|(_, l, _)| l.index <= log_id.index)
                 .last()
-                .map(|(lsn, _)| *lsn);
+                .map(|(lsn, _, _)| *lsn);
             (upto, idx.vote, idx.committed)
         };
         let purged = Some(log_id);

@@ -306,3 +306,196 @@ pub(crate) fn import(
     flush(&mut batch)?;
     Ok(counted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply_batch::ApplyBatch;
+    use crate::command::{Command, ShardReport};
+    use crate::registry::Registry;
+
+    fn apply(reg: &Registry, index: u64, cmd: Command) {
+        let g = reg.current();
+        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        b.execute(index, &cmd).unwrap();
+        let (batch, keys) = b.finish().unwrap();
+        g.commit(batch, keys.iter().map(|k| k.as_slice())).unwrap();
+    }
+
+    fn shards(range: std::ops::Range<u64>, generation: u64) -> Vec<ShardReport> {
+        range
+            .map(|id| ShardReport {
+                id,
+                generation,
+                size: id,
+            })
+            .collect()
+    }
+
+    fn registry() -> (tempfile::TempDir, Registry) {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        (dir, reg)
+    }
+
+    #[test]
+    fn export_during_writes_imports_the_captured_point() {
+        let (_d, reg) = registry();
+        apply(
+            &reg,
+            1,
+            Command::RegisterDatanode {
+                id: 1,
+                addr: "a".into(),
+            },
+        );
+        apply(
+            &reg,
+            2,
+            Command::RegisterDatanode {
+                id: 2,
+                addr: "b".into(),
+            },
+        );
+        apply(
+            &reg,
+            3,
+            Command::RegisterShards {
+                datanode: 1,
+                epoch: 1,
+                shards: shards(0..3000, 1),
+            },
+        );
+        apply(
+            &reg,
+            4,
+            Command::RegisterShards {
+                datanode: 2,
+                epoch: 2,
+                shards: shards(1000..1500, 1),
+            },
+        );
+        apply(
+            &reg,
+            5,
+            Command::Put {
+                key: "k".into(),
+                value: vec![1],
+                if_revision: None,
+            },
+        );
+        let before = reg.content().unwrap();
+
+        let g = reg.current();
+        let capture = g.start_capture();
+        // Export the first part of the tree, then write, then export the rest.
+        let mut out = Vec::new();
+        let trailer = {
+            // Writes that land before, inside and after the exporter's position.
+            apply(
+                &reg,
+                6,
+                Command::RegisterShards {
+                    datanode: 1,
+                    epoch: 1,
+                    shards: shards(0..10, 2),
+                },
+            );
+            apply(&reg, 7, Command::RemoveDatanode { id: 2 });
+            apply(
+                &reg,
+                8,
+                Command::RegisterShards {
+                    datanode: 1,
+                    epoch: 1,
+                    shards: shards(5000..5100, 1),
+                },
+            );
+            apply(
+                &reg,
+                9,
+                Command::Delete {
+                    key: "k".into(),
+                    if_revision: None,
+                },
+            );
+            apply(
+                &reg,
+                10,
+                Command::RegisterDatanode {
+                    id: 3,
+                    addr: "c".into(),
+                },
+            );
+            export(&g.tree, &capture, &mut out).unwrap()
+        };
+        g.end_capture(&capture);
+        assert_eq!(trailer.replicas, 3500);
+        assert_eq!(trailer.datanodes, 2);
+        assert_eq!(trailer.kvs, 1);
+        assert_ne!(reg.content().unwrap(), before, "the live registry moved on");
+
+        let (_d2, other) = registry();
+        let r = other.begin_replace().unwrap();
+        let meta = SnapshotMeta::default();
+        let imported = import(&mut out.as_slice(), r.tree(), &meta, None).unwrap();
+        assert_eq!(imported, trailer);
+        other.finish_replace(r).unwrap();
+        assert_eq!(other.content().unwrap(), before);
+        assert_eq!(other.current().replica_count().unwrap(), 3500);
+        // The rebuilt index lists each datanode's replicas.
+        assert_eq!(
+            other.datanode_shards(2, None, 1000).unwrap().items.len(),
+            500
+        );
+    }
+
+    #[test]
+    fn damaged_payloads_are_refused_and_change_nothing() {
+        let (_d, reg) = registry();
+        apply(
+            &reg,
+            1,
+            Command::RegisterDatanode {
+                id: 1,
+                addr: "a".into(),
+            },
+        );
+        apply(
+            &reg,
+            2,
+            Command::RegisterShards {
+                datanode: 1,
+                epoch: 1,
+                shards: shards(0..200, 1),
+            },
+        );
+        let g = reg.current();
+        let c = g.start_capture();
+        let mut out = Vec::new();
+        export(&g.tree, &c, &mut out).unwrap();
+        g.end_capture(&c);
+
+        let (_d2, other) = registry();
+        let meta = SnapshotMeta::default();
+        for bad in [
+            out[..out.len() - 3].to_vec(),
+            out[..out.len() / 2].to_vec(),
+            {
+                let mut v = out.clone();
+                let n = v.len();
+                v[n / 2] ^= 0xff;
+                v
+            },
+            [out.clone(), out.clone()].concat(),
+        ] {
+            let r = other.begin_replace().unwrap();
+            assert!(import(&mut bad.as_slice(), r.tree(), &meta, None).is_err());
+            other.abort_replace(r);
+            assert!(
+                other.content().unwrap().is_empty(),
+                "the registry is unchanged"
+            );
+        }
+    }
+}

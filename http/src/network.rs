@@ -183,21 +183,29 @@ impl HttpConnection {
 pub const APPEND_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// How many of the request's entries fit in one RPC body: all of them, or the longest prefix
-/// of at least one entry whose encoding stays within [`APPEND_BODY_BYTES`].
-fn fitting_prefix(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<usize, RPCError<TypeConfig>> {
+/// of at least one entry whose encoding stays within `limit` bytes.
+fn fitting_prefix(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+    limit: usize,
+) -> Result<usize, RPCError<TypeConfig>> {
     let encode_error = |e: codec::CodecError| RPCError::Network(NetworkError::new(&e));
     // Cheap path: entries are small next to the limit (each is at most a few MiB).
     let whole = codec::encode(rpc).map_err(encode_error)?.len();
-    if whole <= APPEND_BODY_BYTES || rpc.entries.len() <= 1 {
+    if whole <= limit || rpc.entries.len() <= 1 {
         return Ok(rpc.entries.len());
     }
-    let mut total = whole - rpc.entries.iter().try_fold(0usize, |sum, e| {
-        codec::encode(e).map(|b| sum + b.len()).map_err(encode_error)
+    // What the request costs besides its entries; each entry encoded alone carries one more
+    // byte (the codec's version) than inside the request, so the estimate errs on the safe side.
+    let entries = rpc.entries.iter().try_fold(0usize, |sum, e| {
+        codec::encode(e)
+            .map(|b| sum + b.len())
+            .map_err(encode_error)
     })?;
+    let mut total = whole.saturating_sub(entries);
     let mut keep = 0;
     for entry in &rpc.entries {
         let len = codec::encode(entry).map_err(encode_error)?.len();
-        if keep > 0 && total + len > APPEND_BODY_BYTES {
+        if keep > 0 && total + len > limit {
             break;
         }
         total += len;
@@ -241,14 +249,14 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let keep = fitting_prefix(&rpc)?;
+        let keep = fitting_prefix(&rpc, APPEND_BODY_BYTES)?;
         if keep == rpc.entries.len() {
             return self
                 .call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
                 .await;
         }
         rpc.entries.truncate(keep);
-        let last = rpc.entries.last().map(|e| e.log_id.clone());
+        let last = rpc.entries.last().map(|e| e.log_id);
         tracing::debug!(
             target_node = self.target,
             entries = keep,
@@ -339,5 +347,62 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             &option,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meta_consensus::{Command, Entry};
+    use openraft::entry::EntryPayload;
+
+    fn request(values: &[usize]) -> AppendEntriesRequest<TypeConfig> {
+        let leader = openraft::impls::leader_id_adv::LeaderId {
+            term: 1,
+            node_id: 1,
+        };
+        let entries = values
+            .iter()
+            .enumerate()
+            .map(|(i, len)| Entry {
+                log_id: openraft::LogId::new(leader, i as u64 + 1),
+                payload: EntryPayload::Normal(Command::Put {
+                    key: format!("k{i}"),
+                    value: vec![7; *len],
+                    if_revision: None,
+                }),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new(1, 1),
+            prev_log_id: None,
+            entries,
+            leader_commit: None,
+        }
+    }
+
+    #[test]
+    fn small_appends_go_whole() {
+        let rpc = request(&[100; 10]);
+        assert_eq!(fitting_prefix(&rpc, 64 * 1024).unwrap(), 10);
+        assert_eq!(fitting_prefix(&request(&[]), 10).unwrap(), 0);
+    }
+
+    #[test]
+    fn large_appends_are_cut_to_a_fitting_prefix() {
+        let rpc = request(&[4000; 10]);
+        let keep = fitting_prefix(&rpc, 10_000).unwrap();
+        assert_eq!(keep, 2);
+        let mut prefix = rpc.clone();
+        prefix.entries.truncate(keep);
+        assert!(codec::encode(&prefix).unwrap().len() <= 10_000);
+        prefix.entries = rpc.entries[..keep + 1].to_vec();
+        assert!(codec::encode(&prefix).unwrap().len() > 10_000);
+    }
+
+    #[test]
+    fn one_entry_always_goes() {
+        assert_eq!(fitting_prefix(&request(&[50_000, 10]), 10_000).unwrap(), 1);
+        assert_eq!(fitting_prefix(&request(&[50_000]), 10_000).unwrap(), 1);
     }
 }

@@ -381,6 +381,20 @@ impl Cluster {
         Ok(target)
     }
 
+    /// Waits until node `id` has purged its log up to `index` (read from `/metrics`, since
+    /// `/v1/cluster` does not show it); returns the purged index.
+    pub async fn wait_purged(&self, id: u64, index: u64, timeout: Duration) -> anyhow::Result<u64> {
+        let what = format!("node {id} to purge its log up to {index}");
+        poll_until(&what, timeout, || async {
+            let purged = self.api(id)?.metric("metaserver_raft_purged_index").await?;
+            match purged {
+                Some(p) if p >= index as f64 => Ok(Some(p as u64)),
+                other => anyhow::bail!("purged index {other:?}"),
+            }
+        })
+        .await
+    }
+
     /// Cuts node `id` off from every other node (both directions of every link).
     pub fn isolate(&self, id: u64) {
         for (other, proxy) in &self.proxies {

@@ -31,6 +31,8 @@ pub struct StormConfig {
     pub kv_writers: usize,
     /// Prefix of the keys written.
     pub kv_prefix: String,
+    /// Pause after each acknowledged batch or key (keeps a long storm's volume bounded).
+    pub pause: Duration,
 }
 
 impl Default for StormConfig {
@@ -41,6 +43,20 @@ impl Default for StormConfig {
             batches_per_datanode: None,
             kv_writers: 1,
             kv_prefix: String::from("storm/"),
+            pause: Duration::ZERO,
+        }
+    }
+}
+
+impl StormConfig {
+    /// A slower storm for scenarios that keep it running through long phases: three datanodes,
+    /// batches of 100, a pause of 100 ms after each acknowledged write.
+    pub fn background() -> StormConfig {
+        StormConfig {
+            datanodes: (1..=3).collect(),
+            batch: 100,
+            pause: Duration::from_millis(100),
+            ..StormConfig::default()
         }
     }
 }
@@ -127,8 +143,15 @@ impl Storm {
         for writer in 0..config.kv_writers {
             let ctx = ctx.clone();
             let prefix = format!("{}{writer}/", config.kv_prefix);
+            let pause = config.pause;
             tasks.push(tokio::spawn(async move {
-                kv_task(ctx, prefix, derived_rng(seed, 1_000_000 + writer as u64)).await;
+                kv_task(
+                    ctx,
+                    prefix,
+                    pause,
+                    derived_rng(seed, 1_000_000 + writer as u64),
+                )
+                .await;
             }));
         }
         Storm {
@@ -242,6 +265,7 @@ async fn datanode_task(ctx: Ctx, datanode: u64, config: StormConfig, mut rng: fa
                         ));
                     }
                     ctx.model.lock().unwrap().batch_acked(id);
+                    tokio::time::sleep(config.pause).await;
                     break;
                 }
                 Err(err) if err.code() == Some("fenced") => {
@@ -300,7 +324,7 @@ async fn register_datanode(
     }
 }
 
-async fn kv_task(ctx: Ctx, prefix: String, mut rng: fastrand::Rng) {
+async fn kv_task(ctx: Ctx, prefix: String, pause: Duration, mut rng: fastrand::Rng) {
     let mut seq = 0u64;
     while !ctx.stopping() {
         seq += 1;
@@ -320,6 +344,7 @@ async fn kv_task(ctx: Ctx, prefix: String, mut rng: fastrand::Rng) {
             match api.kv_put(&key, &value, Some(0)).await {
                 Ok(revision) => {
                     ctx.model.lock().unwrap().kv_acked(&key, &value, revision);
+                    tokio::time::sleep(pause).await;
                     break;
                 }
                 Err(err) if err.code() == Some("revision_mismatch") && attempts > 1 => {

@@ -100,3 +100,23 @@ pub fn record_spans(path: &Path) -> anyhow::Result<Vec<RecordSpan>> {
     }
     Ok(spans)
 }
+
+/// Writes, right after the record `last`, the start of one more record (the header of a copy of
+/// `last` with the next LSN, and half its payload) followed by `garbage`: the state a crash leaves
+/// when it interrupts the write of a record, which therefore was never synced nor acknowledged.
+/// Returns the offset of the torn record.
+pub fn append_torn_record(path: &Path, last: RecordSpan, garbage: &[u8]) -> anyhow::Result<u64> {
+    let bytes = std::fs::read(path)?;
+    let record = &bytes[last.offset as usize..(last.offset + last.len) as usize];
+    let mut torn =
+        record[..RECORD_HEADER_LEN as usize + (last.len - RECORD_HEADER_LEN) as usize / 2].to_vec();
+    let lsn = u64::from_le_bytes(torn[8..16].try_into()?) + 1;
+    torn[8..16].copy_from_slice(&lsn.to_le_bytes());
+    torn.extend_from_slice(garbage);
+    let at = last.offset + last.len;
+    let mut file = OpenOptions::new().write(true).open(path)?;
+    file.seek(SeekFrom::Start(at))?;
+    file.write_all(&torn)?;
+    file.sync_all()?;
+    Ok(at)
+}

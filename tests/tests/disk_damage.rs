@@ -4,12 +4,14 @@
 //! start, naming the file and offset; the documented recovery (remove it from the
 //! voters, wipe its data dir, add it back as a learner, then as a voter) brings it back.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meta_tests::scenario::within;
-use meta_tests::wal_files::{flip_byte, record_spans, tear_tail, wal_segments};
+use meta_tests::wal_files::{
+    append_torn_record, flip_byte, record_spans, tear_tail, wal_segments, RecordSpan,
+};
 use meta_tests::{
     derived_rng, note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig,
 };
@@ -28,32 +30,51 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     );
     storm.wait_progress(3_000, STEP).await?;
 
-    // A torn tail: cut the last record of the newest segment in the middle, append garbage.
     let all = cluster.ids();
-    let leader = cluster.wait_leader(&all, STEP).await?.id;
-    let followers: Vec<u64> = all.iter().copied().filter(|id| *id != leader).collect();
-    let torn = followers[rng.usize(..followers.len())];
+    // A torn write: a record cut off mid-way by the crash (never acknowledged), garbage after it.
+    let torn = a_follower(cluster, &mut rng).await?;
     cluster.kill(torn);
-    let segments = wal_segments(&cluster.data_dir(torn))?;
-    let newest = segments
-        .last()
-        .ok_or_else(|| anyhow::anyhow!("node {torn} has no WAL segment"))?;
-    let last = *record_spans(newest)?
-        .last()
-        .ok_or_else(|| anyhow::anyhow!("no record in {}", newest.display()))?;
+    let (newest, last) = last_record(cluster, torn, 1, |_| true)?;
     let garbage: Vec<u8> = (0..rng.usize(16..200)).map(|_| rng.u8(1..)).collect();
-    let cut = last.offset + (last.len / 2).max(1);
-    tear_tail(newest, cut, &garbage)?;
+    let at = append_torn_record(&newest, last, &garbage)?;
     note(format!(
-        "node {torn}: cut {} at offset {cut} (record at {} of {} bytes), appended {} garbage bytes",
+        "node {torn}: torn record at offset {at} of {}, then {} garbage bytes",
+        newest.display(),
+        garbage.len()
+    ));
+    cluster.start_node(torn, &[]).await?;
+    storm.wait_progress(1_000, STEP).await?;
+    cluster.wait_caught_up(&all, STEP).await?;
+
+    // Cut the log in the middle of a registration batch ten batches from its end (so the follower
+    // had surely acknowledged it), garbage after the cut: the node drops the torn tail and must
+    // catch up from the leader. A failure is kept for the end; the cluster is then repaired by
+    // restarting the nodes that no longer agree, so the rest of the scenario still runs.
+    let torn = a_follower(cluster, &mut rng).await?;
+    cluster.kill(torn);
+    let (newest, last) = last_record(cluster, torn, 10, |span| span.len >= 200)?;
+    let cut = last.offset + last.len / 2;
+    tear_tail(&newest, cut, &garbage)?;
+    note(format!(
+        "node {torn}: cut {} at offset {cut}, inside the record at {} of {} bytes; {} garbage bytes",
         newest.display(),
         last.offset,
         last.len,
         garbage.len()
     ));
     cluster.start_node(torn, &[]).await?;
-    storm.wait_progress(1_000, STEP).await?;
-    cluster.wait_caught_up(&all, STEP).await?;
+    let reverted = match cluster.wait_caught_up(&all, Duration::from_secs(20)).await {
+        Ok(_) => Ok(()),
+        Err(err) => {
+            note(format!("after the cut: {err:#}"));
+            restart_disagreeing(cluster).await?;
+            cluster.wait_caught_up(&all, STEP).await?;
+            Err(err.context(format!(
+                "node {torn}: the cluster did not reconverge after the node dropped acknowledged entries"
+            )))
+        }
+    };
+    storm.wait_progress(500, STEP).await?;
 
     // A flipped byte in the middle of the log, valid records after it: the node must refuse to start.
     let leader = cluster.wait_leader(&all, STEP).await?.id;
@@ -110,7 +131,68 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     storm.wait_progress(1_000, STEP).await?;
 
     let model = storm.stop().await?.lock().unwrap().clone();
-    cluster.assert_converged(&all, &model, "storm/").await
+    cluster.assert_converged(&all, &model, "storm/").await?;
+    reverted
+}
+
+/// A random follower of the current leader.
+async fn a_follower(cluster: &Cluster, rng: &mut fastrand::Rng) -> anyhow::Result<u64> {
+    let all = cluster.ids();
+    let leader = cluster.wait_leader(&all, STEP).await?.id;
+    let followers: Vec<u64> = all.into_iter().filter(|id| *id != leader).collect();
+    Ok(followers[rng.usize(..followers.len())])
+}
+
+/// The newest segment of `node` and its `nth` record from the end (1 = the last) among those that
+/// satisfy `pick` (the earliest such record if there are fewer).
+fn last_record(
+    cluster: &Cluster,
+    node: u64,
+    nth: usize,
+    pick: impl Fn(&RecordSpan) -> bool,
+) -> anyhow::Result<(PathBuf, RecordSpan)> {
+    let segments = wal_segments(&cluster.data_dir(node))?;
+    let newest = segments
+        .last()
+        .ok_or_else(|| anyhow::anyhow!("node {node} has no WAL segment"))?
+        .clone();
+    let picked: Vec<RecordSpan> = record_spans(&newest)?
+        .into_iter()
+        .filter(|span| pick(span))
+        .collect();
+    let last = *picked
+        .get(picked.len().saturating_sub(nth))
+        .ok_or_else(|| anyhow::anyhow!("no suitable record in {}", newest.display()))?;
+    Ok((newest, last))
+}
+
+/// Restarts every node that does not answer, or claims to lead at a term older than another
+/// node's: a node whose Raft core stopped keeps serving its last view.
+async fn restart_disagreeing(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let mut statuses = Vec::new();
+    for id in cluster.ids() {
+        statuses.push((id, cluster.status(id).await.ok()));
+    }
+    let newest = statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().map(|s| s.term))
+        .max()
+        .unwrap_or(0);
+    for (id, status) in statuses {
+        let stale = match &status {
+            None => true,
+            Some(s) => s.is_leader() && s.term < newest,
+        };
+        if stale {
+            note(format!(
+                "restarting node {id} ({status:?})",
+                status = status.map(|s| (s.role, s.term))
+            ));
+            cluster.kill(id);
+            cluster.start_node(id, &[]).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The refusal must name the damaged segment and an offset inside (or at the start of) the record.

@@ -29,6 +29,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         batches_per_datanode: Some(5),
         kv_writers: 0,
         kv_prefix: String::from("bulk/"),
+        ..StormConfig::default()
     };
     let load = Storm::start(
         cluster.endpoints(),
@@ -49,21 +50,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         bytes = bytes.max(size);
         snapshot_index = snapshot_index.min(index);
         // Openraft purges shortly after the snapshot; until then the follower could catch up by log.
-        poll_until(
-            &format!("node {id} to purge its log up to {index}"),
-            STEP,
-            || async {
-                let purged = cluster
-                    .api(id)?
-                    .metric("metaserver_raft_purged_index")
-                    .await?;
-                match purged {
-                    Some(p) if p >= index as f64 => Ok(Some(())),
-                    other => anyhow::bail!("purged index {other:?}"),
-                }
-            },
-        )
-        .await?;
+        cluster.wait_purged(id, index, STEP).await?;
         note(format!(
             "node {id}: snapshot at index {index}, {size} bytes"
         ));
@@ -80,7 +67,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         cluster.endpoints(),
         cluster.http(),
         model.clone(),
-        StormConfig::default(),
+        StormConfig::background(),
         seed,
     );
     storm.wait_progress(500, STEP).await?;

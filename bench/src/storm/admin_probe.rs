@@ -1,14 +1,19 @@
-//! Admin reads during the storm: `GET /v1/shards/{id}` and `GET /v1/cluster`, each on its own timer,
-//! rotating over the members, recording the latency of every read.
+//! Admin reads during the storm: `GET /v1/shards/{id}` and `GET /v1/cluster`, each issued on its
+//! own fixed schedule (open loop: a slow read does not delay the next one, so slow reads are not
+//! under-counted), rotating over the members, recording the latency of every read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::MissedTickBehavior;
 
 use super::api::Api;
+
+/// Reads of one probe that may be outstanding at once; a tick that finds this many is skipped and
+/// counted, so a stalled server is not buried under reads.
+const MAX_IN_FLIGHT: usize = 256;
 
 /// Latencies of the admin reads of one storm.
 #[derive(Debug, Default)]
@@ -17,20 +22,30 @@ pub struct AdminLatencies {
     pub cluster_ms: Vec<f64>,
     /// Reads that failed outright or answered with a status other than 200 or 404.
     pub errors: u64,
+    /// Ticks skipped because `MAX_IN_FLIGHT` reads of that probe were outstanding.
+    pub skipped: u64,
     pub last_error: Option<String>,
+}
+
+/// What one probe measured.
+#[derive(Debug, Default)]
+struct ProbeTally {
+    latencies_ms: Vec<f64>,
+    errors: u64,
+    skipped: u64,
+    last_error: Option<String>,
 }
 
 /// The running probes; `stop` ends them and returns what they measured.
 pub struct AdminProbe {
     stop: watch::Sender<bool>,
-    shard: JoinHandle<AdminLatencies>,
-    cluster: JoinHandle<AdminLatencies>,
+    shard: JoinHandle<ProbeTally>,
+    cluster: JoinHandle<ProbeTally>,
 }
 
 impl AdminProbe {
-    /// Starts both probes, each reading every `interval` (a late read delays the next rather than
-    /// bunching up). Shard reads walk over ids below `shard_ids` with a stride, so they hit shards
-    /// registered early and late.
+    /// Starts both probes, each issuing a read every `interval`. Shard reads walk over ids below
+    /// `shard_ids` with a stride, so they hit shards registered early and late.
     pub fn start(api: &Api, bases: Vec<String>, shard_ids: u64, interval: Duration) -> AdminProbe {
         let (stop, stopped) = watch::channel(false);
         let bases = Arc::new(bases);
@@ -52,50 +67,80 @@ impl AdminProbe {
         }
     }
 
-    /// Stops both probes and merges their measurements.
+    /// Stops issuing reads, waits for the outstanding ones, and merges the measurements.
     pub async fn stop(self) -> AdminLatencies {
         let _ = self.stop.send(true);
         let shard = self.shard.await.unwrap_or_default();
         let cluster = self.cluster.await.unwrap_or_default();
         AdminLatencies {
-            shard_ms: shard.shard_ms,
-            cluster_ms: cluster.shard_ms,
+            shard_ms: shard.latencies_ms,
+            cluster_ms: cluster.latencies_ms,
             errors: shard.errors + cluster.errors,
+            skipped: shard.skipped + cluster.skipped,
             last_error: cluster.last_error.or(shard.last_error),
         }
     }
 }
 
-/// One probe loop; its latencies are returned in `shard_ms` whatever it reads.
+/// One probe: a read of `path(n)` every `interval` until stopped, then the outstanding reads.
 async fn probe(
     api: Api,
     bases: Arc<Vec<String>>,
     interval: Duration,
     mut stopped: watch::Receiver<bool>,
     path: impl Fn(u64) -> String,
-) -> AdminLatencies {
-    let mut out = AdminLatencies::default();
+) -> ProbeTally {
+    let mut out = ProbeTally::default();
+    let mut reads = JoinSet::new();
     let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut n = 0u64;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = stopped.changed() => return out,
+            Some(done) = reads.join_next(), if !reads.is_empty() => {
+                record(&mut out, done);
+                continue;
+            }
+            _ = stopped.changed() => break,
+        }
+        if reads.len() >= MAX_IN_FLIGHT {
+            out.skipped += 1;
+            continue;
         }
         let url = format!("{}{}", bases[(n as usize) % bases.len()], path(n));
         n += 1;
-        let sent = Instant::now();
-        match api.get_status(&url).await {
-            Ok(200 | 404) => out.shard_ms.push(sent.elapsed().as_secs_f64() * 1e3),
-            Ok(status) => {
-                out.errors += 1;
-                out.last_error = Some(format!("GET {url}: status {status}"));
-            }
-            Err(e) => {
-                out.errors += 1;
-                out.last_error = Some(e.to_string());
-            }
+        let api = api.clone();
+        reads.spawn(async move {
+            let sent = Instant::now();
+            let status = api.get_status(&url).await;
+            (url, status, sent.elapsed())
+        });
+    }
+    while let Some(done) = reads.join_next().await {
+        record(&mut out, done);
+    }
+    out
+}
+
+/// Adds one finished read to the tally.
+fn record(
+    out: &mut ProbeTally,
+    done: Result<(String, Result<u16, super::api::CallError>, Duration), tokio::task::JoinError>,
+) {
+    match done {
+        Ok((_, Ok(200 | 404), took)) => out.latencies_ms.push(took.as_secs_f64() * 1e3),
+        Ok((url, Ok(status), _)) => {
+            out.errors += 1;
+            out.last_error = Some(format!("GET {url}: status {status}"));
+        }
+        Ok((_, Err(e), _)) => {
+            out.errors += 1;
+            out.last_error = Some(e.to_string());
+        }
+        Err(e) => {
+            out.errors += 1;
+            out.last_error = Some(format!("a read task failed: {e}"));
         }
     }
 }

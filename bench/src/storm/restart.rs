@@ -43,6 +43,8 @@ pub struct StormPoint {
     pub admin_p99_ms: f64,
     pub admin_reads: usize,
     pub admin_errors: u64,
+    /// Admin read ticks skipped because too many reads were outstanding.
+    pub admin_skipped: u64,
     /// Peak RSS by member id, MiB.
     pub peak_rss_mib: Vec<(u64, f64)>,
     pub records_per_barrier: Option<f64>,
@@ -181,6 +183,7 @@ impl StormWorkload<'_> {
             admin_p99_ms: percentile(&mut all_admin, 0.99),
             admin_reads: all_admin.len(),
             admin_errors: admin.errors,
+            admin_skipped: admin.skipped,
             peak_rss_mib,
             records_per_barrier,
             retries,

@@ -185,10 +185,11 @@ impl Results {
                             f(p.admin_cluster_p99_ms, 2)
                         ),
                         format!(
-                            "{} ({} reads, {} failed)",
+                            "{} ({} reads, {} failed, {} skipped)",
                             f(p.admin_p99_ms, 2),
                             p.admin_reads,
-                            p.admin_errors
+                            p.admin_errors,
+                            p.admin_skipped
                         ),
                         rss,
                         opt(p.records_per_barrier, 2),
@@ -472,6 +473,7 @@ mod tests {
             admin_p99_ms: 0.9,
             admin_reads: 100,
             admin_errors: 0,
+            admin_skipped: 0,
             peak_rss_mib: vec![(1, 100.0), (2, 120.0), (3, 90.0)],
             records_per_barrier: Some(3.0),
             retries: 0,

@@ -90,7 +90,15 @@ pub async fn leader_node(token: Option<&str>) -> TestNode {
         .initialize(BTreeMap::from([(1, Node::new("127.0.0.1:1"))]))
         .await
         .expect("initialize");
-    wait_for(|| t.node.status().role == Role::Leader, "node 1 leads").await;
+    wait_for(
+        || {
+            let s = t.node.status();
+            // Leading, and its first entry (the leader's blank entry) committed and applied.
+            s.role == Role::Leader && s.applied >= Some(1)
+        },
+        "node 1 leads",
+    )
+    .await;
     // The router's readiness latch was created before the cluster existed; rebuild it.
     let app = meta_http::router(AppState::new(t.node.clone(), Token::new(token)));
     TestNode { app, ..t }
