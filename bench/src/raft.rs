@@ -261,25 +261,43 @@ async fn measure(
     })
 }
 
-/// Fills the registry to `replicas` replicas, then builds a snapshot while a writer keeps
-/// registering; reports the longest `apply` during the build.
-async fn snapshot_stall(
+/// On a fresh cluster, fills the registry with exactly `replicas` replicas, then builds a
+/// snapshot while a writer keeps registering; reports the longest `apply` during the build.
+async fn snapshot_stall(base: &Path, replicas: u64, seconds: f64) -> Result<serde_json::Value> {
+    let cluster = Cluster::start(base).await?;
+    let leader = cluster.leader().await?;
+    let stall = snapshot_stall_on(&leader, replicas, seconds).await;
+    drop(leader);
+    cluster.shutdown().await?;
+    stall
+}
+
+async fn snapshot_stall_on(
     leader: &MetaNode,
     replicas: u64,
     seconds: f64,
 ) -> Result<serde_json::Value> {
     let fill = Instant::now();
-    let regs = registrants(leader, 4, 1_000_000).await?;
-    let have = leader.status().replicas;
-    let need = replicas.saturating_sub(have);
-    let per = need.div_ceil(BATCH as u64 * 4);
+    let regs = registrants(leader, 4, 1).await?;
+    // The writer below registers on the first datanode; the fill leaves room for it.
+    let remaining = Arc::new(AtomicU64::new(replicas));
     let mut tasks = Vec::new();
     for &(dn, epoch) in &regs.epochs {
-        let (leader, next) = (leader.clone(), regs.next_shard.clone());
+        let (leader, next, remaining) =
+            (leader.clone(), regs.next_shard.clone(), remaining.clone());
         tasks.push(tokio::spawn(async move {
-            for _ in 0..per {
-                let first = next.fetch_add(BATCH as u64, Ordering::Relaxed);
-                let shards = (first..first + BATCH as u64)
+            loop {
+                let take = remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                        (r > 0).then(|| r - r.min(BATCH as u64))
+                    })
+                    .map(|r| r.min(BATCH as u64))
+                    .unwrap_or(0);
+                if take == 0 {
+                    return anyhow::Ok(());
+                }
+                let first = next.fetch_add(take, Ordering::Relaxed);
+                let shards = (first..first + take)
                     .map(|id| ShardReport {
                         id,
                         generation: 1,
@@ -288,7 +306,6 @@ async fn snapshot_stall(
                     .collect();
                 leader.register_shards(dn, epoch, shards).await?;
             }
-            anyhow::Ok(())
         }));
     }
     for t in tasks {
@@ -296,7 +313,7 @@ async fn snapshot_stall(
     }
     let total = leader.status().replicas;
     println!(
-        "filled the registry to {total} replicas in {:.1} s",
+        "filled a fresh registry with {total} replicas in {:.1} s",
         fill.elapsed().as_secs_f64()
     );
 
@@ -490,8 +507,10 @@ async fn bench(cfg: Config) -> Result<()> {
         .fold(0.0f64, |a, &b| a.max(b));
     println!("batches of {BATCH}: {best_batch:.0} shard registrations/s (target >= 150000)");
 
+    drop(leader);
+    cluster.shutdown().await?;
     if cfg.snapshot_replicas > 0 {
-        let stall = snapshot_stall(&leader, cfg.snapshot_replicas, cfg.seconds).await?;
+        let stall = snapshot_stall(&cfg.dir, cfg.snapshot_replicas, cfg.seconds).await?;
         println!(
             "apply stall during the snapshot: {} ms (target <= 50 ms)",
             stall["stall_ms"]
@@ -500,6 +519,5 @@ async fn bench(cfg: Config) -> Result<()> {
     }
     let path = report::write_json("raft.json", &serde_json::Value::Array(json_rows))?;
     println!("wrote {}", path.display());
-    drop(leader);
-    cluster.shutdown().await
+    Ok(())
 }

@@ -11,6 +11,7 @@ mod admin_probe;
 mod api;
 mod chart;
 mod cluster;
+mod cpu_usage;
 mod options;
 mod reaper;
 mod restart;

@@ -10,8 +10,10 @@
 //!   fires from the WAL's barrier thread once a barrier covered them (appends that arrive while
 //!   a barrier runs share the next one), or with the log's error.
 //! - `save_vote`: the vote is durable (it waited for a barrier covering it).
-//! - `save_committed`: the committed id is written; it becomes durable with the next barrier
-//!   (openraft tolerates losing it: it is recovered from the cluster).
+//! - `save_committed`: the committed id is recorded; it is written with the next append (same
+//!   write call), vote, truncation, purge or close, and is durable with the barrier after that.
+//!   Losing the newest value in a crash is tolerated: openraft recovers it from the cluster, and
+//!   the state machine never loses what it applied (sled) beyond what the log re-applies.
 //! - `truncate_after`: entries after the given id are gone for readers. When the latest vote
 //!   record lies before them, the WAL drops their records (a durable marker); otherwise a
 //!   logical truncation record carrying the vote is written (durable with the next barrier,
@@ -54,6 +56,8 @@ struct Index {
     /// LSN of the record that holds the current vote.
     vote_lsn: Lsn,
     committed: Option<LogId>,
+    /// `committed` changed since it was last written.
+    committed_dirty: bool,
 }
 
 impl Index {
@@ -234,6 +238,30 @@ impl LogStore {
         &self.shared.wal
     }
 
+    /// Writes the committed id if it changed since it was last written (it is otherwise
+    /// written with the next append). Called before the log closes.
+    pub(crate) fn flush_committed(&self) -> Result<()> {
+        let c = {
+            let mut idx = self.shared.index.write();
+            if !std::mem::take(&mut idx.committed_dirty) {
+                return Ok(());
+            }
+            idx.committed
+        };
+        let bytes = codec::encode(&LogRecordRef::Committed(&c))
+            .map_err(|e| Error::corrupt("committed record", e))?;
+        self.shared
+            .wal
+            .append(&bytes)
+            .map(|_| ())
+            .map_err(|e| Error::storage("append committed", e))
+    }
+
+    /// The last purged log id.
+    pub(crate) fn last_purged(&self) -> Option<LogId> {
+        self.shared.index.read().last_purged
+    }
+
     /// The last log id and how many entries are held.
     pub fn summary(&self) -> (Option<LogId>, usize) {
         let idx = self.shared.index.read();
@@ -382,8 +410,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
-        self.append_record(&LogRecordRef::Committed(&committed))?;
-        self.shared.index.write().committed = committed;
+        // Written with the next append (one write instead of two), or by `flush_committed`.
+        let mut idx = self.shared.index.write();
+        idx.committed = committed;
+        idx.committed_dirty = true;
         Ok(())
     }
 
@@ -401,10 +431,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         }
-        let payloads = entries
-            .iter()
-            .map(|e| encode(&LogRecordRef::Entry(e)))
-            .collect::<io::Result<Vec<_>>>()?;
+        // A committed id not yet written goes first, in the same write as the entries.
+        let pending_committed = {
+            let mut idx = self.shared.index.write();
+            std::mem::take(&mut idx.committed_dirty).then_some(idx.committed)
+        };
+        let mut payloads = Vec::with_capacity(entries.len() + 1);
+        if let Some(c) = &pending_committed {
+            payloads.push(encode(&LogRecordRef::Committed(c))?);
+        }
+        for e in &entries {
+            payloads.push(encode(&LogRecordRef::Entry(e))?);
+        }
         let slices: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
         {
             let idx = self.shared.index.read();
@@ -425,8 +463,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let first_lsn = last_lsn + 1 - entries.len() as u64;
         {
             let mut idx = self.shared.index.write();
+            let skip = payloads.len() - entries.len();
             for (i, e) in entries.iter().enumerate() {
-                idx.push(first_lsn + i as u64, e.log_id, payloads[i].len())
+                idx.push(first_lsn + i as u64, e.log_id, payloads[skip + i].len())
                     .map_err(io::Error::from)?;
             }
         }
@@ -463,6 +502,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(store_err("truncate log"))?;
             self.shared.index.write().truncate_after(after);
             self.append_record(&LogRecordRef::Committed(&committed))?;
+            self.shared.index.write().committed_dirty = false;
         } else {
             // Dropping the records from `first_gone` would drop the current vote: truncate
             // logically, with the vote in the same record.
@@ -473,6 +513,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             })?;
             let mut idx = self.shared.index.write();
             idx.truncate_after(after);
+            idx.committed_dirty = false;
         }
         Ok(())
     }
@@ -502,6 +543,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut idx = self.shared.index.write();
             idx.purge(&log_id);
             idx.vote_lsn = state_lsn;
+            idx.committed_dirty = false;
         }
         if let Some(lsn) = upto_lsn {
             // `purge_to` waits for a barrier and deletes files: run it off the runtime.

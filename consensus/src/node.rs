@@ -173,11 +173,11 @@ impl MetaNode {
         Ok(node)
     }
 
-    /// The registry must never be behind the log's purge point after open.
+    /// The registry must never be behind the log's purge point after open (openraft's startup
+    /// has restored it from the newest snapshot by now if it was).
     fn check_not_behind_purge(&self) -> Result<()> {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        let applied = m.last_applied.as_ref().map(|l| l.index);
-        let purged = m.purged.as_ref().map(|l| l.index);
+        let applied = self.inner.sm.applied().0.map(|l| l.index);
+        let purged = self.inner.log.last_purged().map(|l| l.index);
         if purged > applied {
             return Err(Error::Snapshot(format!(
                 "registry applied up to {applied:?} but the log is purged up to {purged:?}"
@@ -743,6 +743,7 @@ impl MetaNode {
             .map_err(|e| Error::Raft(format!("shutdown: {e}")))?;
         let inner = self.inner.clone();
         blocking(move || {
+            inner.log.flush_committed()?;
             inner
                 .log
                 .wal()

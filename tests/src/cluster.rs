@@ -362,23 +362,29 @@ impl Cluster {
     }
 
     /// Waits until every node in `ids` has applied everything the leader (among `ids`) had committed
-    /// when this was called; returns that index.
+    /// when this was called, while all of them agree on that leader; returns that index.
     pub async fn wait_caught_up(&self, ids: &[u64], timeout: Duration) -> anyhow::Result<u64> {
         let leader = self.wait_leader(ids, timeout).await?;
         // A fresh read of the commit index, after every acknowledged write.
         let target = self.status(leader.id).await?.committed;
-        for id in ids {
-            poll_until(
-                &format!("node {id} to apply index {target}"),
-                timeout,
-                || async {
-                    let status = self.status(*id).await?;
-                    Ok((status.applied >= target).then_some(()))
-                },
-            )
-            .await?;
-        }
-        Ok(target)
+        let what = format!("nodes {ids:?} to agree on a leader and apply index {target}");
+        poll_until(&what, timeout, || async {
+            let mut statuses = Vec::new();
+            for id in ids {
+                statuses.push(self.status(*id).await?);
+            }
+            let leaders: Vec<&ClusterStatus> = statuses.iter().filter(|s| s.is_leader()).collect();
+            let agreed = leaders.len() == 1
+                && statuses
+                    .iter()
+                    .all(|s| s.leader == Some(leaders[0].id) && s.term == leaders[0].term);
+            if agreed && statuses.iter().all(|s| s.applied >= target) {
+                Ok(Some(target))
+            } else {
+                anyhow::bail!("{}", brief(&statuses))
+            }
+        })
+        .await
     }
 
     /// Waits until node `id` has purged its log up to `index` (read from `/metrics`, since
@@ -460,7 +466,12 @@ impl Cluster {
 fn brief(statuses: &[ClusterStatus]) -> String {
     statuses
         .iter()
-        .map(|s| format!("{}:{} term {} leader {:?}", s.id, s.role, s.term, s.leader))
+        .map(|s| {
+            format!(
+                "{}:{} term {} leader {:?} applied {}",
+                s.id, s.role, s.term, s.leader, s.applied
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

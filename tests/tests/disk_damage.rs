@@ -25,7 +25,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         cluster.endpoints(),
         cluster.http(),
         model.clone(),
-        StormConfig::default(),
+        StormConfig::background(),
         seed,
     );
     storm.wait_progress(3_000, STEP).await?;
@@ -34,7 +34,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     // A torn write: a record cut off mid-way by the crash (never acknowledged), garbage after it.
     let torn = a_follower(cluster, &mut rng).await?;
     cluster.kill(torn);
-    let (newest, last) = last_record(cluster, torn, 1, |_| true)?;
+    let (newest, last) = last_record(cluster, torn, |_| true)?;
     let garbage: Vec<u8> = (0..rng.usize(16..200)).map(|_| rng.u8(1..)).collect();
     let at = append_torn_record(&newest, last, &garbage)?;
     note(format!(
@@ -46,13 +46,16 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     storm.wait_progress(1_000, STEP).await?;
     cluster.wait_caught_up(&all, STEP).await?;
 
-    // Cut the log in the middle of a registration batch ten batches from its end (so the follower
-    // had surely acknowledged it), garbage after the cut: the node drops the torn tail and must
-    // catch up from the leader. A failure is kept for the end; the cluster is then repaired by
-    // restarting the nodes that no longer agree, so the rest of the scenario still runs.
+    // Cut the log in the middle of its last registration batch, garbage after the cut. The storm
+    // is paused first and the follower has caught up, so the leader knows the follower acknowledged
+    // that entry: the node drops the torn tail (acknowledged entries with it) and must catch up from
+    // the leader. A failure is kept for the end; the cluster is then repaired by restarting the
+    // nodes that no longer agree, so the rest of the scenario still runs.
+    storm.stop().await?;
+    cluster.wait_caught_up(&all, STEP).await?;
     let torn = a_follower(cluster, &mut rng).await?;
     cluster.kill(torn);
-    let (newest, last) = last_record(cluster, torn, 10, |span| span.len >= 200)?;
+    let (newest, last) = last_record(cluster, torn, |span| span.len >= 200)?;
     let cut = last.offset + last.len / 2;
     tear_tail(&newest, cut, &garbage)?;
     note(format!(
@@ -62,6 +65,17 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         last.len,
         garbage.len()
     ));
+    let storm = Storm::start(
+        cluster.endpoints(),
+        cluster.http(),
+        model.clone(),
+        StormConfig {
+            datanodes: (11..=13).collect(),
+            kv_prefix: String::from("storm2/"),
+            ..StormConfig::background()
+        },
+        seed,
+    );
     cluster.start_node(torn, &[]).await?;
     let reverted = match cluster.wait_caught_up(&all, Duration::from_secs(20)).await {
         Ok(_) => Ok(()),
@@ -131,7 +145,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     storm.wait_progress(1_000, STEP).await?;
 
     let model = storm.stop().await?.lock().unwrap().clone();
-    cluster.assert_converged(&all, &model, "storm/").await?;
+    cluster.assert_converged(&all, &model, "storm").await?;
     reverted
 }
 
@@ -143,12 +157,10 @@ async fn a_follower(cluster: &Cluster, rng: &mut fastrand::Rng) -> anyhow::Resul
     Ok(followers[rng.usize(..followers.len())])
 }
 
-/// The newest segment of `node` and its `nth` record from the end (1 = the last) among those that
-/// satisfy `pick` (the earliest such record if there are fewer).
+/// The newest segment of `node` and its last record that satisfies `pick`.
 fn last_record(
     cluster: &Cluster,
     node: u64,
-    nth: usize,
     pick: impl Fn(&RecordSpan) -> bool,
 ) -> anyhow::Result<(PathBuf, RecordSpan)> {
     let segments = wal_segments(&cluster.data_dir(node))?;
@@ -156,12 +168,10 @@ fn last_record(
         .last()
         .ok_or_else(|| anyhow::anyhow!("node {node} has no WAL segment"))?
         .clone();
-    let picked: Vec<RecordSpan> = record_spans(&newest)?
+    let last = record_spans(&newest)?
         .into_iter()
-        .filter(|span| pick(span))
-        .collect();
-    let last = *picked
-        .get(picked.len().saturating_sub(nth))
+        .rev()
+        .find(|span| pick(span))
         .ok_or_else(|| anyhow::anyhow!("no suitable record in {}", newest.display()))?;
     Ok((newest, last))
 }

@@ -10,6 +10,7 @@ use indicatif::ProgressBar;
 use super::admin_probe::AdminProbe;
 use super::api::{Api, CallError, ShardSpec};
 use super::cluster::Cluster;
+use super::cpu_usage::{Cores, CpuUsage};
 use super::options::Arm;
 use super::single::register_datanode;
 use super::wal_figures::WalFigures;
@@ -52,6 +53,8 @@ pub struct StormPoint {
     pub retries: u64,
     /// Whether the registry's replica count matched what was acknowledged.
     pub verified: bool,
+    /// Cores used by the client and the servers while the storm ran.
+    pub cores: Cores,
 }
 
 /// What one datanode task measured.
@@ -91,6 +94,8 @@ impl StormWorkload<'_> {
 
         bar.set_length(replicas);
         bar.set_position(0);
+        let pids: Vec<u32> = self.cluster.pids().into_iter().map(|(_, p)| p).collect();
+        let cpu = CpuUsage::start(&pids);
         let start = Instant::now();
         let tasks: Vec<_> = (1..=self.datanodes)
             .map(|datanode| {
@@ -119,6 +124,7 @@ impl StormWorkload<'_> {
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
+        let cores = cpu.cores();
         let admin = probe.stop().await;
         self.cluster.check_alive()?;
         if let Some(e) = failure {
@@ -188,6 +194,7 @@ impl StormWorkload<'_> {
             records_per_barrier,
             retries,
             verified,
+            cores,
         })
     }
 }

@@ -135,6 +135,7 @@ impl Results {
                         f(p.p50_ms, 2),
                         f(p.p99_ms, 2),
                         opt(p.records_per_barrier, 2),
+                        format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
                         p.errors.to_string(),
                     ]
                 })
@@ -148,6 +149,7 @@ impl Results {
                     "p50 ms",
                     "p99 ms",
                     "records/barrier",
+                    "client / servers cores",
                     "errors",
                 ],
                 &rows,
@@ -193,6 +195,7 @@ impl Results {
                         ),
                         rss,
                         opt(p.records_per_barrier, 2),
+                        format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
                         p.retries.to_string(),
                         if p.verified { "yes" } else { "NO" }.into(),
                     ]
@@ -212,6 +215,7 @@ impl Results {
                     "admin p99 ms",
                     "peak RSS MiB by node",
                     "records/barrier",
+                    "client / servers cores",
                     "retries",
                     "count ok",
                 ],
@@ -452,6 +456,7 @@ mod tests {
             p99_ms: 2.0,
             errors: 0,
             records_per_barrier: None,
+            cores: Default::default(),
         }
     }
 
@@ -478,6 +483,7 @@ mod tests {
             records_per_barrier: Some(3.0),
             retries: 0,
             verified: true,
+            cores: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use super::api::{Api, CallError, ShardSpec};
 use super::cluster::Cluster;
+use super::cpu_usage::{Cores, CpuUsage};
 use super::options::Arm;
 use super::wal_figures::WalFigures;
 use crate::report::percentile;
@@ -25,6 +26,8 @@ pub struct SinglePoint {
     pub errors: u64,
     /// Leader WAL records per barrier in the window, when the metrics could be read.
     pub records_per_barrier: Option<f64>,
+    /// Cores used by the client and the servers in the window.
+    pub cores: Cores,
 }
 
 /// What one client measured.
@@ -71,7 +74,10 @@ impl SingleWorkload<'_> {
 
         tokio::time::sleep_until(measure_from.into()).await;
         let before = WalFigures::read(self.api, &leader_base).await;
+        let pids: Vec<u32> = self.cluster.pids().into_iter().map(|(_, p)| p).collect();
+        let cpu = CpuUsage::start(&pids);
         tokio::time::sleep_until(end.into()).await;
+        let cores = cpu.cores();
         let after = WalFigures::read(self.api, &leader_base).await;
 
         let mut latencies = Vec::new();
@@ -110,6 +116,7 @@ impl SingleWorkload<'_> {
             p99_ms: percentile(&mut latencies, 0.99),
             errors,
             records_per_barrier,
+            cores,
         })
     }
 }
