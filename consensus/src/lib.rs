@@ -7,6 +7,17 @@
 //! - [`transport`]: the in-process transport (tests, benches); the crate is generic over
 //!   openraft's network factory and knows nothing of HTTP.
 //! - [`LogStore`] and [`StateMachine`]: the openraft storage implementations.
+//!
+//! Why openraft 0.10 (pinned alpha) rather than the stable 0.9 line: 0.9 waits for every
+//! append's fsync before doing anything else and never batches client writes, so writes queue
+//! behind one barrier each and shared barriers cannot help. 0.10 hands appends to storage
+//! asynchronously (the log store completes `IOFlushed` later, from the write-ahead log's
+//! barrier thread), merges queued appends into one storage write (`max_append_entries`) and
+//! batches client writes (`api_batch_capacity`).
+//!
+//! Layout of a node's data dir: `wal/` (the Raft log, vote and committed id), `registry/`
+//! (sled), `snapshots/` (snapshot files), `snapshots-incoming/` (snapshots being received),
+//! and an `initialized` marker once the node formed a cluster.
 
 mod apply_batch;
 mod capture;

@@ -52,7 +52,6 @@ fn locate_and_build() -> anyhow::Result<PathBuf> {
     let mut build = Command::new(cargo);
     build
         .arg("build")
-        .arg("--quiet")
         .arg("-p")
         .arg("metaserver")
         .arg("--manifest-path")
@@ -68,10 +67,13 @@ fn locate_and_build() -> anyhow::Result<PathBuf> {
             build.arg("--profile").arg(other);
         }
     }
-    let status = build.status()?;
+    // Output is shown only when the build fails, so other packages' warnings stay out of the tests.
+    let output = build.output()?;
     anyhow::ensure!(
-        status.success(),
-        "cargo build -p metaserver failed: {status}"
+        output.status.success(),
+        "cargo build -p metaserver failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
     );
     let binary = profile_dir.join("metaserver");
     anyhow::ensure!(

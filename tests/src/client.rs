@@ -362,39 +362,6 @@ impl Api {
         }
     }
 
-    /// `GET /v1/shards/{id}`: the replicas `(datanode, generation, size)`, `None` for 404.
-    pub async fn shard(
-        &self,
-        id: u64,
-        consistency: Consistency,
-    ) -> Result<Option<Vec<(u64, u64, u64)>>, ApiError> {
-        let request = self
-            .http
-            .get(format!("{}/v1/shards/{id}", self.base))
-            .query(&[("consistency", consistency.as_str())]);
-        match self.json::<Value>(request).await {
-            Ok(value) => {
-                let replicas = value
-                    .get("replicas")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| ApiError::NoAnswer(format!("no replicas in {value}")))?;
-                replicas
-                    .iter()
-                    .map(|r| {
-                        let f = |k: &str| r.get(k).and_then(Value::as_u64);
-                        match (f("datanode"), f("generation"), f("size")) {
-                            (Some(d), Some(g), Some(s)) => Ok((d, g, s)),
-                            _ => Err(ApiError::NoAnswer(format!("bad replica {r}"))),
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(Some)
-            }
-            Err(ApiError::Status { status: 404, .. }) => Ok(None),
-            Err(err) => Err(err),
-        }
-    }
-
     /// `GET /v1/datanodes`.
     pub async fn datanodes(
         &self,
@@ -435,11 +402,7 @@ impl Api {
     /// `GET /v1/cluster`.
     pub async fn cluster(&self) -> Result<ClusterStatus, ApiError> {
         let value: Value = self
-            .json(
-                self.http
-                    .get(format!("{}/v1/cluster", self.base))
-                    .timeout(Duration::from_secs(2)),
-            )
+            .json(self.http.get(format!("{}/v1/cluster", self.base)))
             .await?;
         ClusterStatus::from_json(value).map_err(|err| ApiError::NoAnswer(format!("{err:#}")))
     }
