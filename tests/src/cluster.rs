@@ -102,7 +102,7 @@ impl Cluster {
         let mut nodes = BTreeMap::new();
         let endpoints = Endpoints::default();
         for id in 1..=config.nodes {
-            proxies.insert(id, LinkProxy::bind(id, pids.clone()).await?);
+            proxies.insert(id, LinkProxy::bind(pids.clone()).await?);
             let data_dir = dir.path().join(format!("node-{id}"));
             nodes.insert(
                 id,

@@ -1,12 +1,11 @@
-//! A TCP proxy in front of one node, through which every other node reaches it. It learns which node
-//! opened each connection (see [`crate::socket_owner`]) so a test can cut single directed links:
-//! a partition needs no test-only code in the server.
+//! A TCP proxy in front of one node, through which every other node reaches it (the node's address
+//! in the cluster membership). While a link is cut it learns which node opened each connection (see
+//! [`crate::socket_owner`]), so a test can cut single directed links: a partition needs no
+//! test-only code in the server. It can also slow the traffic into its node.
 
-use crate::note::note;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -41,7 +40,6 @@ impl PidTable {
 }
 
 struct Shared {
-    to: u64,
     target: Mutex<Option<SocketAddr>>,
     blocked: Mutex<BTreeSet<u64>>,
     rate: Mutex<Option<u64>>,
@@ -57,13 +55,12 @@ pub struct LinkProxy {
 }
 
 impl LinkProxy {
-    /// Binds a proxy for node `to` on an ephemeral loopback port. It forwards nothing until
+    /// Binds a proxy for one node on an ephemeral loopback port. It forwards nothing until
     /// [`LinkProxy::set_target`] names the node's real address.
-    pub async fn bind(to: u64, pids: PidTable) -> anyhow::Result<LinkProxy> {
+    pub async fn bind(pids: PidTable) -> anyhow::Result<LinkProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            to,
             target: Mutex::new(None),
             blocked: Mutex::new(BTreeSet::new()),
             rate: Mutex::new(None),
@@ -91,10 +88,10 @@ impl LinkProxy {
         }
     }
 
-    /// Cuts the link from node `from` to this node: open connections are dropped, new ones closed.
+    /// Cuts the link from node `from` to this node: open connections from it are dropped (and those
+    /// opened while no link was cut, whose origin was not looked up), new ones from it are closed.
     pub fn block(&self, from: u64) {
         self.shared.blocked.lock().unwrap().insert(from);
-        // Connections of unknown origin go too: a partition must not leak.
         self.abort_where(|source| source == Some(from) || source.is_none());
     }
 
@@ -139,25 +136,19 @@ async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Share
             let Some(target) = *shared2.target.lock().unwrap() else {
                 return;
             };
-            let source = identify(&shared2.pids, peer, local);
-            match source {
-                Ok(node) => {
-                    if shared2.blocked.lock().unwrap().contains(&node) {
-                        return;
-                    }
+            // Who opened the connection matters only while a link to this node is cut: finding
+            // out costs a scan of the system's socket table, so it is skipped otherwise.
+            let cut = !shared2.blocked.lock().unwrap().is_empty();
+            let source = if cut {
+                let pids = shared2.pids.clone();
+                match tokio::task::spawn_blocking(move || identify(&pids, peer, local)).await {
+                    Ok(Ok(node)) if !shared2.blocked.lock().unwrap().contains(&node) => Some(node),
+                    // Cut, or unknown (fail closed, so a partition never leaks).
+                    _ => return,
                 }
-                Err(ref why) => {
-                    // Fail closed while any link to this node is cut, so a partition never leaks.
-                    if !shared2.blocked.lock().unwrap().is_empty() {
-                        return;
-                    }
-                    note(format!(
-                        "proxy to node {}: cannot tell which node opened {peer} ({why}); let through",
-                        shared2.to
-                    ));
-                }
-            }
-            let source = source.ok();
+            } else {
+                None
+            };
             let task = tokio::spawn(pipe(stream, target, shared2.clone()));
             let mut conns = shared2.conns.lock().unwrap();
             conns.retain(|(_, handle)| !handle.is_finished());
@@ -274,7 +265,7 @@ mod tests {
     async fn forwards_and_cuts_by_source_process() {
         let pids = PidTable::default();
         pids.insert(std::process::id(), 7);
-        let proxy = LinkProxy::bind(1, pids).await.unwrap();
+        let proxy = LinkProxy::bind(pids).await.unwrap();
         proxy.set_target(Some(echo_server().await));
         assert_eq!(round_trip(proxy.addr()).await.unwrap(), b"ping");
 

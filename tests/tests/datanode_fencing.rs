@@ -75,18 +75,25 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     }
 
     // Races without holding anything back: each outcome is allowed, but it must be all or nothing.
-    for round in 0..4 {
+    for round in 0..6 {
         let racing = shards(&mut rng, next_shard, 5_000);
         next_shard += 5_000;
         let id = model.batch_sent(DATANODE, &racing);
         let writer = cluster.api(all[rng.usize(..all.len())])?;
         let registrar = cluster.api(all[rng.usize(..all.len())])?;
-        let (batch, registration) = tokio::join!(
-            writer.register_shards(DATANODE, epoch, &racing),
-            registrar.register_datanode(DATANODE, ADDR)
-        );
+        // A seeded head start for the batch varies which of the two commits first.
+        let head_start = Duration::from_millis(rng.u64(0..60));
+        let (batch, registration) =
+            tokio::join!(writer.register_shards(DATANODE, epoch, &racing), async {
+                tokio::time::sleep(head_start).await;
+                registrar.register_datanode(DATANODE, ADDR).await
+            });
         let new_epoch = registration?;
         model.datanode_acked(DATANODE, new_epoch);
+        note(format!(
+            "race {round}: batch at epoch {epoch} {} (head start {head_start:?}), re-registration at {new_epoch}",
+            if batch.is_ok() { "accepted" } else { "refused" }
+        ));
         match batch {
             Ok(answer) => {
                 anyhow::ensure!(
