@@ -123,6 +123,10 @@ impl NodeConfig {
             max_in_snapshot_log_to_keep: self.max_in_snapshot_log_to_keep,
             purge_batch_size: 1,
             backoff: "20ms 40ms ...500ms".into(),
+            // A follower whose torn WAL tail was cut at restart comes back with a shorter log
+            // than the leader recorded as matched; that is a legitimate recovery, not a bug, so
+            // the leader re-replicates instead of panicking.
+            allow_log_reversion: Some(true),
             ..Default::default()
         };
         cfg.validate()

@@ -205,10 +205,32 @@ impl MetaNode {
     }
 
     fn check_open(&self) -> Result<()> {
-        if self.inner.shut.load(Ordering::Acquire) {
+        if self.inner.shut.load(Ordering::Acquire) || self.core_stopped() {
             return Err(Error::Shutdown);
         }
         Ok(())
+    }
+
+    /// Whether openraft's core task ended (a fatal error or a panic): its metrics channel is
+    /// closed, or its last metrics carry the fatal error.
+    fn core_stopped(&self) -> bool {
+        use futures::FutureExt as _;
+        let mut rx = self.inner.raft.metrics();
+        let failed = rx.borrow_and_update().running_state.is_err();
+        failed || matches!(rx.changed().now_or_never(), Some(Err(_)))
+    }
+
+    /// How long a leader may go without a quorum acknowledging it before it no longer counts
+    /// as leader (openraft's lease is the maximum election timeout).
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.inner.cfg.election_max_ms)
+    }
+
+    /// How long a write or read keeps retrying openraft's lease refusal before answering
+    /// [`Error::NoLeader`]: a fresh leader's first quorum acknowledgement comes within a few
+    /// heartbeats, an isolated leader's never does.
+    fn lease_wait(&self) -> Duration {
+        self.lease() * 2
     }
 
     /// Maps openraft's routing information to [`Error::ForwardToLeader`] (or `NoLeader`).
@@ -240,12 +262,13 @@ impl MetaNode {
         }
     }
 
+    /// Maps openraft's `Fatal` (its core stopped: shut down, storage failure or panic) to
+    /// [`Error::Shutdown`]: the node serves no more Raft requests until restarted.
     fn fatal(&self, e: impl std::fmt::Display) -> Error {
-        if self.inner.shut.load(Ordering::Acquire) {
-            Error::Shutdown
-        } else {
-            Error::Raft(e.to_string())
+        if !self.inner.shut.load(Ordering::Acquire) {
+            tracing::error!("raft core stopped: {e}");
         }
+        Error::Shutdown
     }
 
     fn write_error(&self, e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
@@ -286,7 +309,8 @@ impl MetaNode {
         Ok(())
     }
 
-    /// Runs a client-write-like call, retrying while this leader waits for its lease.
+    /// Runs a client-write-like call, retrying while this leader waits for its lease, for at
+    /// most [`MetaNode::lease_wait`]; then answers [`Error::NoLeader`].
     async fn leader_call<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
@@ -294,14 +318,21 @@ impl MetaNode {
             Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
         >,
     {
-        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        let now = tokio::time::Instant::now();
+        let deadline = now + self.inner.cfg.request_timeout;
+        let lease_deadline = deadline.min(now + self.lease_wait());
         loop {
             let res = tokio::time::timeout_at(deadline, call())
                 .await
                 .map_err(|_| Error::Timeout)?;
             match res {
                 Ok(v) => return Ok(v),
-                Err(e) if Self::lease_refusal(&e) => self.await_metrics_change(deadline).await?,
+                Err(e) if Self::lease_refusal(&e) => {
+                    if tokio::time::Instant::now() >= lease_deadline {
+                        return Err(Error::NoLeader);
+                    }
+                    let _ = self.await_metrics_change(lease_deadline).await;
+                }
                 Err(e) => return Err(self.write_error(e)),
             }
         }
@@ -355,7 +386,9 @@ impl MetaNode {
         use openraft::error::LinearizableReadError as L;
         let raft = &self.inner.raft;
         let timeout = self.inner.cfg.request_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        let deadline = now + timeout;
+        let lease_deadline = deadline.min(now + self.lease_wait());
         let lin = loop {
             let lin =
                 tokio::time::timeout_at(deadline, raft.get_read_linearizer(ReadPolicy::ReadIndex))
@@ -367,7 +400,10 @@ impl MetaNode {
                     if f.reason == openraft::error::ForwardReason::LeaseExpired
                         && f.leader_id.is_none() =>
                 {
-                    self.await_metrics_change(deadline).await?
+                    if tokio::time::Instant::now() >= lease_deadline {
+                        return Err(Error::NoLeader);
+                    }
+                    let _ = self.await_metrics_change(lease_deadline).await;
                 }
                 Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
                 Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
@@ -653,7 +689,21 @@ impl MetaNode {
             .nodes()
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
-        let leader_addr = m.current_leader.and_then(|l| nodes.get(&l).cloned());
+        let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
+        // A leader no quorum acknowledged within the lease may be deposed already: it is not
+        // reported as leader (a single voter is its own quorum).
+        let self_quorum = membership.voter_ids().eq([self.id()]);
+        let lost_quorum = m.state == openraft::ServerState::Leader
+            && !self_quorum
+            && m.last_quorum_acked
+                .as_ref()
+                .is_none_or(|t| openraft::Instant::elapsed(&**t) >= self.lease());
+        let leader_id = if stopped || lost_quorum {
+            None
+        } else {
+            m.current_leader
+        };
+        let leader_addr = leader_id.and_then(|l| nodes.get(&l).cloned());
         let last = m.last_log_index;
         let replication = m
             .replication
@@ -679,15 +729,17 @@ impl MetaNode {
         let sm = &self.inner.sm;
         let datanodes = sm.registry.datanode_count().unwrap_or(0);
         let snapshot = sm.last_snapshot();
-        let role = if self.inner.shut.load(Ordering::Acquire) {
+        let role = if stopped {
             Role::Shutdown
+        } else if lost_quorum {
+            Role::LeaderWithoutQuorum
         } else {
             Role::from(m.state)
         };
         ClusterStatus {
             id: self.id(),
             role,
-            leader_id: m.current_leader,
+            leader_id,
             leader_addr,
             term: m.current_term,
             voters: membership.voter_ids().collect(),

@@ -13,6 +13,9 @@ use crate::types::NodeId;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
     Leader,
+    /// Openraft still holds leadership here, but no quorum acknowledged it within the election
+    /// timeout (partitioned or overloaded): it cannot commit and another node may lead already.
+    LeaderWithoutQuorum,
     Follower,
     Candidate,
     Learner,

@@ -3,7 +3,7 @@
 //! One pooled HTTP/1.1 client (keep-alive, no Nagle delay) carries every RPC to every peer;
 //! bodies are bincode through the consensus crate's codec module (the one place that knows
 //! the encoding). Append, vote and transfer-leader RPCs are bounded by openraft's per-RPC soft
-//! TTL. A full snapshot is streamed from its file with no overall timeout (a registry of a million replicas must get through), ending early only
+//! TTL plus an allowance for the body's size. A full snapshot is streamed from its file with no overall timeout (a registry of a million replicas must get through), ending early only
 //! when openraft cancels it. A peer that cannot be connected to, or that is shutting down,
 //! answers openraft's `Unreachable`, which makes openraft back off before retrying (with the
 //! backoff of the node's Raft configuration).
@@ -35,6 +35,18 @@ use meta_consensus::codec;
 
 /// How long connecting to a peer may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Slowest pace (bytes per second) assumed for sending, decoding and durably appending an RPC
+/// body on a busy peer: each RPC's deadline grows by its body's size at this pace.
+const SLOW_BYTES_PER_SEC: u64 = 10_000_000;
+
+/// An RPC's deadline: openraft's soft TTL (derived from the heartbeat interval, sized for small
+/// bodies) plus the time `body_bytes` take at [`SLOW_BYTES_PER_SEC`], so a large AppendEntries
+/// is not timed out, and resent forever, merely for being large.
+fn rpc_timeout(option: &RPCOption, body_bytes: usize) -> Duration {
+    let transfer_micros = body_bytes as u64 * 1_000_000 / SLOW_BYTES_PER_SEC;
+    option.soft_ttl() + Duration::from_micros(transfer_micros)
+}
 
 /// Builds the pooled HTTP client used between nodes (and for forwarding to the leader).
 pub fn peer_client() -> reqwest::Client {
@@ -161,7 +173,7 @@ impl HttpConnection {
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let body = codec::encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let timeout = option.soft_ttl();
+        let timeout = rpc_timeout(option, body.len());
         let response = self
             .request(path)
             .timeout(timeout)
@@ -179,8 +191,9 @@ impl HttpConnection {
 }
 
 /// Largest encoded AppendEntries body sent in one RPC (the receiver accepts up to
-/// [`crate::limits::MAX_RAFT_BODY_BYTES`]).
-pub const APPEND_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// [`crate::limits::MAX_RAFT_BODY_BYTES`]); small enough that one RPC's deadline (see
+/// [`rpc_timeout`]) stays under a second.
+pub const APPEND_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// How many of the request's entries fit in one RPC body: all of them, or the longest prefix
 /// of at least one entry whose encoding stays within `limit` bytes.

@@ -211,3 +211,55 @@ async fn three_nodes_over_http() {
         server.node.shutdown().await.unwrap();
     }
 }
+
+/// Values of the largest allowed size commit over the HTTP transport: an AppendEntries carrying
+/// one is not timed out for its size, so it is not resent forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn largest_values_commit_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = BTreeMap::new();
+    for id in 1..=3 {
+        servers.insert(id, start(id, &dir).await);
+    }
+    let members = servers
+        .iter()
+        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
+        .collect();
+    servers[&1].node.initialize(members).await.unwrap();
+    wait_for(
+        || {
+            let leader = servers[&1].node.status().leader_id;
+            leader.is_some()
+                && servers
+                    .values()
+                    .all(|s| s.node.status().leader_id == leader)
+        },
+        "three nodes agree on a leader",
+    )
+    .await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let value = vec![b'v'; meta_http::limits::MAX_VALUE_BYTES];
+    for i in 0..3 {
+        // Sent to node 1: forwarded when it does not lead.
+        let response = client
+            .put(format!("http://{}/v1/kv/big/{i}", servers[&1].addr))
+            .bearer_auth(TOKEN)
+            .body(value.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "write {i}: {text}");
+    }
+    let leader = servers[&1].node.status().leader_id.unwrap();
+    let target = servers[&leader].node.status().applied;
+    wait_for(
+        || servers.values().all(|s| s.node.status().applied >= target),
+        "every node applies the large values",
+    )
+    .await;
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
+}

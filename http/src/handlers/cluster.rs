@@ -18,6 +18,7 @@ use crate::state::AppState;
 pub fn role_name(role: Role) -> &'static str {
     match role {
         Role::Leader => "leader",
+        Role::LeaderWithoutQuorum => "leader_without_quorum",
         Role::Follower => "follower",
         Role::Candidate => "candidate",
         Role::Learner => "learner",
