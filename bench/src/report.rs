@@ -14,10 +14,20 @@ pub fn percentile(samples: &mut [f64], q: f64) -> f64 {
     samples[idx.min(samples.len() - 1)]
 }
 
-/// Returns the median of `values` (sorting a copy). Zero for no values.
+/// Returns the median of `values` (sorting a copy): the middle value, or the mean of the two middle
+/// values for an even count. Zero for no values.
 pub fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
-    percentile(&mut v, 0.5)
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mid = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
 
 /// Prints a markdown table with the given header and rows.

@@ -51,13 +51,26 @@ pub fn run(args: &[String]) -> Result<()> {
         .build()
         .context("start the tokio runtime")?;
     let mut results = Results::default();
+    let load_before = load_average();
     let outcome = runtime.block_on(drive(&options, &binary, &mut results));
     Reaper::kill_all();
+    println!(
+        "\nmachine: {} cores; load average (1, 5, 15 min) at start {load_before}, at end {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
+    );
     results.print();
     if outcome.is_ok() {
         results.write()?;
     }
     outcome
+}
+
+/// The first three fields of `/proc/loadavg`, to show how busy the shared machine was.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// Runs every round and arm, each on a fresh cluster, collecting into `results`.
