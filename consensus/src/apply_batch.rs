@@ -290,6 +290,23 @@ impl<'a> ApplyBatch<'a> {
         })
     }
 
+    /// The key's current revision (0 if absent), or the `RevisionMismatch` result when
+    /// `if_revision` asks for another one.
+    fn check_revision(
+        &self,
+        k: &[u8],
+        if_revision: Option<u64>,
+    ) -> Result<std::result::Result<u64, CommandResult>> {
+        let current = self
+            .get::<KvRecord>(k, "kv")?
+            .map(|r| r.revision)
+            .unwrap_or(0);
+        Ok(match if_revision {
+            Some(want) if want != current => Err(CommandResult::RevisionMismatch { current }),
+            _ => Ok(current),
+        })
+    }
+
     fn put_kv(
         &mut self,
         index: u64,
@@ -298,14 +315,8 @@ impl<'a> ApplyBatch<'a> {
         if_revision: Option<u64>,
     ) -> Result<CommandResult> {
         let k = keys::kv(key);
-        let current = self
-            .get::<KvRecord>(&k, "kv")?
-            .map(|r| r.revision)
-            .unwrap_or(0);
-        if let Some(want) = if_revision {
-            if want != current {
-                return Ok(CommandResult::RevisionMismatch { current });
-            }
+        if let Err(mismatch) = self.check_revision(&k, if_revision)? {
+            return Ok(mismatch);
         }
         self.put(
             &k,
@@ -324,15 +335,10 @@ impl<'a> ApplyBatch<'a> {
         if_revision: Option<u64>,
     ) -> Result<CommandResult> {
         let k = keys::kv(key);
-        let current = self
-            .get::<KvRecord>(&k, "kv")?
-            .map(|r| r.revision)
-            .unwrap_or(0);
-        if let Some(want) = if_revision {
-            if want != current {
-                return Ok(CommandResult::RevisionMismatch { current });
-            }
-        }
+        let current = match self.check_revision(&k, if_revision)? {
+            Ok(current) => current,
+            Err(mismatch) => return Ok(mismatch),
+        };
         let existed = current != 0;
         if existed {
             self.remove(&k);

@@ -309,14 +309,18 @@ impl MetaNode {
         Ok(())
     }
 
-    /// Runs a client-write-like call, retrying while this leader waits for its lease, for at
-    /// most [`MetaNode::lease_wait`]; then answers [`Error::NoLeader`].
-    async fn leader_call<T, F, Fut>(&self, mut call: F) -> Result<T>
+    /// Runs `call` until it answers something other than openraft's lease refusal (a fresh
+    /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`), for at most
+    /// [`MetaNode::lease_wait`] (then [`Error::NoLeader`]) and at most the request timeout (then
+    /// [`Error::Timeout`]). Returns that other answer.
+    async fn retry_lease_refusal<T, E, F, Fut>(
+        &self,
+        mut call: F,
+        is_lease_refusal: impl Fn(&E) -> bool,
+    ) -> Result<std::result::Result<T, E>>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<
-            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
-        >,
+        Fut: std::future::Future<Output = std::result::Result<T, E>>,
     {
         let now = tokio::time::Instant::now();
         let deadline = now + self.inner.cfg.request_timeout;
@@ -326,16 +330,28 @@ impl MetaNode {
                 .await
                 .map_err(|_| Error::Timeout)?;
             match res {
-                Ok(v) => return Ok(v),
-                Err(e) if Self::lease_refusal(&e) => {
+                Err(e) if is_lease_refusal(&e) => {
                     if tokio::time::Instant::now() >= lease_deadline {
                         return Err(Error::NoLeader);
                     }
                     let _ = self.await_metrics_change(lease_deadline).await;
                 }
-                Err(e) => return Err(self.write_error(e)),
+                other => return Ok(other),
             }
         }
+    }
+
+    /// Runs a client-write-like call through [`MetaNode::retry_lease_refusal`].
+    async fn leader_call<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
+        >,
+    {
+        self.retry_lease_refusal(call, Self::lease_refusal)
+            .await?
+            .map_err(|e| self.write_error(e))
     }
 
     /// Proposes `cmd` and returns once it is committed (durable on a quorum) and applied here.
@@ -386,29 +402,21 @@ impl MetaNode {
         use openraft::error::LinearizableReadError as L;
         let raft = &self.inner.raft;
         let timeout = self.inner.cfg.request_timeout;
-        let now = tokio::time::Instant::now();
-        let deadline = now + timeout;
-        let lease_deadline = deadline.min(now + self.lease_wait());
-        let lin = loop {
-            let lin =
-                tokio::time::timeout_at(deadline, raft.get_read_linearizer(ReadPolicy::ReadIndex))
-                    .await
-                    .map_err(|_| Error::Timeout)?;
-            match lin {
-                Ok(l) => break l,
-                Err(RaftError::APIError(L::ForwardToLeader(f)))
-                    if f.reason == openraft::error::ForwardReason::LeaseExpired
-                        && f.leader_id.is_none() =>
-                {
-                    if tokio::time::Instant::now() >= lease_deadline {
-                        return Err(Error::NoLeader);
-                    }
-                    let _ = self.await_metrics_change(lease_deadline).await;
-                }
-                Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
-                Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
-                Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
-            }
+        let lin = self
+            .retry_lease_refusal(
+                || raft.get_read_linearizer(ReadPolicy::ReadIndex),
+                |e| {
+                    matches!(e, RaftError::APIError(L::ForwardToLeader(f))
+                        if f.reason == openraft::error::ForwardReason::LeaseExpired
+                            && f.leader_id.is_none())
+                },
+            )
+            .await?;
+        let lin = match lin {
+            Ok(l) => l,
+            Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
+            Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
+            Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
         };
         match lin.try_await_ready(raft, Some(timeout)).await {
             Ok(Ok(_)) => Ok(()),
