@@ -28,5 +28,6 @@ pub use model::Model;
 pub use note::note;
 pub use poll::poll_until;
 pub use registry_state::RegistryState;
+pub use scenario::{run_scenario, within};
 pub use seed::{derived_rng, test_seed};
 pub use storm::{Storm, StormConfig};

@@ -1,7 +1,10 @@
-//! Small helpers shared by the scenarios: a time limit, and turning an error into a panic while the
-//! cluster is still alive (so that its drop prints each node's last output).
+//! Small helpers shared by the scenarios: starting a scenario's cluster with its seed, a time limit,
+//! and turning an error into a panic while the cluster is still alive (so that its drop prints each
+//! node's last output).
 
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::note::note;
+use crate::seed::test_seed;
 use std::future::Future;
 use std::time::Duration;
 
@@ -17,4 +20,20 @@ where
         Ok(Err(err)) => panic!("[{name}] failed: {err:#}"),
         Err(_) => panic!("[{name}] did not finish within {limit:?}"),
     }
+}
+
+/// Draws the seed for `name` (printed; replayable), starts a cluster labelled `label` with
+/// `config`, and runs `body` on them for at most `limit` (see [`within`]).
+pub async fn run_scenario(
+    name: &str,
+    label: &str,
+    config: ClusterConfig,
+    limit: Duration,
+    body: impl AsyncFnOnce(&mut Cluster, u64) -> anyhow::Result<()>,
+) {
+    let seed = test_seed(name);
+    let mut cluster = Cluster::start(label, config)
+        .await
+        .expect("start the cluster");
+    within(name, limit, body(&mut cluster, seed)).await;
 }

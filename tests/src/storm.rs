@@ -59,6 +59,19 @@ impl StormConfig {
             ..StormConfig::default()
         }
     }
+
+    /// A bulk load that ends by itself: each of `datanodes` registers `batches` batches of `batch`
+    /// shards; no key-value writers.
+    pub fn bulk(datanodes: Vec<u64>, batch: usize, batches: u64) -> StormConfig {
+        StormConfig {
+            datanodes,
+            batch,
+            batches_per_datanode: Some(batches),
+            kv_writers: 0,
+            kv_prefix: String::from("bulk/"),
+            ..StormConfig::default()
+        }
+    }
 }
 
 /// A running storm.
@@ -207,6 +220,22 @@ impl Storm {
             },
         )
         .await
+    }
+
+    /// Runs a storm that ends by itself (see [`StormConfig::bulk`]) to its end, within `timeout`,
+    /// recording every acknowledged write in `model`.
+    pub async fn run_to_end(
+        endpoints: Endpoints,
+        http: reqwest::Client,
+        model: Arc<Mutex<Model>>,
+        config: StormConfig,
+        seed: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let storm = Storm::start(endpoints, http, model, config, seed);
+        storm.wait_finished(timeout).await?;
+        storm.stop().await?;
+        Ok(())
     }
 
     /// Stops issuing new writes, lets the writes in flight finish (retrying up to [`DRAIN_TIMEOUT`]),

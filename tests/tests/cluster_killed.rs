@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meta_tests::scenario::within;
-use meta_tests::{note, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::run_scenario;
+use meta_tests::{note, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -73,14 +73,12 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_killed_mid_storm() {
-    let seed = test_seed("whole_cluster_killed_mid_storm");
-    let mut cluster = Cluster::start("cluster-killed", ClusterConfig::default())
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "whole_cluster_killed_mid_storm",
+        "cluster-killed",
+        ClusterConfig::default(),
         Duration::from_secs(240),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

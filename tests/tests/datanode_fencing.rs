@@ -4,10 +4,8 @@
 use std::time::Duration;
 
 use meta_tests::held_request::HeldRequest;
-use meta_tests::scenario::within;
-use meta_tests::{
-    derived_rng, note, test_seed, Cluster, ClusterConfig, Consistency, Model, ShardReport,
-};
+use meta_tests::run_scenario;
+use meta_tests::{derived_rng, note, Cluster, ClusterConfig, Consistency, Model, ShardReport};
 use serde_json::json;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -128,14 +126,12 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_datanode_fences_its_old_batch() {
-    let seed = test_seed("datanode_fencing");
-    let mut cluster = Cluster::start("fencing", ClusterConfig::default())
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "datanode_fencing",
+        "fencing",
+        ClusterConfig::default(),
         Duration::from_secs(180),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meta_tests::scenario::within;
+use meta_tests::run_scenario;
 use meta_tests::wal_files::{
     append_torn_record, flip_byte, record_spans, tear_tail, wal_segments, RecordSpan,
 };
 use meta_tests::{
-    derived_rng, note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig,
+    derived_rng, note, poll_until, Cluster, ClusterConfig, Model, Storm, StormConfig,
 };
 
 const STEP: Duration = Duration::from_secs(60);
@@ -246,14 +246,12 @@ async fn wait_membership(cluster: &Cluster, leader: u64, voters: &[u64]) -> anyh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_wal_is_cut_or_refused_and_recovered() {
-    let seed = test_seed("disk_damage");
-    let mut cluster = Cluster::start("disk-damage", ClusterConfig::default())
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "disk_damage",
+        "disk-damage",
+        ClusterConfig::default(),
         Duration::from_secs(300),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

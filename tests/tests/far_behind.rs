@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use meta_tests::scenario::within;
-use meta_tests::{note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::run_scenario;
+use meta_tests::{note, poll_until, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(90);
 
@@ -23,23 +23,15 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     // 4 datanodes x 6 batches x 4,500 shards = 108,000 replicas.
     let model = Arc::new(Mutex::new(Model::default()));
-    let bulk = StormConfig {
-        datanodes: (101..=104).collect(),
-        batch: 4_500,
-        batches_per_datanode: Some(6),
-        kv_writers: 0,
-        kv_prefix: String::from("bulk/"),
-        ..StormConfig::default()
-    };
-    let load = Storm::start(
+    Storm::run_to_end(
         cluster.endpoints(),
         cluster.http(),
         model.clone(),
-        bulk,
+        StormConfig::bulk((101..=104).collect(), 4_500, 6),
         seed,
-    );
-    load.wait_finished(STEP).await?;
-    load.stop().await?;
+        STEP,
+    )
+    .await?;
     let registered = model.lock().unwrap().acked().1;
     anyhow::ensure!(
         registered > 100_000,
@@ -94,18 +86,16 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_behind_follower_installs_snapshot_then_catches_up() {
-    let seed = test_seed("far_behind_follower");
     let config = ClusterConfig {
         env: vec![(String::from("METASERVER_KEEP_LOGS"), String::from(KEEP_LOG))],
         ..ClusterConfig::default()
     };
-    let mut cluster = Cluster::start("far-behind", config)
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "far_behind_follower",
+        "far-behind",
+        config,
         Duration::from_secs(300),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

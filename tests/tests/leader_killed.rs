@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meta_tests::scenario::within;
-use meta_tests::{note, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::run_scenario;
+use meta_tests::{note, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -44,14 +44,12 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_storm() {
-    let seed = test_seed("leader_killed_mid_storm");
-    let mut cluster = Cluster::start("leader-killed", ClusterConfig::default())
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "leader_killed_mid_storm",
+        "leader-killed",
+        ClusterConfig::default(),
         Duration::from_secs(240),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

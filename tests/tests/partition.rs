@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use meta_tests::scenario::within;
+use meta_tests::run_scenario;
 use meta_tests::{
-    note, test_seed, Api, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
+    note, Api, Cluster, ClusterConfig, LinearizableWorkload, Model, Storm, StormConfig,
 };
 
 const STEP: Duration = Duration::from_secs(60);
@@ -116,14 +116,12 @@ async fn step_down(isolated: &Api) -> anyhow::Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_leader_steps_down_and_reads_stay_linearizable() {
-    let seed = test_seed("partitioned_leader");
-    let mut cluster = Cluster::start("partition", ClusterConfig::default())
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "partitioned_leader",
+        "partition",
+        ClusterConfig::default(),
         Duration::from_secs(240),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meta_tests::scenario::within;
-use meta_tests::{note, poll_until, test_seed, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::run_scenario;
+use meta_tests::{note, poll_until, Cluster, ClusterConfig, Model, Storm, StormConfig};
 
 const STEP: Duration = Duration::from_secs(90);
 
@@ -23,23 +23,15 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     // 4 datanodes x 5 batches x 3,000 shards = 60,000 replicas.
     let model = Arc::new(Mutex::new(Model::default()));
-    let bulk = StormConfig {
-        datanodes: (201..=204).collect(),
-        batch: 3_000,
-        batches_per_datanode: Some(5),
-        kv_writers: 0,
-        kv_prefix: String::from("bulk/"),
-        ..StormConfig::default()
-    };
-    let load = Storm::start(
+    Storm::run_to_end(
         cluster.endpoints(),
         cluster.http(),
         model.clone(),
-        bulk,
+        StormConfig::bulk((201..=204).collect(), 3_000, 5),
         seed,
-    );
-    load.wait_finished(STEP).await?;
-    load.stop().await?;
+        STEP,
+    )
+    .await?;
 
     // Both remaining nodes snapshot and purge, so whichever leads must send a snapshot.
     cluster.wait_caught_up(&[leader, other], STEP).await?;
@@ -123,18 +115,16 @@ fn receiving_snapshot(dir: &Path) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_change_during_snapshot_install() {
-    let seed = test_seed("leader_change_during_snapshot_install");
     let config = ClusterConfig {
         env: vec![(String::from("METASERVER_KEEP_LOGS"), String::from("0"))],
         ..ClusterConfig::default()
     };
-    let mut cluster = Cluster::start("snapshot-leader-change", config)
-        .await
-        .expect("start the cluster");
-    within(
+    run_scenario(
         "leader_change_during_snapshot_install",
+        "snapshot-leader-change",
+        config,
         Duration::from_secs(300),
-        scenario(&mut cluster, seed),
+        scenario,
     )
     .await;
 }
