@@ -76,12 +76,12 @@ impl Client {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_nodes_over_http() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts nodes 1 to 3 over HTTP, initializes them as one cluster from node 1, and waits until
+/// all three agree on a leader.
+async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
-        servers.insert(id, start(id, &dir).await);
+        servers.insert(id, start(id, dir).await);
     }
     let members = servers
         .iter()
@@ -99,6 +99,13 @@ async fn three_nodes_over_http() {
         "three nodes agree on a leader",
     )
     .await;
+    servers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
     let leader = servers[&1].node.status().leader_id.unwrap();
     let followers: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
     let client = Client {
@@ -217,26 +224,7 @@ async fn three_nodes_over_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn largest_values_commit_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = BTreeMap::new();
-    for id in 1..=3 {
-        servers.insert(id, start(id, &dir).await);
-    }
-    let members = servers
-        .iter()
-        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
-        .collect();
-    servers[&1].node.initialize(members).await.unwrap();
-    wait_for(
-        || {
-            let leader = servers[&1].node.status().leader_id;
-            leader.is_some()
-                && servers
-                    .values()
-                    .all(|s| s.node.status().leader_id == leader)
-        },
-        "three nodes agree on a leader",
-    )
-    .await;
+    let servers = start_cluster(&dir).await;
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let value = vec![b'v'; meta_http::limits::MAX_VALUE_BYTES];
     for i in 0..3 {
