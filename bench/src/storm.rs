@@ -92,13 +92,19 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
             .progress_chars("=> "),
     );
     overall.enable_steady_tick(Duration::from_millis(200));
-    let server_log = options.server_log();
+    let server = options.server_flags();
+    progress.suspend(|| {
+        eprintln!(
+            "servers: {} async worker thread(s) each (--server-threads; 0 = server default)",
+            server.worker_threads
+        )
+    });
     let start_cluster = |arm| {
         Cluster::start(
             binary,
             arm,
             &runs_dir,
-            &server_log,
+            &server,
             options.keep_data,
             Duration::from_secs(options.startup_timeout),
             &api,

@@ -26,6 +26,9 @@ enum Pending {
 }
 
 /// The pending writes of one `apply` call.
+/// The writes of one apply call, in key order: `None` deletes the key.
+pub(crate) type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 pub(crate) struct ApplyBatch<'a> {
     tree: &'a sled::Tree,
     /// key -> new value.
@@ -349,16 +352,15 @@ impl<'a> ApplyBatch<'a> {
         })
     }
 
-    /// The sled batch of every pending write (with the replica count), and the keys it
-    /// touches (for capture pre-images). Empty buckets and zero counts are deleted.
-    pub(crate) fn finish(mut self) -> Result<(sled::Batch, Vec<Vec<u8>>)> {
+    /// Every pending write (with the replica count), in key order: `None` deletes the key.
+    /// Empty buckets and zero counts are deleted.
+    pub(crate) fn finish(mut self) -> Result<Writes> {
         let rec = AppliedRecord {
             applied: self.applied,
             replicas: self.replicas,
         };
         self.put(keys::META_APPLIED, &rec)?;
-        let mut batch = sled::Batch::default();
-        let mut touched = Vec::with_capacity(self.pending.len());
+        let mut writes = Vec::with_capacity(self.pending.len());
         let enc = |e| Error::corrupt("encode record", e);
         for (k, v) in self.pending {
             let value = match v {
@@ -368,13 +370,9 @@ impl<'a> ApplyBatch<'a> {
                 Pending::Count(0) => None,
                 Pending::Count(c) => Some(codec::encode(&c).map_err(enc)?),
             };
-            match value {
-                Some(v) => batch.insert(k.as_slice(), v),
-                None => batch.remove(k.as_slice()),
-            }
-            touched.push(k);
+            writes.push((k, value));
         }
-        Ok((batch, touched))
+        Ok(writes)
     }
 }
 
@@ -412,8 +410,7 @@ mod tests {
             .enumerate()
             .map(|(i, c)| b.execute(first + i as u64, c).unwrap())
             .collect();
-        let (batch, keys) = b.finish().unwrap();
-        g.commit(batch, keys.iter().map(|k| k.as_slice())).unwrap();
+        g.commit(b.finish().unwrap()).unwrap();
         out
     }
 
@@ -421,6 +418,62 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let reg = Registry::open(dir.path(), 1 << 20).unwrap();
         (dir, reg)
+    }
+
+    /// Every key and value of the active generation.
+    fn contents(reg: &Registry) -> Vec<(Vec<u8>, Vec<u8>)> {
+        reg.current()
+            .tree
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_commit_cut_after_any_write_is_finished_on_reopen() {
+        let cmds = [
+            Command::RegisterDatanode {
+                id: 1,
+                addr: "a".into(),
+            },
+            Command::RegisterShards {
+                datanode: 1,
+                epoch: 1,
+                shards: [3, 64, 200, 1 << 33]
+                    .iter()
+                    .map(|&i| report(i, 1))
+                    .collect(),
+            },
+        ];
+        let expected = {
+            let (_d, reg) = registry();
+            apply(&reg, 1, &cmds);
+            contents(&reg)
+        };
+        let writes = {
+            let (_d, reg) = registry();
+            let g = reg.current();
+            let mut b = ApplyBatch::new(&g.tree, 0);
+            for (i, c) in cmds.iter().enumerate() {
+                b.execute(1 + i as u64, c).unwrap();
+            }
+            b.finish().unwrap()
+        };
+        assert!(writes.len() > 3, "the test needs a multi-write commit");
+        for done in 0..=writes.len() {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+                reg.current()
+                    .commit_interrupted(writes.clone(), done)
+                    .unwrap();
+            }
+            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+            assert_eq!(contents(&reg), expected, "cut after {done} writes");
+        }
     }
 
     #[test]

@@ -43,6 +43,18 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// How much apply work the command is, in shards (0 for commands without shards).
+    pub fn weight(&self) -> u32 {
+        let n = match self {
+            Command::RegisterShards { shards, .. } => shards.len(),
+            Command::DeregisterShards { shards, .. } => shards.len(),
+            _ => 0,
+        };
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -39,6 +39,12 @@ pub struct NodeConfig {
     pub install_snapshot_timeout: Duration,
     /// WAL segment size.
     pub wal_segment_bytes: u64,
+    /// Admission window of the leader: writes in flight (proposed, not yet applied) may hold
+    /// at most this many shards between them (a command weighs its shard count, at least 1).
+    /// Further writes wait before they are proposed, so the applied index stays close to the
+    /// committed one and a linearizable read never queues behind more than this much apply
+    /// work, even during a registration storm.
+    pub max_pending_shards: u32,
 }
 
 impl NodeConfig {
@@ -60,6 +66,7 @@ impl NodeConfig {
             request_timeout: Duration::from_secs(10),
             install_snapshot_timeout: Duration::from_secs(600),
             wal_segment_bytes: 64 << 20,
+            max_pending_shards: 4_096,
         }
     }
 
@@ -83,6 +90,9 @@ impl NodeConfig {
         }
         if self.snapshots_to_keep == 0 {
             return bad("snapshots_to_keep must be at least 1".into());
+        }
+        if self.max_pending_shards == 0 {
+            return bad("max_pending_shards must be at least 1".into());
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! The key layout of the registry tree. Everything lives in one sled tree so that one
-//! `apply_batch` writes a whole `apply` call atomically:
+//! commit (a redo record plus the writes) covers a whole `apply` call:
 //!
 //! | prefix | key                                   | value                         |
 //! |--------|---------------------------------------|-------------------------------|
@@ -23,6 +23,9 @@ pub const KV: u8 = b'k';
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
 /// every apply writes one metadata record.
 pub const META_APPLIED: &[u8] = b"mapplied";
+/// The redo record of a multi-write commit in progress (see `Generation::commit`); present
+/// only between the first and last write of a commit, or after a crash there.
+pub const META_INTENT: &[u8] = b"mintent";
 /// Last applied membership (written only by membership entries).
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 

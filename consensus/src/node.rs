@@ -44,6 +44,8 @@ struct Inner {
     log: LogStore,
     incoming: PathBuf,
     shut: AtomicBool,
+    /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
+    write_window: tokio::sync::Semaphore,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -121,6 +123,7 @@ impl MetaNode {
         N::Network: NetSnapshot<TypeConfig, SnapshotData = SnapshotData>,
     {
         cfg.validate()?;
+        let window = cfg.max_pending_shards;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
         let (log, sm, incoming) = blocking(move || {
@@ -167,6 +170,7 @@ impl MetaNode {
                 log,
                 incoming,
                 shut: AtomicBool::new(false),
+                write_window: tokio::sync::Semaphore::new(window as usize),
             }),
         };
         node.check_not_behind_purge()?;
@@ -357,9 +361,19 @@ impl MetaNode {
     /// Proposes `cmd` and returns once it is committed (durable on a quorum) and applied here.
     /// On a follower: [`Error::ForwardToLeader`]. Bad input: [`Error::InvalidArgument`], nothing
     /// proposed.
+    ///
+    /// Writes wait for room in the admission window (`max_pending_shards`) before they are
+    /// proposed; the wait counts against the request timeout.
     pub async fn write(&self, cmd: Command) -> Result<Written> {
         self.check_open()?;
         validate(&cmd)?;
+        let window = self.inner.cfg.max_pending_shards;
+        let weight = cmd.weight().clamp(1, window);
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        let _room = tokio::time::timeout_at(deadline, self.inner.write_window.acquire_many(weight))
+            .await
+            .map_err(|_| Error::Timeout)?
+            .map_err(|_| Error::Shutdown)?;
         let raft = &self.inner.raft;
         let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
         Ok(Written {

@@ -318,8 +318,7 @@ mod tests {
         let g = reg.current();
         let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
         b.execute(index, &cmd).unwrap();
-        let (batch, keys) = b.finish().unwrap();
-        g.commit(batch, keys.iter().map(|k| k.as_slice())).unwrap();
+        g.commit(b.finish().unwrap()).unwrap();
     }
 
     fn shards(range: std::ops::Range<u64>, generation: u64) -> Vec<ShardReport> {

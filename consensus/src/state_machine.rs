@@ -187,8 +187,7 @@ impl SmShared {
         };
         batch.set_applied(&last);
         let replicas = batch.replicas();
-        let (sled_batch, touched) = batch.finish()?;
-        gen.commit(sled_batch, touched.iter().map(|k| k.as_slice()))?;
+        gen.commit(batch.finish()?)?;
         {
             let mut a = self.applied.lock();
             a.0 = Some(last);

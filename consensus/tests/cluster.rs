@@ -535,3 +535,32 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
     c.converged().await?;
     c.shutdown().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_window_queues_writes_and_loses_none() -> Result<()> {
+    // A window smaller than one command: a big command is clamped to the window (it runs
+    // alone) instead of waiting forever, and every queued write completes.
+    let c = Cluster::three_tuned(|cfg| cfg.max_pending_shards = 3).await?;
+    let leader = c.leader().await?;
+    let w = leader.register_datanode(1, "dn-1").await?;
+    let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
+        anyhow::bail!("unexpected {:?}", w.result);
+    };
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..16u64 {
+        let node = leader.clone();
+        let n = if i % 2 == 0 { 5 } else { 1 };
+        let shards = (0..n).map(|j| shard(i * 100 + j, 1)).collect();
+        writes.spawn(async move { node.register_shards(1, epoch, shards).await });
+    }
+    let mut accepted = 0;
+    while let Some(joined) = writes.join_next().await {
+        match joined??.result {
+            CommandResult::ShardsRegistered { accepted: a, .. } => accepted += a,
+            other => anyhow::bail!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(accepted, 8 * 5 + 8);
+    assert_eq!(leader.status().replicas, 48);
+    c.shutdown().await
+}

@@ -81,6 +81,15 @@ pub struct ServeArgs {
     /// Registry (sled) cache size in bytes [default: 67108864].
     #[arg(long, env = "METASERVER_SLED_CACHE_BYTES")]
     pub sled_cache_bytes: Option<u64>,
+    /// Shards that writes in flight on the leader may hold between them; further writes wait
+    /// before they are proposed, which bounds how long a linearizable read can queue behind
+    /// apply work [default: 4096].
+    #[arg(long, env = "METASERVER_MAX_PENDING_SHARDS")]
+    pub max_pending_shards: Option<u32>,
+    /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
+    /// machine, give each its share of the cores: every extra thread costs wake-ups.
+    #[arg(long, env = "METASERVER_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
 }
 
 /// Options of `local-cluster`.

@@ -12,40 +12,52 @@ mod shutdown;
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::cli::{Cli, Command, SnapshotCommand};
+use crate::cli::{Cli, Command, ServeArgs, SnapshotCommand};
 use crate::settings::ServeSettings;
 
-async fn run(cli: Cli) -> Result<()> {
-    match cli.command {
-        None => server::serve(ServeSettings::resolve(&cli.serve, true)?).await,
-        Some(Command::Serve(args)) => server::serve(ServeSettings::resolve(&args, false)?).await,
-        Some(Command::LocalCluster(args)) => local_cluster::run(args).await,
-        Some(Command::Status(args)) => operator::status(args).await,
-        Some(Command::Shards(args)) => operator::shards(args).await,
-        Some(Command::Register(args)) => operator::register(args).await,
-        Some(Command::Snapshot(SnapshotCommand::Save { client, file })) => {
+async fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Serve(args) => server::serve(ServeSettings::resolve(&args, false)?).await,
+        Command::LocalCluster(args) => local_cluster::run(args).await,
+        Command::Status(args) => operator::status(args).await,
+        Command::Shards(args) => operator::shards(args).await,
+        Command::Register(args) => operator::register(args).await,
+        Command::Snapshot(SnapshotCommand::Save { client, file }) => {
             operator::snapshot_save(client, &file).await
         }
     }
 }
 
+/// The async runtime, with `worker_threads` workers (`None`: one per core).
+fn runtime(worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Resolves a node's settings (before the runtime exists: they size it), then serves.
+fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
+    let settings = ServeSettings::resolve(args, default_mode)?;
+    runtime(settings.worker_threads)?.block_on(server::serve(settings))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("metaserver: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let result = match cli.command {
+        None => serve_on_runtime(&cli.serve, true),
+        Some(Command::Serve(args)) => serve_on_runtime(&args, false),
+        Some(command) => runtime(None).and_then(|rt| rt.block_on(run(command))),
     };
-    match runtime.block_on(run(cli)) {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

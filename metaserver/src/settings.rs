@@ -31,6 +31,8 @@ struct FileSettings {
     snapshot_logs_since_last: Option<u64>,
     keep_logs: Option<u64>,
     sled_cache_bytes: Option<u64>,
+    worker_threads: Option<usize>,
+    max_pending_shards: Option<u32>,
 }
 
 /// Everything a node needs to start.
@@ -60,6 +62,10 @@ pub struct ServeSettings {
     pub keep_logs: Option<u64>,
     /// sled cache size; `None` keeps the node's default.
     pub sled_cache_bytes: Option<u64>,
+    /// Async runtime worker threads; `None` = one per CPU core.
+    pub worker_threads: Option<usize>,
+    /// Admission window of the leader in shards; `None` keeps the node's default.
+    pub max_pending_shards: Option<u32>,
 }
 
 /// Parses `1=ADDR,2=ADDR`.
@@ -143,12 +149,20 @@ impl ServeSettings {
                 .or(file.snapshot_logs_since_last),
             keep_logs: args.keep_logs.or(file.keep_logs),
             sled_cache_bytes: args.sled_cache_bytes.or(file.sled_cache_bytes),
+            worker_threads: args.worker_threads.or(file.worker_threads),
+            max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
         };
         settings.check()?;
         Ok(settings)
     }
 
     fn check(&self) -> Result<()> {
+        if self.worker_threads == Some(0) {
+            bail!("--worker-threads must be at least 1");
+        }
+        if self.max_pending_shards == Some(0) {
+            bail!("--max-pending-shards must be at least 1");
+        }
         if let Some(addr) = &self.advertise {
             meta_http::request::validate_addr(addr)
                 .map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
@@ -179,6 +193,9 @@ impl ServeSettings {
         }
         if let Some(n) = self.sled_cache_bytes {
             cfg.sled_cache_bytes = n;
+        }
+        if let Some(n) = self.max_pending_shards {
+            cfg.max_pending_shards = n;
         }
         cfg
     }
@@ -217,6 +234,25 @@ mod tests {
         assert!(parse_peers("1").is_err());
         assert!(parse_peers("1=nohost").is_err());
         assert!(parse_peers("-1=a:1").is_err());
+    }
+
+    #[test]
+    fn load_settings_come_from_the_file_and_refuse_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "worker_threads = 1\nmax_pending_shards = 100\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let s = ServeSettings::resolve(&args, false).unwrap();
+        assert_eq!(s.worker_threads, Some(1));
+        assert_eq!(s.node_config("127.0.0.1:1").max_pending_shards, 100);
+        for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
+            std::fs::write(&path, bad).unwrap();
+            let err = ServeSettings::resolve(&args, false).unwrap_err();
+            assert!(format!("{err:#}").contains("at least 1"), "{bad}: {err:#}");
+        }
     }
 
     #[test]

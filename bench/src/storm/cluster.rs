@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::api::Api;
-use super::options::Arm;
+use super::options::{Arm, ServerFlags};
 use super::reaper::Reaper;
 
 /// How many members a cluster has.
-const MEMBERS: u64 = 3;
+pub const MEMBERS: u64 = 3;
 
 /// One server process of the cluster.
 struct Member {
@@ -44,7 +44,7 @@ impl Cluster {
         binary: &Path,
         arm: Arm,
         parent: &Path,
-        server_log: &str,
+        server: &ServerFlags,
         keep_data: bool,
         startup_timeout: Duration,
         api: &Api,
@@ -83,13 +83,17 @@ impl Cluster {
                 .arg(&data)
                 .args(["--peers", &peers])
                 .args(["--barrier", arm.name()])
-                .env("RUST_LOG", server_log)
+                .env("RUST_LOG", &server.log)
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err);
             if id == 1 {
                 command.arg("--init");
             }
+            if server.worker_threads > 0 {
+                command.args(["--worker-threads", &server.worker_threads.to_string()]);
+            }
+            command.args(&server.extra);
             // Only the flags above configure the servers: no setting leaks in from this environment.
             for (key, _) in std::env::vars_os() {
                 if key.to_string_lossy().starts_with("METASERVER_") {

@@ -5,6 +5,8 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Parser;
 
+use super::cluster::MEMBERS;
+
 /// Which barrier mode a cluster runs with: the server's `barrier` setting (`--barrier`, `METASERVER_BARRIER`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arm {
@@ -72,12 +74,30 @@ pub struct Options {
     /// Log filter for the servers (`RUST_LOG` of the children); the bench's own `RUST_LOG` if unset, else `warn`.
     #[arg(long)]
     pub server_log: Option<String>,
+    /// Async worker threads of each server (`--worker-threads`) [default: the machine's cores
+    /// divided among the three servers, at least 1]; 0 passes no flag (the server's default).
+    #[arg(long)]
+    pub server_threads: Option<usize>,
+    /// An extra flag for every server, e.g. `--server-arg=--max-pending-shards=4096`; repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub server_arg: Vec<String>,
     /// Run this server binary instead of building `metaserver` with cargo (to compare two builds).
     #[arg(long)]
     pub server_binary: Option<std::path::PathBuf>,
     /// Keep the data dirs and server logs of every run (under `target/bench/storm-runs/`).
     #[arg(long)]
     pub keep_data: bool,
+}
+
+/// Settings shared by every server process of a run.
+#[derive(Debug, Clone)]
+pub struct ServerFlags {
+    /// `RUST_LOG` of the servers.
+    pub log: String,
+    /// `--worker-threads` of each server; 0 = not passed.
+    pub worker_threads: usize,
+    /// Further flags, passed as given.
+    pub extra: Vec<String>,
 }
 
 impl Options {
@@ -143,10 +163,19 @@ impl Options {
     }
 
     /// The log filter for the server processes.
-    pub fn server_log(&self) -> String {
-        self.server_log
-            .clone()
-            .or_else(|| std::env::var("RUST_LOG").ok())
-            .unwrap_or_else(|| "warn".to_string())
+    /// How every server process is started.
+    pub fn server_flags(&self) -> ServerFlags {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ServerFlags {
+            log: self
+                .server_log
+                .clone()
+                .or_else(|| std::env::var("RUST_LOG").ok())
+                .unwrap_or_else(|| "warn".to_string()),
+            worker_threads: self
+                .server_threads
+                .unwrap_or((cores / MEMBERS as usize).max(1)),
+            extra: self.server_arg.clone(),
+        }
     }
 }
