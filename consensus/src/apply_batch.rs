@@ -432,48 +432,74 @@ mod tests {
             .collect()
     }
 
+    /// The writes of `cmds` applied at consecutive indexes from `first` on top of `reg`.
+    fn writes_of(reg: &Registry, first: u64, cmds: &[Command]) -> Writes {
+        let g = reg.current();
+        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        for (i, c) in cmds.iter().enumerate() {
+            b.execute(first + i as u64, c).unwrap();
+        }
+        let leader = openraft::vote::leader_id_adv::LeaderId {
+            term: 1,
+            node_id: 1,
+        };
+        b.set_applied(&LogId::new(leader, first));
+        b.finish().unwrap()
+    }
+
     #[test]
-    fn a_commit_cut_after_any_write_is_finished_on_reopen() {
-        let cmds = [
-            Command::RegisterDatanode {
-                id: 1,
-                addr: "a".into(),
-            },
-            Command::RegisterShards {
-                datanode: 1,
-                epoch: 1,
-                shards: [3, 64, 200, 1 << 33]
-                    .iter()
-                    .map(|&i| report(i, 1))
-                    .collect(),
-            },
-        ];
-        let expected = {
-            let (_d, reg) = registry();
-            apply(&reg, 1, &cmds);
-            contents(&reg)
+    fn a_commit_cut_after_any_write_is_whole_after_reopen() {
+        let first = [Command::RegisterDatanode {
+            id: 1,
+            addr: "a".into(),
+        }];
+        let second = [Command::RegisterShards {
+            datanode: 1,
+            epoch: 1,
+            shards: [3, 64, 200, 1 << 33]
+                .iter()
+                .map(|&i| report(i, 1))
+                .collect(),
+        }];
+        // Each state as a clean reopen shows it.
+        let reopened = |dir: &std::path::Path| contents(&Registry::open(dir, 1 << 20).unwrap());
+        let (only_first, both) = {
+            let dir = tempfile::tempdir().unwrap();
+            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+            reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+            drop(reg);
+            let only_first = reopened(dir.path());
+            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+            reg.current().commit(writes_of(&reg, 2, &second)).unwrap();
+            drop(reg);
+            (only_first, reopened(dir.path()))
         };
-        let writes = {
-            let (_d, reg) = registry();
-            let g = reg.current();
-            let mut b = ApplyBatch::new(&g.tree, 0);
-            for (i, c) in cmds.iter().enumerate() {
-                b.execute(1 + i as u64, c).unwrap();
-            }
-            b.finish().unwrap()
+        assert_ne!(only_first, both);
+        let applied = |c: &[(Vec<u8>, Vec<u8>)]| {
+            c.iter()
+                .find(|(k, _)| k == keys::META_APPLIED)
+                .map(|(_, v)| v.clone())
         };
-        assert!(writes.len() > 3, "the test needs a multi-write commit");
-        for done in 0..=writes.len() {
+        assert_ne!(applied(&only_first), applied(&both), "last applied moves");
+        // A crash before the second commit's redo record: the first commit, whole.
+        // A crash after it, with any number of its writes done: the second, whole.
+        for done in 0..=10 {
             let dir = tempfile::tempdir().unwrap();
             {
                 let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-                reg.current()
-                    .commit_interrupted(writes.clone(), done)
-                    .unwrap();
+                reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+                let writes = writes_of(&reg, 2, &second);
+                assert!(writes.len() > 3 && done <= writes.len());
+                reg.current().commit_interrupted(writes, done).unwrap();
             }
-            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-            assert_eq!(contents(&reg), expected, "cut after {done} writes");
+            assert_eq!(reopened(dir.path()), both, "cut after {done} writes");
         }
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+            reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+        }
+        assert_eq!(reopened(dir.path()), only_first);
     }
 
     #[test]

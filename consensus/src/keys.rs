@@ -21,11 +21,11 @@ pub const BY_DATANODE: u8 = b'x';
 pub const KV: u8 = b'k';
 
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
-/// every apply writes one metadata record.
+/// every apply writes one metadata record. Written through the redo record: current after
+/// the registry is opened.
 pub const META_APPLIED: &[u8] = b"mapplied";
-/// The redo record of a multi-write commit in progress (see `Generation::commit`); present
-/// only between the first and last write of a commit, or after a crash there.
-pub const META_INTENT: &[u8] = b"mintent";
+/// The redo record: every write of the last commit (see `Generation::commit`).
+pub const META_REDO: &[u8] = b"mredo";
 /// Last applied membership (written only by membership entries).
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 

@@ -54,13 +54,16 @@ impl Generation {
     /// flushes in the background). After a crash at any point, reopening the registry yields
     /// either none or all of `writes`.
     ///
-    /// A single write is one sled insert, atomic by itself. Several writes go through a redo
-    /// record: the whole list is inserted under [`keys::META_INTENT`], then each write, then
-    /// the record is removed. sled recovers a prefix of its log, so a recovered tree holding any
-    /// of the writes also holds the record, and [`Registry::open`] redoes it. This replaces
-    /// `sled::Tree::apply_batch`, which seals and writes sled's log buffer twice per call on
-    /// sled's IO pool (waking every pool thread each time): with one small commit per
-    /// registration that was the largest single source of context switches on every node.
+    /// How: every commit first inserts its whole write list under [`keys::META_REDO`] (replacing
+    /// the previous commit's), then performs the writes as plain inserts. sled recovers a prefix
+    /// of its log, so a recovered tree holding any write of a commit also holds that commit's
+    /// record, and [`Registry::open`] redoes the record it finds (redoing a complete commit
+    /// changes nothing: the writes are absolute values and no later commit exists). The
+    /// last-applied record is written only through the redo record, so a small commit costs as
+    /// many sled inserts as it has data keys plus one. This replaces `sled::Tree::apply_batch`,
+    /// which seals and writes sled's log buffer twice per call on sled's IO pool (waking every
+    /// pool thread each time): with one small commit per registration that was the largest
+    /// single source of context switches on every node.
     pub(crate) fn commit(&self, writes: Writes) -> Result<()> {
         {
             let captures = self.captures.lock();
@@ -69,53 +72,49 @@ impl Generation {
                     .map_err(|e| Error::registry("record pre-images", e))?;
             }
         }
-        if writes.len() > 1 {
-            let intent = codec::encode(&writes).map_err(|e| Error::corrupt("encode intent", e))?;
-            self.tree
-                .insert(keys::META_INTENT, intent)
-                .map_err(|e| Error::registry("write intent", e))?;
-            write_all(&self.tree, writes)?;
-            self.tree
-                .remove(keys::META_INTENT)
-                .map_err(|e| Error::registry("clear intent", e))?;
-            Ok(())
-        } else {
-            write_all(&self.tree, writes)
-        }
+        self.write_redo(&writes)?;
+        write_data(&self.tree, writes)
     }
 
-    /// Finishes a commit interrupted by a crash, if the tree holds its redo record. Blocking.
-    /// Returns whether there was one.
-    fn redo_intent(&self) -> Result<bool> {
-        let Some(intent) = self
+    fn write_redo(&self, writes: &Writes) -> Result<()> {
+        let record = codec::encode(writes).map_err(|e| Error::corrupt("encode redo record", e))?;
+        self.tree
+            .insert(keys::META_REDO, record)
+            .map(|_| ())
+            .map_err(|e| Error::registry("write redo record", e))
+    }
+
+    /// Redoes the last commit from its redo record, if there is one: finishes a commit that a
+    /// crash interrupted and writes the last-applied record. Blocking; flushes.
+    fn redo_last_commit(&self) -> Result<()> {
+        let Some(record) = self
             .tree
-            .get(keys::META_INTENT)
-            .map_err(|e| Error::registry("read intent", e))?
+            .get(keys::META_REDO)
+            .map_err(|e| Error::registry("read redo record", e))?
         else {
-            return Ok(false);
+            return Ok(());
         };
         let writes: Writes =
-            codec::decode(&intent).map_err(|e| Error::corrupt("commit intent", e))?;
-        write_all(&self.tree, writes)?;
-        self.tree
-            .remove(keys::META_INTENT)
-            .map_err(|e| Error::registry("clear intent", e))?;
+            codec::decode(&record).map_err(|e| Error::corrupt("redo record", e))?;
+        for (k, v) in writes {
+            match v {
+                Some(v) => self.tree.insert(k, v),
+                None => self.tree.remove(k),
+            }
+            .map_err(|e| Error::registry("redo", e))?;
+        }
         self.tree
             .flush()
-            .map_err(|e| Error::registry("flush redone commit", e))?;
-        Ok(true)
+            .map(|_| ())
+            .map_err(|e| Error::registry("flush redone commit", e))
     }
 
-    /// Test hook: performs the first `done` writes of a multi-write commit and then stops, as
-    /// a crash between two sled inserts would leave the tree.
+    /// Test hook: writes the redo record and the first `done` data writes of a commit, then
+    /// stops, as a crash between two sled inserts would leave the tree.
     #[cfg(test)]
     pub(crate) fn commit_interrupted(&self, writes: Writes, done: usize) -> Result<()> {
-        assert!(writes.len() > 1);
-        let intent = codec::encode(&writes).map_err(|e| Error::corrupt("encode intent", e))?;
-        self.tree
-            .insert(keys::META_INTENT, intent)
-            .map_err(|e| Error::registry("write intent", e))?;
-        write_all(&self.tree, writes.into_iter().take(done).collect())
+        self.write_redo(&writes)?;
+        write_data(&self.tree, writes.into_iter().take(done).collect())
     }
 
     /// Starts a point-in-time capture at the current state. O(1).
@@ -139,11 +138,28 @@ impl Generation {
         }
     }
 
+    /// The last-applied record: the one in the redo record if there is one (the key itself is
+    /// written only when a commit is redone, see [`Generation::commit`]), else the key's.
+    fn applied_record(&self) -> Result<Option<AppliedRecord>> {
+        if let Some(record) = self
+            .tree
+            .get(keys::META_REDO)
+            .map_err(|e| Error::registry("read redo record", e))?
+        {
+            let writes: Writes =
+                codec::decode(&record).map_err(|e| Error::corrupt("redo record", e))?;
+            if let Some((_, Some(v))) = writes.iter().find(|(k, _)| k == keys::META_APPLIED) {
+                return codec::decode(v)
+                    .map(Some)
+                    .map_err(|e| Error::corrupt("last applied", e));
+            }
+        }
+        self.get::<AppliedRecord>(keys::META_APPLIED, "last applied")
+    }
+
     /// Last applied log id and membership as stored in this generation.
     pub(crate) fn applied(&self) -> Result<(Option<LogId>, StoredMembership)> {
-        let applied = self
-            .get::<AppliedRecord>(keys::META_APPLIED, "last applied")?
-            .and_then(|r| r.applied);
+        let applied = self.applied_record()?.and_then(|r| r.applied);
         let membership = self
             .get::<StoredMembership>(keys::META_MEMBERSHIP, "membership")?
             .unwrap_or_default();
@@ -151,16 +167,14 @@ impl Generation {
     }
 
     pub(crate) fn replica_count(&self) -> Result<u64> {
-        Ok(self
-            .get::<AppliedRecord>(keys::META_APPLIED, "last applied")?
-            .map(|r| r.replicas)
-            .unwrap_or(0))
+        Ok(self.applied_record()?.map(|r| r.replicas).unwrap_or(0))
     }
 }
 
-/// Performs `writes` as individual sled operations.
-fn write_all(tree: &sled::Tree, writes: Writes) -> Result<()> {
-    for (k, v) in writes {
+/// Performs the data writes of a commit as individual sled operations; the last-applied record
+/// stays in the redo record (see [`Generation::commit`]).
+fn write_data(tree: &sled::Tree, writes: Writes) -> Result<()> {
+    for (k, v) in writes.into_iter().filter(|(k, _)| k != keys::META_APPLIED) {
         match v {
             Some(v) => tree.insert(k, v),
             None => tree.remove(k),
@@ -227,9 +241,7 @@ impl Registry {
             .open_tree(&active)
             .map_err(|e| Error::registry("open", e))?;
         let generation = Generation::new(tree, number);
-        if generation.redo_intent()? {
-            tracing::info!("registry: finished a commit interrupted by a crash");
-        }
+        generation.redo_last_commit()?;
         Ok(Registry {
             db,
             current: RwLock::new(Arc::new(generation)),

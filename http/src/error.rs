@@ -232,7 +232,8 @@ pub fn error_response(status: StatusCode, code: &str, message: String) -> Respon
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // "Forward to leader" is a hand-off to the forwarding layer, not a failure.
+        if status.is_server_error() && !matches!(self, ApiError::ForwardToLeader { .. }) {
             tracing::warn!(code = self.code(), "request failed: {self}");
         }
         let mut response = error_response(status, self.code(), self.to_string());
