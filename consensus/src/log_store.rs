@@ -276,11 +276,26 @@ impl LogStore {
             .map_err(store_err("wait for barrier"))
     }
 
-    fn append_record(&self, rec: &LogRecordRef<'_>) -> io::Result<Lsn> {
-        self.shared
-            .wal
-            .append(&encode(rec)?)
-            .map_err(store_err("append log record"))
+    async fn append_record(&self, rec: &LogRecordRef<'_>) -> io::Result<Lsn> {
+        self.write_records(vec![encode(rec)?]).await
+    }
+
+    /// Appends `payloads` to the WAL in one write and returns the last LSN. Inline (one
+    /// positional write) unless the write moves the log to a new segment, whose syncs and file
+    /// creation run on a blocking thread instead of the async runtime.
+    async fn write_records(&self, payloads: Vec<Vec<u8>>) -> io::Result<Lsn> {
+        let append = |wal: &Wal, payloads: &[Vec<u8>]| {
+            let slices: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
+            wal.append_batch(&slices)
+                .map_err(store_err("append log records"))
+        };
+        if !self.shared.wal.needs_roll(payloads.iter().map(|p| p.len())) {
+            return append(&self.shared.wal, &payloads);
+        }
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || append(&shared.wal, &payloads))
+            .await
+            .map_err(|e| io::Error::other(format!("log append task failed: {e}")))?
     }
 
     /// Reads the live entries with index in `range`, as of the moment the index is consulted.
@@ -401,7 +416,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        let lsn = self.append_record(&LogRecordRef::Vote(vote))?;
+        let lsn = self.append_record(&LogRecordRef::Vote(vote)).await?;
         self.sync(lsn).await?;
         let mut idx = self.shared.index.write();
         idx.vote = Some(*vote);
@@ -443,7 +458,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for e in &entries {
             payloads.push(encode(&LogRecordRef::Entry(e))?);
         }
-        let slices: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
         {
             let idx = self.shared.index.read();
             let want = idx.next_index();
@@ -455,17 +469,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .into());
             }
         }
-        let last_lsn = self
-            .shared
-            .wal
-            .append_batch(&slices)
-            .map_err(store_err("append log entries"))?;
+        let lens: Vec<usize> = payloads.iter().map(|p| p.len()).collect();
+        let last_lsn = self.write_records(payloads).await?;
         let first_lsn = last_lsn + 1 - entries.len() as u64;
         {
             let mut idx = self.shared.index.write();
-            let skip = payloads.len() - entries.len();
+            let skip = lens.len() - entries.len();
             for (i, e) in entries.iter().enumerate() {
-                idx.push(first_lsn + i as u64, e.log_id, payloads[skip + i].len())
+                idx.push(first_lsn + i as u64, e.log_id, lens[skip + i])
                     .map_err(io::Error::from)?;
             }
         }
@@ -501,7 +512,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|e| io::Error::other(format!("truncate task failed: {e}")))?
                 .map_err(store_err("truncate log"))?;
             self.shared.index.write().truncate_after(after);
-            self.append_record(&LogRecordRef::Committed(&committed))?;
+            self.append_record(&LogRecordRef::Committed(&committed))
+                .await?;
             self.shared.index.write().committed_dirty = false;
         } else {
             // Dropping the records from `first_gone` would drop the current vote: truncate
@@ -510,7 +522,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 after: &last_log_id,
                 vote: &vote,
                 committed: &committed,
-            })?;
+            })
+            .await?;
             let mut idx = self.shared.index.write();
             idx.truncate_after(after);
             idx.committed_dirty = false;
@@ -533,11 +546,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             (upto, idx.vote, idx.committed)
         };
         let purged = Some(log_id);
-        let state_lsn = self.append_record(&LogRecordRef::State {
-            vote: &vote,
-            committed: &committed,
-            purged: &purged,
-        })?;
+        let state_lsn = self
+            .append_record(&LogRecordRef::State {
+                vote: &vote,
+                committed: &committed,
+                purged: &purged,
+            })
+            .await?;
         self.sync(state_lsn).await?;
         {
             let mut idx = self.shared.index.write();

@@ -49,6 +49,31 @@ async fn indexes(log: &mut LogStore) -> Vec<u64> {
         .collect()
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn appends_and_votes_across_segment_rolls_survive_reopen() {
+    // Segments of 512 bytes: most appends move the log to a new segment (the path that runs
+    // on a blocking thread).
+    let small = || WalOptions {
+        segment_bytes: 512,
+        ..WalOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open(dir.path(), small()).unwrap();
+        for i in 1..=120 {
+            append(&mut log, vec![entry(1, i)]).await;
+            if i % 7 == 0 {
+                log.save_vote(&vote(1 + i / 7)).await.unwrap();
+            }
+        }
+        let created = log.wal_metrics().segments_created;
+        assert!(created > 5, "only {created} segments");
+    }
+    let mut log = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(indexes(&mut log).await, (1..=120).collect::<Vec<_>>());
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote(1 + 119 / 7)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncation_that_would_drop_the_vote_keeps_it_across_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -227,3 +227,26 @@ fn own_mode_takes_a_barrier_per_sync() {
     assert_eq!(m.records_synced, 1);
     assert_eq!(m.barrier_latency.count, 2);
 }
+
+#[test]
+fn needs_roll_predicts_every_move_to_a_new_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), small_segments()).unwrap();
+    let mut rolls = 0;
+    for i in 0..200usize {
+        // Lengths that land exactly on, just under and just over segment boundaries.
+        let lens = [1 + (i * 37) % 150, (i * 11) % 90];
+        let batch: Vec<Vec<u8>> = lens.iter().map(|&n| vec![i as u8; n]).collect();
+        let slices: Vec<&[u8]> = batch.iter().map(|b| b.as_slice()).collect();
+        let predicted = wal.needs_roll(lens);
+        let before = wal.metrics().segments_created;
+        wal.append_batch(&slices).unwrap();
+        let rolled = wal.metrics().segments_created > before;
+        assert_eq!(predicted, rolled, "append {i} of {lens:?}");
+        rolls += usize::from(rolled);
+    }
+    assert!(
+        rolls > 20,
+        "the test must cross many segments, crossed {rolls}"
+    );
+}

@@ -343,6 +343,16 @@ impl Wal {
         self.inner.index.read().first_live()
     }
 
+    /// Whether appending records with these payload lengths now would move the log to a new
+    /// segment. A move syncs the old segment and creates, syncs and names a new one: blocking
+    /// IO that async callers keep off their runtime (an append is otherwise one positional
+    /// write). Exact for a single writer; with concurrent writers it is a hint.
+    pub fn needs_roll(&self, payload_lens: impl IntoIterator<Item = usize>) -> bool {
+        let total: u64 = payload_lens.into_iter().map(record::encoded_len).sum();
+        let w = self.inner.writer.lock();
+        w.offset > SEGMENT_HEADER_LEN && w.offset + total > self.inner.segment_bytes
+    }
+
     /// The last LSN assigned (records and markers); 0 for a log that never had one.
     pub fn last_lsn(&self) -> Lsn {
         self.inner.written.load(Ordering::Acquire)
