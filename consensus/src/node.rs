@@ -266,6 +266,23 @@ impl MetaNode {
         }
     }
 
+    /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
+    /// follower forwards a request without a round trip through its Raft core. `None`: this
+    /// node may lead; ask the core (which answers `ForwardToLeader` itself if it does not).
+    fn leader_elsewhere(&self) -> Option<Error> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        if m.state == openraft::ServerState::Leader {
+            return None;
+        }
+        let leader = m.current_leader.filter(|l| *l != self.id())?;
+        let node = m.membership_config.membership().get_node(&leader)?;
+        Some(Error::ForwardToLeader {
+            leader_id: leader,
+            leader_addr: node.addr.clone(),
+        })
+    }
+
     /// Maps openraft's `Fatal` (its core stopped: shut down, storage failure or panic) to
     /// [`Error::Shutdown`]: the node serves no more Raft requests until restarted.
     fn fatal(&self, e: impl std::fmt::Display) -> Error {
@@ -367,6 +384,9 @@ impl MetaNode {
     pub async fn write(&self, cmd: Command) -> Result<Written> {
         self.check_open()?;
         validate(&cmd)?;
+        if let Some(forward) = self.leader_elsewhere() {
+            return Err(forward);
+        }
         let window = self.inner.cfg.max_pending_shards;
         let weight = cmd.weight().clamp(1, window);
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
@@ -412,6 +432,9 @@ impl MetaNode {
         self.check_open()?;
         if c == Consistency::Local {
             return Ok(());
+        }
+        if let Some(forward) = self.leader_elsewhere() {
+            return Err(forward);
         }
         use openraft::error::LinearizableReadError as L;
         let raft = &self.inner.raft;
