@@ -380,7 +380,8 @@ impl MetaNode {
     /// proposed.
     ///
     /// Writes wait for room in the admission window (`max_pending_shards`) before they are
-    /// proposed; the wait counts against the request timeout.
+    /// proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
+    /// the request timeout again.
     pub async fn write(&self, cmd: Command) -> Result<Written> {
         self.check_open()?;
         validate(&cmd)?;
