@@ -45,6 +45,9 @@ pub enum Error {
         #[source]
         source: sled::Error,
     },
+    /// The data dir cannot be used: another process holds it, or it belongs to another node.
+    #[error("data dir {path} {reason}")]
+    DataDir { path: PathBuf, reason: String },
     /// A file outside the log and snapshot stores (e.g. the data dir) failed.
     #[error("{op} {path}: {source}")]
     Io {

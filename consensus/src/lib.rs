@@ -24,6 +24,7 @@ mod capture;
 pub mod codec;
 mod command;
 mod config;
+mod data_dir;
 mod error;
 mod keys;
 mod log_record;

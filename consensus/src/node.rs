@@ -17,6 +17,7 @@ use openraft::{ChangeMembers, RaftNetworkFactory, ReadPolicy};
 
 use crate::command::{Command, ShardReport};
 use crate::config::NodeConfig;
+use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
 use crate::snapshot_data::SnapshotData;
@@ -46,6 +47,8 @@ struct Inner {
     shut: AtomicBool,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: tokio::sync::Semaphore,
+    /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
+    dir_lock: parking_lot::Mutex<Option<DataDirLock>>,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -126,9 +129,11 @@ impl MetaNode {
         let window = cfg.max_pending_shards;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
-        let (log, sm, incoming) = blocking(move || {
+        let (dir_lock, log, sm, incoming) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
+            // Before anything in the dir is touched: log recovery may cut a torn tail.
+            let dir_lock = DataDirLock::acquire(&c.data_dir, c.id)?;
             let incoming = c.data_dir.join(INCOMING);
             if incoming.exists() {
                 std::fs::remove_dir_all(&incoming)
@@ -152,7 +157,7 @@ impl MetaNode {
                 c.snapshots_to_keep,
                 limiter,
             )?;
-            Ok((log, sm, incoming))
+            Ok((dir_lock, log, sm, incoming))
         })
         .await?;
         let shared = sm.shared();
@@ -171,6 +176,7 @@ impl MetaNode {
                 incoming,
                 shut: AtomicBool::new(false),
                 write_window: tokio::sync::Semaphore::new(window as usize),
+                dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
         };
         node.check_not_behind_purge()?;
@@ -847,7 +853,11 @@ impl MetaNode {
                 .wal()
                 .close()
                 .map_err(|e| Error::storage("close log", e))?;
-            inner.sm.registry.flush()
+            inner.sm.registry.flush()?;
+            // The log is closed and the registry flushed: another open of the dir may start
+            // (sled releases its own lock when the last handle to this node is dropped).
+            inner.dir_lock.lock().take();
+            Ok(())
         })
         .await
     }

@@ -37,8 +37,11 @@ use meta_consensus::codec;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Slowest pace (bytes per second) assumed for sending, decoding and durably appending an RPC
-/// body on a busy peer: each RPC's deadline grows by its body's size at this pace.
-const SLOW_BYTES_PER_SEC: u64 = 10_000_000;
+/// body on a busy peer: each RPC's deadline grows by its body's size at this pace. 10 MB/s
+/// proved too optimistic on a CPU-starved machine (a 1 MiB append missed its deadline on every
+/// resend and the write timed out); at 2 MB/s the largest body (8 MiB) may take 4 s, and only
+/// replication to that one peer waits that long. Heartbeats keep the short deadline.
+const SLOW_BYTES_PER_SEC: u64 = 2_000_000;
 
 /// An RPC's deadline: openraft's soft TTL (derived from the heartbeat interval, sized for small
 /// bodies) plus the time `body_bytes` take at [`SLOW_BYTES_PER_SEC`], so a large AppendEntries
@@ -211,7 +214,7 @@ impl HttpConnection {
 
 /// Largest encoded AppendEntries body sent in one RPC (the receiver accepts up to
 /// [`crate::limits::MAX_RAFT_BODY_BYTES`]); small enough that one RPC's deadline (see
-/// [`rpc_timeout`]) stays under a second.
+/// [`rpc_timeout`]) stays within a few seconds.
 pub const APPEND_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// How many of the request's entries fit in one RPC body: all of them, or the longest prefix

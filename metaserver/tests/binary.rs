@@ -175,8 +175,32 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     assert_eq!((status, v), (200, Value::String("hello".into())));
     let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
     assert_eq!(v["voters"], json!([1]));
+
+    // A second process on the same data dir stops before touching it.
+    let mut second = spawn(cwd, cwd, &[], &env, false);
+    let exit = second.wait_exit().await;
+    assert!(
+        !exit.success(),
+        "a second server started on a data dir in use"
+    );
+    assert!(second.logs().contains("in use"), "{}", second.logs());
+    let (status, _) = send(&http, Method::GET, &format!("{base}/readyz"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "the first server still serves");
+
     server.signal(libc::SIGINT);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
+
+    // The data dir belongs to node 1: starting it as node 2 is refused.
+    let mut other = spawn(cwd, cwd, &["--id", "2"], &env, false);
+    let exit = other.wait_exit().await;
+    assert!(!exit.success(), "node 2 started on node 1's data dir");
+    assert!(
+        other.logs().contains("belongs to node 1, not node 2"),
+        "{}",
+        other.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

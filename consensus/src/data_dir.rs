@@ -1,0 +1,122 @@
+//! The guard of a node's data dir: an exclusive lock held while the node runs, so a second
+//! process pointed at the same dir stops before it touches the log (its recovery would cut what
+//! it takes for a torn tail), and the node id the dir belongs to, so a dir cannot be started as
+//! another member by mistake.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::types::NodeId;
+
+/// Name of the lock file in the data dir.
+const LOCK: &str = "LOCK";
+/// Name of the file that records which node the data dir belongs to.
+const NODE_ID: &str = "node-id";
+
+/// Holds the data dir's lock until dropped or released.
+#[derive(Debug)]
+pub(crate) struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    /// Locks `dir` for this node and checks that it belongs to node `id`, recording that on the
+    /// first start. Blocking.
+    ///
+    /// Contract: on success no other holder of this lock (another process, or another open of
+    /// the same dir in this process) exists until this value is dropped, and `dir` durably
+    /// names `id` as its node. Fails with [`Error::DataDir`] when the dir is in use or belongs
+    /// to another node; nothing in the dir is changed then.
+    pub(crate) fn acquire(dir: &Path, id: NodeId) -> Result<DataDirLock> {
+        let path = dir.join(LOCK);
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open lock file", &path, e))?;
+        // SAFETY: `flock` on a descriptor this function owns; it touches no memory. The lock
+        // is released when the descriptor is closed (the `File` dropped), also by a crash.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(data_dir(
+                    dir,
+                    "is in use by another metaserver (its LOCK file is held)",
+                ));
+            }
+            return Err(Error::io("lock data dir", &path, e));
+        }
+        check_node_id(dir, id)?;
+        Ok(DataDirLock { _file: file })
+    }
+}
+
+fn data_dir(dir: &Path, reason: impl Into<String>) -> Error {
+    Error::DataDir {
+        path: dir.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Compares `id` with the id recorded in `dir`, or records it (file, fsync, rename, dir fsync).
+fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
+    let path = dir.join(NODE_ID);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let stored: NodeId = text
+                .trim()
+                .parse()
+                .map_err(|_| data_dir(dir, format!("{NODE_ID} holds {text:?}, not a node id")))?;
+            if stored != id {
+                return Err(data_dir(
+                    dir,
+                    format!("belongs to node {stored}, not node {id}"),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record_node_id(dir, &path, id),
+        Err(e) => Err(Error::io("read node id", &path, e)),
+    }
+}
+
+fn record_node_id(dir: &Path, path: &PathBuf, id: NodeId) -> Result<()> {
+    let tmp = dir.join(format!("{NODE_ID}.tmp"));
+    let mut file = File::create(&tmp).map_err(|e| Error::io("create node id", &tmp, e))?;
+    writeln!(file, "{id}")
+        .and_then(|_| file.sync_all())
+        .map_err(|e| Error::io("write node id", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("name node id", path, e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync data dir", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_and_one_node_per_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DataDirLock::acquire(dir.path(), 2).unwrap();
+        let err = DataDirLock::acquire(dir.path(), 2).unwrap_err();
+        assert!(err.to_string().contains("in use"), "{err}");
+        drop(first);
+        let again = DataDirLock::acquire(dir.path(), 2).unwrap();
+        drop(again);
+        let err = DataDirLock::acquire(dir.path(), 3).unwrap_err();
+        assert!(
+            err.to_string().contains("belongs to node 2, not node 3"),
+            "{err}"
+        );
+        std::fs::write(dir.path().join(NODE_ID), "two\n").unwrap();
+        let err = DataDirLock::acquire(dir.path(), 2).unwrap_err();
+        assert!(err.to_string().contains("not a node id"), "{err}");
+    }
+}
