@@ -178,6 +178,9 @@ pub struct ClusterView {
     pub committed: u64,
     /// Highest index applied to the registry.
     pub applied: u64,
+    /// Highest index purged from this node's log (0 = none): a follower further behind than
+    /// this catches up by snapshot.
+    pub purged: u64,
     /// Newest snapshot, if any.
     pub snapshot: Option<SnapshotView>,
     /// Write-ahead log figures.

@@ -357,6 +357,7 @@ async fn cluster_membership_and_config() {
         assert!(v.get(field).is_some(), "{field} missing: {v}");
     }
     assert!(v["wal"]["appends_per_barrier"].is_number());
+    assert_eq!(v["purged"], 0, "a fresh log has purged nothing");
 
     let a = t
         .send(

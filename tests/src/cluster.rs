@@ -387,14 +387,14 @@ impl Cluster {
         .await
     }
 
-    /// Waits until node `id` has purged its log up to `index` (read from `/metrics`, since
-    /// `/v1/cluster` does not show it); returns the purged index.
+    /// Waits until node `id` has purged its log up to `index` (as `/v1/cluster` reports it);
+    /// returns the purged index.
     pub async fn wait_purged(&self, id: u64, index: u64, timeout: Duration) -> anyhow::Result<u64> {
         let what = format!("node {id} to purge its log up to {index}");
         poll_until(&what, timeout, || async {
-            let purged = self.api(id)?.metric("metaserver_raft_purged_index").await?;
+            let purged = self.status(id).await?.purged;
             match purged {
-                Some(p) if p >= index as f64 => Ok(Some(p as u64)),
+                Some(p) if p >= index => Ok(Some(p)),
                 other => anyhow::bail!("purged index {other:?}"),
             }
         })

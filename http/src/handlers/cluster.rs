@@ -44,6 +44,7 @@ impl From<ClusterStatus> for ClusterView {
             last_log_index: s.last_log_index.unwrap_or(0),
             committed: s.committed.unwrap_or(0),
             applied: s.applied.unwrap_or(0),
+            purged: s.purged.unwrap_or(0),
             snapshot,
             wal: WalView {
                 appends: s.wal.appends,
