@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use meta_store::{RateLimiter, SnapshotStore, ThrottledWriter};
 use serde_json::{json, Value};
 
-use crate::report;
+use crate::report::{self, median};
 
 const MB: f64 = 1_000_000.0;
 const BLOCK: usize = 8192;
@@ -324,17 +324,6 @@ fn export(store: &SnapshotStore, name: &str, bytes: u64, rate: u64) -> Result<(f
         start.elapsed().as_secs_f64(),
         finishing.elapsed().as_secs_f64(),
     ))
-}
-
-/// The median (the mean of the middle two for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn within(ratio: f64) -> bool {

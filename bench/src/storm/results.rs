@@ -8,7 +8,7 @@ use super::chart::{self, Series};
 use super::options::Arm;
 use super::restart::StormPoint;
 use super::single::SinglePoint;
-use crate::report::{out_dir, print_table, write_json};
+use crate::report::{median, out_dir, print_table, write_json};
 
 /// Everything one invocation measured.
 #[derive(Default)]
@@ -25,18 +25,6 @@ fn f(v: f64, digits: usize) -> String {
 /// Formats an optional number, `-` when absent.
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|v| f(v, digits)).unwrap_or_else(|| "-".into())
-}
-
-/// The median of `values`: the middle one, or the mean of the two middle ones for an even count
-/// (with two rounds, the mean of both rather than either). Zero for no values.
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The median of the values that are present, if any.
