@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::types::NodeId;
@@ -85,7 +85,7 @@ fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
     }
 }
 
-fn record_node_id(dir: &Path, path: &PathBuf, id: NodeId) -> Result<()> {
+fn record_node_id(dir: &Path, path: &Path, id: NodeId) -> Result<()> {
     let tmp = dir.join(format!("{NODE_ID}.tmp"));
     let mut file = File::create(&tmp).map_err(|e| Error::io("create node id", &tmp, e))?;
     writeln!(file, "{id}")

@@ -84,25 +84,22 @@ impl Generation {
             .map_err(|e| Error::registry("write redo record", e))
     }
 
+    /// The redo record (the last commit's writes), if the tree holds one.
+    fn redo_record(&self) -> Result<Option<Writes>> {
+        self.tree
+            .get(keys::META_REDO)
+            .map_err(|e| Error::registry("read redo record", e))?
+            .map(|record| codec::decode(&record).map_err(|e| Error::corrupt("redo record", e)))
+            .transpose()
+    }
+
     /// Redoes the last commit from its redo record, if there is one: finishes a commit that a
     /// crash interrupted and writes the last-applied record. Blocking; flushes.
     fn redo_last_commit(&self) -> Result<()> {
-        let Some(record) = self
-            .tree
-            .get(keys::META_REDO)
-            .map_err(|e| Error::registry("read redo record", e))?
-        else {
+        let Some(writes) = self.redo_record()? else {
             return Ok(());
         };
-        let writes: Writes =
-            codec::decode(&record).map_err(|e| Error::corrupt("redo record", e))?;
-        for (k, v) in writes {
-            match v {
-                Some(v) => self.tree.insert(k, v),
-                None => self.tree.remove(k),
-            }
-            .map_err(|e| Error::registry("redo", e))?;
-        }
+        put_all(&self.tree, writes)?;
         self.tree
             .flush()
             .map(|_| ())
@@ -141,20 +138,18 @@ impl Generation {
     /// The last-applied record: the one in the redo record if there is one (the key itself is
     /// written only when a commit is redone, see [`Generation::commit`]), else the key's.
     fn applied_record(&self) -> Result<Option<AppliedRecord>> {
-        if let Some(record) = self
-            .tree
-            .get(keys::META_REDO)
-            .map_err(|e| Error::registry("read redo record", e))?
-        {
-            let writes: Writes =
-                codec::decode(&record).map_err(|e| Error::corrupt("redo record", e))?;
-            if let Some((_, Some(v))) = writes.iter().find(|(k, _)| k == keys::META_APPLIED) {
-                return codec::decode(v)
-                    .map(Some)
-                    .map_err(|e| Error::corrupt("last applied", e));
-            }
+        let redone = self.redo_record()?.and_then(|writes| {
+            writes
+                .into_iter()
+                .find(|(k, _)| k == keys::META_APPLIED)
+                .and_then(|(_, v)| v)
+        });
+        match redone {
+            Some(v) => codec::decode(&v)
+                .map(Some)
+                .map_err(|e| Error::corrupt("last applied", e)),
+            None => self.get::<AppliedRecord>(keys::META_APPLIED, "last applied"),
         }
-        self.get::<AppliedRecord>(keys::META_APPLIED, "last applied")
     }
 
     /// Last applied log id and membership as stored in this generation.
@@ -174,7 +169,18 @@ impl Generation {
 /// Performs the data writes of a commit as individual sled operations; the last-applied record
 /// stays in the redo record (see [`Generation::commit`]).
 fn write_data(tree: &sled::Tree, writes: Writes) -> Result<()> {
-    for (k, v) in writes.into_iter().filter(|(k, _)| k != keys::META_APPLIED) {
+    put_all(
+        tree,
+        writes.into_iter().filter(|(k, _)| k != keys::META_APPLIED),
+    )
+}
+
+/// Inserts (or, for `None`, removes) every key of `writes`, one sled operation each.
+fn put_all(
+    tree: &sled::Tree,
+    writes: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+) -> Result<()> {
+    for (k, v) in writes {
         match v {
             Some(v) => tree.insert(k, v),
             None => tree.remove(k),

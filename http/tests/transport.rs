@@ -242,6 +242,8 @@ async fn largest_values_commit_over_http() {
             let status = response.status().as_u16();
             let text = response.text().await.unwrap();
             if status == 503 && Instant::now() < deadline {
+                // Back off briefly before retrying, as the Retry-After answer asks.
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
             assert_eq!(status, 200, "write {i}: {text}");
