@@ -840,6 +840,9 @@ impl MetaNode {
         if self.inner.shut.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // A snapshot export openraft runs detached stops at its next chunk (its temp file
+        // is discarded) instead of running on after the node is gone.
+        self.inner.sm.closing.store(true, Ordering::Release);
         self.inner
             .raft
             .shutdown()

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -214,16 +215,48 @@ fn generation_name(n: u64) -> String {
     format!("{GENERATION_PREFIX}{n}")
 }
 
+/// How long [`open_db`] waits for a closing instance in this process to release sled's lock.
+const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens the sled database in `dir`. Blocking.
+///
+/// The caller holds the data dir's `LOCK` (see `data_dir.rs`), which no other process and
+/// no other open instance can hold at the same time. sled's own lock on its files can
+/// still be held for a moment by a node of this process that was shut down: tasks openraft
+/// detaches (its state machine worker, a snapshot build) drop their registry handles after
+/// `Raft::shutdown` returns. So lock contention here is waited out, for at most
+/// [`LOCK_RELEASE_WAIT`]; any other error is returned at once.
+fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
+    open_db_waiting(dir, cache_bytes, LOCK_RELEASE_WAIT)
+}
+
+fn open_db_waiting(dir: &Path, cache_bytes: u64, wait: Duration) -> Result<sled::Db> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let opened = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(Some(500))
+            .open();
+        match opened {
+            Err(e) if is_lock_contention(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.map_err(|e| Error::registry("open", e)),
+        }
+    }
+}
+
+/// sled reports a held lock as an `Other` IO error with this message (sled 0.34).
+fn is_lock_contention(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().starts_with("could not acquire lock"))
+}
+
 impl Registry {
     /// Opens (creating if needed) the registry in `dir` with a page cache of `cache_bytes`.
     /// Generations other than the active one (left by a crash during an install) are dropped.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(Some(500))
-            .open()
-            .map_err(|e| Error::registry("open", e))?;
+        let db = open_db(dir, cache_bytes)?;
         let number = match db.get(ACTIVE).map_err(|e| Error::registry("open", e))? {
             Some(v) => {
                 codec::decode::<u64>(&v).map_err(|e| Error::corrupt("active generation", e))?
@@ -574,5 +607,43 @@ fn cursor_bytes(c: &str, len: usize) -> Result<Vec<u8>> {
     match keys::from_hex(c) {
         Some(raw) if raw.len() == len => Ok(raw),
         _ => Err(Error::InvalidArgument(format!("bad cursor {c:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_is_reported_as_contention_and_other_errors_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = open_db(dir.path(), 1 << 20).unwrap();
+        let err = sled::Config::new().path(dir.path()).open().unwrap_err();
+        assert!(is_lock_contention(&err), "{err}");
+        let e = open_db_waiting(dir.path(), 1 << 20, Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("could not acquire lock"), "{e}");
+        drop(held);
+
+        // A path that is a file is not a lock problem: reported at once.
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = sled::Config::new().path(&file).open().unwrap_err();
+        assert!(!is_lock_contention(&err), "{err}");
+    }
+
+    #[test]
+    fn open_waits_for_a_closing_handle_to_release_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Registry::open(dir.path(), 1 << 20).unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        let opener = std::thread::spawn(move || {
+            started_tx.send(()).unwrap();
+            Registry::open(&path, 1 << 20).map(|_| ())
+        });
+        started_rx.recv().unwrap();
+        // The opener is (almost always) already retrying against the held lock.
+        drop(held);
+        opener.join().unwrap().unwrap();
     }
 }

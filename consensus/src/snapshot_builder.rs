@@ -80,7 +80,12 @@ impl SnapshotBuilder {
                 self.shared.limiter.clone(),
             )
             .map_err(|e| Error::storage("create snapshot", e))?;
-        snapshot_format::export(&self.generation.tree, &capture, &mut writer)?;
+        snapshot_format::export(
+            &self.generation.tree,
+            &capture,
+            &mut writer,
+            &self.shared.closing,
+        )?;
         self.release();
         let file = writer
             .finish()

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sled::IVec;
@@ -78,10 +79,12 @@ fn write_frame<W: Write + ?Sized>(
 
 /// Writes the registry as it was when `capture` started: the live tree read in key order,
 /// corrected by the capture's pre-images. Blocking.
+/// Stops with [`Error::Shutdown`] between chunks once `stop` is set (the node is closing).
 pub(crate) fn export(
     tree: &sled::Tree,
     capture: &Capture,
     out: &mut impl Write,
+    stop: &AtomicBool,
 ) -> Result<Trailer> {
     let mut trailer = Trailer::default();
     let io_err = |e: io::Error| Error::io("write snapshot payload", "snapshot", e);
@@ -95,6 +98,9 @@ pub(crate) fn export(
             }
             if chunk.is_empty() {
                 break;
+            }
+            if stop.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
             }
             capture.resolve(&mut chunk);
             for (k, v) in &chunk {
@@ -426,7 +432,7 @@ mod tests {
                     addr: "c".into(),
                 },
             );
-            export(&g.tree, &capture, &mut out).unwrap()
+            export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap()
         };
         g.end_capture(&capture);
         assert_eq!(trailer.replicas, 3500);
@@ -447,6 +453,26 @@ mod tests {
             other.datanode_shards(2, None, 1000).unwrap().items.len(),
             500
         );
+    }
+
+    #[test]
+    fn export_stops_when_the_node_closes() {
+        let (_d, reg) = registry();
+        apply(
+            &reg,
+            1,
+            Command::RegisterDatanode {
+                id: 1,
+                addr: "a".into(),
+            },
+        );
+        let g = reg.current();
+        let c = g.start_capture();
+        let mut out = Vec::new();
+        let e = export(&g.tree, &c, &mut out, &AtomicBool::new(true)).unwrap_err();
+        assert!(matches!(e, Error::Shutdown), "{e}");
+        assert!(out.is_empty(), "nothing written after the stop");
+        g.end_capture(&c);
     }
 
     #[test]
@@ -472,7 +498,7 @@ mod tests {
         let g = reg.current();
         let c = g.start_capture();
         let mut out = Vec::new();
-        export(&g.tree, &c, &mut out).unwrap();
+        export(&g.tree, &c, &mut out, &AtomicBool::new(false)).unwrap();
         g.end_capture(&c);
 
         let (_d2, other) = registry();

@@ -16,7 +16,7 @@
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,6 +52,8 @@ pub(crate) struct SmShared {
     replicas: AtomicU64,
     /// Snapshot builders running.
     pub(crate) building: AtomicUsize,
+    /// Set when the node shuts down: running snapshot exports stop early.
+    pub(crate) closing: AtomicBool,
     /// The newest snapshot (index, payload bytes), for status.
     last_snapshot: Mutex<Option<SnapshotInfo>>,
 }
@@ -113,6 +115,7 @@ impl StateMachine {
                 applied: Mutex::new(applied),
                 replicas: AtomicU64::new(replicas),
                 building: AtomicUsize::new(0),
+                closing: AtomicBool::new(false),
                 last_snapshot: Mutex::new(last_snapshot),
             }),
         })
