@@ -4,10 +4,12 @@
 //! It talks to the node API of `meta-consensus` only, never to the log or the registry
 //! directly.
 
+pub mod append_stream;
 pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod frame;
 pub mod handlers;
 pub mod limits;
 pub mod metrics;

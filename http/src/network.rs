@@ -9,10 +9,13 @@
 //! backoff of the node's Raft configuration).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt as _};
 use meta_consensus::{Node, NodeId, SnapshotData, TypeConfig, Vote};
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -20,17 +23,23 @@ use openraft::errors::{
 };
 use openraft::network::{RPCOption, RPCTypes, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::auth::Token;
+use crate::append_stream::{answers, AnswerPolicy, Outstanding};
+use crate::frame::{encode_frame, frames};
+use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::raft_routes::{
-    encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_PRE_VOTE, PATH_SNAPSHOT,
-    PATH_TRANSFER_LEADER, PATH_VOTE,
+    encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
+    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE,
 };
+
+/// One answer of a streamed AppendEntries exchange, as openraft takes it.
+type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 use meta_consensus::codec;
 
 /// How long connecting to a peer may take before it counts as unreachable.
@@ -304,6 +313,66 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         Ok(match response {
             AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last),
             other => other,
+        })
+    }
+
+    /// Streams the session's requests to the follower's `/raft/append-stream` as frames of one
+    /// request body and reads its answers, in order, from the response (see `append_stream.rs`).
+    /// Setting up the exchange must take at most openraft's soft TTL; after that each answer is
+    /// due within the deadline of [`rpc_timeout`] for its request's size.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, StreamAnswer>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let outstanding = Arc::new(Outstanding::default());
+            let sent = outstanding.clone();
+            let body = input.map(move |rpc| {
+                let frame = encode_frame(&rpc).map_err(std::io::Error::other)?;
+                sent.push(frame.len());
+                Ok::<Bytes, std::io::Error>(frame)
+            });
+            let setup = option.soft_ttl();
+            let exchange = self
+                .request(PATH_APPEND_STREAM)
+                .body(reqwest::Body::wrap_stream(body))
+                .send();
+            let timed_out = {
+                let (from, target) = (self.from, self.target);
+                move |timeout| {
+                    RPCError::Timeout(Timeout {
+                        action: RPCTypes::AppendEntries,
+                        id: from,
+                        target,
+                        timeout,
+                    })
+                }
+            };
+            let response = tokio::time::timeout(setup, exchange)
+                .await
+                .map_err(|_| timed_out(setup))?
+                .map_err(|e| self.rpc_error(RPCTypes::AppendEntries, setup, e))?;
+            let status = response.status();
+            if !status.is_success() {
+                let body = tokio::time::timeout(setup, response.bytes()).await;
+                let body = body.ok().and_then(Result::ok).unwrap_or_default();
+                return Err(self
+                    .answer::<()>(status, &body)
+                    .err()
+                    .unwrap_or_else(|| RemoteFailure::Network(format!("answered {status}")))
+                    .into_rpc());
+            }
+            let policy = AnswerPolicy {
+                peer: format!("node {} at {}", self.target, self.base),
+                deadline: Box::new(move |bytes| rpc_timeout(&option, bytes)),
+                timed_out: Box::new(timed_out),
+            };
+            let frames = frames(response.bytes_stream().boxed(), MAX_RAFT_BODY_BYTES);
+            Ok(answers(frames.boxed(), outstanding, policy))
         })
     }
 

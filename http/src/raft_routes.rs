@@ -5,9 +5,16 @@
 //! is shutting down, its storage failed), which the caller treats as unreachable. A body that
 //! does not decode is a 400 with the usual JSON error.
 //!
+//! Replication normally runs over `/raft/append-stream` instead of `/raft/append`: one
+//! long-lived exchange per replication session whose request and response bodies are
+//! sequences of frames (`frame.rs`), one AppendEntries request or answer each, so the leader
+//! sends the next entries without waiting for the answer to the previous ones.
+//!
 //! A full snapshot arrives as one streamed body: a 4-byte big-endian length, the leader's vote
 //! (bincode), then the snapshot file's bytes. They are written to a file in this node's data
 //! dir as they arrive, verified, and installed.
+
+use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
@@ -22,11 +29,14 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::error::ApiError;
+use crate::frame::{encode_frame, frames};
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use meta_consensus::codec;
 
 /// Append entries (and heartbeats).
 pub const PATH_APPEND: &str = "/raft/append";
+/// Append entries as a stream: one long-lived exchange per replication session.
+pub const PATH_APPEND_STREAM: &str = "/raft/append-stream";
 /// Request vote.
 pub const PATH_VOTE: &str = "/raft/vote";
 /// Pre-vote.
@@ -55,6 +65,7 @@ where
         .route(PATH_TRANSFER_LEADER, post(transfer_leader))
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .route(PATH_SNAPSHOT, post(snapshot))
+        .route(PATH_APPEND_STREAM, post(append_stream))
 }
 
 /// Encodes the head of a snapshot stream: length and vote.
@@ -88,6 +99,45 @@ async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
             .await
             .map_err(|e| e.to_string()),
     )
+}
+
+/// The follower's end of a streamed AppendEntries exchange: every request frame goes to
+/// openraft's pipelined `stream_append`, and its answers go back, one frame each and in order,
+/// as they complete. The exchange ends when the leader ends its body or an answer is an error
+/// (a conflict, a higher vote: openraft ends the stream there). A frame that does not decode
+/// ends the requests; the answers to those before it are sent, then the error.
+async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
+    let refused: Arc<Mutex<Option<String>>> = Arc::default();
+    let note = refused.clone();
+    let requests = frames(body.into_data_stream(), MAX_RAFT_BODY_BYTES)
+        .map(|frame| {
+            frame.and_then(|f| {
+                codec::decode::<AppendEntriesRequest<TypeConfig>>(&f)
+                    .map_err(|e| format!("undecodable Raft RPC: {e}"))
+            })
+        })
+        .take_while(move |r| {
+            if let Err(e) = r {
+                tracing::warn!("append stream from the leader refused: {e}");
+                *note.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+            }
+            std::future::ready(r.is_ok())
+        })
+        .filter_map(|r| std::future::ready(r.ok()));
+    let answers = node
+        .raft()
+        .stream_append(Box::pin(requests))
+        .map(|r| r.map_err(|fatal| fatal.to_string()));
+    let trailer = futures::stream::once(async move { refused.lock().unwrap_or_else(|p| p.into_inner()).take() })
+        .filter_map(|e| std::future::ready(e.map(Err)));
+    let body = answers.chain(trailer).map(|answer: RemoteResult<_>| {
+        encode_frame(&answer).map_err(|e| std::io::Error::other(format!("encoding an answer: {e}")))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(body),
+    )
+        .into_response()
 }
 
 async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {

@@ -152,6 +152,18 @@ async fn three_nodes_over_http() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["shards"], 20_000);
 
+    // Replication ran over streamed exchanges, not one request per AppendEntries.
+    for f in [f1, f2] {
+        let (status, metrics) = client
+            .send(reqwest::Method::GET, f, "/metrics", None)
+            .await;
+        assert_eq!(status, 200);
+        let metrics = metrics.as_str().expect("metrics are text");
+        let streamed = "metaserver_http_requests_total{route=\"/raft/append-stream\",method=\"POST\",status=\"200\"}";
+        assert!(metrics.contains(streamed), "{metrics}");
+        assert!(!metrics.contains("route=\"/raft/append\""), "{metrics}");
+    }
+
     // The leader snapshots and purges its log; a new learner must catch up by snapshot.
     let l = &servers[&leader];
     let (status, v) = client
