@@ -29,6 +29,7 @@ use crate::raft_routes::RemoteResult;
 pub struct Outstanding {
     sent: Mutex<VecDeque<(Instant, usize)>>,
     pushed: Notify,
+    answered: Notify,
 }
 
 impl Outstanding {
@@ -43,7 +44,20 @@ impl Outstanding {
     }
 
     fn pop(&self) -> bool {
-        self.queue().pop_front().is_some()
+        let popped = self.queue().pop_front().is_some();
+        self.answered.notify_one();
+        popped
+    }
+
+    /// Waits until fewer than `limit` requests are unanswered.
+    pub async fn below(&self, limit: usize) {
+        while self.len() >= limit {
+            let answered = self.answered.notified();
+            if self.len() < limit {
+                return;
+            }
+            answered.await;
+        }
     }
 
     fn oldest(&self) -> Option<(Instant, usize)> {
@@ -179,9 +193,30 @@ mod tests {
     }
 
     fn ok_frame(index: u64) -> Result<Bytes, String> {
-        let log_id = LogId::new(openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 1 }, index);
+        let log_id = LogId::new(
+            openraft::impls::leader_id_adv::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        );
         let answer: RemoteResult<StreamAppendResult<TypeConfig>> = Ok(Ok(Some(log_id)));
         Ok(codec::encode(&answer).unwrap().into())
+    }
+
+    #[test]
+    fn the_window_opens_when_an_answer_comes() {
+        use futures::FutureExt;
+        let o = Outstanding::default();
+        o.push(1);
+        o.push(1);
+        assert!(o.below(3).now_or_never().is_some());
+        assert!(
+            o.below(2).now_or_never().is_none(),
+            "two of two are unanswered"
+        );
+        assert!(o.pop());
+        assert!(o.below(2).now_or_never().is_some());
     }
 
     #[tokio::test]
@@ -214,7 +249,9 @@ mod tests {
         .collect()
         .await;
         assert_eq!(got.len(), 2);
-        assert!(matches!(&got[1], Err(RPCError::Network(e)) if e.to_string().contains("1 requests unanswered")));
+        assert!(
+            matches!(&got[1], Err(RPCError::Network(e)) if e.to_string().contains("1 requests unanswered"))
+        );
 
         let got: Vec<_> = answers(
             futures::stream::iter(vec![ok_frame(1)]),
@@ -235,7 +272,10 @@ mod tests {
         )
         .collect()
         .await;
-        assert!(matches!(&got[..], [Err(RPCError::Unreachable(_))]), "{got:?}");
+        assert!(
+            matches!(&got[..], [Err(RPCError::Unreachable(_))]),
+            "{got:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -255,7 +295,10 @@ mod tests {
         let answer = answers.next().await.unwrap();
         assert!(matches!(answer, Err(RPCError::Timeout(_))), "{answer:?}");
         assert!(started.elapsed() >= Duration::from_millis(200));
-        assert!(answers.next().await.is_none(), "the stream ends after the timeout");
+        assert!(
+            answers.next().await.is_none(),
+            "the stream ends after the timeout"
+        );
         drop(tx);
     }
 }

@@ -128,7 +128,10 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
         .raft()
         .stream_append(Box::pin(requests))
         .map(|r| r.map_err(|fatal| fatal.to_string()));
-    let trailer = futures::stream::once(async move { refused.lock().unwrap_or_else(|p| p.into_inner()).take() })
+    let trailer =
+        futures::stream::once(
+            async move { refused.lock().unwrap_or_else(|p| p.into_inner()).take() },
+        )
         .filter_map(|e| std::future::ready(e.map(Err)));
     let body = answers.chain(trailer).map(|answer: RemoteResult<_>| {
         encode_frame(&answer).map_err(|e| std::io::Error::other(format!("encoding an answer: {e}")))

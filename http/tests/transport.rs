@@ -42,7 +42,9 @@ async fn start(id: u64, dir: &TempDir) -> Server {
         .unwrap();
     let app = meta_http::router(AppState::new(node.clone(), token));
     let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
+        axum::serve(meta_http::listener(listener), app)
+            .await
+            .unwrap();
     });
     Server { node, addr, task }
 }
@@ -154,9 +156,7 @@ async fn three_nodes_over_http() {
 
     // Replication ran over streamed exchanges, not one request per AppendEntries.
     for f in [f1, f2] {
-        let (status, metrics) = client
-            .send(reqwest::Method::GET, f, "/metrics", None)
-            .await;
+        let (status, metrics) = client.send(reqwest::Method::GET, f, "/metrics", None).await;
         assert_eq!(status, 200);
         let metrics = metrics.as_str().expect("metrics are text");
         let streamed = "metaserver_http_requests_total{route=\"/raft/append-stream\",method=\"POST\",status=\"200\"}";

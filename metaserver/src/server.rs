@@ -61,7 +61,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(meta_http::listener(listener), app)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
