@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use meta_consensus::{codec, TypeConfig};
 use openraft::errors::{NetworkError, RPCError, Unreachable};
 use openraft::raft::StreamAppendResult;
@@ -81,27 +82,35 @@ pub struct AnswerPolicy {
 
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
-struct State<F> {
-    frames: F,
+/// The answer frames of an exchange whose response has arrived.
+pub type Frames = BoxStream<'static, Result<Bytes, String>>;
+
+/// The exchange until its response head arrives: then its answer frames, or why it failed.
+pub type Connecting = BoxFuture<'static, Result<Frames, RPCError<TypeConfig>>>;
+
+struct State {
+    connecting: Option<Connecting>,
+    frames: Option<Frames>,
     outstanding: Arc<Outstanding>,
     policy: AnswerPolicy,
     last_answer: Instant,
 }
 
-/// The answers read from `frames`, in order. Ends after the answer that is an error (openraft
-/// ends the exchange there), when the response ends with nothing outstanding, or with one
-/// error: the response failed or ended early, an answer did not decode or came for no request,
-/// the peer reported a failure (`Unreachable`), or the oldest request was not answered in time.
-pub fn answers<F>(
-    frames: F,
+/// The answers of an exchange, in order: `connecting` resolves when the response head arrives
+/// (its deadlines are the requests', so an exchange that has sent nothing yet may wait for its
+/// head as long as it has nothing to say), then answers are read from its frames. Ends after
+/// the answer that is an error (openraft ends the exchange there), when the response ends with
+/// nothing outstanding, or with one error: the exchange failed, the response failed or ended
+/// early, an answer did not decode or came for no request, the peer reported a failure
+/// (`Unreachable`), or the oldest request was not answered in time.
+pub fn answers(
+    connecting: Connecting,
     outstanding: Arc<Outstanding>,
     policy: AnswerPolicy,
-) -> BoxStream<'static, Answer>
-where
-    F: Stream<Item = Result<Bytes, String>> + Send + Unpin + 'static,
-{
+) -> BoxStream<'static, Answer> {
     let state = State {
-        frames,
+        connecting: Some(connecting),
+        frames: None,
         outstanding,
         policy,
         last_answer: Instant::now(),
@@ -119,60 +128,78 @@ where
                 (sent.max(st.last_answer) + allowed, allowed)
             });
             let State {
+                connecting,
                 frames,
                 outstanding,
                 policy,
                 last_answer,
             } = &mut st;
-            tokio::select! {
-                frame = frames.next() => {
-                    let frame = match frame {
-                        None if outstanding.len() == 0 => return None,
-                        None => {
-                            let m = format!("ended with {} requests unanswered", outstanding.len());
-                            return Some((network(&policy.peer, m), None));
-                        }
-                        Some(Err(e)) => return Some((network(&policy.peer, e), None)),
-                        Some(Ok(frame)) => frame,
-                    };
-                    let answer: RemoteResult<StreamAppendResult<TypeConfig>> =
-                        match codec::decode(&frame) {
-                            Ok(a) => a,
-                            Err(e) => {
-                                let m = format!("undecodable answer: {e}");
-                                return Some((network(&policy.peer, m), None));
-                            }
-                        };
-                    let answer = match answer {
-                        Ok(a) => a,
-                        Err(m) => {
-                            let e = Unreachable::from_string(format!("{}: {m}", policy.peer));
-                            return Some((Err(RPCError::Unreachable(e)), None));
-                        }
-                    };
-                    if !outstanding.pop() {
-                        let m = "an answer for no request".to_string();
-                        return Some((network(&policy.peer, m), None));
-                    }
-                    *last_answer = Instant::now();
-                    let go_on = answer.is_ok();
-                    return Some((Ok(answer), go_on.then_some(st)));
+            let next = async {
+                match (connecting.as_mut(), frames.as_mut()) {
+                    (Some(c), _) => Step::Connected(c.await),
+                    (None, Some(f)) => Step::Frame(f.next().await),
+                    (None, None) => Step::Frame(None),
                 }
-                _ = outstanding.pushed.notified(), if due.is_none() => {}
+            };
+            let step = tokio::select! {
+                step = next => step,
+                _ = outstanding.pushed.notified(), if due.is_none() => continue,
                 _ = tokio::time::sleep_until(due.map(|d| d.0).unwrap_or_else(Instant::now)),
                     if due.is_some() => {
                     let allowed = due.map(|d| d.1).unwrap_or_default();
                     return Some((Err((policy.timed_out)(allowed)), None));
                 }
+            };
+            let frame = match step {
+                Step::Connected(Ok(f)) => {
+                    *connecting = None;
+                    *frames = Some(f);
+                    continue;
+                }
+                Step::Connected(Err(e)) => return Some((Err(e), None)),
+                Step::Frame(None) if outstanding.len() == 0 => return None,
+                Step::Frame(None) => {
+                    let m = format!("ended with {} requests unanswered", outstanding.len());
+                    return Some((network(&policy.peer, m), None));
+                }
+                Step::Frame(Some(Err(e))) => return Some((network(&policy.peer, e), None)),
+                Step::Frame(Some(Ok(frame))) => frame,
+            };
+            let answer: RemoteResult<StreamAppendResult<TypeConfig>> = match codec::decode(&frame) {
+                Ok(a) => a,
+                Err(e) => {
+                    let m = format!("undecodable answer: {e}");
+                    return Some((network(&policy.peer, m), None));
+                }
+            };
+            let answer = match answer {
+                Ok(a) => a,
+                Err(m) => {
+                    let e = Unreachable::from_string(format!("{}: {m}", policy.peer));
+                    return Some((Err(RPCError::Unreachable(e)), None));
+                }
+            };
+            if !outstanding.pop() {
+                let m = "an answer for no request".to_string();
+                return Some((network(&policy.peer, m), None));
             }
+            *last_answer = Instant::now();
+            let go_on = answer.is_ok();
+            return Some((Ok(answer), go_on.then_some(st)));
         }
     })
     .boxed()
 }
 
+enum Step {
+    Connected(Result<Frames, RPCError<TypeConfig>>),
+    Frame(Option<Result<Bytes, String>>),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use meta_consensus::LogId;
     use openraft::errors::Timeout;
     use openraft::network::RPCTypes;
@@ -190,6 +217,15 @@ mod tests {
                 })
             }),
         }
+    }
+
+    /// An exchange whose head has arrived, answering `frames`.
+    fn connected<F>(frames: F) -> Connecting
+    where
+        F: futures::Stream<Item = Result<Bytes, String>> + Send + 'static,
+    {
+        let frames: Frames = frames.boxed();
+        async move { Ok(frames) }.boxed()
     }
 
     fn ok_frame(index: u64) -> Result<Bytes, String> {
@@ -225,9 +261,13 @@ mod tests {
         outstanding.push(10);
         outstanding.push(10);
         let frames = futures::stream::iter(vec![ok_frame(1), ok_frame(2)]);
-        let got: Vec<_> = answers(frames, outstanding.clone(), policy(Duration::from_secs(5)))
-            .collect()
-            .await;
+        let got: Vec<_> = answers(
+            connected(frames),
+            outstanding.clone(),
+            policy(Duration::from_secs(5)),
+        )
+        .collect()
+        .await;
         let indexes: Vec<u64> = got
             .into_iter()
             .map(|a| a.unwrap().unwrap().unwrap().index)
@@ -242,7 +282,7 @@ mod tests {
         outstanding.push(10);
         outstanding.push(10);
         let got: Vec<_> = answers(
-            futures::stream::iter(vec![ok_frame(1)]),
+            connected(futures::stream::iter(vec![ok_frame(1)])),
             outstanding,
             policy(Duration::from_secs(5)),
         )
@@ -254,7 +294,7 @@ mod tests {
         );
 
         let got: Vec<_> = answers(
-            futures::stream::iter(vec![ok_frame(1)]),
+            connected(futures::stream::iter(vec![ok_frame(1)])),
             Arc::new(Outstanding::default()),
             policy(Duration::from_secs(5)),
         )
@@ -266,7 +306,9 @@ mod tests {
         outstanding.push(10);
         let failure: RemoteResult<StreamAppendResult<TypeConfig>> = Err("shutting down".into());
         let got: Vec<_> = answers(
-            futures::stream::iter(vec![Ok(codec::encode(&failure).unwrap().into())]),
+            connected(futures::stream::iter(vec![Ok(codec::encode(&failure)
+                .unwrap()
+                .into())])),
             outstanding,
             policy(Duration::from_secs(5)),
         )
@@ -279,10 +321,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_head_that_never_comes_times_out_once_a_request_waits() {
+        let outstanding = Arc::new(Outstanding::default());
+        let never: Connecting = futures::future::pending().boxed();
+        let mut answers = answers(
+            never,
+            outstanding.clone(),
+            policy(Duration::from_millis(200)),
+        );
+        let idle = tokio::time::timeout(Duration::from_secs(60), answers.next()).await;
+        assert!(idle.is_err(), "nothing sent: no deadline");
+        outstanding.push(10);
+        let answer = answers.next().await.unwrap();
+        assert!(matches!(answer, Err(RPCError::Timeout(_))), "{answer:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_silent_peer_times_out_only_while_a_request_waits() {
         let outstanding = Arc::new(Outstanding::default());
         let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, String>>();
-        let mut answers = answers(rx, outstanding.clone(), policy(Duration::from_millis(200)));
+        let mut answers = answers(
+            connected(rx),
+            outstanding.clone(),
+            policy(Duration::from_millis(200)),
+        );
         // Nothing outstanding: no deadline, however long the wait.
         let idle = tokio::time::timeout(Duration::from_secs(60), answers.next()).await;
         assert!(idle.is_err(), "an idle exchange must not time out");

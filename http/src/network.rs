@@ -31,7 +31,7 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::append_stream::{answers, AnswerPolicy, Outstanding};
+use crate::append_stream::{answers, AnswerPolicy, Frames, Outstanding};
 use crate::auth::Token;
 use crate::frame::{encode_frame, frames};
 use crate::limits::MAX_RAFT_BODY_BYTES;
@@ -60,6 +60,34 @@ const SLOW_BYTES_PER_SEC: u64 = 2_000_000;
 fn rpc_timeout(option: &RPCOption, body_bytes: usize) -> Duration {
     let transfer_micros = body_bytes as u64 * 1_000_000 / SLOW_BYTES_PER_SEC;
     option.soft_ttl() + Duration::from_micros(transfer_micros)
+}
+
+/// Maps a failed exchange from `from` to `target` at `base`: no connection is `Unreachable`
+/// (openraft backs off), an expired deadline is `Timeout`, anything else a `NetworkError`.
+fn rpc_error(
+    from: NodeId,
+    target: NodeId,
+    base: &str,
+    action: RPCTypes,
+    timeout: Duration,
+    e: reqwest::Error,
+) -> RPCError<TypeConfig> {
+    if e.is_timeout() {
+        RPCError::Timeout(Timeout {
+            action,
+            id: from,
+            target,
+            timeout,
+        })
+    } else if e.is_connect() || e.is_request() {
+        RPCError::Unreachable(Unreachable::from_string(format!(
+            "node {target} at {base}: {e}"
+        )))
+    } else {
+        RPCError::Network(NetworkError::from_string(format!(
+            "node {target} at {base}: {e}"
+        )))
+    }
 }
 
 /// Builds the pooled HTTP client used between nodes (and for forwarding to the leader).
@@ -138,32 +166,14 @@ impl HttpConnection {
         request
     }
 
-    /// Maps a failed exchange: no connection is `Unreachable` (openraft backs off), an
-    /// expired deadline is `Timeout`, anything else a `NetworkError`.
+    /// Maps a failed exchange; see [`rpc_error`].
     fn rpc_error(
         &self,
         action: RPCTypes,
         timeout: Duration,
         e: reqwest::Error,
     ) -> RPCError<TypeConfig> {
-        if e.is_timeout() {
-            RPCError::Timeout(Timeout {
-                action,
-                id: self.from,
-                target: self.target,
-                timeout,
-            })
-        } else if e.is_connect() || e.is_request() {
-            RPCError::Unreachable(Unreachable::from_string(format!(
-                "node {} at {}: {e}",
-                self.target, self.base
-            )))
-        } else {
-            RPCError::Network(NetworkError::from_string(format!(
-                "node {} at {}: {e}",
-                self.target, self.base
-            )))
-        }
+        rpc_error(self.from, self.target, &self.base, action, timeout, e)
     }
 
     /// Decodes a peer's answer: a non-2xx status or an undecodable body is a network error;
@@ -351,11 +361,6 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 }
                 Some((frame, (input, sent)))
             });
-            let setup = option.soft_ttl();
-            let exchange = self
-                .request(PATH_APPEND_STREAM)
-                .body(reqwest::Body::wrap_stream(body))
-                .send();
             let timed_out = {
                 let (from, target) = (self.from, self.target);
                 move |timeout| {
@@ -367,27 +372,44 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     })
                 }
             };
-            let response = tokio::time::timeout(setup, exchange)
-                .await
-                .map_err(|_| timed_out(setup))?
-                .map_err(|e| self.rpc_error(RPCTypes::AppendEntries, setup, e))?;
-            let status = response.status();
-            if !status.is_success() {
-                let body = tokio::time::timeout(setup, response.bytes()).await;
-                let body = body.ok().and_then(Result::ok).unwrap_or_default();
-                return Err(self
-                    .answer::<()>(status, &body)
-                    .err()
-                    .unwrap_or_else(|| RemoteFailure::Network(format!("answered {status}")))
-                    .into_rpc());
-            }
+            let exchange = self
+                .request(PATH_APPEND_STREAM)
+                .body(reqwest::Body::wrap_stream(body))
+                .send();
+            let (peer, from, target, base) = (
+                format!("node {} at {}", self.target, self.base),
+                self.from,
+                self.target,
+                self.base.clone(),
+            );
+            let connecting = async move {
+                let response = exchange.await.map_err(|e| {
+                    rpc_error(
+                        from,
+                        target,
+                        &base,
+                        RPCTypes::AppendEntries,
+                        Duration::ZERO,
+                        e,
+                    )
+                })?;
+                let status = response.status();
+                if !status.is_success() {
+                    let body = response.bytes().await.unwrap_or_default();
+                    let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+                    return Err(RPCError::Network(NetworkError::from_string(format!(
+                        "node {target} answered {status}: {text}"
+                    ))));
+                }
+                let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES).boxed();
+                Ok(frames)
+            };
             let policy = AnswerPolicy {
-                peer: format!("node {} at {}", self.target, self.base),
+                peer,
                 deadline: Box::new(move |bytes| rpc_timeout(&option, bytes)),
                 timed_out: Box::new(timed_out),
             };
-            let frames = frames(response.bytes_stream().boxed(), MAX_RAFT_BODY_BYTES);
-            Ok(answers(frames.boxed(), outstanding, policy))
+            Ok(answers(Box::pin(connecting), outstanding, policy))
         })
     }
 
