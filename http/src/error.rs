@@ -12,7 +12,7 @@ use serde::Serialize;
 pub const RETRY_AFTER_SECS: u64 = 1;
 
 /// A failed admin API request: the status, a stable snake_case code and a message.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     /// The request is malformed or out of range (400). `code` names what was wrong.
     #[error("{message}")]

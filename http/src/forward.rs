@@ -4,8 +4,9 @@
 //! The middleware buffers the request body (bounded by the body limit, which is where 413
 //! `body_too_large` comes from), runs the handler, and if the handler answered "forward to
 //! leader" sends the same method, path, query, body and `Authorization` header to the leader
-//! and relays its answer. A forwarded request carries a marker header; a node receiving one
-//! never forwards again (it answers 503 `no_leader`), so a stale leader hint cannot loop.
+//! and relays its answer; writes go in batches (`forward_batch.rs`). A forwarded request
+//! carries a marker header; a node receiving one never forwards again (it answers 503
+//! `no_leader`), so a stale leader hint cannot loop.
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use bytes::Bytes;
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
 use crate::extract::body_error;
+use crate::forward_batch::{Batcher, WireRequest};
 use crate::limits::MAX_BODY_BYTES;
 use crate::network::peer_client;
 use crate::state::AppState;
@@ -31,7 +33,7 @@ pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-metaserver-forwa
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Headers of the leader's answer that are relayed to the client.
-const RELAYED: [HeaderName; 3] = [
+pub(crate) const RELAYED: [HeaderName; 3] = [
     header::CONTENT_TYPE,
     header::RETRY_AFTER,
     HeaderName::from_static("x-revision"),
@@ -43,6 +45,8 @@ pub struct Forwarder {
     id: u64,
     client: reqwest::Client,
     token: Token,
+    /// Writes go to the leader in batches.
+    batcher: Batcher,
 }
 
 /// The parts of a request needed to replay it.
@@ -56,14 +60,40 @@ struct Replay {
 impl Forwarder {
     /// The forwarder of node `id`.
     pub fn new(id: u64, token: Token) -> Self {
+        let client = peer_client();
         Forwarder {
             id,
-            client: peer_client(),
+            batcher: Batcher::new(id, client.clone(), token.clone(), FORWARD_TIMEOUT),
+            client,
             token,
         }
     }
 
+    /// Replays `replay` at the leader: a write in the next batch (`forward_batch.rs`), a read
+    /// in an exchange of its own whose answer is streamed back.
     async fn send(&self, target: &ForwardTo, replay: Replay) -> Response {
+        if replay.method != Method::GET && replay.method != Method::HEAD {
+            let request = WireRequest {
+                method: replay.method.to_string(),
+                path: replay
+                    .uri
+                    .path_and_query()
+                    .map(|p| p.as_str())
+                    .unwrap_or("/")
+                    .to_owned(),
+                content_type: replay
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                body: replay.body.to_vec(),
+            };
+            return self.batcher.send(target.clone(), request).await;
+        }
+        self.replay(target, replay).await
+    }
+
+    async fn replay(&self, target: &ForwardTo, replay: Replay) -> Response {
         let path = replay
             .uri
             .path_and_query()

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod forward_batch;
 pub mod frame;
 pub mod handlers;
 pub mod limits;

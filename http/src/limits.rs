@@ -25,5 +25,9 @@ pub const MAX_PAGE_LIMIT: usize = 10_000;
 /// value of [`MAX_VALUE_BYTES`]; a value between the two limits is refused as `value_too_large`.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
+/// Largest batch of forwarded writes the leader accepts: a batch grows to at most 4 MiB of
+/// bodies, plus one write of at most [`MAX_BODY_BYTES`] and the framing.
+pub const MAX_FORWARD_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
 /// Largest body of a Raft RPC other than a snapshot (which is streamed without a limit).
 pub const MAX_RAFT_BODY_BYTES: usize = 256 * 1024 * 1024;

@@ -9,14 +9,21 @@ use axum::Router;
 use crate::auth::require_token;
 use crate::extract::{method_not_allowed, not_found};
 use crate::forward::forward_to_leader;
+use crate::forward_batch::{self, PATH_FORWARD_BATCH};
 use crate::handlers::{cluster, datanodes, kv, probes, shards};
-use crate::limits::MAX_BODY_BYTES;
+use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES};
 use crate::metrics::{record, tag_route};
 use crate::raft_routes::raft_routes;
 use crate::state::AppState;
 
 /// The admin API routes (`/v1/...`), forwarded to the leader when needed.
 fn v1_routes(state: &AppState) -> Router<AppState> {
+    admin_routes().route_layer(from_fn_with_state(state.clone(), forward_to_leader))
+}
+
+/// The admin API routes without forwarding: what the leader runs each write of a forwarded
+/// batch through (`forward_batch.rs`).
+pub(crate) fn admin_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/datanodes", get(datanodes::list))
         .route(
@@ -54,7 +61,6 @@ fn v1_routes(state: &AppState) -> Router<AppState> {
         )
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .route_layer(from_fn_with_state(state.clone(), forward_to_leader))
 }
 
 /// The complete router of a node.
@@ -62,6 +68,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1_routes(&state))
         .merge(raft_routes())
+        .route(
+            PATH_FORWARD_BATCH,
+            post(forward_batch::serve).layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
+        )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))

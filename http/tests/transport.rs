@@ -142,6 +142,32 @@ async fn three_nodes_over_http() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["accepted"], 10_000);
     }
+    // Concurrent writes at a follower share forwarded batches; each gets its own answer.
+    let writes = (0..30u64).map(|i| {
+        let shards: Vec<Value> = (0..=i)
+            .map(|j| json!({"id": 100_000 + i * 100 + j, "generation": 1, "size": 1}))
+            .collect();
+        let (client, f1) = (&client, f1);
+        async move {
+            client
+                .send(
+                    reqwest::Method::POST,
+                    f1,
+                    "/v1/datanodes/5/shards",
+                    Some(json!({"epoch": epoch, "shards": shards})),
+                )
+                .await
+        }
+    });
+    for (i, (status, v)) in futures::future::join_all(writes)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["accepted"], i + 1, "write {i}: {v}");
+    }
+    let expected_shards = 20_000 + (1..=30).sum::<u64>();
     // A linearizable read at a follower is forwarded and sees the writes.
     let (status, v) = client
         .send(reqwest::Method::GET, f1, "/v1/shards/19999", None)
@@ -152,7 +178,7 @@ async fn three_nodes_over_http() {
         .send(reqwest::Method::GET, f2, "/v1/datanodes/5", None)
         .await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(v["shards"], 20_000);
+    assert_eq!(v["shards"], expected_shards);
 
     // Replication ran over streamed exchanges, not one request per AppendEntries.
     for f in [f1, f2] {
@@ -163,6 +189,12 @@ async fn three_nodes_over_http() {
         assert!(metrics.contains(streamed), "{metrics}");
         assert!(!metrics.contains("route=\"/raft/append\""), "{metrics}");
     }
+    // The writes sent to a follower reached the leader in forwarded batches.
+    let (_, metrics) = client
+        .send(reqwest::Method::GET, &servers[&leader], "/metrics", None)
+        .await;
+    let batches = "metaserver_http_requests_total{route=\"/raft/forward-batch\",method=\"POST\",status=\"200\"}";
+    assert!(metrics.as_str().unwrap().contains(batches), "{metrics}");
 
     // The leader snapshots and purges its log; a new learner must catch up by snapshot.
     let l = &servers[&leader];
