@@ -10,27 +10,35 @@
 //! answer, whichever is later.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use meta_consensus::{codec, TypeConfig};
 use openraft::errors::{NetworkError, RPCError, Unreachable};
-use openraft::raft::StreamAppendResult;
+use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::frame::encode_frame;
 use crate::raft_routes::RemoteResult;
 
 /// Requests sent on one exchange and not yet answered: when each was sent and its size.
+///
+/// The answers stream marks it abandoned when it is dropped (openraft ended the session, or an
+/// error ended the stream): the request body then ends too, instead of waiting for answers
+/// or entries that nobody will read.
 #[derive(Debug, Default)]
 pub struct Outstanding {
     sent: Mutex<VecDeque<(Instant, usize)>>,
     pushed: Notify,
     answered: Notify,
+    abandoned: AtomicBool,
+    gone: Notify,
 }
 
 impl Outstanding {
@@ -50,14 +58,38 @@ impl Outstanding {
         popped
     }
 
-    /// Waits until fewer than `limit` requests are unanswered.
-    pub async fn below(&self, limit: usize) {
-        while self.len() >= limit {
-            let answered = self.answered.notified();
+    /// Waits until fewer than `limit` requests are unanswered; `false` if the answers were
+    /// abandoned meanwhile.
+    pub async fn below(&self, limit: usize) -> bool {
+        loop {
+            if self.is_abandoned() {
+                return false;
+            }
             if self.len() < limit {
-                return;
+                return true;
+            }
+            let answered = self.answered.notified();
+            if self.len() < limit || self.is_abandoned() {
+                continue;
             }
             answered.await;
+        }
+    }
+
+    fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+        self.answered.notify_one();
+        self.gone.notify_one();
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the answers are abandoned.
+    pub async fn abandoned(&self) {
+        while !self.is_abandoned() {
+            self.gone.notified().await;
         }
     }
 
@@ -68,6 +100,37 @@ impl Outstanding {
     fn len(&self) -> usize {
         self.queue().len()
     }
+}
+
+/// The request body of an exchange: each request openraft yields, framed, with at most
+/// `window` unanswered at a time. openraft builds each request when asked, from everything
+/// submitted by then, so while the window is full new entries gather into the next request.
+///
+/// Ends when openraft's requests end, or as soon as the answers are abandoned: openraft's
+/// request stream holds its replication state locked while it waits for new entries, so a
+/// body left waiting after its session ended would block every later session to that peer.
+pub fn requests<S>(
+    input: S,
+    outstanding: Arc<Outstanding>,
+    window: usize,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+{
+    futures::stream::unfold((input, outstanding), move |(mut input, sent)| async move {
+        if !sent.below(window).await {
+            return None;
+        }
+        let rpc = tokio::select! {
+            rpc = input.next() => rpc?,
+            _ = sent.abandoned() => return None,
+        };
+        let frame = encode_frame(&rpc).map_err(std::io::Error::other);
+        if let Ok(f) = &frame {
+            sent.push(f.len());
+        }
+        Some((frame, (input, sent)))
+    })
 }
 
 /// How the answers of one exchange are judged.
@@ -94,6 +157,12 @@ struct State {
     outstanding: Arc<Outstanding>,
     policy: AnswerPolicy,
     last_answer: Instant,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.outstanding.abandon();
+    }
 }
 
 /// The answers of an exchange, in order: `connecting` resolves when the response head arrives
@@ -246,13 +315,70 @@ mod tests {
         let o = Outstanding::default();
         o.push(1);
         o.push(1);
-        assert!(o.below(3).now_or_never().is_some());
+        assert_eq!(o.below(3).now_or_never(), Some(true));
         assert!(
             o.below(2).now_or_never().is_none(),
             "two of two are unanswered"
         );
         assert!(o.pop());
-        assert!(o.below(2).now_or_never().is_some());
+        assert_eq!(o.below(2).now_or_never(), Some(true));
+    }
+
+    /// A request stream that never yields and flags when it is dropped, like openraft's while
+    /// it waits for entries (holding its replication state locked).
+    struct Waiting(Arc<AtomicBool>);
+
+    impl futures::Stream for Waiting {
+        type Item = AppendEntriesRequest<TypeConfig>;
+        fn poll_next(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            std::task::Poll::Pending
+        }
+    }
+
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_waiting_for_entries_ends_and_lets_go_when_the_answers_are_dropped() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let outstanding = Arc::new(Outstanding::default());
+        let mut body = Box::pin(requests(Waiting(dropped.clone()), outstanding.clone(), 8));
+        let answers = answers(
+            connected(futures::stream::pending()),
+            outstanding,
+            policy(Duration::from_secs(5)),
+        );
+        assert!(body.next().now_or_never().is_none(), "waiting for entries");
+        assert!(!dropped.load(Ordering::Acquire));
+        drop(answers);
+        let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        assert!(matches!(end, Ok(None)), "the body ends");
+        assert!(
+            dropped.load(Ordering::Acquire),
+            "openraft's requests are let go"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_answers_ends_the_requests() {
+        let outstanding = Arc::new(Outstanding::default());
+        outstanding.push(1);
+        let answers = answers(
+            connected(futures::stream::pending()),
+            outstanding.clone(),
+            policy(Duration::from_secs(5)),
+        );
+        assert!(outstanding.abandoned().now_or_never().is_none());
+        assert!(outstanding.below(1).now_or_never().is_none(), "window full");
+        drop(answers);
+        assert_eq!(outstanding.below(1).now_or_never(), Some(false));
+        assert!(outstanding.abandoned().now_or_never().is_some());
     }
 
     #[tokio::test]

@@ -31,9 +31,9 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::append_stream::{answers, AnswerPolicy, Frames, Outstanding};
+use crate::append_stream::{answers, requests, AnswerPolicy, Frames, Outstanding};
 use crate::auth::Token;
-use crate::frame::{encode_frame, frames};
+use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
@@ -349,18 +349,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
     {
         Box::pin(async move {
             let outstanding = Arc::new(Outstanding::default());
-            let sent = outstanding.clone();
-            let body = futures::stream::unfold((input, sent), |(mut input, sent)| async move {
-                // openraft builds each request when asked, from everything submitted by then:
-                // while the window is full, new entries gather into the next request.
-                sent.below(APPEND_WINDOW).await;
-                let rpc = input.next().await?;
-                let frame = encode_frame(&rpc).map_err(std::io::Error::other);
-                if let Ok(f) = &frame {
-                    sent.push(f.len());
-                }
-                Some((frame, (input, sent)))
-            });
+            let body = requests(input, outstanding.clone(), APPEND_WINDOW);
             let timed_out = {
                 let (from, target) = (self.from, self.target);
                 move |timeout| {
