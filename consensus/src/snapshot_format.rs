@@ -343,9 +343,9 @@ mod tests {
         (dir, reg)
     }
 
-    #[test]
-    fn export_during_writes_imports_the_captured_point() {
-        let (_d, reg) = registry();
+    /// A registry whose entry 1 registered datanode 1.
+    fn registry_with_datanode() -> (tempfile::TempDir, Registry) {
+        let (dir, reg) = registry();
         apply(
             &reg,
             1,
@@ -354,6 +354,12 @@ mod tests {
                 addr: "a".into(),
             },
         );
+        (dir, reg)
+    }
+
+    #[test]
+    fn export_during_writes_imports_the_captured_point() {
+        let (_d, reg) = registry_with_datanode();
         apply(
             &reg,
             2,
@@ -457,15 +463,7 @@ mod tests {
 
     #[test]
     fn export_stops_when_the_node_closes() {
-        let (_d, reg) = registry();
-        apply(
-            &reg,
-            1,
-            Command::RegisterDatanode {
-                id: 1,
-                addr: "a".into(),
-            },
-        );
+        let (_d, reg) = registry_with_datanode();
         let g = reg.current();
         let c = g.start_capture();
         let mut out = Vec::new();
@@ -477,15 +475,7 @@ mod tests {
 
     #[test]
     fn damaged_payloads_are_refused_and_change_nothing() {
-        let (_d, reg) = registry();
-        apply(
-            &reg,
-            1,
-            Command::RegisterDatanode {
-                id: 1,
-                addr: "a".into(),
-            },
-        );
+        let (_d, reg) = registry_with_datanode();
         apply(
             &reg,
             2,

@@ -1,5 +1,5 @@
-//! The leader's end of a streamed AppendEntries exchange: which requests are still waiting
-//! for their answer, and the stream of answers, each due within a deadline.
+//! The leader's end of a streamed AppendEntries exchange: the request body, which requests
+//! are still waiting for their answer, and the stream of answers, each due within a deadline.
 //!
 //! openraft hands the transport a stream of requests for one replication session and expects
 //! the answers in the same order. The requests go out as frames of one HTTP request body
@@ -106,9 +106,11 @@ impl Outstanding {
 /// `window` unanswered at a time. openraft builds each request when asked, from everything
 /// submitted by then, so while the window is full new entries gather into the next request.
 ///
-/// Ends when openraft's requests end, or as soon as the answers are abandoned: openraft's
-/// request stream holds its replication state locked while it waits for new entries, so a
-/// body left waiting after its session ended would block every later session to that peer.
+/// A task of its own pulls the requests from openraft, not the HTTP connection: openraft's
+/// request stream holds the peer's replication state locked while it waits for new entries,
+/// and a connection that stops polling its body (its peer stopped reading) would keep it
+/// locked and block every later session to that peer. The task lets go of openraft's stream
+/// as soon as the answers are abandoned, openraft's requests end, or the body is dropped.
 pub fn requests<S>(
     input: S,
     outstanding: Arc<Outstanding>,
@@ -117,20 +119,51 @@ pub fn requests<S>(
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
-    futures::stream::unfold((input, outstanding), move |(mut input, sent)| async move {
-        if !sent.below(window).await {
-            return None;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(pull_requests(input, outstanding, window, tx));
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
+}
+
+async fn pull_requests<S>(
+    mut input: S,
+    sent: Arc<Outstanding>,
+    window: usize,
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    loop {
+        let open = tokio::select! {
+            open = sent.below(window) => open,
+            _ = tx.closed() => false,
+        };
+        if !open {
+            break;
         }
         let rpc = tokio::select! {
-            rpc = input.next() => rpc?,
-            _ = sent.abandoned() => return None,
+            rpc = input.next() => rpc,
+            _ = sent.abandoned() => None,
+            _ = tx.closed() => None,
+        };
+        let Some(rpc) = rpc else {
+            break;
         };
         let frame = encode_frame(&rpc).map_err(std::io::Error::other);
+        let encoded = frame.is_ok();
         if let Ok(f) = &frame {
             sent.push(f.len());
         }
-        Some((frame, (input, sent)))
-    })
+        let queued = tokio::select! {
+            queued = tx.send(frame) => queued.is_ok(),
+            _ = sent.abandoned() => false,
+        };
+        if !queued || !encoded {
+            break;
+        }
+    }
+    // openraft's stream first: that releases its lock before the body ends.
+    drop(input);
+    drop(tx);
 }
 
 /// How the answers of one exchange are judged.
@@ -324,9 +357,9 @@ mod tests {
         assert_eq!(o.below(2).now_or_never(), Some(true));
     }
 
-    /// A request stream that never yields and flags when it is dropped, like openraft's while
+    /// A request stream that never yields and says when it is dropped, like openraft's while
     /// it waits for entries (holding its replication state locked).
-    struct Waiting(Arc<AtomicBool>);
+    struct Waiting(Option<tokio::sync::oneshot::Sender<()>>);
 
     impl futures::Stream for Waiting {
         type Item = AppendEntriesRequest<TypeConfig>;
@@ -340,29 +373,81 @@ mod tests {
 
     impl Drop for Waiting {
         fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
         }
+    }
+
+    fn waiting() -> (Waiting, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Waiting(Some(tx)), rx)
     }
 
     #[tokio::test]
     async fn a_body_waiting_for_entries_ends_and_lets_go_when_the_answers_are_dropped() {
-        let dropped = Arc::new(AtomicBool::new(false));
+        let (input, let_go) = waiting();
         let outstanding = Arc::new(Outstanding::default());
-        let mut body = Box::pin(requests(Waiting(dropped.clone()), outstanding.clone(), 8));
+        let mut body = Box::pin(requests(input, outstanding.clone(), 8));
         let answers = answers(
             connected(futures::stream::pending()),
             outstanding,
             policy(Duration::from_secs(5)),
         );
         assert!(body.next().now_or_never().is_none(), "waiting for entries");
-        assert!(!dropped.load(Ordering::Acquire));
         drop(answers);
         let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
         assert!(matches!(end, Ok(None)), "the body ends");
-        assert!(
-            dropped.load(Ordering::Acquire),
-            "openraft's requests are let go"
+        let released = tokio::time::timeout(Duration::from_secs(10), let_go).await;
+        assert!(released.is_ok(), "openraft's requests are let go");
+    }
+
+    #[tokio::test]
+    async fn openraft_is_let_go_even_if_nobody_polls_the_body() {
+        // A connection whose peer stopped reading never polls its body again.
+        let (input, let_go) = waiting();
+        let outstanding = Arc::new(Outstanding::default());
+        let _body = requests(input, outstanding.clone(), 8);
+        let answers = answers(
+            connected(futures::stream::pending()),
+            outstanding,
+            policy(Duration::from_secs(5)),
         );
+        drop(answers);
+        let released = tokio::time::timeout(Duration::from_secs(10), let_go).await;
+        assert!(released.is_ok(), "openraft's requests are let go");
+    }
+
+    #[tokio::test]
+    async fn requests_are_framed_in_order_within_the_window() {
+        let leader = openraft::impls::leader_id_adv::LeaderId {
+            term: 1,
+            node_id: 1,
+        };
+        let rpc = move |i: u64| AppendEntriesRequest::<TypeConfig> {
+            vote: meta_consensus::Vote::new(1, 1),
+            prev_log_id: Some(LogId::new(leader, i)),
+            leader_commit: None,
+            entries: vec![],
+        };
+        let outstanding = Arc::new(Outstanding::default());
+        let input = futures::stream::iter((0..3).map(rpc));
+        let mut body = Box::pin(requests(input, outstanding.clone(), 2));
+        for i in 0..2 {
+            let frame = body.next().await.unwrap().unwrap();
+            let back: AppendEntriesRequest<TypeConfig> = codec::decode(&frame[4..]).unwrap();
+            assert_eq!(back.prev_log_id.unwrap().index, i);
+        }
+        assert_eq!(outstanding.len(), 2);
+        assert!(body.next().now_or_never().is_none(), "the window is full");
+        assert!(outstanding.pop());
+        let frame = body.next().await.unwrap().unwrap();
+        let back: AppendEntriesRequest<TypeConfig> = codec::decode(&frame[4..]).unwrap();
+        assert_eq!(back.prev_log_id.unwrap().index, 2);
+        // The end of openraft's requests is seen once the window opens again.
+        assert!(outstanding.pop());
+        let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        assert!(matches!(end, Ok(None)), "openraft's requests ended");
     }
 
     #[tokio::test]

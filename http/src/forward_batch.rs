@@ -82,14 +82,21 @@ struct Queued {
     answer: oneshot::Sender<Response>,
 }
 
-/// A follower's queue of writes for the leader. Cloning shares the queue.
+/// A follower's queue of writes for the leader. Cloning shares the queue; the task that
+/// drains it ends when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct Batcher {
+    link: Arc<Link>,
+    queue: Arc<OnceLock<mpsc::UnboundedSender<Queued>>>,
+}
+
+/// What sending a batch needs (and all the queue's task holds).
+#[derive(Debug)]
+struct Link {
     id: u64,
     client: reqwest::Client,
     token: Token,
     timeout: Duration,
-    queue: Arc<OnceLock<mpsc::UnboundedSender<Queued>>>,
 }
 
 impl Batcher {
@@ -97,10 +104,12 @@ impl Batcher {
     /// be answered within `timeout`.
     pub fn new(id: u64, client: reqwest::Client, token: Token, timeout: Duration) -> Self {
         Batcher {
-            id,
-            client,
-            token,
-            timeout,
+            link: Arc::new(Link {
+                id,
+                client,
+                token,
+                timeout,
+            }),
             queue: Arc::default(),
         }
     }
@@ -110,7 +119,7 @@ impl Batcher {
     pub async fn send(&self, target: ForwardTo, request: WireRequest) -> Response {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(self.clone().run(rx));
+            tokio::spawn(self.link.clone().run(rx));
             tx
         });
         let (answer, answered) = oneshot::channel();
@@ -126,9 +135,11 @@ impl Batcher {
             ApiError::Internal("a forwarded write lost its answer".into()).into_response()
         })
     }
+}
 
+impl Link {
     /// Drains the queue into batches, at most [`MAX_IN_FLIGHT`] out at a time.
-    async fn run(self, mut queue: mpsc::UnboundedReceiver<Queued>) {
+    async fn run(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Queued>) {
         let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         while let Some(first) = queue.recv().await {
             let Ok(slot) = slots.clone().acquire_owned().await else {
