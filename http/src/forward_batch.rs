@@ -7,7 +7,9 @@
 //! leader answers them all in one exchange, running each through its own admin routes exactly
 //! as if it had arrived alone (marked forwarded, so a leader that lost its office answers 503
 //! `no_leader` instead of forwarding again). Batching is group commit: a write waits only while
-//! [`MAX_IN_FLIGHT`] batches are out, so a lone write leaves at once.
+//! [`MAX_IN_FLIGHT`] batches are out (and at most [`SLOT_WAIT`], so a batch stuck at a leader
+//! that stopped answering does not hold back the writes behind it), and a lone write leaves
+//! at once.
 //!
 //! Only writes are batched: their answers are small. Linearizable reads, whose answers may be
 //! long listings, are still replayed one exchange each and streamed back (`forward.rs`).
@@ -36,6 +38,8 @@ pub const PATH_FORWARD_BATCH: &str = "/raft/forward-batch";
 
 /// Batches one follower may have out at once; further writes queue and go in the next batch.
 const MAX_IN_FLIGHT: usize = 2;
+/// Longest a batch waits for one of the [`MAX_IN_FLIGHT`] slots; then it goes anyway.
+const SLOT_WAIT: Duration = Duration::from_millis(20);
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
 /// A batch stops growing at this many body bytes (a larger write still goes, alone).
@@ -142,9 +146,12 @@ impl Link {
     async fn run(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Queued>) {
         let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         while let Some(first) = queue.recv().await {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
+            // A batch stuck at a leader that stopped answering holds its slot until it times
+            // out; writes behind it (perhaps for a new leader) wait for a slot only so long.
+            let slot = tokio::time::timeout(SLOT_WAIT, slots.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok);
             let mut bytes = first.request.body.len();
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
@@ -422,6 +429,35 @@ mod tests {
             let (status, body) = body_of(response).await;
             assert_eq!((status, body), (200, format!("w{}", i + 1)));
         }
+    }
+
+    #[tokio::test]
+    async fn batches_stuck_at_a_silent_leader_do_not_hold_back_writes_for_another() {
+        let (silent, mut seen, _never) = fake_leader().await;
+        let (live, _seen_live, release) = fake_leader().await;
+        release.add_permits(1);
+        let b = Batcher::new(
+            2,
+            crate::network::peer_client(),
+            Token::new(None),
+            Duration::from_secs(300),
+        );
+        let to = |addr: &str| ForwardTo {
+            leader_id: 1,
+            addr: addr.to_string(),
+        };
+        // Both slots go to batches the silent leader never answers.
+        let mut stuck: Vec<_> = (0..2)
+            .map(|i| Box::pin(b.send(to(&silent), write(&format!("s{i}")))))
+            .collect();
+        for f in &mut stuck {
+            assert!(f.now_or_never().is_none());
+            seen.recv().await.unwrap();
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write("w")))
+            .await
+            .expect("the write for the live leader is answered");
+        assert_eq!(body_of(answer).await, (200, "w".to_string()));
     }
 
     #[tokio::test]
