@@ -234,7 +234,7 @@ impl HttpConnection {
 }
 
 /// Most AppendEntries requests a streamed exchange has unanswered. In the single-shard bench
-/// (interleaved runs), a window of 1 against 8: the same at one client, +22% at 16 clients
+/// (interleaved runs), a window of 1 against 8: the same at one client, +17% at 16 clients
 /// (4,500/s against 3,860, server CPU per registration 318 us against 395) and +12% at 64:
 /// one request at a time lets the entries submitted meanwhile gather into the next one, while
 /// the stream still saves the HTTP exchange per request.
