@@ -57,6 +57,24 @@ struct Replay {
     body: Bytes,
 }
 
+impl Replay {
+    /// The path and query to replay.
+    fn path(&self) -> &str {
+        self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    }
+}
+
+/// What a client is told when sending to the leader `target` failed: a timeout leaves the
+/// outcome unknown (504), anything else means no reachable leader (503).
+pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error) -> ApiError {
+    let leader = format!("the leader (node {} at {})", target.leader_id, target.addr);
+    if e.is_timeout() {
+        ApiError::Timeout(format!("{leader} did not answer in time"))
+    } else {
+        ApiError::NoLeader(format!("{leader} is unreachable: {e}"))
+    }
+}
+
 impl Forwarder {
     /// The forwarder of node `id`.
     pub fn new(id: u64, token: Token) -> Self {
@@ -75,12 +93,7 @@ impl Forwarder {
         if replay.method != Method::GET && replay.method != Method::HEAD {
             let request = WireRequest {
                 method: replay.method.to_string(),
-                path: replay
-                    .uri
-                    .path_and_query()
-                    .map(|p| p.as_str())
-                    .unwrap_or("/")
-                    .to_owned(),
+                path: replay.path().to_owned(),
                 content_type: replay
                     .headers
                     .get(header::CONTENT_TYPE)
@@ -94,12 +107,7 @@ impl Forwarder {
     }
 
     async fn replay(&self, target: &ForwardTo, replay: Replay) -> Response {
-        let path = replay
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        let url = format!("http://{}{}", target.addr, path);
+        let url = format!("http://{}{}", target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
         let mut request = self
             .client
@@ -124,20 +132,7 @@ impl Forwarder {
         }
         let response = match request.send().await {
             Ok(response) => response,
-            Err(e) if e.is_timeout() => {
-                return ApiError::Timeout(format!(
-                    "the leader (node {} at {}) did not answer in time",
-                    target.leader_id, target.addr
-                ))
-                .into_response()
-            }
-            Err(e) => {
-                return ApiError::NoLeader(format!(
-                    "the leader (node {} at {}) is unreachable: {e}",
-                    target.leader_id, target.addr
-                ))
-                .into_response()
-            }
+            Err(e) => return leader_failed(target, &e).into_response(),
         };
         let mut relayed = Response::builder().status(response.status().as_u16());
         for name in RELAYED {

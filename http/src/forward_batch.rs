@@ -30,7 +30,7 @@ use tower::ServiceExt;
 
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
-use crate::forward::{FORWARDED_BY, RELAYED};
+use crate::forward::{leader_failed, FORWARDED_BY, RELAYED};
 use crate::state::AppState;
 
 /// The leader's route for batches of forwarded writes.
@@ -223,13 +223,10 @@ impl Link {
         if let Some(value) = self.token.header_value() {
             request = request.header(header::AUTHORIZATION, value);
         }
-        let response = request.send().await.map_err(|e| {
-            if e.is_timeout() {
-                ApiError::Timeout(leader("did not answer in time".into()))
-            } else {
-                ApiError::NoLeader(leader(format!("is unreachable: {e}")))
-            }
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| leader_failed(target, &e))?;
         let status = response.status();
         let bytes = response
             .bytes()
