@@ -17,12 +17,11 @@ use crate::records::{
 };
 use crate::types::{LogId, StoredMembership};
 
-/// A pending write: encoded bytes, or a decoded replica bucket / count kept decoded until the
-/// end of the call so that many changes to one bucket cost one decode and one encode.
+/// A pending write: encoded bytes, or a decoded replica bucket kept decoded until the end of
+/// the call so that many changes to one bucket cost one decode and one encode.
 enum Pending {
     Raw(Option<Vec<u8>>),
     Replicas(ReplicaBucket),
-    Count(u64),
 }
 
 /// The pending writes of one `apply` call.
@@ -103,18 +102,16 @@ impl<'a> ApplyBatch<'a> {
         }
     }
 
-    /// Adds `delta` to the count of `datanode`'s replicas in bucket `b`.
-    fn count(&mut self, datanode: u64, b: u64, delta: i64) -> Result<()> {
-        let key = keys::by_datanode(datanode, b);
-        let current = match self.pending.get(&key[..]) {
-            Some(Pending::Count(c)) => *c,
-            Some(_) => return Err(Error::Raft("count pending as another kind".into())),
-            None => {
-                decode_opt::<u64>(self.tree_get(&key)?.as_deref(), "bucket count")?.unwrap_or(0)
-            }
-        };
-        let new = current.saturating_add_signed(delta);
-        self.pending.insert(key.to_vec(), Pending::Count(new));
+    /// Keeps the index entry of (`datanode`, bucket `b`) in step with the bucket: present while
+    /// the bucket holds a replica of the datanode. Writes only when that changes, so callers
+    /// pass `before`, whether the bucket held one before their change.
+    fn index(&mut self, datanode: u64, b: u64, before: bool) -> Result<()> {
+        let after = self.bucket(b)?.iter().any(|e| e.datanode == datanode);
+        if before != after {
+            let key = keys::by_datanode(datanode, b);
+            let value = after.then(|| keys::PRESENT.to_vec());
+            self.pending.insert(key.to_vec(), Pending::Raw(value));
+        }
         Ok(())
     }
 
@@ -189,6 +186,7 @@ impl<'a> ApplyBatch<'a> {
                 epoch,
             };
             let bucket = self.bucket(b)?;
+            let held = bucket.iter().any(|e| e.datanode == datanode);
             match find(bucket, s.id, datanode) {
                 Ok(i) if s.generation < bucket[i].replica.generation => stale.push(s.id),
                 Ok(i) if bucket[i].replica == new => unchanged += 1,
@@ -205,7 +203,7 @@ impl<'a> ApplyBatch<'a> {
                             replica: new,
                         },
                     );
-                    self.count(datanode, b, 1)?;
+                    self.index(datanode, b, held)?;
                     dn.shards += 1;
                     self.replicas += 1;
                     accepted += 1;
@@ -233,7 +231,7 @@ impl<'a> ApplyBatch<'a> {
             let bucket = self.bucket(b)?;
             if let Ok(i) = find(bucket, shard, datanode) {
                 bucket.remove(i);
-                self.count(datanode, b, -1)?;
+                self.index(datanode, b, true)?;
                 removed += 1;
             }
         }
@@ -261,7 +259,7 @@ impl<'a> ApplyBatch<'a> {
             }
             if let Some((_, b)) = keys::two_ids(k) {
                 match v {
-                    Pending::Count(0) | Pending::Raw(None) => set.remove(&b),
+                    Pending::Raw(None) => set.remove(&b),
                     _ => set.insert(b),
                 };
             }
@@ -353,7 +351,7 @@ impl<'a> ApplyBatch<'a> {
     }
 
     /// Every pending write (with the replica count), in key order: `None` deletes the key.
-    /// Empty buckets and zero counts are deleted.
+    /// Empty buckets are deleted.
     pub(crate) fn finish(mut self) -> Result<Writes> {
         let rec = AppliedRecord {
             applied: self.applied,
@@ -367,8 +365,6 @@ impl<'a> ApplyBatch<'a> {
                 Pending::Raw(v) => v,
                 Pending::Replicas(b) if b.is_empty() => None,
                 Pending::Replicas(b) => Some(codec::encode(&b).map_err(enc)?),
-                Pending::Count(0) => None,
-                Pending::Count(c) => Some(codec::encode(&c).map_err(enc)?),
             };
             writes.push((k, value));
         }
@@ -510,6 +506,77 @@ mod tests {
         assert_eq!(reopened(dir.path()), only_first);
     }
 
+    /// The index writes of a batch: (datanode, bucket) -> present after it.
+    fn index_writes(w: &Writes) -> Vec<((u64, u64), bool)> {
+        w.iter()
+            .filter(|(k, _)| k[0] == keys::BY_DATANODE)
+            .map(|(k, v)| (keys::two_ids(k).unwrap(), v.is_some()))
+            .collect()
+    }
+
+    #[test]
+    fn the_index_changes_only_with_a_datanodes_first_and_last_replica_in_a_bucket() {
+        let (_d, reg) = registry();
+        let dn = |id| Command::RegisterDatanode {
+            id,
+            addr: "a".into(),
+        };
+        apply(&reg, 1, &[dn(1), dn(2)]);
+        let reg_shard = |datanode, epoch, id| Command::RegisterShards {
+            datanode,
+            epoch,
+            shards: vec![report(id, 1)],
+        };
+        let dereg = |datanode, id| Command::DeregisterShards {
+            datanode,
+            shards: vec![id],
+        };
+        let commit = |first, cmds: &[Command]| {
+            let w = writes_of(&reg, first, cmds);
+            reg.current().commit(w.clone()).unwrap();
+            index_writes(&w)
+        };
+        // Datanode 1's first replica in bucket 0 adds the entry; more in the bucket write none.
+        assert_eq!(commit(3, &[reg_shard(1, 1, 1)]), vec![((1, 0), true)]);
+        assert_eq!(commit(4, &[reg_shard(1, 1, 2)]), vec![]);
+        assert_eq!(commit(5, &[reg_shard(2, 2, 1)]), vec![((2, 0), true)]);
+        // A registry written before this layout holds a count there: still an entry.
+        reg.current()
+            .tree
+            .insert(keys::by_datanode(1, 0), codec::encode(&2u64).unwrap())
+            .unwrap();
+        let listed = |d| -> Vec<u64> {
+            let page = reg.datanode_shards(d, None, 10).unwrap();
+            page.items.iter().map(|e| e.shard).collect()
+        };
+        assert_eq!(listed(1), vec![1, 2]);
+        // Losing one of two replicas keeps the entry, losing the last drops it; another
+        // datanode's replica in the same bucket does not count.
+        assert_eq!(commit(6, &[dereg(1, 1)]), vec![]);
+        assert_eq!(commit(7, &[dereg(1, 2)]), vec![((1, 0), false)]);
+        assert_eq!(listed(1), Vec::<u64>::new());
+        assert_eq!(listed(2), vec![1]);
+        // Within one batch, gaining and then losing leaves no entry.
+        let w = commit(8, &[reg_shard(1, 1, 3), dereg(1, 3)]);
+        assert!(w.iter().all(|(_, present)| !present), "{w:?}");
+        assert!(reg
+            .current()
+            .tree
+            .get(keys::by_datanode(1, 0))
+            .unwrap()
+            .is_none());
+        // Removing a datanode drops its entries.
+        assert_eq!(
+            commit(9, &[Command::RemoveDatanode { id: 2 }]),
+            vec![((2, 0), false)]
+        );
+        assert!(reg
+            .content()
+            .unwrap()
+            .keys()
+            .all(|k| k[0] == keys::DATANODE));
+    }
+
     #[test]
     fn buckets_hold_scattered_replicas_and_reads_see_them_in_order() {
         let (_d, reg) = registry();
@@ -594,7 +661,7 @@ mod tests {
         assert_eq!(rest.items.len(), ids.len() - 3);
         assert!(rest.next.is_none());
 
-        // Deregister and remove clean up buckets and counts.
+        // Deregister and remove clean up buckets and index entries.
         let r = apply(
             &reg,
             10,

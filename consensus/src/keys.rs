@@ -5,15 +5,18 @@
 //! |--------|---------------------------------------|-------------------------------|
 //! | `d`    | datanode id (u64 BE)                  | `DatanodeRecord`              |
 //! | `r`    | shard bucket (u64 BE)                 | `ReplicaBucket`: the replicas of the shards in the bucket |
-//! | `x`    | datanode id, shard bucket (u64 BE)    | how many of the bucket's replicas the datanode holds (u64) |
+//! | `x`    | datanode id, shard bucket (u64 BE)    | present while the datanode holds a replica in the bucket; the value is not read |
 //! | `k`    | key bytes (UTF-8)                     | `KvRecord`                    |
 //! | `m`    | name                                  | metadata                      |
 //!
 //! Replicas are packed by shard bucket (`shard >> BUCKET_BITS`): a sled operation costs a few
 //! microseconds whatever the value size, so a batch of shards with nearby ids costs a few
 //! bucket rewrites instead of two operations per replica. The `x` entries index which buckets
-//! hold a datanode's replicas, for listing and removing them. Big-endian ids make sled's byte
-//! order the numeric order, which listings and cursors use.
+//! hold a datanode's replicas, for listing and removing them; they change only when a datanode
+//! gets its first replica in a bucket or loses its last one, so registering one more shard in a
+//! bucket costs no index write. (Registries written before kept a count there; any value means
+//! present.) Big-endian ids make sled's byte order the numeric order, which listings and cursors
+//! use.
 
 pub const DATANODE: u8 = b'd';
 pub const REPLICA: u8 = b'r';
@@ -52,7 +55,10 @@ pub fn replica_bucket(bucket: u64) -> [u8; 9] {
     k
 }
 
-/// The key counting a datanode's replicas in a shard bucket.
+/// Value written under [`by_datanode`] keys: presence is what counts.
+pub const PRESENT: &[u8] = &[];
+
+/// The index key saying that a datanode holds replicas in a shard bucket.
 pub fn by_datanode(datanode: u64, bucket: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = BY_DATANODE;

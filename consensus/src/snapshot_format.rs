@@ -8,7 +8,7 @@
 //! bucket index and the counters are derived data: the importer rebuilds and cross-checks them. The Raft
 //! metadata (last log id, membership) travels in the snapshot file's header, not here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -176,11 +176,11 @@ fn read_frame(input: &mut impl Read) -> Result<Option<Frame>> {
 }
 
 /// Derived data rebuilt while importing: per datanode, its declared and found replica counts,
-/// and how many replicas it holds in each bucket.
+/// and the (datanode, bucket) pairs of the index.
 #[derive(Default)]
 struct Derived {
     per_datanode: HashMap<u64, (u64, u64)>,
-    per_bucket: BTreeMap<(u64, u64), u64>,
+    index: BTreeSet<(u64, u64)>,
 }
 
 /// Checks one pair (key shape, value decodes, bucket entries sorted, unique and in their
@@ -213,7 +213,7 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
                 }
                 prev = Some((e.shard, e.datanode));
                 derived.per_datanode.entry(e.datanode).or_default().1 += 1;
-                *derived.per_bucket.entry((e.datanode, b)).or_default() += 1;
+                derived.index.insert((e.datanode, b));
             }
             Ok(bucket.len() as u64)
         }
@@ -286,11 +286,8 @@ pub(crate) fn import(
         }
     }
     let enc = |what: &'static str, e| Error::corrupt(what, e);
-    for ((dn, b), n) in &derived.per_bucket {
-        batch.insert(
-            &keys::by_datanode(*dn, *b)[..],
-            codec::encode(n).map_err(|e| enc("count", e))?,
-        );
+    for (dn, b) in &derived.index {
+        batch.insert(&keys::by_datanode(*dn, *b)[..], keys::PRESENT);
         in_batch += 1;
         if in_batch >= IMPORT_CHUNK {
             flush(&mut batch)?;
