@@ -1,6 +1,7 @@
-//! Executes the commands of one `apply` call against the registry tree, collecting every
-//! write in memory (reads see earlier writes of the same call) so that the whole call,
-//! including last-applied and membership, becomes one atomic sled batch.
+//! Executes applied commands against the registry tree, collecting every write in memory
+//! (reads see earlier writes of the same batch) so that the whole batch, including
+//! last-applied and membership, becomes one atomic sled commit. A batch may span several
+//! `apply` calls (see `state_machine.rs`): writes to the same key then cost one sled write.
 //!
 //! Execution is deterministic: it depends only on the registry state and the entries, so
 //! every replica computes the same results, and re-applying after a restart is a no-op
@@ -24,26 +25,38 @@ enum Pending {
     Replicas(ReplicaBucket),
 }
 
-/// The pending writes of one `apply` call.
-/// The writes of one apply call, in key order: `None` deletes the key.
+/// The writes of one batch, in key order: `None` deletes the key.
 pub(crate) type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
-pub(crate) struct ApplyBatch<'a> {
-    tree: &'a sled::Tree,
+pub(crate) struct ApplyBatch {
+    tree: sled::Tree,
     /// key -> new value.
     pending: BTreeMap<Vec<u8>, Pending>,
     replicas: u64,
+    /// Datanodes added minus datanodes removed by this batch.
+    datanodes_delta: i64,
     applied: Option<LogId>,
 }
 
-impl<'a> ApplyBatch<'a> {
-    pub(crate) fn new(tree: &'a sled::Tree, replicas: u64) -> Self {
+impl ApplyBatch {
+    pub(crate) fn new(tree: sled::Tree, replicas: u64) -> Self {
         ApplyBatch {
             tree,
             pending: BTreeMap::new(),
             replicas,
+            datanodes_delta: 0,
             applied: None,
         }
+    }
+
+    /// Datanodes added minus datanodes removed by this batch.
+    pub(crate) fn datanodes_delta(&self) -> i64 {
+        self.datanodes_delta
+    }
+
+    /// How many keys the batch writes (besides last-applied).
+    pub(crate) fn keys(&self) -> usize {
+        self.pending.len()
     }
 
     /// The replica count including this batch's changes.
@@ -148,10 +161,13 @@ impl<'a> ApplyBatch<'a> {
 
     fn register_datanode(&mut self, index: u64, id: u64, addr: &str) -> Result<CommandResult> {
         let key = keys::datanode(id);
-        let shards = self
-            .get::<DatanodeRecord>(&key, "datanode")?
-            .map(|r| r.shards)
-            .unwrap_or(0);
+        let shards = match self.get::<DatanodeRecord>(&key, "datanode")? {
+            Some(r) => r.shards,
+            None => {
+                self.datanodes_delta += 1;
+                0
+            }
+        };
         let rec = DatanodeRecord {
             addr: addr.to_string(),
             epoch: index,
@@ -284,6 +300,7 @@ impl<'a> ApplyBatch<'a> {
             self.remove(&keys::by_datanode(id, b));
         }
         self.remove(&dkey);
+        self.datanodes_delta -= 1;
         self.replicas = self.replicas.saturating_sub(n);
         Ok(CommandResult::DatanodeRemoved {
             existed: true,
@@ -400,7 +417,7 @@ mod tests {
     /// Applies `cmds` as one batch at consecutive indexes from `first`.
     fn apply(reg: &Registry, first: u64, cmds: &[Command]) -> Vec<CommandResult> {
         let g = reg.current();
-        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
         let out = cmds
             .iter()
             .enumerate()
@@ -431,7 +448,7 @@ mod tests {
     /// The writes of `cmds` applied at consecutive indexes from `first` on top of `reg`.
     fn writes_of(reg: &Registry, first: u64, cmds: &[Command]) -> Writes {
         let g = reg.current();
-        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
         for (i, c) in cmds.iter().enumerate() {
             b.execute(first + i as u64, c).unwrap();
         }

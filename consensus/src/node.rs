@@ -476,7 +476,11 @@ impl MetaNode {
     ) -> Result<T> {
         self.read_barrier(c).await?;
         let sm = self.inner.sm.clone();
-        blocking(move || f(&sm)).await
+        blocking(move || {
+            sm.commit_deferred()?;
+            f(&sm)
+        })
+        .await
     }
 
     pub async fn datanode(&self, c: Consistency, id: u64) -> Result<Option<DatanodeInfo>> {
@@ -550,6 +554,7 @@ impl MetaNode {
     pub async fn registry_digest(&self) -> Result<(u64, u64)> {
         let sm = self.inner.sm.clone();
         blocking(move || {
+            sm.commit_deferred()?;
             let content = sm.registry.content()?;
             let mut h: u64 = 0xcbf29ce484222325;
             let mut feed = |b: &[u8]| {
@@ -779,7 +784,7 @@ impl MetaNode {
             })
             .unwrap_or_default();
         let sm = &self.inner.sm;
-        let datanodes = sm.registry.datanode_count().unwrap_or(0);
+        let datanodes = sm.datanodes();
         let snapshot = sm.last_snapshot();
         let role = if stopped {
             Role::Shutdown
@@ -856,6 +861,11 @@ impl MetaNode {
                 .wal()
                 .close()
                 .map_err(|e| Error::storage("close log", e))?;
+            // Applied writes still deferred are committed; if that fails, the log still holds
+            // their entries and the next start applies them again.
+            if let Err(e) = inner.sm.commit_deferred() {
+                tracing::warn!("applied writes not committed at shutdown: {e}");
+            }
             inner.sm.registry.flush()?;
             // The log is closed and the registry flushed: another open of the dir may start
             // (sled releases its own lock when the last handle to this node is dropped).

@@ -29,11 +29,14 @@ pub struct SnapshotBuilder {
     meta: SnapshotMeta,
     generation: Arc<Generation>,
     capture: Option<Arc<Capture>>,
+    /// Why the state could not be captured (committing the deferred batch failed).
+    failed: Option<String>,
 }
 
 impl SnapshotBuilder {
-    /// Captures the current state. Called with `apply` not running (on the state machine).
-    pub(crate) fn start(shared: Arc<SmShared>) -> SnapshotBuilder {
+    /// Captures the current state. Called with `apply` not running (on the state machine),
+    /// after the deferred batch was committed; `failed` is that commit's error, if any.
+    pub(crate) fn start(shared: Arc<SmShared>, failed: Option<io::Error>) -> SnapshotBuilder {
         let started = Instant::now();
         shared.building.fetch_add(1, Ordering::AcqRel);
         let (last_log_id, last_membership) = shared.applied();
@@ -48,6 +51,7 @@ impl SnapshotBuilder {
             },
             generation,
             capture: Some(capture),
+            failed: failed.map(|e| e.to_string()),
         }
     }
 
@@ -62,6 +66,10 @@ impl SnapshotBuilder {
     /// Exports the captured state to a durable snapshot file. Blocking.
     fn build(&mut self) -> Result<(SnapshotMeta, SnapshotData)> {
         let started = Instant::now();
+        if let Some(why) = self.failed.take() {
+            self.release();
+            return Err(Error::Raft(format!("snapshot not captured: {why}")));
+        }
         if let Some((meta, data)) = self.shared.current_snapshot()? {
             if meta.last_log_id == self.meta.last_log_id {
                 self.release();
@@ -120,6 +128,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta: self.meta.clone(),
             generation: self.generation.clone(),
             capture: self.capture.take(),
+            failed: self.failed.take(),
         };
         let (meta, snapshot) = tokio::task::spawn_blocking(move || this.build())
             .await

@@ -319,7 +319,7 @@ mod tests {
 
     fn apply(reg: &Registry, index: u64, cmd: Command) {
         let g = reg.current();
-        let mut b = ApplyBatch::new(&g.tree, g.replica_count().unwrap());
+        let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
         b.execute(index, &cmd).unwrap();
         g.commit(b.finish().unwrap()).unwrap();
     }

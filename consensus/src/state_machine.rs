@@ -2,11 +2,16 @@
 //! snapshots from a point-in-time capture and installs received ones.
 //!
 //! Contracts:
-//! - `apply` writes all entries of the call, their last log id and the newest membership as
-//!   ONE atomic sled batch, then answers the waiting clients. Nothing is flushed on this path:
-//!   sled flushes in the background, and after a crash openraft re-applies from the stored
-//!   last-applied up to the committed id recorded in the log. Entries at or below the stored
-//!   last-applied are skipped, so re-applying is idempotent.
+//! - `apply` executes the entries, then answers the waiting clients. Their writes join the
+//!   *deferred batch*: applied writes held in memory and committed to sled together (ONE
+//!   atomic commit with their last log id and the newest membership) once the batch is
+//!   [`DEFER_MAX_AGE`] old or holds [`DEFER_MAX_KEYS`] keys, at a membership change, and before
+//!   any read of the registry, snapshot or shutdown. So a shard registered again and again
+//!   costs one bucket write per batch, not one per registration. Nothing is flushed on this
+//!   path: sled flushes in the background, and after a crash openraft re-applies from the
+//!   stored last-applied up to the committed id recorded in the log (which holds every entry
+//!   after the newest snapshot, and a snapshot commits the deferred batch first). Entries at or
+//!   below the stored last-applied are skipped, so re-applying is idempotent.
 //! - A snapshot builder is created in O(1) (a capture starts; `apply` continues at once); the
 //!   export runs on a blocking thread, paced by the node's rate limiter, and is durable (temp
 //!   file, fsync, rename) when `build_snapshot` returns.
@@ -18,7 +23,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, TryStreamExt};
 use meta_store::{RateLimiter, SnapshotStore};
@@ -31,7 +36,7 @@ use crate::apply_batch::ApplyBatch;
 use crate::codec;
 use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
-use crate::registry::Registry;
+use crate::registry::{Generation, Registry};
 use crate::sm_stats::SmStats;
 use crate::snapshot_builder::SnapshotBuilder;
 use crate::snapshot_data::{read_meta, snapshot_name, SnapshotData};
@@ -39,8 +44,26 @@ use crate::snapshot_format;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::view::SnapshotInfo;
 
-/// Apply calls with more work than this (in records touched) run on a blocking thread.
+/// Apply calls with more work than this (in records touched) run on a blocking thread, and so
+/// does any call that commits the deferred batch.
 const INLINE_APPLY_OPS: usize = 64;
+/// The deferred batch is committed once it is this old (checked when entries are applied)...
+pub(crate) const DEFER_MAX_AGE: Duration = Duration::from_millis(100);
+/// ...or once it writes this many keys.
+pub(crate) const DEFER_MAX_KEYS: usize = 4096;
+
+/// Applied writes not yet committed to sled, and the registry generation they belong to.
+struct Deferred {
+    generation: Arc<Generation>,
+    batch: ApplyBatch,
+    since: Instant,
+}
+
+impl Deferred {
+    fn due(&self, now: Instant, max_age: Duration) -> bool {
+        self.batch.keys() >= DEFER_MAX_KEYS || now.duration_since(self.since) >= max_age
+    }
+}
 
 /// State shared by the state machine (owned by openraft), its snapshot builders and the node.
 pub(crate) struct SmShared {
@@ -50,6 +73,15 @@ pub(crate) struct SmShared {
     pub(crate) stats: SmStats,
     applied: Mutex<(Option<LogId>, StoredMembership)>,
     replicas: AtomicU64,
+    datanodes: AtomicU64,
+    /// The deferred batch (see the module comment). Held while entries execute and while a
+    /// batch commits, so a read that commits it first sees every applied entry.
+    deferred: Mutex<Option<Deferred>>,
+    /// Set when a commit of the deferred batch failed: its writes are lost, so applying or
+    /// reading further would serve a registry behind last-applied.
+    failed: AtomicBool,
+    /// [`DEFER_MAX_AGE`]; tests stretch it.
+    defer_max_age: Duration,
     /// Snapshot builders running.
     pub(crate) building: AtomicUsize,
     /// Set when the node shuts down: running snapshot exports stop early.
@@ -106,6 +138,7 @@ impl StateMachine {
         let applied = gen.applied()?;
         let replicas = gen.replica_count()?;
         drop(gen);
+        let datanodes = registry.datanode_count()?;
         Ok(StateMachine {
             shared: Arc::new(SmShared {
                 registry,
@@ -114,6 +147,10 @@ impl StateMachine {
                 stats: SmStats::default(),
                 applied: Mutex::new(applied),
                 replicas: AtomicU64::new(replicas),
+                datanodes: AtomicU64::new(datanodes),
+                deferred: Mutex::new(None),
+                failed: AtomicBool::new(false),
+                defer_max_age: DEFER_MAX_AGE,
                 building: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
                 last_snapshot: Mutex::new(last_snapshot),
@@ -158,12 +195,111 @@ impl SmShared {
         self.replicas.load(Ordering::Relaxed)
     }
 
-    /// Applies `entries` as one atomic batch; returns one result per entry. Blocking (sled).
+    pub(crate) fn datanodes(&self) -> u64 {
+        self.datanodes.load(Ordering::Relaxed)
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(Error::Raft(
+                "a registry commit failed earlier; the node must restart".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Commits the deferred batch, if any. Blocking (sled).
+    ///
+    /// Contract: when this returns `Ok`, every applied entry's writes are visible to readers
+    /// of the registry (not yet durable: sled flushes in the background).
+    pub(crate) fn commit_deferred(&self) -> Result<()> {
+        let mut deferred = self.deferred.lock();
+        self.check_failed()?;
+        Self::commit_taken(&self.failed, deferred.take())
+    }
+
+    fn commit_taken(failed: &AtomicBool, deferred: Option<Deferred>) -> Result<()> {
+        let Some(d) = deferred else {
+            return Ok(());
+        };
+        let committed = d.batch.finish().and_then(|w| d.generation.commit(w));
+        if committed.is_err() {
+            failed.store(true, Ordering::Release);
+        }
+        committed
+    }
+
+    /// Whether applying now would commit the deferred batch.
+    fn commit_due(&self) -> bool {
+        let now = Instant::now();
+        self.deferred
+            .lock()
+            .as_ref()
+            .is_some_and(|d| d.due(now, self.defer_max_age))
+    }
+
+    /// Applies `entries` into the deferred batch, committing it when due; returns one result
+    /// per entry. Blocking (sled).
     fn apply_entries(&self, entries: &[Entry]) -> Result<Vec<CommandResult>> {
         let started = Instant::now();
+        let mut deferred = self.deferred.lock();
+        self.check_failed()?;
         let (applied, _) = self.applied();
-        let gen = self.registry.current();
-        let mut batch = ApplyBatch::new(&gen.tree, self.replicas());
+        let d = match deferred.as_mut() {
+            Some(d) => d,
+            None => {
+                let generation = self.registry.current();
+                let batch = ApplyBatch::new(generation.tree.clone(), self.replicas());
+                deferred.insert(Deferred {
+                    generation,
+                    batch,
+                    since: started,
+                })
+            }
+        };
+        let datanodes_before = d.batch.datanodes_delta();
+        let executed = self.execute(&mut d.batch, applied, entries);
+        let (results, last, membership) = match executed {
+            Ok(x) => x,
+            Err(e) => {
+                // The batch may hold part of an entry: drop it and refuse to go on.
+                deferred.take();
+                self.failed.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let Some(last) = last else {
+            return Ok(results);
+        };
+        d.batch.set_applied(&last);
+        let replicas = d.batch.replicas();
+        let datanodes_added = d.batch.datanodes_delta() - datanodes_before;
+        if membership.is_some() || d.due(started, self.defer_max_age) {
+            Self::commit_taken(&self.failed, deferred.take())?;
+        }
+        {
+            let mut a = self.applied.lock();
+            a.0 = Some(last);
+            if let Some(m) = membership {
+                a.1 = m;
+            }
+        }
+        self.replicas.store(replicas, Ordering::Relaxed);
+        let datanodes = self.datanodes().saturating_add_signed(datanodes_added);
+        self.datanodes.store(datanodes, Ordering::Relaxed);
+        self.stats.applied(entries.len(), started.elapsed());
+        Ok(results)
+    }
+
+    /// Executes the entries after `applied` into `batch`; returns one result per entry, the
+    /// last executed log id and the newest membership among them.
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &self,
+        batch: &mut ApplyBatch,
+        applied: Option<LogId>,
+        entries: &[Entry],
+    ) -> Result<(Vec<CommandResult>, Option<LogId>, Option<StoredMembership>)> {
         let mut results = Vec::with_capacity(entries.len());
         let mut last = None;
         let mut membership = None;
@@ -185,22 +321,7 @@ impl SmShared {
             results.push(result);
             last = Some(e.log_id);
         }
-        let Some(last) = last else {
-            return Ok(results);
-        };
-        batch.set_applied(&last);
-        let replicas = batch.replicas();
-        gen.commit(batch.finish()?)?;
-        {
-            let mut a = self.applied.lock();
-            a.0 = Some(last);
-            if let Some(m) = membership {
-                a.1 = m;
-            }
-        }
-        self.replicas.store(replicas, Ordering::Relaxed);
-        self.stats.applied(entries.len(), started.elapsed());
-        Ok(results)
+        Ok((results, last, membership))
     }
 
     /// The newest snapshot file and its metadata. Blocking (reads the file's header).
@@ -221,6 +342,9 @@ impl SmShared {
     /// Replaces the registry by the snapshot in `data`. Blocking.
     fn install(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
         let started = Instant::now();
+        // The snapshot supersedes the deferred writes, but an install that fails must leave
+        // the registry at last-applied: commit them to the old generation first.
+        self.commit_deferred()?;
         let (file_meta, _) = read_meta(data.path())?;
         if &file_meta != meta {
             return Err(Error::Snapshot(format!(
@@ -264,6 +388,7 @@ impl SmShared {
         self.set_last_snapshot(meta, data.payload_bytes());
         *self.applied.lock() = (meta.last_log_id, meta.last_membership.clone());
         self.replicas.store(trailer.replicas, Ordering::Relaxed);
+        self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
         self.stats.installed(started.elapsed());
         tracing::info!(
             "installed snapshot {meta}: {} datanodes, {} replicas, {} keys",
@@ -290,7 +415,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let (entries, responders): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let work: usize = entries.iter().map(weight).sum();
-        let results = if work <= INLINE_APPLY_OPS {
+        let results = if work <= INLINE_APPLY_OPS && !self.shared.commit_due() {
             self.shared.apply_entries(&entries).map_err(to_io)?
         } else {
             let shared = self.shared.clone();
@@ -312,7 +437,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        SnapshotBuilder::start(self.shared.clone())
+        // The capture must see every applied entry: commit the deferred batch first. A
+        // failure is kept by the builder and reported when it builds.
+        let shared = self.shared.clone();
+        let committed = blocking(move || shared.commit_deferred()).await;
+        SnapshotBuilder::start(self.shared.clone(), committed.err())
     }
 
     async fn install_snapshot(
@@ -331,5 +460,150 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let shared = self.shared.clone();
         let current = blocking(move || shared.current_snapshot()).await?;
         Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+    }
+}
+
+impl Drop for SmShared {
+    /// Commits applied writes still deferred, as sled flushes its buffers when dropped: a state
+    /// machine dropped without a shutdown (the last handle of an in-process node) keeps what
+    /// it applied. A crash loses them instead, and they are applied again from the log.
+    fn drop(&mut self) {
+        if let Err(e) = self.commit_deferred() {
+            tracing::warn!("applied writes not committed when the state machine closed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::vote::leader_id_adv::LeaderId;
+
+    use super::*;
+    use crate::command::ShardReport;
+    use openraft::storage::RaftSnapshotBuilder;
+
+    /// A state machine whose deferred batch waits for an hour (or a reader), however slow the
+    /// machine running the test.
+    fn open(dir: &Path) -> StateMachine {
+        let mut sm = StateMachine::open(
+            &dir.join("registry"),
+            &dir.join("snapshots"),
+            1 << 20,
+            2,
+            Arc::new(RateLimiter::unlimited()),
+        )
+        .unwrap();
+        Arc::get_mut(&mut sm.shared).unwrap().defer_max_age = Duration::from_secs(3600);
+        sm
+    }
+
+    fn entry(index: u64, cmd: Command) -> Entry {
+        Entry {
+            log_id: LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
+            payload: EntryPayload::Normal(cmd),
+        }
+    }
+
+    /// A datanode, then one shard per entry, each applied alone; the kv `k` last.
+    fn workload() -> Vec<Entry> {
+        let mut out = vec![entry(
+            1,
+            Command::RegisterDatanode {
+                id: 7,
+                addr: "a".into(),
+            },
+        )];
+        for i in 0..20u64 {
+            out.push(entry(
+                2 + i,
+                Command::RegisterShards {
+                    datanode: 7,
+                    epoch: 1,
+                    shards: vec![ShardReport {
+                        id: i,
+                        generation: 1,
+                        size: 1,
+                    }],
+                },
+            ));
+        }
+        out.push(entry(
+            22,
+            Command::Put {
+                key: "k".into(),
+                value: b"v".to_vec(),
+                if_revision: None,
+            },
+        ));
+        out
+    }
+
+    #[test]
+    fn applied_writes_wait_in_memory_until_a_reader_commits_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = open(dir.path());
+        let shared = sm.shared();
+        let mut results = Vec::new();
+        for e in workload() {
+            results.extend(shared.apply_entries(&[e]).unwrap());
+        }
+        // Every entry was answered from the batch (each shard was new), and the counters moved.
+        let accepted =
+            |r: &CommandResult| matches!(r, CommandResult::ShardsRegistered { accepted: 1, .. });
+        assert_eq!(results.iter().filter(|r| accepted(r)).count(), 20);
+        assert_eq!((shared.replicas(), shared.datanodes()), (20, 1));
+        assert_eq!(shared.applied().0.map(|l| l.index), Some(22));
+        // Nothing reached sled yet.
+        assert!(shared.registry.content().unwrap().is_empty());
+        shared.commit_deferred().unwrap();
+        let content = shared.registry.content().unwrap();
+        assert_eq!(
+            shared.registry.shard(19).unwrap().unwrap().replicas.len(),
+            1
+        );
+        assert!(shared.registry.kv_get("k").unwrap().is_some());
+        // Reopened, the registry holds the same state at the same last-applied.
+        drop(shared);
+        drop(sm);
+        let sm = open(dir.path());
+        assert_eq!(sm.shared().registry.content().unwrap(), content);
+        assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(22));
+        assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (20, 1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open(a.path());
+        for e in workload() {
+            sm.shared().apply_entries(&[e]).unwrap();
+        }
+        let snapshot = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(22));
+        let other = open(b.path());
+        let shared = other.shared();
+        let meta = snapshot.meta.clone();
+        tokio::task::spawn_blocking(move || shared.install(&meta, &snapshot.snapshot))
+            .await
+            .unwrap()
+            .unwrap();
+        let want = sm.shared().registry.content().unwrap();
+        assert_eq!(want.len(), 1 + 1 + 1, "a datanode, one bucket, one key");
+        assert_eq!(other.shared().registry.content().unwrap(), want);
+        assert_eq!(
+            (other.shared().replicas(), other.shared().datanodes()),
+            (20, 1)
+        );
     }
 }
