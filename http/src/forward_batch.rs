@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -31,7 +31,6 @@ use tower::ServiceExt;
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::{leader_failed, FORWARDED_BY, RELAYED};
-use crate::state::AppState;
 
 /// The leader's route for batches of forwarded writes.
 pub const PATH_FORWARD_BATCH: &str = "/raft/forward-batch";
@@ -253,8 +252,9 @@ impl Link {
 }
 
 /// The leader's end: runs every write of the batch through `routes` (the admin routes, without
-/// forwarding), all at once, and answers each, in order.
-pub async fn serve(State(state): State<AppState>, body: Bytes) -> Response {
+/// forwarding), all at once, marked as forwarded by node `from` (this one), and answers each,
+/// in order.
+pub async fn serve(routes: Router, from: u64, body: Bytes) -> Response {
     let requests: Vec<WireRequest> = match codec::decode(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -262,8 +262,6 @@ pub async fn serve(State(state): State<AppState>, body: Bytes) -> Response {
                 .into_response()
         }
     };
-    let from = state.node.id();
-    let routes = crate::router::admin_routes().with_state(state);
     let answers = futures::future::join_all(
         requests
             .into_iter()

@@ -65,12 +65,16 @@ pub(crate) fn admin_routes() -> Router<AppState> {
 
 /// The complete router of a node.
 pub fn router(state: AppState) -> Router {
+    // Built once: building the routes per forwarded batch cost ~3% of the leader's CPU.
+    let batch_routes = admin_routes().with_state(state.clone());
+    let from = state.node.id();
     Router::new()
         .merge(v1_routes(&state))
         .merge(raft_routes())
         .route(
             PATH_FORWARD_BATCH,
-            post(forward_batch::serve).layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
+            post(move |body| forward_batch::serve(batch_routes, from, body))
+                .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
