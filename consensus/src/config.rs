@@ -9,6 +9,12 @@ use meta_store::BarrierMode;
 use crate::error::{Error, Result};
 use crate::types::NodeId;
 
+/// Most entries the leader puts in one AppendEntries request. Each entry holds one client
+/// command, so a transport that bounds a command's size bounds a request's size with this
+/// (the HTTP transport checks, at compile time, that such a request fits in one of its
+/// frames). 64 is more than the entries queued behind one request at 64 clients.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 64;
+
 /// How to open a [`MetaNode`](crate::MetaNode).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -124,7 +130,7 @@ impl NodeConfig {
             election_timeout_min: self.election_min_ms,
             election_timeout_max: self.election_max_ms,
             install_snapshot_timeout: self.install_snapshot_timeout.as_millis() as u64,
-            max_payload_entries: 1024,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             max_append_entries: Some(4096),
             api_batch_capacity: 4096,
             api_batch_linger_ms: 0,

@@ -43,7 +43,7 @@ mod types;
 mod view;
 
 pub use command::{Command, CommandResult, ShardReport};
-pub use config::NodeConfig;
+pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};
 pub use log_store::LogStore;
 pub use meta_store::{BarrierMode, WalMetrics};

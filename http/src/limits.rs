@@ -29,5 +29,16 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// bodies, plus one write of at most [`MAX_BODY_BYTES`] and the framing.
 pub const MAX_FORWARD_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
-/// Largest body of a Raft RPC other than a snapshot (which is streamed without a limit).
+/// Largest body of a Raft RPC other than a snapshot (which is streamed without a limit), and
+/// largest frame of a replication stream.
 pub const MAX_RAFT_BODY_BYTES: usize = 256 * 1024 * 1024;
+
+/// Largest encoded log entry: one command from a request body of at most [`MAX_BODY_BYTES`]
+/// (encoded, a command is no larger than its JSON or raw body), its key and the entry's framing.
+pub const MAX_ENTRY_BYTES: usize = MAX_BODY_BYTES + MAX_KEY_BYTES + 1024;
+
+// An AppendEntries request of the most entries openraft puts in one, each as large as an entry
+// can be, fits in one frame: replication never builds a request the follower must refuse.
+const _: () = assert!(
+    meta_consensus::MAX_PAYLOAD_ENTRIES as usize * MAX_ENTRY_BYTES + 4096 <= MAX_RAFT_BODY_BYTES
+);

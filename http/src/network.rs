@@ -240,43 +240,6 @@ impl HttpConnection {
 /// the stream still saves the HTTP exchange per request.
 const APPEND_WINDOW: usize = 1;
 
-/// Largest encoded AppendEntries body sent in one RPC (the receiver accepts up to
-/// [`crate::limits::MAX_RAFT_BODY_BYTES`]); small enough that one RPC's deadline (see
-/// [`rpc_timeout`]) stays within a few seconds.
-pub const APPEND_BODY_BYTES: usize = 8 * 1024 * 1024;
-
-/// How many of the request's entries fit in one RPC body: all of them, or the longest prefix
-/// of at least one entry whose encoding stays within `limit` bytes. `whole` is the length of
-/// the whole request's encoding.
-fn fitting_prefix(
-    rpc: &AppendEntriesRequest<TypeConfig>,
-    whole: usize,
-    limit: usize,
-) -> Result<usize, RPCError<TypeConfig>> {
-    let encode_error = |e: codec::CodecError| RPCError::Network(NetworkError::new(&e));
-    if whole <= limit || rpc.entries.len() <= 1 {
-        return Ok(rpc.entries.len());
-    }
-    // What the request costs besides its entries; each entry encoded alone carries one more
-    // byte (the codec's version) than inside the request, so the estimate errs on the safe side.
-    let entries = rpc.entries.iter().try_fold(0usize, |sum, e| {
-        codec::encode(e)
-            .map(|b| sum + b.len())
-            .map_err(encode_error)
-    })?;
-    let mut total = whole.saturating_sub(entries);
-    let mut keep = 0;
-    for entry in &rpc.entries {
-        let len = codec::encode(entry).map_err(encode_error)?.len();
-        if keep > 0 && total + len > limit {
-            break;
-        }
-        total += len;
-        keep += 1;
-    }
-    Ok(keep)
-}
-
 /// A peer's failure, before it becomes one of openraft's error types.
 enum RemoteFailure {
     Unreachable(String),
@@ -304,35 +267,16 @@ impl RemoteFailure {
 impl RaftNetworkV2<TypeConfig> for HttpConnection {
     type SnapshotData = SnapshotData;
 
-    /// Sends the entries, or, when their encoding exceeds [`APPEND_BODY_BYTES`], the longest
-    /// prefix that fits (at least one entry) and answers openraft `PartialSuccess` for it, so a
-    /// burst of large entries is replicated over several RPCs instead of being refused forever.
+    /// Sends one request to the follower's `/raft/append` and waits for its answer. openraft
+    /// replicates through [`Self::stream_append`] and calls this only from its default
+    /// streaming, which that replaces; it is the plain form of the same RPC.
     async fn append_entries(
         &mut self,
-        mut rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let whole = codec::encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let keep = fitting_prefix(&rpc, whole.len(), APPEND_BODY_BYTES)?;
-        if keep == rpc.entries.len() {
-            return self
-                .send(PATH_APPEND, RPCTypes::AppendEntries, whole, &option)
-                .await;
-        }
-        rpc.entries.truncate(keep);
-        let last = rpc.entries.last().map(|e| e.log_id);
-        tracing::debug!(
-            target_node = self.target,
-            entries = keep,
-            "append too large for one RPC; sending a prefix"
-        );
-        let response: AppendEntriesResponse<TypeConfig> = self
-            .call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
-            .await?;
-        Ok(match response {
-            AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last),
-            other => other,
-        })
+        self.call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
+            .await
     }
 
     /// Streams the session's requests to the follower's `/raft/append-stream` as frames of one
@@ -479,70 +423,5 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             &option,
         )
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use meta_consensus::{Command, Entry};
-    use openraft::entry::EntryPayload;
-
-    fn request(values: &[usize]) -> AppendEntriesRequest<TypeConfig> {
-        let leader = openraft::impls::leader_id_adv::LeaderId {
-            term: 1,
-            node_id: 1,
-        };
-        let entries = values
-            .iter()
-            .enumerate()
-            .map(|(i, len)| Entry {
-                log_id: openraft::LogId::new(leader, i as u64 + 1),
-                payload: EntryPayload::Normal(Command::Put {
-                    key: format!("k{i}"),
-                    value: vec![7; *len],
-                    if_revision: None,
-                }),
-            })
-            .collect();
-        AppendEntriesRequest {
-            vote: Vote::new(1, 1),
-            prev_log_id: None,
-            entries,
-            leader_commit: None,
-        }
-    }
-
-    /// `fitting_prefix` with the whole request's encoded length worked out here.
-    fn prefix(
-        rpc: &AppendEntriesRequest<TypeConfig>,
-        limit: usize,
-    ) -> Result<usize, RPCError<TypeConfig>> {
-        fitting_prefix(rpc, codec::encode(rpc).unwrap().len(), limit)
-    }
-
-    #[test]
-    fn small_appends_go_whole() {
-        let rpc = request(&[100; 10]);
-        assert_eq!(prefix(&rpc, 64 * 1024).unwrap(), 10);
-        assert_eq!(prefix(&request(&[]), 10).unwrap(), 0);
-    }
-
-    #[test]
-    fn large_appends_are_cut_to_a_fitting_prefix() {
-        let rpc = request(&[4000; 10]);
-        let keep = prefix(&rpc, 10_000).unwrap();
-        assert_eq!(keep, 2);
-        let mut prefix = rpc.clone();
-        prefix.entries.truncate(keep);
-        assert!(codec::encode(&prefix).unwrap().len() <= 10_000);
-        prefix.entries = rpc.entries[..keep + 1].to_vec();
-        assert!(codec::encode(&prefix).unwrap().len() > 10_000);
-    }
-
-    #[test]
-    fn one_entry_always_goes() {
-        assert_eq!(prefix(&request(&[50_000, 10]), 10_000).unwrap(), 1);
-        assert_eq!(prefix(&request(&[50_000]), 10_000).unwrap(), 1);
     }
 }
