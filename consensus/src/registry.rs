@@ -227,10 +227,16 @@ const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(10);
 /// `Raft::shutdown` returns. So lock contention here is waited out, for at most
 /// [`LOCK_RELEASE_WAIT`]; any other error is returned at once.
 fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
-    open_db_waiting(dir, cache_bytes, LOCK_RELEASE_WAIT)
+    open_db_waiting(dir, cache_bytes, LOCK_RELEASE_WAIT, || {})
 }
 
-fn open_db_waiting(dir: &Path, cache_bytes: u64, wait: Duration) -> Result<sled::Db> {
+/// [`open_db`] waiting at most `wait`; `on_contention` runs each time the lock was held.
+fn open_db_waiting(
+    dir: &Path,
+    cache_bytes: u64,
+    wait: Duration,
+    mut on_contention: impl FnMut(),
+) -> Result<sled::Db> {
     let deadline = Instant::now() + wait;
     loop {
         let opened = sled::Config::new()
@@ -240,6 +246,7 @@ fn open_db_waiting(dir: &Path, cache_bytes: u64, wait: Duration) -> Result<sled:
             .open();
         match opened {
             Err(e) if is_lock_contention(&e) && Instant::now() < deadline => {
+                on_contention();
                 std::thread::sleep(Duration::from_millis(10));
             }
             other => return other.map_err(|e| Error::registry("open", e)),
@@ -620,7 +627,7 @@ mod tests {
         let held = open_db(dir.path(), 1 << 20).unwrap();
         let err = sled::Config::new().path(dir.path()).open().unwrap_err();
         assert!(is_lock_contention(&err), "{err}");
-        let e = open_db_waiting(dir.path(), 1 << 20, Duration::ZERO).unwrap_err();
+        let e = open_db_waiting(dir.path(), 1 << 20, Duration::ZERO, || {}).unwrap_err();
         assert!(e.to_string().contains("could not acquire lock"), "{e}");
         drop(held);
 
@@ -635,14 +642,18 @@ mod tests {
     fn open_waits_for_a_closing_handle_to_release_the_lock() {
         let dir = tempfile::tempdir().unwrap();
         let held = Registry::open(dir.path(), 1 << 20).unwrap();
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (refused_tx, refused_rx) = std::sync::mpsc::channel();
         let path = dir.path().to_path_buf();
         let opener = std::thread::spawn(move || {
-            started_tx.send(()).unwrap();
-            Registry::open(&path, 1 << 20).map(|_| ())
+            let on_contention = move || {
+                let _ = refused_tx.send(());
+            };
+            open_db_waiting(&path, 1 << 20, Duration::from_secs(60), on_contention).map(|_| ())
         });
-        started_rx.recv().unwrap();
-        // The opener is (almost always) already retrying against the held lock.
+        // Released only once the opener has found the lock held at least once.
+        refused_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the opener meets the held lock");
         drop(held);
         opener.join().unwrap().unwrap();
     }
