@@ -523,6 +523,52 @@ mod tests {
         assert_eq!(reopened(dir.path()), only_first);
     }
 
+    #[test]
+    fn a_large_commit_is_atomic_and_a_stale_redo_record_is_not_redone_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = |generation: u64| Command::RegisterShards {
+            datanode: 1,
+            epoch: 1,
+            // One shard per bucket: far more than the redo record's limit.
+            shards: (0..3000).map(|i| report(i * 64, generation)).collect(),
+        };
+        let first = [
+            Command::RegisterDatanode {
+                id: 1,
+                addr: "a".into(),
+            },
+            // Small: through the redo record.
+            Command::RegisterShards {
+                datanode: 1,
+                epoch: 1,
+                shards: vec![report(0, 1)],
+            },
+        ];
+        let (want, applied) = {
+            let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+            reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+            // Large, and it changes the shard the small commit wrote.
+            let large = writes_of(&reg, 3, &[shards(2)]);
+            let bytes: usize = large
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum();
+            assert!(bytes > 64 * 1024, "{bytes} bytes");
+            reg.current().commit(large).unwrap();
+            assert_eq!(reg.shard(0).unwrap().unwrap().replicas[0].generation, 2);
+            (reg.content().unwrap(), reg.current().applied().unwrap().0)
+        };
+        assert_eq!(applied.map(|l| l.index), Some(3));
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            reg.content().unwrap(),
+            want,
+            "the large commit survives the reopen"
+        );
+        assert_eq!(reg.current().applied().unwrap().0, applied);
+        assert_eq!(reg.current().replica_count().unwrap(), 3000);
+    }
+
     /// The index writes of a batch: (datanode, bucket) -> present after it.
     fn index_writes(w: &Writes) -> Vec<((u64, u64), bool)> {
         w.iter()

@@ -25,6 +25,8 @@ use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, S
 
 /// Name of the default-tree key that names the active generation.
 const ACTIVE: &[u8] = b"active-generation";
+/// Commits larger than this (keys plus values) skip the redo record; see [`Generation::commit`].
+const REDO_MAX_BYTES: usize = 64 * 1024;
 /// Prefix of generation tree names.
 const GENERATION_PREFIX: &str = "reg-";
 /// Largest page a listing returns.
@@ -65,6 +67,11 @@ impl Generation {
     /// which seals and writes sled's log buffer twice per call on sled's IO pool (waking every
     /// pool thread each time): with one small commit per registration that was the largest
     /// single source of context switches on every node.
+    ///
+    /// A commit of more than [`REDO_MAX_BYTES`] goes through `sled::Tree::apply_batch` instead,
+    /// which also writes the last-applied record and deletes the redo record: a large redo
+    /// record would double a large commit's bytes, and sled stores any value over 128 KiB as
+    /// a file of its own. Its fixed cost does not matter for a commit that large.
     pub(crate) fn commit(&self, writes: Writes) -> Result<()> {
         {
             let captures = self.captures.lock();
@@ -73,8 +80,31 @@ impl Generation {
                     .map_err(|e| Error::registry("record pre-images", e))?;
             }
         }
+        let bytes: usize = writes
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        if bytes > REDO_MAX_BYTES {
+            return self.write_batch(writes);
+        }
         self.write_redo(&writes)?;
         write_data(&self.tree, writes)
+    }
+
+    /// Writes `writes`, the last-applied record among them, as one atomic sled batch that also
+    /// deletes the redo record (which would otherwise be redone over them at the next open).
+    fn write_batch(&self, writes: Writes) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        batch.remove(keys::META_REDO);
+        for (k, v) in writes {
+            match v {
+                Some(v) => batch.insert(k, v),
+                None => batch.remove(k),
+            }
+        }
+        self.tree
+            .apply_batch(batch)
+            .map_err(|e| Error::registry("write batch", e))
     }
 
     fn write_redo(&self, writes: &Writes) -> Result<()> {
