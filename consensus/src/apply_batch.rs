@@ -54,6 +54,30 @@ impl ApplyBatch {
         self.datanodes_delta
     }
 
+    /// The value the batch writes to `key`, decoded: `None` if it does not write the key,
+    /// `Some(None)` if it deletes it.
+    pub(crate) fn pending<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &str,
+    ) -> Result<Option<Option<T>>> {
+        match self.pending.get(key) {
+            None => Ok(None),
+            Some(Pending::Raw(v)) => decode_opt(v.as_deref(), what).map(Some),
+            Some(Pending::Replicas(_)) => Err(Error::Raft(format!(
+                "{what}: pending value of another kind"
+            ))),
+        }
+    }
+
+    /// Bucket `b` as the batch writes it, if it does.
+    pub(crate) fn pending_bucket(&self, b: u64) -> Option<ReplicaBucket> {
+        match self.pending.get(&keys::replica_bucket(b)[..]) {
+            Some(Pending::Replicas(bucket)) => Some(bucket.clone()),
+            Some(Pending::Raw(_)) | None => None,
+        }
+    }
+
     /// How many keys the batch writes (besides last-applied).
     pub(crate) fn keys(&self) -> usize {
         self.pending.len()

@@ -469,6 +469,8 @@ impl MetaNode {
         }
     }
 
+    /// Runs `f` on the registry once the read barrier of `c` passed, with every applied entry
+    /// committed to the registry first (listings scan it).
     async fn read<T: Send + 'static>(
         &self,
         c: Consistency,
@@ -483,8 +485,20 @@ impl MetaNode {
         .await
     }
 
+    /// Like [`Self::read`] for `f` that reads single keys through the state machine's deferred
+    /// batch (`SmShared::shard` and its kind): nothing is committed first.
+    async fn read_point<T: Send + 'static>(
+        &self,
+        c: Consistency,
+        f: impl FnOnce(&SmShared) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.read_barrier(c).await?;
+        let sm = self.inner.sm.clone();
+        blocking(move || f(&sm)).await
+    }
+
     pub async fn datanode(&self, c: Consistency, id: u64) -> Result<Option<DatanodeInfo>> {
-        self.read(c, move |sm| sm.registry.datanode(id)).await
+        self.read_point(c, move |sm| sm.datanode(id)).await
     }
 
     pub async fn datanodes(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
@@ -493,7 +507,7 @@ impl MetaNode {
 
     /// A shard's replica set; `None` if no datanode holds it.
     pub async fn shard(&self, c: Consistency, id: u64) -> Result<Option<ShardInfo>> {
-        self.read(c, move |sm| sm.registry.shard(id)).await
+        self.read_point(c, move |sm| sm.shard(id)).await
     }
 
     /// All replicas by (shard, datanode); `after` is the previous page's `next` cursor. At most
@@ -528,7 +542,7 @@ impl MetaNode {
     pub async fn kv_get(&self, c: Consistency, key: &str) -> Result<Option<KvEntry>> {
         check_key(key)?;
         let key = key.to_string();
-        self.read(c, move |sm| sm.registry.kv_get(&key)).await
+        self.read_point(c, move |sm| sm.kv_get(&key)).await
     }
 
     /// Keys starting with `prefix` in byte order, paginated like [`MetaNode::shards`].

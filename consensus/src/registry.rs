@@ -435,7 +435,15 @@ impl Registry {
 
     pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
         let g = self.current();
-        let replicas: Vec<ReplicaInfo> = Self::replica_bucket(&g, keys::bucket_of(id))?
+        Ok(Self::shard_in(
+            id,
+            Self::replica_bucket(&g, keys::bucket_of(id))?,
+        ))
+    }
+
+    /// Shard `id` as `bucket` (its bucket) holds it.
+    pub(crate) fn shard_in(id: u64, bucket: ReplicaBucket) -> Option<ShardInfo> {
+        let replicas: Vec<ReplicaInfo> = bucket
             .into_iter()
             .filter(|e| e.shard == id)
             .map(|e| ReplicaInfo {
@@ -445,7 +453,7 @@ impl Registry {
                 epoch: e.replica.epoch,
             })
             .collect();
-        Ok((!replicas.is_empty()).then_some(ShardInfo { id, replicas }))
+        (!replicas.is_empty()).then_some(ShardInfo { id, replicas })
     }
 
     /// All replicas ordered by (shard, datanode), after the cursor.
@@ -548,11 +556,8 @@ impl Registry {
 
     pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>> {
         let g = self.current();
-        Ok(g.get::<KvRecord>(&keys::kv(key), "kv")?.map(|r| KvEntry {
-            key: key.to_string(),
-            value: r.value,
-            revision: r.revision,
-        }))
+        Ok(g.get::<KvRecord>(&keys::kv(key), "kv")?
+            .map(|r| kv_entry(key, r)))
     }
 
     /// Keys starting with `prefix`, in byte order, after the cursor.
@@ -616,13 +621,21 @@ impl Registry {
     }
 }
 
-fn datanode_info(id: u64, r: DatanodeRecord) -> DatanodeInfo {
+pub(crate) fn datanode_info(id: u64, r: DatanodeRecord) -> DatanodeInfo {
     DatanodeInfo {
         id,
         addr: r.addr,
         epoch: r.epoch,
         registered_index: r.registered_index,
         shards: r.shards,
+    }
+}
+
+pub(crate) fn kv_entry(key: &str, r: KvRecord) -> KvEntry {
+    KvEntry {
+        key: key.to_string(),
+        value: r.value,
+        revision: r.revision,
     }
 }
 

@@ -36,13 +36,15 @@ use crate::apply_batch::ApplyBatch;
 use crate::codec;
 use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
-use crate::registry::{Generation, Registry};
+use crate::keys;
+use crate::records::{DatanodeRecord, KvRecord};
+use crate::registry::{datanode_info, kv_entry, Generation, Registry};
 use crate::sm_stats::SmStats;
 use crate::snapshot_builder::SnapshotBuilder;
 use crate::snapshot_data::{read_meta, snapshot_name, SnapshotData};
 use crate::snapshot_format;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
-use crate::view::SnapshotInfo;
+use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
 
 /// Apply calls with more work than this (in records touched) run on a blocking thread, and so
 /// does any call that commits the deferred batch.
@@ -227,6 +229,52 @@ impl SmShared {
             failed.store(true, Ordering::Release);
         }
         committed
+    }
+
+    /// Shard `id` as applied, from the deferred batch if it changed the shard's bucket, else
+    /// from the registry: a point read need not commit the batch. Blocking (sled).
+    pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
+        self.check_failed()?;
+        let b = keys::bucket_of(id);
+        // Held while reading the batch, so no commit is half done: a key the batch does not
+        // write is as applied in the registry (or newer, if a commit follows).
+        let pending = self
+            .deferred
+            .lock()
+            .as_ref()
+            .and_then(|d| d.batch.pending_bucket(b));
+        match pending {
+            Some(bucket) => Ok(Registry::shard_in(id, bucket)),
+            None => self.registry.shard(id),
+        }
+    }
+
+    /// Datanode `id` as applied; a point read like [`Self::shard`].
+    pub(crate) fn datanode(&self, id: u64) -> Result<Option<DatanodeInfo>> {
+        self.check_failed()?;
+        let pending = match self.deferred.lock().as_ref() {
+            Some(d) => d
+                .batch
+                .pending::<DatanodeRecord>(&keys::datanode(id), "datanode")?,
+            None => None,
+        };
+        match pending {
+            Some(r) => Ok(r.map(|r| datanode_info(id, r))),
+            None => self.registry.datanode(id),
+        }
+    }
+
+    /// Key `key` as applied; a point read like [`Self::shard`].
+    pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>> {
+        self.check_failed()?;
+        let pending = match self.deferred.lock().as_ref() {
+            Some(d) => d.batch.pending::<KvRecord>(&keys::kv(key), "kv")?,
+            None => None,
+        };
+        match pending {
+            Some(r) => Ok(r.map(|r| kv_entry(key, r))),
+            None => self.registry.kv_get(key),
+        }
     }
 
     /// Whether applying now would commit the deferred batch.
@@ -559,8 +607,13 @@ mod tests {
         assert_eq!(results.iter().filter(|r| accepted(r)).count(), 20);
         assert_eq!((shared.replicas(), shared.datanodes()), (20, 1));
         assert_eq!(shared.applied().0.map(|l| l.index), Some(22));
-        // Nothing reached sled yet.
+        // Nothing reached sled yet, and point reads see it all.
         assert!(shared.registry.content().unwrap().is_empty());
+        assert_eq!(shared.shard(19).unwrap().unwrap().replicas.len(), 1);
+        assert!(shared.shard(20).unwrap().is_none());
+        assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 20);
+        assert_eq!(shared.kv_get("k").unwrap().unwrap().value, b"v");
+        assert!(shared.kv_get("other").unwrap().is_none());
         shared.commit_deferred().unwrap();
         let content = shared.registry.content().unwrap();
         assert_eq!(
@@ -568,13 +621,37 @@ mod tests {
             1
         );
         assert!(shared.registry.kv_get("k").unwrap().is_some());
+        // A deferred removal hides what the registry still holds.
+        let gone = [
+            entry(
+                23,
+                Command::DeregisterShards {
+                    datanode: 7,
+                    shards: vec![19],
+                },
+            ),
+            entry(
+                24,
+                Command::Delete {
+                    key: "k".into(),
+                    if_revision: None,
+                },
+            ),
+        ];
+        shared.apply_entries(&gone).unwrap();
+        assert!(shared.registry.shard(19).unwrap().is_some());
+        assert!(shared.shard(19).unwrap().is_none());
+        assert!(shared.kv_get("k").unwrap().is_none());
+        assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 19);
+        shared.commit_deferred().unwrap();
+        let content = shared.registry.content().unwrap();
         // Reopened, the registry holds the same state at the same last-applied.
         drop(shared);
         drop(sm);
         let sm = open(dir.path());
         assert_eq!(sm.shared().registry.content().unwrap(), content);
-        assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(22));
-        assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (20, 1));
+        assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(24));
+        assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
