@@ -615,7 +615,6 @@ mod tests {
         assert_eq!(shared.kv_get("k").unwrap().unwrap().value, b"v");
         assert!(shared.kv_get("other").unwrap().is_none());
         shared.commit_deferred().unwrap();
-        let content = shared.registry.content().unwrap();
         assert_eq!(
             shared.registry.shard(19).unwrap().unwrap().replicas.len(),
             1
