@@ -6,9 +6,10 @@
 //!   *deferred batch*: applied writes held in memory and committed to sled together (ONE
 //!   atomic commit with their last log id and the newest membership) once the batch is
 //!   [`DEFER_MAX_AGE`] old or holds [`DEFER_MAX_KEYS`] keys, at a membership change, and before
-//!   any read of the registry, snapshot or shutdown. So a shard registered again and again
-//!   costs one bucket write per batch, not one per registration. Nothing is flushed on this
-//!   path: sled flushes in the background, and after a crash openraft re-applies from the
+//!   any listing of the registry, snapshot or shutdown (point reads read through it; an
+//!   apply call with much work commits the batch and then itself, at once). So a shard
+//!   registered again and again costs one bucket write per batch, not one per registration.
+//!   Nothing is flushed on this path: sled flushes in the background, and after a crash openraft re-applies from the
 //!   stored last-applied up to the committed id recorded in the log (which holds every entry
 //!   after the newest snapshot, and a snapshot commits the deferred batch first). Entries at or
 //!   below the stored last-applied are skipped, so re-applying is idempotent.
@@ -287,12 +288,38 @@ impl SmShared {
     }
 
     /// Applies `entries` into the deferred batch, committing it when due; returns one result
-    /// per entry. Blocking (sled).
-    fn apply_entries(&self, entries: &[Entry]) -> Result<Vec<CommandResult>> {
+    /// per entry. A `heavy` call (much work, as in a registration storm) instead commits the
+    /// deferred batch and then executes and commits on its own, without holding the batch's
+    /// lock: point reads meanwhile read the registry (each key old or new) instead of waiting
+    /// for the whole execution. Blocking (sled).
+    fn apply_entries(&self, entries: &[Entry], heavy: bool) -> Result<Vec<CommandResult>> {
         let started = Instant::now();
         let mut deferred = self.deferred.lock();
         self.check_failed()?;
         let (applied, _) = self.applied();
+        if heavy {
+            Self::commit_taken(&self.failed, deferred.take())?;
+            drop(deferred);
+            let generation = self.registry.current();
+            let mut batch = ApplyBatch::new(generation.tree.clone(), self.replicas());
+            let (results, last, membership) = self
+                .execute(&mut batch, applied, entries)
+                .inspect_err(|_| self.failed.store(true, Ordering::Release))?;
+            let Some(last) = last else {
+                return Ok(results);
+            };
+            batch.set_applied(&last);
+            let (replicas, added) = (batch.replicas(), batch.datanodes_delta());
+            let deferred = Deferred {
+                generation,
+                batch,
+                since: started,
+            };
+            Self::commit_taken(&self.failed, Some(deferred))?;
+            self.publish(last, membership, replicas, added);
+            self.stats.applied(entries.len(), started.elapsed());
+            return Ok(results);
+        }
         let d = match deferred.as_mut() {
             Some(d) => d,
             None => {
@@ -321,10 +348,23 @@ impl SmShared {
         };
         d.batch.set_applied(&last);
         let replicas = d.batch.replicas();
-        let datanodes_added = d.batch.datanodes_delta() - datanodes_before;
+        let added = d.batch.datanodes_delta() - datanodes_before;
         if membership.is_some() || d.due(started, self.defer_max_age) {
             Self::commit_taken(&self.failed, deferred.take())?;
         }
+        self.publish(last, membership, replicas, added);
+        self.stats.applied(entries.len(), started.elapsed());
+        Ok(results)
+    }
+
+    /// Makes an apply's outcome the state machine's: last-applied, membership and counters.
+    fn publish(
+        &self,
+        last: LogId,
+        membership: Option<StoredMembership>,
+        replicas: u64,
+        datanodes_added: i64,
+    ) {
         {
             let mut a = self.applied.lock();
             a.0 = Some(last);
@@ -335,8 +375,6 @@ impl SmShared {
         self.replicas.store(replicas, Ordering::Relaxed);
         let datanodes = self.datanodes().saturating_add_signed(datanodes_added);
         self.datanodes.store(datanodes, Ordering::Relaxed);
-        self.stats.applied(entries.len(), started.elapsed());
-        Ok(results)
     }
 
     /// Executes the entries after `applied` into `batch`; returns one result per entry, the
@@ -463,11 +501,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let (entries, responders): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let work: usize = entries.iter().map(weight).sum();
-        let results = if work <= INLINE_APPLY_OPS && !self.shared.commit_due() {
-            self.shared.apply_entries(&entries).map_err(to_io)?
+        let heavy = work > INLINE_APPLY_OPS;
+        let results = if !heavy && !self.shared.commit_due() {
+            self.shared.apply_entries(&entries, false).map_err(to_io)?
         } else {
             let shared = self.shared.clone();
-            blocking(move || shared.apply_entries(&entries)).await?
+            blocking(move || shared.apply_entries(&entries, heavy)).await?
         };
         for (responder, result) in responders.into_iter().zip(results) {
             if let Some(r) = responder {
@@ -599,7 +638,7 @@ mod tests {
         let shared = sm.shared();
         let mut results = Vec::new();
         for e in workload() {
-            results.extend(shared.apply_entries(&[e]).unwrap());
+            results.extend(shared.apply_entries(&[e], false).unwrap());
         }
         // Every entry was answered from the batch (each shard was new), and the counters moved.
         let accepted =
@@ -637,7 +676,7 @@ mod tests {
                 },
             ),
         ];
-        shared.apply_entries(&gone).unwrap();
+        shared.apply_entries(&gone, false).unwrap();
         assert!(shared.registry.shard(19).unwrap().is_some());
         assert!(shared.shard(19).unwrap().is_none());
         assert!(shared.kv_get("k").unwrap().is_none());
@@ -653,12 +692,47 @@ mod tests {
         assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
     }
 
+    #[test]
+    fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = open(dir.path());
+        let shared = sm.shared();
+        let entries = workload();
+        for e in &entries[..5] {
+            shared
+                .apply_entries(std::slice::from_ref(e), false)
+                .unwrap();
+        }
+        assert!(shared.registry.content().unwrap().is_empty());
+        let heavy = entry(
+            23,
+            Command::RegisterShards {
+                datanode: 7,
+                epoch: 1,
+                shards: (1000..1100)
+                    .map(|id| ShardReport {
+                        id,
+                        generation: 1,
+                        size: 1,
+                    })
+                    .collect(),
+            },
+        );
+        shared.apply_entries(&[heavy], true).unwrap();
+        // Both are in the registry without a reader committing anything.
+        assert!(shared.deferred.lock().is_none());
+        assert!(shared.registry.shard(3).unwrap().is_some());
+        assert!(shared.registry.shard(1099).unwrap().is_some());
+        assert_eq!(shared.registry.current().replica_count().unwrap(), 104);
+        assert_eq!(shared.applied().0.map(|l| l.index), Some(23));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open(a.path());
         for e in workload() {
-            sm.shared().apply_entries(&[e]).unwrap();
+            sm.shared().apply_entries(&[e], false).unwrap();
         }
         let snapshot = sm
             .get_snapshot_builder()
