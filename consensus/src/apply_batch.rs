@@ -577,7 +577,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
                 .sum();
-            assert!(bytes > 64 * 1024, "{bytes} bytes");
+            assert!(bytes > 96 * 1024, "{bytes} bytes");
             reg.current().commit(large).unwrap();
             assert_eq!(reg.shard(0).unwrap().unwrap().replicas[0].generation, 2);
             (reg.content().unwrap(), reg.current().applied().unwrap().0)

@@ -26,7 +26,9 @@ use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, S
 /// Name of the default-tree key that names the active generation.
 const ACTIVE: &[u8] = b"active-generation";
 /// Commits larger than this (keys plus values) skip the redo record; see [`Generation::commit`].
-const REDO_MAX_BYTES: usize = 64 * 1024;
+/// The record of a commit this large stays below sled's 128 KiB limit for values kept in its
+/// log (its segment size over four) rather than in files of their own.
+const REDO_MAX_BYTES: usize = 96 * 1024;
 /// Prefix of generation tree names.
 const GENERATION_PREFIX: &str = "reg-";
 /// Largest page a listing returns.
