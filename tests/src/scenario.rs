@@ -3,20 +3,30 @@
 //! node's last output).
 
 use crate::cluster::{Cluster, ClusterConfig};
-use crate::note::note;
+use crate::note::{note, print_kept};
 use crate::seed::test_seed;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Runs `body` for at most `limit`; panics with the error (or the timeout).
+/// A scenario that passes after this long still prints its progress (see [`within`]).
+const SLOW: Duration = Duration::from_secs(30);
+
+/// Runs `body` for at most `limit`; panics with the error (or the timeout). A pass that took
+/// longer than [`SLOW`] prints the progress lines, so a slow run can be read afterwards.
 ///
 /// Call it while the [`crate::Cluster`] is still in scope, so its drop sees the panic.
 pub async fn within<F>(name: &str, limit: Duration, body: F)
 where
     F: Future<Output = anyhow::Result<()>>,
 {
+    let started = Instant::now();
     match tokio::time::timeout(limit, body).await {
-        Ok(Ok(())) => note(format!("[{name}] passed")),
+        Ok(Ok(())) => {
+            note(format!("[{name}] passed"));
+            if started.elapsed() > SLOW {
+                print_kept(&format!("[{name}] passed but took {:?}", started.elapsed()));
+            }
+        }
         Ok(Err(err)) => panic!("[{name}] failed: {err:#}"),
         Err(_) => panic!("[{name}] did not finish within {limit:?}"),
     }
