@@ -1,8 +1,10 @@
 //! Locating the `metaserver` binary, built once per test process with the same profile as the tests.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Overrides the binary that the tests start (skips the build).
 pub const BINARY_ENV: &str = "META_TEST_METASERVER_BIN";
@@ -68,7 +70,15 @@ fn locate_and_build() -> anyhow::Result<PathBuf> {
         }
     }
     // Output is shown only when the build fails, so other packages' warnings stay out of the tests.
+    let started = Instant::now();
     let output = build.output()?;
+    // Past the harness's capture: a build from scratch takes a minute or more, and without this
+    // line the first scenario of a run looks that slow.
+    let _ = writeln!(
+        std::io::stderr(),
+        "meta-tests: `cargo build -p metaserver` ({profile}) took {:.1?} before the first scenario",
+        started.elapsed()
+    );
     anyhow::ensure!(
         output.status.success(),
         "cargo build -p metaserver failed ({}):\n{}",
