@@ -172,6 +172,8 @@ fn weight(e: &Entry) -> usize {
         EntryPayload::Normal(Command::RegisterShards { shards, .. }) => shards.len() * 2 + 1,
         EntryPayload::Normal(Command::DeregisterShards { shards, .. }) => shards.len() * 2 + 1,
         EntryPayload::Normal(Command::RemoveDatanode { .. }) => INLINE_APPLY_OPS,
+        // Commits the deferred batch at once, however large: not on the async runtime.
+        EntryPayload::Membership(_) => INLINE_APPLY_OPS + 1,
         _ => 1,
     }
 }
