@@ -18,8 +18,8 @@ use crate::records::{
 };
 use crate::types::{LogId, StoredMembership};
 
-/// A pending write: encoded bytes, or a decoded replica bucket kept decoded until the end of
-/// the call so that many changes to one bucket cost one decode and one encode.
+/// A pending write: encoded bytes, or a decoded replica bucket kept decoded until the batch
+/// is committed, so that many changes to one bucket cost one decode and one encode.
 enum Pending {
     Raw(Option<Vec<u8>>),
     Replicas(ReplicaBucket),

@@ -476,11 +476,9 @@ impl MetaNode {
         c: Consistency,
         f: impl FnOnce(&SmShared) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.read_barrier(c).await?;
-        let sm = self.inner.sm.clone();
-        blocking(move || {
+        self.read_point(c, move |sm| {
             sm.commit_deferred()?;
-            f(&sm)
+            f(sm)
         })
         .await
     }

@@ -9,10 +9,11 @@
 //!   any listing of the registry, snapshot or shutdown (point reads read through it; an
 //!   apply call with much work commits the batch and then itself, at once). So a shard
 //!   registered again and again costs one bucket write per batch, not one per registration.
-//!   Nothing is flushed on this path: sled flushes in the background, and after a crash openraft re-applies from the
-//!   stored last-applied up to the committed id recorded in the log (which holds every entry
-//!   after the newest snapshot, and a snapshot commits the deferred batch first). Entries at or
-//!   below the stored last-applied are skipped, so re-applying is idempotent.
+//!   Nothing is flushed on this path: sled flushes in the background, and after a crash
+//!   openraft re-applies from the stored last-applied up to the committed id recorded in the
+//!   log (which holds every entry after the newest snapshot, and a snapshot commits the
+//!   deferred batch first). Entries at or below the stored last-applied are skipped, so
+//!   re-applying is idempotent.
 //! - A snapshot builder is created in O(1) (a capture starts; `apply` continues at once); the
 //!   export runs on a blocking thread, paced by the node's rate limiter, and is durable (temp
 //!   file, fsync, rename) when `build_snapshot` returns.
@@ -234,50 +235,59 @@ impl SmShared {
         committed
     }
 
-    /// Shard `id` as applied, from the deferred batch if it changed the shard's bucket, else
-    /// from the registry: a point read need not commit the batch. Blocking (sled).
+    /// One key as applied, without committing the deferred batch: `from_batch` answers when
+    /// the batch writes the key (`Some`), else `from_registry`. The batch's lock is held while
+    /// `from_batch` runs, so no commit is half done: a key the batch does not write is as
+    /// applied in the registry (or newer, if a commit follows). Blocking (sled).
+    fn read_through<T>(
+        &self,
+        from_batch: impl FnOnce(&ApplyBatch) -> Result<Option<T>>,
+        from_registry: impl FnOnce(&Registry) -> Result<T>,
+    ) -> Result<T> {
+        self.check_failed()?;
+        let pending = match self.deferred.lock().as_ref() {
+            Some(d) => from_batch(&d.batch)?,
+            None => None,
+        };
+        match pending {
+            Some(v) => Ok(v),
+            None => from_registry(&self.registry),
+        }
+    }
+
+    /// Shard `id` as applied (see [`Self::read_through`]).
     pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
-        self.check_failed()?;
         let b = keys::bucket_of(id);
-        // Held while reading the batch, so no commit is half done: a key the batch does not
-        // write is as applied in the registry (or newer, if a commit follows).
-        let pending = self
-            .deferred
-            .lock()
-            .as_ref()
-            .and_then(|d| d.batch.pending_bucket(b));
-        match pending {
-            Some(bucket) => Ok(Registry::shard_in(id, bucket)),
-            None => self.registry.shard(id),
-        }
+        self.read_through(
+            |batch| {
+                Ok(batch
+                    .pending_bucket(b)
+                    .map(|bucket| Registry::shard_in(id, bucket)))
+            },
+            |registry| registry.shard(id),
+        )
     }
 
-    /// Datanode `id` as applied; a point read like [`Self::shard`].
+    /// Datanode `id` as applied (see [`Self::read_through`]).
     pub(crate) fn datanode(&self, id: u64) -> Result<Option<DatanodeInfo>> {
-        self.check_failed()?;
-        let pending = match self.deferred.lock().as_ref() {
-            Some(d) => d
-                .batch
-                .pending::<DatanodeRecord>(&keys::datanode(id), "datanode")?,
-            None => None,
-        };
-        match pending {
-            Some(r) => Ok(r.map(|r| datanode_info(id, r))),
-            None => self.registry.datanode(id),
-        }
+        self.read_through(
+            |batch| {
+                let pending = batch.pending::<DatanodeRecord>(&keys::datanode(id), "datanode")?;
+                Ok(pending.map(|r| r.map(|r| datanode_info(id, r))))
+            },
+            |registry| registry.datanode(id),
+        )
     }
 
-    /// Key `key` as applied; a point read like [`Self::shard`].
+    /// Key `key` as applied (see [`Self::read_through`]).
     pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>> {
-        self.check_failed()?;
-        let pending = match self.deferred.lock().as_ref() {
-            Some(d) => d.batch.pending::<KvRecord>(&keys::kv(key), "kv")?,
-            None => None,
-        };
-        match pending {
-            Some(r) => Ok(r.map(|r| kv_entry(key, r))),
-            None => self.registry.kv_get(key),
-        }
+        self.read_through(
+            |batch| {
+                let pending = batch.pending::<KvRecord>(&keys::kv(key), "kv")?;
+                Ok(pending.map(|r| r.map(|r| kv_entry(key, r))))
+            },
+            |registry| registry.kv_get(key),
+        )
     }
 
     /// Whether applying now would commit the deferred batch.
