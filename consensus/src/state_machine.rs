@@ -48,9 +48,12 @@ use crate::snapshot_format;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
 
-/// Apply calls with more work than this (in records touched) run on a blocking thread, and so
-/// does any call that commits the deferred batch.
-const INLINE_APPLY_OPS: usize = 64;
+/// An entry touching more records than this is heavy: its apply call commits the deferred batch
+/// and then itself at once, on a blocking thread (a storm's 1,000-shard registrations).
+const HEAVY_ENTRY_OPS: usize = 64;
+/// An apply call of light entries touching more records than this in total runs on a blocking
+/// thread (but still joins the deferred batch), and so does any call that commits the batch.
+const INLINE_APPLY_OPS: usize = 1024;
 /// The deferred batch is committed once it is this old (checked when entries are applied)...
 pub(crate) const DEFER_MAX_AGE: Duration = Duration::from_millis(100);
 /// ...or once it writes this many keys.
@@ -172,11 +175,24 @@ fn weight(e: &Entry) -> usize {
     match &e.payload {
         EntryPayload::Normal(Command::RegisterShards { shards, .. }) => shards.len() * 2 + 1,
         EntryPayload::Normal(Command::DeregisterShards { shards, .. }) => shards.len() * 2 + 1,
-        EntryPayload::Normal(Command::RemoveDatanode { .. }) => INLINE_APPLY_OPS,
+        EntryPayload::Normal(Command::RemoveDatanode { .. }) => HEAVY_ENTRY_OPS,
         // Commits the deferred batch at once, however large: not on the async runtime.
-        EntryPayload::Membership(_) => INLINE_APPLY_OPS + 1,
+        EntryPayload::Membership(_) => HEAVY_ENTRY_OPS + 1,
         _ => 1,
     }
+}
+
+/// Whether an apply call commits at once instead of joining the deferred batch: when one of its
+/// entries is heavy. Decided per entry: many light entries in one call (the registrations of 64
+/// clients, applied together) still join the batch; counted together they would commit on
+/// every call.
+fn is_heavy(entries: &[Entry]) -> bool {
+    entries.iter().any(|e| weight(e) > HEAVY_ENTRY_OPS)
+}
+
+/// Records an apply call touches.
+fn work(entries: &[Entry]) -> usize {
+    entries.iter().map(weight).sum()
 }
 
 impl SmShared {
@@ -512,9 +528,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let (entries, responders): (Vec<_>, Vec<_>) = items.into_iter().unzip();
-        let work: usize = entries.iter().map(weight).sum();
-        let heavy = work > INLINE_APPLY_OPS;
-        let results = if !heavy && !self.shared.commit_due() {
+        let heavy = is_heavy(&entries);
+        let results = if !heavy && work(&entries) <= INLINE_APPLY_OPS && !self.shared.commit_due() {
             self.shared.apply_entries(&entries, false).map_err(to_io)?
         } else {
             let shared = self.shared.clone();
@@ -702,6 +717,47 @@ mod tests {
         assert_eq!(sm.shared().registry.content().unwrap(), content);
         assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(24));
         assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
+    }
+
+    #[test]
+    fn heavy_is_decided_per_entry() {
+        let single = |index: u64| {
+            entry(
+                index,
+                Command::RegisterShards {
+                    datanode: 7,
+                    epoch: 1,
+                    shards: vec![ShardReport {
+                        id: index,
+                        generation: 1,
+                        size: 1,
+                    }],
+                },
+            )
+        };
+        // Sixty single-shard registrations in one call are light, however much they touch
+        // together; one entry of a hundred shards is heavy, alone or among light ones.
+        let light: Vec<Entry> = (1..=60).map(single).collect();
+        assert!(work(&light) > HEAVY_ENTRY_OPS);
+        assert!(!is_heavy(&light));
+        let big = entry(
+            61,
+            Command::RegisterShards {
+                datanode: 7,
+                epoch: 1,
+                shards: (1000..1100)
+                    .map(|id| ShardReport {
+                        id,
+                        generation: 1,
+                        size: 1,
+                    })
+                    .collect(),
+            },
+        );
+        assert!(is_heavy(std::slice::from_ref(&big)));
+        let mut mixed = light.clone();
+        mixed.push(big);
+        assert!(is_heavy(&mixed));
     }
 
     #[test]
