@@ -148,6 +148,12 @@ async fn pull_requests<S>(
         let Some(rpc) = rpc else {
             break;
         };
+        // An entry-less request (openraft telling followers the new commit index) lets the
+        // tasks woken with it run first: at one client they apply the entry and answer the
+        // client, whose answer otherwise waits behind this send (measured +3-15% at one client).
+        if rpc.entries.is_empty() {
+            tokio::task::yield_now().await;
+        }
         let frame = encode_frame(&rpc).map_err(std::io::Error::other);
         let encoded = frame.is_ok();
         if let Ok(f) = &frame {
