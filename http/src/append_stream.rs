@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use meta_consensus::{codec, TypeConfig};
+use meta_consensus::{codec, LogId, TypeConfig};
 use openraft::errors::{NetworkError, RPCError, Unreachable};
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use tokio::sync::Notify;
@@ -27,33 +27,57 @@ use tokio::time::Instant;
 use crate::frame::encode_frame;
 use crate::raft_routes::RemoteResult;
 
-/// Requests sent on one exchange and not yet answered: when each was sent and its size.
+/// How long an entry-less request waits for a request at the same position to stand in for it.
+/// Followers learn a commit index at most this much later; at one client the next entry comes
+/// well within it, and half of the replication messages go.
+const HOLD_ENTRYLESS: Duration = Duration::from_millis(2);
+
+/// Requests sent on one exchange and not yet answered: when each was sent, its size, and the
+/// position of an entry-less request it stands in for (see [`requests`]).
 ///
 /// The answers stream marks it abandoned when it is dropped (openraft ended the session, or an
 /// error ended the stream): the request body then ends too, instead of waiting for answers
 /// or entries that nobody will read.
 #[derive(Debug, Default)]
 pub struct Outstanding {
-    sent: Mutex<VecDeque<(Instant, usize)>>,
+    sent: Mutex<VecDeque<Sent>>,
     pushed: Notify,
     answered: Notify,
     abandoned: AtomicBool,
     gone: Notify,
 }
 
+/// One frame sent and not yet answered.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: Instant,
+    bytes: usize,
+    /// Set when the frame also answers for an entry-less request that was never sent: that
+    /// request's `prev_log_id`, which the frame's request shares.
+    stands_in_for: Option<Option<LogId>>,
+}
+
 impl Outstanding {
-    fn queue(&self) -> MutexGuard<'_, VecDeque<(Instant, usize)>> {
+    fn queue(&self) -> MutexGuard<'_, VecDeque<Sent>> {
         self.sent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records a request of `bytes` leaving now.
     pub fn push(&self, bytes: usize) {
-        self.queue().push_back((Instant::now(), bytes));
+        self.push_sent(bytes, None);
+    }
+
+    fn push_sent(&self, bytes: usize, stands_in_for: Option<Option<LogId>>) {
+        self.queue().push_back(Sent {
+            at: Instant::now(),
+            bytes,
+            stands_in_for,
+        });
         self.pushed.notify_one();
     }
 
-    fn pop(&self) -> bool {
-        let popped = self.queue().pop_front().is_some();
+    fn pop(&self) -> Option<Sent> {
+        let popped = self.queue().pop_front();
         self.answered.notify_one();
         popped
     }
@@ -94,7 +118,7 @@ impl Outstanding {
     }
 
     fn oldest(&self) -> Option<(Instant, usize)> {
-        self.queue().front().copied()
+        self.queue().front().map(|s| (s.at, s.bytes))
     }
 
     fn len(&self) -> usize {
@@ -132,7 +156,10 @@ async fn pull_requests<S>(
 ) where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
 {
-    loop {
+    // A request pulled while an entry-less one was held, that could not stand in for it.
+    let mut carried: Option<AppendEntriesRequest<TypeConfig>> = None;
+    let mut ended = false;
+    while !ended || carried.is_some() {
         let open = tokio::select! {
             open = sent.below(window) => open,
             _ = tx.closed() => false,
@@ -140,24 +167,39 @@ async fn pull_requests<S>(
         if !open {
             break;
         }
-        let rpc = tokio::select! {
-            rpc = input.next() => rpc,
-            _ = sent.abandoned() => None,
-            _ = tx.closed() => None,
+        let rpc = match carried.take() {
+            Some(rpc) => rpc,
+            None => match next_request(&mut input, &sent, &tx).await {
+                Some(rpc) => rpc,
+                None => break,
+            },
         };
-        let Some(rpc) = rpc else {
-            break;
-        };
-        // An entry-less request (openraft telling followers the new commit index) lets the
-        // tasks woken with it run first: at one client they apply the entry and answer the
-        // client, whose answer otherwise waits behind this send (measured +3-15% at one client).
-        if rpc.entries.is_empty() {
+        let (rpc, stands_in_for) = if rpc.entries.is_empty() {
+            // An entry-less request (openraft telling the follower a new commit index) lets
+            // the tasks woken with it run first: at one client they apply the entry and answer
+            // the client, whose answer otherwise waits behind this send.
             tokio::task::yield_now().await;
-        }
+            // Then it waits a little for the next request: one at the same position carries
+            // the same or a newer commit index, and its answer answers for both.
+            match tokio::time::timeout(HOLD_ENTRYLESS, next_request(&mut input, &sent, &tx)).await {
+                Ok(Some(next)) if can_stand_in(&next, &rpc) => (next, Some(rpc.prev_log_id)),
+                Ok(Some(next)) => {
+                    carried = Some(next);
+                    (rpc, None)
+                }
+                Ok(None) => {
+                    ended = true;
+                    (rpc, None)
+                }
+                Err(_) => (rpc, None),
+            }
+        } else {
+            (rpc, None)
+        };
         let frame = encode_frame(&rpc).map_err(std::io::Error::other);
         let encoded = frame.is_ok();
         if let Ok(f) = &frame {
-            sent.push(f.len());
+            sent.push_sent(f.len(), stands_in_for);
         }
         let queued = tokio::select! {
             queued = tx.send(frame) => queued.is_ok(),
@@ -170,6 +212,49 @@ async fn pull_requests<S>(
     // openraft's stream first: that releases its lock before the body ends.
     drop(input);
     drop(tx);
+}
+
+/// The next request from openraft; `None` once its requests end, the answers are abandoned or
+/// the body is dropped.
+async fn next_request<S>(
+    input: &mut S,
+    sent: &Outstanding,
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) -> Option<AppendEntriesRequest<TypeConfig>>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    tokio::select! {
+        rpc = input.next() => rpc,
+        _ = sent.abandoned() => None,
+        _ = tx.closed() => None,
+    }
+}
+
+/// Whether `next` may go in place of the entry-less `held`, its answer answering for both: it
+/// starts at the same position under the same vote, so a follower accepts or refuses both
+/// alike. openraft builds requests in order, so its commit index is not older.
+fn can_stand_in(
+    next: &AppendEntriesRequest<TypeConfig>,
+    held: &AppendEntriesRequest<TypeConfig>,
+) -> bool {
+    held.entries.is_empty()
+        && next.prev_log_id == held.prev_log_id
+        && next.vote == held.vote
+        && next.leader_commit >= held.leader_commit
+}
+
+/// The answer to an entry-less request at `prev` that was never sent, derived from the answer
+/// to the request that stood in for it: success means the follower's log matched at `prev`;
+/// a refusal (conflict at `prev`, higher vote) is the same refusal.
+fn answer_for_held(
+    prev: Option<LogId>,
+    answer: &StreamAppendResult<TypeConfig>,
+) -> StreamAppendResult<TypeConfig> {
+    match answer {
+        Ok(_) => Ok(prev),
+        Err(e) => Err(e.clone()),
+    }
 }
 
 /// How the answers of one exchange are judged.
@@ -196,6 +281,9 @@ struct State {
     outstanding: Arc<Outstanding>,
     policy: AnswerPolicy,
     last_answer: Instant,
+    /// The answer that follows the one just given (a frame that stood in for a held request
+    /// answers twice).
+    queued: Option<StreamAppendResult<TypeConfig>>,
 }
 
 impl Drop for State {
@@ -222,9 +310,14 @@ pub fn answers(
         outstanding,
         policy,
         last_answer: Instant::now(),
+        queued: None,
     };
     futures::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
+        if let Some(answer) = st.queued.take() {
+            let go_on = answer.is_ok();
+            return Some((Ok(answer), go_on.then_some(st)));
+        }
         let network = |peer: &str, m: String| -> Answer {
             Err(RPCError::Network(NetworkError::from_string(format!(
                 "append stream to {peer}: {m}"
@@ -241,6 +334,7 @@ pub fn answers(
                 outstanding,
                 policy,
                 last_answer,
+                queued,
             } = &mut st;
             let next = async {
                 match (connecting.as_mut(), frames.as_mut()) {
@@ -287,11 +381,19 @@ pub fn answers(
                     return Some((Err(RPCError::Unreachable(e)), None));
                 }
             };
-            if !outstanding.pop() {
+            let Some(popped) = outstanding.pop() else {
                 let m = "an answer for no request".to_string();
                 return Some((network(&policy.peer, m), None));
-            }
+            };
             *last_answer = Instant::now();
+            let answer = match popped.stands_in_for {
+                Some(prev) => {
+                    let first = answer_for_held(prev, &answer);
+                    *queued = Some(answer);
+                    first
+                }
+                None => answer,
+            };
             let go_on = answer.is_ok();
             return Some((Ok(answer), go_on.then_some(st)));
         }
@@ -359,7 +461,7 @@ mod tests {
             o.below(2).now_or_never().is_none(),
             "two of two are unanswered"
         );
-        assert!(o.pop());
+        assert!(o.pop().is_some());
         assert_eq!(o.below(2).now_or_never(), Some(true));
     }
 
@@ -446,14 +548,148 @@ mod tests {
         }
         assert_eq!(outstanding.len(), 2);
         assert!(body.next().now_or_never().is_none(), "the window is full");
-        assert!(outstanding.pop());
+        assert!(outstanding.pop().is_some());
         let frame = body.next().await.unwrap().unwrap();
         let back: AppendEntriesRequest<TypeConfig> = codec::decode(&frame[4..]).unwrap();
         assert_eq!(back.prev_log_id.unwrap().index, 2);
         // The end of openraft's requests is seen once the window opens again.
-        assert!(outstanding.pop());
+        assert!(outstanding.pop().is_some());
         let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
         assert!(matches!(end, Ok(None)), "openraft's requests ended");
+    }
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            openraft::impls::leader_id_adv::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    /// A request at `prev` carrying `entries` (blank) after it and commit index `commit`.
+    fn request(prev: u64, entries: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: meta_consensus::Vote::new(1, 1),
+            prev_log_id: Some(log_id(prev)),
+            leader_commit: Some(log_id(commit)),
+            entries: (prev + 1..=prev + entries)
+                .map(|i| meta_consensus::Entry {
+                    log_id: log_id(i),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+        }
+    }
+
+    fn decoded(frame: &Bytes) -> AppendEntriesRequest<TypeConfig> {
+        codec::decode(&frame[4..]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_next_request_at_its_position_stands_in_for_an_entryless_one() {
+        let outstanding = Arc::new(Outstanding::default());
+        // openraft: "commit 5" with nothing new, then entry 6 (commit still 5).
+        let input = futures::stream::iter(vec![request(5, 0, 5), request(5, 1, 5)]);
+        let mut body = Box::pin(requests(input, outstanding.clone(), 2));
+        let frame = body.next().await.unwrap().unwrap();
+        let sent = decoded(&frame);
+        assert_eq!(sent.entries.len(), 1, "the request with the entry went");
+        assert_eq!(sent.leader_commit, Some(log_id(5)));
+        assert_eq!(outstanding.len(), 1, "one frame for two requests");
+        let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        assert!(matches!(end, Ok(None)), "nothing else is sent");
+        // Its answer answers both, in order: matched at 5, then at 6.
+        let got: Vec<_> = answers(
+            connected(futures::stream::iter(vec![ok_frame(6)])),
+            outstanding.clone(),
+            policy(Duration::from_secs(5)),
+        )
+        .collect()
+        .await;
+        let matched: Vec<u64> = got
+            .into_iter()
+            .map(|a| a.unwrap().unwrap().unwrap().index)
+            .collect();
+        assert_eq!(matched, vec![5, 6]);
+        assert_eq!(outstanding.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_the_standing_in_request_refuses_the_entryless_one_and_ends() {
+        let outstanding = Arc::new(Outstanding::default());
+        let input = futures::stream::iter(vec![request(5, 0, 5), request(5, 2, 5)]);
+        let mut body = Box::pin(requests(input, outstanding.clone(), 2));
+        assert_eq!(
+            decoded(&body.next().await.unwrap().unwrap()).entries.len(),
+            2
+        );
+        let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        assert!(matches!(end, Ok(None)), "one frame for two requests");
+        let conflict: RemoteResult<StreamAppendResult<TypeConfig>> =
+            Ok(Err(openraft::raft::StreamAppendError::Conflict(log_id(5))));
+        let got: Vec<_> = answers(
+            connected(futures::stream::iter(vec![Ok(codec::encode(&conflict)
+                .unwrap()
+                .into())])),
+            outstanding,
+            policy(Duration::from_secs(5)),
+        )
+        .collect()
+        .await;
+        assert!(
+            matches!(&got[..], [Ok(Err(openraft::raft::StreamAppendError::Conflict(p)))] if p.index == 5),
+            "{got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_at_another_position_does_not_stand_in() {
+        let outstanding = Arc::new(Outstanding::default());
+        // A new session restarting from 3 (not the entry-less request's position).
+        let input = futures::stream::iter(vec![request(5, 0, 5), request(3, 1, 5)]);
+        let mut body = Box::pin(requests(input, outstanding.clone(), 1));
+        assert_eq!(
+            decoded(&body.next().await.unwrap().unwrap()).prev_log_id,
+            Some(log_id(5))
+        );
+        assert!(
+            body.next().now_or_never().is_none(),
+            "window of one is full"
+        );
+        assert!(outstanding.pop().is_some());
+        let second = decoded(&body.next().await.unwrap().unwrap());
+        assert_eq!(
+            (second.prev_log_id, second.entries.len()),
+            (Some(log_id(3)), 1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entryless_request_waits_for_company_at_most_the_hold() {
+        // Nothing follows: it goes once the hold is over.
+        let outstanding = Arc::new(Outstanding::default());
+        let input = futures::stream::iter(vec![request(5, 0, 5)]).chain(futures::stream::pending());
+        let mut body = Box::pin(requests(input, outstanding.clone(), 1));
+        let started = Instant::now();
+        assert!(decoded(&body.next().await.unwrap().unwrap())
+            .entries
+            .is_empty());
+        let waited = started.elapsed();
+        assert!(
+            waited >= HOLD_ENTRYLESS && waited < 2 * HOLD_ENTRYLESS,
+            "{waited:?}"
+        );
+        // A heartbeat (a stream of one request) goes at once.
+        let outstanding = Arc::new(Outstanding::default());
+        let input = Box::pin(futures::stream::once(async { request(5, 0, 5) }));
+        let mut body = Box::pin(requests(input, outstanding, 1));
+        let started = Instant::now();
+        assert!(decoded(&body.next().await.unwrap().unwrap())
+            .entries
+            .is_empty());
+        assert!(started.elapsed() < HOLD_ENTRYLESS);
     }
 
     #[tokio::test]
