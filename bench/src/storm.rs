@@ -59,6 +59,12 @@ pub fn run(args: &[String]) -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average()
     );
+    if !options.server_arg.is_empty() {
+        println!(
+            "extra server flags: {} (the targets are for servers without them)",
+            options.server_arg.join(" ")
+        );
+    }
     results.print();
     if outcome.is_ok() {
         results.write()?;

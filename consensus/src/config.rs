@@ -51,6 +51,8 @@ pub struct NodeConfig {
     /// committed one and a linearizable read never queues behind more than this much apply
     /// work, even during a registration storm.
     pub max_pending_shards: u32,
+    /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
+    pub emulated_sync_latency: Duration,
 }
 
 impl NodeConfig {
@@ -73,6 +75,7 @@ impl NodeConfig {
             install_snapshot_timeout: Duration::from_secs(600),
             wal_segment_bytes: 64 << 20,
             max_pending_shards: 4_096,
+            emulated_sync_latency: Duration::ZERO,
         }
     }
 

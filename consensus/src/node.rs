@@ -146,6 +146,7 @@ impl MetaNode {
                 WalOptions {
                     segment_bytes: c.wal_segment_bytes,
                     barrier: c.barrier,
+                    extra_sync_latency: c.emulated_sync_latency,
                     ..WalOptions::default()
                 },
             )?;

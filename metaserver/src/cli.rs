@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// apply work [default: 4096].
     #[arg(long, env = "METASERVER_MAX_PENDING_SHARDS")]
     pub max_pending_shards: Option<u32>,
+    /// Benchmarks only: add this many microseconds to every WAL sync, to see how the node
+    /// behaves on a disk whose barriers are slower than this one's [default: 0].
+    #[arg(long, env = "METASERVER_EMULATED_SYNC_LATENCY_US")]
+    pub emulated_sync_latency_us: Option<u64>,
     /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
     /// machine, give each its share of the cores: every extra thread costs wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]

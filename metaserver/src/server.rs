@@ -35,6 +35,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             "listening on all interfaces without --advertise; peers are told {addr}"
         );
     }
+    if !settings.emulated_sync_latency.is_zero() {
+        tracing::warn!(
+            extra = ?settings.emulated_sync_latency,
+            "every WAL sync is slowed on purpose (emulating a slower disk; benchmarks only)"
+        );
+    }
     let token = Token::new(settings.token.as_deref());
     let node = MetaNode::open(
         settings.node_config(&addr),

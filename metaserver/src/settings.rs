@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use meta_consensus::{BarrierMode, NodeConfig};
@@ -33,6 +34,7 @@ struct FileSettings {
     sled_cache_bytes: Option<u64>,
     worker_threads: Option<usize>,
     max_pending_shards: Option<u32>,
+    emulated_sync_latency_us: Option<u64>,
 }
 
 /// Everything a node needs to start.
@@ -66,6 +68,8 @@ pub struct ServeSettings {
     pub worker_threads: Option<usize>,
     /// Admission window of the leader in shards; `None` keeps the node's default.
     pub max_pending_shards: Option<u32>,
+    /// Added to every WAL sync (benchmarks only); zero by default.
+    pub emulated_sync_latency: Duration,
 }
 
 /// Parses `1=ADDR,2=ADDR`.
@@ -151,6 +155,11 @@ impl ServeSettings {
             sled_cache_bytes: args.sled_cache_bytes.or(file.sled_cache_bytes),
             worker_threads: args.worker_threads.or(file.worker_threads),
             max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
+            emulated_sync_latency: Duration::from_micros(
+                args.emulated_sync_latency_us
+                    .or(file.emulated_sync_latency_us)
+                    .unwrap_or(0),
+            ),
         };
         settings.check()?;
         Ok(settings)
@@ -197,6 +206,7 @@ impl ServeSettings {
         if let Some(n) = self.max_pending_shards {
             cfg.max_pending_shards = n;
         }
+        cfg.emulated_sync_latency = self.emulated_sync_latency;
         cfg
     }
 
@@ -240,14 +250,22 @@ mod tests {
     fn load_settings_come_from_the_file_and_refuse_zero() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.toml");
-        std::fs::write(&path, "worker_threads = 1\nmax_pending_shards = 100\n").unwrap();
+        std::fs::write(
+            &path,
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\n",
+        )
+        .unwrap();
         let args = ServeArgs {
             config: Some(path.clone()),
             ..ServeArgs::default()
         };
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.worker_threads, Some(1));
-        assert_eq!(s.node_config("127.0.0.1:1").max_pending_shards, 100);
+        let cfg = s.node_config("127.0.0.1:1");
+        assert_eq!(cfg.max_pending_shards, 100);
+        assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
+        let defaults = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
+        assert_eq!(defaults.emulated_sync_latency, Duration::ZERO);
         for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
             std::fs::write(&path, bad).unwrap();
             let err = ServeSettings::resolve(&args, false).unwrap_err();

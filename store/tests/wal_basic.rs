@@ -250,3 +250,18 @@ fn needs_roll_predicts_every_move_to_a_new_segment() {
         "the test must cross many segments, crossed {rolls}"
     );
 }
+
+#[test]
+fn an_emulated_sync_latency_slows_every_barrier() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WalOptions {
+        extra_sync_latency: std::time::Duration::from_millis(30),
+        ..WalOptions::default()
+    };
+    let wal = Wal::open(dir.path(), opts).unwrap();
+    let lsn = wal.append(b"record").unwrap();
+    let started = std::time::Instant::now();
+    wal.sync(lsn).unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(30));
+    assert_eq!(wal.durable_lsn(), lsn);
+}

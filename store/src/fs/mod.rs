@@ -4,9 +4,12 @@
 //! - [`OsFileSystem`]: the real thing (positional reads and writes, `fdatasync`, `fallocate`).
 //! - [`FaultyFileSystem`]: in memory; loses unsynced bytes on [`FaultyFileSystem::crash`], can tear
 //!   the last write, fail syncs, and hold syncs on a gate.
+//! - [`SlowSyncFileSystem`]: another file system with every sync slower by a fixed delay, to
+//!   emulate a slower disk in benchmarks.
 
 mod faulty;
 mod os;
+mod slow;
 
 use std::fmt;
 use std::io;
@@ -14,6 +17,7 @@ use std::path::Path;
 
 pub use faulty::{CrashPoint, FaultyFileSystem, SyncGate};
 pub use os::OsFileSystem;
+pub use slow::SlowSyncFileSystem;
 
 /// Directory-level operations. Paths are passed through unchanged; implementations are shared
 /// between threads (`Arc<dyn FileSystem>`).

@@ -20,7 +20,7 @@ use super::waiter::{Parker, Waiter};
 use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
 use crate::barrier::{BarrierBook, Job, Status};
 use crate::error::{Error, Result};
-use crate::fs::{FileSystem, OsFileSystem};
+use crate::fs::{FileSystem, OsFileSystem, SlowSyncFileSystem};
 
 /// Largest single read `read_range` issues for a run of adjacent records.
 const MAX_READ_SPAN: u64 = 4 << 20;
@@ -78,7 +78,15 @@ enum Batch<'a> {
 impl Wal {
     /// Opens (creating if needed) the log in `dir` on the real file system. See [`Wal::open_with`].
     pub fn open(dir: impl AsRef<Path>, opts: WalOptions) -> Result<Wal> {
-        Wal::open_with(Arc::new(OsFileSystem), dir, opts)
+        let fs: Arc<dyn FileSystem> = if opts.extra_sync_latency.is_zero() {
+            Arc::new(OsFileSystem)
+        } else {
+            Arc::new(SlowSyncFileSystem::new(
+                Arc::new(OsFileSystem),
+                opts.extra_sync_latency,
+            ))
+        };
+        Wal::open_with(fs, dir, opts)
     }
 
     /// Opens (creating if needed) the log in `dir` through `fs`, recovering it first.

@@ -14,6 +14,8 @@ mod recovery;
 mod segment;
 mod waiter;
 
+use std::time::Duration;
+
 pub use log::Wal;
 pub use metrics::{LatencyHistogram, WalMetrics, LATENCY_BOUNDS_SECONDS};
 pub use record::MAX_PAYLOAD;
@@ -44,6 +46,9 @@ pub struct WalOptions {
     pub barrier: BarrierMode,
     /// Preallocate each segment (fallocate) so that fdatasync need not update the file size.
     pub preallocate: bool,
+    /// Added to every sync of [`Wal::open`]'s file system: emulates a disk with slower barriers,
+    /// for benchmarks. Zero (the default) on any real deployment.
+    pub extra_sync_latency: Duration,
 }
 
 /// Smallest accepted [`WalOptions::segment_bytes`].
@@ -55,6 +60,7 @@ impl Default for WalOptions {
             segment_bytes: 64 << 20,
             barrier: BarrierMode::Shared,
             preallocate: true,
+            extra_sync_latency: Duration::ZERO,
         }
     }
 }
