@@ -23,7 +23,7 @@ pub struct NodeConfig {
     pub addr: String,
     /// Holds `wal/`, `registry/` (sled) and `snapshots/`.
     pub data_dir: PathBuf,
-    /// `Shared` (group commit, the default) or `Own` (every append its own barrier; benches).
+    /// `Shared` (group commit, the default) or `Own` (every log entry its own barrier; benches).
     pub barrier: BarrierMode,
     /// Pace of snapshot export in bytes per second; 0 = unlimited. Changeable at runtime.
     pub snapshot_max_bytes_per_sec: u64,

@@ -8,7 +8,9 @@
 //! What each call guarantees when it returns:
 //! - `append`: the entries are written to the WAL and readable by every reader; the callback
 //!   fires from the WAL's barrier thread once a barrier covered them (appends that arrive while
-//!   a barrier runs share the next one), or with the log's error.
+//!   a barrier runs share the next one), or with the log's error. In `Own` barrier mode (the
+//!   benchmarks' baseline) every entry waits for a barrier of its own and the callback fires
+//!   once all of them completed.
 //! - `save_vote`: the vote is durable (it waited for a barrier covering it).
 //! - `save_committed`: the committed id is recorded; it is written with the next append (same
 //!   write call), vote, truncation, purge or close, and is durable with the barrier after that.
@@ -30,11 +32,12 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use meta_store::{Lsn, Wal, WalMetrics, WalOptions};
+use meta_store::{BarrierMode, Lsn, Wal, WalMetrics, WalOptions};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -480,12 +483,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .map_err(io::Error::from)?;
             }
         }
-        self.shared.wal.on_durable(
-            last_lsn,
-            Box::new(move |res| {
-                callback.io_completed(res.map_err(|e| Error::storage("log barrier", e).into()))
-            }),
-        );
+        let flushed = move |res: meta_store::Result<()>| {
+            callback.io_completed(res.map_err(|e| Error::storage("log barrier", e).into()))
+        };
+        if self.shared.wal.barrier_mode() == BarrierMode::Own && entries.len() > 1 {
+            // The design without shared barriers: every entry (every client write) waits for a
+            // barrier of its own, as if each had been appended alone. openraft's batching would
+            // otherwise let one barrier cover a whole batch even here.
+            let flushed = Arc::new(Mutex::new(Some(flushed)));
+            let left = Arc::new(AtomicUsize::new(entries.len()));
+            for lsn in first_lsn..=last_lsn {
+                let (flushed, left) = (flushed.clone(), left.clone());
+                self.shared.wal.on_durable(
+                    lsn,
+                    Box::new(move |res| {
+                        if res.is_err() || left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            if let Some(flushed) = flushed.lock().take() {
+                                flushed(res);
+                            }
+                        }
+                    }),
+                );
+            }
+            return Ok(());
+        }
+        self.shared.wal.on_durable(last_lsn, Box::new(flushed));
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use meta_consensus::{Command, Entry, LogId, LogStore, StateMachine, TypeConfig, Vote};
-use meta_store::{RateLimiter, WalOptions};
+use meta_store::{BarrierMode, RateLimiter, WalOptions};
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage, RaftStateMachine};
 use openraft::type_config::TypeConfigExt;
 use openraft::vote::leader_id_adv::LeaderId;
@@ -72,6 +72,22 @@ async fn appends_and_votes_across_segment_rolls_survive_reopen() {
     let mut log = LogStore::open(dir.path(), small()).unwrap();
     assert_eq!(indexes(&mut log).await, (1..=120).collect::<Vec<_>>());
     assert_eq!(log.read_vote().await.unwrap(), Some(vote(1 + 119 / 7)));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn own_barriers_give_every_entry_a_barrier_and_shared_ones_one_per_append() {
+    for (mode, barriers) in [(BarrierMode::Own, 5), (BarrierMode::Shared, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            barrier: mode,
+            ..WalOptions::default()
+        };
+        let mut log = LogStore::open(dir.path(), opts).unwrap();
+        let before = log.wal_metrics().barriers;
+        append(&mut log, (1..=5).map(|i| entry(1, i)).collect()).await;
+        assert_eq!(log.wal_metrics().barriers - before, barriers, "{mode:?}");
+        assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4, 5]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one node of a cluster.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a whole cluster on loopback as child processes; Ctrl-C stops them all.
     LocalCluster(LocalClusterArgs),
     /// Show a member's view of the cluster.
@@ -66,7 +66,7 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// WAL barriers: `shared` (group commit) or `own` (one fsync per append) [default: shared].
+    /// WAL barriers: `shared` (group commit) or `own` (an fsync per log entry, benchmarks) [default: shared].
     #[arg(long, env = "METASERVER_BARRIER")]
     pub barrier: Option<String>,
     /// Snapshot export rate in bytes per second, 0 = unlimited [default: 0].

@@ -12,7 +12,7 @@ use super::cluster::MEMBERS;
 pub enum Arm {
     /// Writers share fsync barriers (the default design).
     Shared,
-    /// Every append takes its own barrier (the naive design).
+    /// Every log entry (every client write) takes its own barrier (the naive design).
     Own,
 }
 
