@@ -3,7 +3,7 @@
 //!
 //! Points: 1, 4, 16 and 64 concurrent registrants of one shard per call, and registrants
 //! sending batches of 1,000 shards, each with shared barriers (`shared`) and with one barrier
-//! per append (`own`, switched at runtime on every node), interleaved A B A B. Then the
+//! per log entry (`own`, switched at runtime on every node), interleaved A B A B. Then the
 //! longest stall of `apply` while a snapshot of one million replicas is built.
 //!
 //! `meta-bench raft [--seconds S] [--rounds R] [--registrants 1,4,16,64] [--batch-registrants 1,4]

@@ -847,7 +847,7 @@ impl MetaNode {
         self.inner.sm.limiter.rate()
     }
 
-    /// Switches the WAL between shared barriers and one barrier per append (benchmarks).
+    /// Switches the WAL between shared barriers and one barrier per log entry (benchmarks).
     pub fn set_barrier_mode(&self, mode: meta_store::BarrierMode) {
         self.inner.log.wal().set_barrier_mode(mode);
     }
