@@ -719,33 +719,14 @@ mod tests {
         assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
     }
 
-    #[test]
-    fn heavy_is_decided_per_entry() {
-        let single = |index: u64| {
-            entry(
-                index,
-                Command::RegisterShards {
-                    datanode: 7,
-                    epoch: 1,
-                    shards: vec![ShardReport {
-                        id: index,
-                        generation: 1,
-                        size: 1,
-                    }],
-                },
-            )
-        };
-        // Sixty single-shard registrations in one call are light, however much they touch
-        // together; one entry of a hundred shards is heavy, alone or among light ones.
-        let light: Vec<Entry> = (1..=60).map(single).collect();
-        assert!(work(&light) > HEAVY_ENTRY_OPS);
-        assert!(!is_heavy(&light));
-        let big = entry(
-            61,
+    /// Entry `index`: datanode 7 (epoch 1) registers the shards `ids`.
+    fn register(index: u64, ids: std::ops::Range<u64>) -> Entry {
+        entry(
+            index,
             Command::RegisterShards {
                 datanode: 7,
                 epoch: 1,
-                shards: (1000..1100)
+                shards: ids
                     .map(|id| ShardReport {
                         id,
                         generation: 1,
@@ -753,7 +734,18 @@ mod tests {
                     })
                     .collect(),
             },
-        );
+        )
+    }
+
+    #[test]
+    fn heavy_is_decided_per_entry() {
+        let single = |index: u64| register(index, index..index + 1);
+        // Sixty single-shard registrations in one call are light, however much they touch
+        // together; one entry of a hundred shards is heavy, alone or among light ones.
+        let light: Vec<Entry> = (1..=60).map(single).collect();
+        assert!(work(&light) > HEAVY_ENTRY_OPS);
+        assert!(!is_heavy(&light));
+        let big = register(61, 1000..1100);
         assert!(is_heavy(std::slice::from_ref(&big)));
         let mut mixed = light.clone();
         mixed.push(big);
@@ -772,20 +764,7 @@ mod tests {
                 .unwrap();
         }
         assert!(shared.registry.content().unwrap().is_empty());
-        let heavy = entry(
-            23,
-            Command::RegisterShards {
-                datanode: 7,
-                epoch: 1,
-                shards: (1000..1100)
-                    .map(|id| ShardReport {
-                        id,
-                        generation: 1,
-                        size: 1,
-                    })
-                    .collect(),
-            },
-        );
+        let heavy = register(23, 1000..1100);
         shared.apply_entries(&[heavy], true).unwrap();
         // Both are in the registry without a reader committing anything.
         assert!(shared.deferred.lock().is_none());

@@ -443,6 +443,39 @@ mod tests {
         async move { Ok(frames) }.boxed()
     }
 
+    /// Every answer read from `frames` of an exchange with `outstanding` requests.
+    async fn all_answers(
+        frames: Vec<Result<Bytes, String>>,
+        outstanding: Arc<Outstanding>,
+    ) -> Vec<Answer> {
+        answers(
+            connected(futures::stream::iter(frames)),
+            outstanding,
+            policy(Duration::from_secs(5)),
+        )
+        .collect()
+        .await
+    }
+
+    /// The matched indexes of the answers read from `frames`, each expected to be a success.
+    async fn matched_indexes(
+        frames: Vec<Result<Bytes, String>>,
+        outstanding: Arc<Outstanding>,
+    ) -> Vec<u64> {
+        all_answers(frames, outstanding)
+            .await
+            .into_iter()
+            .map(|a| a.unwrap().unwrap().unwrap().index)
+            .collect()
+    }
+
+    /// A frame carrying `answer`.
+    fn answer_frame(
+        answer: &RemoteResult<StreamAppendResult<TypeConfig>>,
+    ) -> Result<Bytes, String> {
+        Ok(codec::encode(answer).unwrap().into())
+    }
+
     fn ok_frame(index: u64) -> Result<Bytes, String> {
         let log_id = LogId::new(
             openraft::impls::leader_id_adv::LeaderId {
@@ -606,17 +639,7 @@ mod tests {
         let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
         assert!(matches!(end, Ok(None)), "nothing else is sent");
         // Its answer answers both, in order: matched at 5, then at 6.
-        let got: Vec<_> = answers(
-            connected(futures::stream::iter(vec![ok_frame(6)])),
-            outstanding.clone(),
-            policy(Duration::from_secs(5)),
-        )
-        .collect()
-        .await;
-        let matched: Vec<u64> = got
-            .into_iter()
-            .map(|a| a.unwrap().unwrap().unwrap().index)
-            .collect();
+        let matched = matched_indexes(vec![ok_frame(6)], outstanding.clone()).await;
         assert_eq!(matched, vec![5, 6]);
         assert_eq!(outstanding.len(), 0);
     }
@@ -634,15 +657,7 @@ mod tests {
         assert!(matches!(end, Ok(None)), "one frame for two requests");
         let conflict: RemoteResult<StreamAppendResult<TypeConfig>> =
             Ok(Err(openraft::raft::StreamAppendError::Conflict(log_id(5))));
-        let got: Vec<_> = answers(
-            connected(futures::stream::iter(vec![Ok(codec::encode(&conflict)
-                .unwrap()
-                .into())])),
-            outstanding,
-            policy(Duration::from_secs(5)),
-        )
-        .collect()
-        .await;
+        let got = all_answers(vec![answer_frame(&conflict)], outstanding).await;
         assert!(
             matches!(&got[..], [Ok(Err(openraft::raft::StreamAppendError::Conflict(p)))] if p.index == 5),
             "{got:?}"
@@ -718,18 +733,7 @@ mod tests {
         let outstanding = Arc::new(Outstanding::default());
         outstanding.push(10);
         outstanding.push(10);
-        let frames = futures::stream::iter(vec![ok_frame(1), ok_frame(2)]);
-        let got: Vec<_> = answers(
-            connected(frames),
-            outstanding.clone(),
-            policy(Duration::from_secs(5)),
-        )
-        .collect()
-        .await;
-        let indexes: Vec<u64> = got
-            .into_iter()
-            .map(|a| a.unwrap().unwrap().unwrap().index)
-            .collect();
+        let indexes = matched_indexes(vec![ok_frame(1), ok_frame(2)], outstanding.clone()).await;
         assert_eq!(indexes, vec![1, 2]);
         assert_eq!(outstanding.len(), 0);
     }
@@ -763,15 +767,7 @@ mod tests {
         let outstanding = Arc::new(Outstanding::default());
         outstanding.push(10);
         let failure: RemoteResult<StreamAppendResult<TypeConfig>> = Err("shutting down".into());
-        let got: Vec<_> = answers(
-            connected(futures::stream::iter(vec![Ok(codec::encode(&failure)
-                .unwrap()
-                .into())])),
-            outstanding,
-            policy(Duration::from_secs(5)),
-        )
-        .collect()
-        .await;
+        let got = all_answers(vec![answer_frame(&failure)], outstanding).await;
         assert!(
             matches!(&got[..], [Err(RPCError::Unreachable(_))]),
             "{got:?}"
