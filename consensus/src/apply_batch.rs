@@ -28,6 +28,14 @@ enum Pending {
 /// The writes of one batch, in key order: `None` deletes the key.
 pub(crate) type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
+/// Bytes of keys and values in `writes`.
+pub(crate) fn writes_bytes(writes: &Writes) -> usize {
+    writes
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
 pub(crate) struct ApplyBatch {
     tree: sled::Tree,
     /// key -> new value.
@@ -573,10 +581,7 @@ mod tests {
             reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
             // Large, and it changes the shard the small commit wrote.
             let large = writes_of(&reg, 3, &[shards(2)]);
-            let bytes: usize = large
-                .iter()
-                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
-                .sum();
+            let bytes = writes_bytes(&large);
             assert!(bytes > 96 * 1024, "{bytes} bytes");
             reg.current().commit(large).unwrap();
             assert_eq!(reg.shard(0).unwrap().unwrap().replicas[0].generation, 2);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::apply_batch::Writes;
+use crate::apply_batch::{writes_bytes, Writes};
 use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
@@ -82,11 +82,7 @@ impl Generation {
                     .map_err(|e| Error::registry("record pre-images", e))?;
             }
         }
-        let bytes: usize = writes
-            .iter()
-            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
-            .sum();
-        if bytes > REDO_MAX_BYTES {
+        if writes_bytes(&writes) > REDO_MAX_BYTES {
             return self.write_batch(writes);
         }
         self.write_redo(&writes)?;

@@ -477,15 +477,7 @@ mod tests {
     }
 
     fn ok_frame(index: u64) -> Result<Bytes, String> {
-        let log_id = LogId::new(
-            openraft::impls::leader_id_adv::LeaderId {
-                term: 1,
-                node_id: 1,
-            },
-            index,
-        );
-        let answer: RemoteResult<StreamAppendResult<TypeConfig>> = Ok(Ok(Some(log_id)));
-        Ok(codec::encode(&answer).unwrap().into())
+        answer_frame(&Ok(Ok(Some(log_id(index)))))
     }
 
     #[test]

@@ -21,6 +21,13 @@ impl SlowSyncFileSystem {
     pub fn new(inner: Arc<dyn FileSystem>, extra: Duration) -> Self {
         SlowSyncFileSystem { inner, extra }
     }
+
+    fn wrap(&self, inner: Box<dyn FileHandle>) -> Box<dyn FileHandle> {
+        Box::new(SlowSyncFile {
+            inner,
+            extra: self.extra,
+        })
+    }
 }
 
 impl fmt::Debug for SlowSyncFileSystem {
@@ -39,19 +46,11 @@ impl FileSystem for SlowSyncFileSystem {
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
-        let file = self.inner.create_new(path)?;
-        Ok(Box::new(SlowSyncFile {
-            inner: file,
-            extra: self.extra,
-        }))
+        Ok(self.wrap(self.inner.create_new(path)?))
     }
 
     fn open(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
-        let file = self.inner.open(path)?;
-        Ok(Box::new(SlowSyncFile {
-            inner: file,
-            extra: self.extra,
-        }))
+        Ok(self.wrap(self.inner.open(path)?))
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
