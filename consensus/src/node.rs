@@ -277,6 +277,25 @@ impl MetaNode {
     /// follower forwards a request without a round trip through its Raft core. `None`: this
     /// node may lead; ask the core (which answers `ForwardToLeader` itself if it does not).
     fn leader_elsewhere(&self) -> Option<Error> {
+        self.leader_to_forward_to()
+            .map(|(leader_id, leader_addr)| Error::ForwardToLeader {
+                leader_id,
+                leader_addr,
+            })
+    }
+
+    /// Checks `cmd` as [`MetaNode::write`] would ([`Error::InvalidArgument`] for bad input) and
+    /// says where it should be proposed: `Ok(None)` here (this node may lead, or knows no
+    /// leader: `write` asks the Raft core), `Ok(Some((id, addr)))` at the leader this node's
+    /// metrics name. Changes nothing.
+    pub fn route(&self, cmd: &Command) -> Result<Option<(NodeId, String)>> {
+        self.check_open()?;
+        validate(cmd)?;
+        Ok(self.leader_to_forward_to())
+    }
+
+    /// The leader (id and address) this node's metrics name, when that is another node.
+    fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
         let metrics = self.inner.raft.metrics();
         let m = metrics.borrow_watched();
         if m.state == openraft::ServerState::Leader {
@@ -284,10 +303,7 @@ impl MetaNode {
         }
         let leader = m.current_leader.filter(|l| *l != self.id())?;
         let node = m.membership_config.membership().get_node(&leader)?;
-        Some(Error::ForwardToLeader {
-            leader_id: leader,
-            leader_addr: node.addr.clone(),
-        })
+        Some((leader, node.addr.clone()))
     }
 
     /// Maps openraft's `Fatal` (its core stopped: shut down, storage failure or panic) to

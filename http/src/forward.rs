@@ -1,12 +1,15 @@
-//! Forwarding: a write (or linearizable read) that reaches a follower is replayed at the
-//! leader, so clients can talk to any member.
+//! Forwarding: a request that reaches a follower but must be answered by the leader is replayed
+//! there, so clients can talk to any member.
 //!
-//! The middleware buffers the request body (bounded by the body limit, which is where 413
-//! `body_too_large` comes from), runs the handler, and if the handler answered "forward to
-//! leader" sends the same method, path, query, body and `Authorization` header to the leader
-//! and relays its answer; writes go in batches (`forward_batch.rs`). A forwarded request
-//! carries a marker header; a node receiving one never forwards again (it answers 503
-//! `no_leader`), so a stale leader hint cannot loop.
+//! Registry and key-value writes do not come this way: their handlers send the command itself
+//! to the leader (`writer.rs`, `forward_batch.rs`). The middleware here replays the rest:
+//! linearizable reads, membership changes, and a write whose node learned that it does not
+//! lead only from its Raft core. It buffers the request body (bounded by the body limit, which
+//! is where 413 `body_too_large` comes from), runs the handler, and if the handler answered
+//! "forward to leader" sends the same method, path, query, body and `Authorization` header to
+//! the leader and streams its answer back. A replayed request carries a marker header; a node
+//! receiving one never forwards again (it answers 503 `no_leader`), so a stale leader hint
+//! cannot loop.
 
 use std::time::Duration;
 
@@ -20,7 +23,7 @@ use bytes::Bytes;
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
 use crate::extract::body_error;
-use crate::forward_batch::{Batcher, WireRequest};
+use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
 use crate::network::peer_client;
 use crate::state::AppState;
@@ -45,7 +48,7 @@ pub struct Forwarder {
     id: u64,
     client: reqwest::Client,
     token: Token,
-    /// Writes go to the leader in batches.
+    /// Writes go to the leader as commands, in batches.
     batcher: Batcher,
 }
 
@@ -87,25 +90,13 @@ impl Forwarder {
         }
     }
 
-    /// Replays `replay` at the leader: a write in the next batch (`forward_batch.rs`), a read
-    /// in an exchange of its own whose answer is streamed back.
-    async fn send(&self, target: &ForwardTo, replay: Replay) -> Response {
-        if replay.method != Method::GET && replay.method != Method::HEAD {
-            let request = WireRequest {
-                method: replay.method.to_string(),
-                path: replay.path().to_owned(),
-                content_type: replay
-                    .headers
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                body: replay.body.to_vec(),
-            };
-            return self.batcher.send(target.clone(), request).await;
-        }
-        self.replay(target, replay).await
+    /// The queue of forwarded writes (commands) for the leader.
+    pub fn batcher(&self) -> &Batcher {
+        &self.batcher
     }
 
+    /// Replays `replay` at the leader `target` in an exchange of its own and streams the
+    /// answer back.
     async fn replay(&self, target: &ForwardTo, replay: Replay) -> Response {
         let url = format!("http://{}{}", target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
@@ -183,5 +174,5 @@ pub async fn forward_to_leader(
         // Already forwarded once: the leader hint was stale. The 503 tells the client to retry.
         return response;
     }
-    state.forwarder.send(&target, replay).await
+    state.forwarder.replay(&target, replay).await
 }

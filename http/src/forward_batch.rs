@@ -1,39 +1,34 @@
-//! Forwarded writes travel to the leader in batches: one HTTP exchange carries every write that
-//! queued at a follower while its previous batches were in flight.
+//! Forwarded writes travel to the leader as commands, in batches: one HTTP exchange carries
+//! every write that queued at a follower while its previous batches were in flight.
 //!
-//! A follower under load forwards many small writes at once (every datanode of a restart storm
-//! that happens to be connected to it). Sent one exchange each, every write costs the leader
-//! an HTTP request to parse and answer and costs both nodes their TCP round trip; batched, the
-//! leader answers them all in one exchange, running each through its own admin routes exactly
-//! as if it had arrived alone (marked forwarded, so a leader that lost its office answers 503
-//! `no_leader` instead of forwarding again). Batching is group commit: a write waits only while
-//! [`MAX_IN_FLIGHT`] batches are out (and at most [`SLOT_WAIT`], so a batch stuck at a leader
-//! that stopped answering does not hold back the writes behind it), and a lone write leaves
-//! at once.
+//! A follower parses and validates a write itself (the handler's work), builds its
+//! [`Command`] and sends only that; the leader proposes each command of a batch, concurrently,
+//! and answers each with its [`Written`] or a [`Refusal`]; the follower renders the answer as
+//! if the write had been proposed locally. So the leader, whose CPU is the cluster's
+//! bottleneck under a write storm, neither parses JSON nor routes HTTP requests for forwarded
+//! writes, and nothing can be forwarded twice: the leader's end never forwards (a leader that
+//! lost its office refuses with `no_leader`).
 //!
-//! Only writes are batched: their answers are small. Linearizable reads, whose answers may be
-//! long listings, are still replayed one exchange each and streamed back (`forward.rs`).
+//! Batching is group commit: a write waits only while [`MAX_IN_FLIGHT`] batches are out (and
+//! at most [`SLOT_WAIT`], so a batch stuck at a leader that stopped answering does not hold
+//! back the writes behind it), and a lone write leaves at once.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 use bytes::Bytes;
-use meta_consensus::codec;
+use meta_consensus::{codec, Command, MetaNode, Written};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tower::ServiceExt;
 
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
-use crate::forward::{leader_failed, FORWARDED_BY, RELAYED};
+use crate::forward::{leader_failed, FORWARDED_BY};
 
-/// The leader's route for batches of forwarded writes.
-pub const PATH_FORWARD_BATCH: &str = "/raft/forward-batch";
+/// The leader's route for batches of forwarded commands.
+pub const PATH_FORWARD_BATCH: &str = "/raft/forward-commands";
 
 /// Batches one follower may have out at once; further writes queue and go in the next batch.
 const MAX_IN_FLIGHT: usize = 2;
@@ -41,48 +36,85 @@ const MAX_IN_FLIGHT: usize = 2;
 const SLOT_WAIT: Duration = Duration::from_millis(20);
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
-/// A batch stops growing at this many body bytes (a larger write still goes, alone).
+/// A batch stops growing at this many (estimated) encoded bytes; a larger write still goes,
+/// alone.
 const MAX_BATCH_BYTES: usize = 4 << 20;
-/// Largest answer the leader returns for one write of a batch.
-const MAX_ANSWER_BYTES: usize = 1 << 20;
 
-/// One forwarded write, as it travels in a batch.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WireRequest {
-    pub method: String,
-    /// Path and query.
-    pub path: String,
-    pub content_type: Option<String>,
-    pub body: Vec<u8>,
+/// Why the leader did not write a forwarded command: the parts of an [`ApiError`] that a
+/// write can end in, as they travel back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// 503 `no_leader`: the receiver does not lead (any more), or there is no quorum.
+    NoLeader(String),
+    /// 503 `unavailable`: the leader is shutting down or its storage failed.
+    Unavailable(String),
+    /// 504 `timeout`: the write may still commit.
+    Timeout(String),
+    /// 504 `outcome_unknown`: a leader change discarded the entry; it may or may not commit.
+    OutcomeUnknown(String),
+    /// 400 `invalid_argument`: the leader's validation refused the command.
+    Invalid(String),
+    /// 404 `not_found`.
+    NotFound(String),
+    /// 500 `internal`.
+    Internal(String),
 }
 
-/// The leader's answer to one write of a batch.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WireAnswer {
-    pub status: u16,
-    /// The relayed headers (content type, retry-after, revision).
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
-
-impl WireAnswer {
-    fn into_response(self) -> Response {
-        let mut response = Response::builder().status(self.status);
-        for (name, value) in self.headers {
-            if let Ok(value) = HeaderValue::from_bytes(&value) {
-                response = response.header(name, value);
-            }
+impl Refusal {
+    /// What the leader's end answers for a write that failed with `e`.
+    fn of(e: meta_consensus::Error) -> Refusal {
+        if let meta_consensus::Error::ForwardToLeader { leader_id, .. } = e {
+            // Forwarding again could loop on stale hints; the client retries instead.
+            return Refusal::NoLeader(format!(
+                "the forwarded write reached a node that does not lead (node {leader_id} does)"
+            ));
         }
-        response
-            .body(Body::from(self.body))
-            .unwrap_or_else(|e| ApiError::Internal(e.to_string()).into_response())
+        match ApiError::from(e) {
+            ApiError::NoLeader(m) => Refusal::NoLeader(m),
+            ApiError::Unavailable(m) => Refusal::Unavailable(m),
+            ApiError::Timeout(m) => Refusal::Timeout(m),
+            ApiError::OutcomeUnknown(m) => Refusal::OutcomeUnknown(m),
+            ApiError::Invalid { message, .. } => Refusal::Invalid(message),
+            ApiError::NotFound(m) => Refusal::NotFound(m),
+            other => Refusal::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        match r {
+            Refusal::NoLeader(m) => ApiError::NoLeader(m),
+            Refusal::Unavailable(m) => ApiError::Unavailable(m),
+            Refusal::Timeout(m) => ApiError::Timeout(m),
+            Refusal::OutcomeUnknown(m) => ApiError::OutcomeUnknown(m),
+            Refusal::Invalid(m) => ApiError::invalid("invalid_argument", m),
+            Refusal::NotFound(m) => ApiError::NotFound(m),
+            Refusal::Internal(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+/// The leader's answer to one command of a batch.
+pub type Answer = Result<Written, Refusal>;
+
+/// An upper bound of a command's encoded size, for bounding batches without encoding twice.
+fn wire_bytes(cmd: &Command) -> usize {
+    // Varint u64s take at most 9 bytes; a shard report is three of them.
+    32 + match cmd {
+        Command::RegisterDatanode { addr, .. } => addr.len(),
+        Command::RegisterShards { shards, .. } => shards.len() * 27,
+        Command::DeregisterShards { shards, .. } => shards.len() * 9,
+        Command::RemoveDatanode { .. } => 0,
+        Command::Put { key, value, .. } => key.len() + value.len(),
+        Command::Delete { key, .. } => key.len(),
     }
 }
 
 struct Queued {
     target: ForwardTo,
-    request: WireRequest,
-    answer: oneshot::Sender<Response>,
+    command: Command,
+    answer: oneshot::Sender<Result<Written, ApiError>>,
 }
 
 /// A follower's queue of writes for the leader. Cloning shares the queue; the task that
@@ -117,9 +149,10 @@ impl Batcher {
         }
     }
 
-    /// Sends `request` to the leader `target` in the next batch and returns its answer. The
-    /// queue's task starts with the first write (on the caller's runtime).
-    pub async fn send(&self, target: ForwardTo, request: WireRequest) -> Response {
+    /// Sends `command` to the leader `target` in the next batch and returns the leader's
+    /// answer: `Ok` once the command is committed (durable on a quorum) and applied at the
+    /// leader. The queue's task starts with the first write (on the caller's runtime).
+    pub async fn send(&self, target: ForwardTo, command: Command) -> Result<Written, ApiError> {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(self.link.clone().run(rx));
@@ -128,14 +161,18 @@ impl Batcher {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             target,
-            request,
+            command,
             answer,
         };
         if queue.send(queued).is_err() {
-            return ApiError::Unavailable("the forwarding queue is closed".into()).into_response();
+            return Err(ApiError::Unavailable(
+                "the forwarding queue is closed".into(),
+            ));
         }
         answered.await.unwrap_or_else(|_| {
-            ApiError::Internal("a forwarded write lost its answer".into()).into_response()
+            Err(ApiError::Internal(
+                "a forwarded write lost its answer".into(),
+            ))
         })
     }
 }
@@ -151,12 +188,12 @@ impl Link {
                 .await
                 .ok()
                 .and_then(Result::ok);
-            let mut bytes = first.request.body.len();
+            let mut bytes = wire_bytes(&first.command);
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
                 match queue.try_recv() {
                     Ok(q) => {
-                        bytes += q.request.body.len();
+                        bytes += wire_bytes(&q.command);
                         batch.push(q);
                     }
                     Err(_) => break,
@@ -183,17 +220,16 @@ impl Link {
 
     async fn send_one_batch(&self, batch: Vec<Queued>) {
         let target = batch[0].target.clone();
-        let requests: Vec<&WireRequest> = batch.iter().map(|q| &q.request).collect();
-        let answers = self.exchange(&target, &requests).await;
-        match answers {
+        let commands: Vec<&Command> = batch.iter().map(|q| &q.command).collect();
+        match self.exchange(&target, &commands).await {
             Ok(answers) => {
                 for (q, a) in batch.into_iter().zip(answers) {
-                    let _ = q.answer.send(a.into_response());
+                    let _ = q.answer.send(a.map_err(ApiError::from));
                 }
             }
             Err(e) => {
                 for q in batch {
-                    let _ = q.answer.send(e.clone().into_response());
+                    let _ = q.answer.send(Err(e.clone()));
                 }
             }
         }
@@ -202,15 +238,15 @@ impl Link {
     async fn exchange(
         &self,
         target: &ForwardTo,
-        requests: &[&WireRequest],
-    ) -> Result<Vec<WireAnswer>, ApiError> {
+        commands: &[&Command],
+    ) -> Result<Vec<Answer>, ApiError> {
         let leader = |what: String| {
             format!(
                 "the leader (node {} at {}) {what}",
                 target.leader_id, target.addr
             )
         };
-        let body = codec::encode(requests)
+        let body = codec::encode(commands)
             .map_err(|e| ApiError::Internal(format!("encoding a forwarded batch: {e}")))?;
         let mut request = self
             .client
@@ -237,35 +273,34 @@ impl Link {
                 "refused a batch ({status}): {text}"
             ))));
         }
-        let answers: Vec<WireAnswer> = codec::decode(&bytes).map_err(|e| {
+        let answers: Vec<Answer> = codec::decode(&bytes).map_err(|e| {
             ApiError::Internal(leader(format!("answered an undecodable batch: {e}")))
         })?;
-        if answers.len() != requests.len() {
+        if answers.len() != commands.len() {
             return Err(ApiError::Internal(leader(format!(
                 "answered {} of {} forwarded writes",
                 answers.len(),
-                requests.len()
+                commands.len()
             ))));
         }
         Ok(answers)
     }
 }
 
-/// The leader's end: runs every write of the batch through `routes` (the admin routes, without
-/// forwarding), all at once, marked as forwarded by node `from` (this one), and answers each,
-/// in order.
-pub async fn serve(routes: Router, from: u64, body: Bytes) -> Response {
-    let requests: Vec<WireRequest> = match codec::decode(&body) {
-        Ok(r) => r,
+/// The leader's end: proposes every command of the batch on `node`, all at once, and answers
+/// each, in order. Never forwards: a node that does not lead refuses each with `no_leader`.
+pub async fn serve(node: MetaNode, body: Bytes) -> Response {
+    let commands: Vec<Command> = match codec::decode(&body) {
+        Ok(c) => c,
         Err(e) => {
             return ApiError::invalid("bad_batch", format!("undecodable forwarded batch: {e}"))
                 .into_response()
         }
     };
-    let answers = futures::future::join_all(
-        requests
+    let answers: Vec<Answer> = futures::future::join_all(
+        commands
             .into_iter()
-            .map(|r| answer_one(routes.clone(), r, from)),
+            .map(|c| async { node.write(c).await.map_err(Refusal::of) }),
     )
     .await;
     match codec::encode(&answers) {
@@ -274,71 +309,26 @@ pub async fn serve(routes: Router, from: u64, body: Bytes) -> Response {
     }
 }
 
-async fn answer_one(routes: Router, r: WireRequest, from: u64) -> WireAnswer {
-    let refused = |status: StatusCode, e: String| WireAnswer {
-        status: status.as_u16(),
-        headers: vec![(
-            header::CONTENT_TYPE.to_string(),
-            b"application/json".to_vec(),
-        )],
-        body: serde_json::json!({"error": {"code": "bad_batch", "message": e}})
-            .to_string()
-            .into_bytes(),
-    };
-    let Ok(method) = Method::from_bytes(r.method.as_bytes()) else {
-        return refused(StatusCode::BAD_REQUEST, format!("method {:?}", r.method));
-    };
-    let mut request = Request::builder()
-        .method(method)
-        .uri(&r.path)
-        .header(FORWARDED_BY, from);
-    if let Some(ct) = &r.content_type {
-        request = request.header(header::CONTENT_TYPE, ct);
-    }
-    let request = match request.body(Body::from(r.body)) {
-        Ok(request) => request,
-        Err(e) => return refused(StatusCode::BAD_REQUEST, format!("request {}: {e}", r.path)),
-    };
-    let response = match routes.oneshot(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
-    };
-    let status = response.status().as_u16();
-    let headers = RELAYED
-        .iter()
-        .filter_map(|name| {
-            response
-                .headers()
-                .get(name)
-                .map(|v| (name.to_string(), v.as_bytes().to_vec()))
-        })
-        .collect();
-    match axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES).await {
-        Ok(body) => WireAnswer {
-            status,
-            headers,
-            body: body.to_vec(),
-        },
-        Err(e) => refused(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the answer to {} could not be read: {e}", r.path),
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::routing::post;
+    use axum::Router;
     use futures::FutureExt;
+    use meta_consensus::CommandResult;
 
-    /// A stand-in leader that reports each batch's bodies, holds its answer until released,
-    /// then answers every write with its own body.
-    async fn fake_leader() -> (
-        String,
-        mpsc::UnboundedReceiver<Vec<Vec<u8>>>,
-        Arc<Semaphore>,
-    ) {
+    /// The index a stand-in leader answers for the write of key `w<N>`: 100 + N.
+    fn index_of(cmd: &Command) -> u64 {
+        match cmd {
+            Command::Put { key, .. } => 100 + key[1..].parse::<u64>().unwrap(),
+            other => panic!("unexpected command {other}"),
+        }
+    }
+
+    /// A stand-in leader that reports each batch's keys, holds its answer until released,
+    /// then answers every write as written at [`index_of`], except key `w13`, which it
+    /// refuses as a node that does not lead would.
+    async fn fake_leader() -> (String, mpsc::UnboundedReceiver<Vec<String>>, Arc<Semaphore>) {
         let (seen_tx, seen_rx) = mpsc::unbounded_channel();
         let release = Arc::new(Semaphore::new(0));
         let gate = release.clone();
@@ -348,16 +338,27 @@ mod tests {
                 let seen = seen_tx.clone();
                 let gate = gate.clone();
                 async move {
-                    let requests: Vec<WireRequest> = codec::decode(&body).unwrap();
-                    let bodies: Vec<Vec<u8>> = requests.iter().map(|r| r.body.clone()).collect();
-                    seen.send(bodies.clone()).unwrap();
+                    let commands: Vec<Command> = codec::decode(&body).unwrap();
+                    let keys = commands
+                        .iter()
+                        .map(|c| match c {
+                            Command::Put { key, .. } => key.clone(),
+                            other => panic!("unexpected command {other}"),
+                        })
+                        .collect();
+                    seen.send(keys).unwrap();
                     gate.acquire().await.unwrap().forget();
-                    let answers: Vec<WireAnswer> = bodies
-                        .into_iter()
-                        .map(|body| WireAnswer {
-                            status: 200,
-                            headers: vec![("x-revision".into(), b"7".to_vec())],
-                            body,
+                    let answers: Vec<Answer> = commands
+                        .iter()
+                        .map(|c| match index_of(c) {
+                            113 => Err(Refusal::of(meta_consensus::Error::ForwardToLeader {
+                                leader_id: 3,
+                                leader_addr: "127.0.0.1:1".into(),
+                            })),
+                            index => Ok(Written {
+                                index,
+                                result: CommandResult::Empty,
+                            }),
                         })
                         .collect();
                     codec::encode(&answers).unwrap()
@@ -370,60 +371,73 @@ mod tests {
         (addr, seen_rx, release)
     }
 
-    fn write(body: &str) -> WireRequest {
-        WireRequest {
-            method: "POST".into(),
-            path: "/v1/datanodes/1/shards".into(),
-            content_type: Some("application/json".into()),
-            body: body.as_bytes().to_vec(),
+    fn write(i: u64) -> Command {
+        Command::Put {
+            key: format!("w{i}"),
+            value: b"v".to_vec(),
+            if_revision: None,
         }
     }
 
-    async fn body_of(response: Response) -> (u16, String) {
-        let status = response.status().as_u16();
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    fn batcher(timeout: Duration) -> Batcher {
+        Batcher::new(2, crate::network::peer_client(), Token::new(None), timeout)
     }
 
     #[tokio::test]
     async fn writes_queued_behind_busy_batches_go_together_and_get_their_own_answers() {
         let (addr, mut seen, release) = fake_leader().await;
         let target = ForwardTo { leader_id: 1, addr };
-        let b = Batcher::new(
-            2,
-            crate::network::peer_client(),
-            Token::new(None),
-            Duration::from_secs(30),
-        );
-        let mut first = Box::pin(b.send(target.clone(), write("w0")));
+        let b = batcher(Duration::from_secs(30));
+        let mut first = Box::pin(b.send(target.clone(), write(0)));
         assert!((&mut first).now_or_never().is_none());
         // The first write leaves alone; with one more batch allowed out, the next write leaves
         // at once too, and takes the writes queued behind it.
-        assert_eq!(seen.recv().await.unwrap(), vec![b"w0".to_vec()]);
+        assert_eq!(seen.recv().await.unwrap(), vec!["w0".to_string()]);
         let mut rest: Vec<_> = (1..5)
-            .map(|i| Box::pin(b.send(target.clone(), write(&format!("w{i}")))))
+            .map(|i| Box::pin(b.send(target.clone(), write(i))))
             .collect();
         for f in &mut rest {
             assert!(f.now_or_never().is_none(), "queued, not answered");
         }
         let second = seen.recv().await.unwrap();
-        assert_eq!(
-            second,
-            (1..5)
-                .map(|i| format!("w{i}").into_bytes())
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(second, (1..5).map(|i| format!("w{i}")).collect::<Vec<_>>());
         release.add_permits(2);
-        let (status, body) = body_of(first.await).await;
-        assert_eq!((status, body.as_str()), (200, "w0"));
+        assert_eq!(first.await.unwrap().index, 100);
         for (i, f) in rest.into_iter().enumerate() {
-            let response = f.await;
-            assert_eq!(response.headers()["x-revision"], "7");
-            let (status, body) = body_of(response).await;
-            assert_eq!((status, body), (200, format!("w{}", i + 1)));
+            assert_eq!(f.await.unwrap().index, 101 + i as u64);
         }
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_gets_its_refusal_and_the_others_of_its_batch_their_answers() {
+        let (addr, mut seen, release) = fake_leader().await;
+        let target = ForwardTo { leader_id: 1, addr };
+        let b = batcher(Duration::from_secs(30));
+        // Two slots taken, so the next three go together.
+        let mut busy: Vec<_> = (0..2)
+            .map(|i| Box::pin(b.send(target.clone(), write(i))))
+            .collect();
+        for f in &mut busy {
+            assert!(f.now_or_never().is_none());
+            seen.recv().await.unwrap();
+        }
+        let mut batch: Vec<_> = (12..15)
+            .map(|i| Box::pin(b.send(target.clone(), write(i))))
+            .collect();
+        for f in &mut batch {
+            assert!(f.now_or_never().is_none());
+        }
+        release.add_permits(3);
+        assert_eq!(seen.recv().await.unwrap(), vec!["w12", "w13", "w14"]);
+        let answers = futures::future::join_all(batch).await;
+        assert_eq!(answers[0].as_ref().unwrap().index, 112);
+        let refused = answers[1].as_ref().unwrap_err();
+        assert_eq!(
+            (refused.status().as_u16(), refused.code()),
+            (503, "no_leader"),
+            "{refused}"
+        );
+        assert_eq!(answers[2].as_ref().unwrap().index, 114);
     }
 
     #[tokio::test]
@@ -431,28 +445,23 @@ mod tests {
         let (silent, mut seen, _never) = fake_leader().await;
         let (live, _seen_live, release) = fake_leader().await;
         release.add_permits(1);
-        let b = Batcher::new(
-            2,
-            crate::network::peer_client(),
-            Token::new(None),
-            Duration::from_secs(300),
-        );
+        let b = batcher(Duration::from_secs(300));
         let to = |addr: &str| ForwardTo {
             leader_id: 1,
             addr: addr.to_string(),
         };
         // Both slots go to batches the silent leader never answers.
         let mut stuck: Vec<_> = (0..2)
-            .map(|i| Box::pin(b.send(to(&silent), write(&format!("s{i}")))))
+            .map(|i| Box::pin(b.send(to(&silent), write(i))))
             .collect();
         for f in &mut stuck {
             assert!(f.now_or_never().is_none());
             seen.recv().await.unwrap();
         }
-        let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write("w")))
+        let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
             .await
             .expect("the write for the live leader is answered");
-        assert_eq!(body_of(answer).await, (200, "w".to_string()));
+        assert_eq!(answer.unwrap().index, 107);
     }
 
     #[tokio::test]
@@ -466,23 +475,32 @@ mod tests {
             leader_id: 1,
             addr: format!("127.0.0.1:{port}"),
         };
-        let b = Batcher::new(
-            2,
-            crate::network::peer_client(),
-            Token::new(None),
-            Duration::from_secs(5),
-        );
-        let answers = futures::future::join_all(
-            (0..3).map(|i| b.send(target.clone(), write(&format!("w{i}")))),
-        )
-        .await;
+        let b = batcher(Duration::from_secs(5));
+        let answers =
+            futures::future::join_all((0..3).map(|i| b.send(target.clone(), write(i)))).await;
         for a in answers {
-            let (status, body) = body_of(a).await;
-            assert_eq!(status, 503, "{body}");
-            assert!(
-                body.contains("no_leader") && body.contains("unreachable"),
-                "{body}"
-            );
+            let e = a.unwrap_err();
+            assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");
+            assert!(e.to_string().contains("unreachable"), "{e}");
+        }
+    }
+
+    #[test]
+    fn refusals_keep_the_status_and_code_of_the_leaders_error() {
+        use meta_consensus::Error as E;
+        for (e, status, code) in [
+            (E::NoLeader, 503, "no_leader"),
+            (E::Shutdown, 503, "unavailable"),
+            (E::Timeout, 504, "timeout"),
+            (E::OutcomeUnknown("x".into()), 504, "outcome_unknown"),
+            (E::InvalidArgument("x".into()), 400, "invalid_argument"),
+            (E::NotFound("x".into()), 404, "not_found"),
+            (E::Snapshot("x".into()), 500, "internal"),
+        ] {
+            let refusal = Refusal::of(e);
+            let back: Refusal = codec::decode(&codec::encode(&refusal).unwrap()).unwrap();
+            let api = ApiError::from(back);
+            assert_eq!((api.status().as_u16(), api.code()), (status, code), "{api}");
         }
     }
 }

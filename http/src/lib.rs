@@ -21,6 +21,7 @@ pub mod request;
 pub mod response;
 pub mod router;
 pub mod state;
+pub mod writer;
 
 pub use auth::Token;
 pub use error::ApiError;

@@ -193,7 +193,7 @@ async fn three_nodes_over_http() {
     let (_, metrics) = client
         .send(reqwest::Method::GET, &servers[&leader], "/metrics", None)
         .await;
-    let batches = "metaserver_http_requests_total{route=\"/raft/forward-batch\",method=\"POST\",status=\"200\"}";
+    let batches = "metaserver_http_requests_total{route=\"/raft/forward-commands\",method=\"POST\",status=\"200\"}";
     assert!(metrics.as_str().unwrap().contains(batches), "{metrics}");
 
     // The leader snapshots and purges its log; a new learner must catch up by snapshot.

@@ -13,6 +13,7 @@ use crate::response::{
     ShardsRegistered,
 };
 use crate::state::AppState;
+use crate::writer::Writer;
 
 impl From<DatanodeInfo> for DatanodeView {
     fn from(d: DatanodeInfo) -> Self {
@@ -27,13 +28,12 @@ impl From<DatanodeInfo> for DatanodeView {
 
 /// `PUT /v1/datanodes/{id}` `{"addr":..}`: registers (again) with a new epoch.
 pub async fn register(
-    State(state): State<AppState>,
+    writer: Writer,
     Path(id): Path<u64>,
     Json(body): Json<RegisterDatanodeBody>,
 ) -> Result<axum::Json<DatanodeRegistered>, ApiError> {
     body.validate()?;
-    let written = state
-        .node
+    let written = writer
         .write(Command::RegisterDatanode {
             id,
             addr: body.addr,
@@ -74,10 +74,10 @@ pub async fn get(
 
 /// `DELETE /v1/datanodes/{id}`: drops it and its replicas; 404 if unknown.
 pub async fn remove(
-    State(state): State<AppState>,
+    writer: Writer,
     Path(id): Path<u64>,
 ) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
-    let written = state.node.write(Command::RemoveDatanode { id }).await?;
+    let written = writer.write(Command::RemoveDatanode { id }).await?;
     match written.result {
         CommandResult::DatanodeRemoved {
             existed: true,
@@ -94,7 +94,7 @@ pub async fn remove(
 
 /// `POST /v1/datanodes/{id}/shards` `{"epoch":E,"shards":[..]}`: one batch, one log entry.
 pub async fn register_shards(
-    State(state): State<AppState>,
+    writer: Writer,
     Path(id): Path<u64>,
     Json(body): Json<RegisterShardsBody>,
 ) -> Result<axum::Json<ShardsRegistered>, ApiError> {
@@ -109,8 +109,7 @@ pub async fn register_shards(
             size: s.size,
         })
         .collect();
-    let written = state
-        .node
+    let written = writer
         .write(Command::RegisterShards {
             datanode: id,
             epoch,
@@ -140,11 +139,10 @@ pub async fn register_shards(
 
 /// `DELETE /v1/datanodes/{id}/shards/{shard}`; 404 if the replica is not registered.
 pub async fn deregister_shard(
-    State(state): State<AppState>,
+    writer: Writer,
     Path((id, shard)): Path<(u64, u64)>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
-    let written = state
-        .node
+    let written = writer
         .write(Command::DeregisterShards {
             datanode: id,
             shards: vec![shard],

@@ -12,6 +12,7 @@ use crate::extract::{Query, RawBody};
 use crate::request::{validate_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery};
 use crate::response::{KvKeyPage, KvKeyView, KvWritten};
 use crate::state::AppState;
+use crate::writer::Writer;
 
 /// Response header carrying a key's revision.
 pub const X_REVISION: &str = "x-revision";
@@ -59,14 +60,13 @@ fn written(result: CommandResult, key: &str, expected: Option<u64>) -> Result<Kv
 
 /// `PUT /v1/kv/{key}?if_revision=N` with the value as body (at most 1 MiB).
 pub async fn put(
-    State(state): State<AppState>,
+    writer: Writer,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
     RawBody(value): RawBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
     validate_value(&value)?;
-    let result = state
-        .node
+    let result = writer
         .write(Command::Put {
             key: key.clone(),
             value: value.to_vec(),
@@ -79,12 +79,11 @@ pub async fn put(
 
 /// `DELETE /v1/kv/{key}?if_revision=N`; 404 if the key does not exist.
 pub async fn delete(
-    State(state): State<AppState>,
+    writer: Writer,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
-    let result = state
-        .node
+    let result = writer
         .write(Command::Delete {
             key: key.clone(),
             if_revision: query.if_revision,

@@ -1,0 +1,54 @@
+//! How the admin handlers write: a command is proposed on this node when it may lead, and sent
+//! to the leader in the next forwarded batch (`forward_batch.rs`) when its metrics name
+//! another leader.
+//!
+//! A write that reached a follower is thus parsed and validated once, on the follower, and the
+//! leader only proposes the command. When this node's core, asked directly, answers "forward
+//! to leader" (an election just ended), the forwarding middleware replays the request instead.
+
+use std::convert::Infallible;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use meta_consensus::{Command, MetaNode, Written};
+
+use crate::error::{ApiError, ForwardTo};
+use crate::forward::FORWARDED_BY;
+use crate::forward_batch::Batcher;
+use crate::state::AppState;
+
+/// A handler's handle for writing; extracted from the request (whether another member
+/// forwarded it) and the state.
+pub struct Writer {
+    node: MetaNode,
+    batcher: Batcher,
+    /// Replayed here by another member: never forwarded again (the 503 tells the client to
+    /// retry).
+    forwarded: bool,
+}
+
+impl FromRequestParts<AppState> for Writer {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Infallible> {
+        Ok(Writer {
+            node: state.node.clone(),
+            batcher: state.forwarder.batcher().clone(),
+            forwarded: parts.headers.contains_key(&FORWARDED_BY),
+        })
+    }
+}
+
+impl Writer {
+    /// Writes `cmd`. Returns once it is committed (durable on a quorum) and applied on the
+    /// node that proposed it (this one, or the leader it was forwarded to). Bad input is
+    /// refused before anything is sent or proposed.
+    pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
+        match self.node.route(&cmd)? {
+            Some((leader_id, addr)) if !self.forwarded => {
+                self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
+            }
+            _ => Ok(self.node.write(cmd).await?),
+        }
+    }
+}
