@@ -86,11 +86,10 @@ impl StormWorkload<'_> {
         let before = WalFigures::read(self.api, &leader_base).await;
         let groups = self.datanodes.div_ceil(REPLICATION);
         let probe = AdminProbe::start(
-            self.api,
             bases.clone(),
             groups * self.shards_per_datanode,
             self.admin_interval,
-        );
+        )?;
 
         bar.set_length(replicas);
         bar.set_position(0);
