@@ -145,13 +145,23 @@ async fn follower_answers_forward_to_leader() -> Result<()> {
         Err(Error::ForwardToLeader { leader_id, .. }) => assert_eq!(leader_id, leader.id()),
         other => panic!("expected ForwardToLeader, got {other:?}"),
     }
-    // Bad input is refused before it reaches the log.
+    // `route` says the same without proposing: the follower sends the command on, the leader
+    // proposes it.
+    assert_eq!(
+        follower.route(&cmd)?,
+        Some((leader.id(), addr(leader.id())))
+    );
+    assert_eq!(leader.route(&cmd)?, None);
+    // Bad input is refused before it reaches the log, or is sent anywhere.
     let before = leader.status().last_log_index;
     let bad = Command::Put {
         key: String::new(),
         value: vec![],
         if_revision: None,
     };
+    for node in [follower, &leader] {
+        assert!(matches!(node.route(&bad), Err(Error::InvalidArgument(_))));
+    }
     assert!(matches!(
         leader.write(bad).await,
         Err(Error::InvalidArgument(_))

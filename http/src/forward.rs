@@ -36,7 +36,7 @@ pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-metaserver-forwa
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Headers of the leader's answer that are relayed to the client.
-pub(crate) const RELAYED: [HeaderName; 3] = [
+const RELAYED: [HeaderName; 3] = [
     header::CONTENT_TYPE,
     header::RETRY_AFTER,
     HeaderName::from_static("x-revision"),
