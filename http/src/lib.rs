@@ -6,6 +6,7 @@
 
 pub mod append_stream;
 pub mod auth;
+pub mod connection_limit;
 pub mod error;
 pub mod extract;
 pub mod forward;
@@ -24,23 +25,15 @@ pub mod state;
 pub mod writer;
 
 pub use auth::Token;
+pub use connection_limit::LimitedListener;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use network::HttpNetwork;
 pub use router::router;
 pub use state::AppState;
 
-/// The listener a metaserver serves on: `listener` with Nagle's algorithm off on every accepted
-/// connection. A streamed AppendEntries exchange writes small answers back to back; with Nagle
-/// on, each answer written while the previous one is unacknowledged waits for the peer's
-/// delayed ACK (~40 ms on Linux).
-pub fn listener(
-    listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("could not set TCP_NODELAY on an accepted connection: {e}");
-        }
-    })
+/// The listener a metaserver serves on: `listener` with at most `max_connections` accepted
+/// connections open at once and Nagle's algorithm off on each (`connection_limit.rs`).
+pub fn listener(listener: tokio::net::TcpListener, max_connections: usize) -> LimitedListener {
+    LimitedListener::new(listener, max_connections)
 }

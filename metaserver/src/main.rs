@@ -5,6 +5,7 @@
 mod cli;
 mod local_cluster;
 mod logging;
+mod open_files;
 mod operator;
 mod server;
 mod settings;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use meta_consensus::{MetaNode, Node};
 use meta_http::{AppState, HttpNetwork, Token};
-use tokio::net::TcpListener;
 
+use crate::open_files;
 use crate::settings::ServeSettings;
 use crate::shutdown::Signals;
 
@@ -18,7 +18,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Serves one node until a shutdown signal; returns once its log is durable.
 pub async fn serve(settings: ServeSettings) -> Result<()> {
     let mut signals = Signals::install()?;
-    let listener = TcpListener::bind(&settings.listen)
+    let listener = meta_http::connection_limit::bind(&settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
     let bound = listener.local_addr().context("reading the bound address")?;
@@ -60,6 +60,21 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         initialize_once(&node, &settings, &addr).await?;
     }
 
+    let max_connections = match open_files::raise() {
+        Ok(files) => {
+            tracing::info!(
+                open_files_limit = files.now,
+                raised_from = files.before,
+                max_connections = files.connection_budget(),
+                "connections are limited by the open-files limit"
+            );
+            files.connection_budget()
+        }
+        Err(e) => {
+            tracing::warn!("could not read or raise the open-files limit: {e}");
+            (open_files::RESERVED_FILES * 4) as usize
+        }
+    };
     let app = meta_http::router(AppState::new(node.clone(), token));
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");
@@ -67,7 +82,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(meta_http::listener(listener), app)
+        axum::serve(meta_http::listener(listener, max_connections), app)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })

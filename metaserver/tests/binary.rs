@@ -5,8 +5,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use common::{client, poll, run, send, spawn};
+use common::{client, poll, run, send, spawn, spawn_with_open_files};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -270,6 +271,82 @@ async fn the_token_is_enforced() {
     .await;
     assert!(ok, "{err}");
 
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
+
+/// Idle connections beyond the node's connection budget wait unaccepted, so a flood of them
+/// leaves the descriptors the node needs for its own files. With 400 open files (a budget of
+/// 144 connections) and 500 idle connections, a node that accepted them all ran out of
+/// descriptors, and the snapshot asked for below stopped its Raft core ("too many open files"
+/// listing the snapshot directory): every later request was refused until a restart. Now the
+/// node builds the snapshot and takes writes on a connection it had, and serves new
+/// connections once the flood ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("data");
+    let mut server = spawn_with_open_files(
+        dir.path(),
+        dir.path(),
+        &["--data-dir", data.to_str().unwrap()],
+        &[("METASERVER_LISTEN", "127.0.0.1:0")],
+        false,
+        Some(400),
+    );
+    let addr = server.address();
+    let base = format!("http://{addr}");
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let epoch = register_datanode(&http, &base, 1, None).await;
+
+    let mut flood = Vec::new();
+    // No more beyond the budget than the kernel's accept queue holds, so every connect
+    // completes (the queue is 4,096 long on current kernels, 128 on old ones).
+    let queue: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(128);
+    for _ in 0..500.min(144 + queue - 16) {
+        flood.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.logs().contains("every connection slot is taken") {
+        assert!(
+            Instant::now() < deadline,
+            "the node never reached its connection budget: {}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The client's pooled connection was accepted before the flood.
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/datanodes/1/shards"),
+        None,
+        Some(
+            json!({"epoch": epoch, "shards": [{"id": 7, "generation": 1, "size": 1}]}).to_string(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/cluster/snapshot"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "building a snapshot during the flood: {v}");
+
+    drop(flood);
+    let fresh = client();
+    let v = poll(&fresh, &format!("{base}/v1/shards/7"), None, |_| true).await;
+    assert_eq!(v["replicas"][0]["datanode"], 1, "{v}");
     server.signal(libc::SIGTERM);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
 }

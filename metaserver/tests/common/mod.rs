@@ -52,6 +52,18 @@ pub fn binary() -> &'static str {
 /// Starts the binary in `cwd` with `args` and `env`; stdout lines are collected, stderr
 /// goes to a log file in `log_dir`. `group` puts it in its own process group.
 pub fn spawn(cwd: &Path, log_dir: &Path, args: &[&str], env: &[(&str, &str)], group: bool) -> Proc {
+    spawn_with_open_files(cwd, log_dir, args, env, group, None)
+}
+
+/// Like [`spawn`], with the child's soft and hard limit of open files set to `open_files`.
+pub fn spawn_with_open_files(
+    cwd: &Path,
+    log_dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    group: bool,
+    open_files: Option<u64>,
+) -> Proc {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let stderr = log_dir.join(format!("stderr-{n}.log"));
@@ -72,6 +84,21 @@ pub fn spawn(cwd: &Path, log_dir: &Path, args: &[&str], env: &[(&str, &str)], gr
     }
     if group {
         command.process_group(0);
+    }
+    if let Some(n) = open_files {
+        // SAFETY: setrlimit is async-signal-safe, so it may run between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     let mut child = command.spawn().expect("spawn metaserver");
     let stdout = child.stdout.take().expect("stdout");

@@ -1,0 +1,236 @@
+//! The listener a metaserver serves on: at most so many connections open at once, Nagle's
+//! algorithm off on each.
+//!
+//! Every accepted connection holds a file descriptor, as do the log's segments, the registry's
+//! files, snapshots and the connections to the peers. When a registration storm opens more
+//! connections than the process may hold files, accepting fails with `EMFILE`, and so does
+//! everything else that opens a file or a socket: a new connection to a peer (a heartbeat, a
+//! forwarded batch) or a new log segment. Measured before this limit, with the usual default
+//! soft limit of 1,024 open files and 5,000 datanodes registering at once: the leader lost its
+//! office and the cluster answered `no_leader` until the storm gave up. So the listener takes a
+//! slot before it accepts: once every slot is taken, further connections wait in the kernel's
+//! accept queue (the datanode sees a slow connect, not an error) until one closes, and the
+//! descriptors outside the slots stay free for the node's own files and peers.
+//!
+//! The accept queue is longer than the standard library's 128 ([`ACCEPT_QUEUE`], capped by the
+//! kernel's `somaxconn`): a connection that finds the queue full is not refused but has its SYN
+//! dropped, and its client retries after one second, then three, and so on.
+//!
+//! Nagle's algorithm is off because a streamed AppendEntries exchange writes small answers
+//! back to back; with it on, each answer written while the previous one is unacknowledged
+//! waits for the peer's delayed ACK (~40 ms on Linux).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How long accepting pauses after an error that is not about one connection (for example
+/// `EMFILE` when the process's other files took the descriptors the slots left free).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// Connections the kernel may queue for accepting (it caps this at `net.core.somaxconn`).
+pub const ACCEPT_QUEUE: u32 = 4096;
+/// "Every slot is taken" is logged at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Binds a TCP listener to `addr` (`host:port`; the first address it resolves to that can be
+/// bound) with an accept queue of [`ACCEPT_QUEUE`].
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host(addr).await? {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr).and_then(|()| socket.listen(ACCEPT_QUEUE)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address resolves to nothing",
+        )
+    }))
+}
+
+/// A TCP listener that keeps at most `max_connections` accepted connections open.
+#[derive(Debug)]
+pub struct LimitedListener {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    max_connections: usize,
+    /// When "every slot is taken" was last logged.
+    warned: Option<Instant>,
+}
+
+impl LimitedListener {
+    /// Serves `listener` with at most `max_connections` (at least 1) connections open.
+    pub fn new(listener: TcpListener, max_connections: usize) -> Self {
+        let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
+        LimitedListener {
+            listener,
+            slots: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+            warned: None,
+        }
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.max_connections - self.slots.available_permits()
+    }
+
+    /// Takes a slot, waiting for a connection to close if none is free.
+    async fn slot(&mut self) -> OwnedSemaphorePermit {
+        let due = self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY);
+        if self.slots.available_permits() == 0 && due {
+            tracing::warn!(
+                max_connections = self.max_connections,
+                "every connection slot is taken; new connections wait until one closes"
+            );
+            self.warned = Some(Instant::now());
+        }
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the listener's semaphore is never closed")
+    }
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = LimitedStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (LimitedStream, SocketAddr) {
+        loop {
+            let slot = self.slot().await;
+            match self.listener.accept().await {
+                Ok((tcp, addr)) => {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!("could not set TCP_NODELAY on an accepted connection: {e}");
+                    }
+                    return (LimitedStream { tcp, _slot: slot }, addr);
+                }
+                Err(e) if is_connection_error(&e) => {}
+                Err(e) => {
+                    tracing::warn!("accepting a connection failed: {e}");
+                    drop(slot);
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// Errors about one connection (which went away before it was accepted), not the listener.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// An accepted connection; closing it frees its slot.
+#[derive(Debug)]
+pub struct LimitedStream {
+    tcp: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for LimitedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::serve::Listener;
+    use futures::FutureExt;
+
+    #[tokio::test]
+    async fn a_connection_past_the_limit_waits_until_one_closes() {
+        let tcp = bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut listener = LimitedListener::new(tcp, 2);
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let (first, _) = listener.accept().await;
+        let (second, _) = listener.accept().await;
+        assert!(first.tcp.nodelay().unwrap());
+        assert_eq!(listener.open_connections(), 2);
+        // The third client is connected (the kernel queued it) but not accepted: no slot.
+        let mut third = Box::pin(listener.accept());
+        assert!((&mut third).now_or_never().is_none());
+        drop(second);
+        let (third, _) = tokio::time::timeout(Duration::from_secs(10), third)
+            .await
+            .expect("a closed connection frees its slot");
+        assert_eq!(listener.open_connections(), 2);
+        drop((first, third));
+        assert_eq!(listener.open_connections(), 0);
+    }
+
+    #[tokio::test]
+    async fn bind_resolves_names_and_refuses_what_does_not_resolve() {
+        let listener = bind("localhost:0").await.unwrap();
+        assert!(listener.local_addr().unwrap().ip().is_loopback());
+        assert!(bind("no-such-host.invalid:0").await.is_err());
+        assert!(bind("127.0.0.1").await.is_err(), "no port");
+    }
+}
