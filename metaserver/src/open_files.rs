@@ -31,9 +31,8 @@ impl OpenFiles {
     }
 }
 
-/// Raises the soft limit of open files to the hard limit (at most [`MAX_SOFT_LIMIT`]). Never
-/// lowers it.
-pub fn raise() -> io::Result<OpenFiles> {
+/// The soft and hard limit of open files now.
+fn limits() -> io::Result<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -42,6 +41,19 @@ pub fn raise() -> io::Result<OpenFiles> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(limit)
+}
+
+/// The soft limit of open files now, unchanged.
+pub fn current() -> io::Result<OpenFiles> {
+    let now = limits()?.rlim_cur;
+    Ok(OpenFiles { before: now, now })
+}
+
+/// Raises the soft limit of open files to the hard limit (at most [`MAX_SOFT_LIMIT`]). Never
+/// lowers it. On an error the limit is unchanged.
+pub fn raise() -> io::Result<OpenFiles> {
+    let mut limit = limits()?;
     let before = limit.rlim_cur;
     let wanted = limit.rlim_max.min(MAX_SOFT_LIMIT);
     if wanted <= before {
@@ -61,6 +73,34 @@ pub fn raise() -> io::Result<OpenFiles> {
     })
 }
 
+/// Raises the limit ([`raise`]), logs the outcome, and returns how many connections the
+/// listener may hold open.
+pub fn connection_slots() -> usize {
+    match raise() {
+        Ok(files) => {
+            tracing::info!(
+                open_files_limit = files.now,
+                raised_from = files.before,
+                max_connections = files.connection_budget(),
+                "connections are limited by the open-files limit"
+            );
+            files.connection_budget()
+        }
+        Err(e) => {
+            let files = current().unwrap_or(OpenFiles {
+                before: 1024,
+                now: 1024,
+            });
+            tracing::warn!(
+                open_files_limit = files.now,
+                max_connections = files.connection_budget(),
+                "could not raise the open-files limit: {e}"
+            );
+            files.connection_budget()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,15 +118,7 @@ mod tests {
     fn raising_reaches_the_hard_limit_and_never_lowers_the_soft_one() {
         let raised = raise().unwrap();
         assert!(raised.now >= raised.before);
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: as in `raise`.
-        assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-            0
-        );
+        let limit = limits().unwrap();
         assert_eq!(limit.rlim_cur, raised.now);
         assert_eq!(
             raised.now,
@@ -94,5 +126,6 @@ mod tests {
         );
         // Raising again changes nothing.
         assert_eq!(raise().unwrap().now, raised.now);
+        assert_eq!(current().unwrap().now, raised.now);
     }
 }

@@ -18,6 +18,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Serves one node until a shutdown signal; returns once its log is durable.
 pub async fn serve(settings: ServeSettings) -> Result<()> {
     let mut signals = Signals::install()?;
+    // Before anything opens files: the log, the registry and every connection count.
+    let max_connections = open_files::connection_slots();
     let listener = meta_http::connection_limit::bind(&settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -60,21 +62,6 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         initialize_once(&node, &settings, &addr).await?;
     }
 
-    let max_connections = match open_files::raise() {
-        Ok(files) => {
-            tracing::info!(
-                open_files_limit = files.now,
-                raised_from = files.before,
-                max_connections = files.connection_budget(),
-                "connections are limited by the open-files limit"
-            );
-            files.connection_budget()
-        }
-        Err(e) => {
-            tracing::warn!("could not read or raise the open-files limit: {e}");
-            (open_files::RESERVED_FILES * 4) as usize
-        }
-    };
     let app = meta_http::router(AppState::new(node.clone(), token));
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");
