@@ -31,9 +31,3 @@ pub use metrics::Metrics;
 pub use network::HttpNetwork;
 pub use router::router;
 pub use state::AppState;
-
-/// The listener a metaserver serves on: `listener` with at most `max_connections` accepted
-/// connections open at once and Nagle's algorithm off on each (`connection_limit.rs`).
-pub fn listener(listener: tokio::net::TcpListener, max_connections: usize) -> LimitedListener {
-    LimitedListener::new(listener, max_connections)
-}

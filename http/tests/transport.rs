@@ -42,7 +42,7 @@ async fn start(id: u64, dir: &TempDir) -> Server {
         .unwrap();
     let app = meta_http::router(AppState::new(node.clone(), token));
     let task = tokio::spawn(async move {
-        axum::serve(meta_http::listener(listener, 10_000), app)
+        axum::serve(meta_http::LimitedListener::new(listener, 10_000), app)
             .await
             .unwrap();
     });

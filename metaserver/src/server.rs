@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use meta_consensus::{MetaNode, Node};
-use meta_http::{AppState, HttpNetwork, Token};
+use meta_http::{AppState, HttpNetwork, LimitedListener, Token};
 
 use crate::open_files;
 use crate::settings::ServeSettings;
@@ -69,7 +69,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(meta_http::listener(listener, max_connections), app)
+        axum::serve(LimitedListener::new(listener, max_connections), app)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
