@@ -1,4 +1,5 @@
-//! Concurrency: many writers, shared barriers, and poisoning after a failed sync.
+//! Concurrency: many writers, shared barriers, poisoning after a failed sync, and a shortage of
+//! file descriptors.
 
 use std::sync::Arc;
 use std::thread;
@@ -213,4 +214,65 @@ fn callbacks_may_call_back_into_the_log() {
     assert!(rx.recv_timeout(TIMEOUT).unwrap());
     assert!(rx.recv_timeout(TIMEOUT).unwrap());
     assert_eq!(wal.durable_lsn(), 2);
+}
+
+/// Options whose segments hold one 100-byte record each, so every append starts a segment.
+fn one_record_segments(descriptor_wait: Duration) -> WalOptions {
+    WalOptions {
+        segment_bytes: 256,
+        descriptor_wait,
+        ..WalOptions::default()
+    }
+}
+
+#[test]
+fn a_shortage_of_descriptors_when_a_segment_starts_is_waited_out() {
+    let fs = FaultyFileSystem::new();
+    let opts = one_record_segments(TIMEOUT);
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap();
+    let first = wal.append(&[1; 100]).unwrap();
+    let segments = wal.metrics().segments_created;
+    // The next append moves to a new segment; creating it fails three times.
+    fs.run_out_of_descriptors(0, 3);
+    let second = wal.append(&[2; 100]).unwrap();
+    assert_eq!(wal.metrics().segments_created, segments + 1);
+    // The one after that creates its segment, then opening the directory to sync fails twice.
+    fs.run_out_of_descriptors(1, 2);
+    let third = wal.append(&[3; 100]).unwrap();
+    wal.sync(third).unwrap();
+    // Purging opens the directory to sync the removal of old segments.
+    fs.run_out_of_descriptors(0, 1);
+    wal.purge_to(first).unwrap();
+    let last = wal.append(&[4; 100]).unwrap();
+    wal.sync(last).unwrap();
+    drop(wal);
+
+    fs.crash(Default::default());
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
+    assert_eq!(wal.read(first).unwrap(), None, "purged");
+    assert_eq!(wal.read(second).unwrap(), Some(vec![2; 100]));
+    assert_eq!(wal.read(third).unwrap(), Some(vec![3; 100]));
+    assert_eq!(wal.read(last).unwrap(), Some(vec![4; 100]));
+}
+
+#[test]
+fn a_lasting_shortage_of_descriptors_poisons_the_log_after_the_wait() {
+    let fs = FaultyFileSystem::new();
+    let wait = Duration::from_millis(20);
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", one_record_segments(wait)).unwrap();
+    let first = wal.append(&[1; 100]).unwrap();
+    wal.sync(first).unwrap();
+    fs.run_out_of_descriptors(0, usize::MAX);
+    let started = Instant::now();
+    match wal.append(&[2; 100]) {
+        Err(Error::Io { op, source, .. }) => {
+            assert_eq!(op, "create segment");
+            assert!(meta_store::fs::is_descriptor_shortage(&source), "{source}");
+        }
+        other => panic!("expected the shortage, got {other:?}"),
+    }
+    assert!(started.elapsed() >= wait, "waited before giving up");
+    fs.run_out_of_descriptors(0, 0);
+    assert!(matches!(wal.append(&[3; 100]), Err(Error::Poisoned(_))));
+    assert_eq!(wal.read(first).unwrap(), Some(vec![1; 100]));
 }

@@ -1,6 +1,6 @@
 //! An in-memory file system for tests that models what a crash does to files: bytes that were
 //! never synced are lost, the last unsynced write may be torn, and files whose directory was never
-//! synced disappear. It can also fail syncs and hold them on a gate.
+//! synced disappear. It can also fail syncs, hold them on a gate, and run out of descriptors.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -43,7 +43,24 @@ struct State {
     fail_syncs: bool,
     fail_next_syncs: usize,
     fail_writes: bool,
+    /// Opens (of files and of directories to sync them) to let through before running short.
+    opens_before_short: usize,
+    /// Opens still to fail with `EMFILE` after those.
+    short_opens: usize,
     syncs: u64,
+}
+
+impl State {
+    /// Fails with `EMFILE` while opens are to run short of descriptors.
+    fn open_descriptor(&mut self) -> io::Result<()> {
+        if self.opens_before_short > 0 {
+            self.opens_before_short -= 1;
+        } else if self.short_opens > 0 {
+            self.short_opens -= 1;
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -161,6 +178,15 @@ impl FaultyFileSystem {
         self.state.lock().fail_next_syncs = n;
     }
 
+    /// Of the next calls that open a file or a directory (`create_new`, `open`, `sync_dir`),
+    /// lets `after` through and then fails `n` with `EMFILE`, as a process out of file
+    /// descriptors does; nothing is created or synced by a call that fails so.
+    pub fn run_out_of_descriptors(&self, after: usize, n: usize) {
+        let mut st = self.state.lock();
+        st.opens_before_short = after;
+        st.short_opens = n;
+    }
+
     /// How many successful syncs (`sync_data` and `sync_all` on files) this file system has seen.
     pub fn sync_count(&self) -> u64 {
         self.state.lock().syncs
@@ -221,6 +247,7 @@ impl FileSystem for FaultyFileSystem {
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
         let mut st = self.state.lock();
+        st.open_descriptor()?;
         if st.names.contains_key(path) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -239,7 +266,8 @@ impl FileSystem for FaultyFileSystem {
     }
 
     fn open(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        st.open_descriptor()?;
         let id = *st.names.get(path).ok_or_else(|| not_found(path))?;
         Ok(self.handle(id, st.generation))
     }
@@ -252,6 +280,7 @@ impl FileSystem for FaultyFileSystem {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
+        st.open_descriptor()?;
         st.durable_names.retain(|p, _| p.parent() != Some(dir));
         let entries: Vec<(PathBuf, u64)> = st
             .names

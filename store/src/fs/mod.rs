@@ -6,7 +6,9 @@
 //!   the last write, fail syncs, and hold syncs on a gate.
 //! - [`SlowSyncFileSystem`]: another file system with every sync slower by a fixed delay, to
 //!   emulate a slower disk in benchmarks.
+//! - [`DescriptorWait`]: retries an open that failed for want of file descriptors.
 
+mod descriptor_wait;
 mod faulty;
 mod os;
 mod slow;
@@ -15,6 +17,7 @@ use std::fmt;
 use std::io;
 use std::path::Path;
 
+pub use descriptor_wait::{is_descriptor_shortage, DescriptorWait, DEFAULT_DESCRIPTOR_WAIT};
 pub use faulty::{CrashPoint, FaultyFileSystem, SyncGate};
 pub use os::OsFileSystem;
 pub use slow::SlowSyncFileSystem;

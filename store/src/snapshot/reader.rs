@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::format::{Header, Trailer, TRAILER_LEN};
 use super::SnapshotFile;
+use crate::fs::DescriptorWait;
 use crate::{Error, Result};
 
 const READ_BUFFER: usize = 256 * 1024;
@@ -129,7 +130,9 @@ impl Read for SnapshotReader {
 /// Checks the header and trailer of the snapshot file at `path` (not the payload checksum) and
 /// returns the open file positioned at the payload.
 pub(crate) fn inspect(path: &Path) -> Result<Inspected> {
-    let mut file = File::open(path).map_err(|e| Error::io("open snapshot", path, e))?;
+    let mut file = DescriptorWait::default()
+        .open("open snapshot", path, || File::open(path))
+        .map_err(|e| Error::io("open snapshot", path, e))?;
     let file_len = file
         .metadata()
         .map_err(|e| Error::io("stat snapshot", path, e))?

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::format::MAX_META_BYTES;
 use super::reader::inspect;
 use super::{SnapshotFile, SnapshotReader, SnapshotWriter};
+use crate::fs::DescriptorWait;
 use crate::rate_limit::RateLimiter;
 use crate::{Error, Result};
 
@@ -176,7 +177,9 @@ fn check_name(name: &str) -> Result<()> {
 
 /// The file names in `dir` (names that are not UTF-8 are skipped).
 fn read_dir(dir: &Path) -> Result<Vec<String>> {
-    let entries = fs::read_dir(dir).map_err(|e| Error::io("list snapshot directory", dir, e))?;
+    let entries = DescriptorWait::default()
+        .open("list snapshot directory", dir, || fs::read_dir(dir))
+        .map_err(|e| Error::io("list snapshot directory", dir, e))?;
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("list snapshot directory", dir, e))?;

@@ -10,6 +10,7 @@ use tempfile::NamedTempFile;
 use super::format::{Header, Trailer};
 use super::store::TEMP_PREFIX;
 use super::{SnapshotFile, SnapshotStore};
+use crate::fs::DescriptorWait;
 use crate::rate_limit::{RateLimiter, ThrottledWriter};
 use crate::{Error, Result};
 
@@ -47,9 +48,13 @@ impl SnapshotWriter {
         meta: &[u8],
         limiter: Arc<RateLimiter>,
     ) -> Result<SnapshotWriter> {
-        let mut temp = tempfile::Builder::new()
-            .prefix(&format!("{TEMP_PREFIX}{name}."))
-            .tempfile_in(store.dir())
+        let prefix = format!("{TEMP_PREFIX}{name}.");
+        let mut temp = DescriptorWait::default()
+            .open("create snapshot temp file", store.dir(), || {
+                tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .tempfile_in(store.dir())
+            })
             .map_err(|e| Error::io("create snapshot temp file", store.dir(), e))?;
         let header = Header::encode(meta);
         temp.write_all(&header)
@@ -115,7 +120,10 @@ impl SnapshotWriter {
         let path = store.path_of(&name);
         temp.persist(&path)
             .map_err(|e| Error::io("rename snapshot into place", &path, e.error))?;
-        File::open(store.dir())
+        DescriptorWait::default()
+            .open("sync snapshot directory", store.dir(), || {
+                File::open(store.dir())
+            })
             .and_then(|dir| dir.sync_all())
             .map_err(|e| Error::io("sync snapshot directory", store.dir(), e))?;
         store.retire_old(&name);

@@ -168,7 +168,9 @@ mod tests {
         fs.create_dir_all(dir).unwrap();
         let mut index = Index::new(firsts[0]);
         for &f in firsts {
-            index.add_segment(Arc::new(Segment::create(&fs, dir, f, None).unwrap()));
+            index.add_segment(Arc::new(
+                Segment::create(&fs, dir, f, None, Default::default()).unwrap(),
+            ));
         }
         index
     }

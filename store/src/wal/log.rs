@@ -20,7 +20,7 @@ use super::waiter::{Parker, Waiter};
 use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
 use crate::barrier::{BarrierBook, Job, Status};
 use crate::error::{Error, Result};
-use crate::fs::{FileSystem, OsFileSystem, SlowSyncFileSystem};
+use crate::fs::{DescriptorWait, FileSystem, OsFileSystem, SlowSyncFileSystem};
 
 /// Largest single read `read_range` issues for a run of adjacent records.
 const MAX_READ_SPAN: u64 = 4 << 20;
@@ -41,6 +41,7 @@ struct Inner {
     dir: PathBuf,
     segment_bytes: u64,
     preallocate: bool,
+    descriptor_wait: DescriptorWait,
     mode: AtomicU8,
     /// The write lock: the segment being written, where, and the next LSN.
     writer: Mutex<Writer>,
@@ -114,6 +115,7 @@ impl Wal {
             fs,
             segment_bytes: opts.segment_bytes,
             preallocate: opts.preallocate,
+            descriptor_wait: DescriptorWait::new(opts.descriptor_wait),
             mode: AtomicU8::new(opts.barrier as u8),
             writer: Mutex::new(Writer {
                 segment: rec.tail.clone(),
@@ -338,9 +340,10 @@ impl Wal {
                     .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
             }
             let dir = &self.inner.dir;
+            let fs = &self.inner.fs;
             self.inner
-                .fs
-                .sync_dir(dir)
+                .descriptor_wait
+                .open("fsync log directory", dir, || fs.sync_dir(dir))
                 .map_err(|e| Error::io("fsync log directory", dir, e))?;
         }
         Ok(marker)
@@ -548,7 +551,13 @@ impl Inner {
             return Err(err);
         }
         let prealloc = self.preallocate.then_some(self.segment_bytes);
-        let segment = match Segment::create(&*self.fs, &self.dir, w.next_lsn, prealloc) {
+        let segment = match Segment::create(
+            &*self.fs,
+            &self.dir,
+            w.next_lsn,
+            prealloc,
+            self.descriptor_wait,
+        ) {
             Ok(s) => Arc::new(s),
             Err(err) => {
                 // A half-created segment cannot be retried safely (its fsync may have failed).

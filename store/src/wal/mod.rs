@@ -16,6 +16,10 @@ mod waiter;
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use crate::fs::DescriptorWait;
+use crate::fs::DEFAULT_DESCRIPTOR_WAIT;
+
 pub use log::Wal;
 pub use metrics::{LatencyHistogram, WalMetrics, LATENCY_BOUNDS_SECONDS};
 pub use record::MAX_PAYLOAD;
@@ -49,6 +53,9 @@ pub struct WalOptions {
     /// Added to every sync of [`Wal::open`]'s file system: emulates a disk with slower barriers,
     /// for benchmarks. Zero (the default) on any real deployment.
     pub extra_sync_latency: Duration,
+    /// How long creating a segment or opening the log directory waits when the process is out
+    /// of file descriptors (default 10 s) before the log gives up; see [`DescriptorWait`].
+    pub descriptor_wait: Duration,
 }
 
 /// Smallest accepted [`WalOptions::segment_bytes`].
@@ -61,6 +68,7 @@ impl Default for WalOptions {
             barrier: BarrierMode::Shared,
             preallocate: true,
             extra_sync_latency: Duration::ZERO,
+            descriptor_wait: DEFAULT_DESCRIPTOR_WAIT,
         }
     }
 }

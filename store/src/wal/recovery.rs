@@ -10,7 +10,7 @@ use super::record::{self, RecordMeta};
 use super::segment::{self, Segment, SEGMENT_HEADER_LEN};
 use super::{Lsn, WalOptions};
 use crate::error::{Error, Result};
-use crate::fs::FileSystem;
+use crate::fs::{DescriptorWait, FileSystem};
 
 /// The state recovery hands to the log.
 pub(crate) struct Recovered {
@@ -167,7 +167,13 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
 
 /// Creates the first segment of an empty log.
 fn fresh(fs: &dyn FileSystem, dir: &Path, first: Lsn, opts: &WalOptions) -> Result<Recovered> {
-    let tail = Arc::new(Segment::create(fs, dir, first, prealloc(opts))?);
+    let tail = Arc::new(Segment::create(
+        fs,
+        dir,
+        first,
+        prealloc(opts),
+        DescriptorWait::new(opts.descriptor_wait),
+    )?);
     let mut index = Index::new(first);
     index.add_segment(tail.clone());
     Ok(Recovered {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Lsn;
 use crate::error::{Error, Result};
-use crate::fs::{FileHandle, FileSystem};
+use crate::fs::{DescriptorWait, FileHandle, FileSystem};
 
 /// Size of the segment header.
 pub(crate) const SEGMENT_HEADER_LEN: u64 = 24;
@@ -58,6 +58,9 @@ impl Segment {
     /// Creates the segment that starts at `first_lsn`: create the file, write its header,
     /// optionally preallocate `prealloc` bytes, fsync the file, fsync the directory.
     ///
+    /// Creating the file and opening the directory wait out a shortage of file descriptors
+    /// for up to `wait`; the syncs are never retried.
+    ///
     /// Contract: on success the file, its header and its directory entry are durable. On failure
     /// a partly created file may remain; recovery deletes a last segment without a valid header.
     pub fn create(
@@ -65,10 +68,11 @@ impl Segment {
         dir: &Path,
         first_lsn: Lsn,
         prealloc: Option<u64>,
+        wait: DescriptorWait,
     ) -> Result<Segment> {
         let path = dir.join(file_name(first_lsn));
-        let file: Arc<dyn FileHandle> = fs
-            .create_new(&path)
+        let file: Arc<dyn FileHandle> = wait
+            .open("create segment", &path, || fs.create_new(&path))
             .map_err(|e| Error::io("create segment", &path, e))?
             .into();
         file.write_all_at(&header(first_lsn), 0)
@@ -78,7 +82,8 @@ impl Segment {
         }
         file.sync_all()
             .map_err(|e| Error::io("fsync new segment", &path, e))?;
-        fs.sync_dir(dir)
+        // Opening the directory is what can run out of descriptors (an fsync never does).
+        wait.open("fsync log directory", dir, || fs.sync_dir(dir))
             .map_err(|e| Error::io("fsync log directory", dir, e))?;
         Ok(Segment {
             first_lsn,
