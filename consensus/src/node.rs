@@ -697,26 +697,16 @@ impl MetaNode {
                 openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
                 openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
             })?;
-        let sm = self.inner.sm.clone();
-        let current = blocking(move || sm.current_snapshot()).await?;
-        match current {
-            Some((meta, data)) => Ok(SnapshotInfo {
-                index: meta.last_log_id.map(|l| l.index).unwrap_or(0),
-                bytes: data.payload_bytes(),
-            }),
-            None => Err(Error::Snapshot("no snapshot after building one".into())),
-        }
+        self.inner
+            .sm
+            .last_snapshot()
+            .ok_or_else(|| Error::Snapshot("no snapshot after building one".into()))
     }
 
-    /// The newest complete snapshot file (for a backup download). Lists the snapshot dir.
+    /// The newest complete snapshot file (for a backup download). Does no IO.
     pub fn newest_snapshot_file(&self) -> Option<PathBuf> {
-        match self.inner.sm.snapshots.newest() {
-            Ok(f) => f.map(|f| f.path),
-            Err(e) => {
-                tracing::warn!("listing snapshots: {e}");
-                None
-            }
-        }
+        let (_, data) = self.inner.sm.current_snapshot()?;
+        Some(data.path().to_path_buf())
     }
 
     /// Creates an empty file, in this node's data dir, for a snapshot a leader streams to it.

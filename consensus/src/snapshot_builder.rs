@@ -70,7 +70,7 @@ impl SnapshotBuilder {
             self.release();
             return Err(Error::Raft(format!("snapshot not captured: {why}")));
         }
-        if let Some((meta, data)) = self.shared.current_snapshot()? {
+        if let Some((meta, data)) = self.shared.current_snapshot() {
             if meta.last_log_id == self.meta.last_log_id {
                 self.release();
                 return Ok((meta, data));
@@ -99,17 +99,15 @@ impl SnapshotBuilder {
             .finish()
             .map_err(|e| Error::storage("finish snapshot", e))?;
         self.shared.stats.built(file.bytes, started.elapsed());
-        self.shared.set_last_snapshot(&self.meta, file.bytes);
+        let data = SnapshotData::stored(file.path, file.bytes);
+        self.shared.set_current_snapshot(&self.meta, data.clone());
         tracing::info!(
             "built snapshot {} ({} bytes) in {:?}",
             file.name,
             file.bytes,
             started.elapsed()
         );
-        Ok((
-            self.meta.clone(),
-            SnapshotData::stored(file.path, file.bytes),
-        ))
+        Ok((self.meta.clone(), data))
     }
 }
 

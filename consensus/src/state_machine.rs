@@ -93,8 +93,9 @@ pub(crate) struct SmShared {
     pub(crate) building: AtomicUsize,
     /// Set when the node shuts down: running snapshot exports stop early.
     pub(crate) closing: AtomicBool,
-    /// The newest snapshot (index, payload bytes), for status.
-    last_snapshot: Mutex<Option<SnapshotInfo>>,
+    /// The newest snapshot's metadata and file, kept here so that openraft's requests for it
+    /// open and list nothing (a node short of file descriptors must still answer them).
+    current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
 }
 
 /// The registry state machine handed to openraft.
@@ -128,17 +129,14 @@ impl StateMachine {
         let registry = Registry::open(registry_dir, cache_bytes)?;
         let snapshots = SnapshotStore::open(snapshot_dir, snapshots_to_keep)
             .map_err(|e| Error::storage("open snapshot store", e))?;
-        let last_snapshot = snapshots
+        let current = snapshots
             .newest()
             .map_err(|e| Error::storage("find newest snapshot", e))?
-            .map(|f| -> Result<SnapshotInfo> {
+            .map(|f| -> Result<(SnapshotMeta, SnapshotData)> {
                 let meta: SnapshotMeta = codec::decode(&f.meta).map_err(|e| {
                     Error::corrupt(format!("snapshot metadata of {}", f.path.display()), e)
                 })?;
-                Ok(SnapshotInfo {
-                    index: meta.last_log_id.map(|l| l.index).unwrap_or(0),
-                    bytes: f.bytes,
-                })
+                Ok((meta, SnapshotData::stored(f.path, f.bytes)))
             })
             .transpose()?;
         let gen = registry.current();
@@ -160,7 +158,7 @@ impl StateMachine {
                 defer_max_age: DEFER_MAX_AGE,
                 building: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
-                last_snapshot: Mutex::new(last_snapshot),
+                current: Mutex::new(current),
             }),
         })
     }
@@ -203,14 +201,32 @@ impl SmShared {
 
     /// The newest snapshot this node built or installed.
     pub(crate) fn last_snapshot(&self) -> Option<SnapshotInfo> {
-        self.last_snapshot.lock().clone()
+        self.current
+            .lock()
+            .as_ref()
+            .map(|(meta, data)| SnapshotInfo {
+                index: meta.last_log_id.as_ref().map(|l| l.index).unwrap_or(0),
+                bytes: data.payload_bytes(),
+            })
     }
 
-    pub(crate) fn set_last_snapshot(&self, meta: &SnapshotMeta, bytes: u64) {
-        *self.last_snapshot.lock() = Some(SnapshotInfo {
-            index: meta.last_log_id.as_ref().map(|l| l.index).unwrap_or(0),
-            bytes,
-        });
+    /// Records a snapshot that is durable in the snapshot store as the current one, unless a
+    /// newer one is (a build that began before a newer snapshot was installed).
+    pub(crate) fn set_current_snapshot(&self, meta: &SnapshotMeta, data: SnapshotData) {
+        let mut current = self.current.lock();
+        if current
+            .as_ref()
+            .is_some_and(|(newest, _)| newest.last_log_id > meta.last_log_id)
+        {
+            return;
+        }
+        *current = Some((meta.clone(), data));
+    }
+
+    /// The newest snapshot file and its metadata. Does no IO: the file is kept from when it
+    /// was built, installed or found at open, and retention never deletes the newest.
+    pub(crate) fn current_snapshot(&self) -> Option<(SnapshotMeta, SnapshotData)> {
+        self.current.lock().clone()
     }
 
     pub(crate) fn replicas(&self) -> u64 {
@@ -438,21 +454,6 @@ impl SmShared {
         Ok((results, last, membership))
     }
 
-    /// The newest snapshot file and its metadata. Blocking (reads the file's header).
-    pub(crate) fn current_snapshot(&self) -> Result<Option<(SnapshotMeta, SnapshotData)>> {
-        let Some(file) = self
-            .snapshots
-            .newest()
-            .map_err(|e| Error::storage("find newest snapshot", e))?
-        else {
-            return Ok(None);
-        };
-        let meta: SnapshotMeta = codec::decode(&file.meta).map_err(|e| {
-            Error::corrupt(format!("snapshot metadata of {}", file.path.display()), e)
-        })?;
-        Ok(Some((meta, SnapshotData::stored(file.path, file.bytes))))
-    }
-
     /// Replaces the registry by the snapshot in `data`. Blocking.
     fn install(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
         let started = Instant::now();
@@ -492,14 +493,18 @@ impl SmShared {
                 return Err(e);
             }
         };
-        if let Some(w) = copy {
-            if let Err(e) = w.finish() {
-                self.registry.abort_replace(replacement);
-                return Err(Error::storage("finish snapshot copy", e));
-            }
-        }
+        let stored = match copy {
+            None => data.clone(),
+            Some(w) => match w.finish() {
+                Ok(file) => SnapshotData::stored(file.path, file.bytes),
+                Err(e) => {
+                    self.registry.abort_replace(replacement);
+                    return Err(Error::storage("finish snapshot copy", e));
+                }
+            },
+        };
         self.registry.finish_replace(replacement)?;
-        self.set_last_snapshot(meta, data.payload_bytes());
+        self.set_current_snapshot(meta, stored);
         *self.applied.lock() = (meta.last_log_id, meta.last_membership.clone());
         self.replicas.store(trailer.replicas, Ordering::Relaxed);
         self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
@@ -571,8 +576,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> io::Result<Option<SnapshotOf<TypeConfig, SnapshotData>>> {
-        let shared = self.shared.clone();
-        let current = blocking(move || shared.current_snapshot()).await?;
+        let current = self.shared.current_snapshot();
         Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
@@ -589,218 +593,4 @@ impl Drop for SmShared {
 }
 
 #[cfg(test)]
-mod tests {
-    use openraft::vote::leader_id_adv::LeaderId;
-
-    use super::*;
-    use crate::command::ShardReport;
-    use openraft::storage::RaftSnapshotBuilder;
-
-    /// A state machine whose deferred batch waits for an hour (or a reader), however slow the
-    /// machine running the test.
-    fn open(dir: &Path) -> StateMachine {
-        let mut sm = StateMachine::open(
-            &dir.join("registry"),
-            &dir.join("snapshots"),
-            1 << 20,
-            2,
-            Arc::new(RateLimiter::unlimited()),
-        )
-        .unwrap();
-        Arc::get_mut(&mut sm.shared).unwrap().defer_max_age = Duration::from_secs(3600);
-        sm
-    }
-
-    fn entry(index: u64, cmd: Command) -> Entry {
-        Entry {
-            log_id: LogId::new(
-                LeaderId {
-                    term: 1,
-                    node_id: 1,
-                },
-                index,
-            ),
-            payload: EntryPayload::Normal(cmd),
-        }
-    }
-
-    /// A datanode, then one shard per entry, each applied alone; the kv `k` last.
-    fn workload() -> Vec<Entry> {
-        let mut out = vec![entry(
-            1,
-            Command::RegisterDatanode {
-                id: 7,
-                addr: "a".into(),
-            },
-        )];
-        for i in 0..20u64 {
-            out.push(entry(
-                2 + i,
-                Command::RegisterShards {
-                    datanode: 7,
-                    epoch: 1,
-                    shards: vec![ShardReport {
-                        id: i,
-                        generation: 1,
-                        size: 1,
-                    }],
-                },
-            ));
-        }
-        out.push(entry(
-            22,
-            Command::Put {
-                key: "k".into(),
-                value: b"v".to_vec(),
-                if_revision: None,
-            },
-        ));
-        out
-    }
-
-    #[test]
-    fn applied_writes_wait_in_memory_until_a_reader_commits_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let sm = open(dir.path());
-        let shared = sm.shared();
-        let mut results = Vec::new();
-        for e in workload() {
-            results.extend(shared.apply_entries(&[e], false).unwrap());
-        }
-        // Every entry was answered from the batch (each shard was new), and the counters moved.
-        let accepted =
-            |r: &CommandResult| matches!(r, CommandResult::ShardsRegistered { accepted: 1, .. });
-        assert_eq!(results.iter().filter(|r| accepted(r)).count(), 20);
-        assert_eq!((shared.replicas(), shared.datanodes()), (20, 1));
-        assert_eq!(shared.applied().0.map(|l| l.index), Some(22));
-        // Nothing reached sled yet, and point reads see it all.
-        assert!(shared.registry.content().unwrap().is_empty());
-        assert_eq!(shared.shard(19).unwrap().unwrap().replicas.len(), 1);
-        assert!(shared.shard(20).unwrap().is_none());
-        assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 20);
-        assert_eq!(shared.kv_get("k").unwrap().unwrap().value, b"v");
-        assert!(shared.kv_get("other").unwrap().is_none());
-        shared.commit_deferred().unwrap();
-        assert_eq!(
-            shared.registry.shard(19).unwrap().unwrap().replicas.len(),
-            1
-        );
-        assert!(shared.registry.kv_get("k").unwrap().is_some());
-        // A deferred removal hides what the registry still holds.
-        let gone = [
-            entry(
-                23,
-                Command::DeregisterShards {
-                    datanode: 7,
-                    shards: vec![19],
-                },
-            ),
-            entry(
-                24,
-                Command::Delete {
-                    key: "k".into(),
-                    if_revision: None,
-                },
-            ),
-        ];
-        shared.apply_entries(&gone, false).unwrap();
-        assert!(shared.registry.shard(19).unwrap().is_some());
-        assert!(shared.shard(19).unwrap().is_none());
-        assert!(shared.kv_get("k").unwrap().is_none());
-        assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 19);
-        shared.commit_deferred().unwrap();
-        let content = shared.registry.content().unwrap();
-        // Reopened, the registry holds the same state at the same last-applied.
-        drop(shared);
-        drop(sm);
-        let sm = open(dir.path());
-        assert_eq!(sm.shared().registry.content().unwrap(), content);
-        assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(24));
-        assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
-    }
-
-    /// Entry `index`: datanode 7 (epoch 1) registers the shards `ids`.
-    fn register(index: u64, ids: std::ops::Range<u64>) -> Entry {
-        entry(
-            index,
-            Command::RegisterShards {
-                datanode: 7,
-                epoch: 1,
-                shards: ids
-                    .map(|id| ShardReport {
-                        id,
-                        generation: 1,
-                        size: 1,
-                    })
-                    .collect(),
-            },
-        )
-    }
-
-    #[test]
-    fn heavy_is_decided_per_entry() {
-        let single = |index: u64| register(index, index..index + 1);
-        // Sixty single-shard registrations in one call are light, however much they touch
-        // together; one entry of a hundred shards is heavy, alone or among light ones.
-        let light: Vec<Entry> = (1..=60).map(single).collect();
-        assert!(work(&light) > HEAVY_ENTRY_OPS);
-        assert!(!is_heavy(&light));
-        let big = register(61, 1000..1100);
-        assert!(is_heavy(std::slice::from_ref(&big)));
-        let mut mixed = light.clone();
-        mixed.push(big);
-        assert!(is_heavy(&mixed));
-    }
-
-    #[test]
-    fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
-        let dir = tempfile::tempdir().unwrap();
-        let sm = open(dir.path());
-        let shared = sm.shared();
-        let entries = workload();
-        for e in &entries[..5] {
-            shared
-                .apply_entries(std::slice::from_ref(e), false)
-                .unwrap();
-        }
-        assert!(shared.registry.content().unwrap().is_empty());
-        let heavy = register(23, 1000..1100);
-        shared.apply_entries(&[heavy], true).unwrap();
-        // Both are in the registry without a reader committing anything.
-        assert!(shared.deferred.lock().is_none());
-        assert!(shared.registry.shard(3).unwrap().is_some());
-        assert!(shared.registry.shard(1099).unwrap().is_some());
-        assert_eq!(shared.registry.current().replica_count().unwrap(), 104);
-        assert_eq!(shared.applied().0.map(|l| l.index), Some(23));
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
-        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut sm = open(a.path());
-        for e in workload() {
-            sm.shared().apply_entries(&[e], false).unwrap();
-        }
-        let snapshot = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(22));
-        let other = open(b.path());
-        let shared = other.shared();
-        let meta = snapshot.meta.clone();
-        tokio::task::spawn_blocking(move || shared.install(&meta, &snapshot.snapshot))
-            .await
-            .unwrap()
-            .unwrap();
-        let want = sm.shared().registry.content().unwrap();
-        assert_eq!(want.len(), 1 + 1 + 1, "a datanode, one bucket, one key");
-        assert_eq!(other.shared().registry.content().unwrap(), want);
-        assert_eq!(
-            (other.shared().replicas(), other.shared().datanodes()),
-            (20, 1)
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,269 @@
+//! Tests of the state machine: deferred applies, heavy entries, snapshots.
+
+use openraft::vote::leader_id_adv::LeaderId;
+
+use super::*;
+use crate::command::ShardReport;
+use openraft::storage::RaftSnapshotBuilder;
+
+/// A state machine whose deferred batch waits for an hour (or a reader), however slow the
+/// machine running the test.
+fn open(dir: &Path) -> StateMachine {
+    let mut sm = StateMachine::open(
+        &dir.join("registry"),
+        &dir.join("snapshots"),
+        1 << 20,
+        2,
+        Arc::new(RateLimiter::unlimited()),
+    )
+    .unwrap();
+    Arc::get_mut(&mut sm.shared).unwrap().defer_max_age = Duration::from_secs(3600);
+    sm
+}
+
+fn entry(index: u64, cmd: Command) -> Entry {
+    Entry {
+        log_id: LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ),
+        payload: EntryPayload::Normal(cmd),
+    }
+}
+
+/// A datanode, then one shard per entry, each applied alone; the kv `k` last.
+fn workload() -> Vec<Entry> {
+    let mut out = vec![entry(
+        1,
+        Command::RegisterDatanode {
+            id: 7,
+            addr: "a".into(),
+        },
+    )];
+    for i in 0..20u64 {
+        out.push(entry(
+            2 + i,
+            Command::RegisterShards {
+                datanode: 7,
+                epoch: 1,
+                shards: vec![ShardReport {
+                    id: i,
+                    generation: 1,
+                    size: 1,
+                }],
+            },
+        ));
+    }
+    out.push(entry(
+        22,
+        Command::Put {
+            key: "k".into(),
+            value: b"v".to_vec(),
+            if_revision: None,
+        },
+    ));
+    out
+}
+
+#[test]
+fn applied_writes_wait_in_memory_until_a_reader_commits_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    let mut results = Vec::new();
+    for e in workload() {
+        results.extend(shared.apply_entries(&[e], false).unwrap());
+    }
+    // Every entry was answered from the batch (each shard was new), and the counters moved.
+    let accepted =
+        |r: &CommandResult| matches!(r, CommandResult::ShardsRegistered { accepted: 1, .. });
+    assert_eq!(results.iter().filter(|r| accepted(r)).count(), 20);
+    assert_eq!((shared.replicas(), shared.datanodes()), (20, 1));
+    assert_eq!(shared.applied().0.map(|l| l.index), Some(22));
+    // Nothing reached sled yet, and point reads see it all.
+    assert!(shared.registry.content().unwrap().is_empty());
+    assert_eq!(shared.shard(19).unwrap().unwrap().replicas.len(), 1);
+    assert!(shared.shard(20).unwrap().is_none());
+    assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 20);
+    assert_eq!(shared.kv_get("k").unwrap().unwrap().value, b"v");
+    assert!(shared.kv_get("other").unwrap().is_none());
+    shared.commit_deferred().unwrap();
+    assert_eq!(
+        shared.registry.shard(19).unwrap().unwrap().replicas.len(),
+        1
+    );
+    assert!(shared.registry.kv_get("k").unwrap().is_some());
+    // A deferred removal hides what the registry still holds.
+    let gone = [
+        entry(
+            23,
+            Command::DeregisterShards {
+                datanode: 7,
+                shards: vec![19],
+            },
+        ),
+        entry(
+            24,
+            Command::Delete {
+                key: "k".into(),
+                if_revision: None,
+            },
+        ),
+    ];
+    shared.apply_entries(&gone, false).unwrap();
+    assert!(shared.registry.shard(19).unwrap().is_some());
+    assert!(shared.shard(19).unwrap().is_none());
+    assert!(shared.kv_get("k").unwrap().is_none());
+    assert_eq!(shared.datanode(7).unwrap().unwrap().shards, 19);
+    shared.commit_deferred().unwrap();
+    let content = shared.registry.content().unwrap();
+    // Reopened, the registry holds the same state at the same last-applied.
+    drop(shared);
+    drop(sm);
+    let sm = open(dir.path());
+    assert_eq!(sm.shared().registry.content().unwrap(), content);
+    assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(24));
+    assert_eq!((sm.shared().replicas(), sm.shared().datanodes()), (19, 1));
+}
+
+/// Entry `index`: datanode 7 (epoch 1) registers the shards `ids`.
+fn register(index: u64, ids: std::ops::Range<u64>) -> Entry {
+    entry(
+        index,
+        Command::RegisterShards {
+            datanode: 7,
+            epoch: 1,
+            shards: ids
+                .map(|id| ShardReport {
+                    id,
+                    generation: 1,
+                    size: 1,
+                })
+                .collect(),
+        },
+    )
+}
+
+#[test]
+fn heavy_is_decided_per_entry() {
+    let single = |index: u64| register(index, index..index + 1);
+    // Sixty single-shard registrations in one call are light, however much they touch
+    // together; one entry of a hundred shards is heavy, alone or among light ones.
+    let light: Vec<Entry> = (1..=60).map(single).collect();
+    assert!(work(&light) > HEAVY_ENTRY_OPS);
+    assert!(!is_heavy(&light));
+    let big = register(61, 1000..1100);
+    assert!(is_heavy(std::slice::from_ref(&big)));
+    let mut mixed = light.clone();
+    mixed.push(big);
+    assert!(is_heavy(&mixed));
+}
+
+#[test]
+fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    let entries = workload();
+    for e in &entries[..5] {
+        shared
+            .apply_entries(std::slice::from_ref(e), false)
+            .unwrap();
+    }
+    assert!(shared.registry.content().unwrap().is_empty());
+    let heavy = register(23, 1000..1100);
+    shared.apply_entries(&[heavy], true).unwrap();
+    // Both are in the registry without a reader committing anything.
+    assert!(shared.deferred.lock().is_none());
+    assert!(shared.registry.shard(3).unwrap().is_some());
+    assert!(shared.registry.shard(1099).unwrap().is_some());
+    assert_eq!(shared.registry.current().replica_count().unwrap(), 104);
+    assert_eq!(shared.applied().0.map(|l| l.index), Some(23));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut sm = open(a.path());
+    for e in workload() {
+        sm.shared().apply_entries(&[e], false).unwrap();
+    }
+    let snapshot = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(22));
+    let other = open(b.path());
+    let shared = other.shared();
+    let meta = snapshot.meta.clone();
+    tokio::task::spawn_blocking(move || shared.install(&meta, &snapshot.snapshot))
+        .await
+        .unwrap()
+        .unwrap();
+    let want = sm.shared().registry.content().unwrap();
+    assert_eq!(want.len(), 1 + 1 + 1, "a datanode, one bucket, one key");
+    assert_eq!(other.shared().registry.content().unwrap(), want);
+    assert_eq!(
+        (other.shared().replicas(), other.shared().datanodes()),
+        (20, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_snapshot_is_known_without_opening_a_file() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut leader = open(a.path());
+    for e in workload() {
+        leader.shared().apply_entries(&[e], false).unwrap();
+    }
+    let newer = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(newer.meta.last_log_id.map(|l| l.index), Some(22));
+
+    // A follower captures at index 10 and, before that export finishes, installs the
+    // leader's newer snapshot: the stale build does not become the current snapshot.
+    let mut follower = open(b.path());
+    for e in &workload()[..10] {
+        follower
+            .shared()
+            .apply_entries(std::slice::from_ref(e), false)
+            .unwrap();
+    }
+    let mut stale = follower.get_snapshot_builder().await;
+    let shared = follower.shared();
+    let (meta, data) = (newer.meta.clone(), newer.snapshot.clone());
+    tokio::task::spawn_blocking(move || shared.install(&meta, &data))
+        .await
+        .unwrap()
+        .unwrap();
+    let built = stale.build_snapshot().await.unwrap();
+    assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(10));
+
+    // With the snapshot directory gone, the current snapshot is still known: openraft's
+    // request for it needs no descriptor, no listing and no read.
+    let dir = b.path().join("snapshots");
+    let moved = b.path().join("moved");
+    std::fs::rename(&dir, &moved).unwrap();
+    let current = follower.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, newer.meta);
+    assert_eq!(current.snapshot.path().parent(), Some(dir.as_path()));
+    assert_eq!(follower.shared().last_snapshot().unwrap().index, 22);
+    std::fs::rename(&moved, &dir).unwrap();
+
+    // The kept copy is a complete snapshot, and the newest by name when the node reopens.
+    let (meta, _) = read_meta(current.snapshot.path()).unwrap();
+    assert_eq!(meta, newer.meta);
+    drop((stale, built, current, follower));
+    let mut reopened = open(b.path());
+    let current = reopened.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, newer.meta);
+}
