@@ -166,6 +166,7 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
                     shards_per_datanode: options.shards_per_datanode,
                     batch: options.batch,
                     admin_interval: Duration::from_millis(options.admin_interval_ms),
+                    admin_consistency: options.admin_consistency.clone(),
                 };
                 let p = workload.run(&bar).await;
                 bar.finish_and_clear();

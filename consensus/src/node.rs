@@ -13,7 +13,7 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, InitializeError, RaftError};
 use openraft::network::NetSnapshot;
 use openraft::raft::SnapshotResponse;
-use openraft::{ChangeMembers, RaftNetworkFactory, ReadPolicy};
+use openraft::{ChangeMembers, LinearizerOption, RaftNetworkFactory, ReadPolicy};
 
 use crate::command::{Command, ShardReport};
 use crate::config::NodeConfig;
@@ -451,12 +451,18 @@ impl MetaNode {
     }
 
     /// Makes reads after it see every write committed before it was called (Linearizable:
-    /// read index confirmed by a quorum, then wait until applied here), or nothing (Local).
+    /// read index confirmed by a quorum, then wait until applied here; Lease: the same, with
+    /// the quorum's last acknowledgement standing for the confirmation while the leader lease
+    /// holds), or nothing (Local).
     pub async fn read_barrier(&self, c: Consistency) -> Result<()> {
         self.check_open()?;
-        if c == Consistency::Local {
-            return Ok(());
-        }
+        let option = match c {
+            Consistency::Local => return Ok(()),
+            Consistency::Linearizable => LinearizerOption::from(ReadPolicy::ReadIndex),
+            // Any acknowledgement within the lease; else a heartbeat now, waited for as a
+            // read index is.
+            Consistency::Lease => LinearizerOption::new(None, true),
+        };
         if let Some(forward) = self.leader_elsewhere() {
             return Err(forward);
         }
@@ -465,7 +471,7 @@ impl MetaNode {
         let timeout = self.inner.cfg.request_timeout;
         let lin = self
             .retry_lease_refusal(
-                || raft.get_read_linearizer(ReadPolicy::ReadIndex),
+                || raft.get_read_linearizer(option.clone()),
                 |e| {
                     matches!(e, RaftError::APIError(L::ForwardToLeader(f))
                         if f.reason == openraft::error::ForwardReason::LeaseExpired

@@ -21,6 +21,13 @@ pub enum Consistency {
     Linearizable,
     /// This node's applied state, possibly stale.
     Local,
+    /// Like `Linearizable`, but the leader skips the round to a quorum while its lease holds: a
+    /// quorum acknowledged it (a heartbeat or an append) within the leader lease (the maximum
+    /// election timeout), and a node that acknowledged a leader votes for no other until the
+    /// lease has passed, so no other leader can exist yet. Past the lease it confirms leadership
+    /// as `Linearizable` does. Assumes the nodes' clocks advance at about the same rate (not
+    /// that they agree). Answers `ForwardToLeader` on a follower.
+    Lease,
 }
 
 /// A registered datanode.

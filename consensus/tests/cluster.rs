@@ -141,9 +141,11 @@ async fn follower_answers_forward_to_leader() -> Result<()> {
         }
         other => panic!("expected ForwardToLeader, got {other:?}"),
     }
-    match follower.read_barrier(Consistency::Linearizable).await {
-        Err(Error::ForwardToLeader { leader_id, .. }) => assert_eq!(leader_id, leader.id()),
-        other => panic!("expected ForwardToLeader, got {other:?}"),
+    for c in [Consistency::Linearizable, Consistency::Lease] {
+        match follower.read_barrier(c).await {
+            Err(Error::ForwardToLeader { leader_id, .. }) => assert_eq!(leader_id, leader.id()),
+            other => panic!("expected ForwardToLeader for {c:?}, got {other:?}"),
+        }
     }
     // `route` says the same without proposing: the follower sends the command on, the leader
     // proposes it.
@@ -168,6 +170,9 @@ async fn follower_answers_forward_to_leader() -> Result<()> {
     ));
     assert_eq!(leader.status().last_log_index, before);
     let w = leader.write(cmd).await?;
+    // A lease read on the leader sees the write it acknowledged.
+    let e = leader.kv_get(Consistency::Lease, "k").await?.context("k")?;
+    assert_eq!(e.revision, w.index);
     follower.wait_applied(w.index, WAIT).await?;
     let e = follower
         .kv_get(Consistency::Local, "k")
@@ -539,6 +544,13 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
             if_revision: None,
         })
         .await?;
+    // The majority elected a leader only after the old one's lease ran out (a node that
+    // acknowledged a leader votes for no other within the lease), so the old leader serves
+    // no lease read that could miss the new leader's write.
+    match old.kv_get(Consistency::Lease, "after-cut").await {
+        Err(_) => {}
+        Ok(found) => panic!("the cut-off old leader served a lease read: {found:?}"),
+    }
     c.router.heal_all();
     old.wait_applied(w.index, WAIT).await?;
     assert!(old.kv_get(Consistency::Local, "after-cut").await?.is_some());

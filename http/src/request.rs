@@ -169,6 +169,9 @@ pub enum ReadConsistency {
     Linearizable,
     /// This node's applied state, possibly stale; never forwarded.
     Local,
+    /// Linearizable while the leader's lease holds, without a round to the followers (answered
+    /// by the leader).
+    Lease,
 }
 
 /// A validated pagination request.
@@ -185,9 +188,10 @@ pub fn parse_consistency(value: Option<&str>) -> Result<ReadConsistency, ApiErro
     match value {
         None | Some("linearizable") => Ok(ReadConsistency::Linearizable),
         Some("local") => Ok(ReadConsistency::Local),
+        Some("lease") => Ok(ReadConsistency::Lease),
         Some(other) => Err(ApiError::invalid(
             "invalid_consistency",
-            format!("consistency must be \"linearizable\" or \"local\", not {other:?}"),
+            format!("consistency must be \"linearizable\", \"lease\" or \"local\", not {other:?}"),
         )),
     }
 }

@@ -78,11 +78,16 @@ async fn datanodes_and_shards() {
         a.json(),
         json!({"datanodes":[{"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0}]})
     );
-    let a = t.get("/v1/datanodes/7?consistency=local").await;
-    assert_eq!(
-        a.json(),
-        json!({"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0})
-    );
+    for consistency in ["local", "lease", "linearizable"] {
+        let a = t
+            .get(&format!("/v1/datanodes/7?consistency={consistency}"))
+            .await;
+        assert_eq!(
+            a.json(),
+            json!({"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0}),
+            "{consistency}"
+        );
+    }
     let a = t.get("/v1/datanodes/8").await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
     assert_eq!(a.error_code(), "not_found");

@@ -66,6 +66,8 @@ pub enum Consistency {
     Linearizable,
     /// This node's applied state.
     Local,
+    /// Linearizable through the leader's lease.
+    Lease,
 }
 
 impl Consistency {
@@ -73,6 +75,7 @@ impl Consistency {
         match self {
             Consistency::Linearizable => "linearizable",
             Consistency::Local => "local",
+            Consistency::Lease => "lease",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Linearizable reads under faults: one sequential writer per key writes increasing numbers while
-//! readers read with `consistency=linearizable` from random nodes; the recorded history is checked
-//! for reads that return a state older than a write acknowledged before the read began.
+//! readers read with `consistency=linearizable` or `consistency=lease` (chosen at random per
+//! read) from random nodes; the recorded history is checked for reads that return a state older
+//! than a write acknowledged before the read began.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,8 @@ pub struct ReadOp {
     pub key: String,
     /// The node asked.
     pub node: u64,
+    /// How the read asked.
+    pub consistency: Consistency,
     /// When the request was sent.
     pub start: Instant,
     /// When the answer arrived.
@@ -118,8 +121,8 @@ impl History {
             for read in &reads {
                 let v = read.value;
                 let at = format!(
-                    "key {key} read {v} (revision {}) from node {}",
-                    read.revision, read.node
+                    "key {key} read {v} (revision {}) from node {} ({:?})",
+                    read.revision, read.node, read.consistency
                 );
                 if v != 0 {
                     match write(v) {
@@ -253,9 +256,14 @@ impl LinearizableWorkload {
                     }
                     let (node, addr) = live[rng.usize(..live.len())];
                     let key = keys[rng.usize(..keys.len())].clone();
+                    let consistency = if rng.bool() {
+                        Consistency::Lease
+                    } else {
+                        Consistency::Linearizable
+                    };
                     let start = Instant::now();
                     match Api::with_client(http.clone(), addr)
-                        .kv_get(&key, Consistency::Linearizable)
+                        .kv_get(&key, consistency)
                         .await
                     {
                         Ok(found) => {
@@ -271,6 +279,7 @@ impl LinearizableWorkload {
                             history.lock().unwrap().reads.push(ReadOp {
                                 key,
                                 node,
+                                consistency,
                                 start,
                                 end,
                                 value,
@@ -334,6 +343,7 @@ mod tests {
             h.reads.push(ReadOp {
                 key: "k".into(),
                 node: 1,
+                consistency: Consistency::Linearizable,
                 start: at(base, *start),
                 end: at(base, *end),
                 value: *value,

@@ -51,9 +51,15 @@ pub struct AdminProbe {
 
 impl AdminProbe {
     /// Starts both probes on a thread of their own, each issuing a read every `interval`.
-    /// Shard reads walk over ids below `shard_ids` with a stride, so they hit shards
-    /// registered early and late.
-    pub fn start(bases: Vec<String>, shard_ids: u64, interval: Duration) -> Result<AdminProbe> {
+    /// Shard reads (with `?consistency=` `consistency`) walk over ids below `shard_ids` with a
+    /// stride, so they hit shards registered early and late.
+    pub fn start(
+        bases: Vec<String>,
+        shard_ids: u64,
+        interval: Duration,
+        consistency: &str,
+    ) -> Result<AdminProbe> {
+        let consistency = consistency.to_string();
         let api = Api::new()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -71,7 +77,10 @@ impl AdminProbe {
                     bases.clone(),
                     interval,
                     stopped.clone(),
-                    move |n| format!("/v1/shards/{}", (n * stride) % shard_ids.max(1)),
+                    move |n| {
+                        let id = (n * stride) % shard_ids.max(1);
+                        format!("/v1/shards/{id}?consistency={consistency}")
+                    },
                 );
                 let cluster = probe(api, bases, interval, stopped, |_| "/v1/cluster".to_string());
                 let _ = finished.send(runtime.block_on(async { tokio::join!(shard, cluster) }));

@@ -68,6 +68,10 @@ pub struct Options {
     /// Interval of each admin read probe during the storm, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub admin_interval_ms: u64,
+    /// Consistency of the storm's shard reads (`?consistency=`): `linearizable` (read index,
+    /// the servers' default) or `lease`.
+    #[arg(long, default_value = "linearizable", value_parser = ["linearizable", "lease"])]
+    pub admin_consistency: String,
     /// Seconds to wait for a fresh cluster to elect a leader and become ready.
     #[arg(long, default_value_t = 60)]
     pub startup_timeout: u64,

@@ -74,6 +74,8 @@ pub struct StormWorkload<'a> {
     pub shards_per_datanode: u64,
     pub batch: u64,
     pub admin_interval: Duration,
+    /// `?consistency=` of the shard reads.
+    pub admin_consistency: String,
 }
 
 impl StormWorkload<'_> {
@@ -89,6 +91,7 @@ impl StormWorkload<'_> {
             bases.clone(),
             groups * self.shards_per_datanode,
             self.admin_interval,
+            &self.admin_consistency,
         )?;
 
         bar.set_length(replicas);

@@ -18,6 +18,7 @@ impl From<ReadConsistency> for Consistency {
         match c {
             ReadConsistency::Linearizable => Consistency::Linearizable,
             ReadConsistency::Local => Consistency::Local,
+            ReadConsistency::Lease => Consistency::Lease,
         }
     }
 }
