@@ -1,5 +1,5 @@
 //! The listener a metaserver serves on: at most so many connections open at once, Nagle's
-//! algorithm off on each.
+//! algorithm off and TCP keepalive on for each.
 //!
 //! Every accepted connection holds a file descriptor, as do the log's segments, the registry's
 //! files, snapshots and the connections to the peers. When a registration storm opens more
@@ -37,6 +37,12 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// Connections the kernel may queue for accepting (it caps this at `net.core.somaxconn`).
 pub const ACCEPT_QUEUE: u32 = 4096;
+/// TCP keepalive of accepted connections: the first probe after 60 s without traffic, then
+/// one every 10 s; the kernel gives up on a peer after its retry count (9 on Linux), about
+/// two and a half minutes.
+const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(Duration::from_secs(60))
+    .with_interval(Duration::from_secs(10));
 /// "Every slot is taken" is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -120,6 +126,11 @@ impl axum::serve::Listener for LimitedListener {
                 Ok((tcp, addr)) => {
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::debug!("could not set TCP_NODELAY on an accepted connection: {e}");
+                    }
+                    if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&KEEPALIVE) {
+                        tracing::debug!(
+                            "could not set TCP keepalive on an accepted connection: {e}"
+                        );
                     }
                     return (LimitedStream { tcp, _slot: slot }, addr);
                 }
@@ -213,6 +224,7 @@ mod tests {
         let (first, _) = listener.accept().await;
         let (second, _) = listener.accept().await;
         assert!(first.tcp.nodelay().unwrap());
+        assert!(socket2::SockRef::from(&first.tcp).keepalive().unwrap());
         assert_eq!(listener.open_connections(), 2);
         // The third client is connected (the kernel queued it) but not accepted: no slot.
         let mut third = Box::pin(listener.accept());

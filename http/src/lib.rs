@@ -21,6 +21,7 @@ pub mod raft_routes;
 pub mod request;
 pub mod response;
 pub mod router;
+pub mod server;
 pub mod state;
 pub mod writer;
 
@@ -30,4 +31,5 @@ pub use error::ApiError;
 pub use metrics::Metrics;
 pub use network::HttpNetwork;
 pub use router::router;
+pub use server::Server;
 pub use state::AppState;

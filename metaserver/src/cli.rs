@@ -90,6 +90,10 @@ pub struct ServeArgs {
     /// behaves on a disk whose barriers are slower than this one's [default: 0].
     #[arg(long, env = "METASERVER_EMULATED_SYNC_LATENCY_US")]
     pub emulated_sync_latency_us: Option<u64>,
+    /// Seconds a client connection may wait for its next request's headers before the server
+    /// closes it; 0 never closes idle connections [default: 120].
+    #[arg(long, env = "METASERVER_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
     /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
     /// machine, give each its share of the cores: every extra thread costs wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use meta_consensus::{MetaNode, Node};
-use meta_http::{AppState, HttpNetwork, LimitedListener, Token};
+use meta_http::{AppState, HttpNetwork, LimitedListener, Server, Token};
 
 use crate::open_files;
 use crate::settings::ServeSettings;
@@ -68,13 +68,11 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     tracing::info!(%bound, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(LimitedListener::new(listener, max_connections), app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let server = Server::new(LimitedListener::new(listener, max_connections), app)
+        .idle_timeout(settings.idle_timeout);
+    let server = tokio::spawn(server.serve(async {
+        let _ = stop_rx.await;
+    }));
     let signal = signals.recv().await;
     tracing::info!(
         signal,
@@ -82,8 +80,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     );
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!("server error while draining: {e}"),
+        Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
         Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
     }

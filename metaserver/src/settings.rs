@@ -35,6 +35,7 @@ struct FileSettings {
     worker_threads: Option<usize>,
     max_pending_shards: Option<u32>,
     emulated_sync_latency_us: Option<u64>,
+    idle_timeout_secs: Option<u64>,
 }
 
 /// Everything a node needs to start.
@@ -70,6 +71,8 @@ pub struct ServeSettings {
     pub max_pending_shards: Option<u32>,
     /// Added to every WAL sync (benchmarks only); zero by default.
     pub emulated_sync_latency: Duration,
+    /// How long a connection may wait for a request's headers; `None` = forever.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Parses `1=ADDR,2=ADDR`.
@@ -160,6 +163,11 @@ impl ServeSettings {
                     .or(file.emulated_sync_latency_us)
                     .unwrap_or(0),
             ),
+            idle_timeout: match args.idle_timeout_secs.or(file.idle_timeout_secs) {
+                None => Some(meta_http::server::DEFAULT_IDLE_TIMEOUT),
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+            },
         };
         settings.check()?;
         Ok(settings)
@@ -252,7 +260,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -261,11 +269,16 @@ mod tests {
         };
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.worker_threads, Some(1));
+        assert_eq!(s.idle_timeout, None, "0 never closes idle connections");
         let cfg = s.node_config("127.0.0.1:1");
         assert_eq!(cfg.max_pending_shards, 100);
         assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
         let defaults = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
         assert_eq!(defaults.emulated_sync_latency, Duration::ZERO);
+        assert_eq!(
+            defaults.idle_timeout,
+            Some(meta_http::server::DEFAULT_IDLE_TIMEOUT)
+        );
         for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
             std::fs::write(&path, bad).unwrap();
             let err = ServeSettings::resolve(&args, false).unwrap_err();

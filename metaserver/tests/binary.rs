@@ -31,6 +31,61 @@ async fn register_datanode(
     v["epoch"].as_u64().unwrap()
 }
 
+/// One HTTP/1.1 connection, kept open, for requests that must not open another.
+struct RawHttp {
+    tcp: tokio::net::TcpStream,
+}
+
+impl RawHttp {
+    async fn connect(addr: &str) -> RawHttp {
+        RawHttp {
+            tcp: tokio::net::TcpStream::connect(addr).await.unwrap(),
+        }
+    }
+
+    /// Sends a request with a JSON `body` and returns the status and the JSON answer (the
+    /// server sends a content length with every answer). Bounded by 30 s.
+    async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let exchange = async {
+            self.tcp.write_all(head.as_bytes()).await.unwrap();
+            self.tcp.write_all(body.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = self.tcp.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the server closed the connection");
+                got.extend_from_slice(&buf[..n]);
+                let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .expect("a content length")
+                    .trim()
+                    .parse()
+                    .unwrap();
+                if got.len() >= end + 4 + len {
+                    let status = head[9..12].parse().unwrap();
+                    let body = &got[end + 4..end + 4 + len];
+                    let v = serde_json::from_slice(body)
+                        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into()));
+                    return (status, v);
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), exchange)
+            .await
+            .expect("an answer within 30 s")
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_arguments_serve_and_keep_data_across_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -298,7 +353,14 @@ async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
     let addr = server.address();
     let base = format!("http://{addr}");
     poll(&http, &format!("{base}/readyz"), None, |_| true).await;
-    let epoch = register_datanode(&http, &base, 1, None).await;
+    // A connection of its own, accepted before the flood (a pooled client might open a new
+    // one for the next request, which would wait in the accept queue).
+    let mut own = RawHttp::connect(&addr).await;
+    let (status, v) = own
+        .request("PUT", "/v1/datanodes/1", r#"{"addr":"10.0.0.1:9000"}"#)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let epoch = v["epoch"].as_u64().unwrap();
 
     let mut flood = Vec::new();
     // No more beyond the budget than the kernel's accept queue holds, so every connect
@@ -319,28 +381,12 @@ async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The client's pooled connection was accepted before the flood.
-    let (status, v) = send(
-        &http,
-        Method::POST,
-        &format!("{base}/v1/datanodes/1/shards"),
-        None,
-        Some(
-            json!({"epoch": epoch, "shards": [{"id": 7, "generation": 1, "size": 1}]}).to_string(),
-        ),
-    )
-    .await
-    .unwrap();
+    let shards = json!({"epoch": epoch, "shards": [{"id": 7, "generation": 1, "size": 1}]});
+    let (status, v) = own
+        .request("POST", "/v1/datanodes/1/shards", &shards.to_string())
+        .await;
     assert_eq!(status, 200, "{v}");
-    let (status, v) = send(
-        &http,
-        Method::POST,
-        &format!("{base}/v1/cluster/snapshot"),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    let (status, v) = own.request("POST", "/v1/cluster/snapshot", "").await;
     assert_eq!(status, 200, "building a snapshot during the flood: {v}");
 
     drop(flood);

@@ -1,0 +1,239 @@
+//! Serving the router: one task per accepted connection, HTTP/1 with keep-alive, and a graceful
+//! shutdown.
+//!
+//! A keep-alive connection that sends no request for the idle timeout is closed, as is one
+//! that takes that long to send a request's headers: every open connection holds a slot of the
+//! listener and a file descriptor, and a client that went away without closing (or one that
+//! holds connections open on purpose) would otherwise hold them forever. The timer runs only
+//! while the server waits for a request's headers (hyper's header-read timeout), never while a
+//! request is being answered, so a long request (a snapshot build, a large listing) is not cut.
+//! Accepted connections also get TCP keepalive, so a peer that vanished while its request was
+//! answered is noticed in minutes. `axum::serve` offers neither setting, hence this loop.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::serve::Listener;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+use crate::connection_limit::LimitedListener;
+
+/// How long a connection may wait for its next request's headers unless told otherwise: above
+/// the idle timeout of common HTTP clients' pools (60 s for this server's own peer client, 90 s
+/// for Go's), so that they, not the server, close an idle connection and never send a request
+/// on one the server is closing.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Serves a router on a [`LimitedListener`].
+#[derive(Debug)]
+pub struct Server {
+    listener: LimitedListener,
+    app: Router,
+    idle_timeout: Option<Duration>,
+}
+
+impl Server {
+    /// Serves `app` on `listener`, with [`DEFAULT_IDLE_TIMEOUT`].
+    pub fn new(listener: LimitedListener, app: Router) -> Self {
+        Server {
+            listener,
+            app,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+        }
+    }
+
+    /// Closes a connection that waits this long for a request's headers; `None` never does.
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout.filter(|t| !t.is_zero());
+        self
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, lets the requests in flight
+    /// finish, closes idle connections, and returns once every connection is closed.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) {
+        let Server {
+            mut listener,
+            app,
+            idle_timeout,
+        } = self;
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(idle_timeout);
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = &mut shutdown => break,
+            };
+            let service = TowerToHyperService::new(app.clone());
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(%peer, "connection ended: {e}");
+                }
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::sync::{oneshot, Notify};
+
+    use super::*;
+    use crate::connection_limit::bind;
+
+    const IDLE: Duration = Duration::from_secs(5);
+
+    /// What `/wait` does: says it `arrived`, then answers once `release` is notified.
+    #[derive(Default)]
+    struct Hold {
+        arrived: Notify,
+        release: Notify,
+    }
+
+    /// A server with `slots` connection slots: `/` answers at once, `/wait` as `hold` says.
+    /// Returns its address, the sender that shuts it down, and the serve task.
+    async fn start(
+        slots: usize,
+        hold: Arc<Hold>,
+    ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let app = Router::new().route("/", get(|| async { "ok" })).route(
+            "/wait",
+            get(move || async move {
+                hold.arrived.notify_one();
+                hold.release.notified().await;
+                "done"
+            }),
+        );
+        let tcp = bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = Server::new(LimitedListener::new(tcp, slots), app).idle_timeout(Some(IDLE));
+        let task = tokio::spawn(server.serve(async {
+            let _ = stopped.await;
+        }));
+        (addr, stop, task)
+    }
+
+    /// Sends `GET path` on `tcp` and returns the response's body (read up to its length).
+    async fn get_on(tcp: &mut TcpStream, path: &str) -> String {
+        tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "connection closed before the answer");
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .expect("a content length")
+                    .parse()
+                    .unwrap();
+                if body.len() >= len {
+                    return body.to_string();
+                }
+            }
+        }
+    }
+
+    /// Reads until the server closes the connection (failing if it has not after ten idle
+    /// timeouts); returns what arrived before.
+    async fn read_to_close(tcp: &mut TcpStream) -> Vec<u8> {
+        let mut rest = Vec::new();
+        tokio::time::timeout(IDLE * 10, tcp.read_to_end(&mut rest))
+            .await
+            .expect("the server closes the connection")
+            .unwrap();
+        rest
+    }
+
+    // Paused time: the clock jumps to the next timer whenever every task waits, so the idle
+    // timeouts below pass at once and deterministically.
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_and_frees_its_slot() {
+        let (addr, stop, task) = start(1, Arc::default()).await;
+        // Connected, one request answered, then nothing: closed after the idle timeout.
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut first, "/").await, "ok");
+        let before = tokio::time::Instant::now();
+        assert!(read_to_close(&mut first).await.is_empty());
+        assert!(before.elapsed() >= IDLE);
+        // The one slot is free again: a connection that never sends a byte is served next,
+        // and closed in turn.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert!(read_to_close(&mut silent).await.is_empty());
+        let mut next = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut next, "/").await, "ok");
+        drop(next);
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_answered_slower_than_the_idle_timeout_is_not_cut() {
+        let hold = Arc::new(Hold::default());
+        let (addr, stop, task) = start(4, hold.clone()).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let answer = tokio::spawn(async move {
+            let body = get_on(&mut tcp, "/wait").await;
+            (body, tcp)
+        });
+        hold.arrived.notified().await;
+        tokio::time::sleep(IDLE * 4).await;
+        assert!(!answer.is_finished());
+        hold.release.notify_one();
+        let (body, mut tcp) = answer.await.unwrap();
+        assert_eq!(body, "done");
+        // The connection lives on for its next request.
+        assert_eq!(get_on(&mut tcp, "/").await, "ok");
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_lets_requests_in_flight_finish_and_closes_idle_connections() {
+        let hold = Arc::new(Hold::default());
+        let (addr, stop, mut task) = start(4, hold.clone()).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut idle, "/").await, "ok");
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        let answer = tokio::spawn(async move { get_on(&mut busy, "/wait").await });
+        hold.arrived.notified().await;
+        stop.send(()).unwrap();
+        assert!(
+            read_to_close(&mut idle).await.is_empty(),
+            "idle closed at once"
+        );
+        assert!(
+            tokio::time::timeout(IDLE / 10, &mut task).await.is_err(),
+            "serve waits for the request in flight"
+        );
+        hold.release.notify_one();
+        assert_eq!(answer.await.unwrap(), "done");
+        task.await.unwrap();
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "no longer accepting"
+        );
+    }
+}
