@@ -231,6 +231,27 @@ impl MetaNode {
         failed || matches!(rx.changed().now_or_never(), Some(Err(_)))
     }
 
+    /// Waits until openraft's core task ends while the node is open (a fatal storage error or
+    /// a panic: the node can then serve nothing until it is restarted) and returns why.
+    /// Never returns for a node that is shut down instead.
+    pub async fn stopped(&self) -> String {
+        let mut rx = self.inner.raft.metrics();
+        loop {
+            let state = rx.borrow_and_update().running_state.clone();
+            if let Err(fatal) = state {
+                if !self.inner.shut.load(Ordering::Acquire) {
+                    return fatal.to_string();
+                }
+            }
+            if rx.changed().await.is_err() {
+                if !self.inner.shut.load(Ordering::Acquire) {
+                    return "the Raft core ended".to_string();
+                }
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// How long a leader may go without a quorum acknowledging it before it no longer counts
     /// as leader (openraft's lease is the maximum election timeout).
     fn lease(&self) -> Duration {
@@ -873,11 +894,11 @@ impl MetaNode {
         // A snapshot export openraft runs detached stops at its next chunk (its temp file
         // is discarded) instead of running on after the node is gone.
         self.inner.sm.closing.store(true, Ordering::Release);
-        self.inner
-            .raft
-            .shutdown()
-            .await
-            .map_err(|e| Error::Raft(format!("shutdown: {e}")))?;
+        // A core that already stopped (a fatal error) cannot be shut down, but the log and the
+        // registry below still close and flush.
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!("shutting the Raft core down: {e}");
+        }
         let inner = self.inner.clone();
         blocking(move || {
             inner.log.flush_committed()?;

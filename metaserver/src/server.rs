@@ -1,5 +1,6 @@
 //! Running one node: bind, open the node over the HTTP transport, initialize on the first
-//! start if asked, serve until SIGTERM or SIGINT, then stop accepting, let in-flight requests
+//! start if asked, serve until SIGTERM or SIGINT (or until the Raft core stops on a storage
+//! failure: then the process exits with an error), then stop accepting, let in-flight requests
 //! finish, and shut the node down so its log is durable.
 
 use std::time::Duration;
@@ -73,16 +74,30 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let server = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));
-    let signal = signals.recv().await;
-    tracing::info!(
-        signal,
-        "shutting down: no new connections, draining requests"
-    );
+    // A node whose Raft core stopped (a storage failure) can serve nothing until it restarts:
+    // it stops like a signalled one and exits with an error, so a supervisor restarts it and
+    // recovery reads the log back from the disk (a failed fsync is never retried in place).
+    let failure = tokio::select! {
+        signal = signals.recv() => {
+            tracing::info!(signal, "shutting down: no new connections, draining requests");
+            None
+        }
+        why = node.stopped() => {
+            tracing::error!("the Raft core stopped: {why}; shutting down to be restarted");
+            Some(why)
+        }
+    };
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
         Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
+    }
+    if let Some(why) = failure {
+        if let Err(e) = node.shutdown().await {
+            tracing::warn!("closing the node after its core stopped: {e}");
+        }
+        anyhow::bail!("the Raft core stopped: {why}");
     }
     node.shutdown().await.context("shutting the node down")?;
     tracing::info!("stopped; the log is durable");

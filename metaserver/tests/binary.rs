@@ -576,3 +576,49 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
         );
     }
 }
+
+/// A storage failure that stops the Raft core (here a snapshot that cannot be written: its
+/// directory was replaced by a file) makes the process log why and exit with an error, for a
+/// supervisor to restart it, instead of staying up unable to serve. Restarted with its storage
+/// repaired, the node has everything it acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_raft_core_ends_the_process_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("data");
+    let args = ["--data-dir", data.to_str().unwrap()];
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &args, &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let epoch = register_datanode(&http, &base, 1, None).await;
+
+    let snapshots = data.join("snapshots");
+    std::fs::remove_dir_all(&snapshots).unwrap();
+    std::fs::write(&snapshots, "not a directory").unwrap();
+    // The answer does not matter (the core may stop before or after it is sent).
+    let _ = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/cluster/snapshot"),
+        None,
+        None,
+    )
+    .await;
+    let status = server.wait_exit().await;
+    assert!(!status.success(), "exited with {status}: {}", server.logs());
+    assert!(
+        server.logs().contains("the Raft core stopped"),
+        "{}",
+        server.logs()
+    );
+
+    std::fs::remove_file(&snapshots).unwrap();
+    std::fs::create_dir(&snapshots).unwrap();
+    let mut server = spawn(dir.path(), dir.path(), &args, &env, false);
+    let base = format!("http://{}", server.address());
+    let v = poll(&http, &format!("{base}/v1/datanodes/1"), None, |_| true).await;
+    assert_eq!(v["epoch"], epoch, "{v}");
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
