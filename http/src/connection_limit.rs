@@ -16,6 +16,14 @@
 //! kernel's `somaxconn`): a connection that finds the queue full is not refused but has its SYN
 //! dropped, and its client retries after one second, then three, and so on.
 //!
+//! Past the slots, [`MEMBER_CONNECTIONS`] more connections are accepted that carry only traffic
+//! between members (Raft RPCs under `/raft/` and requests a member forwards): without them, a
+//! node whose slots datanodes fill (a registration storm while the metaservers restart, with a
+//! low open-files limit) could not be reached by its peers, and a cluster that needs an election
+//! would wait until datanodes close connections, which datanodes that retry against a cluster
+//! without a leader never do. A datanode's request on such a connection is answered 503
+//! `overloaded` and the connection closed, so the reserve stays free for the members.
+//!
 //! Nagle's algorithm is off because a streamed AppendEntries exchange writes small answers
 //! back to back; with it on, each answer written while the previous one is unacknowledged
 //! waits for the peer's delayed ACK (~40 ms on Linux).
@@ -35,6 +43,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// `EMFILE` when the process's other files took the descriptors the slots left free).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// Connections accepted past the slots for traffic between members only; their descriptors
+/// come out of the ones the slots leave free.
+pub const MEMBER_CONNECTIONS: usize = 32;
 /// Connections the kernel may queue for accepting (it caps this at `net.core.somaxconn`).
 pub const ACCEPT_QUEUE: u32 = 4096;
 /// TCP keepalive of accepted connections: the first probe after 60 s without traffic, then
@@ -75,6 +86,8 @@ pub async fn bind(addr: &str) -> io::Result<TcpListener> {
 pub struct LimitedListener {
     listener: TcpListener,
     slots: Arc<Semaphore>,
+    /// [`MEMBER_CONNECTIONS`] more, for connections that only members may use.
+    member_slots: Arc<Semaphore>,
     max_connections: usize,
     /// When "every slot is taken" was last logged.
     warned: Option<Instant>,
@@ -87,31 +100,39 @@ impl LimitedListener {
         LimitedListener {
             listener,
             slots: Arc::new(Semaphore::new(max_connections)),
+            member_slots: Arc::new(Semaphore::new(MEMBER_CONNECTIONS)),
             max_connections,
             warned: None,
         }
     }
 
-    /// Connections open now.
+    /// Connections open now, in slots and in the members' reserve.
     pub fn open_connections(&self) -> usize {
-        self.max_connections - self.slots.available_permits()
+        self.max_connections + MEMBER_CONNECTIONS
+            - self.slots.available_permits()
+            - self.member_slots.available_permits()
     }
 
-    /// Takes a slot, waiting for a connection to close if none is free.
-    async fn slot(&mut self) -> OwnedSemaphorePermit {
-        let due = self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY);
-        if self.slots.available_permits() == 0 && due {
+    /// Takes a slot, else one of the members' reserve (`true`), waiting for a connection to
+    /// close if none is free.
+    async fn slot(&mut self) -> (OwnedSemaphorePermit, bool) {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return (slot, false);
+        }
+        if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
             tracing::warn!(
                 max_connections = self.max_connections,
-                "every connection slot is taken; new connections wait until one closes"
+                "every connection slot is taken; new connections serve only traffic between \
+                 members, or wait until one closes"
             );
             self.warned = Some(Instant::now());
         }
-        self.slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the listener's semaphore is never closed")
+        let closed = "the listener's semaphores are never closed";
+        tokio::select! {
+            biased;
+            slot = self.slots.clone().acquire_owned() => (slot.expect(closed), false),
+            slot = self.member_slots.clone().acquire_owned() => (slot.expect(closed), true),
+        }
     }
 }
 
@@ -121,7 +142,7 @@ impl axum::serve::Listener for LimitedListener {
 
     async fn accept(&mut self) -> (LimitedStream, SocketAddr) {
         loop {
-            let slot = self.slot().await;
+            let (slot, members_only) = self.slot().await;
             match self.listener.accept().await {
                 Ok((tcp, addr)) => {
                     if let Err(e) = tcp.set_nodelay(true) {
@@ -132,7 +153,12 @@ impl axum::serve::Listener for LimitedListener {
                             "could not set TCP keepalive on an accepted connection: {e}"
                         );
                     }
-                    return (LimitedStream { tcp, _slot: slot }, addr);
+                    let stream = LimitedStream {
+                        tcp,
+                        members_only,
+                        _slot: slot,
+                    };
+                    return (stream, addr);
                 }
                 Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
@@ -163,7 +189,16 @@ fn is_connection_error(e: &io::Error) -> bool {
 #[derive(Debug)]
 pub struct LimitedStream {
     tcp: TcpStream,
+    members_only: bool,
     _slot: OwnedSemaphorePermit,
+}
+
+impl LimitedStream {
+    /// Whether this connection holds one of the members' reserve: it may carry only traffic
+    /// between members.
+    pub fn members_only(&self) -> bool {
+        self.members_only
+    }
 }
 
 impl AsyncRead for LimitedStream {
@@ -218,23 +253,36 @@ mod tests {
         let addr = tcp.local_addr().unwrap();
         let mut listener = LimitedListener::new(tcp, 2);
         let mut clients = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..2 + MEMBER_CONNECTIONS + 1 {
             clients.push(TcpStream::connect(addr).await.unwrap());
         }
         let (first, _) = listener.accept().await;
         let (second, _) = listener.accept().await;
         assert!(first.tcp.nodelay().unwrap());
         assert!(socket2::SockRef::from(&first.tcp).keepalive().unwrap());
+        assert!(!first.members_only() && !second.members_only());
         assert_eq!(listener.open_connections(), 2);
-        // The third client is connected (the kernel queued it) but not accepted: no slot.
-        let mut third = Box::pin(listener.accept());
-        assert!((&mut third).now_or_never().is_none());
+        // Past the slots, the members' reserve.
+        let mut reserve = Vec::new();
+        for _ in 0..MEMBER_CONNECTIONS {
+            let (stream, _) = listener.accept().await;
+            assert!(stream.members_only());
+            reserve.push(stream);
+        }
+        assert_eq!(listener.open_connections(), 2 + MEMBER_CONNECTIONS);
+        // The last client is connected (the kernel queued it) but not accepted: no slot.
+        let mut last = Box::pin(listener.accept());
+        assert!((&mut last).now_or_never().is_none());
         drop(second);
-        let (third, _) = tokio::time::timeout(Duration::from_secs(10), third)
+        let (last, _) = tokio::time::timeout(Duration::from_secs(10), last)
             .await
             .expect("a closed connection frees its slot");
-        assert_eq!(listener.open_connections(), 2);
-        drop((first, third));
+        assert!(
+            !last.members_only(),
+            "a freed slot is taken before the reserve"
+        );
+        assert_eq!(listener.open_connections(), 2 + MEMBER_CONNECTIONS);
+        drop((first, last, reserve));
         assert_eq!(listener.open_connections(), 0);
     }
 

@@ -73,6 +73,10 @@ pub enum ApiError {
     /// This node is shutting down or its storage failed (503, with `Retry-After`).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// Every connection slot is taken and the request came on a connection kept for traffic
+    /// between members (503, with `Retry-After`; the connection is closed).
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     /// A write could not be committed in time; it may still commit later (504).
     #[error("timed out: {0}")]
     Timeout(String),
@@ -124,9 +128,10 @@ impl ApiError {
             | ApiError::AlreadyInitialized
             | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NoLeader(_) | ApiError::Unavailable(_) | ApiError::ForwardToLeader { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::NoLeader(_)
+            | ApiError::Unavailable(_)
+            | ApiError::Overloaded(_)
+            | ApiError::ForwardToLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) | ApiError::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -145,6 +150,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Overloaded(_) => "overloaded",
             ApiError::Timeout(_) => "timeout",
             ApiError::OutcomeUnknown(_) => "outcome_unknown",
             ApiError::Internal(_) => "internal",
@@ -232,8 +238,13 @@ pub fn error_response(status: StatusCode, code: &str, message: String) -> Respon
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        // "Forward to leader" is a hand-off to the forwarding layer, not a failure.
-        if status.is_server_error() && !matches!(self, ApiError::ForwardToLeader { .. }) {
+        // "Forward to leader" is a hand-off to the forwarding layer, not a failure; an
+        // overload is logged by the listener, at most every few seconds, not per request.
+        let quiet = matches!(
+            self,
+            ApiError::ForwardToLeader { .. } | ApiError::Overloaded(_)
+        );
+        if status.is_server_error() && !quiet {
             tracing::warn!(code = self.code(), "request failed: {self}");
         }
         let mut response = error_response(status, self.code(), self.to_string());

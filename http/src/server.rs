@@ -9,10 +9,17 @@
 //! request is being answered, so a long request (a snapshot build, a large listing) is not cut.
 //! Accepted connections also get TCP keepalive, so a peer that vanished while its request was
 //! answered is noticed in minutes. `axum::serve` offers neither setting, hence this loop.
+//!
+//! A connection in the listener's reserve for members (`connection_limit.rs`) is served by the
+//! router behind a filter that passes only traffic between members.
 
 use std::future::Future;
 use std::time::Duration;
 
+use axum::extract::Request;
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -20,6 +27,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
 use crate::connection_limit::LimitedListener;
+use crate::error::ApiError;
+use crate::forward::FORWARDED_BY;
 
 /// How long a connection may wait for its next request's headers unless told otherwise: above
 /// the idle timeout of common HTTP clients' pools (60 s for this server's own peer client, 90 s
@@ -62,6 +71,7 @@ impl Server {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(idle_timeout);
+        let members_app = app.clone().layer(axum::middleware::from_fn(members_only));
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -69,7 +79,11 @@ impl Server {
                 accepted = listener.accept() => accepted,
                 () = &mut shutdown => break,
             };
-            let service = TowerToHyperService::new(app.clone());
+            let service = TowerToHyperService::new(if stream.members_only() {
+                members_app.clone()
+            } else {
+                app.clone()
+            });
             let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
@@ -80,6 +94,24 @@ impl Server {
         drop(listener);
         graceful.shutdown().await;
     }
+}
+
+/// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
+/// member forwards pass; anything else is answered 503 `overloaded` and the connection closed,
+/// which frees the reserve for the members.
+async fn members_only(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if path.starts_with("/raft/") || request.headers().contains_key(FORWARDED_BY) {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::Overloaded(
+        "every connection slot of this node is taken; retry after a pause".into(),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 #[cfg(test)]
@@ -110,14 +142,17 @@ mod tests {
         slots: usize,
         hold: Arc<Hold>,
     ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-        let app = Router::new().route("/", get(|| async { "ok" })).route(
-            "/wait",
-            get(move || async move {
-                hold.arrived.notify_one();
-                hold.release.notified().await;
-                "done"
-            }),
-        );
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route("/raft/ping", get(|| async { "pong" }))
+            .route(
+                "/wait",
+                get(move || async move {
+                    hold.arrived.notify_one();
+                    hold.release.notified().await;
+                    "done"
+                }),
+            );
         let tcp = bind("127.0.0.1:0").await.unwrap();
         let addr = tcp.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -128,11 +163,17 @@ mod tests {
         (addr, stop, task)
     }
 
-    /// Sends `GET path` on `tcp` and returns the response's body (read up to its length).
+    /// Sends `GET path` on `tcp` and returns the response's body (read up to its length);
+    /// fails unless it is a 200.
     async fn get_on(tcp: &mut TcpStream, path: &str) -> String {
-        tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        let (head, body) = exchange(tcp, &format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n")).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body
+    }
+
+    /// Sends `request` on `tcp` and returns the response's head and body.
+    async fn exchange(tcp: &mut TcpStream, request: &str) -> (String, String) {
+        tcp.write_all(request.as_bytes()).await.unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 1024];
         loop {
@@ -141,7 +182,6 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
             let text = String::from_utf8_lossy(&got).into_owned();
             if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
                 let len: usize = head
                     .lines()
                     .find_map(|l| l.strip_prefix("content-length: "))
@@ -149,7 +189,7 @@ mod tests {
                     .parse()
                     .unwrap();
                 if body.len() >= len {
-                    return body.to_string();
+                    return (head.to_string(), body.to_string());
                 }
             }
         }
@@ -235,5 +275,43 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_slots_a_connection_carries_only_traffic_between_members() {
+        let (addr, stop, task) = start(1, Arc::default()).await;
+        let mut datanode = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut datanode, "/").await, "ok");
+        // The one slot is taken: the next connections come from the members' reserve.
+        let mut late = TcpStream::connect(addr).await.unwrap();
+        let (head, body) = exchange(&mut late, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert!(body.contains("\"overloaded\""), "{body}");
+        assert!(read_to_close(&mut late).await.is_empty());
+        let mut peer = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut peer, "/raft/ping").await, "pong");
+        let forwarded = format!("GET / HTTP/1.1\r\nHost: t\r\n{FORWARDED_BY}: 2\r\n\r\n");
+        let (head, body) = exchange(&mut peer, &forwarded).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(body, "ok");
+        // Once the slot is free again (when the server has seen the close), anyone is served.
+        drop(datanode);
+        let mut served = false;
+        for _ in 0..100 {
+            let mut next = TcpStream::connect(addr).await.unwrap();
+            let (head, body) = exchange(&mut next, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+            if head.starts_with("HTTP/1.1 200") {
+                assert_eq!(body, "ok");
+                served = true;
+                break;
+            }
+            assert!(body.contains("\"overloaded\""), "{head}\n{body}");
+            tokio::task::yield_now().await;
+        }
+        assert!(served, "the freed slot was never used");
+        drop(peer);
+        stop.send(()).unwrap();
+        task.await.unwrap();
     }
 }

@@ -12,6 +12,11 @@ use super::options::Arm;
 use super::wal_figures::WalFigures;
 use crate::report::percentile;
 
+/// How long a datanode keeps retrying its registration (no leader, timeouts, connection
+/// trouble, overload), as long as a storm batch may: a datanode that gave up sooner would
+/// fail a storm whose connections wait for the servers' slots.
+const REGISTER_DEADLINE: Duration = Duration::from_secs(120);
+
 /// One measured point of the single-shard workload.
 #[derive(Clone, Debug)]
 pub struct SinglePoint {
@@ -121,9 +126,9 @@ impl SingleWorkload<'_> {
     }
 }
 
-/// Registers a datanode, retrying while the cluster cannot answer, for up to ten seconds.
+/// Registers a datanode, retrying while the cluster cannot answer, for up to [`REGISTER_DEADLINE`].
 pub async fn register_datanode(api: &Api, base: &str, datanode: u64) -> Result<u64> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + REGISTER_DEADLINE;
     loop {
         match api
             .register_datanode(
