@@ -184,10 +184,10 @@ fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
     assert_eq!(shared.applied().0.map(|l| l.index), Some(23));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut sm = open(a.path());
+/// A state machine in `dir` that applied [`workload`] one entry at a time, and the snapshot
+/// it builds right after (at index 22).
+async fn workload_snapshot(dir: &Path) -> (StateMachine, SnapshotOf<TypeConfig, SnapshotData>) {
+    let mut sm = open(dir);
     for e in workload() {
         sm.shared().apply_entries(&[e], false).unwrap();
     }
@@ -198,6 +198,13 @@ async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
         .await
         .unwrap();
     assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(22));
+    (sm, snapshot)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (sm, snapshot) = workload_snapshot(a.path()).await;
     let other = open(b.path());
     let shared = other.shared();
     let meta = snapshot.meta.clone();
@@ -217,17 +224,7 @@ async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_current_snapshot_is_known_without_opening_a_file() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut leader = open(a.path());
-    for e in workload() {
-        leader.shared().apply_entries(&[e], false).unwrap();
-    }
-    let newer = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-    assert_eq!(newer.meta.last_log_id.map(|l| l.index), Some(22));
+    let (_leader, newer) = workload_snapshot(a.path()).await;
 
     // A follower captures at index 10 and, before that export finishes, installs the
     // leader's newer snapshot: the stale build does not become the current snapshot.
