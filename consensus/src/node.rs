@@ -721,15 +721,25 @@ impl MetaNode {
         self.check_open()?;
         let raft = &self.inner.raft;
         let applied = raft.metrics().borrow_watched().last_applied;
+        let asked = std::time::Instant::now();
         raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
-        let want = applied;
-        raft.wait(Some(self.inner.cfg.install_snapshot_timeout))
-            .metrics(move |m| m.snapshot >= want, "snapshot_now")
-            .await
-            .map_err(|e| match e {
-                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
-                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
-            })?;
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;
+        loop {
+            if raft.metrics().borrow_watched().snapshot >= applied {
+                break;
+            }
+            // A build that failed while an older snapshot stands in does not advance the
+            // metrics: report it rather than wait for the timeout.
+            let failed = self.inner.sm.build_failure.lock().clone();
+            if let Some(f) = failed.filter(|f| f.at >= asked) {
+                return Err(Error::Snapshot(format!(
+                    "building a snapshot failed: {}",
+                    f.why
+                )));
+            }
+            self.check_open()?;
+            self.await_metrics_change(deadline).await?;
+        }
         self.inner
             .sm
             .last_snapshot()

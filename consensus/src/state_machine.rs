@@ -96,6 +96,20 @@ pub(crate) struct SmShared {
     /// The newest snapshot's metadata and file, kept here so that openraft's requests for it
     /// open and list nothing (a node short of file descriptors must still answer them).
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
+    /// The last snapshot build that failed while an older snapshot could stand in, until a
+    /// build succeeds.
+    pub(crate) build_failure: Mutex<Option<BuildFailure>>,
+}
+
+/// A snapshot build that failed (see `snapshot_builder.rs`): when, why, and when the next
+/// build that is not forced may start.
+#[derive(Clone, Debug)]
+pub(crate) struct BuildFailure {
+    pub(crate) at: Instant,
+    pub(crate) why: String,
+    pub(crate) retry_after: Instant,
+    /// Failures in a row; the pause before the next try doubles with each.
+    pub(crate) in_a_row: u32,
 }
 
 /// The registry state machine handed to openraft.
@@ -159,6 +173,7 @@ impl StateMachine {
                 building: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
                 current: Mutex::new(current),
+                build_failure: Mutex::new(None),
             }),
         })
     }
@@ -550,6 +565,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotBuilder> {
         if !force && self.shared.building.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        // After a failed build, automatic ones pause (a request for one still runs).
+        let pausing = self
+            .shared
+            .build_failure
+            .lock()
+            .as_ref()
+            .is_some_and(|f| Instant::now() < f.retry_after);
+        if !force && pausing {
             return None;
         }
         Some(self.get_snapshot_builder().await)

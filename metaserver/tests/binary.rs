@@ -622,3 +622,47 @@ async fn a_stopped_raft_core_ends_the_process_with_an_error() {
     server.signal(libc::SIGTERM);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
 }
+
+/// A snapshot that cannot be written while an older one exists leaves the node serving: the
+/// request for it answers an error naming the cause, and writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_snapshot_with_an_older_one_keeps_the_node_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("data");
+    let args = ["--data-dir", data.to_str().unwrap()];
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &args, &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let epoch = register_datanode(&http, &base, 1, None).await;
+    let snapshot = format!("{base}/v1/cluster/snapshot");
+    let (status, v) = send(&http, Method::POST, &snapshot, None, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+
+    let snapshots = data.join("snapshots");
+    std::fs::remove_dir_all(&snapshots).unwrap();
+    std::fs::write(&snapshots, "not a directory").unwrap();
+    let shards = json!({"epoch": epoch, "shards": [{"id": 7, "generation": 1, "size": 1}]});
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/datanodes/1/shards"),
+        None,
+        Some(shards.to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = send(&http, Method::POST, &snapshot, None, None)
+        .await
+        .unwrap();
+    assert!(status >= 500, "{status} {v}");
+    assert!(v.to_string().contains("building a snapshot failed"), "{v}");
+    let v = poll(&http, &format!("{base}/v1/shards/7"), None, |_| true).await;
+    assert_eq!(v["replicas"][0]["datanode"], 1, "{v}");
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}

@@ -264,3 +264,73 @@ async fn the_current_snapshot_is_known_without_opening_a_file() {
     let current = reopened.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta, newer.meta);
 }
+
+/// Replaces the snapshot directory under `dir` by a file, so that building a snapshot fails.
+fn break_snapshot_dir(dir: &Path) {
+    let snapshots = dir.join("snapshots");
+    std::fs::remove_dir_all(&snapshots).unwrap();
+    std::fs::write(&snapshots, "not a directory").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = open(dir.path());
+    let entries = workload();
+    for e in &entries[..10] {
+        sm.shared()
+            .apply_entries(std::slice::from_ref(e), false)
+            .unwrap();
+    }
+    let older = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    for e in &entries[10..] {
+        sm.shared()
+            .apply_entries(std::slice::from_ref(e), false)
+            .unwrap();
+    }
+    break_snapshot_dir(dir.path());
+    let mut builder = sm.try_create_snapshot_builder(false).await.unwrap();
+    let stood_in = builder.build_snapshot().await.unwrap();
+    assert_eq!(stood_in.meta, older.meta, "the older snapshot stands in");
+    assert!(sm.shared().build_failure.lock().is_some());
+    drop(builder);
+    assert!(
+        sm.try_create_snapshot_builder(false).await.is_none(),
+        "automatic builds pause"
+    );
+    let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
+    forced.build_snapshot().await.unwrap();
+    assert_eq!(
+        sm.shared().build_failure.lock().as_ref().unwrap().in_a_row,
+        2
+    );
+    drop(forced);
+
+    // Repaired, a requested build succeeds and automatic ones resume.
+    let snapshots = dir.path().join("snapshots");
+    std::fs::remove_file(&snapshots).unwrap();
+    std::fs::create_dir(&snapshots).unwrap();
+    let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
+    let built = forced.build_snapshot().await.unwrap();
+    assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(22));
+    assert!(sm.shared().build_failure.lock().is_none());
+    drop(forced);
+    assert!(sm.try_create_snapshot_builder(false).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_first_build_has_nothing_to_stand_in_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = open(dir.path());
+    for e in workload() {
+        sm.shared().apply_entries(&[e], false).unwrap();
+    }
+    break_snapshot_dir(dir.path());
+    let mut builder = sm.get_snapshot_builder().await;
+    assert!(builder.build_snapshot().await.is_err());
+}
