@@ -720,7 +720,9 @@ impl MetaNode {
     pub async fn snapshot_now(&self) -> Result<SnapshotInfo> {
         self.check_open()?;
         let raft = &self.inner.raft;
-        let applied = raft.metrics().borrow_watched().last_applied;
+        // The state machine's own last-applied, not openraft's metrics, which may not yet show
+        // a write already answered: the snapshot must cover every write answered before.
+        let applied = self.inner.sm.applied().0;
         let asked = std::time::Instant::now();
         raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;

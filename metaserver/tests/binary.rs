@@ -577,6 +577,30 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
     }
 }
 
+/// Starts a node in `dir` with `args` and `env`, waits until it is ready, and registers
+/// datanode 1; returns the process, its base URL and the datanode's epoch.
+async fn start_with_a_datanode(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (common::Proc, String, u64) {
+    let http = client();
+    let mut server = spawn(dir, dir, args, env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let epoch = register_datanode(&http, &base, 1, None).await;
+    (server, base, epoch)
+}
+
+/// Replaces the snapshot directory of the data dir `data` by a file, so that writing a
+/// snapshot fails; returns its path.
+fn break_snapshot_dir(data: &std::path::Path) -> std::path::PathBuf {
+    let snapshots = data.join("snapshots");
+    std::fs::remove_dir_all(&snapshots).unwrap();
+    std::fs::write(&snapshots, "not a directory").unwrap();
+    snapshots
+}
+
 /// A storage failure that stops the Raft core (here a snapshot that cannot be written: its
 /// directory was replaced by a file) makes the process log why and exit with an error, for a
 /// supervisor to restart it, instead of staying up unable to serve. Restarted with its storage
@@ -588,14 +612,9 @@ async fn a_stopped_raft_core_ends_the_process_with_an_error() {
     let data = dir.path().join("data");
     let args = ["--data-dir", data.to_str().unwrap()];
     let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
-    let mut server = spawn(dir.path(), dir.path(), &args, &env, false);
-    let base = format!("http://{}", server.address());
-    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
-    let epoch = register_datanode(&http, &base, 1, None).await;
+    let (mut server, base, epoch) = start_with_a_datanode(dir.path(), &args, &env).await;
 
-    let snapshots = data.join("snapshots");
-    std::fs::remove_dir_all(&snapshots).unwrap();
-    std::fs::write(&snapshots, "not a directory").unwrap();
+    let snapshots = break_snapshot_dir(&data);
     // The answer does not matter (the core may stop before or after it is sent).
     let _ = send(
         &http,
@@ -632,19 +651,14 @@ async fn a_failed_snapshot_with_an_older_one_keeps_the_node_serving() {
     let data = dir.path().join("data");
     let args = ["--data-dir", data.to_str().unwrap()];
     let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
-    let mut server = spawn(dir.path(), dir.path(), &args, &env, false);
-    let base = format!("http://{}", server.address());
-    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
-    let epoch = register_datanode(&http, &base, 1, None).await;
+    let (mut server, base, epoch) = start_with_a_datanode(dir.path(), &args, &env).await;
     let snapshot = format!("{base}/v1/cluster/snapshot");
     let (status, v) = send(&http, Method::POST, &snapshot, None, None)
         .await
         .unwrap();
     assert_eq!(status, 200, "{v}");
 
-    let snapshots = data.join("snapshots");
-    std::fs::remove_dir_all(&snapshots).unwrap();
-    std::fs::write(&snapshots, "not a directory").unwrap();
+    break_snapshot_dir(&data);
     let shards = json!({"epoch": epoch, "shards": [{"id": 7, "generation": 1, "size": 1}]});
     let (status, v) = send(
         &http,
