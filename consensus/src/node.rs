@@ -224,13 +224,20 @@ impl MetaNode {
         Ok(())
     }
 
-    /// Whether openraft's core task ended (a fatal error or a panic): its metrics channel is
-    /// closed, or its last metrics carry the fatal error.
+    /// Whether openraft's core task ended (a fatal error or a panic).
     fn core_stopped(&self) -> bool {
+        self.core_failure().is_some()
+    }
+
+    /// Why openraft's core task ended, if it did: its last metrics carry the fatal error, or
+    /// its metrics channel is closed.
+    fn core_failure(&self) -> Option<String> {
         use futures::FutureExt as _;
         let mut rx = self.inner.raft.metrics();
-        let failed = rx.borrow_and_update().running_state.is_err();
-        failed || matches!(rx.changed().now_or_never(), Some(Err(_)))
+        if let Err(fatal) = &rx.borrow_and_update().running_state {
+            return Some(fatal.to_string());
+        }
+        matches!(rx.changed().now_or_never(), Some(Err(_))).then(|| "the Raft core ended".into())
     }
 
     /// Waits until openraft's core task ends while the node is open (a fatal storage error or
@@ -248,12 +255,8 @@ impl MetaNode {
             if self.inner.shut.load(Ordering::Acquire) {
                 return std::future::pending().await;
             }
-            let mut rx = self.inner.raft.metrics();
-            if let Err(fatal) = &rx.borrow_and_update().running_state {
-                return fatal.to_string();
-            }
-            if self.core_stopped() {
-                return "the Raft core ended".to_string();
+            if let Some(why) = self.core_failure() {
+                return why;
             }
         }
     }
@@ -732,11 +735,9 @@ impl MetaNode {
             }
             // A build that failed while an older snapshot stands in does not advance the
             // metrics: report it rather than wait for the timeout.
-            let failed = self.inner.sm.build_failure.lock().clone();
-            if let Some(f) = failed.filter(|f| f.at >= asked) {
+            if let Some(why) = self.inner.sm.build_failed_since(asked) {
                 return Err(Error::Snapshot(format!(
-                    "building a snapshot failed: {}",
-                    f.why
+                    "building a snapshot failed: {why}"
                 )));
             }
             self.check_open()?;

@@ -10,13 +10,13 @@
 //! exists does not stop the node: openraft treats a builder's error as fatal, but the log still
 //! holds every entry after the older snapshot, so the builder logs the failure, answers with
 //! the older snapshot (openraft keeps its snapshot and purges nothing), and automatic builds
-//! pause for [`FIRST_PAUSE`], doubling up to [`LONGEST_PAUSE`], until one succeeds. A node
+//! pause (10 s, doubling up to 5 min; `SmShared::build_failed`) until one succeeds. A node
 //! with no snapshot yet has nothing to stand in, and fails as before.
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use openraft::alias::SnapshotOf;
 use openraft::storage::{RaftSnapshotBuilder, Snapshot};
@@ -27,13 +27,8 @@ use crate::error::{Error, Result};
 use crate::registry::Generation;
 use crate::snapshot_data::{snapshot_name, SnapshotData};
 use crate::snapshot_format;
-use crate::state_machine::{BuildFailure, SmShared};
+use crate::state_machine::SmShared;
 use crate::types::{SnapshotMeta, TypeConfig};
-
-/// The pause of automatic builds after a first failed one.
-const FIRST_PAUSE: Duration = Duration::from_secs(10);
-/// The longest pause after failures in a row.
-const LONGEST_PAUSE: Duration = Duration::from_secs(300);
 
 /// A snapshot in the making: the point it captures and the capture keeping it.
 pub struct SnapshotBuilder {
@@ -90,7 +85,7 @@ impl SnapshotBuilder {
         }
         match self.export(started) {
             Ok(built) => {
-                self.shared.build_failure.lock().take();
+                self.shared.build_succeeded();
                 Ok(built)
             }
             Err(e) => {
@@ -109,23 +104,12 @@ impl SnapshotBuilder {
 
     /// Records a failed build and logs it; `older` stands in.
     fn failed_with(&self, e: &Error, older: &SnapshotMeta) {
-        let mut failure = self.shared.build_failure.lock();
-        let in_a_row = failure.as_ref().map_or(0, |f| f.in_a_row) + 1;
-        let pause = FIRST_PAUSE
-            .saturating_mul(1 << (in_a_row - 1).min(16))
-            .min(LONGEST_PAUSE);
-        let now = Instant::now();
+        let pause = self.shared.build_failed(e.to_string());
         tracing::error!(
             "building snapshot {} failed: {e}; snapshot {older} stands in, and automatic \
              builds pause for {pause:?}",
             snapshot_name(&self.meta)
         );
-        *failure = Some(BuildFailure {
-            at: now,
-            why: e.to_string(),
-            retry_after: now + pause,
-            in_a_row,
-        });
     }
 
     /// Writes the captured state to a new snapshot file. Blocking.

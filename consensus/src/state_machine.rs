@@ -98,18 +98,31 @@ pub(crate) struct SmShared {
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
     /// The last snapshot build that failed while an older snapshot could stand in, until a
     /// build succeeds.
-    pub(crate) build_failure: Mutex<Option<BuildFailure>>,
+    build_failure: Mutex<Option<BuildFailure>>,
 }
 
-/// A snapshot build that failed (see `snapshot_builder.rs`): when, why, and when the next
-/// build that is not forced may start.
-#[derive(Clone, Debug)]
-pub(crate) struct BuildFailure {
-    pub(crate) at: Instant,
-    pub(crate) why: String,
-    pub(crate) retry_after: Instant,
-    /// Failures in a row; the pause before the next try doubles with each.
-    pub(crate) in_a_row: u32,
+/// The pause of automatic snapshot builds after a first failed one.
+const FIRST_BUILD_PAUSE: Duration = Duration::from_secs(10);
+/// The longest pause after failed builds in a row.
+const LONGEST_BUILD_PAUSE: Duration = Duration::from_secs(300);
+
+/// The last failed snapshot build (see `snapshot_builder.rs`): when, why, and how many failed
+/// in a row; automatic builds pause after it, longer with each failure.
+#[derive(Debug)]
+struct BuildFailure {
+    at: Instant,
+    why: String,
+    in_a_row: u32,
+}
+
+impl BuildFailure {
+    /// How long automatic builds pause after this failure: [`FIRST_BUILD_PAUSE`], doubling
+    /// with each failure in a row, at most [`LONGEST_BUILD_PAUSE`].
+    fn pause(&self) -> Duration {
+        FIRST_BUILD_PAUSE
+            .saturating_mul(1 << (self.in_a_row.saturating_sub(1)).min(16))
+            .min(LONGEST_BUILD_PAUSE)
+    }
 }
 
 /// The registry state machine handed to openraft.
@@ -236,6 +249,48 @@ impl SmShared {
             return;
         }
         *current = Some((meta.clone(), data));
+    }
+
+    /// Records a failed snapshot build; returns how long automatic builds now pause.
+    pub(crate) fn build_failed(&self, why: String) -> Duration {
+        let mut failure = self.build_failure.lock();
+        let in_a_row = failure.as_ref().map_or(0, |f| f.in_a_row) + 1;
+        let f = BuildFailure {
+            at: Instant::now(),
+            why,
+            in_a_row,
+        };
+        let pause = f.pause();
+        *failure = Some(f);
+        pause
+    }
+
+    /// Forgets failed builds (one succeeded).
+    pub(crate) fn build_succeeded(&self) {
+        self.build_failure.lock().take();
+    }
+
+    /// Why a snapshot build that failed at or after `since` failed, if one did.
+    pub(crate) fn build_failed_since(&self, since: Instant) -> Option<String> {
+        let failure = self.build_failure.lock();
+        failure
+            .as_ref()
+            .filter(|f| f.at >= since)
+            .map(|f| f.why.clone())
+    }
+
+    /// Failed builds in a row (0 after a success).
+    #[cfg(test)]
+    pub(crate) fn failed_builds(&self) -> u32 {
+        self.build_failure.lock().as_ref().map_or(0, |f| f.in_a_row)
+    }
+
+    /// Whether automatic builds pause after a failed one.
+    fn builds_paused(&self) -> bool {
+        self.build_failure
+            .lock()
+            .as_ref()
+            .is_some_and(|f| f.at.elapsed() < f.pause())
     }
 
     /// The newest snapshot file and its metadata. Does no IO: the file is kept from when it
@@ -568,13 +623,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return None;
         }
         // After a failed build, automatic ones pause (a request for one still runs).
-        let pausing = self
-            .shared
-            .build_failure
-            .lock()
-            .as_ref()
-            .is_some_and(|f| Instant::now() < f.retry_after);
-        if !force && pausing {
+        if !force && self.shared.builds_paused() {
             return None;
         }
         Some(self.get_snapshot_builder().await)

@@ -208,9 +208,7 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     assert!(!ok);
     assert!(err.contains("not_found"), "{err}");
 
-    server.signal(libc::SIGTERM);
-    let exit = server.wait_exit().await;
-    assert!(exit.success(), "{exit:?}; stderr:\n{}", server.logs());
+    server.stop().await;
 
     // Restart from the same directory: no second initialization, same data.
     let mut server = spawn(cwd, cwd, &[], &env, false);
@@ -326,8 +324,7 @@ async fn the_token_is_enforced() {
     .await;
     assert!(ok, "{err}");
 
-    server.signal(libc::SIGTERM);
-    assert!(server.wait_exit().await.success(), "{}", server.logs());
+    server.stop().await;
 }
 
 /// Idle connections beyond the node's connection budget wait unaccepted, so a flood of them
@@ -393,8 +390,7 @@ async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
     let fresh = client();
     let v = poll(&fresh, &format!("{base}/v1/shards/7"), None, |_| true).await;
     assert_eq!(v["replicas"][0]["datanode"], 1, "{v}");
-    server.signal(libc::SIGTERM);
-    assert!(server.wait_exit().await.success(), "{}", server.logs());
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,9 +437,7 @@ async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    server.signal(libc::SIGTERM);
-    let exit = server.wait_exit().await;
-    assert!(exit.success(), "{exit:?}; stderr:\n{}", server.logs());
+    server.stop().await;
     for writer in writers {
         writer.await.unwrap();
     }
@@ -474,8 +468,7 @@ async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
         acked.len(),
         &missing[..missing.len().min(10)]
     );
-    server.signal(libc::SIGTERM);
-    assert!(server.wait_exit().await.success(), "{}", server.logs());
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,8 +631,7 @@ async fn a_stopped_raft_core_ends_the_process_with_an_error() {
     let base = format!("http://{}", server.address());
     let v = poll(&http, &format!("{base}/v1/datanodes/1"), None, |_| true).await;
     assert_eq!(v["epoch"], epoch, "{v}");
-    server.signal(libc::SIGTERM);
-    assert!(server.wait_exit().await.success(), "{}", server.logs());
+    server.stop().await;
 }
 
 /// A snapshot that cannot be written while an older one exists leaves the node serving: the
@@ -677,6 +669,5 @@ async fn a_failed_snapshot_with_an_older_one_keeps_the_node_serving() {
     assert!(v.to_string().contains("building a snapshot failed"), "{v}");
     let v = poll(&http, &format!("{base}/v1/shards/7"), None, |_| true).await;
     assert_eq!(v["replicas"][0]["datanode"], 1, "{v}");
-    server.signal(libc::SIGTERM);
-    assert!(server.wait_exit().await.success(), "{}", server.logs());
+    server.stop().await;
 }

@@ -297,7 +297,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let mut builder = sm.try_create_snapshot_builder(false).await.unwrap();
     let stood_in = builder.build_snapshot().await.unwrap();
     assert_eq!(stood_in.meta, older.meta, "the older snapshot stands in");
-    assert!(sm.shared().build_failure.lock().is_some());
+    assert_eq!(sm.shared().failed_builds(), 1);
     drop(builder);
     assert!(
         sm.try_create_snapshot_builder(false).await.is_none(),
@@ -305,10 +305,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     );
     let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
     forced.build_snapshot().await.unwrap();
-    assert_eq!(
-        sm.shared().build_failure.lock().as_ref().unwrap().in_a_row,
-        2
-    );
+    assert_eq!(sm.shared().failed_builds(), 2);
     drop(forced);
 
     // Repaired, a requested build succeeds and automatic ones resume.
@@ -318,7 +315,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
     let built = forced.build_snapshot().await.unwrap();
     assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(22));
-    assert!(sm.shared().build_failure.lock().is_none());
+    assert_eq!(sm.shared().failed_builds(), 0);
     drop(forced);
     assert!(sm.try_create_snapshot_builder(false).await.is_some());
 }

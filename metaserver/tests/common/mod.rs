@@ -156,6 +156,13 @@ impl Proc {
         }
     }
 
+    /// Stops it with SIGTERM and asserts that it exits cleanly.
+    pub async fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let exit = self.wait_exit().await;
+        assert!(exit.success(), "{exit:?}; stderr:\n{}", self.logs());
+    }
+
     /// Waits for the process to exit.
     pub async fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + DEADLINE;
