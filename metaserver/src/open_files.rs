@@ -9,7 +9,8 @@
 use std::io;
 
 /// Descriptors kept out of the connection budget for the node's own files, its connections to
-/// peers, and the listener's reserve of connections for traffic between members (32).
+/// peers, and the listener's reserve of connections for traffic between members
+/// ([`meta_http::connection_limit::MEMBER_CONNECTIONS`]).
 pub const RESERVED_FILES: u64 = 256;
 /// The fewest connections served, however low the limit.
 const MIN_CONNECTIONS: u64 = 64;

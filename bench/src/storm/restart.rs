@@ -17,7 +17,7 @@ use super::wal_figures::WalFigures;
 use crate::report::percentile;
 
 /// How long one batch may keep being retried (no leader, timeouts) before the storm fails.
-const BATCH_DEADLINE: Duration = Duration::from_secs(120);
+pub(super) const BATCH_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Replicas per shard in the generated layout: datanodes 1-3 hold shards of group 0, 4-6 group 1, ...
 const REPLICATION: u64 = 3;

@@ -13,9 +13,9 @@ use super::wal_figures::WalFigures;
 use crate::report::percentile;
 
 /// How long a datanode keeps retrying its registration (no leader, timeouts, connection
-/// trouble, overload), as long as a storm batch may: a datanode that gave up sooner would
-/// fail a storm whose connections wait for the servers' slots.
-const REGISTER_DEADLINE: Duration = Duration::from_secs(120);
+/// trouble, overload): as long as a storm batch may, since a datanode that gave up sooner
+/// would fail a storm whose connections wait for the servers' slots.
+const REGISTER_DEADLINE: Duration = super::restart::BATCH_DEADLINE;
 
 /// One measured point of the single-shard workload.
 #[derive(Clone, Debug)]
