@@ -1,0 +1,186 @@
+//! The read path: the read barrier each consistency asks for, then point reads and listings
+//! of the registry.
+
+use std::time::Duration;
+
+use openraft::error::RaftError;
+use openraft::{LinearizerOption, ReadPolicy};
+
+use super::validation::{check_key, MAX_KEY_BYTES};
+use super::{blocking, MetaNode};
+use crate::error::{Error, Result};
+use crate::state_machine::SmShared;
+use crate::view::{Consistency, DatanodeInfo, KvEntry, KvKey, Page, ShardEntry, ShardInfo};
+
+impl MetaNode {
+    /// Makes reads after it see every write committed before it was called (Linearizable:
+    /// read index confirmed by a quorum, then wait until applied here; Lease: the same, with
+    /// the quorum's last acknowledgement standing for the confirmation while the leader lease
+    /// holds), or nothing (Local).
+    pub async fn read_barrier(&self, c: Consistency) -> Result<()> {
+        self.check_open()?;
+        let option = match c {
+            Consistency::Local => return Ok(()),
+            Consistency::Linearizable => LinearizerOption::from(ReadPolicy::ReadIndex),
+            // Any acknowledgement within the lease; else a heartbeat now, waited for as a
+            // read index is.
+            Consistency::Lease => LinearizerOption::new(None, true),
+        };
+        if let Some(forward) = self.leader_elsewhere() {
+            return Err(forward);
+        }
+        use openraft::error::LinearizableReadError as L;
+        let raft = &self.inner.raft;
+        let timeout = self.inner.cfg.request_timeout;
+        let lin = self
+            .retry_lease_refusal(
+                || raft.get_read_linearizer(option.clone()),
+                |e| {
+                    matches!(e, RaftError::APIError(L::ForwardToLeader(f))
+                        if f.reason == openraft::error::ForwardReason::LeaseExpired
+                            && f.leader_id.is_none())
+                },
+            )
+            .await?;
+        let lin = match lin {
+            Ok(l) => l,
+            Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
+            Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
+            Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
+        };
+        match lin.try_await_ready(raft, Some(timeout)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Timeout),
+            Err(f) => Err(self.fatal(f)),
+        }
+    }
+
+    /// Runs `f` on the registry once the read barrier of `c` passed, with every applied entry
+    /// committed to the registry first (listings scan it).
+    async fn read<T: Send + 'static>(
+        &self,
+        c: Consistency,
+        f: impl FnOnce(&SmShared) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.read_point(c, move |sm| {
+            sm.commit_deferred()?;
+            f(sm)
+        })
+        .await
+    }
+
+    /// Like [`Self::read`] for `f` that reads single keys through the state machine's deferred
+    /// batch (`SmShared::shard` and its kind): nothing is committed first.
+    async fn read_point<T: Send + 'static>(
+        &self,
+        c: Consistency,
+        f: impl FnOnce(&SmShared) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.read_barrier(c).await?;
+        let sm = self.inner.sm.clone();
+        blocking(move || f(&sm)).await
+    }
+
+    pub async fn datanode(&self, c: Consistency, id: u64) -> Result<Option<DatanodeInfo>> {
+        self.read_point(c, move |sm| sm.datanode(id)).await
+    }
+
+    pub async fn datanodes(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
+        self.read(c, |sm| sm.registry.datanodes()).await
+    }
+
+    /// A shard's replica set; `None` if no datanode holds it.
+    pub async fn shard(&self, c: Consistency, id: u64) -> Result<Option<ShardInfo>> {
+        self.read_point(c, move |sm| sm.shard(id)).await
+    }
+
+    /// All replicas by (shard, datanode); `after` is the previous page's `next` cursor. At most
+    /// `limit` items (capped at [`crate::MAX_PAGE`]; 0 is invalid).
+    pub async fn shards(
+        &self,
+        c: Consistency,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ShardEntry>> {
+        let after = after.map(str::to_string);
+        self.read(c, move |sm| sm.registry.shards(after.as_deref(), limit))
+            .await
+    }
+
+    /// One datanode's replicas by shard id, paginated like [`MetaNode::shards`].
+    pub async fn datanode_shards(
+        &self,
+        c: Consistency,
+        datanode: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ShardEntry>> {
+        let after = after.map(str::to_string);
+        self.read(c, move |sm| {
+            sm.registry
+                .datanode_shards(datanode, after.as_deref(), limit)
+        })
+        .await
+    }
+
+    pub async fn kv_get(&self, c: Consistency, key: &str) -> Result<Option<KvEntry>> {
+        check_key(key)?;
+        let key = key.to_string();
+        self.read_point(c, move |sm| sm.kv_get(&key)).await
+    }
+
+    /// Keys starting with `prefix` in byte order, paginated like [`MetaNode::shards`].
+    pub async fn kv_list(
+        &self,
+        c: Consistency,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<KvKey>> {
+        if prefix.len() > MAX_KEY_BYTES {
+            return Err(Error::InvalidArgument("prefix too long".into()));
+        }
+        let (prefix, after) = (prefix.to_string(), after.map(str::to_string));
+        self.read(c, move |sm| {
+            sm.registry.kv_list(&prefix, after.as_deref(), limit)
+        })
+        .await
+    }
+
+    /// A digest of this node's registry content (datanodes, replicas, keys): number of records
+    /// and a 64-bit FNV-1a hash. Replicas that applied the same log agree on it.
+    pub async fn registry_digest(&self) -> Result<(u64, u64)> {
+        let sm = self.inner.sm.clone();
+        blocking(move || {
+            sm.commit_deferred()?;
+            let content = sm.registry.content()?;
+            let mut h: u64 = 0xcbf29ce484222325;
+            let mut feed = |b: &[u8]| {
+                for &x in (b.len() as u32).to_le_bytes().iter().chain(b) {
+                    h ^= x as u64;
+                    h = h.wrapping_mul(0x100000001b3);
+                }
+            };
+            for (k, v) in &content {
+                feed(k);
+                feed(v);
+            }
+            Ok((content.len() as u64, h))
+        })
+        .await
+    }
+
+    /// Waits until this node applied `index` (for tests and tools).
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<()> {
+        self.inner
+            .raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "wait_applied")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
+            })
+    }
+}

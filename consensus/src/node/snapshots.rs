@@ -1,0 +1,85 @@
+//! Snapshots on request, for backup downloads, and as received from a leader.
+
+use std::path::PathBuf;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::raft::SnapshotResponse;
+
+use super::{blocking, MetaNode};
+use crate::error::{Error, Result};
+use crate::snapshot_data::SnapshotData;
+use crate::types::{TypeConfig, Vote};
+use crate::view::SnapshotInfo;
+
+impl MetaNode {
+    /// Builds a snapshot of everything applied so far (or returns the newest one if it is
+    /// already that recent) and returns once it is durable.
+    pub async fn snapshot_now(&self) -> Result<SnapshotInfo> {
+        self.check_open()?;
+        let raft = &self.inner.raft;
+        // The state machine's own last-applied, not openraft's metrics, which may not yet show
+        // a write already answered: the snapshot must cover every write answered before.
+        let applied = self.inner.sm.applied().0;
+        let asked = std::time::Instant::now();
+        raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;
+        loop {
+            if raft.metrics().borrow_watched().snapshot >= applied {
+                break;
+            }
+            // A build that failed while an older snapshot stands in does not advance the
+            // metrics: report it rather than wait for the timeout.
+            if let Some(why) = self.inner.sm.build_failed_since(asked) {
+                return Err(Error::Snapshot(format!(
+                    "building a snapshot failed: {why}"
+                )));
+            }
+            self.check_open()?;
+            self.await_metrics_change(deadline).await?;
+        }
+        self.inner
+            .sm
+            .last_snapshot()
+            .ok_or_else(|| Error::Snapshot("no snapshot after building one".into()))
+    }
+
+    /// The newest complete snapshot file (for a backup download). Does no IO.
+    pub fn newest_snapshot_file(&self) -> Option<PathBuf> {
+        let (_, data) = self.inner.sm.current_snapshot()?;
+        Some(data.path().to_path_buf())
+    }
+
+    /// Creates an empty file, in this node's data dir, for a snapshot a leader streams to it.
+    /// The transport writes the snapshot file's bytes into it as received, then passes it to
+    /// [`MetaNode::install_received_snapshot`]. Dropping it deletes the file.
+    pub fn snapshot_receive_file(&self) -> Result<tempfile::TempPath> {
+        tempfile::Builder::new()
+            .prefix("incoming-")
+            .tempfile_in(&self.inner.incoming)
+            .map(|f| f.into_temp_path())
+            .map_err(|e| Error::io("create incoming snapshot file", &self.inner.incoming, e))
+    }
+
+    /// Verifies a received snapshot file completely and hands it to Raft, which installs it
+    /// if `vote` is still current (replacing the registry atomically). Answers like
+    /// `Raft::install_full_snapshot`.
+    pub async fn install_received_snapshot(
+        &self,
+        vote: Vote,
+        file: tempfile::TempPath,
+    ) -> Result<SnapshotResponse<TypeConfig>> {
+        self.check_open()?;
+        let (meta, data) = blocking(move || SnapshotData::open_received(file)).await?;
+        self.inner
+            .raft
+            .install_full_snapshot(
+                vote,
+                openraft::storage::Snapshot {
+                    meta,
+                    snapshot: data,
+                },
+            )
+            .await
+            .map_err(|e| self.fatal(e))
+    }
+}

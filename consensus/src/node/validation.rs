@@ -1,0 +1,56 @@
+//! Limits on commands, checked before anything reaches the log.
+
+use crate::command::Command;
+use crate::error::{Error, Result};
+
+/// Largest key (bytes) and value of the key-value space.
+pub const MAX_KEY_BYTES: usize = 1024;
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// Most shards one register/deregister command may carry.
+pub const MAX_SHARDS_PER_COMMAND: usize = 100_000;
+
+pub(super) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "key must be 1 to {MAX_KEY_BYTES} bytes, got {}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_shards(n: usize) -> Result<()> {
+    if n > MAX_SHARDS_PER_COMMAND {
+        return Err(Error::InvalidArgument(format!(
+            "{n} shards in one command; at most {MAX_SHARDS_PER_COMMAND}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses commands the registry would never want, before they reach the log.
+pub(super) fn validate(cmd: &Command) -> Result<()> {
+    match cmd {
+        Command::RegisterDatanode { addr, .. } => {
+            if addr.is_empty() || addr.len() > MAX_KEY_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "datanode address must be 1 to {MAX_KEY_BYTES} bytes"
+                )));
+            }
+        }
+        Command::RegisterShards { shards, .. } => check_shards(shards.len())?,
+        Command::DeregisterShards { shards, .. } => check_shards(shards.len())?,
+        Command::RemoveDatanode { .. } => {}
+        Command::Put { key, value, .. } => {
+            check_key(key)?;
+            if value.len() > MAX_VALUE_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "value of {} bytes; at most {MAX_VALUE_BYTES}",
+                    value.len()
+                )));
+            }
+        }
+        Command::Delete { key, .. } => check_key(key)?,
+    }
+    Ok(())
+}

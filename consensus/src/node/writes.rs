@@ -1,0 +1,213 @@
+//! The write path: routing a command to the leader, proposing it through the admission
+//! window, and mapping openraft's answers (forward to leader, lease refusals) to errors.
+
+use std::time::Duration;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+
+use super::validation::validate;
+use super::MetaNode;
+use crate::command::{Command, ShardReport};
+use crate::error::{Error, Result};
+use crate::types::{NodeId, TypeConfig};
+use crate::view::Written;
+
+impl MetaNode {
+    /// Maps openraft's routing information to [`Error::ForwardToLeader`] (or `NoLeader`).
+    pub(super) fn forward(&self, f: &ForwardToLeader<TypeConfig>) -> Error {
+        // Openraft names the leader once this node's vote is committed; until then the metrics
+        // may already know it.
+        let leader = f
+            .leader_id
+            .or_else(|| self.inner.raft.metrics().borrow_watched().current_leader);
+        let Some(leader) = leader else {
+            return Error::NoLeader;
+        };
+        let addr = f.leader_node.as_ref().map(|n| n.addr.clone()).or_else(|| {
+            let m = self
+                .inner
+                .raft
+                .metrics()
+                .borrow_watched()
+                .membership_config
+                .clone();
+            m.get_node(&leader).map(|n| n.addr.clone())
+        });
+        match addr {
+            Some(leader_addr) if leader != self.id() => Error::ForwardToLeader {
+                leader_id: leader,
+                leader_addr,
+            },
+            _ => Error::NoLeader,
+        }
+    }
+
+    /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
+    /// follower forwards a request without a round trip through its Raft core. `None`: this
+    /// node may lead; ask the core (which answers `ForwardToLeader` itself if it does not).
+    pub(super) fn leader_elsewhere(&self) -> Option<Error> {
+        self.leader_to_forward_to()
+            .map(|(leader_id, leader_addr)| Error::ForwardToLeader {
+                leader_id,
+                leader_addr,
+            })
+    }
+
+    /// Checks `cmd` as [`MetaNode::write`] would ([`Error::InvalidArgument`] for bad input) and
+    /// says where it should be proposed: `Ok(None)` here (this node may lead, or knows no
+    /// leader: `write` asks the Raft core), `Ok(Some((id, addr)))` at the leader this node's
+    /// metrics name. Changes nothing.
+    pub fn route(&self, cmd: &Command) -> Result<Option<(NodeId, String)>> {
+        self.check_open()?;
+        validate(cmd)?;
+        Ok(self.leader_to_forward_to())
+    }
+
+    /// The leader (id and address) this node's metrics name, when that is another node.
+    fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        if m.state == openraft::ServerState::Leader {
+            return None;
+        }
+        let leader = m.current_leader.filter(|l| *l != self.id())?;
+        let node = m.membership_config.membership().get_node(&leader)?;
+        Some((leader, node.addr.clone()))
+    }
+
+    fn write_error(&self, e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(&f),
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
+                Error::OutcomeUnknown(format!(
+                    "entry discarded on leader change (leader now {:?})",
+                    f.leader_id
+                ))
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                Error::InvalidArgument(e.to_string())
+            }
+            RaftError::APIError(other) => Error::Raft(other.to_string()),
+            RaftError::Fatal(f) => self.fatal(f),
+        }
+    }
+
+    /// Whether openraft refused because this leader's lease is not (yet, or any more) backed by
+    /// a quorum: a fresh leader answers so until its first quorum acknowledgement.
+    fn lease_refusal(e: &RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> bool {
+        matches!(
+            e,
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f))
+                if f.reason == openraft::error::ForwardReason::LeaseExpired && f.leader_id.is_none()
+        )
+    }
+
+    /// Waits (at most until `deadline`, and at most 100 ms) for the Raft metrics to change.
+    pub(super) async fn await_metrics_change(&self, deadline: tokio::time::Instant) -> Result<()> {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout);
+        }
+        let mut rx = self.inner.raft.metrics();
+        let until = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
+        let _ = tokio::time::timeout_at(until, rx.changed()).await;
+        Ok(())
+    }
+
+    /// Runs `call` until it answers something other than openraft's lease refusal (a fresh
+    /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`), for at most
+    /// [`MetaNode::lease_wait`] (then [`Error::NoLeader`]) and at most the request timeout (then
+    /// [`Error::Timeout`]). Returns that other answer.
+    pub(super) async fn retry_lease_refusal<T, E, F, Fut>(
+        &self,
+        mut call: F,
+        is_lease_refusal: impl Fn(&E) -> bool,
+    ) -> Result<std::result::Result<T, E>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, E>>,
+    {
+        let now = tokio::time::Instant::now();
+        let deadline = now + self.inner.cfg.request_timeout;
+        let lease_deadline = deadline.min(now + self.lease_wait());
+        loop {
+            let res = tokio::time::timeout_at(deadline, call())
+                .await
+                .map_err(|_| Error::Timeout)?;
+            match res {
+                Err(e) if is_lease_refusal(&e) => {
+                    if tokio::time::Instant::now() >= lease_deadline {
+                        return Err(Error::NoLeader);
+                    }
+                    let _ = self.await_metrics_change(lease_deadline).await;
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Runs a client-write-like call through [`MetaNode::retry_lease_refusal`].
+    pub(super) async fn leader_call<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
+        >,
+    {
+        self.retry_lease_refusal(call, Self::lease_refusal)
+            .await?
+            .map_err(|e| self.write_error(e))
+    }
+
+    /// Proposes `cmd` and returns once it is committed (durable on a quorum) and applied here.
+    /// On a follower: [`Error::ForwardToLeader`]. Bad input: [`Error::InvalidArgument`], nothing
+    /// proposed.
+    ///
+    /// Writes wait for room in the admission window (`max_pending_shards`) before they are
+    /// proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
+    /// the request timeout again.
+    pub async fn write(&self, cmd: Command) -> Result<Written> {
+        self.check_open()?;
+        validate(&cmd)?;
+        if let Some(forward) = self.leader_elsewhere() {
+            return Err(forward);
+        }
+        let window = self.inner.cfg.max_pending_shards;
+        let weight = cmd.weight().clamp(1, window);
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        let _room = tokio::time::timeout_at(deadline, self.inner.write_window.acquire_many(weight))
+            .await
+            .map_err(|_| Error::Timeout)?
+            .map_err(|_| Error::Shutdown)?;
+        let raft = &self.inner.raft;
+        let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
+        Ok(Written {
+            index: r.log_id.index,
+            result: r.data,
+        })
+    }
+
+    /// Registers (or re-registers) a datanode; the result carries its new epoch.
+    pub async fn register_datanode(&self, id: u64, addr: impl Into<String>) -> Result<Written> {
+        self.write(Command::RegisterDatanode {
+            id,
+            addr: addr.into(),
+        })
+        .await
+    }
+
+    /// Registers a batch of replicas of `datanode` under incarnation `epoch`.
+    pub async fn register_shards(
+        &self,
+        datanode: u64,
+        epoch: u64,
+        shards: Vec<ShardReport>,
+    ) -> Result<Written> {
+        self.write(Command::RegisterShards {
+            datanode,
+            epoch,
+            shards,
+        })
+        .await
+    }
+}
