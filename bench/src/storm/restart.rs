@@ -99,19 +99,22 @@ impl StormWorkload<'_> {
         let pids: Vec<u32> = self.cluster.pids().into_iter().map(|(_, p)| p).collect();
         let cpu = CpuUsage::start(&pids);
         let start = Instant::now();
+        // Each datanode has an HTTP client of its own, as separate datanode processes do: its
+        // connection closes when it is done, instead of idling in a pool shared with the others
+        // while it holds one of the server's connection slots.
         let tasks: Vec<_> = (1..=self.datanodes)
             .map(|datanode| {
                 let base = bases[(datanode as usize) % bases.len()].clone();
-                tokio::spawn(datanode_storm(
-                    self.api.clone(),
+                Ok(tokio::spawn(datanode_storm(
+                    Api::new()?,
                     base,
                     datanode,
                     self.shards_per_datanode,
                     self.batch,
                     bar.clone(),
-                ))
+                )))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut latencies = Vec::with_capacity((replicas / self.batch + 1) as usize);
         let mut retries = 0;
         let mut finished = start;

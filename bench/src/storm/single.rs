@@ -72,10 +72,18 @@ impl SingleWorkload<'_> {
         let workers: Vec<_> = targets
             .into_iter()
             .map(|(base, datanode, epoch)| {
-                let api = self.api.clone();
-                tokio::spawn(client_loop(api, base, datanode, epoch, measure_from, end))
+                // A client of its own, as a separate datanode process has.
+                let api = Api::new()?;
+                Ok(tokio::spawn(client_loop(
+                    api,
+                    base,
+                    datanode,
+                    epoch,
+                    measure_from,
+                    end,
+                )))
             })
-            .collect();
+            .collect::<Result<_>>()?;
 
         tokio::time::sleep_until(measure_from.into()).await;
         let before = WalFigures::read(self.api, &leader_base).await;
