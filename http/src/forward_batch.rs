@@ -62,7 +62,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// What the leader's end answers for a write that failed with `e`.
-    fn of(e: meta_consensus::Error) -> Refusal {
+    pub(crate) fn of(e: meta_consensus::Error) -> Refusal {
         if let meta_consensus::Error::ForwardToLeader { leader_id, .. } = e {
             // Forwarding again could loop on stale hints; the client retries instead.
             return Refusal::NoLeader(format!(

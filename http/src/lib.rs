@@ -9,6 +9,7 @@ pub mod auth;
 pub mod connection_limit;
 pub mod error;
 pub mod extract;
+pub mod follower_read;
 pub mod forward;
 pub mod forward_batch;
 pub mod frame;

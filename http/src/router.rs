@@ -8,6 +8,7 @@ use axum::Router;
 
 use crate::auth::require_token;
 use crate::extract::{method_not_allowed, not_found};
+use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
 use crate::forward_batch::{self, PATH_FORWARD_BATCH};
 use crate::handlers::{cluster, datanodes, kv, probes, shards};
@@ -65,6 +66,7 @@ fn admin_routes() -> Router<AppState> {
 /// The complete router of a node.
 pub fn router(state: AppState) -> Router {
     let node = state.node.clone();
+    let reader = state.node.clone();
     Router::new()
         .merge(v1_routes(&state))
         .merge(raft_routes())
@@ -72,6 +74,10 @@ pub fn router(state: AppState) -> Router {
             PATH_FORWARD_BATCH,
             post(move |body| forward_batch::serve(node.clone(), body))
                 .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
+        )
+        .route(
+            PATH_READ_INDEX,
+            post(move |body| follower_read::serve(reader.clone(), body)),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))

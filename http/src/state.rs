@@ -5,12 +5,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::FromRef;
-use meta_consensus::{ClusterStatus, MetaNode};
+use meta_consensus::{ClusterStatus, Consistency, MetaNode};
 
 use crate::auth::Token;
+use crate::error::ApiError;
+use crate::follower_read::FollowerReads;
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
+use crate::network::peer_client;
 use crate::node_metrics::NodeCollector;
+use crate::request::ReadConsistency;
 
 /// The state of the admin and Raft routers. Cloning is cheap.
 #[derive(Clone)]
@@ -21,6 +25,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Replays requests at the leader.
     pub forwarder: Forwarder,
+    /// Answers a follower's linearizable reads locally, with the leader's read index.
+    pub follower_reads: FollowerReads,
     /// The shared secret, if any.
     pub token: Token,
     /// Whether this node has caught up since it started.
@@ -34,11 +40,27 @@ impl AppState {
         let readiness = Arc::new(Readiness::new(&node.status()));
         AppState {
             forwarder: Forwarder::new(node.id(), token.clone()),
+            follower_reads: FollowerReads::new(peer_client(), token.clone(), true),
             node,
             metrics,
             token,
             readiness,
         }
+    }
+}
+
+impl AppState {
+    /// Whether a follower answers linearizable and lease reads itself, with the leader's read
+    /// index (the default), or replays each at the leader.
+    pub fn with_follower_reads(mut self, enabled: bool) -> Self {
+        self.follower_reads = FollowerReads::new(peer_client(), self.token.clone(), enabled);
+        self
+    }
+
+    /// Prepares a read with the consistency a request asked for and returns the consistency
+    /// to read the node with (see [`FollowerReads::linearize`]).
+    pub async fn read_consistency(&self, c: ReadConsistency) -> Result<Consistency, ApiError> {
+        self.follower_reads.linearize(&self.node, c.into()).await
     }
 }
 

@@ -714,6 +714,23 @@ fn matrix(epoch: u64) -> Vec<Case> {
         c.headers = headers;
         cases.push(c);
     }
+    // The routes between members refuse bodies that do not decode.
+    cases.push(case(
+        "garbled read index request",
+        M::POST,
+        "/raft/read-index",
+        vec![0xffu8; 3],
+        400,
+        "bad_read_index_request",
+    ));
+    cases.push(case(
+        "garbled forwarded batch",
+        M::POST,
+        "/raft/forward-commands",
+        vec![0xffu8; 3],
+        400,
+        "bad_batch",
+    ));
     cases
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP transport end to end: three nodes, each behind a real HTTP server on an
 //! ephemeral loopback port, talking Raft over `/raft/...` with a token. Writes and
-//! linearizable reads sent to followers are forwarded to the leader, and a learner that joins
-//! after the leader purged its log catches up by a streamed snapshot.
+//! linearizable reads sent to followers are forwarded to the leader, or answered by the
+//! follower with the leader's read index, and a learner that joins after the leader purged its
+//! log catches up by a streamed snapshot.
 
 mod common;
 
@@ -31,6 +32,11 @@ impl Drop for Server {
 }
 
 async fn start(id: u64, dir: &TempDir) -> Server {
+    start_with(id, dir, true).await
+}
+
+/// Starts node `id`; followers answer linearizable reads themselves when `follower_reads`.
+async fn start_with(id: u64, dir: &TempDir, follower_reads: bool) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
@@ -40,7 +46,8 @@ async fn start(id: u64, dir: &TempDir) -> Server {
     let node = MetaNode::open(cfg, HttpNetwork::new(id, token.clone()))
         .await
         .unwrap();
-    let app = meta_http::router(AppState::new(node.clone(), token));
+    let app =
+        meta_http::router(AppState::new(node.clone(), token).with_follower_reads(follower_reads));
     let task = tokio::spawn(async move {
         axum::serve(meta_http::LimitedListener::new(listener, 10_000), app)
             .await
@@ -81,9 +88,13 @@ impl Client {
 /// Starts nodes 1 to 3 over HTTP, initializes them as one cluster from node 1, and waits until
 /// all three agree on a leader.
 async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {
+    start_cluster_with(dir, true).await
+}
+
+async fn start_cluster_with(dir: &TempDir, follower_reads: bool) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
-        servers.insert(id, start(id, dir).await);
+        servers.insert(id, start_with(id, dir, follower_reads).await);
     }
     let members = servers
         .iter()
@@ -168,7 +179,7 @@ async fn three_nodes_over_http() {
         assert_eq!(v["accepted"], i + 1, "write {i}: {v}");
     }
     let expected_shards = 20_000 + (1..=30).sum::<u64>();
-    // A linearizable read at a follower is forwarded and sees the writes.
+    // A linearizable read at a follower sees the writes.
     let (status, v) = client
         .send(reqwest::Method::GET, f1, "/v1/shards/19999", None)
         .await;
@@ -308,5 +319,85 @@ async fn largest_values_commit_over_http() {
     .await;
     for server in servers.values() {
         server.node.shutdown().await.unwrap();
+    }
+}
+
+/// The requests `route` (with `method`) that a node answered, from its `/metrics`.
+async fn served(client: &Client, server: &Server, method: &str, route: &str) -> u64 {
+    let (status, metrics) = client
+        .send(reqwest::Method::GET, server, "/metrics", None)
+        .await;
+    assert_eq!(status, 200);
+    let prefix = format!(
+        "metaserver_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"200\"}} "
+    );
+    metrics
+        .as_str()
+        .expect("metrics are text")
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Linearizable and lease reads at a follower see every write acknowledged before them (each
+/// read follows a write acknowledged by another member), and are answered by the follower with
+/// the leader's read index: the leader answers read indexes, not the reads. With follower reads
+/// off, the leader answers the reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+    };
+    for follower_reads in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = start_cluster_with(&dir, follower_reads).await;
+        let leader = servers[&1].node.status().leader_id.unwrap();
+        let followers: Vec<&Server> = servers
+            .iter()
+            .filter(|(id, _)| **id != leader)
+            .map(|(_, s)| s)
+            .collect();
+        let l = &servers[&leader];
+        for i in 0..40u64 {
+            // Written at the leader or through the other follower, read at this one.
+            let (writer, reader) = match i % 3 {
+                0 => (l, followers[0]),
+                1 => (followers[1], followers[0]),
+                _ => (followers[0], followers[1]),
+            };
+            let (status, v) = client
+                .send(
+                    reqwest::Method::PUT,
+                    writer,
+                    "/v1/kv/follower-read",
+                    Some(json!({"value": i.to_string()})),
+                )
+                .await;
+            assert_eq!(status, 200, "{v}");
+            let consistency = if i % 2 == 0 { "linearizable" } else { "lease" };
+            let (status, v) = client
+                .send(
+                    reqwest::Method::GET,
+                    reader,
+                    &format!("/v1/kv/follower-read?consistency={consistency}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(v["value"], i.to_string(), "read {i} ({consistency}): {v}");
+        }
+        let read_indexes = served(&client, l, "POST", "/raft/read-index").await;
+        let replayed = served(&client, l, "GET", "/v1/kv/{*key}").await;
+        if follower_reads {
+            assert!(read_indexes > 0, "the leader answered no read index");
+            assert_eq!(replayed, 0, "the leader answered reads sent to followers");
+        } else {
+            assert_eq!(read_indexes, 0);
+            assert_eq!(replayed, 40, "every read was replayed at the leader");
+        }
+        for server in servers.values() {
+            server.node.shutdown().await.unwrap();
+        }
     }
 }

@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// closes it; 0 never closes idle connections [default: 120].
     #[arg(long, env = "METASERVER_IDLE_TIMEOUT_SECS")]
     pub idle_timeout_secs: Option<u64>,
+    /// Whether a follower answers linearizable and lease reads from its own registry once it
+    /// applied the leader's read index, instead of replaying them at the leader
+    /// [default: true].
+    #[arg(long, env = "METASERVER_FOLLOWER_READS")]
+    pub follower_reads: Option<bool>,
     /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
     /// machine, give each its share of the cores: every extra thread costs wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]

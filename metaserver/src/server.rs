@@ -63,7 +63,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         initialize_once(&node, &settings, &addr).await?;
     }
 
-    let app = meta_http::router(AppState::new(node.clone(), token));
+    let app = meta_http::router(
+        AppState::new(node.clone(), token).with_follower_reads(settings.follower_reads),
+    );
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");
     tracing::info!(%bound, "serving");

@@ -36,6 +36,7 @@ struct FileSettings {
     max_pending_shards: Option<u32>,
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
+    follower_reads: Option<bool>,
 }
 
 /// Everything a node needs to start.
@@ -73,6 +74,9 @@ pub struct ServeSettings {
     pub emulated_sync_latency: Duration,
     /// How long a connection may wait for a request's headers; `None` = forever.
     pub idle_timeout: Option<Duration>,
+    /// Followers answer linearizable reads with the leader's read index (default), or
+    /// replay them at the leader.
+    pub follower_reads: bool,
 }
 
 /// Parses `1=ADDR,2=ADDR`.
@@ -168,6 +172,7 @@ impl ServeSettings {
                 Some(0) => None,
                 Some(secs) => Some(Duration::from_secs(secs)),
             },
+            follower_reads: args.follower_reads.or(file.follower_reads).unwrap_or(true),
         };
         settings.check()?;
         Ok(settings)
@@ -260,7 +265,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -270,6 +275,7 @@ mod tests {
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.worker_threads, Some(1));
         assert_eq!(s.idle_timeout, None, "0 never closes idle connections");
+        assert!(!s.follower_reads);
         let cfg = s.node_config("127.0.0.1:1");
         assert_eq!(cfg.max_pending_shards, 100);
         assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
@@ -279,6 +285,7 @@ mod tests {
             defaults.idle_timeout,
             Some(meta_http::server::DEFAULT_IDLE_TIMEOUT)
         );
+        assert!(defaults.follower_reads);
         for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
             std::fs::write(&path, bad).unwrap();
             let err = ServeSettings::resolve(&args, false).unwrap_err();

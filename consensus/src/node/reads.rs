@@ -4,23 +4,73 @@
 use std::time::Duration;
 
 use openraft::error::RaftError;
+use openraft::raft::linearizable_read::Linearizer;
 use openraft::{LinearizerOption, ReadPolicy};
 
 use super::validation::{check_key, MAX_KEY_BYTES};
 use super::{blocking, MetaNode};
 use crate::error::{Error, Result};
 use crate::state_machine::SmShared;
+use crate::types::TypeConfig;
 use crate::view::{Consistency, DatanodeInfo, KvEntry, KvKey, Page, ShardEntry, ShardInfo};
 
 impl MetaNode {
     /// Makes reads after it see every write committed before it was called (Linearizable:
     /// read index confirmed by a quorum, then wait until applied here; Lease: the same, with
     /// the quorum's last acknowledgement standing for the confirmation while the leader lease
-    /// holds), or nothing (Local).
+    /// holds), or nothing (Local). On a follower: [`Error::ForwardToLeader`].
     pub async fn read_barrier(&self, c: Consistency) -> Result<()> {
+        let Some(lin) = self.linearizer(c).await? else {
+            return Ok(());
+        };
+        let raft = &self.inner.raft;
+        match lin
+            .try_await_ready(raft, Some(self.inner.cfg.request_timeout))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Timeout),
+            Err(f) => Err(self.fatal(f)),
+        }
+    }
+
+    /// The leader's half of a follower read: confirms that this node leads, as
+    /// [`MetaNode::read_barrier`] does for `c`, and returns the read index: the log index a
+    /// node must have applied before its state answers a read linearizably (every write
+    /// committed before this call is at or below it). It does not wait until this node applied
+    /// it. On a follower: [`Error::ForwardToLeader`]; for `Local`: [`Error::InvalidArgument`].
+    pub async fn read_index(&self, c: Consistency) -> Result<u64> {
+        match self.linearizer(c).await? {
+            Some(lin) => Ok(lin.read_log_id().index()),
+            None => Err(Error::InvalidArgument(
+                "a local read needs no read index".into(),
+            )),
+        }
+    }
+
+    /// The follower's half of a follower read: waits until this node applied `index` (a read
+    /// index from [`MetaNode::read_index`] at the leader), at most `timeout`
+    /// ([`Error::Timeout`]). Reads with `Consistency::Local` after it are linearizable.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<()> {
+        self.check_open()?;
+        self.inner
+            .raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "wait_applied")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
+            })
+    }
+
+    /// Confirms leadership as `c` asks and returns openraft's linearizer (its read index);
+    /// `None` for `Local`, which needs none.
+    async fn linearizer(&self, c: Consistency) -> Result<Option<Linearizer<TypeConfig>>> {
         self.check_open()?;
         let option = match c {
-            Consistency::Local => return Ok(()),
+            Consistency::Local => return Ok(None),
             Consistency::Linearizable => LinearizerOption::from(ReadPolicy::ReadIndex),
             // Any acknowledgement within the lease; else a heartbeat now, waited for as a
             // read index is.
@@ -31,7 +81,6 @@ impl MetaNode {
         }
         use openraft::error::LinearizableReadError as L;
         let raft = &self.inner.raft;
-        let timeout = self.inner.cfg.request_timeout;
         let lin = self
             .retry_lease_refusal(
                 || raft.get_read_linearizer(option.clone()),
@@ -42,16 +91,11 @@ impl MetaNode {
                 },
             )
             .await?;
-        let lin = match lin {
-            Ok(l) => l,
-            Err(RaftError::APIError(L::ForwardToLeader(f))) => return Err(self.forward(&f)),
-            Err(RaftError::APIError(L::QuorumNotEnough(_))) => return Err(Error::NoLeader),
-            Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
-        };
-        match lin.try_await_ready(raft, Some(timeout)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(Error::Timeout),
-            Err(f) => Err(self.fatal(f)),
+        match lin {
+            Ok(l) => Ok(Some(l)),
+            Err(RaftError::APIError(L::ForwardToLeader(f))) => Err(self.forward(&f)),
+            Err(RaftError::APIError(L::QuorumNotEnough(_))) => Err(Error::NoLeader),
+            Err(RaftError::Fatal(f)) => Err(self.fatal(f)),
         }
     }
 
@@ -168,19 +212,5 @@ impl MetaNode {
             Ok((content.len() as u64, h))
         })
         .await
-    }
-
-    /// Waits until this node applied `index` (for tests and tools).
-    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<()> {
-        self.inner
-            .raft
-            .wait(Some(timeout))
-            .applied_index_at_least(Some(index), "wait_applied")
-            .await
-            .map(|_| ())
-            .map_err(|e| match e {
-                openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
-                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
-            })
     }
 }

@@ -64,8 +64,9 @@ impl MetaNode {
         Ok(self.leader_to_forward_to())
     }
 
-    /// The leader (id and address) this node's metrics name, when that is another node.
-    fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
+    /// The leader (id and address) this node's metrics name, when that is another node (a
+    /// follower's view: it may be stale). `None` on a leader or when no leader is known.
+    pub fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
         let metrics = self.inner.raft.metrics();
         let m = metrics.borrow_watched();
         if m.state == openraft::ServerState::Leader {

@@ -53,7 +53,10 @@ pub async fn list(
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeList>, ApiError> {
     let consistency = query.validate()?;
-    let datanodes = state.node.datanodes(consistency.into()).await?;
+    let datanodes = state
+        .node
+        .datanodes(state.read_consistency(consistency).await?)
+        .await?;
     Ok(axum::Json(DatanodeList {
         datanodes: datanodes.into_iter().map(DatanodeView::from).collect(),
     }))
@@ -66,7 +69,11 @@ pub async fn get(
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeView>, ApiError> {
     let consistency = query.validate()?;
-    match state.node.datanode(consistency.into(), id).await? {
+    match state
+        .node
+        .datanode(state.read_consistency(consistency).await?, id)
+        .await?
+    {
         Some(info) => Ok(axum::Json(info.into())),
         None => Err(unknown_datanode(id)),
     }
@@ -170,7 +177,12 @@ pub async fn list_shards(
     let after = page.after.as_deref();
     let result = state
         .node
-        .datanode_shards(consistency.into(), id, after, page.limit)
+        .datanode_shards(
+            state.read_consistency(consistency).await?,
+            id,
+            after,
+            page.limit,
+        )
         .await
         .map_err(listing_error(after))?;
     if result.items.is_empty() && after.is_none() {

@@ -100,7 +100,11 @@ pub async fn get(
     Query(query): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let consistency = query.validate()?;
-    match state.node.kv_get(consistency.into(), &key).await? {
+    match state
+        .node
+        .kv_get(state.read_consistency(consistency).await?, &key)
+        .await?
+    {
         Some(entry) => Ok((
             [
                 (
@@ -128,7 +132,12 @@ pub async fn list(
     let after = page.after.as_deref();
     let result = state
         .node
-        .kv_list(consistency.into(), &prefix, after, page.limit)
+        .kv_list(
+            state.read_consistency(consistency).await?,
+            &prefix,
+            after,
+            page.limit,
+        )
         .await
         .map_err(listing_error(after))?;
     Ok(axum::Json(KvKeyPage {

@@ -18,7 +18,11 @@ pub async fn list(
     let after = page.after.as_deref();
     let result = state
         .node
-        .shards(consistency.into(), after, page.limit)
+        .shards(
+            state.read_consistency(consistency).await?,
+            after,
+            page.limit,
+        )
         .await
         .map_err(listing_error(after))?;
     Ok(axum::Json(ShardPage {
@@ -34,7 +38,11 @@ pub async fn get(
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<ShardView>, ApiError> {
     let consistency = query.validate()?;
-    match state.node.shard(consistency.into(), id).await? {
+    match state
+        .node
+        .shard(state.read_consistency(consistency).await?, id)
+        .await?
+    {
         Some(info) => Ok(axum::Json(ShardView {
             id: info.id,
             replicas: info

@@ -1,0 +1,363 @@
+//! Follower reads: a linearizable (or lease) read that reaches a follower is answered from the
+//! follower's own registry instead of being replayed at the leader.
+//!
+//! The follower asks the leader for a read index (`/raft/read-index`): the leader confirms
+//! that it still leads, as it does for a read of its own (a round to a quorum, or its lease),
+//! and answers the log index a registry must have applied to show every write committed before
+//! the read. The follower waits until it applied that index, then reads locally. So the leader,
+//! the cluster's bottleneck under a storm, does one small exchange per batch of reads instead of
+//! parsing, answering and relaying every read, and reads scale with the number of members.
+//!
+//! Reads share exchanges as the log's writers share barriers: a read joins the next exchange,
+//! never one already under way (the leader may have fixed that one's index before the read
+//! arrived, so before a write the reader already saw acknowledged). One exchange is out at a
+//! time and carries every read that arrived while the previous one was out. An exchange asks for
+//! a round to a quorum if any of its reads asked for `linearizable`, else for the lease.
+//!
+//! A follower that does not catch up within [`CATCH_UP`] (it is far behind, or receiving a
+//! snapshot) lets the read be replayed at the leader instead (`forward.rs`). A leader that
+//! cannot be asked, or no longer leads, makes the read fail as a replayed read would: 503
+//! `no_leader` (the client retries), or 504 `timeout`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use meta_consensus::{codec, Consistency, MetaNode};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::auth::Token;
+use crate::error::{ApiError, ForwardTo};
+use crate::forward::leader_failed;
+use crate::forward_batch::Refusal;
+
+/// The leader's route that answers read indexes.
+pub const PATH_READ_INDEX: &str = "/raft/read-index";
+
+/// Longest a follower waits to apply a read index before the read is replayed at the leader.
+const CATCH_UP: Duration = Duration::from_secs(1);
+/// Longest the leader may take to answer a read index. Reads queue behind an exchange that is
+/// out, so this is short: the leader's own refusal (no quorum within twice the lease) comes
+/// sooner.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a follower asks the leader for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct ReadIndexRequest {
+    /// The leader may rely on its lease instead of a round to a quorum.
+    lease: bool,
+}
+
+/// The leader's answer: the read index, or why it could not give one.
+type ReadIndexAnswer = Result<u64, Refusal>;
+
+/// A follower's reads that wait for a read index from the leader. Cloning shares the queue.
+#[derive(Clone, Debug)]
+pub struct FollowerReads {
+    enabled: bool,
+    link: Arc<Link>,
+}
+
+/// What an exchange needs, and the reads waiting for the next one.
+#[derive(Debug)]
+struct Link {
+    client: reqwest::Client,
+    token: Token,
+    pending: Mutex<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    waiting: Vec<Waiter>,
+    /// A task is sending exchanges; it takes the waiting reads after each one.
+    running: bool,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    target: ForwardTo,
+    lease: bool,
+    answer: oneshot::Sender<Result<u64, ApiError>>,
+}
+
+impl FollowerReads {
+    /// Follower reads sending with `client` and this node's `token`; when not `enabled`, every
+    /// read that reaches a follower is replayed at the leader.
+    pub fn new(client: reqwest::Client, token: Token, enabled: bool) -> Self {
+        FollowerReads {
+            enabled,
+            link: Arc::new(Link {
+                client,
+                token,
+                pending: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Prepares a read with consistency `c` on `node` and returns the consistency to read
+    /// with: `Local` once `node`, a follower, has applied the leader's read index for it (its
+    /// registry then shows every write committed before this call); `c` itself when `node` may
+    /// lead or knows no leader (its own read barrier decides), when follower reads are off, or
+    /// when `node` did not catch up in time (the barrier answers "forward to leader" and the
+    /// read is replayed there).
+    pub async fn linearize(
+        &self,
+        node: &MetaNode,
+        c: Consistency,
+    ) -> Result<Consistency, ApiError> {
+        if !self.enabled || c == Consistency::Local {
+            return Ok(c);
+        }
+        let Some((leader_id, addr)) = node.leader_to_forward_to() else {
+            return Ok(c);
+        };
+        let target = ForwardTo { leader_id, addr };
+        let index = self
+            .link
+            .read_index(target, c == Consistency::Lease)
+            .await?;
+        match node.wait_applied(index, CATCH_UP).await {
+            Ok(()) => Ok(Consistency::Local),
+            Err(meta_consensus::Error::Timeout) => Ok(c),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Link {
+    /// The read index of the leader `target` from an exchange that starts after this call.
+    async fn read_index(self: &Arc<Self>, target: ForwardTo, lease: bool) -> Result<u64, ApiError> {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.waiting.push(Waiter {
+                target,
+                lease,
+                answer,
+            });
+            !std::mem::replace(&mut pending.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().run());
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(ApiError::Internal(
+                "a follower read lost its read index".into(),
+            ))
+        })
+    }
+
+    /// Sends exchanges while reads wait: each carries every read that was waiting when it
+    /// started (one per leader they name: one, unless the leader just changed).
+    async fn run(self: Arc<Self>) {
+        loop {
+            let mut batch = {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.waiting.is_empty() {
+                    pending.running = false;
+                    return;
+                }
+                std::mem::take(&mut pending.waiting)
+            };
+            while let Some(first) = batch.first() {
+                let addr = first.target.addr.clone();
+                let (same, rest): (Vec<_>, Vec<_>) =
+                    batch.into_iter().partition(|w| w.target.addr == addr);
+                batch = rest;
+                let lease = same.iter().all(|w| w.lease);
+                let answer = self.exchange(&same[0].target, lease).await;
+                for w in same {
+                    let _ = w.answer.send(answer.clone());
+                }
+            }
+        }
+    }
+
+    /// Asks the leader `target` for its read index.
+    async fn exchange(&self, target: &ForwardTo, lease: bool) -> Result<u64, ApiError> {
+        let leader = |what: String| {
+            format!(
+                "the leader (node {} at {}) {what}",
+                target.leader_id, target.addr
+            )
+        };
+        let body = codec::encode(&ReadIndexRequest { lease })
+            .map_err(|e| ApiError::Internal(format!("encoding a read index request: {e}")))?;
+        let mut request = self
+            .client
+            .post(format!("http://{}{PATH_READ_INDEX}", target.addr))
+            .timeout(EXCHANGE_TIMEOUT)
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        if let Some(value) = self.token.header_value() {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| leader_failed(target, &e))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ApiError::NoLeader(leader(format!("broke off its answer: {e}"))))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
+            return Err(ApiError::NoLeader(leader(format!(
+                "refused a read index ({status}): {text}"
+            ))));
+        }
+        let answer: ReadIndexAnswer = codec::decode(&bytes).map_err(|e| {
+            ApiError::Internal(leader(format!("answered an undecodable read index: {e}")))
+        })?;
+        answer.map_err(ApiError::from)
+    }
+}
+
+/// The leader's end: confirms that `node` leads and answers its read index. Never forwards: a
+/// node that does not lead refuses with `no_leader`.
+pub async fn serve(node: MetaNode, body: Bytes) -> Response {
+    let request: ReadIndexRequest = match codec::decode(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::invalid(
+                "bad_read_index_request",
+                format!("undecodable read index request: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let c = if request.lease {
+        Consistency::Lease
+    } else {
+        Consistency::Linearizable
+    };
+    let answer: ReadIndexAnswer = node.read_index(c).await.map_err(Refusal::of);
+    match codec::encode(&answer) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(e) => ApiError::Internal(format!("encoding a read index: {e}")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use axum::routing::post;
+    use axum::Router;
+    use futures::FutureExt;
+    use tokio::sync::{mpsc, Semaphore};
+
+    use super::*;
+
+    /// A stand-in leader: reports whether each exchange asked for the lease, holds its answer
+    /// until released, then answers `answer(n)` for the n-th exchange (from 1).
+    async fn fake_leader(
+        answer: fn(u64) -> ReadIndexAnswer,
+    ) -> (ForwardTo, mpsc::UnboundedReceiver<bool>, Arc<Semaphore>) {
+        let (seen_tx, seen_rx) = mpsc::unbounded_channel();
+        let release = Arc::new(Semaphore::new(0));
+        let gate = release.clone();
+        let exchanges = Arc::new(AtomicU64::new(0));
+        let app = Router::new().route(
+            PATH_READ_INDEX,
+            post(move |body: Bytes| {
+                let (seen, gate, exchanges) = (seen_tx.clone(), gate.clone(), exchanges.clone());
+                async move {
+                    let n = exchanges.fetch_add(1, Ordering::SeqCst) + 1;
+                    let request: ReadIndexRequest = codec::decode(&body).unwrap();
+                    seen.send(request.lease).unwrap();
+                    gate.acquire().await.unwrap().forget();
+                    codec::encode(&answer(n)).unwrap()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (ForwardTo { leader_id: 1, addr }, seen_rx, release)
+    }
+
+    fn link() -> Arc<Link> {
+        Arc::new(Link {
+            client: crate::network::peer_client(),
+            token: Token::new(None),
+            pending: Mutex::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn reads_join_the_next_exchange_never_one_under_way() {
+        let (leader, mut seen, release) = fake_leader(|n| Ok(100 + n)).await;
+        let link = link();
+        let mut a = Box::pin(link.read_index(leader.clone(), false));
+        assert!((&mut a).now_or_never().is_none());
+        assert!(
+            !seen.recv().await.unwrap(),
+            "a read index read asks for a quorum round"
+        );
+        // Reads that arrive while the first exchange is out wait for the next one: the leader
+        // may have fixed the first one's index before they arrived.
+        let mut b = Box::pin(link.read_index(leader.clone(), true));
+        let mut c = Box::pin(link.read_index(leader.clone(), false));
+        assert!((&mut b).now_or_never().is_none());
+        assert!((&mut c).now_or_never().is_none());
+        release.add_permits(1);
+        assert_eq!(a.await.unwrap(), 101);
+        // One exchange carries both; one of them asked for a quorum round, so it does.
+        assert!(!seen.recv().await.unwrap());
+        assert!(
+            (&mut b).now_or_never().is_none(),
+            "answered by its own exchange"
+        );
+        release.add_permits(1);
+        assert_eq!(b.await.unwrap(), 102);
+        assert_eq!(c.await.unwrap(), 102);
+        // A lone lease read asks for the lease.
+        let mut d = Box::pin(link.read_index(leader.clone(), true));
+        assert!((&mut d).now_or_never().is_none());
+        assert!(seen.recv().await.unwrap());
+        release.add_permits(1);
+        assert_eq!(d.await.unwrap(), 103);
+        assert!(seen.try_recv().is_err(), "three exchanges in all");
+    }
+
+    #[tokio::test]
+    async fn a_refusing_or_unreachable_leader_fails_the_reads_with_its_error() {
+        let (leader, _seen, release) = fake_leader(|_| {
+            Err(Refusal::of(meta_consensus::Error::ForwardToLeader {
+                leader_id: 3,
+                leader_addr: "127.0.0.1:1".into(),
+            }))
+        })
+        .await;
+        release.add_permits(10);
+        let link = link();
+        let answers =
+            futures::future::join_all((0..3).map(|i| link.read_index(leader.clone(), i % 2 == 0)))
+                .await;
+        for a in answers {
+            let e = a.unwrap_err();
+            assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");
+        }
+        // A port nobody listens on: bind, read the port, close.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let gone = ForwardTo {
+            leader_id: 1,
+            addr: format!("127.0.0.1:{port}"),
+        };
+        let e = link.read_index(gone, false).await.unwrap_err();
+        assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");
+        assert!(e.to_string().contains("unreachable"), "{e}");
+        // The queue still works after failures.
+        let (leader, _seen, release) = fake_leader(Ok).await;
+        release.add_permits(1);
+        assert_eq!(link.read_index(leader, true).await.unwrap(), 1);
+    }
+}
