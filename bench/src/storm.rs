@@ -13,6 +13,7 @@ mod chart;
 mod cluster;
 mod cpu_usage;
 mod options;
+mod reads;
 mod reaper;
 mod restart;
 mod results;
@@ -28,7 +29,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use self::api::Api;
 use self::cluster::Cluster;
-use self::options::Options;
+use self::options::{Arm, Options};
+use self::reads::{ReadArm, ReadWorkload};
 use self::reaper::Reaper;
 use self::restart::StormWorkload;
 use self::results::Results;
@@ -89,7 +91,11 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     } else {
         0
     } + usize::from(options.runs_storm());
-    let steps = (options.rounds * options.arms.len() * per_arm) as u64;
+    let steps = if options.runs_reads() {
+        options.rounds * ReadArm::ALL.len() * options.clients.len()
+    } else {
+        options.rounds * options.arms.len() * per_arm
+    } as u64;
     let progress = MultiProgress::new();
     let overall = progress.add(ProgressBar::new(steps));
     overall.set_style(
@@ -116,6 +122,54 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
             &api,
         )
     };
+
+    if options.runs_reads() {
+        for round in 0..options.rounds {
+            for arm in ReadArm::ALL {
+                let tag = format!("round {} {}", round + 1, arm.name());
+                overall.set_message(format!("{tag}: starting a cluster"));
+                let mut flags = server.clone();
+                flags
+                    .extra
+                    .extend(arm.server_flags().iter().map(|f| f.to_string()));
+                let mut cluster = Cluster::start(
+                    binary,
+                    Arm::Shared,
+                    &runs_dir,
+                    &flags,
+                    options.keep_data,
+                    Duration::from_secs(options.startup_timeout),
+                    &api,
+                )
+                .await?;
+                let mut workload = ReadWorkload {
+                    cluster: &mut cluster,
+                    api: &api,
+                    arm,
+                    round,
+                    warmup: options.warmup(),
+                    measure: options.measure(),
+                };
+                overall.set_message(format!("{tag}: registering the shards to read"));
+                workload.preload().await?;
+                for &clients in &options.clients {
+                    overall.set_message(format!("{tag}: reads, {clients} client(s)"));
+                    let p = workload.run(clients).await?;
+                    progress.suspend(|| {
+                        eprintln!(
+                            "{tag}: reads {clients:>3} clients: {:>8.0} reads/s  p50 {:.2} ms  p99 {:.2} ms",
+                            p.per_sec, p.p50_ms, p.p99_ms
+                        )
+                    });
+                    results.reads.push(p);
+                    overall.inc(1);
+                }
+                cluster.stop(STOP_GRACE);
+            }
+        }
+        overall.finish_and_clear();
+        return Ok(());
+    }
 
     for round in 0..options.rounds {
         for &arm in &options.arms {

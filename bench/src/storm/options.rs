@@ -35,6 +35,9 @@ pub enum Workloads {
     Storm,
     /// Both (the default).
     Both,
+    /// Linearizable reads only, with followers answering them (`follower`) against replaying
+    /// them at the leader (`replay`), interleaved; `--arms` does not apply.
+    Reads,
 }
 
 /// `meta-bench storm`: the registration storm against a real three-node cluster of `metaserver` processes.
@@ -166,7 +169,11 @@ impl Options {
         matches!(self.workload, Workloads::Storm | Workloads::Both)
     }
 
-    /// The log filter for the server processes.
+    /// Whether the read workload runs.
+    pub fn runs_reads(&self) -> bool {
+        self.workload == Workloads::Reads
+    }
+
     /// How every server process is started.
     pub fn server_flags(&self) -> ServerFlags {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

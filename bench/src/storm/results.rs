@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::chart::{self, Series};
 use super::options::Arm;
+use super::reads::{self, ReadPoint};
 use super::restart::StormPoint;
 use super::single::SinglePoint;
 use crate::report::{median, out_dir, print_table, write_json};
@@ -15,6 +16,7 @@ use crate::report::{median, out_dir, print_table, write_json};
 pub struct Results {
     pub single: Vec<SinglePoint>,
     pub storm: Vec<StormPoint>,
+    pub reads: Vec<ReadPoint>,
 }
 
 /// Formats a number with `digits` decimals.
@@ -223,7 +225,12 @@ impl Results {
             );
             self.print_storm_medians();
         }
-        self.print_targets();
+        if !self.reads.is_empty() {
+            reads::print(&self.reads);
+        }
+        if !self.single.is_empty() || !self.storm.is_empty() {
+            self.print_targets();
+        }
     }
 
     fn print_single_medians(&self) {
@@ -418,6 +425,9 @@ impl Results {
     /// Writes `target/bench/storm.json` and, when the single-shard workload ran,
     /// `target/bench/storm.svg`.
     pub fn write(&self) -> Result<()> {
+        if self.single.is_empty() && self.storm.is_empty() {
+            return Ok(());
+        }
         let path = write_json("storm.json", &self.json())?;
         println!("\nwrote {}", path.display());
         if !self.single.is_empty() {
@@ -497,6 +507,7 @@ mod tests {
                 single(Arm::Own, 1, 1, 70.0),
             ],
             storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0)],
+            reads: Vec::new(),
         };
         let json = results.json();
         let objects = json.as_array().unwrap();
