@@ -93,6 +93,10 @@ pub enum ApiError {
         leader_id: u64,
         /// The leader's HTTP address (`host:port`).
         addr: String,
+        /// The leader's read index for this read, when this node obtained one but did not
+        /// catch up with it in time: the replay carries it, and the receiver answers the read
+        /// once it applied that index, without another round to a quorum.
+        read_index: Option<u64>,
     },
     /// A bug or an unexpected failure (500).
     #[error("internal error: {0}")]
@@ -171,6 +175,7 @@ impl From<meta_consensus::Error> for ApiError {
             } => ApiError::ForwardToLeader {
                 leader_id,
                 addr: leader_addr,
+                read_index: None,
             },
             E::NoLeader => {
                 ApiError::NoLeader("no leader is known (election running or no quorum)".into())
@@ -216,6 +221,11 @@ pub struct ForwardTo {
     pub addr: String,
 }
 
+/// Marks an error response whose read should be replayed with this read index of the leader
+/// (see [`ApiError::ForwardToLeader`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadIndexHint(pub u64);
+
 /// Renders an error response with the given status, code and message.
 pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
     let body = ErrorBody {
@@ -249,10 +259,17 @@ impl IntoResponse for ApiError {
         }
         let mut response = error_response(status, self.code(), self.to_string());
         match self {
-            ApiError::ForwardToLeader { leader_id, addr } => {
+            ApiError::ForwardToLeader {
+                leader_id,
+                addr,
+                read_index,
+            } => {
                 response
                     .extensions_mut()
                     .insert(ForwardTo { leader_id, addr });
+                if let Some(index) = read_index {
+                    response.extensions_mut().insert(ReadIndexHint(index));
+                }
             }
             ApiError::RevisionMismatch { current, .. } => {
                 response
@@ -319,10 +336,20 @@ mod tests {
         let response = ApiError::ForwardToLeader {
             leader_id: 2,
             addr: "127.0.0.1:7102".into(),
+            read_index: None,
         }
         .into_response();
         let forward = response.extensions().get::<ForwardTo>().expect("marker");
         assert_eq!(forward.leader_id, 2);
         assert_eq!(forward.addr, "127.0.0.1:7102");
+        assert!(response.extensions().get::<ReadIndexHint>().is_none());
+        let response = ApiError::ForwardToLeader {
+            leader_id: 2,
+            addr: "127.0.0.1:7102".into(),
+            read_index: Some(17),
+        }
+        .into_response();
+        assert!(response.extensions().get::<ForwardTo>().is_some());
+        assert_eq!(response.extensions().get::<ReadIndexHint>().unwrap().0, 17);
     }
 }

@@ -5,8 +5,8 @@
 //! that it still leads, as it does for a read of its own (a round to a quorum, or its lease),
 //! and answers the log index a registry must have applied to show every write committed before
 //! the read. The follower waits until it applied that index, then reads locally. So the leader,
-//! the cluster's bottleneck under a storm, does one small exchange per batch of reads instead of
-//! parsing, answering and relaying every read, and reads scale with the number of members.
+//! the cluster's bottleneck, does one small exchange per batch of reads instead of parsing,
+//! answering and relaying every read, and reads scale with the number of members.
 //!
 //! Reads share exchanges as the log's writers share barriers: a read joins the next exchange,
 //! never one already under way (the leader may have fixed that one's index before the read
@@ -14,15 +14,19 @@
 //! time and carries every read that arrived while the previous one was out. An exchange asks for
 //! a round to a quorum if any of its reads asked for `linearizable`, else for the lease.
 //!
-//! A follower that does not catch up within [`CATCH_UP`] (it is far behind, or receiving a
-//! snapshot) lets the read be replayed at the leader instead (`forward.rs`). A leader that
-//! cannot be asked, or no longer leads, makes the read fail as a replayed read would: 503
-//! `no_leader` (the client retries), or 504 `timeout`.
+//! A follower that has not applied the read index within [`CATCH_UP`] (by default; under a write storm it
+//! applies a few milliseconds behind the leader) replays the read at the leader with the read
+//! index attached (`forward.rs`, header [`READ_INDEX`]): the receiver answers once it applied
+//! that index, from its own registry, without another round to a quorum. A leader that cannot
+//! be asked, or no longer leads, makes the read fail as a replayed read would: 503 `no_leader`
+//! (the client retries), or 504 `timeout`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::header;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderName};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use meta_consensus::{codec, Consistency, MetaNode};
@@ -31,14 +35,19 @@ use tokio::sync::oneshot;
 
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
-use crate::forward::leader_failed;
+use crate::forward::{leader_failed, FORWARDED_BY};
 use crate::forward_batch::Refusal;
 
 /// The leader's route that answers read indexes.
 pub const PATH_READ_INDEX: &str = "/raft/read-index";
 
-/// Longest a follower waits to apply a read index before the read is replayed at the leader.
-const CATCH_UP: Duration = Duration::from_secs(1);
+/// The leader's read index for a replayed read (see the module comment).
+pub const READ_INDEX: HeaderName = HeaderName::from_static("x-metaserver-read-index");
+
+/// Longest a follower waits, by default, to apply a read index before it replays the read at
+/// the leader. Without a write storm a follower applies a write within a round trip of the
+/// leader's commit; under one it may lag tens of milliseconds, more than a replay costs.
+pub const CATCH_UP: Duration = Duration::from_millis(2);
 /// Longest the leader may take to answer a read index. Reads queue behind an exchange that is
 /// out, so this is short: the leader's own refusal (no quorum within twice the lease) comes
 /// sooner.
@@ -58,6 +67,7 @@ type ReadIndexAnswer = Result<u64, Refusal>;
 #[derive(Clone, Debug)]
 pub struct FollowerReads {
     enabled: bool,
+    catch_up: Duration,
     link: Arc<Link>,
 }
 
@@ -89,6 +99,7 @@ impl FollowerReads {
     pub fn new(client: reqwest::Client, token: Token, enabled: bool) -> Self {
         FollowerReads {
             enabled,
+            catch_up: CATCH_UP,
             link: Arc::new(Link {
                 client,
                 token,
@@ -97,18 +108,35 @@ impl FollowerReads {
         }
     }
 
+    /// Waits at most `catch_up` for this node to apply a read index before replaying the read
+    /// at the leader (default [`CATCH_UP`]).
+    pub fn with_catch_up(mut self, catch_up: Duration) -> Self {
+        self.catch_up = catch_up;
+        self
+    }
+
     /// Prepares a read with consistency `c` on `node` and returns the consistency to read
-    /// with: `Local` once `node`, a follower, has applied the leader's read index for it (its
-    /// registry then shows every write committed before this call); `c` itself when `node` may
-    /// lead or knows no leader (its own read barrier decides), when follower reads are off, or
-    /// when `node` did not catch up in time (the barrier answers "forward to leader" and the
-    /// read is replayed there).
+    /// with: `Local` once `node` has applied the read index for it (its registry then shows
+    /// every write committed before this call): the leader's read index obtained here when
+    /// `node` is a follower, or the one a member `replayed` the read with. Otherwise `c`
+    /// itself: when `node` may lead or knows no leader (its own read barrier decides), or when
+    /// follower reads are off (the barrier answers "forward to leader"). A follower that does
+    /// not catch up in time answers "forward to leader" with the read index.
     pub async fn linearize(
         &self,
         node: &MetaNode,
         c: Consistency,
+        replayed: ReplayedReadIndex,
     ) -> Result<Consistency, ApiError> {
-        if !self.enabled || c == Consistency::Local {
+        if c == Consistency::Local {
+            return Ok(c);
+        }
+        if let ReplayedReadIndex(Some(index)) = replayed {
+            node.wait_applied(index, node.config().request_timeout)
+                .await?;
+            return Ok(Consistency::Local);
+        }
+        if !self.enabled {
             return Ok(c);
         }
         let Some((leader_id, addr)) = node.leader_to_forward_to() else {
@@ -117,13 +145,40 @@ impl FollowerReads {
         let target = ForwardTo { leader_id, addr };
         let index = self
             .link
-            .read_index(target, c == Consistency::Lease)
+            .read_index(target.clone(), c == Consistency::Lease)
             .await?;
-        match node.wait_applied(index, CATCH_UP).await {
+        match node.wait_applied(index, self.catch_up).await {
             Ok(()) => Ok(Consistency::Local),
-            Err(meta_consensus::Error::Timeout) => Ok(c),
+            Err(meta_consensus::Error::Timeout) => Err(ApiError::ForwardToLeader {
+                leader_id: target.leader_id,
+                addr: target.addr,
+                read_index: Some(index),
+            }),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// The leader's read index that a member replayed a read with (header [`READ_INDEX`] on a
+/// request carrying the forwarding marker), if any. A value that does not parse counts as
+/// none: the read then confirms leadership itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayedReadIndex(pub Option<u64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ReplayedReadIndex {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        if !parts.headers.contains_key(FORWARDED_BY) {
+            return Ok(ReplayedReadIndex(None));
+        }
+        Ok(ReplayedReadIndex(
+            parts
+                .headers
+                .get(READ_INDEX)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
+        ))
     }
 }
 

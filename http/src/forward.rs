@@ -3,8 +3,8 @@
 //!
 //! Registry and key-value writes do not come this way: their handlers send the command itself
 //! to the leader (`writer.rs`, `forward_batch.rs`). The middleware here replays the rest:
-//! linearizable reads, membership changes, and a write whose node learned that it does not
-//! lead only from its Raft core. It buffers the request body (bounded by the body limit, which
+//! linearizable reads that a follower does not answer itself (`follower_read.rs`), membership
+//! changes, and a write whose node learned that it does not lead only from its Raft core. It buffers the request body (bounded by the body limit, which
 //! is where 413 `body_too_large` comes from), runs the handler, and if the handler answered
 //! "forward to leader" sends the same method, path, query, body and `Authorization` header to
 //! the leader and streams its answer back. A replayed request carries a marker header; a node
@@ -21,8 +21,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::auth::Token;
-use crate::error::{ApiError, ForwardTo};
+use crate::error::{ApiError, ForwardTo, ReadIndexHint};
 use crate::extract::body_error;
+use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
 use crate::network::peer_client;
@@ -96,8 +97,13 @@ impl Forwarder {
     }
 
     /// Replays `replay` at the leader `target` in an exchange of its own and streams the
-    /// answer back.
-    async fn replay(&self, target: &ForwardTo, replay: Replay) -> Response {
+    /// answer back. A read with the leader's `read_index` carries it along.
+    async fn replay(
+        &self,
+        target: &ForwardTo,
+        read_index: Option<ReadIndexHint>,
+        replay: Replay,
+    ) -> Response {
         let url = format!("http://{}{}", target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
         let mut request = self
@@ -106,6 +112,9 @@ impl Forwarder {
             .timeout(FORWARD_TIMEOUT)
             .header(FORWARDED_BY, self.id)
             .body(replay.body);
+        if let Some(ReadIndexHint(index)) = read_index {
+            request = request.header(READ_INDEX, index);
+        }
         for name in [header::CONTENT_TYPE, header::ACCEPT] {
             if let Some(value) = replay.headers.get(&name) {
                 request = request.header(name, value);
@@ -174,5 +183,6 @@ pub async fn forward_to_leader(
         // Already forwarded once: the leader hint was stale. The 503 tells the client to retry.
         return response;
     }
-    state.forwarder.replay(&target, replay).await
+    let read_index = response.extensions().get::<ReadIndexHint>().copied();
+    state.forwarder.replay(&target, read_index, replay).await
 }

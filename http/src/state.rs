@@ -9,7 +9,7 @@ use meta_consensus::{ClusterStatus, Consistency, MetaNode};
 
 use crate::auth::Token;
 use crate::error::ApiError;
-use crate::follower_read::FollowerReads;
+use crate::follower_read::{FollowerReads, ReplayedReadIndex};
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::network::peer_client;
@@ -57,10 +57,23 @@ impl AppState {
         self
     }
 
+    /// How long a follower waits to apply the leader's read index before it replays the read
+    /// at the leader, with that index (default [`crate::follower_read::CATCH_UP`]).
+    pub fn with_follower_read_catch_up(mut self, catch_up: std::time::Duration) -> Self {
+        self.follower_reads = self.follower_reads.with_catch_up(catch_up);
+        self
+    }
+
     /// Prepares a read with the consistency a request asked for and returns the consistency
     /// to read the node with (see [`FollowerReads::linearize`]).
-    pub async fn read_consistency(&self, c: ReadConsistency) -> Result<Consistency, ApiError> {
-        self.follower_reads.linearize(&self.node, c.into()).await
+    pub async fn read_consistency(
+        &self,
+        c: ReadConsistency,
+        replayed: ReplayedReadIndex,
+    ) -> Result<Consistency, ApiError> {
+        self.follower_reads
+            .linearize(&self.node, c.into(), replayed)
+            .await
     }
 }
 

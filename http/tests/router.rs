@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Method, StatusCode};
 use common::{call, leader_node, open_node, test_config, wait_for};
 use meta_consensus::transport::LocalRouter;
-use meta_consensus::{MetaNode, Node, Role};
+use meta_consensus::{Command, MetaNode, Node, Role};
 use meta_http::{AppState, Token};
 use serde_json::{json, Value};
 
@@ -630,6 +630,66 @@ async fn forwarded_once_and_timeouts() {
     // Nothing reached the followers.
     assert_eq!(nodes[&follower].registry_digest().await.unwrap(), before);
     router.heal_all();
+    for node in nodes.values() {
+        node.shutdown().await.unwrap();
+    }
+}
+
+/// A read that a member replays with the leader's read index (a follower that did not catch up
+/// in time) is answered by the receiver from its own registry once it applied that index, even
+/// by a follower, which would otherwise refuse a replayed read; an index it never reaches ends
+/// in 504 within the request timeout, and an index that does not parse counts as none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, nodes, leader) = three_nodes(dir.path()).await;
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    let app = meta_http::router(AppState::new(nodes[&follower].clone(), Token::new(None)));
+    let written = nodes[&leader]
+        .write(Command::Put {
+            key: "k".into(),
+            value: b"v1".to_vec(),
+            if_revision: None,
+        })
+        .await
+        .unwrap();
+    let forwarded = ("x-metaserver-forwarded-by", "3");
+
+    let index = written.index.to_string();
+    let a = call(
+        &app,
+        Method::GET,
+        "/v1/kv/k",
+        "",
+        &[forwarded, ("x-metaserver-read-index", &index)],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(&a.body[..], b"v1");
+
+    let a = call(&app, Method::GET, "/v1/kv/k", "", &[forwarded]).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+    let a = call(
+        &app,
+        Method::GET,
+        "/v1/kv/k",
+        "",
+        &[forwarded, ("x-metaserver-read-index", "soon")],
+    )
+    .await;
+    assert_eq!(a.error_code(), "no_leader", "{a:?}");
+
+    let beyond = (written.index + 1_000).to_string();
+    let a = call(
+        &app,
+        Method::GET,
+        "/v1/kv/k",
+        "",
+        &[forwarded, ("x-metaserver-read-index", &beyond)],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT, "{a:?}");
     for node in nodes.values() {
         node.shutdown().await.unwrap();
     }

@@ -32,11 +32,12 @@ impl Drop for Server {
 }
 
 async fn start(id: u64, dir: &TempDir) -> Server {
-    start_with(id, dir, true).await
+    start_with(id, dir, Some(meta_http::follower_read::CATCH_UP)).await
 }
 
-/// Starts node `id`; followers answer linearizable reads themselves when `follower_reads`.
-async fn start_with(id: u64, dir: &TempDir, follower_reads: bool) -> Server {
+/// Starts node `id`; with `follower_reads`, a follower waits that long to apply the leader's
+/// read index before it replays a read at the leader; without, it replays every read.
+async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<Duration>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
@@ -46,8 +47,12 @@ async fn start_with(id: u64, dir: &TempDir, follower_reads: bool) -> Server {
     let node = MetaNode::open(cfg, HttpNetwork::new(id, token.clone()))
         .await
         .unwrap();
-    let app =
-        meta_http::router(AppState::new(node.clone(), token).with_follower_reads(follower_reads));
+    let mut state =
+        AppState::new(node.clone(), token).with_follower_reads(follower_reads.is_some());
+    if let Some(catch_up) = follower_reads {
+        state = state.with_follower_read_catch_up(catch_up);
+    }
+    let app = meta_http::router(state);
     let task = tokio::spawn(async move {
         axum::serve(meta_http::LimitedListener::new(listener, 10_000), app)
             .await
@@ -88,10 +93,13 @@ impl Client {
 /// Starts nodes 1 to 3 over HTTP, initializes them as one cluster from node 1, and waits until
 /// all three agree on a leader.
 async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {
-    start_cluster_with(dir, true).await
+    start_cluster_with(dir, Some(meta_http::follower_read::CATCH_UP)).await
 }
 
-async fn start_cluster_with(dir: &TempDir, follower_reads: bool) -> BTreeMap<u64, Server> {
+async fn start_cluster_with(
+    dir: &TempDir,
+    follower_reads: Option<Duration>,
+) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
         servers.insert(id, start_with(id, dir, follower_reads).await);
@@ -341,15 +349,17 @@ async fn served(client: &Client, server: &Server, method: &str, route: &str) -> 
 }
 
 /// Linearizable and lease reads at a follower see every write acknowledged before them (each
-/// read follows a write acknowledged by another member), and are answered by the follower with
-/// the leader's read index: the leader answers read indexes, not the reads. With follower reads
-/// off, the leader answers the reads.
+/// read follows a write acknowledged by another member). With time to catch up, the follower
+/// answers them with the leader's read index: the leader answers read indexes, not the reads.
+/// With none, a follower that has not applied the index yet replays the read with it, and the
+/// reads are right either way. With follower reads off, the leader answers the reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
     let client = Client {
         http: reqwest::Client::builder().no_proxy().build().unwrap(),
     };
-    for follower_reads in [true, false] {
+    let arms = [Some(Duration::from_secs(10)), Some(Duration::ZERO), None];
+    for follower_reads in arms {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster_with(&dir, follower_reads).await;
         let leader = servers[&1].node.status().leader_id.unwrap();
@@ -389,12 +399,18 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
         }
         let read_indexes = served(&client, l, "POST", "/raft/read-index").await;
         let replayed = served(&client, l, "GET", "/v1/kv/{*key}").await;
-        if follower_reads {
-            assert!(read_indexes > 0, "the leader answered no read index");
-            assert_eq!(replayed, 0, "the leader answered reads sent to followers");
-        } else {
-            assert_eq!(read_indexes, 0);
-            assert_eq!(replayed, 40, "every read was replayed at the leader");
+        match follower_reads {
+            Some(catch_up) => {
+                assert!(read_indexes > 0, "the leader answered no read index");
+                if !catch_up.is_zero() {
+                    assert_eq!(replayed, 0, "the leader answered reads sent to followers");
+                }
+                println!("catch-up {catch_up:?}: {replayed} of 40 follower reads replayed");
+            }
+            None => {
+                assert_eq!(read_indexes, 0);
+                assert_eq!(replayed, 40, "every read was replayed at the leader");
+            }
         }
         for server in servers.values() {
             server.node.shutdown().await.unwrap();

@@ -7,6 +7,7 @@ use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Json, Path, Query};
+use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
     DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage, ShardsDeregistered,
@@ -50,12 +51,13 @@ pub async fn register(
 /// `GET /v1/datanodes`.
 pub async fn list(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeList>, ApiError> {
     let consistency = query.validate()?;
     let datanodes = state
         .node
-        .datanodes(state.read_consistency(consistency).await?)
+        .datanodes(state.read_consistency(consistency, replayed).await?)
         .await?;
     Ok(axum::Json(DatanodeList {
         datanodes: datanodes.into_iter().map(DatanodeView::from).collect(),
@@ -65,13 +67,14 @@ pub async fn list(
 /// `GET /v1/datanodes/{id}`; 404 if unknown.
 pub async fn get(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Path(id): Path<u64>,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeView>, ApiError> {
     let consistency = query.validate()?;
     match state
         .node
-        .datanode(state.read_consistency(consistency).await?, id)
+        .datanode(state.read_consistency(consistency, replayed).await?, id)
         .await?
     {
         Some(info) => Ok(axum::Json(info.into())),
@@ -170,6 +173,7 @@ pub async fn deregister_shard(
 /// `GET /v1/datanodes/{id}/shards?after=&limit=`; 404 if the datanode is unknown.
 pub async fn list_shards(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Path(id): Path<u64>,
     Query(query): Query<PageQuery>,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
@@ -178,7 +182,7 @@ pub async fn list_shards(
     let result = state
         .node
         .datanode_shards(
-            state.read_consistency(consistency).await?,
+            state.read_consistency(consistency, replayed).await?,
             id,
             after,
             page.limit,

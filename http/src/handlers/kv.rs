@@ -9,6 +9,7 @@ use meta_consensus::{Command, CommandResult};
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Query, RawBody};
+use crate::follower_read::ReplayedReadIndex;
 use crate::request::{validate_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery};
 use crate::response::{KvKeyPage, KvKeyView, KvWritten};
 use crate::state::AppState;
@@ -96,13 +97,14 @@ pub async fn delete(
 /// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision`; 404 if absent.
 pub async fn get(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     KeyPath(key): KeyPath,
     Query(query): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let consistency = query.validate()?;
     match state
         .node
-        .kv_get(state.read_consistency(consistency).await?, &key)
+        .kv_get(state.read_consistency(consistency, replayed).await?, &key)
         .await?
     {
         Some(entry) => Ok((
@@ -126,6 +128,7 @@ pub async fn get(
 /// `GET /v1/kv?prefix=&after=&limit=`: keys and revisions in byte order.
 pub async fn list(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Query(query): Query<KvListQuery>,
 ) -> Result<axum::Json<KvKeyPage>, ApiError> {
     let (prefix, page, consistency) = query.validate()?;
@@ -133,7 +136,7 @@ pub async fn list(
     let result = state
         .node
         .kv_list(
-            state.read_consistency(consistency).await?,
+            state.read_consistency(consistency, replayed).await?,
             &prefix,
             after,
             page.limit,

@@ -5,6 +5,7 @@ use axum::extract::State;
 use super::listing_error;
 use crate::error::ApiError;
 use crate::extract::{Path, Query};
+use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery};
 use crate::response::{ReplicaView, ShardPage, ShardView};
 use crate::state::AppState;
@@ -12,6 +13,7 @@ use crate::state::AppState;
 /// `GET /v1/shards?after=&limit=`.
 pub async fn list(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Query(query): Query<PageQuery>,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
     let (page, consistency) = query.validate()?;
@@ -19,7 +21,7 @@ pub async fn list(
     let result = state
         .node
         .shards(
-            state.read_consistency(consistency).await?,
+            state.read_consistency(consistency, replayed).await?,
             after,
             page.limit,
         )
@@ -34,13 +36,14 @@ pub async fn list(
 /// `GET /v1/shards/{id}`; 404 if no datanode holds it.
 pub async fn get(
     State(state): State<AppState>,
+    replayed: ReplayedReadIndex,
     Path(id): Path<u64>,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<ShardView>, ApiError> {
     let consistency = query.validate()?;
     match state
         .node
-        .shard(state.read_consistency(consistency).await?, id)
+        .shard(state.read_consistency(consistency, replayed).await?, id)
         .await?
     {
         Some(info) => Ok(axum::Json(ShardView {
