@@ -125,7 +125,12 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
 
     if options.runs_reads() {
         for round in 0..options.rounds {
-            for arm in ReadArm::ALL {
+            // A B, then B A: neither arm always runs first on a fresh machine state.
+            let mut arms = ReadArm::ALL;
+            if round % 2 == 1 {
+                arms.reverse();
+            }
+            for arm in arms {
                 let tag = format!("round {} {}", round + 1, arm.name());
                 overall.set_message(format!("{tag}: starting a cluster"));
                 let mut flags = server.clone();
