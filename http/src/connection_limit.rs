@@ -22,7 +22,8 @@
 //! low open-files limit) could not be reached by its peers, and a cluster that needs an election
 //! would wait until datanodes close connections, which datanodes that retry against a cluster
 //! without a leader never do. A datanode's request on such a connection is answered 503
-//! `overloaded` and the connection closed, so the reserve stays free for the members.
+//! `overloaded` and the connection closed, so the reserve stays free for the members; probes
+//! and the cluster status are answered, then the connection closed (`server.rs`).
 //!
 //! Nagle's algorithm is off because a streamed AppendEntries exchange writes small answers
 //! back to back; with it on, each answer written while the previous one is unacknowledged

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::Listener;
@@ -96,18 +96,29 @@ impl Server {
     }
 }
 
+/// Requests a connection in the members' reserve serves besides traffic between members: the
+/// probes, the metrics and the cluster status, cheap reads with which a supervisor or an
+/// operator watches the node. A liveness probe that failed while datanodes fill the slots
+/// would have the node restarted in the middle of a storm.
+const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"];
+
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
-/// member forwards pass; anything else is answered 503 `overloaded` and the connection closed,
-/// which frees the reserve for the members.
+/// member forwards pass; probes and the cluster status (`GET`, [`OBSERVATION`]) are answered
+/// and the connection closed; anything else is answered 503 `overloaded` and the connection
+/// closed. Closing frees the reserve for the members.
 async fn members_only(request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if path.starts_with("/raft/") || request.headers().contains_key(FORWARDED_BY) {
         return next.run(request).await;
     }
-    let mut response = ApiError::Overloaded(
-        "every connection slot of this node is taken; retry after a pause".into(),
-    )
-    .into_response();
+    let mut response = if request.method() == Method::GET && OBSERVATION.contains(&path) {
+        next.run(request).await
+    } else {
+        ApiError::Overloaded(
+            "every connection slot of this node is taken; retry after a pause".into(),
+        )
+        .into_response()
+    };
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -145,6 +156,7 @@ mod tests {
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .route("/raft/ping", get(|| async { "pong" }))
+            .route("/healthz", get(|| async { "alive" }))
             .route(
                 "/wait",
                 get(move || async move {
@@ -289,6 +301,13 @@ mod tests {
         assert!(head.contains("connection: close"), "{head}");
         assert!(body.contains("\"overloaded\""), "{body}");
         assert!(read_to_close(&mut late).await.is_empty());
+        // A probe is answered, and its connection closed so the reserve frees.
+        let mut probe = TcpStream::connect(addr).await.unwrap();
+        let (head, body) = exchange(&mut probe, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert_eq!(body, "alive");
+        assert!(read_to_close(&mut probe).await.is_empty());
         let mut peer = TcpStream::connect(addr).await.unwrap();
         assert_eq!(get_on(&mut peer, "/raft/ping").await, "pong");
         let forwarded = format!("GET / HTTP/1.1\r\nHost: t\r\n{FORWARDED_BY}: 2\r\n\r\n");
