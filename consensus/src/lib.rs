@@ -7,6 +7,7 @@
 //! - [`transport`]: the in-process transport (tests, benches); the crate is generic over
 //!   openraft's network factory and knows nothing of HTTP.
 //! - [`LogStore`] and [`StateMachine`]: the openraft storage implementations.
+//! - [`Backup`]: a snapshot file's content, read offline (a restore replays it).
 //!
 //! Why openraft 0.10 (pinned alpha) rather than the stable 0.9 line: 0.9 waits for every
 //! append's fsync before doing anything else and never batches client writes, so writes queue
@@ -20,6 +21,7 @@
 //! and an `initialized` marker once the node formed a cluster.
 
 mod apply_batch;
+mod backup;
 mod capture;
 pub mod codec;
 mod command;
@@ -42,6 +44,7 @@ pub mod transport;
 mod types;
 mod view;
 
+pub use backup::Backup;
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};

@@ -166,4 +166,12 @@ pub enum SnapshotCommand {
         /// Where to write the snapshot.
         file: PathBuf,
     },
+    /// Replay a backup (from `snapshot save`) into an empty cluster: every datanode and its
+    /// replicas (datanodes get new epochs) and every key (with new revisions).
+    Restore {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The backup to restore.
+        file: PathBuf,
+    },
 }

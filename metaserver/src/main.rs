@@ -7,6 +7,7 @@ mod local_cluster;
 mod logging;
 mod open_files;
 mod operator;
+mod restore;
 mod server;
 mod settings;
 mod shutdown;
@@ -28,6 +29,9 @@ async fn run(command: Command) -> Result<()> {
         Command::Register(args) => operator::register(args).await,
         Command::Snapshot(SnapshotCommand::Save { client, file }) => {
             operator::snapshot_save(client, &file).await
+        }
+        Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
+            restore::restore(client, &file).await
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Operator commands over the admin API: `status`, `shards`, `register` and `snapshot save`.
+//! Operator commands over the admin API: `status`, `shards`, `register` and `snapshot save`
+//! (`snapshot restore` is in `restore.rs`).
 //! Any member will do: writes sent to a follower are forwarded to the leader.
 
 use std::io::Write;
@@ -49,7 +50,7 @@ impl Operator {
         })
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.base));
         match &self.token {
             Some(token) => request.bearer_auth(token),
@@ -58,7 +59,7 @@ impl Operator {
     }
 
     /// Sends a request; a non-2xx answer becomes an error with the API's code and message.
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    pub(crate) async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
         let response = request
             .send()
             .await
@@ -82,7 +83,7 @@ impl Operator {
         bail!("{} answered {status}: {detail}", self.base)
     }
 
-    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let response = self.send(self.request(reqwest::Method::GET, path)).await?;
         response
             .json()

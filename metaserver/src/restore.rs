@@ -1,0 +1,217 @@
+//! `metaserver snapshot restore FILE`: replays a backup into an empty cluster through the admin
+//! API, for a cluster that lost its data (or a copy of one elsewhere).
+//!
+//! The backup is verified completely and read offline (`meta_consensus::Backup`) before anything
+//! is sent. The target must be empty (no datanode, no key): a restore never merges into live
+//! data. Every datanode is registered again with its address (it gets a new epoch: epochs are log
+//! indexes of the old cluster, so a datanode's next request with its old epoch is fenced and it
+//! registers again, as after any epoch change), then its replicas, with their generations and
+//! sizes, in batches of 10,000 under that epoch. Every key is written with `if_revision=0` (it
+//! must not exist yet) and gets a new revision. The writes go through Raft like any other: when
+//! the command returns, everything restored is durable on a quorum. A restore that fails part
+//! way leaves what it wrote; empty the cluster (start it on fresh data dirs) and run it again.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use meta_consensus::{Backup, DatanodeInfo, MAX_PAGE};
+use meta_http::limits::MAX_SHARDS_PER_BATCH;
+use meta_http::response::{DatanodeList, DatanodeRegistered, KvKeyPage, ShardsRegistered};
+use serde_json::{json, Value};
+
+use crate::cli::ClientArgs;
+use crate::operator::Operator;
+
+/// What a restore wrote.
+#[derive(Debug, Default)]
+struct Restored {
+    datanodes: u64,
+    replicas: u64,
+    keys: u64,
+}
+
+/// `metaserver snapshot restore FILE`.
+pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let backup = open(file).await?;
+    check_empty(&op).await?;
+    let mut restored = Restored::default();
+    let datanodes = read(&backup, |b| b.datanodes()).await?;
+    for datanode in datanodes {
+        restored.replicas += restore_datanode(&op, &backup, &datanode).await?;
+        restored.datanodes += 1;
+    }
+    restored.keys = restore_keys(&op, &backup).await?;
+    if restored.replicas != backup.replicas() {
+        bail!(
+            "restored {} replicas, but the backup holds {}",
+            restored.replicas,
+            backup.replicas()
+        );
+    }
+    println!(
+        "{}",
+        json!({
+            "file": file.display().to_string(),
+            "index": backup.index(),
+            "datanodes": restored.datanodes,
+            "replicas": restored.replicas,
+            "keys": restored.keys,
+        })
+    );
+    Ok(())
+}
+
+/// Opens and verifies the backup, with its scratch registry next to it.
+async fn open(file: &Path) -> Result<Arc<Backup>> {
+    let path = file.to_path_buf();
+    let scratch = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let backup = tokio::task::spawn_blocking(move || Backup::open(&path, &scratch))
+        .await
+        .context("the backup reader stopped")?
+        .with_context(|| format!("{} is not a usable backup", file.display()))?;
+    Ok(Arc::new(backup))
+}
+
+/// Runs a read of the backup off the async runtime.
+async fn read<T: Send + 'static>(
+    backup: &Arc<Backup>,
+    f: impl FnOnce(&Backup) -> meta_consensus::Result<T> + Send + 'static,
+) -> Result<T> {
+    let backup = backup.clone();
+    tokio::task::spawn_blocking(move || f(&backup))
+        .await
+        .context("the backup reader stopped")?
+        .context("reading the backup")
+}
+
+/// Fails unless the cluster holds no datanode and no key.
+async fn check_empty(op: &Operator) -> Result<()> {
+    let datanodes: DatanodeList = op.get_json("/v1/datanodes").await?;
+    let keys: KvKeyPage = op.get_json("/v1/kv?limit=1").await?;
+    if !datanodes.datanodes.is_empty() || !keys.keys.is_empty() {
+        bail!(
+            "the cluster is not empty ({} datanode(s){}): a restore only goes into an empty \
+             cluster",
+            datanodes.datanodes.len(),
+            if keys.keys.is_empty() {
+                ""
+            } else {
+                " and some keys"
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Registers `datanode` and its replicas; returns how many replicas were accepted.
+async fn restore_datanode(
+    op: &Operator,
+    backup: &Arc<Backup>,
+    datanode: &DatanodeInfo,
+) -> Result<u64> {
+    let id = datanode.id;
+    let registered: DatanodeRegistered = op
+        .send(
+            op.request(reqwest::Method::PUT, &format!("/v1/datanodes/{id}"))
+                .json(&json!({ "addr": datanode.addr })),
+        )
+        .await?
+        .json()
+        .await
+        .context("decoding the registration answer")?;
+    let mut accepted = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let cursor = after.clone();
+        let page = read(backup, move |b| {
+            b.datanode_shards(id, cursor.as_deref(), MAX_PAGE.min(MAX_SHARDS_PER_BATCH))
+        })
+        .await?;
+        if !page.items.is_empty() {
+            let shards: Vec<Value> = page
+                .items
+                .iter()
+                .map(|s| json!({"id": s.shard, "generation": s.generation, "size": s.size}))
+                .collect();
+            let answer: ShardsRegistered = op
+                .send(
+                    op.request(reqwest::Method::POST, &format!("/v1/datanodes/{id}/shards"))
+                        .json(&json!({ "epoch": registered.epoch, "shards": shards })),
+                )
+                .await?
+                .json()
+                .await
+                .context("decoding the registration answer")?;
+            if answer.accepted != shards.len() as u64 {
+                bail!(
+                    "datanode {id}: {} of {} replicas accepted ({} unchanged, stale {:?})",
+                    answer.accepted,
+                    shards.len(),
+                    answer.unchanged,
+                    answer.stale
+                );
+            }
+            accepted += answer.accepted;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(accepted),
+        }
+    }
+}
+
+/// Writes every key of the backup (it must not exist yet); returns how many.
+async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
+    let mut written = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let cursor = after.clone();
+        let page = read(backup, move |b| b.keys(cursor.as_deref(), MAX_PAGE)).await?;
+        for key in page.items {
+            let name = key.key.clone();
+            let Some(entry) = read(backup, move |b| b.kv(&name)).await? else {
+                bail!("key {:?} is listed in the backup but has no value", key.key);
+            };
+            let path = format!("/v1/kv/{}?if_revision=0", percent_encode(&entry.key));
+            op.send(op.request(reqwest::Method::PUT, &path).body(entry.value))
+                .await
+                .with_context(|| format!("writing key {:?}", entry.key))?;
+            written += 1;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(written),
+        }
+    }
+}
+
+/// Percent-encodes every byte of a key outside the unreserved set and `/` (a key's slashes are
+/// part of the route's path).
+fn percent_encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_encode;
+
+    #[test]
+    fn keys_keep_their_slashes_and_escape_the_rest() {
+        assert_eq!(percent_encode("config/replication"), "config/replication");
+        assert_eq!(percent_encode("a b?c#d%"), "a%20b%3Fc%23d%25");
+        assert_eq!(percent_encode("é"), "%C3%A9");
+    }
+}

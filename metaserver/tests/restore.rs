@@ -1,0 +1,217 @@
+//! `metaserver snapshot restore`: a backup from `snapshot save`, replayed into a node on a fresh
+//! data dir, gives it the datanodes, replicas and keys of the node it came from; a restore into
+//! a node that holds anything, or from a damaged file, changes nothing.
+
+mod common;
+
+use std::path::Path;
+
+use common::{client, poll, run, send, spawn, Proc};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Keys written before the backup, as (path segment, key, value).
+const KEYS: [(&str, &str, &str); 3] = [
+    ("config/replication", "config/replication", "3"),
+    ("a%20b/%C3%A9", "a b/é", "spaces and accents"),
+    ("z", "z", "last"),
+];
+
+/// Starts a node on a fresh data dir under `dir` and waits until it is ready.
+async fn start(dir: &Path) -> (Proc, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut server = spawn(
+        dir,
+        dir,
+        &[],
+        &[("METASERVER_LISTEN", "127.0.0.1:0")],
+        false,
+    );
+    let addr = server.address();
+    poll(&client(), &format!("http://{addr}/readyz"), None, |_| true).await;
+    (server, addr)
+}
+
+/// Sends `body` to `path` with `method` and returns the JSON answer; fails unless 200.
+async fn ok(method: Method, addr: &str, path: &str, body: Option<String>) -> Value {
+    let (status, v) = send(
+        &client(),
+        method,
+        &format!("http://{addr}{path}"),
+        None,
+        body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{path}: {v}");
+    v
+}
+
+/// What a node holds, without what a restore renews (epochs, registration indexes, revisions):
+/// each datanode's address and replicas (id, generation, size) and each key's value.
+async fn content(addr: &str) -> Value {
+    let mut datanodes = Vec::new();
+    for d in ok(Method::GET, addr, "/v1/datanodes", None).await["datanodes"]
+        .as_array()
+        .unwrap()
+    {
+        let id = d["id"].as_u64().unwrap();
+        let mut replicas = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page = ok(
+                Method::GET,
+                addr,
+                &format!("/v1/datanodes/{id}/shards?limit=10000{after}"),
+                None,
+            )
+            .await;
+            for s in page["shards"].as_array().unwrap() {
+                replicas.push(json!([s["id"], s["generation"], s["size"]]));
+            }
+            match page["next"].as_str() {
+                Some(next) => after = format!("&after={next}"),
+                None => break,
+            }
+        }
+        datanodes.push(
+            json!({"id": id, "addr": d["addr"], "shards": d["shards"], "replicas": replicas}),
+        );
+    }
+    let keys = ok(Method::GET, addr, "/v1/kv", None).await;
+    let mut values = serde_json::Map::new();
+    for (segment, key, _) in KEYS {
+        let listed = keys["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["key"] == key);
+        if listed {
+            let value = ok(Method::GET, addr, &format!("/v1/kv/{segment}"), None).await;
+            values.insert(key.to_string(), value);
+        }
+    }
+    json!({"datanodes": datanodes, "keys": keys["keys"].as_array().unwrap().len(), "values": values})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut source, from) = start(&dir.path().join("source")).await;
+    // Datanode 7 with 25,000 replicas (three batches, three pages), 8 with three, 9 with none.
+    for (id, count) in [(7u64, 25_000u64), (8, 3), (9, 0)] {
+        let v = ok(
+            Method::PUT,
+            &from,
+            &format!("/v1/datanodes/{id}"),
+            Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
+        )
+        .await;
+        let epoch = v["epoch"].as_u64().unwrap();
+        let shards: Vec<Value> = (0..count)
+            .map(|i| json!({"id": id * 100_000 + i, "generation": 1 + i % 3, "size": i}))
+            .collect();
+        for batch in shards.chunks(10_000) {
+            let body = json!({"epoch": epoch, "shards": batch}).to_string();
+            ok(
+                Method::POST,
+                &from,
+                &format!("/v1/datanodes/{id}/shards"),
+                Some(body),
+            )
+            .await;
+        }
+    }
+    for (segment, _, value) in KEYS {
+        ok(
+            Method::PUT,
+            &from,
+            &format!("/v1/kv/{segment}"),
+            Some(value.into()),
+        )
+        .await;
+    }
+    let expected = content(&from).await;
+    assert_eq!(
+        expected["datanodes"][0]["replicas"]
+            .as_array()
+            .unwrap()
+            .len(),
+        25_000
+    );
+    assert_eq!(expected["keys"], 3);
+
+    let backup = dir.path().join("backup.snap");
+    let (saved, _, err) = run(
+        &[
+            "snapshot",
+            "save",
+            "--server",
+            &from,
+            backup.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(saved, "{err}");
+    source.stop().await;
+
+    let (mut target, to) = start(&dir.path().join("target")).await;
+    let restore = [
+        "snapshot",
+        "restore",
+        "--server",
+        &to,
+        backup.to_str().unwrap(),
+    ];
+    let (restored, out, err) = run(&restore, &[]).await;
+    assert!(restored, "{err}");
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            &summary["datanodes"],
+            &summary["replicas"],
+            &summary["keys"]
+        ),
+        (&json!(3), &json!(25_003), &json!(3)),
+        "{out}"
+    );
+    assert_eq!(content(&to).await, expected);
+    // The restored datanodes take new registrations under their new epochs.
+    let epoch = ok(Method::GET, &to, "/v1/datanodes/8", None).await["epoch"].clone();
+    let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});
+    ok(
+        Method::POST,
+        &to,
+        "/v1/datanodes/8/shards",
+        Some(body.to_string()),
+    )
+    .await;
+    let now = content(&to).await;
+
+    // Again, into the node that now holds it all: refused, nothing changes.
+    let (again, _, err) = run(&restore, &[]).await;
+    assert!(!again, "a restore into a node that holds data succeeded");
+    assert!(err.contains("not empty"), "{err}");
+    assert_eq!(content(&to).await, now);
+
+    // A damaged backup is refused before anything is sent, naming the file.
+    let bytes = std::fs::read(&backup).unwrap();
+    let damaged = dir.path().join("damaged.snap");
+    std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let (third, _, err) = run(
+        &[
+            "snapshot",
+            "restore",
+            "--server",
+            &to,
+            damaged.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!third, "a damaged backup was restored");
+    assert!(err.contains("damaged.snap"), "{err}");
+    assert_eq!(content(&to).await, now);
+    target.stop().await;
+}
