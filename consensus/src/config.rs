@@ -103,6 +103,12 @@ impl NodeConfig {
         if self.max_pending_shards == 0 {
             return bad("max_pending_shards must be at least 1".into());
         }
+        if self.wal_segment_bytes < meta_store::MIN_SEGMENT_BYTES {
+            return bad(format!(
+                "wal_segment_bytes must be at least {}",
+                meta_store::MIN_SEGMENT_BYTES
+            ));
+        }
         Ok(())
     }
 

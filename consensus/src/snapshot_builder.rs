@@ -6,12 +6,12 @@
 //! node's rate limiter, while `apply` continues; the capture keeps the export at the
 //! recorded point (see `capture.rs`).
 //!
-//! An export that fails (a full disk, a failing snapshot directory) while an older snapshot
-//! exists does not stop the node: openraft treats a builder's error as fatal, but the log still
-//! holds every entry after the older snapshot, so the builder logs the failure, answers with
-//! the older snapshot (openraft keeps its snapshot and purges nothing), and automatic builds
-//! pause (10 s, doubling up to 5 min; `SmShared::build_failed`) until one succeeds. A node
-//! with no snapshot yet has nothing to stand in, and fails as before.
+//! An export that fails (a full disk, a failing snapshot directory) does not stop the node:
+//! openraft treats a builder's error as fatal, but the log still holds every entry after the
+//! newest snapshot, so the builder logs the failure and answers with that snapshot, or with "no
+//! snapshot" (empty metadata) when none was built yet. openraft ignores a snapshot that is not
+//! newer than its own: it keeps its snapshot and purges nothing. Automatic builds pause (10 s,
+//! doubling up to 5 min; `SmShared::build_failed`) until one succeeds.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -90,24 +90,29 @@ impl SnapshotBuilder {
             }
             Err(e) => {
                 self.release();
-                let standing_in = self.shared.current_snapshot();
-                match standing_in {
-                    Some(older) if !self.shared.closing.load(Ordering::Acquire) => {
-                        self.failed_with(&e, &older.0);
+                if self.shared.closing.load(Ordering::Acquire) {
+                    return Err(e);
+                }
+                match self.shared.current_snapshot() {
+                    Some(older) => {
+                        self.failed_with(&e, &format!("snapshot {} stands in", older.0));
                         Ok(older)
                     }
-                    _ => Err(e),
+                    None => {
+                        self.failed_with(&e, "there is no snapshot yet; the log keeps everything");
+                        Ok((SnapshotMeta::default(), SnapshotData::absent()))
+                    }
                 }
             }
         }
     }
 
-    /// Records a failed build and logs it; `older` stands in.
-    fn failed_with(&self, e: &Error, older: &SnapshotMeta) {
+    /// Records a failed build and logs it, with what answers in its place.
+    fn failed_with(&self, e: &Error, instead: &str) {
         let pause = self.shared.build_failed(e.to_string());
         tracing::error!(
-            "building snapshot {} failed: {e}; snapshot {older} stands in, and automatic \
-             builds pause for {pause:?}",
+            "building snapshot {} failed: {e}; {instead}, and automatic builds pause for \
+             {pause:?}",
             snapshot_name(&self.meta)
         );
     }

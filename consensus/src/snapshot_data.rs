@@ -33,6 +33,16 @@ impl SnapshotData {
         }
     }
 
+    /// Stands for "no snapshot" in a failed first build's answer (with empty metadata, which
+    /// openraft ignores as not newer than its own): never read.
+    pub(crate) fn absent() -> Self {
+        SnapshotData {
+            path: PathBuf::new(),
+            bytes: 0,
+            _temp: None,
+        }
+    }
+
     /// Opens a received snapshot file, verifies it completely (magic, version, lengths,
     /// checksum) and decodes its metadata. The file is deleted when the returned data is
     /// dropped. Blocking: call off the async runtime.

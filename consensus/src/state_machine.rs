@@ -96,9 +96,12 @@ pub(crate) struct SmShared {
     /// The newest snapshot's metadata and file, kept here so that openraft's requests for it
     /// open and list nothing (a node short of file descriptors must still answer them).
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
-    /// The last snapshot build that failed while an older snapshot could stand in, until a
-    /// build succeeds.
+    /// The last snapshot build that failed, until a build succeeds.
     build_failure: Mutex<Option<BuildFailure>>,
+    /// A snapshot was requested (`MetaNode::snapshot_now`): the next build runs even while
+    /// automatic ones pause. openraft asks for every builder, requested or not, as one that
+    /// may be deferred.
+    build_requested: AtomicBool,
 }
 
 /// The pause of automatic snapshot builds after a first failed one.
@@ -187,6 +190,7 @@ impl StateMachine {
                 closing: AtomicBool::new(false),
                 current: Mutex::new(current),
                 build_failure: Mutex::new(None),
+                build_requested: AtomicBool::new(false),
             }),
         })
     }
@@ -283,6 +287,11 @@ impl SmShared {
     #[cfg(test)]
     pub(crate) fn failed_builds(&self) -> u32 {
         self.build_failure.lock().as_ref().map_or(0, |f| f.in_a_row)
+    }
+
+    /// Makes the next build run even while automatic builds pause (a snapshot was requested).
+    pub(crate) fn request_build(&self) {
+        self.build_requested.store(true, Ordering::Release);
     }
 
     /// Whether automatic builds pause after a failed one.
@@ -622,8 +631,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if !force && self.shared.building.load(Ordering::Acquire) > 0 {
             return None;
         }
-        // After a failed build, automatic ones pause (a request for one still runs).
-        if !force && self.shared.builds_paused() {
+        // After a failed build, automatic ones pause; a requested one still runs.
+        let requested = self.shared.build_requested.swap(false, Ordering::AcqRel);
+        if !force && !requested && self.shared.builds_paused() {
             return None;
         }
         Some(self.get_snapshot_builder().await)

@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// Registry (sled) cache size in bytes [default: 67108864].
     #[arg(long, env = "METASERVER_SLED_CACHE_BYTES")]
     pub sled_cache_bytes: Option<u64>,
+    /// Size of a write-ahead log segment file in bytes, at least 256 [default: 67108864].
+    #[arg(long, env = "METASERVER_WAL_SEGMENT_BYTES")]
+    pub wal_segment_bytes: Option<u64>,
     /// Shards that writes in flight on the leader may hold between them; further writes wait
     /// before they are proposed, which bounds how long a linearizable read can queue behind
     /// apply work [default: 4096].

@@ -32,6 +32,7 @@ struct FileSettings {
     snapshot_logs_since_last: Option<u64>,
     keep_logs: Option<u64>,
     sled_cache_bytes: Option<u64>,
+    wal_segment_bytes: Option<u64>,
     worker_threads: Option<usize>,
     max_pending_shards: Option<u32>,
     emulated_sync_latency_us: Option<u64>,
@@ -66,6 +67,8 @@ pub struct ServeSettings {
     pub keep_logs: Option<u64>,
     /// sled cache size; `None` keeps the node's default.
     pub sled_cache_bytes: Option<u64>,
+    /// Size of a WAL segment file; `None`: the node's default.
+    pub wal_segment_bytes: Option<u64>,
     /// Async runtime worker threads; `None` = one per CPU core.
     pub worker_threads: Option<usize>,
     /// Admission window of the leader in shards; `None` keeps the node's default.
@@ -160,6 +163,7 @@ impl ServeSettings {
                 .or(file.snapshot_logs_since_last),
             keep_logs: args.keep_logs.or(file.keep_logs),
             sled_cache_bytes: args.sled_cache_bytes.or(file.sled_cache_bytes),
+            wal_segment_bytes: args.wal_segment_bytes.or(file.wal_segment_bytes),
             worker_threads: args.worker_threads.or(file.worker_threads),
             max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
             emulated_sync_latency: Duration::from_micros(
@@ -215,6 +219,9 @@ impl ServeSettings {
         }
         if let Some(n) = self.sled_cache_bytes {
             cfg.sled_cache_bytes = n;
+        }
+        if let Some(n) = self.wal_segment_bytes {
+            cfg.wal_segment_bytes = n;
         }
         if let Some(n) = self.max_pending_shards {
             cfg.max_pending_shards = n;

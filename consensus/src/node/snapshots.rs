@@ -21,6 +21,7 @@ impl MetaNode {
         // a write already answered: the snapshot must cover every write answered before.
         let applied = self.inner.sm.applied().0;
         let asked = std::time::Instant::now();
+        self.inner.sm.request_build();
         raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;
         loop {

@@ -321,7 +321,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_first_build_has_nothing_to_stand_in_and_fails() {
+async fn a_failed_first_build_answers_no_snapshot_and_pauses_automatic_builds() {
     let dir = tempfile::tempdir().unwrap();
     let mut sm = open(dir.path());
     for e in workload() {
@@ -329,5 +329,21 @@ async fn a_failed_first_build_has_nothing_to_stand_in_and_fails() {
     }
     break_snapshot_dir(dir.path());
     let mut builder = sm.get_snapshot_builder().await;
-    assert!(builder.build_snapshot().await.is_err());
+    let answer = builder.build_snapshot().await.unwrap();
+    assert_eq!(
+        answer.meta,
+        SnapshotMeta::default(),
+        "no snapshot: openraft ignores it as not newer than its own"
+    );
+    assert!(sm.shared().current_snapshot().is_none());
+    assert_eq!(sm.shared().failed_builds(), 1);
+    drop(builder);
+    assert!(
+        sm.try_create_snapshot_builder(false).await.is_none(),
+        "automatic builds pause"
+    );
+    // Shutting down, a failed build is an error again (openraft is stopping anyway).
+    sm.shared().closing.store(true, Ordering::Release);
+    let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
+    assert!(forced.build_snapshot().await.is_err());
 }
