@@ -29,7 +29,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use self::api::Api;
 use self::cluster::Cluster;
-use self::options::{Arm, Options};
+use self::options::{Arm, Options, ServerFlags};
 use self::reads::{ReadArm, ReadWorkload};
 use self::reaper::Reaper;
 use self::restart::StormWorkload;
@@ -124,54 +124,10 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     };
 
     if options.runs_reads() {
-        for round in 0..options.rounds {
-            // A B, then B A: neither arm always runs first on a fresh machine state.
-            let mut arms = ReadArm::ALL;
-            if round % 2 == 1 {
-                arms.reverse();
-            }
-            for arm in arms {
-                let tag = format!("round {} {}", round + 1, arm.name());
-                overall.set_message(format!("{tag}: starting a cluster"));
-                let mut flags = server.clone();
-                flags
-                    .extra
-                    .extend(arm.server_flags().iter().map(|f| f.to_string()));
-                let mut cluster = Cluster::start(
-                    binary,
-                    Arm::Shared,
-                    &runs_dir,
-                    &flags,
-                    options.keep_data,
-                    Duration::from_secs(options.startup_timeout),
-                    &api,
-                )
-                .await?;
-                let mut workload = ReadWorkload {
-                    cluster: &mut cluster,
-                    api: &api,
-                    arm,
-                    round,
-                    warmup: options.warmup(),
-                    measure: options.measure(),
-                };
-                overall.set_message(format!("{tag}: registering the shards to read"));
-                workload.preload().await?;
-                for &clients in &options.clients {
-                    overall.set_message(format!("{tag}: reads, {clients} client(s)"));
-                    let p = workload.run(clients).await?;
-                    progress.suspend(|| {
-                        eprintln!(
-                            "{tag}: reads {clients:>3} clients: {:>8.0} reads/s  p50 {:.2} ms  p99 {:.2} ms",
-                            p.per_sec, p.p50_ms, p.p99_ms
-                        )
-                    });
-                    results.reads.push(p);
-                    overall.inc(1);
-                }
-                cluster.stop(STOP_GRACE);
-            }
-        }
+        drive_reads(
+            options, binary, &runs_dir, &server, &api, &progress, &overall, results,
+        )
+        .await?;
         overall.finish_and_clear();
         return Ok(());
     }
@@ -244,5 +200,68 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
         }
     }
     overall.finish_and_clear();
+    Ok(())
+}
+
+/// The read workload: both read arms, interleaved (A B, then B A), each on a fresh cluster.
+#[allow(clippy::too_many_arguments)]
+async fn drive_reads(
+    options: &Options,
+    binary: &Path,
+    runs_dir: &Path,
+    server: &ServerFlags,
+    api: &Api,
+    progress: &MultiProgress,
+    overall: &ProgressBar,
+    results: &mut Results,
+) -> Result<()> {
+    for round in 0..options.rounds {
+        // A B, then B A: neither arm always runs first on a fresh machine state.
+        let mut arms = ReadArm::ALL;
+        if round % 2 == 1 {
+            arms.reverse();
+        }
+        for arm in arms {
+            let tag = format!("round {} {}", round + 1, arm.name());
+            overall.set_message(format!("{tag}: starting a cluster"));
+            let mut flags = server.clone();
+            flags
+                .extra
+                .extend(arm.server_flags().iter().map(|f| f.to_string()));
+            let mut cluster = Cluster::start(
+                binary,
+                Arm::Shared,
+                runs_dir,
+                &flags,
+                options.keep_data,
+                Duration::from_secs(options.startup_timeout),
+                api,
+            )
+            .await?;
+            let mut workload = ReadWorkload {
+                cluster: &mut cluster,
+                api,
+                arm,
+                round,
+                warmup: options.warmup(),
+                measure: options.measure(),
+            };
+            overall.set_message(format!("{tag}: registering the shards to read"));
+            workload.preload().await?;
+            for &clients in &options.clients {
+                overall.set_message(format!("{tag}: reads, {clients} client(s)"));
+                let p = workload.run(clients).await?;
+                progress.suspend(|| {
+                    eprintln!(
+                        "{tag}: reads {clients:>3} clients: {:>8.0} reads/s  p50 {:.2} ms  p99 {:.2} ms",
+                        p.per_sec, p.p50_ms, p.p99_ms
+                    )
+                });
+                results.reads.push(p);
+                overall.inc(1);
+            }
+            cluster.stop(STOP_GRACE);
+        }
+    }
     Ok(())
 }

@@ -35,8 +35,9 @@ use tokio::sync::oneshot;
 
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
-use crate::forward::{leader_failed, FORWARDED_BY};
+use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
+use crate::leader_exchange::LeaderLink;
 
 /// The leader's route that answers read indexes.
 pub const PATH_READ_INDEX: &str = "/raft/read-index";
@@ -74,8 +75,7 @@ pub struct FollowerReads {
 /// What an exchange needs, and the reads waiting for the next one.
 #[derive(Debug)]
 struct Link {
-    client: reqwest::Client,
-    token: Token,
+    leader: LeaderLink,
     pending: Mutex<Pending>,
 }
 
@@ -94,15 +94,14 @@ struct Waiter {
 }
 
 impl FollowerReads {
-    /// Follower reads sending with `client` and this node's `token`; when not `enabled`, every
-    /// read that reaches a follower is replayed at the leader.
-    pub fn new(client: reqwest::Client, token: Token, enabled: bool) -> Self {
+    /// Follower reads of node `id`, sending with `client` and this node's `token`; when not
+    /// `enabled`, every read that reaches a follower is replayed at the leader.
+    pub fn new(id: u64, client: reqwest::Client, token: Token, enabled: bool) -> Self {
         FollowerReads {
             enabled,
             catch_up: CATCH_UP,
             link: Arc::new(Link {
-                client,
-                token,
+                leader: LeaderLink { id, client, token },
                 pending: Mutex::default(),
             }),
         }
@@ -233,41 +232,16 @@ impl Link {
 
     /// Asks the leader `target` for its read index.
     async fn exchange(&self, target: &ForwardTo, lease: bool) -> Result<u64, ApiError> {
-        let leader = |what: String| {
-            format!(
-                "the leader (node {} at {}) {what}",
-                target.leader_id, target.addr
+        let answer: ReadIndexAnswer = self
+            .leader
+            .exchange(
+                target,
+                PATH_READ_INDEX,
+                "a read index",
+                EXCHANGE_TIMEOUT,
+                &ReadIndexRequest { lease },
             )
-        };
-        let body = codec::encode(&ReadIndexRequest { lease })
-            .map_err(|e| ApiError::Internal(format!("encoding a read index request: {e}")))?;
-        let mut request = self
-            .client
-            .post(format!("http://{}{PATH_READ_INDEX}", target.addr))
-            .timeout(EXCHANGE_TIMEOUT)
-            .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(body);
-        if let Some(value) = self.token.header_value() {
-            request = request.header(header::AUTHORIZATION, value);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| leader_failed(target, &e))?;
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::NoLeader(leader(format!("broke off its answer: {e}"))))?;
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-            return Err(ApiError::NoLeader(leader(format!(
-                "refused a read index ({status}): {text}"
-            ))));
-        }
-        let answer: ReadIndexAnswer = codec::decode(&bytes).map_err(|e| {
-            ApiError::Internal(leader(format!("answered an undecodable read index: {e}")))
-        })?;
+            .await?;
         answer.map_err(ApiError::from)
     }
 }
@@ -338,8 +312,11 @@ mod tests {
 
     fn link() -> Arc<Link> {
         Arc::new(Link {
-            client: crate::network::peer_client(),
-            token: Token::new(None),
+            leader: LeaderLink {
+                id: 2,
+                client: crate::network::peer_client(),
+                token: Token::new(None),
+            },
             pending: Mutex::default(),
         })
     }

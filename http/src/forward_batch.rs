@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
-use crate::forward::{leader_failed, FORWARDED_BY};
+use crate::leader_exchange::LeaderLink;
 
 /// The leader's route for batches of forwarded commands.
 pub const PATH_FORWARD_BATCH: &str = "/raft/forward-commands";
@@ -128,9 +128,7 @@ pub struct Batcher {
 /// What sending a batch needs (and all the queue's task holds).
 #[derive(Debug)]
 struct Link {
-    id: u64,
-    client: reqwest::Client,
-    token: Token,
+    leader: LeaderLink,
     timeout: Duration,
 }
 
@@ -140,9 +138,7 @@ impl Batcher {
     pub fn new(id: u64, client: reqwest::Client, token: Token, timeout: Duration) -> Self {
         Batcher {
             link: Arc::new(Link {
-                id,
-                client,
-                token,
+                leader: LeaderLink { id, client, token },
                 timeout,
             }),
             queue: Arc::default(),
@@ -240,48 +236,24 @@ impl Link {
         target: &ForwardTo,
         commands: &[&Command],
     ) -> Result<Vec<Answer>, ApiError> {
-        let leader = |what: String| {
-            format!(
-                "the leader (node {} at {}) {what}",
-                target.leader_id, target.addr
+        let answers: Vec<Answer> = self
+            .leader
+            .exchange(
+                target,
+                PATH_FORWARD_BATCH,
+                "a batch",
+                self.timeout,
+                commands,
             )
-        };
-        let body = codec::encode(commands)
-            .map_err(|e| ApiError::Internal(format!("encoding a forwarded batch: {e}")))?;
-        let mut request = self
-            .client
-            .post(format!("http://{}{PATH_FORWARD_BATCH}", target.addr))
-            .timeout(self.timeout)
-            .header(FORWARDED_BY, self.id)
-            .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(body);
-        if let Some(value) = self.token.header_value() {
-            request = request.header(header::AUTHORIZATION, value);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| leader_failed(target, &e))?;
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::NoLeader(leader(format!("broke off its answer: {e}"))))?;
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-            return Err(ApiError::NoLeader(leader(format!(
-                "refused a batch ({status}): {text}"
-            ))));
-        }
-        let answers: Vec<Answer> = codec::decode(&bytes).map_err(|e| {
-            ApiError::Internal(leader(format!("answered an undecodable batch: {e}")))
-        })?;
+            .await?;
         if answers.len() != commands.len() {
-            return Err(ApiError::Internal(leader(format!(
-                "answered {} of {} forwarded writes",
+            return Err(ApiError::Internal(format!(
+                "the leader (node {} at {}) answered {} of {} forwarded writes",
+                target.leader_id,
+                target.addr,
                 answers.len(),
                 commands.len()
-            ))));
+            )));
         }
         Ok(answers)
     }

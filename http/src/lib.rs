@@ -14,6 +14,7 @@ pub mod forward;
 pub mod forward_batch;
 pub mod frame;
 pub mod handlers;
+mod leader_exchange;
 pub mod limits;
 pub mod metrics;
 pub mod network;

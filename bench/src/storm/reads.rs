@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use super::api::{Api, ShardSpec};
 use super::cluster::Cluster;
 use super::cpu_usage::{Cores, CpuUsage};
-use super::single::register_datanode;
+use super::single::{register_datanode, ClientTally};
 use crate::report::{median, percentile, print_table};
 
 /// Shards registered before the reads start; each read asks for one of them.
@@ -62,14 +62,6 @@ pub struct ReadPoint {
     pub errors: u64,
     /// Cores used by the client and the servers in the window.
     pub cores: Cores,
-}
-
-/// What one client measured.
-#[derive(Default)]
-struct ClientTally {
-    latencies_ms: Vec<f64>,
-    errors: u64,
-    last_error: Option<String>,
 }
 
 /// The read workload on one cluster.

@@ -37,10 +37,10 @@ pub struct SinglePoint {
 
 /// What one client measured.
 #[derive(Default)]
-struct ClientTally {
-    latencies_ms: Vec<f64>,
-    errors: u64,
-    last_error: Option<String>,
+pub(super) struct ClientTally {
+    pub latencies_ms: Vec<f64>,
+    pub errors: u64,
+    pub last_error: Option<String>,
 }
 
 /// The single-shard workload at one client count.

@@ -1,0 +1,74 @@
+//! One exchange with the leader on a route between members: a bincode request, a bincode
+//! answer, and the failures a follower renders for its client: 503 `no_leader` when the leader
+//! is unreachable, refuses or breaks off its answer, 504 `timeout` when it does not answer in
+//! time, 500 `internal` for a request or an answer that does not encode or decode.
+
+use std::time::Duration;
+
+use axum::http::header;
+use meta_consensus::codec;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::auth::Token;
+use crate::error::{ApiError, ForwardTo};
+use crate::forward::{leader_failed, FORWARDED_BY};
+
+/// Where and how a member sends exchanges to the leader.
+#[derive(Debug)]
+pub(crate) struct LeaderLink {
+    /// This member's id, sent as the forwarding marker.
+    pub id: u64,
+    pub client: reqwest::Client,
+    pub token: Token,
+}
+
+impl LeaderLink {
+    /// Posts `request` to `path` at the leader `target` and decodes its answer; `what` names
+    /// the request in errors ("a read index", "a batch").
+    pub(crate) async fn exchange<Q, A>(
+        &self,
+        target: &ForwardTo,
+        path: &str,
+        what: &str,
+        timeout: Duration,
+        request: &Q,
+    ) -> Result<A, ApiError>
+    where
+        Q: Serialize + ?Sized,
+        A: DeserializeOwned,
+    {
+        let leader = |text: String| {
+            format!(
+                "the leader (node {} at {}) {text}",
+                target.leader_id, target.addr
+            )
+        };
+        let body = codec::encode(request)
+            .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;
+        let mut post = self
+            .client
+            .post(format!("http://{}{path}", target.addr))
+            .timeout(timeout)
+            .header(FORWARDED_BY, self.id)
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        if let Some(value) = self.token.header_value() {
+            post = post.header(header::AUTHORIZATION, value);
+        }
+        let response = post.send().await.map_err(|e| leader_failed(target, &e))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ApiError::NoLeader(leader(format!("broke off its answer: {e}"))))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
+            return Err(ApiError::NoLeader(leader(format!(
+                "refused {what} ({status}): {text}"
+            ))));
+        }
+        codec::decode(&bytes)
+            .map_err(|e| ApiError::Internal(leader(format!("answered {what} undecodably: {e}"))))
+    }
+}
