@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
 use super::api::{Api, ShardSpec};
 use super::cluster::Cluster;
@@ -119,25 +119,12 @@ impl ReadWorkload<'_> {
         tokio::time::sleep_until(end.into()).await;
         let cores = cpu.cores();
 
-        let mut latencies = Vec::new();
-        let mut errors = 0;
-        let mut last_error = None;
-        for r in readers {
-            let tally = r.await.context("a reader task failed")?;
-            latencies.extend(tally.latencies_ms);
-            errors += tally.errors;
-            last_error = tally.last_error.or(last_error);
-        }
+        let ClientTally {
+            latencies_ms: mut latencies,
+            errors,
+            ..
+        } = ClientTally::gather(readers, "read").await?;
         self.cluster.check_alive()?;
-        if latencies.is_empty() {
-            bail!(
-                "no read succeeded with {clients} client(s); last error: {}",
-                last_error.unwrap_or_else(|| "none".into())
-            );
-        }
-        if let Some(e) = &last_error {
-            eprintln!("reads: {errors} failed request(s) with {clients} client(s); last: {e}");
-        }
         Ok(ReadPoint {
             arm: self.arm,
             round: self.round,

@@ -43,6 +43,37 @@ pub(super) struct ClientTally {
     pub last_error: Option<String>,
 }
 
+impl ClientTally {
+    /// Joins the clients' tallies into one; fails if no `what` (a request) succeeded, and
+    /// reports failed ones on stderr.
+    pub(super) async fn gather(
+        clients: Vec<tokio::task::JoinHandle<ClientTally>>,
+        what: &str,
+    ) -> Result<ClientTally> {
+        let count = clients.len();
+        let mut all = ClientTally::default();
+        for c in clients {
+            let tally = c.await.context("a client task failed")?;
+            all.latencies_ms.extend(tally.latencies_ms);
+            all.errors += tally.errors;
+            all.last_error = tally.last_error.or(all.last_error);
+        }
+        if all.latencies_ms.is_empty() {
+            bail!(
+                "no {what} succeeded with {count} client(s); last error: {}",
+                all.last_error.as_deref().unwrap_or("none")
+            );
+        }
+        if let Some(e) = &all.last_error {
+            eprintln!(
+                "storm: {} failed {what}(s) with {count} client(s); last: {e}",
+                all.errors
+            );
+        }
+        Ok(all)
+    }
+}
+
 /// The single-shard workload at one client count.
 pub struct SingleWorkload<'a> {
     pub cluster: &'a mut Cluster,
@@ -93,25 +124,12 @@ impl SingleWorkload<'_> {
         let cores = cpu.cores();
         let after = WalFigures::read(self.api, &leader_base).await;
 
-        let mut latencies = Vec::new();
-        let mut errors = 0;
-        let mut last_error = None;
-        for w in workers {
-            let tally = w.await.context("a client task failed")?;
-            latencies.extend(tally.latencies_ms);
-            errors += tally.errors;
-            last_error = tally.last_error.or(last_error);
-        }
+        let ClientTally {
+            latencies_ms: mut latencies,
+            errors,
+            ..
+        } = ClientTally::gather(workers, "registration").await?;
         self.cluster.check_alive()?;
-        if latencies.is_empty() {
-            bail!(
-                "no registration succeeded with {clients} client(s); last error: {}",
-                last_error.unwrap_or_else(|| "none".into())
-            );
-        }
-        if let Some(e) = &last_error {
-            eprintln!("storm: {errors} failed request(s) with {clients} client(s); last: {e}");
-        }
         let records_per_barrier = match (before, after) {
             (Ok(b), Ok(a)) => Some(b.records_per_barrier(&a)),
             (Err(e), _) | (_, Err(e)) => {
