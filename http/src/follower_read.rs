@@ -38,6 +38,7 @@ use crate::error::{ApiError, ForwardTo};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
 use crate::leader_exchange::LeaderLink;
+use crate::metrics::{FollowerReadOutcome, Metrics};
 
 /// The leader's route that answers read indexes.
 pub const PATH_READ_INDEX: &str = "/raft/read-index";
@@ -70,6 +71,7 @@ pub struct FollowerReads {
     enabled: bool,
     catch_up: Duration,
     link: Arc<Link>,
+    metrics: Metrics,
 }
 
 /// What an exchange needs, and the reads waiting for the next one.
@@ -77,6 +79,7 @@ pub struct FollowerReads {
 struct Link {
     leader: LeaderLink,
     pending: Mutex<Pending>,
+    metrics: Metrics,
 }
 
 #[derive(Debug, Default)]
@@ -94,16 +97,25 @@ struct Waiter {
 }
 
 impl FollowerReads {
-    /// Follower reads of node `id`, sending with `client` and this node's `token`; when not
-    /// `enabled`, every read that reaches a follower is replayed at the leader.
-    pub fn new(id: u64, client: reqwest::Client, token: Token, enabled: bool) -> Self {
+    /// Follower reads of node `id`, sending with `client` and this node's `token`, counted in
+    /// `metrics`; when not `enabled`, every read that reaches a follower is replayed at the
+    /// leader.
+    pub fn new(
+        id: u64,
+        client: reqwest::Client,
+        token: Token,
+        metrics: Metrics,
+        enabled: bool,
+    ) -> Self {
         FollowerReads {
             enabled,
             catch_up: CATCH_UP,
             link: Arc::new(Link {
                 leader: LeaderLink { id, client, token },
                 pending: Mutex::default(),
+                metrics: metrics.clone(),
             }),
+            metrics,
         }
     }
 
@@ -147,12 +159,18 @@ impl FollowerReads {
             .read_index(target.clone(), c == Consistency::Lease)
             .await?;
         match node.wait_applied(index, self.catch_up).await {
-            Ok(()) => Ok(Consistency::Local),
-            Err(meta_consensus::Error::Timeout) => Err(ApiError::ForwardToLeader {
-                leader_id: target.leader_id,
-                addr: target.addr,
-                read_index: Some(index),
-            }),
+            Ok(()) => {
+                self.metrics.follower_read(FollowerReadOutcome::Local);
+                Ok(Consistency::Local)
+            }
+            Err(meta_consensus::Error::Timeout) => {
+                self.metrics.follower_read(FollowerReadOutcome::Replayed);
+                Err(ApiError::ForwardToLeader {
+                    leader_id: target.leader_id,
+                    addr: target.addr,
+                    read_index: Some(index),
+                })
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -222,6 +240,7 @@ impl Link {
                     batch.into_iter().partition(|w| w.target.addr == addr);
                 batch = rest;
                 let lease = same.iter().all(|w| w.lease);
+                self.metrics.read_index_exchange();
                 let answer = self.exchange(&same[0].target, lease).await;
                 for w in same {
                     let _ = w.answer.send(answer.clone());
@@ -318,6 +337,7 @@ mod tests {
                 token: Token::new(None),
             },
             pending: Mutex::default(),
+            metrics: Metrics::new(None),
         })
     }
 

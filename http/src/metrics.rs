@@ -11,7 +11,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -40,6 +40,31 @@ pub struct RouteLabels {
     pub method: String,
 }
 
+/// How a linearizable read at a follower was answered.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum FollowerReadOutcome {
+    /// From the follower's registry, once it applied the leader's read index.
+    Local,
+    /// Replayed at the leader with the read index: the follower did not catch up in time.
+    Replayed,
+}
+
+impl EncodeLabelValue for FollowerReadOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        encoder.write_str(match self {
+            FollowerReadOutcome::Local => "local",
+            FollowerReadOutcome::Replayed => "replayed",
+        })
+    }
+}
+
+/// Labels of the follower-read counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FollowerReadLabels {
+    outcome: FollowerReadOutcome,
+}
+
 /// Route template recorded on a response by [`tag_route`].
 #[derive(Clone, Debug)]
 struct RouteTag(String);
@@ -55,6 +80,8 @@ struct Inner {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
+    follower_reads: Family<FollowerReadLabels, Counter>,
+    read_index_exchanges: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -79,6 +106,19 @@ impl Metrics {
             "HTTP request latency, by route template and method",
             latency.clone(),
         );
+        let follower_reads = Family::<FollowerReadLabels, Counter>::default();
+        registry.register(
+            "metaserver_follower_reads",
+            "Linearizable reads at this follower that obtained the leader's read index, by how \
+             they were answered",
+            follower_reads.clone(),
+        );
+        let read_index_exchanges = Counter::default();
+        registry.register(
+            "metaserver_read_index_exchanges",
+            "Exchanges this follower sent the leader for a read index (reads share them)",
+            read_index_exchanges.clone(),
+        );
         if let Some(collector) = node_collector {
             registry.register_collector(collector);
         }
@@ -87,6 +127,8 @@ impl Metrics {
                 registry,
                 requests,
                 latency,
+                follower_reads,
+                read_index_exchanges,
             }),
         }
     }
@@ -108,6 +150,19 @@ impl Metrics {
                 method: method.to_owned(),
             })
             .observe(seconds);
+    }
+
+    /// Counts one follower read answered as `outcome`.
+    pub fn follower_read(&self, outcome: FollowerReadOutcome) {
+        self.inner
+            .follower_reads
+            .get_or_create(&FollowerReadLabels { outcome })
+            .inc();
+    }
+
+    /// Counts one read index exchange sent to the leader.
+    pub fn read_index_exchange(&self) {
+        self.inner.read_index_exchanges.inc();
     }
 
     /// Renders every metric in the Prometheus text format.

@@ -40,7 +40,13 @@ impl AppState {
         let readiness = Arc::new(Readiness::new(&node.status()));
         AppState {
             forwarder: Forwarder::new(node.id(), token.clone()),
-            follower_reads: FollowerReads::new(node.id(), peer_client(), token.clone(), true),
+            follower_reads: FollowerReads::new(
+                node.id(),
+                peer_client(),
+                token.clone(),
+                metrics.clone(),
+                true,
+            ),
             node,
             metrics,
             token,
@@ -53,8 +59,13 @@ impl AppState {
     /// Whether a follower answers linearizable and lease reads itself, with the leader's read
     /// index (the default), or replays each at the leader.
     pub fn with_follower_reads(mut self, enabled: bool) -> Self {
-        self.follower_reads =
-            FollowerReads::new(self.node.id(), peer_client(), self.token.clone(), enabled);
+        self.follower_reads = FollowerReads::new(
+            self.node.id(),
+            peer_client(),
+            self.token.clone(),
+            self.metrics.clone(),
+            enabled,
+        );
         self
     }
 

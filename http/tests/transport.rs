@@ -399,17 +399,45 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
         }
         let read_indexes = served(&client, l, "POST", "/raft/read-index").await;
         let replayed = served(&client, l, "GET", "/v1/kv/{*key}").await;
+        // What the followers counted: every read answered locally or replayed with the index,
+        // as many replayed as the leader answered, and no more exchanges than reads.
+        let mut counted = [0u64; 3];
+        for f in &followers {
+            let metrics = client
+                .send(reqwest::Method::GET, f, "/metrics", None)
+                .await
+                .1;
+            let metrics = metrics.as_str().unwrap();
+            for (i, name) in [
+                "metaserver_follower_reads_total{outcome=\"local\"}",
+                "metaserver_follower_reads_total{outcome=\"replayed\"}",
+                "metaserver_read_index_exchanges_total",
+            ]
+            .iter()
+            .enumerate()
+            {
+                counted[i] += metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .map_or(0, |n| n.parse::<u64>().unwrap());
+            }
+        }
+        let [local, replayed_by_followers, exchanges] = counted;
         match follower_reads {
             Some(catch_up) => {
                 assert!(read_indexes > 0, "the leader answered no read index");
                 if !catch_up.is_zero() {
                     assert_eq!(replayed, 0, "the leader answered reads sent to followers");
                 }
+                assert_eq!(local + replayed_by_followers, 40);
+                assert_eq!(replayed_by_followers, replayed);
+                assert!((1..=40).contains(&exchanges), "{exchanges} exchanges");
                 println!("catch-up {catch_up:?}: {replayed} of 40 follower reads replayed");
             }
             None => {
                 assert_eq!(read_indexes, 0);
                 assert_eq!(replayed, 40, "every read was replayed at the leader");
+                assert_eq!(counted, [0, 0, 0]);
             }
         }
         for server in servers.values() {
