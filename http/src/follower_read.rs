@@ -14,12 +14,14 @@
 //! time and carries every read that arrived while the previous one was out. An exchange asks for
 //! a round to a quorum if any of its reads asked for `linearizable`, else for the lease.
 //!
-//! A follower that has not applied the read index within [`CATCH_UP`] (by default; under a write storm it
-//! applies a few milliseconds behind the leader) replays the read at the leader with the read
-//! index attached (`forward.rs`, header [`READ_INDEX`]): the receiver answers once it applied
-//! that index, from its own registry, without another round to a quorum. A leader that cannot
-//! be asked, or no longer leads, makes the read fail as a replayed read would: 503 `no_leader`
-//! (the client retries), or 504 `timeout`.
+//! Under a write storm followers apply a few milliseconds behind the leader, and waiting for
+//! that costs more than a replay ([`CATCH_UP`]). A follower still applying committed entries
+//! when a read arrives replays it at the leader at once, and one that has not applied the read
+//! index within 2 ms replays the read with the index attached (`forward.rs`, header
+//! [`READ_INDEX`]): the receiver answers once it applied that index, from its own registry,
+//! without another round to a quorum. A leader that cannot be asked, or no longer leads, makes
+//! the read fail as a replayed read would: 503 `no_leader` (the client retries), or 504
+//! `timeout`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,10 +48,24 @@ pub const PATH_READ_INDEX: &str = "/raft/read-index";
 /// The leader's read index for a replayed read (see the module comment).
 pub const READ_INDEX: HeaderName = HeaderName::from_static("x-metaserver-read-index");
 
-/// Longest a follower waits, by default, to apply a read index before it replays the read at
-/// the leader. Without a write storm a follower applies a write within a round trip of the
-/// leader's commit; under one it may lag tens of milliseconds, more than a replay costs.
-pub const CATCH_UP: Duration = Duration::from_millis(2);
+/// When a follower answers a read itself rather than replaying it at the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUp {
+    /// Longest it waits to apply the leader's read index; then it replays the read with the
+    /// index. Without a write storm a follower applies a write within a round trip of the
+    /// leader's commit; under one it may lag tens of milliseconds, more than a replay costs.
+    pub wait: Duration,
+    /// A follower with more committed entries than this still to apply replays a read at
+    /// once, without asking for a read index: under a write storm it would rarely catch up in
+    /// time.
+    pub max_backlog: u64,
+}
+
+/// The default catch-up: 2 ms, and no backlog (measured under the storm: see ARCHITECTURE.md).
+pub const CATCH_UP: CatchUp = CatchUp {
+    wait: Duration::from_millis(2),
+    max_backlog: 0,
+};
 /// Longest the leader may take to answer a read index. Reads queue behind an exchange that is
 /// out, so this is short: the leader's own refusal (no quorum within twice the lease) comes
 /// sooner.
@@ -69,7 +85,7 @@ type ReadIndexAnswer = Result<u64, Refusal>;
 #[derive(Clone, Debug)]
 pub struct FollowerReads {
     enabled: bool,
-    catch_up: Duration,
+    catch_up: CatchUp,
     link: Arc<Link>,
     metrics: Metrics,
 }
@@ -119,9 +135,8 @@ impl FollowerReads {
         }
     }
 
-    /// Waits at most `catch_up` for this node to apply a read index before replaying the read
-    /// at the leader (default [`CATCH_UP`]).
-    pub fn with_catch_up(mut self, catch_up: Duration) -> Self {
+    /// When this node answers reads itself (default [`CATCH_UP`]).
+    pub fn with_catch_up(mut self, catch_up: CatchUp) -> Self {
         self.catch_up = catch_up;
         self
     }
@@ -153,12 +168,18 @@ impl FollowerReads {
         let Some((leader_id, addr)) = node.leader_to_forward_to() else {
             return Ok(c);
         };
+        if node.apply_backlog() > self.catch_up.max_backlog {
+            // Behind already: it would not catch up in time; replayed as is, without an
+            // exchange.
+            self.metrics.follower_read(FollowerReadOutcome::Behind);
+            return Ok(c);
+        }
         let target = ForwardTo { leader_id, addr };
         let index = self
             .link
             .read_index(target.clone(), c == Consistency::Lease)
             .await?;
-        match node.wait_applied(index, self.catch_up).await {
+        match node.wait_applied(index, self.catch_up.wait).await {
             Ok(()) => {
                 self.metrics.follower_read(FollowerReadOutcome::Local);
                 Ok(Consistency::Local)

@@ -47,6 +47,8 @@ pub enum FollowerReadOutcome {
     Local,
     /// Replayed at the leader with the read index: the follower did not catch up in time.
     Replayed,
+    /// Replayed at the leader at once: the follower was still applying committed entries.
+    Behind,
 }
 
 impl EncodeLabelValue for FollowerReadOutcome {
@@ -55,6 +57,7 @@ impl EncodeLabelValue for FollowerReadOutcome {
         encoder.write_str(match self {
             FollowerReadOutcome::Local => "local",
             FollowerReadOutcome::Replayed => "replayed",
+            FollowerReadOutcome::Behind => "behind",
         })
     }
 }

@@ -9,7 +9,7 @@ use meta_consensus::{ClusterStatus, Consistency, MetaNode};
 
 use crate::auth::Token;
 use crate::error::ApiError;
-use crate::follower_read::{FollowerReads, ReplayedReadIndex};
+use crate::follower_read::{CatchUp, FollowerReads, ReplayedReadIndex};
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::network::peer_client;
@@ -69,9 +69,9 @@ impl AppState {
         self
     }
 
-    /// How long a follower waits to apply the leader's read index before it replays the read
-    /// at the leader, with that index (default [`crate::follower_read::CATCH_UP`]).
-    pub fn with_follower_read_catch_up(mut self, catch_up: std::time::Duration) -> Self {
+    /// When a follower answers a read itself rather than replaying it at the leader (default
+    /// [`crate::follower_read::CATCH_UP`]).
+    pub fn with_follower_read_catch_up(mut self, catch_up: CatchUp) -> Self {
         self.follower_reads = self.follower_reads.with_catch_up(catch_up);
         self
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{test_config, wait_for, DEADLINE};
 use meta_consensus::{MetaNode, Node, Role};
+use meta_http::follower_read::CatchUp;
 use meta_http::{AppState, HttpNetwork, Token};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -35,9 +36,9 @@ async fn start(id: u64, dir: &TempDir) -> Server {
     start_with(id, dir, Some(meta_http::follower_read::CATCH_UP)).await
 }
 
-/// Starts node `id`; with `follower_reads`, a follower waits that long to apply the leader's
-/// read index before it replays a read at the leader; without, it replays every read.
-async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<Duration>) -> Server {
+/// Starts node `id`; with `follower_reads`, a follower answers reads itself as it says;
+/// without, it replays every read at the leader.
+async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
@@ -98,7 +99,7 @@ async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {
 
 async fn start_cluster_with(
     dir: &TempDir,
-    follower_reads: Option<Duration>,
+    follower_reads: Option<CatchUp>,
 ) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
@@ -349,16 +350,31 @@ async fn served(client: &Client, server: &Server, method: &str, route: &str) -> 
 }
 
 /// Linearizable and lease reads at a follower see every write acknowledged before them (each
-/// read follows a write acknowledged by another member). With time to catch up, the follower
-/// answers them with the leader's read index: the leader answers read indexes, not the reads.
-/// With none, a follower that has not applied the index yet replays the read with it, and the
-/// reads are right either way. With follower reads off, the leader answers the reads.
+/// read follows a write acknowledged by another member). With time to catch up and no backlog
+/// limit, the follower answers them with the leader's read index: the leader answers read
+/// indexes, not the reads. With no time, a follower that has not applied the index yet replays
+/// the read with it; by default, one still applying replays it at once too. The reads are right
+/// either way, and the followers count how each was answered. With follower reads off, the
+/// leader answers the reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
     let client = Client {
         http: reqwest::Client::builder().no_proxy().build().unwrap(),
     };
-    let arms = [Some(Duration::from_secs(10)), Some(Duration::ZERO), None];
+    let patient = CatchUp {
+        wait: Duration::from_secs(10),
+        max_backlog: u64::MAX,
+    };
+    let hasty = CatchUp {
+        wait: Duration::ZERO,
+        max_backlog: u64::MAX,
+    };
+    let arms = [
+        Some(patient),
+        Some(hasty),
+        Some(meta_http::follower_read::CATCH_UP),
+        None,
+    ];
     for follower_reads in arms {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster_with(&dir, follower_reads).await;
@@ -399,9 +415,10 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
         }
         let read_indexes = served(&client, l, "POST", "/raft/read-index").await;
         let replayed = served(&client, l, "GET", "/v1/kv/{*key}").await;
-        // What the followers counted: every read answered locally or replayed with the index,
-        // as many replayed as the leader answered, and no more exchanges than reads.
-        let mut counted = [0u64; 3];
+        // What the followers counted: every read answered locally, replayed with the index or
+        // replayed at once, as many replayed as the leader answered, and no more exchanges than
+        // reads that asked for an index.
+        let mut counted = [0u64; 4];
         for f in &followers {
             let metrics = client
                 .send(reqwest::Method::GET, f, "/metrics", None)
@@ -411,6 +428,7 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
             for (i, name) in [
                 "metaserver_follower_reads_total{outcome=\"local\"}",
                 "metaserver_follower_reads_total{outcome=\"replayed\"}",
+                "metaserver_follower_reads_total{outcome=\"behind\"}",
                 "metaserver_read_index_exchanges_total",
             ]
             .iter()
@@ -422,22 +440,27 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
                     .map_or(0, |n| n.parse::<u64>().unwrap());
             }
         }
-        let [local, replayed_by_followers, exchanges] = counted;
+        let [local, with_index, behind, exchanges] = counted;
         match follower_reads {
             Some(catch_up) => {
-                assert!(read_indexes > 0, "the leader answered no read index");
-                if !catch_up.is_zero() {
+                assert_eq!(local + with_index + behind, 40, "{counted:?}");
+                assert_eq!(with_index + behind, replayed, "{counted:?}");
+                assert!(exchanges <= local + with_index, "{counted:?}");
+                assert_eq!(read_indexes > 0, exchanges > 0, "{counted:?}");
+                if catch_up == patient {
                     assert_eq!(replayed, 0, "the leader answered reads sent to followers");
                 }
-                assert_eq!(local + replayed_by_followers, 40);
-                assert_eq!(replayed_by_followers, replayed);
-                assert!((1..=40).contains(&exchanges), "{exchanges} exchanges");
-                println!("catch-up {catch_up:?}: {replayed} of 40 follower reads replayed");
+                if catch_up.max_backlog == u64::MAX {
+                    assert_eq!(behind, 0, "{counted:?}");
+                }
+                println!(
+                    "{catch_up:?}: local, replayed with the index, at once, exchanges: {counted:?}"
+                );
             }
             None => {
                 assert_eq!(read_indexes, 0);
                 assert_eq!(replayed, 40, "every read was replayed at the leader");
-                assert_eq!(counted, [0, 0, 0]);
+                assert_eq!(counted, [0, 0, 0, 0]);
             }
         }
         for server in servers.values() {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::RaftError;
 use openraft::raft::linearizable_read::Linearizer;
 use openraft::{LinearizerOption, ReadPolicy};
@@ -63,6 +64,16 @@ impl MetaNode {
                 openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
                 openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
             })
+    }
+
+    /// Committed entries this node knows of but has not applied yet (from openraft's
+    /// metrics; no IO).
+    pub fn apply_backlog(&self) -> u64 {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let committed = m.local_committed.as_ref().map_or(0, |l| l.index);
+        let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
+        committed.saturating_sub(applied)
     }
 
     /// Confirms leadership as `c` asks and returns openraft's linearizer (its read index);
