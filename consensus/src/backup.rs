@@ -10,11 +10,10 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::registry::Registry;
-use crate::snapshot_data::read_meta;
+use crate::snapshot_data::open_verified;
 use crate::snapshot_format;
 use crate::types::SnapshotMeta;
-use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ShardEntry};
-use meta_store::SnapshotStore;
+use crate::view::{DatanodeInfo, KvEntry, Page, ShardEntry};
 
 /// The sled cache of a backup's registry: it is read once, in order.
 const CACHE_BYTES: u64 = 16 << 20;
@@ -38,14 +37,12 @@ impl Backup {
     /// snapshot, is truncated or corrupt fails with [`Error::Snapshot`], [`Error::Corrupt`] or
     /// [`Error::Storage`] naming it.
     pub fn open(path: &Path, scratch: &Path) -> Result<Backup> {
-        let (meta, _) = read_meta(path)?;
+        let (meta, mut reader) = open_verified(path)?;
         let dir = tempfile::Builder::new()
             .prefix("backup-")
             .tempdir_in(scratch)
             .map_err(|e| Error::io("create a directory for the backup", scratch, e))?;
         let registry = Registry::open(dir.path(), CACHE_BYTES)?;
-        let mut reader =
-            SnapshotStore::open_reader(path).map_err(|e| Error::storage("open snapshot", e))?;
         let replacement = registry.begin_replace()?;
         let trailer = match snapshot_format::import(&mut reader, replacement.tree(), &meta, None) {
             Ok(t) => t,
@@ -89,14 +86,20 @@ impl Backup {
         self.registry.datanode_shards(datanode, after, limit)
     }
 
-    /// The keys of the key-value space in byte order, paged like
+    /// The entries of the key-value space (key, value, revision) in key order, paged like
     /// [`Backup::datanode_shards`].
-    pub fn keys(&self, after: Option<&str>, limit: usize) -> Result<Page<KvKey>> {
-        self.registry.kv_list("", after, limit)
-    }
-
-    /// One key's value and revision.
-    pub fn kv(&self, key: &str) -> Result<Option<KvEntry>> {
-        self.registry.kv_get(key)
+    pub fn kv_entries(&self, after: Option<&str>, limit: usize) -> Result<Page<KvEntry>> {
+        let keys = self.registry.kv_list("", after, limit)?;
+        let mut items = Vec::with_capacity(keys.items.len());
+        for k in keys.items {
+            let entry = self.registry.kv_get(&k.key)?.ok_or_else(|| {
+                Error::Snapshot(format!("key {:?} is listed but has no value", k.key))
+            })?;
+            items.push(entry);
+        }
+        Ok(Page {
+            items,
+            next: keys.next,
+        })
     }
 }

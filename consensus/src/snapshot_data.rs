@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use meta_store::SnapshotStore;
+use meta_store::{SnapshotReader, SnapshotStore};
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -69,11 +69,18 @@ impl SnapshotData {
 
 /// Verifies the snapshot file at `path` and decodes its Raft metadata. Blocking.
 pub(crate) fn read_meta(path: &Path) -> Result<(SnapshotMeta, u64)> {
+    let (meta, reader) = open_verified(path)?;
+    Ok((meta, reader.payload_len()))
+}
+
+/// Opens the snapshot file at `path`, verified completely (one read of the whole file), with
+/// its Raft metadata decoded; the reader stands at the start of the payload. Blocking.
+pub(crate) fn open_verified(path: &Path) -> Result<(SnapshotMeta, SnapshotReader)> {
     let reader =
         SnapshotStore::open_reader(path).map_err(|e| Error::storage("open snapshot", e))?;
     let meta: SnapshotMeta = codec::decode(reader.meta())
         .map_err(|e| Error::corrupt(format!("snapshot metadata of {}", path.display()), e))?;
-    Ok((meta, reader.payload_len()))
+    Ok((meta, reader))
 }
 
 /// The file name (without extension) of the snapshot with this metadata: names sort by age.

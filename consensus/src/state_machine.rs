@@ -43,7 +43,7 @@ use crate::records::{DatanodeRecord, KvRecord};
 use crate::registry::{datanode_info, kv_entry, Generation, Registry};
 use crate::sm_stats::SmStats;
 use crate::snapshot_builder::SnapshotBuilder;
-use crate::snapshot_data::{read_meta, snapshot_name, SnapshotData};
+use crate::snapshot_data::{open_verified, snapshot_name, SnapshotData};
 use crate::snapshot_format;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
@@ -539,14 +539,12 @@ impl SmShared {
         // The snapshot supersedes the deferred writes, but an install that fails must leave
         // the registry at last-applied: commit them to the old generation first.
         self.commit_deferred()?;
-        let (file_meta, _) = read_meta(data.path())?;
+        let (file_meta, mut reader) = open_verified(data.path())?;
         if &file_meta != meta {
             return Err(Error::Snapshot(format!(
                 "metadata mismatch: file says {file_meta}, installer was told {meta}"
             )));
         }
-        let mut reader = SnapshotStore::open_reader(data.path())
-            .map_err(|e| Error::storage("open snapshot", e))?;
         let own = data.path().parent() == Some(self.snapshots.dir());
         let mut copy = if own {
             None

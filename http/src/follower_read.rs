@@ -114,17 +114,10 @@ struct Waiter {
 
 impl FollowerReads {
     /// Follower reads of node `id`, sending with `client` and this node's `token`, counted in
-    /// `metrics`; when not `enabled`, every read that reaches a follower is replayed at the
-    /// leader.
-    pub fn new(
-        id: u64,
-        client: reqwest::Client,
-        token: Token,
-        metrics: Metrics,
-        enabled: bool,
-    ) -> Self {
+    /// `metrics`.
+    pub fn new(id: u64, client: reqwest::Client, token: Token, metrics: Metrics) -> Self {
         FollowerReads {
-            enabled,
+            enabled: true,
             catch_up: CATCH_UP,
             link: Arc::new(Link {
                 leader: LeaderLink { id, client, token },
@@ -133,6 +126,13 @@ impl FollowerReads {
             }),
             metrics,
         }
+    }
+
+    /// When not `enabled`, every read that reaches this node as a follower is replayed at the
+    /// leader.
+    pub fn with_enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
     }
 
     /// When this node answers reads itself (default [`CATCH_UP`]).

@@ -91,6 +91,11 @@ impl Forwarder {
         }
     }
 
+    /// The connection pool to the leader (shared with everything else that asks it).
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
     /// The queue of forwarded writes (commands) for the leader.
     pub fn batcher(&self) -> &Batcher {
         &self.batcher

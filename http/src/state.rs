@@ -12,7 +12,6 @@ use crate::error::ApiError;
 use crate::follower_read::{CatchUp, FollowerReads, ReplayedReadIndex};
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
-use crate::network::peer_client;
 use crate::node_metrics::NodeCollector;
 use crate::request::ReadConsistency;
 
@@ -38,15 +37,15 @@ impl AppState {
     pub fn new(node: MetaNode, token: Token) -> Self {
         let metrics = Metrics::new(Some(Box::new(NodeCollector::new(node.clone()))));
         let readiness = Arc::new(Readiness::new(&node.status()));
+        let forwarder = Forwarder::new(node.id(), token.clone());
         AppState {
-            forwarder: Forwarder::new(node.id(), token.clone()),
             follower_reads: FollowerReads::new(
                 node.id(),
-                peer_client(),
+                forwarder.client().clone(),
                 token.clone(),
                 metrics.clone(),
-                true,
             ),
+            forwarder,
             node,
             metrics,
             token,
@@ -59,13 +58,7 @@ impl AppState {
     /// Whether a follower answers linearizable and lease reads itself, with the leader's read
     /// index (the default), or replays each at the leader.
     pub fn with_follower_reads(mut self, enabled: bool) -> Self {
-        self.follower_reads = FollowerReads::new(
-            self.node.id(),
-            peer_client(),
-            self.token.clone(),
-            self.metrics.clone(),
-            enabled,
-        );
+        self.follower_reads = self.follower_reads.with_enabled(enabled);
         self
     }
 

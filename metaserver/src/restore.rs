@@ -43,18 +43,22 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         restored.datanodes += 1;
     }
     restored.keys = restore_keys(&op, &backup).await?;
-    if restored.replicas != backup.replicas() {
+    let (index, replicas) = (backup.index(), backup.replicas());
+    // Closing the scratch registry flushes and deletes files: not on the async runtime.
+    tokio::task::spawn_blocking(move || drop(backup))
+        .await
+        .context("the backup reader stopped")?;
+    if restored.replicas != replicas {
         bail!(
-            "restored {} replicas, but the backup holds {}",
-            restored.replicas,
-            backup.replicas()
+            "restored {} replicas, but the backup holds {replicas}",
+            restored.replicas
         );
     }
     println!(
         "{}",
         json!({
             "file": file.display().to_string(),
-            "index": backup.index(),
+            "index": index,
             "datanodes": restored.datanodes,
             "replicas": restored.replicas,
             "keys": restored.keys,
@@ -171,13 +175,9 @@ async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     let mut after: Option<String> = None;
     loop {
         let cursor = after.clone();
-        let page = read(backup, move |b| b.keys(cursor.as_deref(), MAX_PAGE)).await?;
-        for key in page.items {
-            let name = key.key.clone();
-            let Some(entry) = read(backup, move |b| b.kv(&name)).await? else {
-                bail!("key {:?} is listed in the backup but has no value", key.key);
-            };
-            let path = format!("/v1/kv/{}?if_revision=0", percent_encode(&entry.key));
+        let page = read(backup, move |b| b.kv_entries(cursor.as_deref(), MAX_PAGE)).await?;
+        for entry in page.items {
+            let path = format!("{}?if_revision=0", kv_path(&entry.key));
             op.send(op.request(reqwest::Method::PUT, &path).body(entry.value))
                 .await
                 .with_context(|| format!("writing key {:?}", entry.key))?;
@@ -190,28 +190,23 @@ async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     }
 }
 
-/// Percent-encodes every byte of a key outside the unreserved set and `/` (a key's slashes are
-/// part of the route's path).
-fn percent_encode(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+/// The path of `key` under `/v1/kv/`, each of its `/`-separated segments percent-encoded.
+fn kv_path(key: &str) -> String {
+    let mut url = reqwest::Url::parse("http://localhost/v1/kv").expect("a valid URL");
+    url.path_segments_mut()
+        .expect("an http URL has a path")
+        .extend(key.split('/'));
+    url.path().to_owned()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::percent_encode;
+    use super::kv_path;
 
     #[test]
     fn keys_keep_their_slashes_and_escape_the_rest() {
-        assert_eq!(percent_encode("config/replication"), "config/replication");
-        assert_eq!(percent_encode("a b?c#d%"), "a%20b%3Fc%23d%25");
-        assert_eq!(percent_encode("é"), "%C3%A9");
+        assert_eq!(kv_path("config/replication"), "/v1/kv/config/replication");
+        assert_eq!(kv_path("a b?c#d%"), "/v1/kv/a%20b%3Fc%23d%25");
+        assert_eq!(kv_path("é"), "/v1/kv/%C3%A9");
     }
 }

@@ -4,6 +4,7 @@ use openraft::vote::leader_id_adv::LeaderId;
 
 use super::*;
 use crate::command::ShardReport;
+use crate::snapshot_data::read_meta;
 use openraft::storage::RaftSnapshotBuilder;
 
 /// A state machine whose deferred batch waits for an hour (or a reader), however slow the
