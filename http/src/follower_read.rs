@@ -11,8 +11,10 @@
 //! Reads share exchanges as the log's writers share barriers: a read joins the next exchange,
 //! never one already under way (the leader may have fixed that one's index before the read
 //! arrived, so before a write the reader already saw acknowledged). One exchange is out at a
-//! time and carries every read that arrived while the previous one was out. An exchange asks for
-//! a round to a quorum if any of its reads asked for `linearizable`, else for the lease.
+//! time and carries every read that arrived while the previous one was out (one per leader the
+//! reads name, side by side: right after a leader change, reads for the new leader do not wait
+//! on an old one that no longer answers). An exchange asks for a round to a quorum if any of its
+//! reads asked for `linearizable`, else for the lease.
 //!
 //! Under a write storm followers apply a few milliseconds behind the leader, and waiting for
 //! that costs more than a replay ([`CATCH_UP`]). A follower still applying committed entries
@@ -88,6 +90,23 @@ pub struct FollowerReads {
     catch_up: CatchUp,
     link: Arc<Link>,
     metrics: Metrics,
+}
+
+/// Clears the running mark of a [`Link`] whose exchange task ends without doing so itself,
+/// failing the reads still queued (their answers are dropped).
+struct RunGuard<'a> {
+    link: &'a Link,
+    armed: bool,
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut pending = self.link.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.running = false;
+            pending.waiting.clear();
+        }
+    }
 }
 
 /// What an exchange needs, and the reads waiting for the next one.
@@ -244,29 +263,45 @@ impl Link {
     }
 
     /// Sends exchanges while reads wait: each carries every read that was waiting when it
-    /// started (one per leader they name: one, unless the leader just changed).
+    /// started (one per leader they name, side by side: one, unless the leader just changed).
     async fn run(self: Arc<Self>) {
+        // Should this task end early (a panic, or the runtime shutting down), the reads still
+        // queued fail instead of waiting for a task that no longer runs.
+        let mut guard = RunGuard {
+            link: &self,
+            armed: true,
+        };
         loop {
             let mut batch = {
                 let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 if pending.waiting.is_empty() {
                     pending.running = false;
+                    guard.armed = false;
                     return;
                 }
                 std::mem::take(&mut pending.waiting)
             };
+            // A read whose request went away needs no index; an exchange for none is skipped.
+            batch.retain(|w| !w.answer.is_closed());
+            let mut exchanges = Vec::new();
             while let Some(first) = batch.first() {
                 let addr = first.target.addr.clone();
                 let (same, rest): (Vec<_>, Vec<_>) =
                     batch.into_iter().partition(|w| w.target.addr == addr);
                 batch = rest;
-                let lease = same.iter().all(|w| w.lease);
-                self.metrics.read_index_exchange();
-                let answer = self.exchange(&same[0].target, lease).await;
-                for w in same {
-                    let _ = w.answer.send(answer.clone());
-                }
+                exchanges.push(self.exchange_for(same));
             }
+            futures::future::join_all(exchanges).await;
+        }
+    }
+
+    /// One exchange with the leader that `same` (not empty) all name, answered to each of them.
+    async fn exchange_for(&self, same: Vec<Waiter>) {
+        let lease = same.iter().all(|w| w.lease);
+        self.metrics.read_index_exchange();
+        let answer = self.exchange(&same[0].target, lease).await;
+        for w in same {
+            let _ = w.answer.send(answer.clone());
         }
     }
 
@@ -396,6 +431,62 @@ mod tests {
         release.add_permits(1);
         assert_eq!(d.await.unwrap(), 103);
         assert!(seen.try_recv().is_err(), "three exchanges in all");
+    }
+
+    #[tokio::test]
+    async fn reads_naming_different_leaders_get_their_exchanges_side_by_side() {
+        let (a_leader, mut a_seen, a_release) = fake_leader(|n| Ok(100 + n)).await;
+        let (b_leader, mut b_seen, b_release) = fake_leader(|n| Ok(200 + n)).await;
+        let link = link();
+        let mut first = Box::pin(link.read_index(a_leader.clone(), false));
+        assert!((&mut first).now_or_never().is_none());
+        a_seen.recv().await.unwrap();
+        // Both wait for the next exchange, A's first in the queue.
+        let mut to_a = Box::pin(link.read_index(a_leader.clone(), false));
+        let mut to_b = Box::pin(link.read_index(b_leader.clone(), false));
+        assert!((&mut to_a).now_or_never().is_none());
+        assert!((&mut to_b).now_or_never().is_none());
+        b_release.add_permits(1);
+        a_release.add_permits(1);
+        assert_eq!(first.await.unwrap(), 101);
+        // A holds its second answer; B's read does not wait for it.
+        a_seen.recv().await.unwrap();
+        assert_eq!(to_b.await.unwrap(), 201);
+        assert!(b_seen.recv().await.is_some());
+        assert!((&mut to_a).now_or_never().is_none());
+        a_release.add_permits(1);
+        assert_eq!(to_a.await.unwrap(), 102);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_after_the_exchange_task_was_dropped_gets_a_new_exchange() {
+        let (leader, seen, release) = fake_leader(|n| Ok(100 + n)).await;
+        let link = link();
+        // The first read and its exchange task run on a runtime that shuts down while the
+        // exchange is out.
+        let (l, t) = (link.clone(), leader.clone());
+        let mut seen = std::thread::spawn(move || {
+            let mut seen = seen;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let read = tokio::spawn(async move { l.read_index(t, false).await });
+                assert!(!seen.recv().await.unwrap());
+                assert!(!read.is_finished());
+            });
+            drop(rt);
+            seen
+        })
+        .join()
+        .unwrap();
+        release.add_permits(2);
+        let answer = tokio::time::timeout(Duration::from_secs(10), link.read_index(leader, false))
+            .await
+            .expect("a read queued behind a task that no longer runs waits forever");
+        assert_eq!(answer.unwrap(), 102);
+        assert!(!seen.recv().await.unwrap(), "a second exchange");
     }
 
     #[tokio::test]

@@ -61,12 +61,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// What the leader's end answers for a write that failed with `e`.
+    /// What the leader's end answers for a request from another member (a forwarded write, a
+    /// read index) that failed with `e`.
     pub(crate) fn of(e: meta_consensus::Error) -> Refusal {
         if let meta_consensus::Error::ForwardToLeader { leader_id, .. } = e {
             // Forwarding again could loop on stale hints; the client retries instead.
             return Refusal::NoLeader(format!(
-                "the forwarded write reached a node that does not lead (node {leader_id} does)"
+                "the request reached a node that does not lead (node {leader_id} does)"
             ));
         }
         match ApiError::from(e) {
