@@ -405,6 +405,48 @@ fn snapshot_friendly(cfg: &mut NodeConfig) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_requested_while_an_older_build_runs_covers_every_write_before_it() -> Result<()>
+{
+    let c = Cluster::three().await?;
+    let l = c.leader().await?;
+    let epoch = register(&l, 5, 0..2000).await?;
+    let first = l.snapshot_now().await?;
+    // Exports now take about a second.
+    l.set_snapshot_rate(first.bytes.max(1));
+    l.register_shards(5, epoch, vec![shard(8000, 1)]).await?;
+    // A build starts: its export pausing for the rate shows that it captured its point. The
+    // state machine defers a trigger while the previous build still holds its capture, so
+    // trigger until one runs.
+    let pauses = l.status().snapshot_throttle_pauses;
+    let started = tokio::time::timeout(WAIT, async {
+        loop {
+            l.raft().trigger().snapshot().await?;
+            for _ in 0..100 {
+                if l.status().snapshot_throttle_pauses > pauses {
+                    return anyhow::Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    })
+    .await;
+    started.context("no snapshot build started")??;
+    // A write lands after that build's capture.
+    let w = l.register_shards(5, epoch, vec![shard(9000, 1)]).await?;
+    // openraft drops the trigger of this request while the older build runs; the request must
+    // still end with a snapshot that holds the write, not wait out its 600 s timeout.
+    let snap = tokio::time::timeout(Duration::from_secs(60), l.snapshot_now())
+        .await
+        .context("a snapshot requested during an older build never came")??;
+    ensure!(
+        snap.index >= w.index,
+        "snapshot {snap:?} misses write {w:?}"
+    );
+    l.set_snapshot_rate(0);
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_behind_learner_catches_up_by_snapshot_then_log() -> Result<()> {
     let mut c = Cluster::three_tuned(snapshot_friendly).await?;
     let l = c.leader().await?;

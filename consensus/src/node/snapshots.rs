@@ -11,6 +11,10 @@ use crate::snapshot_data::SnapshotData;
 use crate::types::{TypeConfig, Vote};
 use crate::view::SnapshotInfo;
 
+/// How often [`MetaNode::snapshot_now`] asks again for a build while none covers what it waits
+/// for.
+const RETRIGGER: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl MetaNode {
     /// Builds a snapshot of everything applied so far (or returns the newest one if it is
     /// already that recent) and returns once it is durable.
@@ -21,9 +25,8 @@ impl MetaNode {
         // a write already answered: the snapshot must cover every write answered before.
         let applied = self.inner.sm.applied().0;
         let asked = std::time::Instant::now();
-        self.inner.sm.request_build();
-        raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;
+        let mut triggered: Option<tokio::time::Instant> = None;
         loop {
             if raft.metrics().borrow_watched().snapshot >= applied {
                 break;
@@ -36,6 +39,14 @@ impl MetaNode {
                 )));
             }
             self.check_open()?;
+            // openraft drops a trigger that arrives while a build runs, and that build may
+            // end short of `applied`: ask again until one covers it (a dropped one costs
+            // nothing).
+            if triggered.is_none_or(|at| at.elapsed() >= RETRIGGER) {
+                self.inner.sm.request_build();
+                raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
+                triggered = Some(tokio::time::Instant::now());
+            }
             self.await_metrics_change(deadline).await?;
         }
         self.inner
