@@ -24,6 +24,7 @@ pub struct Backup {
     meta: SnapshotMeta,
     registry: Registry,
     replicas: u64,
+    keys: u64,
     /// Holds the registry's files; removed when the backup is dropped.
     _dir: tempfile::TempDir,
 }
@@ -56,6 +57,7 @@ impl Backup {
             meta,
             registry,
             replicas: trailer.replicas,
+            keys: trailer.kvs,
             _dir: dir,
         })
     }
@@ -68,6 +70,11 @@ impl Backup {
     /// How many replicas it holds.
     pub fn replicas(&self) -> u64 {
         self.replicas
+    }
+
+    /// How many keys it holds.
+    pub fn keys(&self) -> u64 {
+        self.keys
     }
 
     /// Every datanode, by id.
@@ -87,19 +94,96 @@ impl Backup {
     }
 
     /// The entries of the key-value space (key, value, revision) in key order, paged like
-    /// [`Backup::datanode_shards`].
-    pub fn kv_entries(&self, after: Option<&str>, limit: usize) -> Result<Page<KvEntry>> {
-        let keys = self.registry.kv_list("", after, limit)?;
-        let mut items = Vec::with_capacity(keys.items.len());
-        for k in keys.items {
-            let entry = self.registry.kv_get(&k.key)?.ok_or_else(|| {
-                Error::Snapshot(format!("key {:?} is listed but has no value", k.key))
-            })?;
-            items.push(entry);
+    /// [`Backup::datanode_shards`]: at most `limit` entries, and no more once their values
+    /// reach `max_bytes` (a page holds at least one entry, however large).
+    pub fn kv_entries(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page<KvEntry>> {
+        kv_page(&self.registry, after, limit, max_bytes)
+    }
+}
+
+/// A page of `registry`'s key-value entries (see [`Backup::kv_entries`]).
+fn kv_page(
+    registry: &Registry,
+    after: Option<&str>,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<Page<KvEntry>> {
+    let keys = registry.kv_list("", after, limit)?;
+    let listed = keys.items.len();
+    let mut items: Vec<KvEntry> = Vec::with_capacity(listed);
+    let mut bytes = 0;
+    for k in keys.items {
+        if !items.is_empty() && bytes >= max_bytes {
+            break;
         }
-        Ok(Page {
-            items,
-            next: keys.next,
-        })
+        let entry = registry.kv_get(&k.key)?.ok_or_else(|| {
+            Error::Snapshot(format!("key {:?} is listed but has no value", k.key))
+        })?;
+        bytes += entry.value.len();
+        items.push(entry);
+    }
+    let next = if items.len() < listed {
+        items.last().map(|e| crate::keys::to_hex(e.key.as_bytes()))
+    } else {
+        keys.next
+    };
+    Ok(Page { items, next })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply_batch::ApplyBatch;
+    use crate::command::Command;
+
+    /// Every page's keys, following `next` from the start.
+    fn pages(reg: &Registry, limit: usize, max_bytes: usize) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = kv_page(reg, after.as_deref(), limit, max_bytes).unwrap();
+            out.push(page.items.into_iter().map(|e| e.key).collect());
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn key_pages_end_at_their_byte_budget_and_the_next_starts_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        let g = reg.current();
+        let mut batch = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
+        for (i, key) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+            let put = Command::Put {
+                key: key.into(),
+                value: vec![0; 10],
+                if_revision: None,
+            };
+            batch.execute(i as u64 + 1, &put).unwrap();
+        }
+        g.commit(batch.finish().unwrap()).unwrap();
+        let keys = |pages: &[&[&str]]| -> Vec<Vec<String>> {
+            pages
+                .iter()
+                .map(|p| p.iter().map(|k| k.to_string()).collect())
+                .collect()
+        };
+        // The budget ends a page once its values reach it.
+        assert_eq!(pages(&reg, 4, 25), keys(&[&["a", "b", "c"], &["d", "e"]]));
+        // The count ends it first.
+        assert_eq!(
+            pages(&reg, 2, 1000),
+            keys(&[&["a", "b"], &["c", "d"], &["e"]])
+        );
+        // A page holds at least one entry, however small the budget.
+        assert_eq!(pages(&reg, 4, 0).len(), 5);
     }
 }

@@ -295,6 +295,21 @@ pub fn validate_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Validates the key of a new write: a valid key ([`validate_key`]) none of whose
+/// `/`-separated segments is `.` or `..`. URL clients drop such segments (`a/./b` reaches the
+/// server as `a/b`), so a key holding one could be written by some clients and not addressed
+/// by others. Keys written before this rule stay readable and deletable.
+pub fn validate_new_key(key: &str) -> Result<(), ApiError> {
+    validate_key(key)?;
+    if key.split('/').any(|s| s == "." || s == "..") {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!("key {key:?} has a \".\" or \"..\" segment, which URL clients drop"),
+        ));
+    }
+    Ok(())
+}
+
 /// Validates a key-value value's size (at most 1 MiB).
 pub fn validate_value(value: &[u8]) -> Result<(), ApiError> {
     if value.len() > MAX_VALUE_BYTES {
@@ -501,6 +516,15 @@ mod tests {
             "invalid_key"
         );
         assert_eq!(validate_key("a\nb").unwrap_err().code(), "invalid_key");
+        assert!(validate_new_key("a/.b/c..").is_ok());
+        for dotted in [".", "..", "a/./b", "a/..", "../a"] {
+            assert!(validate_key(dotted).is_ok(), "{dotted} stays addressable");
+            assert_eq!(
+                validate_new_key(dotted).unwrap_err().code(),
+                "invalid_key",
+                "{dotted}"
+            );
+        }
         assert!(validate_value(&vec![0; MAX_VALUE_BYTES]).is_ok());
         assert_eq!(
             validate_value(&vec![0; MAX_VALUE_BYTES + 1])

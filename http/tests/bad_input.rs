@@ -509,6 +509,22 @@ fn matrix(epoch: u64) -> Vec<Case> {
             400,
             "invalid_key",
         ),
+        case(
+            "dot segment in a new key",
+            M::PUT,
+            "/v1/kv/a/./b",
+            "v",
+            400,
+            "invalid_key",
+        ),
+        case(
+            "dot-dot key, percent-encoded",
+            M::PUT,
+            "/v1/kv/%2E%2E",
+            "v",
+            400,
+            "invalid_key",
+        ),
         case("empty key", M::PUT, "/v1/kv/", "v", 400, "invalid_key"),
         case("empty key read", M::GET, "/v1/kv/", "", 400, "invalid_key"),
         case(

@@ -1,8 +1,9 @@
 //! `metaserver snapshot restore FILE`: replays a backup into an empty cluster through the admin
 //! API, for a cluster that lost its data (or a copy of one elsewhere).
 //!
-//! The backup is verified completely and read offline (`meta_consensus::Backup`) before anything
-//! is sent. The target must be empty (no datanode, no key): a restore never merges into live
+//! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key
+//! and value checked against what the cluster accepts, before anything is sent. The target must
+//! be empty (no datanode, no key): a restore never merges into live
 //! data. Every datanode is registered again with its address (it gets a new epoch: epochs are log
 //! indexes of the old cluster, so a datanode's next request with its old epoch is fenced and it
 //! registers again, as after any epoch change), then its replicas, with their generations and
@@ -17,11 +18,15 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use meta_consensus::{Backup, DatanodeInfo, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
+use meta_http::request::{validate_new_key, validate_value};
 use meta_http::response::{DatanodeList, DatanodeRegistered, KvKeyPage, ShardsRegistered};
 use serde_json::{json, Value};
 
 use crate::cli::ClientArgs;
 use crate::operator::Operator;
+
+/// Values of keys read from the backup at a time, at most (and [`MAX_PAGE`] keys).
+const KV_PAGE_BYTES: usize = 16 << 20;
 
 /// What a restore wrote.
 #[derive(Debug, Default)]
@@ -35,6 +40,7 @@ struct Restored {
 pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
     let backup = open(file).await?;
+    check_keys(&backup).await?;
     check_empty(&op).await?;
     let mut restored = Restored::default();
     let datanodes = read(&backup, |b| b.datanodes()).await?;
@@ -43,15 +49,16 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         restored.datanodes += 1;
     }
     restored.keys = restore_keys(&op, &backup).await?;
-    let (index, replicas) = (backup.index(), backup.replicas());
+    let (index, replicas, keys) = (backup.index(), backup.replicas(), backup.keys());
     // Closing the scratch registry flushes and deletes files: not on the async runtime.
     tokio::task::spawn_blocking(move || drop(backup))
         .await
         .context("the backup reader stopped")?;
-    if restored.replicas != replicas {
+    if restored.replicas != replicas || restored.keys != keys {
         bail!(
-            "restored {} replicas, but the backup holds {replicas}",
-            restored.replicas
+            "restored {} replicas and {} keys, but the backup holds {replicas} and {keys}",
+            restored.replicas,
+            restored.keys
         );
     }
     println!(
@@ -91,6 +98,31 @@ async fn read<T: Send + 'static>(
         .await
         .context("the backup reader stopped")?
         .context("reading the backup")
+}
+
+/// Fails, before anything is sent, if a key or value of the backup is one the cluster would
+/// refuse (a backup from an older version may hold keys that new writes may not use).
+async fn check_keys(backup: &Arc<Backup>) -> Result<()> {
+    let mut after: Option<String> = None;
+    loop {
+        let cursor = after.clone();
+        let page = read(backup, move |b| {
+            b.kv_entries(cursor.as_deref(), MAX_PAGE, KV_PAGE_BYTES)
+        })
+        .await?;
+        for entry in &page.items {
+            if let Err(e) = validate_new_key(&entry.key).and(validate_value(&entry.value)) {
+                bail!(
+                    "the backup's key {:?} cannot be restored: {e}; nothing was sent",
+                    entry.key
+                );
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+    }
 }
 
 /// Fails unless the cluster holds no datanode and no key.
@@ -175,7 +207,10 @@ async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     let mut after: Option<String> = None;
     loop {
         let cursor = after.clone();
-        let page = read(backup, move |b| b.kv_entries(cursor.as_deref(), MAX_PAGE)).await?;
+        let page = read(backup, move |b| {
+            b.kv_entries(cursor.as_deref(), MAX_PAGE, KV_PAGE_BYTES)
+        })
+        .await?;
         for entry in page.items {
             let path = format!("{}?if_revision=0", kv_path(&entry.key));
             op.send(op.request(reqwest::Method::PUT, &path).body(entry.value))
@@ -190,7 +225,8 @@ async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     }
 }
 
-/// The path of `key` under `/v1/kv/`, each of its `/`-separated segments percent-encoded.
+/// The path of `key` under `/v1/kv/`, each of its `/`-separated segments percent-encoded
+/// (`check_keys` refused `.` and `..` segments, which the URL would drop).
 fn kv_path(key: &str) -> String {
     let mut url = reqwest::Url::parse("http://localhost/v1/kv").expect("a valid URL");
     url.path_segments_mut()

@@ -10,7 +10,9 @@ use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Query, RawBody};
 use crate::follower_read::ReplayedReadIndex;
-use crate::request::{validate_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery};
+use crate::request::{
+    validate_key, validate_new_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery,
+};
 use crate::response::{KvKeyPage, KvKeyView, KvWritten};
 use crate::state::AppState;
 use crate::writer::Writer;
@@ -66,6 +68,7 @@ pub async fn put(
     Query(query): Query<KvWriteQuery>,
     RawBody(value): RawBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
+    validate_new_key(&key)?;
     validate_value(&value)?;
     let result = writer
         .write(Command::Put {
