@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use meta_consensus::{Backup, DatanodeInfo, MAX_PAGE};
+use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::{validate_new_key, validate_value};
 use meta_http::response::{DatanodeList, DatanodeRegistered, KvKeyPage, ShardsRegistered};
@@ -103,14 +103,9 @@ async fn read<T: Send + 'static>(
 /// Fails, before anything is sent, if a key or value of the backup is one the cluster would
 /// refuse (a backup from an older version may hold keys that new writes may not use).
 async fn check_keys(backup: &Arc<Backup>) -> Result<()> {
-    let mut after: Option<String> = None;
-    loop {
-        let cursor = after.clone();
-        let page = read(backup, move |b| {
-            b.kv_entries(cursor.as_deref(), MAX_PAGE, KV_PAGE_BYTES)
-        })
-        .await?;
-        for entry in &page.items {
+    let mut pages = KvPages::default();
+    while let Some(entries) = pages.next(backup).await? {
+        for entry in &entries {
             if let Err(e) = validate_new_key(&entry.key).and(validate_value(&entry.value)) {
                 bail!(
                     "the backup's key {:?} cannot be restored: {e}; nothing was sent",
@@ -118,10 +113,31 @@ async fn check_keys(backup: &Arc<Backup>) -> Result<()> {
                 );
             }
         }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Ok(()),
+    }
+    Ok(())
+}
+
+/// The backup's keys with their values, a page at a time, in key order.
+#[derive(Default)]
+struct KvPages {
+    after: Option<String>,
+    done: bool,
+}
+
+impl KvPages {
+    /// The next page, or `None` after the last.
+    async fn next(&mut self, backup: &Arc<Backup>) -> Result<Option<Vec<KvEntry>>> {
+        if self.done {
+            return Ok(None);
         }
+        let cursor = self.after.take();
+        let page = read(backup, move |b| {
+            b.kv_entries(cursor.as_deref(), MAX_PAGE, KV_PAGE_BYTES)
+        })
+        .await?;
+        self.done = page.next.is_none();
+        self.after = page.next;
+        Ok(Some(page.items))
     }
 }
 
@@ -204,25 +220,17 @@ async fn restore_datanode(
 /// Writes every key of the backup (it must not exist yet); returns how many.
 async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     let mut written = 0;
-    let mut after: Option<String> = None;
-    loop {
-        let cursor = after.clone();
-        let page = read(backup, move |b| {
-            b.kv_entries(cursor.as_deref(), MAX_PAGE, KV_PAGE_BYTES)
-        })
-        .await?;
-        for entry in page.items {
+    let mut pages = KvPages::default();
+    while let Some(entries) = pages.next(backup).await? {
+        for entry in entries {
             let path = format!("{}?if_revision=0", kv_path(&entry.key));
             op.send(op.request(reqwest::Method::PUT, &path).body(entry.value))
                 .await
                 .with_context(|| format!("writing key {:?}", entry.key))?;
             written += 1;
         }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Ok(written),
-        }
     }
+    Ok(written)
 }
 
 /// The path of `key` under `/v1/kv/`, each of its `/`-separated segments percent-encoded
