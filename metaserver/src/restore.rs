@@ -3,14 +3,15 @@
 //!
 //! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key
 //! and value checked against what the cluster accepts, before anything is sent. The target must
-//! be empty (no datanode, no key): a restore never merges into live
-//! data. Every datanode is registered again with its address (it gets a new epoch: epochs are log
-//! indexes of the old cluster, so a datanode's next request with its old epoch is fenced and it
-//! registers again, as after any epoch change), then its replicas, with their generations and
-//! sizes, in batches of 10,000 under that epoch. Every key is written with `if_revision=0` (it
-//! must not exist yet) and gets a new revision. The writes go through Raft like any other: when
-//! the command returns, everything restored is durable on a quorum. A restore that fails part
-//! way leaves what it wrote; empty the cluster (start it on fresh data dirs) and run it again.
+//! be empty (no datanode, no key): a restore never merges into live data. Every datanode is
+//! registered again with its address (it gets a new epoch: epochs are log indexes of the old
+//! cluster, so a datanode's next request with its old epoch is fenced and it registers again, as
+//! after any epoch change), then its replicas, with their generations and sizes, in batches of
+//! 10,000 under that epoch. Every key is written with `if_revision=0` (it must not exist yet) and
+//! gets a new revision. The writes go through Raft like any other: when the command returns,
+//! everything restored is durable on a quorum. A restore that fails part way leaves what it
+//! wrote; empty the cluster (start it on fresh data dirs) and run it again. Emptiness is checked
+//! when it starts: keep datanodes from registering until it ends.
 
 use std::path::Path;
 use std::sync::Arc;
