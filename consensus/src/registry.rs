@@ -565,6 +565,30 @@ impl Registry {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<KvKey>> {
+        let page = self.kv_scan(prefix, after, limit, usize::MAX)?;
+        Ok(Page {
+            items: page
+                .items
+                .into_iter()
+                .map(|e| KvKey {
+                    key: e.key,
+                    revision: e.revision,
+                })
+                .collect(),
+            next: page.next,
+        })
+    }
+
+    /// Entries (with their values) whose keys start with `prefix`, in byte order, after the
+    /// cursor: at most `limit` of them, and no more once their values reach `max_bytes` (a
+    /// page holds at least one entry, however large).
+    pub(crate) fn kv_scan(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page<KvEntry>> {
         let limit = check_limit(limit)?;
         let full_prefix = keys::kv(prefix);
         let mut start = full_prefix.clone();
@@ -579,26 +603,37 @@ impl Registry {
             }
         }
         let g = self.current();
-        let mut items = Vec::new();
+        let mut items: Vec<KvEntry> = Vec::new();
+        let mut bytes = 0;
         let mut more = false;
         for item in g.tree.range(start..) {
             let (k, v) = item.map_err(|e| Error::registry("list keys", e))?;
             if !k.starts_with(&full_prefix) {
                 break;
             }
-            if items.len() == limit {
+            if items.len() == limit || (!items.is_empty() && bytes >= max_bytes) {
                 more = true;
                 break;
             }
             let key = String::from_utf8(k[1..].to_vec()).map_err(|_| bad_key("kv", &k))?;
             let r: KvRecord =
                 codec::decode(&v).map_err(|e| Error::corrupt(format!("kv {key:?}"), e))?;
-            items.push(KvKey {
+            bytes += r.value.len();
+            items.push(KvEntry {
                 key,
+                value: r.value,
                 revision: r.revision,
             });
         }
-        let next = more.then(|| keys::to_hex(items.last().expect("full page").key.as_bytes()));
+        let next = more.then(|| {
+            keys::to_hex(
+                items
+                    .last()
+                    .expect("a page ends after an entry")
+                    .key
+                    .as_bytes(),
+            )
+        });
         Ok(Page { items, next })
     }
 
@@ -697,5 +732,61 @@ mod tests {
             .expect("the opener meets the held lock");
         drop(held);
         opener.join().unwrap().unwrap();
+    }
+
+    /// Every page of the key-value space's entries, as keys, following `next` from the start.
+    fn kv_pages(reg: &Registry, limit: usize, max_bytes: usize) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = reg.kv_scan("", after.as_deref(), limit, max_bytes).unwrap();
+            out.push(page.items.into_iter().map(|e| e.key).collect());
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn key_pages_end_at_their_byte_budget_and_the_next_starts_after_them() {
+        use crate::apply_batch::ApplyBatch;
+        use crate::command::Command;
+
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        let g = reg.current();
+        let mut batch = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
+        for (i, key) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+            let put = Command::Put {
+                key: key.into(),
+                value: vec![0; 10],
+                if_revision: None,
+            };
+            batch.execute(i as u64 + 1, &put).unwrap();
+        }
+        g.commit(batch.finish().unwrap()).unwrap();
+        let keys = |pages: &[&[&str]]| -> Vec<Vec<String>> {
+            pages
+                .iter()
+                .map(|p| p.iter().map(|k| k.to_string()).collect())
+                .collect()
+        };
+        // The budget ends a page once its values reach it.
+        assert_eq!(
+            kv_pages(&reg, 4, 25),
+            keys(&[&["a", "b", "c"], &["d", "e"]])
+        );
+        // The count ends it first.
+        assert_eq!(
+            kv_pages(&reg, 2, 1000),
+            keys(&[&["a", "b"], &["c", "d"], &["e"]])
+        );
+        // A page holds at least one entry, however small the budget.
+        assert_eq!(kv_pages(&reg, 4, 0).len(), 5);
+        // Listings page by count alone.
+        let listed = reg.kv_list("", None, 10).unwrap();
+        assert_eq!(listed.items.len(), 5);
+        assert_eq!(listed.next, None);
     }
 }
