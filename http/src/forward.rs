@@ -4,12 +4,12 @@
 //! Registry and key-value writes do not come this way: their handlers send the command itself
 //! to the leader (`writer.rs`, `forward_batch.rs`). The middleware here replays the rest:
 //! linearizable reads that a follower does not answer itself (`follower_read.rs`), membership
-//! changes, and a write whose node learned that it does not lead only from its Raft core. It buffers the request body (bounded by the body limit, which
-//! is where 413 `body_too_large` comes from), runs the handler, and if the handler answered
-//! "forward to leader" sends the same method, path, query, body and `Authorization` header to
-//! the leader and streams its answer back. A replayed request carries a marker header; a node
-//! receiving one never forwards again (it answers 503 `no_leader`), so a stale leader hint
-//! cannot loop.
+//! changes, and a write whose node learned that it does not lead only from its Raft core. It
+//! buffers the request body (bounded by the body limit, which is where 413 `body_too_large`
+//! comes from), runs the handler, and if the handler answered "forward to leader" sends the same
+//! method, path, query, body and `Authorization` header to the leader and streams its answer
+//! back. A replayed request carries a marker header; a node receiving one never forwards again
+//! (it answers 503 `no_leader`), so a stale leader hint cannot loop.
 
 use std::time::Duration;
 

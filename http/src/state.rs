@@ -52,9 +52,7 @@ impl AppState {
             readiness,
         }
     }
-}
 
-impl AppState {
     /// Whether a follower answers linearizable and lease reads itself, with the leader's read
     /// index (the default), or replays each at the leader.
     pub fn with_follower_reads(mut self, enabled: bool) -> Self {
