@@ -181,6 +181,7 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
         let target = self.target()?;
         let dest = target
             .snapshot_receive_file()
+            .await
             .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
         let src = snapshot.snapshot.path().to_path_buf();
         let dest_path = dest.to_path_buf();

@@ -203,6 +203,7 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     let temp = node
         .snapshot_receive_file()
+        .await
         .map_err(|e| reply::<()>(Err(e.to_string())))?;
     let landed: std::io::Result<u64> = async {
         let mut file = tokio::fs::OpenOptions::new()

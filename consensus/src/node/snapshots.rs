@@ -63,13 +63,18 @@ impl MetaNode {
 
     /// Creates an empty file, in this node's data dir, for a snapshot a leader streams to it.
     /// The transport writes the snapshot file's bytes into it as received, then passes it to
-    /// [`MetaNode::install_received_snapshot`]. Dropping it deletes the file.
-    pub fn snapshot_receive_file(&self) -> Result<tempfile::TempPath> {
-        tempfile::Builder::new()
-            .prefix("incoming-")
-            .tempfile_in(&self.inner.incoming)
-            .map(|f| f.into_temp_path())
-            .map_err(|e| Error::io("create incoming snapshot file", &self.inner.incoming, e))
+    /// [`MetaNode::install_received_snapshot`]. Dropping it deletes the file. The file is
+    /// created on a blocking thread.
+    pub async fn snapshot_receive_file(&self) -> Result<tempfile::TempPath> {
+        let dir = self.inner.incoming.clone();
+        blocking(move || {
+            tempfile::Builder::new()
+                .prefix("incoming-")
+                .tempfile_in(&dir)
+                .map(|f| f.into_temp_path())
+                .map_err(|e| Error::io("create incoming snapshot file", &dir, e))
+        })
+        .await
     }
 
     /// Verifies a received snapshot file completely and hands it to Raft, which installs it

@@ -131,16 +131,28 @@ pub async fn build_snapshot(
 /// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup); 404 if none.
 pub async fn download_snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
     let missing = || ApiError::NotFound("this node has no snapshot yet".into());
-    let path = state.node.newest_snapshot_file().ok_or_else(missing)?;
-    // Retention may delete the file between listing and opening; once open it stays readable.
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
-        Err(e) => {
-            return Err(ApiError::Internal(format!(
-                "opening snapshot {}: {e}",
-                path.display()
-            )))
+    // Retention may delete the file between asking for it and opening it (a newer snapshot
+    // replaced it); then the newer one is served. Once open, a file stays readable.
+    let mut path = state.node.newest_snapshot_file().ok_or_else(missing)?;
+    let mut attempts = 0;
+    let file = loop {
+        match tokio::fs::File::open(&path).await {
+            Ok(file) => break file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {
+                attempts += 1;
+                let newer = state.node.newest_snapshot_file().ok_or_else(missing)?;
+                if newer == path {
+                    return Err(missing());
+                }
+                path = newer;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
+            Err(e) => {
+                return Err(ApiError::Internal(format!(
+                    "opening snapshot {}: {e}",
+                    path.display()
+                )))
+            }
         }
     };
     let len = file
