@@ -37,6 +37,9 @@ pub(crate) struct Finished<W> {
     pub done: Vec<(W, Result<(), String>)>,
     /// How many LSNs this barrier newly made durable (0 if it failed).
     pub covered: u64,
+    /// What the barrier amounts to: a sync that succeeded after the book was poisoned (by a
+    /// failed sync elsewhere) still fails.
+    pub outcome: Result<(), String>,
 }
 
 /// The state of barriers and their waiters. `W` is whatever completes a waiter.
@@ -126,7 +129,8 @@ impl<W> BarrierBook<W> {
 
     /// Ends the running barrier, which read `target` as written before its sync, with `outcome`.
     /// On success publishes `target` as durable and completes the covered waiters (and `owner`).
-    /// On failure poisons the book and fails every waiter.
+    /// On failure, or if the book was poisoned while the barrier ran, poisons the book and fails
+    /// every waiter: nothing is reported durable once any sync failed.
     pub fn finish(
         &mut self,
         target: Lsn,
@@ -135,6 +139,10 @@ impl<W> BarrierBook<W> {
     ) -> Finished<W> {
         debug_assert!(self.running);
         self.running = false;
+        let outcome = match (outcome, &self.poison) {
+            (Ok(()), Some(msg)) => Err(msg.clone()),
+            (outcome, _) => outcome,
+        };
         match outcome {
             Ok(()) => {
                 let covered = target.saturating_sub(self.durable);
@@ -143,15 +151,23 @@ impl<W> BarrierBook<W> {
                 let ready = std::mem::replace(&mut self.shared, later);
                 let mut done: Vec<_> = ready.into_values().flatten().map(|w| (w, Ok(()))).collect();
                 done.extend(owner.map(|w| (w, Ok(()))));
-                Finished { done, covered }
+                Finished {
+                    done,
+                    covered,
+                    outcome: Ok(()),
+                }
             }
             Err(msg) => {
                 let mut done = self.fail_all(msg);
+                let msg = self.poison.clone().unwrap_or_default();
                 if let Some(w) = owner {
-                    let msg = self.poison.clone().unwrap_or_default();
-                    done.push((w, Err(msg)));
+                    done.push((w, Err(msg.clone())));
                 }
-                Finished { done, covered: 0 }
+                Finished {
+                    done,
+                    covered: 0,
+                    outcome: Err(msg),
+                }
             }
         }
     }
@@ -261,5 +277,18 @@ mod tests {
         // A later failure keeps the first message.
         book.fail_all("other".into());
         assert_eq!(book.poison(), Some("EIO"));
+    }
+
+    #[test]
+    fn a_barrier_that_succeeds_after_a_poisoning_fails() {
+        let mut book = BarrierBook::new(0);
+        book.wait_own(1u32);
+        assert_eq!(book.next_job(), Some(Job::Own(1)));
+        // Another sync of the file failed while this barrier's sync ran.
+        book.fail_all("EIO".into());
+        let f = book.finish(5, Ok(()), Some(1));
+        assert_eq!(f.outcome, Err("EIO".into()));
+        assert_eq!(f.done, vec![(1, Err("EIO".into()))]);
+        assert_eq!((f.covered, book.durable()), (0, 0));
     }
 }

@@ -1,6 +1,9 @@
 //! An in-memory file system for tests that models what a crash does to files: bytes that were
 //! never synced are lost, the last unsynced write may be torn, and files whose directory was never
-//! synced disappear. It can also fail syncs, hold them on a gate, and run out of descriptors.
+//! synced disappear. It can also fail syncs, hold them on a gate, and run out of descriptors. A
+//! failed sync loses the file's unsynced bytes at the next crash while reads still see them, and
+//! a later sync succeeds, as Linux does after a failed writeback: retrying a failed fsync would
+//! report lost bytes as durable.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -330,6 +333,9 @@ impl FaultyFile {
         }
         if st.fail_syncs || st.fail_next_syncs > 0 {
             st.fail_next_syncs = st.fail_next_syncs.saturating_sub(1);
+            if let Some(node) = st.nodes.get_mut(&self.id) {
+                node.pending.clear();
+            }
             return Err(io::Error::other("injected sync failure"));
         }
         st.syncs += 1;

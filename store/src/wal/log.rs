@@ -55,6 +55,12 @@ struct Inner {
     /// The segment being written; a barrier syncs it. Older segments were synced when the log
     /// moved on from them.
     tail: Mutex<Arc<Segment>>,
+    /// Held around every fdatasync of a segment (a barrier's, a roll's) together with the poison
+    /// check before it and the poisoning after a failure. Linux reports a failed writeback once
+    /// and may drop the failed pages, so a sync running beside one that failed could return Ok
+    /// for bytes that are lost: in effect a retried fsync. Taken after the write lock, before
+    /// `book`.
+    sync_lock: Mutex<()>,
     book: Mutex<BarrierBook<Waiter>>,
     /// Waiters failed by a poisoning under the write lock, to complete once it is released.
     orphans: Mutex<Vec<(Waiter, Result<(), String>)>>,
@@ -129,6 +135,7 @@ impl Wal {
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             tail: Mutex::new(rec.tail),
+            sync_lock: Mutex::new(()),
             book: Mutex::new(BarrierBook::new(last)),
             orphans: Mutex::new(Vec::new()),
             wake: Condvar::new(),
@@ -467,7 +474,12 @@ impl Inner {
     fn check_writable(&self) -> Result<()> {
         self.check_open()?;
         if self.poisoned.load(Ordering::Acquire) {
-            let msg = self.book.lock().poison().unwrap_or_default().to_owned();
+            let msg = self
+                .book
+                .lock()
+                .poison()
+                .unwrap_or("an fdatasync failed")
+                .to_owned();
             return Err(Error::Poisoned(msg));
         }
         Ok(())
@@ -545,10 +557,15 @@ impl Inner {
     /// Moves writing to a new segment. The old one is synced first, because barriers sync only
     /// the segment being written: no durable LSN may pass an old segment before it is synced.
     fn roll(&self, w: &mut Writer) -> Result<()> {
-        if let Err(e) = w.segment.file.sync_data() {
-            let err = Error::io("fsync segment before moving on", &w.segment.path, e);
-            self.poison(err.to_string());
-            return Err(err);
+        {
+            let _serial = self.sync_lock.lock();
+            // A barrier's sync of this segment may have failed while this call waited.
+            self.check_writable()?;
+            if let Err(e) = w.segment.file.sync_data() {
+                let err = Error::io("fsync segment before moving on", &w.segment.path, e);
+                self.poison(err.to_string());
+                return Err(err);
+            }
         }
         let prealloc = self.preallocate.then_some(self.segment_bytes);
         let segment = match Segment::create(
@@ -633,24 +650,38 @@ impl Inner {
         let target = self.written.load(Ordering::Acquire);
         let segment = self.tail.lock().clone();
         let started = Instant::now();
-        let outcome = segment
-            .file
-            .sync_data()
-            .map_err(|e| format!("fdatasync {}: {e}", segment.path.display()));
+        let outcome = {
+            let _serial = self.sync_lock.lock();
+            if self.poisoned.load(Ordering::Acquire) {
+                // An earlier sync failed (its message is in the book): never sync again.
+                Err("an earlier fdatasync failed".to_owned())
+            } else {
+                let outcome = segment
+                    .file
+                    .sync_data()
+                    .map_err(|e| format!("fdatasync {}: {e}", segment.path.display()));
+                if outcome.is_err() {
+                    self.poisoned.store(true, Ordering::Release);
+                }
+                outcome
+            }
+        };
         let took = started.elapsed();
 
         // Publish only AFTER the sync returned.
         let mut book = self.book.lock();
-        let finished = book.finish(target, outcome.clone(), owner);
+        let failed = outcome.is_err();
+        let finished = book.finish(target, outcome, owner);
+        let outcome = finished.outcome.clone();
         match &outcome {
             Ok(()) => {
                 self.metrics.barrier(finished.covered, took);
                 self.durable.store(book.durable(), Ordering::Release);
             }
-            Err(msg) => {
+            Err(msg) if failed => {
                 tracing::error!(error = %msg, "barrier failed; write-ahead log poisoned");
-                self.poisoned.store(true, Ordering::Release);
             }
+            Err(_) => {}
         }
         let more = book.has_work();
         drop(book);
