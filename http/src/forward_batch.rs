@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use crate::auth::Token;
 use crate::error::{ApiError, ForwardTo};
 use crate::leader_exchange::LeaderLink;
+use crate::request::validate_command;
 
 /// The leader's route for batches of forwarded commands.
 pub const PATH_FORWARD_BATCH: &str = "/raft/forward-commands";
@@ -78,6 +79,18 @@ impl Refusal {
             ApiError::Invalid { message, .. } => Refusal::Invalid(message),
             ApiError::NotFound(m) => Refusal::NotFound(m),
             other => Refusal::Internal(other.to_string()),
+        }
+    }
+}
+
+impl Refusal {
+    /// The refusal of a command that fails the request checks.
+    fn invalid(e: ApiError) -> Refusal {
+        match e {
+            ApiError::Invalid { message, .. } | ApiError::TooLarge { message, .. } => {
+                Refusal::Invalid(message)
+            }
+            other => Refusal::Invalid(other.to_string()),
         }
     }
 }
@@ -270,11 +283,12 @@ pub async fn serve(node: MetaNode, body: Bytes) -> Response {
                 .into_response()
         }
     };
-    let answers: Vec<Answer> = futures::future::join_all(
-        commands
-            .into_iter()
-            .map(|c| async { node.write(c).await.map_err(Refusal::of) }),
-    )
+    let answers: Vec<Answer> = futures::future::join_all(commands.into_iter().map(|c| async {
+        if let Err(e) = validate_command(&c) {
+            return Err(Refusal::invalid(e));
+        }
+        node.write(c).await.map_err(Refusal::of)
+    }))
     .await;
     match codec::encode(&answers) {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),

@@ -9,8 +9,9 @@ pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
 /// Longest key-value key (and listing prefix), in bytes of UTF-8.
 pub const MAX_KEY_BYTES: usize = 1024;
 
-/// Longest pagination cursor accepted, in bytes.
-pub const MAX_CURSOR_BYTES: usize = 512;
+/// Longest pagination cursor accepted, in bytes: a cursor is a stored key in hex (a one-byte
+/// space tag, then the key), so the longest key's cursor must fit.
+pub const MAX_CURSOR_BYTES: usize = 2 * (1 + MAX_KEY_BYTES);
 
 /// Longest datanode or member address, in bytes.
 pub const MAX_ADDR_BYTES: usize = 255;

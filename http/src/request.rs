@@ -12,6 +12,8 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use meta_consensus::Command;
+
 use crate::error::ApiError;
 use crate::limits::{
     DEFAULT_PAGE_LIMIT, MAX_ADDR_BYTES, MAX_CURSOR_BYTES, MAX_KEY_BYTES, MAX_PAGE_LIMIT,
@@ -364,31 +366,54 @@ impl RegisterDatanodeBody {
 impl RegisterShardsBody {
     /// Checks the batch: 1 to 10,000 shards (413 `batch_too_large` above), no shard twice.
     pub fn validate(&self) -> Result<(), ApiError> {
-        if self.shards.is_empty() {
+        validate_shard_ids(self.shards.iter().map(|s| s.id), self.shards.len())
+    }
+}
+
+/// Checks the `n` shard ids of a batch: 1 to 10,000 (413 `batch_too_large` above), none twice.
+fn validate_shard_ids(ids: impl Iterator<Item = u64>, n: usize) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(ApiError::invalid(
+            "empty_batch",
+            "a batch must carry at least one shard",
+        ));
+    }
+    if n > MAX_SHARDS_PER_BATCH {
+        return Err(ApiError::too_large(
+            "batch_too_large",
+            format!("a batch carries at most {MAX_SHARDS_PER_BATCH} shards, this one {n}"),
+        ));
+    }
+    let mut seen = HashSet::with_capacity(n);
+    for id in ids {
+        if !seen.insert(id) {
             return Err(ApiError::invalid(
-                "empty_batch",
-                "a batch must carry at least one shard",
+                "duplicate_shard",
+                format!("shard {id} appears more than once in the batch"),
             ));
         }
-        if self.shards.len() > MAX_SHARDS_PER_BATCH {
-            return Err(ApiError::too_large(
-                "batch_too_large",
-                format!(
-                    "a batch carries at most {MAX_SHARDS_PER_BATCH} shards, this one {}",
-                    self.shards.len()
-                ),
-            ));
+    }
+    Ok(())
+}
+
+/// Checks a command as the request that carries it was checked. A member that forwards a write
+/// has checked it already; the leader checks it again, since `/raft/forward-commands` is an
+/// endpoint anyone holding the token (or anyone, without one) can call.
+pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
+    match cmd {
+        Command::RegisterDatanode { addr, .. } => validate_addr(addr),
+        Command::RegisterShards { shards, .. } => {
+            validate_shard_ids(shards.iter().map(|s| s.id), shards.len())
         }
-        let mut seen = HashSet::with_capacity(self.shards.len());
-        for shard in &self.shards {
-            if !seen.insert(shard.id) {
-                return Err(ApiError::invalid(
-                    "duplicate_shard",
-                    format!("shard {} appears more than once in the batch", shard.id),
-                ));
-            }
+        Command::DeregisterShards { shards, .. } => {
+            validate_shard_ids(shards.iter().copied(), shards.len())
         }
-        Ok(())
+        Command::RemoveDatanode { .. } => Ok(()),
+        Command::Put { key, value, .. } => {
+            validate_new_key(key)?;
+            validate_value(value)
+        }
+        Command::Delete { key, .. } => validate_key(key),
     }
 }
 

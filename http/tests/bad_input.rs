@@ -628,7 +628,7 @@ fn matrix(epoch: u64) -> Vec<Case> {
         case(
             "cursor too long",
             M::GET,
-            format!("/v1/shards?after={}", "0".repeat(600)),
+            format!("/v1/shards?after={}", "0".repeat(2100)),
             "",
             400,
             "invalid_cursor",
@@ -797,4 +797,68 @@ async fn bad_input_is_refused_and_changes_nothing() {
     // And the node still serves.
     let a = call(&t.app, Method::GET, "/v1/shards/1", "", &[AUTH]).await;
     assert_eq!(a.status, StatusCode::OK);
+}
+
+/// The leader checks forwarded commands as the requests that carry them are checked: a caller
+/// of `/raft/forward-commands` cannot store what the admin API refuses.
+#[tokio::test]
+async fn forwarded_commands_are_checked_by_the_leader() {
+    use meta_consensus::{codec, Command, ShardReport};
+    use meta_http::forward_batch::{Answer, Refusal, PATH_FORWARD_BATCH};
+
+    let (t, epoch) = populated().await;
+    let before = t.digest().await;
+    let shard = |id| ShardReport {
+        id,
+        generation: 1,
+        size: 1,
+    };
+    let put = |key: &str, value: Vec<u8>| Command::Put {
+        key: key.into(),
+        value,
+        if_revision: None,
+    };
+    let bad = vec![
+        put("a/../b", b"x".to_vec()),
+        put("ctl\n", b"x".to_vec()),
+        put("", b"x".to_vec()),
+        put("big", vec![0; 1024 * 1024 + 1]),
+        Command::Delete {
+            key: "ctl\u{0}".into(),
+            if_revision: None,
+        },
+        Command::RegisterDatanode {
+            id: 8,
+            addr: "a b c".into(),
+        },
+        Command::RegisterShards {
+            datanode: 7,
+            epoch,
+            shards: vec![shard(5), shard(5)],
+        },
+        Command::RegisterShards {
+            datanode: 7,
+            epoch,
+            shards: vec![],
+        },
+    ];
+    let n = bad.len();
+    let a = call(
+        &t.app,
+        Method::POST,
+        PATH_FORWARD_BATCH,
+        Body::from(codec::encode(&bad).unwrap()),
+        &[AUTH],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let answers: Vec<Answer> = codec::decode(&a.body).unwrap();
+    assert_eq!(answers.len(), n);
+    for (cmd, answer) in bad.iter().zip(&answers) {
+        assert!(
+            matches!(answer, Err(Refusal::Invalid(_))),
+            "{cmd} answered {answer:?}"
+        );
+    }
+    assert_eq!(t.digest().await, before, "the registry changed");
 }

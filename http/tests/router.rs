@@ -177,6 +177,12 @@ async fn datanodes_and_shards() {
         .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
+    // A replica of a datanode that is not registered: 404 too.
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7/shards/1", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+    assert_eq!(a.error_code(), "not_found");
     assert_eq!(t.get("/v1/shards/1").await.status, StatusCode::NOT_FOUND);
     assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
 }
@@ -311,6 +317,24 @@ async fn key_value() {
         .await
         .json();
     assert_eq!(v["keys"][0]["key"], "config/replication");
+
+    // Listings page past the longest keys: their cursors are accepted back.
+    let long: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|c| format!("long/{}", c.repeat(1019)))
+        .collect();
+    for key in &long {
+        let a = t.send(Method::PUT, &format!("/v1/kv/{key}"), "x").await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let v = t.get("/v1/kv?prefix=long/&limit=1").await.json();
+    assert_eq!(v["keys"][0]["key"], long[0].as_str());
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let a = t
+        .get(&format!("/v1/kv?prefix=long/&limit=1&after={next}"))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["keys"][0]["key"], long[1].as_str());
 
     // Delete with a wrong revision, then right; then it is gone.
     let a = t

@@ -166,6 +166,7 @@ pub async fn deregister_shard(
             removed,
             index: written.index,
         })),
+        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
         other => Err(unexpected(other)),
     }
 }
