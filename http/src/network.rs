@@ -293,6 +293,14 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         Box::pin(async move {
+            // openraft waits out its backoff when the request stream yields a request, so the
+            // first one is taken before connecting: otherwise a peer that refuses connections
+            // would be retried at once, in a loop, with a warning each time.
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(futures::stream::empty().boxed());
+            };
+            let input = futures::stream::iter([first]).chain(input);
             let outstanding = Arc::new(Outstanding::default());
             let body = requests(input, outstanding.clone(), APPEND_WINDOW);
             let timed_out = {
@@ -331,9 +339,13 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 if !status.is_success() {
                     let body = response.bytes().await.unwrap_or_default();
                     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-                    return Err(RPCError::Network(NetworkError::from_string(format!(
-                        "node {target} answered {status}: {text}"
-                    ))));
+                    let message = format!("node {target} answered {status}: {text}");
+                    // A peer that refuses the exchange (a token mismatch, not a member's
+                    // address) will refuse it again: back off at once.
+                    if status.is_client_error() {
+                        return Err(RPCError::Unreachable(Unreachable::from_string(message)));
+                    }
+                    return Err(RPCError::Network(NetworkError::from_string(message)));
                 }
                 let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES).boxed();
                 Ok(frames)

@@ -468,3 +468,53 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
         }
     }
 }
+
+/// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
+/// leader whose learner's address accepts connections and drops them at once makes at most a
+/// few attempts a second (heartbeats and replication together), where without the backoff it
+/// made thousands (and logged a warning for each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_is_retried_with_backoff() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start(1, &dir).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let dropper = tokio::spawn(async move {
+        while let Ok((socket, _)) = dead.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            drop(socket);
+        }
+    });
+    leader
+        .node
+        .add_learner(2, Node::new(dead_addr))
+        .await
+        .unwrap();
+
+    // Count attempts until there are 40: with the backoff (20 ms doubling to 500 ms) and
+    // heartbeats every 50 ms that takes well over a second; without it, milliseconds.
+    let started = Instant::now();
+    wait_for(
+        || attempts.load(Ordering::Relaxed) >= 40,
+        "40 attempts to reach the peer",
+    )
+    .await;
+    let took = started.elapsed();
+    dropper.abort();
+    assert!(
+        took >= Duration::from_millis(1000),
+        "40 attempts in {took:?}: the peer is retried without backoff"
+    );
+}
