@@ -1,10 +1,11 @@
-//! Recovery on open: a torn or garbage tail is cut; corruption in the middle of the log is an
-//! error naming the file and offset, and opening then changes nothing.
+//! Recovery on open: a torn or garbage tail is cut, and so are valid records after a sector that
+//! never reached the disk; corruption in the middle of the log is an error naming the file and
+//! offset, and opening then changes nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use meta_store::fs::{FaultyFileSystem, FileSystem};
+use meta_store::fs::{CrashPoint, FaultyFileSystem, FileSystem};
 use meta_store::{Error, Wal, WalOptions};
 
 fn opts(preallocate: bool, segment_bytes: u64) -> WalOptions {
@@ -203,4 +204,92 @@ fn a_damaged_byte_found_on_read_is_an_error() {
     fs.damage(&seg, 24 + 17, b"J").unwrap();
     assert!(matches!(wal.read(1), Err(Error::Corrupt { .. })));
     assert!(matches!(wal.read_range(..), Err(Error::Corrupt { .. })));
+}
+
+/// Record "a" synced, then a 5000-byte record b and a small record c written but not synced, and
+/// a power loss that persists b and c. Returns the segment and the offsets of b and c.
+fn synced_a_then_unsynced_b_c(fs: &FaultyFileSystem, o: &WalOptions) -> (PathBuf, u64, u64) {
+    let dir = Path::new("/log");
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, o.clone()).unwrap();
+    wal.append(b"a").unwrap();
+    wal.sync(1).unwrap();
+    assert_eq!(wal.append(&[b'b'; 5000]).unwrap(), 2);
+    assert_eq!(wal.append(b"c").unwrap(), 3);
+    fs.crash(CrashPoint {
+        persist_ops: fs.unsynced_ops(),
+        torn_bytes: 0,
+    });
+    drop(wal);
+    let seg = dir.join(format!("{:020}.wal", 1));
+    let (a_end, c_at) = (24 + 17 + 1, 24 + 17 + 1 + 17 + 5000);
+    let bytes = fs.contents(&seg).unwrap();
+    assert_eq!(&bytes[c_at as usize + 17..c_at as usize + 18], b"c");
+    (seg, a_end, c_at)
+}
+
+#[test]
+fn valid_records_after_a_lost_earlier_sector_are_a_torn_tail() {
+    let fs = FaultyFileSystem::new();
+    let dir = Path::new("/log");
+    let o = opts(true, 1 << 20);
+    let (seg, a_end, _) = synced_a_then_unsynced_b_c(&fs, &o);
+    // Page 0's newest writeback never landed: on disk it is as last synced, header and record a,
+    // then zeros; b's later sectors and c did land.
+    fs.damage(&seg, a_end, &vec![0u8; 4096 - a_end as usize])
+        .unwrap();
+
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, o.clone()).unwrap();
+    assert_eq!(wal.last_lsn(), 1);
+    assert_eq!(payloads(&wal), ["a"]);
+    // Cut physically: only the preallocated zeros follow record a.
+    let bytes = fs.contents(&seg).unwrap();
+    assert!(bytes[a_end as usize..].iter().all(|&b| b == 0));
+    assert_eq!(wal.append(b"d").unwrap(), 2);
+    wal.sync(2).unwrap();
+    assert_eq!(wal.append(b"e").unwrap(), 3);
+    fs.crash(CrashPoint::default());
+    drop(wal);
+    let wal = Wal::open_with(Arc::new(fs.clone()), dir, o).unwrap();
+    assert_eq!(payloads(&wal), ["a", "d"]);
+}
+
+fn assert_refused_as_not_torn(fs: &FaultyFileSystem, o: &WalOptions, seg: &Path, at: u64) {
+    let before = fs.contents(seg).unwrap();
+    let result = Wal::open_with(Arc::new(fs.clone()), Path::new("/log"), o.clone());
+    if let Err(Error::Corrupt { reason, .. }) = &result {
+        assert!(reason.contains("not a torn write"), "{reason}");
+    }
+    assert_corrupt_at(result, seg, at);
+    assert_eq!(
+        fs.contents(seg).unwrap(),
+        before,
+        "a failed open changes nothing"
+    );
+}
+
+#[test]
+fn garbage_before_valid_records_is_refused() {
+    let fs = FaultyFileSystem::new();
+    let o = opts(true, 1 << 20);
+    let (seg, a_end, _) = synced_a_then_unsynced_b_c(&fs, &o);
+    // The same layout, but b's first sectors hold non-zero garbage: damage, not a lost write.
+    fs.damage(&seg, a_end, &vec![0xA5; 4096 - a_end as usize])
+        .unwrap();
+    assert_refused_as_not_torn(&fs, &o, &seg, a_end);
+}
+
+#[test]
+fn zeros_only_in_the_sector_of_the_next_valid_record_are_refused() {
+    let fs = FaultyFileSystem::new();
+    let o = opts(true, 1 << 20);
+    let (seg, a_end, c_at) = synced_a_then_unsynced_b_c(&fs, &o);
+    // Garbage up to the sector that holds c's start, zeros from there to c: that sector landed
+    // (it holds c), so its zeros say nothing about a lost write.
+    let c_sector = c_at / 512 * 512;
+    assert!(c_sector > a_end && c_sector < c_at);
+    fs.damage(&seg, a_end, &vec![0xA5; (c_sector - a_end) as usize])
+        .unwrap();
+    fs.damage(&seg, c_sector, &vec![0; (c_at - c_sector) as usize])
+        .unwrap();
+    assert_refused_as_not_torn(&fs, &o, &seg, a_end);
 }

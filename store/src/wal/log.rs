@@ -99,10 +99,11 @@ impl Wal {
     /// Opens (creating if needed) the log in `dir` through `fs`, recovering it first.
     ///
     /// Contract: on return every record is verified; a torn or corrupt tail of the newest segment
-    /// has been cut off physically; everything recovered is durable (`durable_lsn() ==
-    /// last_lsn()`); and no segment whose records are all purged is left. A corrupt record followed
-    /// by valid ones, or missing records, fail with [`Error::Corrupt`] naming the file and offset,
-    /// and nothing is changed.
+    /// has been cut off physically, including valid records after a torn write (a zero sector
+    /// before them shows that their sync never completed); everything recovered is durable
+    /// (`durable_lsn() == last_lsn()`); and no segment whose records are all purged is left. Any
+    /// other invalid record followed by valid ones, or missing records, fail with
+    /// [`Error::Corrupt`] naming the file and offset, and nothing is changed.
     pub fn open_with(
         fs: Arc<dyn FileSystem>,
         dir: impl AsRef<Path>,

@@ -1,7 +1,11 @@
-//! Recovery on open: scans every segment, verifies every record, cuts a torn or corrupt tail off
-//! the newest segment (the only physical truncate, done before any writer starts), and refuses to
-//! open a log with a corrupt record followed by valid ones, naming the file and offset.
+//! Recovery on open: scans every segment, verifies every record, and cuts a torn or corrupt tail off
+//! the newest segment (the only physical truncate, done before any writer starts). An invalid
+//! record followed by valid ones is a torn write, and cut too, only in the newest segment and only
+//! if a whole sector before the next valid record reads as zeros (see `lost_sector`); otherwise,
+//! and in any older segment, it is corruption and the log refuses to open, naming the file and
+//! offset.
 
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -204,18 +208,31 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
         if !is_last {
             return Err(corrupt(path, pos as u64, "invalid record"));
         }
-        if record::find_valid(bytes, pos + 1, first, next).is_some() {
-            return Err(corrupt(
-                path,
-                pos as u64,
-                "invalid record followed by valid records",
-            ));
+        if let Some(valid) = record::find_valid(bytes, pos + 1, first, next) {
+            if !lost_sector(bytes, pos, valid) {
+                return Err(corrupt(
+                    path,
+                    pos as u64,
+                    "invalid record followed by valid records (not a torn write: the bytes are not \
+                     zeros)",
+                ));
+            }
+            let (count, lsns) = valid_records(bytes, valid, first, next);
+            tracing::warn!(
+                path = %path.display(),
+                offset = pos,
+                dropped_records = count,
+                dropped_lsns = %format!("{}..={}", lsns.start(), lsns.end()),
+                "cutting a torn write off the log: a sector before the valid-looking records after \
+                 it never reached the disk, so they were never acknowledged"
+            );
+        } else {
+            tracing::warn!(
+                path = %path.display(),
+                offset = pos,
+                "cutting a torn or corrupt tail off the log"
+            );
         }
-        tracing::warn!(
-            path = %path.display(),
-            offset = pos,
-            "cutting a torn or corrupt tail off the log"
-        );
         let file = &segment.file;
         file.set_len(pos as u64)
             .map_err(|e| Error::io("cut torn tail", path, e))?;
@@ -231,4 +248,74 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
         end: pos as u64,
         next,
     })
+}
+
+/// The smallest unit a disk writes: a crash may persist some sectors of a write and not others.
+const SECTOR: usize = 512;
+
+/// Whether the invalid bytes from `pos` up to the next valid record at `valid` are a write torn by
+/// a crash: some sector that overlaps them and does not hold the start of that record reads as
+/// zeros over its part of them (in the sector of `pos`, the bytes before `pos` belong to the last
+/// valid record). A segment is preallocated with zeros and only ever appended to, so a sector whose
+/// newest write never landed reads as zeros past the durable end. The records after such a sector
+/// were written by a sync that never completed (a completed fdatasync covers every byte before
+/// them), so none was acknowledged and cutting at `pos` loses nothing acknowledged. Damage to
+/// synced bytes (flipped bits) leaves non-zero garbage and is refused.
+fn lost_sector(bytes: &[u8], pos: usize, valid: usize) -> bool {
+    (pos / SECTOR..valid / SECTOR).any(|k| {
+        let from = (k * SECTOR).max(pos);
+        bytes[from..(k + 1) * SECTOR].iter().all(|&b| b == 0)
+    })
+}
+
+/// How many valid-looking records start at or after `from`, and their LSN range.
+fn valid_records(
+    bytes: &[u8],
+    from: usize,
+    first: Lsn,
+    min_lsn: Lsn,
+) -> (usize, RangeInclusive<Lsn>) {
+    let (mut count, mut low, mut high) = (0, Lsn::MAX, 0);
+    let mut at = from;
+    while let Some(found) = record::find_valid(bytes, at, first, min_lsn) {
+        let meta = record::decode(bytes, found, first, min_lsn).expect("find_valid checked it");
+        count += 1;
+        low = low.min(meta.lsn);
+        high = high.max(meta.lsn);
+        at = found + meta.size() as usize;
+    }
+    (count, low..=high)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_sector_needs_a_zero_sector_before_the_next_record() {
+        let mut bytes = vec![0xA5; 4 * SECTOR];
+        // Zeros from `pos` to the end of its sector: only the bytes from `pos` on count.
+        bytes[100..SECTOR].fill(0);
+        assert!(lost_sector(&bytes, 100, 3 * SECTOR));
+        assert!(!lost_sector(&bytes, 99, 3 * SECTOR));
+        // A zero sector in the middle counts; one that holds the next record's start does not.
+        let mut bytes = vec![0xA5; 4 * SECTOR];
+        bytes[2 * SECTOR..3 * SECTOR].fill(0);
+        assert!(lost_sector(&bytes, 100, 3 * SECTOR));
+        assert!(!lost_sector(&bytes, 100, 3 * SECTOR - 1));
+        assert!(!lost_sector(&bytes, 100, 2 * SECTOR + 10));
+        // A sector with one non-zero byte is not lost.
+        bytes[3 * SECTOR - 1] = 1;
+        assert!(!lost_sector(&bytes, 100, 3 * SECTOR));
+    }
+
+    #[test]
+    fn valid_records_counts_what_a_cut_drops() {
+        let mut bytes = vec![0xA5; 40];
+        record::encode(&mut bytes, 7, 12, record::Kind::Data, b"x");
+        bytes.extend([0; 30]);
+        record::encode(&mut bytes, 7, 13, record::Kind::Data, b"y");
+        assert_eq!(valid_records(&bytes, 0, 7, 10), (2, 12..=13));
+        assert_eq!(valid_records(&bytes, 0, 7, 13), (1, 13..=13));
+    }
 }
