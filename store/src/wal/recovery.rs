@@ -278,7 +278,9 @@ fn valid_records(
     let (mut count, mut low, mut high) = (0, Lsn::MAX, 0);
     let mut at = from;
     while let Some(found) = record::find_valid(bytes, at, first, min_lsn) {
-        let meta = record::decode(bytes, found, first, min_lsn).expect("find_valid checked it");
+        let Some(meta) = record::decode(bytes, found, first, min_lsn) else {
+            break;
+        };
         count += 1;
         low = low.min(meta.lsn);
         high = high.max(meta.lsn);
