@@ -148,9 +148,10 @@ impl NodeConfig {
             max_in_snapshot_log_to_keep: self.max_in_snapshot_log_to_keep,
             purge_batch_size: 1,
             backoff: "20ms 40ms ...500ms".into(),
-            // A follower whose torn WAL tail was cut at restart comes back with a shorter log
-            // than the leader recorded as matched; that is a legitimate recovery, not a bug, so
-            // the leader re-replicates instead of panicking.
+            // A follower that lost entries it acknowledged (a damaged log cut at recovery, a
+            // lost disk) comes back with a shorter log than the leader recorded as matched; the
+            // rest of the quorum still holds them, so the leader re-replicates instead of
+            // panicking (see ARCHITECTURE.md, Decisions).
             allow_log_reversion: Some(true),
             ..Default::default()
         };

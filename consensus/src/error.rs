@@ -28,6 +28,10 @@ pub enum Error {
     AlreadyInitialized,
     #[error("not found: {0}")]
     NotFound(String),
+    /// The request conflicts with the cluster's state (a membership change under way, a
+    /// learner not caught up); nothing changed.
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// Bad input (a bad cursor, an empty key, a bad membership); nothing changed.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

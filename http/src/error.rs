@@ -187,6 +187,7 @@ impl From<meta_consensus::Error> for ApiError {
             E::AlreadyInitialized => ApiError::AlreadyInitialized,
             E::NotFound(m) => ApiError::NotFound(m),
             E::InvalidArgument(m) => ApiError::invalid("invalid_argument", m),
+            E::Conflict(m) => ApiError::Conflict(m),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())

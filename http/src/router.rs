@@ -50,6 +50,10 @@ fn admin_routes() -> Router<AppState> {
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/learners", post(cluster::add_learner))
+        .route(
+            "/v1/cluster/learners/{id}",
+            axum::routing::delete(cluster::remove_learner),
+        )
         .route("/v1/cluster/voters", put(cluster::change_voters))
         .route(
             "/v1/cluster/snapshot",

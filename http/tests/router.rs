@@ -419,6 +419,42 @@ async fn cluster_membership_and_config() {
         .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
     assert_eq!(t.get("/v1/cluster").await.json()["voters"], json!([1]));
+    // So is promoting the unreachable learner: it would leave the cluster without a quorum.
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1,4]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "conflict");
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
+    let a = t.send(Method::PUT, "/v1/kv/still-writable", "x").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    // A learner again at its address is a no-op; at another address, or a voter, a conflict.
+    for (body, status) in [
+        (r#"{"id":4,"addr":"127.0.0.1:9"}"#, StatusCode::OK),
+        (r#"{"id":4,"addr":"127.0.0.1:10"}"#, StatusCode::CONFLICT),
+        (r#"{"id":1,"addr":"127.0.0.1:11"}"#, StatusCode::CONFLICT),
+    ] {
+        let a = t.send(Method::POST, "/v1/cluster/learners", body).await;
+        assert_eq!(a.status, status, "{body}: {a:?}");
+    }
+    // Learners can be removed; voters and strangers cannot.
+    for (id, status) in [
+        (1, StatusCode::CONFLICT),
+        (4, StatusCode::OK),
+        (4, StatusCode::NOT_FOUND),
+    ] {
+        let a = t
+            .send(
+                Method::DELETE,
+                &format!("/v1/cluster/learners/{id}"),
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(a.status, status, "remove {id}: {a:?}");
+    }
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([])));
 
     let a = t.get("/v1/config").await;
     assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":0}));

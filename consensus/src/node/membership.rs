@@ -1,10 +1,13 @@
-//! Cluster membership: initializing a cluster once, adding learners, changing voters.
+//! Cluster membership: initializing a cluster once, adding and removing learners, changing
+//! voters. The leader refuses a change that could leave the cluster without a quorum: a node
+//! becomes a voter only as a learner that is reachable and caught up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, RaftError};
-use openraft::ChangeMembers;
+use openraft::{ChangeMembers, ServerState};
 
 use super::{blocking, sync_dir, MetaNode, INITIALIZED};
 use crate::error::{Error, Result};
@@ -62,12 +65,28 @@ impl MetaNode {
         .await
     }
 
-    /// Adds (or re-adds) a learner and starts replicating to it; returns once the membership
-    /// change is committed, without waiting for the learner to catch up.
+    /// Adds a learner and starts replicating to it; returns once the membership change is
+    /// committed, without waiting for the learner to catch up. Adding a learner again at the
+    /// same address changes nothing; [`Error::Conflict`] if `id` is a voter, or a learner at
+    /// another address (remove it first).
     pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
         self.check_open()?;
         if node.addr.is_empty() {
             return Err(Error::InvalidArgument("learner address is empty".into()));
+        }
+        if let Some(m) = self.leader_view() {
+            let membership = m.membership_config.membership();
+            if membership.voter_ids().any(|v| v == id) {
+                return Err(Error::Conflict(format!("node {id} is a voter already")));
+            }
+            if let Some(known) = membership.get_node(&id) {
+                if known.addr != node.addr {
+                    return Err(Error::Conflict(format!(
+                        "learner {id} is at {}; remove it before adding it at {}",
+                        known.addr, node.addr
+                    )));
+                }
+            }
         }
         let raft = &self.inner.raft;
         self.leader_call(|| raft.add_learner(id, node.clone(), false))
@@ -75,8 +94,33 @@ impl MetaNode {
             .map(|_| ())
     }
 
-    /// Makes `voters` the voting members (each must already be a member or learner); removed
-    /// voters leave the cluster.
+    /// Removes learner `id` from the cluster (replication to it stops). [`Error::NotFound`] if
+    /// it is not a learner, [`Error::Conflict`] if it is a voter (change the voters first).
+    pub async fn remove_learner(&self, id: NodeId) -> Result<()> {
+        self.check_open()?;
+        if let Some(m) = self.leader_view() {
+            let membership = m.membership_config.membership();
+            if membership.voter_ids().any(|v| v == id) {
+                return Err(Error::Conflict(format!(
+                    "node {id} is a voter: change the voters first"
+                )));
+            }
+            if !membership.learner_ids().any(|l| l == id) {
+                return Err(Error::NotFound(format!("node {id} is not a learner")));
+            }
+        }
+        let raft = &self.inner.raft;
+        self.leader_call(|| {
+            raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
+    /// be a learner that acknowledged the leader within the lease and whose log is at most
+    /// [`MAX_PROMOTION_LAG`] entries behind the leader's, else [`Error::Conflict`] and nothing
+    /// changes: a voter that cannot keep up could leave the cluster without a quorum.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
         self.check_open()?;
         if voters.is_empty() {
@@ -84,11 +128,72 @@ impl MetaNode {
                 "the voter set cannot be empty".into(),
             ));
         }
+        if let Some(m) = self.leader_view() {
+            self.check_promotable(&m, &voters)?;
+        }
         let raft = &self.inner.raft;
         self.leader_call(|| {
             raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false)
         })
         .await
         .map(|_| ())
+    }
+}
+
+/// How many entries behind the leader's last log index a learner may be when it becomes a voter.
+pub const MAX_PROMOTION_LAG: u64 = 1000;
+
+impl MetaNode {
+    /// This node's Raft metrics if it leads, else `None`: only the leader's view of the
+    /// membership and of its followers is current. Elsewhere the change is refused with
+    /// [`Error::ForwardToLeader`] and checked by the leader.
+    fn leader_view(&self) -> Option<openraft::RaftMetrics<crate::types::TypeConfig>> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        (m.state == ServerState::Leader).then_some(m)
+    }
+
+    /// Checks that every node `voters` adds is a learner the leader heard from within the lease
+    /// and whose log is caught up to within [`MAX_PROMOTION_LAG`] entries.
+    fn check_promotable(
+        &self,
+        m: &openraft::RaftMetrics<crate::types::TypeConfig>,
+        voters: &BTreeSet<NodeId>,
+    ) -> Result<()> {
+        let membership = m.membership_config.membership();
+        let last = m.last_log_index.unwrap_or(0);
+        for &id in voters {
+            if membership.voter_ids().any(|v| v == id) {
+                continue;
+            }
+            if !membership.learner_ids().any(|l| l == id) {
+                return Err(Error::InvalidArgument(format!(
+                    "node {id} is neither a voter nor a learner: add it as a learner first"
+                )));
+            }
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&id).cloned().flatten())
+                .map(|l| l.index);
+            let heard = m
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(&id).cloned().flatten())
+                .map(|t| openraft::Instant::elapsed(&*t));
+            let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
+            let reachable = heard.is_some_and(|d| d < self.lease());
+            if !(caught_up && reachable) {
+                let heard =
+                    heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis()));
+                let has = matched.map_or("none".to_owned(), |i| i.to_string());
+                return Err(Error::Conflict(format!(
+                    "learner {id} cannot become a voter yet: it has the log up to index {has} of \
+                     the leader's {last} and was last heard from {heard}; a voter that cannot \
+                     keep up could leave the cluster without a quorum (wait until it catches up, \
+                     or check that it runs and is reachable)"
+                )));
+            }
+        }
+        Ok(())
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::error::{ChangeMembershipError, ClientWriteError, ForwardToLeader, RaftError};
 
 use super::validation::validate;
 use super::MetaNode;
@@ -86,9 +86,16 @@ impl MetaNode {
                     f.leader_id
                 ))
             }
-            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-                Error::InvalidArgument(e.to_string())
-            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => match e {
+                ChangeMembershipError::InProgress(_) => Error::Conflict(
+                    "a membership change is under way; retry once it has completed".into(),
+                ),
+                ChangeMembershipError::LearnerNotFound(l) => Error::InvalidArgument(format!(
+                    "node {} is neither a voter nor a learner: add it as a learner first",
+                    l.node_id
+                )),
+                other => Error::InvalidArgument(other.to_string()),
+            },
             RaftError::APIError(other) => Error::Raft(other.to_string()),
             RaftError::Fatal(f) => self.fatal(f),
         }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use meta_consensus::{ClusterStatus, Node, Role};
 
 use crate::error::ApiError;
-use crate::extract::Json;
+use crate::extract::{Json, Path};
 use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
 use crate::state::AppState;
@@ -107,7 +107,18 @@ pub async fn add_learner(
     Ok(axum::Json(membership(&state)))
 }
 
-/// `PUT /v1/cluster/voters` `{"voters":[..]}`: each must be a member or learner already.
+/// `DELETE /v1/cluster/learners/{id}`: removes a learner (409 for a voter, 404 for neither);
+/// returns once the change is committed.
+pub async fn remove_learner(
+    State(state): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    state.node.remove_learner(id).await?;
+    Ok(axum::Json(membership(&state)))
+}
+
+/// `PUT /v1/cluster/voters` `{"voters":[..]}`: each new voter must be a learner that is
+/// reachable and caught up (409 otherwise); voters left out leave the cluster.
 pub async fn change_voters(
     State(state): State<AppState>,
     Json(body): Json<ChangeVotersBody>,
