@@ -59,6 +59,9 @@ pub enum ApiError {
     /// A membership change conflicts with the cluster's state (409).
     #[error("{0}")]
     Conflict(String),
+    /// The request body did not arrive in time (408; the connection is closed).
+    #[error("{0}")]
+    BodyTimeout(String),
     /// The body, batch or value is larger than allowed (413).
     #[error("{message}")]
     TooLarge {
@@ -132,6 +135,7 @@ impl ApiError {
             | ApiError::AlreadyInitialized
             | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoLeader(_)
             | ApiError::Unavailable(_)
             | ApiError::Overloaded(_)
@@ -152,6 +156,7 @@ impl ApiError {
             ApiError::RevisionMismatch { .. } => "revision_mismatch",
             ApiError::AlreadyInitialized => "already_initialized",
             ApiError::Conflict(_) => "conflict",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Overloaded(_) => "overloaded",
@@ -277,6 +282,12 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert("x-revision", HeaderValue::from(current));
             }
+            ApiError::BodyTimeout(_) => {
+                // The rest of the body may still come: the connection cannot be reused.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             _ => {}
         }
         response
@@ -308,6 +319,8 @@ mod tests {
                 "fenced",
             ),
             (ApiError::AlreadyInitialized, 409, "already_initialized"),
+            (ApiError::Conflict("x".into()), 409, "conflict"),
+            (ApiError::BodyTimeout("x".into()), 408, "body_timeout"),
             (
                 ApiError::too_large("batch_too_large", "x"),
                 413,

@@ -160,9 +160,26 @@ pub async fn forward_to_leader(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return body_error(axum::http::StatusCode::PAYLOAD_TOO_LARGE, String::new())
+            .into_response();
+    }
+    let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
+    let body = match tokio::time::timeout(state.body_timeout, read).await {
+        Err(_) => {
+            return ApiError::BodyTimeout(format!(
+                "the request body did not arrive within {} s",
+                state.body_timeout.as_secs_f64()
+            ))
+            .into_response()
+        }
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             let status = if too_large {

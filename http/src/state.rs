@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::FromRef;
 use meta_consensus::{ClusterStatus, Consistency, MetaNode};
@@ -30,7 +31,13 @@ pub struct AppState {
     pub token: Token,
     /// Whether this node has caught up since it started.
     pub readiness: Arc<Readiness>,
+    /// How long an admin request's body may take to arrive (default [`BODY_TIMEOUT`]).
+    pub body_timeout: Duration,
 }
+
+/// How long an admin request's body (at most 2 MiB) may take to arrive: a client that stalls
+/// part way is answered 408 rather than holding a connection slot until it goes away.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl AppState {
     /// State for serving `node`; the node's figures are added to the metrics registry.
@@ -50,7 +57,14 @@ impl AppState {
             metrics,
             token,
             readiness,
+            body_timeout: BODY_TIMEOUT,
         }
+    }
+
+    /// How long an admin request's body may take to arrive (default [`BODY_TIMEOUT`]).
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
     }
 
     /// Whether a follower answers linearizable and lease reads itself, with the leader's read

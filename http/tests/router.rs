@@ -754,3 +754,55 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         node.shutdown().await.unwrap();
     }
 }
+
+/// A body that stalls part way is answered 408 once the body timeout passes, and the
+/// connection is not kept; a declared length over the limit is refused before any byte is
+/// read. Neither changes anything.
+#[tokio::test]
+async fn stalled_and_oversized_bodies_are_refused() {
+    use futures::StreamExt as _;
+
+    let t = leader_node(None).await;
+    let app = meta_http::router(
+        AppState::new(t.node.clone(), Token::new(None))
+            .with_body_timeout(Duration::from_millis(300)),
+    );
+    let stalled = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+        b"{\"addr\"",
+    ))])
+    .chain(futures::stream::pending());
+    let a = tokio::time::timeout(
+        Duration::from_secs(20),
+        call(
+            &app,
+            Method::PUT,
+            "/v1/datanodes/7",
+            Body::from_stream(stalled),
+            &[("content-length", "100")],
+        ),
+    )
+    .await
+    .expect("a stalled body is answered");
+    assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
+    assert_eq!(a.error_code(), "body_timeout");
+    assert_eq!(a.headers["connection"], "close");
+
+    // Declared far over the limit, with no body at all: answered at once.
+    let a = tokio::time::timeout(
+        Duration::from_secs(20),
+        call(
+            &app,
+            Method::GET,
+            "/v1/cluster",
+            Body::from_stream(futures::stream::pending::<
+                Result<bytes::Bytes, std::io::Error>,
+            >()),
+            &[("content-length", "99999999999")],
+        ),
+    )
+    .await
+    .expect("an oversized body is answered");
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
+    assert_eq!(a.error_code(), "body_too_large");
+    assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
+}
