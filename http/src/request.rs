@@ -326,7 +326,8 @@ pub fn validate_value(value: &[u8]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Validates an address `host:port`: a non-empty host without whitespace and a port 1-65535.
+/// Validates an address `host:port`: a name or IPv4 address (letters, digits, `.`, `-`, `_`) or
+/// an IPv6 address in brackets, and a port 1-65535.
 pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
     let bad = |why: &str| {
         let shown: String = addr.chars().take(64).collect();
@@ -344,11 +345,17 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
     if host.is_empty() {
         return Err(bad("empty host"));
     }
-    if host
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == '@')
-    {
-        return Err(bad("the host contains characters not allowed"));
+    // A name or IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address in brackets.
+    let valid_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    };
+    if !valid_host {
+        return Err(bad(
+            "the host must be a name, an IPv4 address or an IPv6 address in brackets",
+        ));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
@@ -426,16 +433,29 @@ impl InitBody {
                 "members must name at least one node",
             ));
         }
-        for addr in self.members.values() {
+        for (&id, addr) in &self.members {
+            validate_node_id(id)?;
             validate_addr(addr)?;
         }
         Ok(())
     }
 }
 
+/// Node ids start at 1: 0 means "no node" in status and metrics.
+fn validate_node_id(id: u64) -> Result<(), ApiError> {
+    if id == 0 {
+        return Err(ApiError::invalid(
+            "invalid_members",
+            "node ids start at 1 (0 means no node)",
+        ));
+    }
+    Ok(())
+}
+
 impl AddLearnerBody {
-    /// Checks the address.
+    /// Checks the id and the address.
     pub fn validate(&self) -> Result<(), ApiError> {
+        validate_node_id(self.id)?;
         validate_addr(&self.addr)
     }
 }
@@ -448,6 +468,9 @@ impl ChangeVotersBody {
                 "invalid_members",
                 "voters must name at least one node",
             ));
+        }
+        for &id in &self.voters {
+            validate_node_id(id)?;
         }
         let set: BTreeSet<u64> = self.voters.iter().copied().collect();
         if set.len() != self.voters.len() {
@@ -579,6 +602,12 @@ mod tests {
             "host:port",
             "a b:80",
             "http://x:80",
+            "::1:80",
+            "a:b:c:80",
+            "[not-v6]:80",
+            "127.0.0.1:7121;2=127.0.0.1:7122",
+            "a:1;b=c:2",
+            "user@host:80",
         ] {
             assert_eq!(
                 validate_addr(bad).unwrap_err().code(),

@@ -1,13 +1,16 @@
 //! Logging through `tracing`, filtered by `RUST_LOG` (default `info`), written to stderr so
 //! that stdout carries only the lines scripts read.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber once.
+/// Installs the global subscriber once. Colours only on a terminal, not in files or journald.
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

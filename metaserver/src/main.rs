@@ -63,6 +63,7 @@ fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
+    let serving = matches!(cli.command, None | Some(Command::Serve(_)));
     let result = match cli.command {
         None => serve_on_runtime(&cli.serve, true),
         Some(Command::Serve(args)) => serve_on_runtime(&args, false),
@@ -71,9 +72,44 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("metaserver: {e:#}");
+            // A server reports through its log; a command says it once, plainly.
+            if serving {
+                tracing::error!("{}", describe(&e));
+            } else {
+                eprintln!("metaserver: {}", describe(&e));
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes, `: `-separated, leaving out a cause whose text the message already
+/// holds (many errors name their cause in their own message).
+fn describe(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[test]
+    fn a_cause_the_message_names_is_not_repeated() {
+        let io = std::io::Error::other("Permission denied (os error 13)");
+        let named = anyhow::Error::new(io).context("LOCK: Permission denied (os error 13)");
+        assert_eq!(describe(&named), "LOCK: Permission denied (os error 13)");
+        let e = anyhow::anyhow!("disk full").context("writing the marker");
+        assert_eq!(describe(&e), "writing the marker: disk full");
     }
 }

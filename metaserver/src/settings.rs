@@ -28,7 +28,9 @@ struct FileSettings {
     init: Option<bool>,
     token: Option<String>,
     barrier: Option<String>,
-    snapshot_max_bytes_per_sec: Option<u64>,
+    /// `snapshot_rate`, as the flag; `snapshot_max_bytes_per_sec`, as the runtime setting.
+    #[serde(alias = "snapshot_max_bytes_per_sec")]
+    snapshot_rate: Option<u64>,
     snapshot_logs_since_last: Option<u64>,
     keep_logs: Option<u64>,
     sled_cache_bytes: Option<u64>,
@@ -93,6 +95,9 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
             .trim()
             .parse()
             .with_context(|| format!("peer id {id:?} is not an unsigned integer"))?;
+        if id == 0 {
+            bail!("peer id 0: node ids start at 1");
+        }
         let addr = addr.trim();
         meta_http::request::validate_addr(addr).map_err(|e| anyhow::anyhow!("peer {id}: {e}"))?;
         if peers.insert(id, addr.to_owned()).is_some() {
@@ -154,10 +159,7 @@ impl ServeSettings {
             init,
             token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
             barrier,
-            snapshot_rate: args
-                .snapshot_rate
-                .or(file.snapshot_max_bytes_per_sec)
-                .unwrap_or(0),
+            snapshot_rate: args.snapshot_rate.or(file.snapshot_rate).unwrap_or(0),
             snapshot_logs_since_last: args
                 .snapshot_logs_since_last
                 .or(file.snapshot_logs_since_last),
@@ -183,6 +185,9 @@ impl ServeSettings {
     }
 
     fn check(&self) -> Result<()> {
+        if self.id == 0 {
+            bail!("--id must be at least 1 (0 means \"no node\" in metrics and status)");
+        }
         if self.worker_threads == Some(0) {
             bail!("--worker-threads must be at least 1");
         }
@@ -264,6 +269,9 @@ mod tests {
         assert!(parse_peers("1").is_err());
         assert!(parse_peers("1=nohost").is_err());
         assert!(parse_peers("-1=a:1").is_err());
+        assert!(parse_peers("0=a:1").is_err());
+        // A semicolon instead of a comma leaves no valid address.
+        assert!(parse_peers("1=127.0.0.1:7121;2=127.0.0.1:7122").is_err());
     }
 
     #[test]
@@ -329,8 +337,21 @@ mod tests {
         assert_eq!(s.peers.len(), 2);
         assert_eq!(s.initial_members("127.0.0.1:9999").len(), 3);
 
+        // The flag's name works in the file too.
+        std::fs::write(&path, "snapshot_rate = 7\n").unwrap();
+        assert_eq!(
+            ServeSettings::resolve(&args, false).unwrap().snapshot_rate,
+            7
+        );
+
         std::fs::write(&path, "idd = 2\n").unwrap();
         let err = ServeSettings::resolve(&args, false).unwrap_err();
         assert!(format!("{err:#}").contains("idd"), "{err:#}");
+
+        let zero = ServeArgs {
+            id: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(ServeSettings::resolve(&zero, false).is_err());
     }
 }
