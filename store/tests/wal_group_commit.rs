@@ -348,3 +348,28 @@ fn a_lasting_shortage_of_descriptors_poisons_the_log_after_the_wait() {
     assert!(matches!(wal.append(&[3; 100]), Err(Error::Poisoned(_))));
     assert_eq!(wal.read(first).unwrap(), Some(vec![1; 100]));
 }
+
+/// A process restart after a failed fdatasync: the failed bytes may still be in the page cache
+/// (Linux keeps them as clean pages), so recovery must read what the disk holds. Everything a
+/// reopened log holds must then survive a power loss.
+#[test]
+fn a_restart_after_a_failed_sync_recovers_only_what_the_disk_holds() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let kept = wal.append(b"kept").unwrap();
+    wal.sync(kept).unwrap();
+    let lost = wal.append(b"lost").unwrap();
+    fs.fail_next_syncs(1);
+    assert!(matches!(wal.sync(lost), Err(Error::Poisoned(_))));
+    drop(wal);
+
+    // The process restarts; the machine does not.
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let recovered = wal.last_lsn();
+    assert_eq!(recovered, kept, "the failed record is not on the disk");
+    drop(wal);
+    fs.crash(CrashPoint::default());
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    assert_eq!(wal.last_lsn(), recovered);
+    assert_eq!(wal.read(kept).unwrap().as_deref(), Some(&b"kept"[..]));
+}

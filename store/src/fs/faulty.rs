@@ -372,6 +372,16 @@ impl FileHandle for FaultyFile {
         self.sync()
     }
 
+    fn drop_cache(&self) {
+        // Only clean pages go: with unsynced writes pending, the cached view stays.
+        let _ = self.with_node(|node, _| {
+            if node.pending.is_empty() {
+                node.data = node.durable.clone();
+            }
+            Ok(())
+        });
+    }
+
     fn sync_all(&self) -> io::Result<()> {
         self.sync()
     }

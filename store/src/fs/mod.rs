@@ -61,6 +61,11 @@ pub trait FileHandle: Send + Sync + fmt::Debug {
     /// writes inside it need not change the file size. `ErrorKind::Unsupported` if the file system
     /// cannot.
     fn allocate(&self, len: u64) -> io::Result<()>;
+    /// Asks the kernel to drop the file's clean cached pages, so that later reads come from the
+    /// disk. After a failed writeback Linux may keep the failed pages cached as clean, holding
+    /// bytes the disk does not: recovery drops them before it reads a segment. A hint: it never
+    /// fails. The default does nothing.
+    fn drop_cache(&self) {}
 
     /// Reads exactly `buf.len()` bytes at `offset`, failing with `UnexpectedEof` past the end.
     fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {

@@ -85,6 +85,17 @@ impl FileHandle for OsFile {
     }
 
     #[cfg(target_os = "linux")]
+    fn drop_cache(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is owned by `self.0` and open for the duration of the call.
+        let rc =
+            unsafe { libc::posix_fadvise(self.0.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            tracing::debug!(error = %io::Error::from_raw_os_error(rc), "posix_fadvise failed");
+        }
+    }
+
+    #[cfg(target_os = "linux")]
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         let len = libc::off_t::try_from(len)

@@ -103,6 +103,10 @@ impl FileHandle for SlowSyncFile {
     fn allocate(&self, len: u64) -> io::Result<()> {
         self.inner.allocate(len)
     }
+
+    fn drop_cache(&self) {
+        self.inner.drop_cache()
+    }
 }
 
 #[cfg(test)]

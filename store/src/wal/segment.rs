@@ -92,13 +92,16 @@ impl Segment {
         })
     }
 
-    /// Opens an existing segment.
+    /// Opens an existing segment, dropping its clean cached pages first (see
+    /// [`crate::fs::FileHandle::drop_cache`]): what recovery reads is what the disk holds, not
+    /// what a failed writeback left in the cache.
     pub fn open(fs: &dyn FileSystem, dir: &Path, first_lsn: Lsn) -> Result<Segment> {
         let path = dir.join(file_name(first_lsn));
-        let file = fs
+        let file: Arc<dyn FileHandle> = fs
             .open(&path)
             .map_err(|e| Error::io("open segment", &path, e))?
             .into();
+        file.drop_cache();
         Ok(Segment {
             first_lsn,
             path,
