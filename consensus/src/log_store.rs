@@ -374,12 +374,36 @@ impl LogStore {
     }
 }
 
+impl LogStore {
+    /// [`LogStore::read_entries`] without blocking the runtime on the disk: a range that starts
+    /// in the segment being written is read inline (its pages were just written, so they are
+    /// cached, and replication reads there on every append); one that starts in an older
+    /// segment, as a lagging follower's does, is read on a blocking thread.
+    async fn read_entries_async(&self, start: u64, end: Bound<u64>) -> io::Result<Vec<Entry>> {
+        let first_lsn = self.shared.index.read().lsn_of(start);
+        if first_lsn.is_none_or(|lsn| self.shared.wal.in_tail(lsn)) {
+            return self.read_entries((Bound::Included(start), end));
+        }
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.read_entries((Bound::Included(start), end)))
+            .await
+            .map_err(io::Error::other)?
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
     ) -> io::Result<Vec<Entry>> {
-        self.read_entries(range)
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let start = start.max(self.shared.index.read().first);
+        self.read_entries_async(start, range.end_bound().cloned())
+            .await
     }
 
     /// Replication reads through here: at most [`MAX_REPLICATION_BYTES`] of encoded entries
@@ -395,7 +419,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             }
             stop
         };
-        self.read_entries(start..end)
+        self.read_entries_async(start, Bound::Excluded(end)).await
     }
 
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {

@@ -357,6 +357,13 @@ impl Wal {
         Ok(marker)
     }
 
+    /// Whether record `lsn` lies in the segment being written, the one most recently written and
+    /// so the most likely to be in the page cache. Reading an older segment may wait for the
+    /// disk: async callers keep such reads off their runtime.
+    pub fn in_tail(&self, lsn: Lsn) -> bool {
+        lsn >= self.inner.tail.lock().first_lsn
+    }
+
     /// The LSN of the first live record, `None` if there is none.
     pub fn first_lsn(&self) -> Option<Lsn> {
         self.inner.index.read().first_live()
