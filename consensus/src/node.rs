@@ -24,6 +24,7 @@ use crate::state_machine::{SmShared, StateMachine};
 use crate::status::{ClusterStatus, ReplicationLag, Role};
 use crate::types::{NodeId, Raft, TypeConfig};
 
+mod handover;
 mod membership;
 mod reads;
 mod snapshots;

@@ -11,6 +11,7 @@ use common::{addr, Cluster, WAIT};
 use meta_consensus::{
     Command, CommandResult, Consistency, Error, MetaNode, Node, NodeConfig, Role, ShardReport,
 };
+use openraft::async_runtime::watch::WatchReceiver as _;
 
 fn shard(id: u64, generation: u64) -> ShardReport {
     ShardReport {
@@ -626,5 +627,40 @@ async fn admission_window_queues_writes_and_loses_none() -> Result<()> {
     }
     assert_eq!(accepted, 8 * 5 + 8);
     assert_eq!(leader.status().replicas, 48);
+    c.shutdown().await
+}
+
+/// A leader about to stop hands over to a caught-up voter: another node leads before it
+/// stops, takes writes, and holds everything written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    register(&old, 7, 0..10).await?;
+    c.converged().await?;
+    // Every voter must have been heard from recently to be picked; wait for the heartbeats.
+    let mut new = None;
+    let mut metrics = old.raft().metrics();
+    for _ in 0..100 {
+        new = old.hand_over_leadership(Duration::from_secs(5)).await?;
+        if new.is_some() {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+    let new = new.context("no voter took over")?;
+    ensure!(new != old.id(), "handed over to itself");
+    let leader = c.leader().await?;
+    ensure!(leader.id() == new, "node {} leads, not {new}", leader.id());
+    register(&leader, 8, 0..10).await?;
+    c.converged().await?;
+    for n in c.nodes.values() {
+        ensure!(n.status().replicas == 20, "{:?}", n.status().replicas);
+    }
+    // A node that does not lead has nothing to hand over.
+    ensure!(old
+        .hand_over_leadership(Duration::from_secs(1))
+        .await?
+        .is_none());
     c.shutdown().await
 }

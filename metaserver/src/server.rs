@@ -15,6 +15,8 @@ use crate::shutdown::Signals;
 
 /// How long in-flight requests may run after a shutdown signal before the node stops anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a stopping leader waits for another voter to take over.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Serves one node until a shutdown signal; returns once its log is durable.
 pub async fn serve(settings: ServeSettings) -> Result<()> {
@@ -88,6 +90,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     // recovery reads the log back from the disk (a failed fsync is never retried in place).
     let failure = tokio::select! {
         signal = signals.recv() => {
+            // While still serving, so that requests meanwhile are forwarded to the new leader.
+            match node.hand_over_leadership(HANDOVER_TIMEOUT).await {
+                Ok(Some(to)) => tracing::info!(to, "handed leadership over"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("handing leadership over: {e}"),
+            }
             tracing::info!(signal, "shutting down: no new connections, draining requests");
             None
         }

@@ -147,7 +147,7 @@ impl MetaNode {
     /// This node's Raft metrics if it leads, else `None`: only the leader's view of the
     /// membership and of its followers is current. Elsewhere the change is refused with
     /// [`Error::ForwardToLeader`] and checked by the leader.
-    fn leader_view(&self) -> Option<openraft::RaftMetrics<crate::types::TypeConfig>> {
+    pub(super) fn leader_view(&self) -> Option<openraft::RaftMetrics<crate::types::TypeConfig>> {
         let m = self.inner.raft.metrics().borrow_watched().clone();
         (m.state == ServerState::Leader).then_some(m)
     }
