@@ -73,6 +73,10 @@ pub enum Error {
     /// Openraft reported an error (including a fatal storage error).
     #[error("raft: {0}")]
     Raft(String),
+    /// This node refuses to vote: it holds no Raft state and the cluster is past its first
+    /// election (see `MetaNode::vote`).
+    #[error("not voting: {0}")]
+    NotVoting(String),
     /// The node is shut down.
     #[error("node is shut down")]
     Shutdown,

@@ -29,6 +29,7 @@ mod membership;
 mod reads;
 mod snapshots;
 mod validation;
+mod votes;
 mod writes;
 
 /// Marker file written once the cluster was initialized from this node.
@@ -163,8 +164,9 @@ impl MetaNode {
         &self.inner.cfg
     }
 
-    /// The Raft handle: the HTTP `/raft` router calls `append_entries`, `vote`,
-    /// `handle_transfer_leader` on it (and [`MetaNode::install_received_snapshot`]).
+    /// The Raft handle: the HTTP `/raft` router calls `append_entries` and
+    /// `handle_transfer_leader` on it (votes go through [`MetaNode::vote`], snapshots through
+    /// [`MetaNode::install_received_snapshot`]).
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
     }

@@ -165,7 +165,6 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.target()?;
         target
-            .raft()
             .vote(rpc)
             .await
             .map_err(|e| RPCError::Unreachable(unreachable(e)))

@@ -664,3 +664,47 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
         .is_none());
     c.shutdown().await
 }
+
+/// A voter whose data dir was lost does not help elect a candidate that misses acknowledged
+/// writes. Nodes a, b, c: with a down, a write is acknowledged by b and c; then c loses its data
+/// dir and b stops. a and the empty c must not elect a (the write would be lost); once b is
+/// back, the cluster elects a leader that holds the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let (a, b, wiped) = (others[0], leader, others[1]);
+    c.stop(a).await?;
+    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
+    c.wait_applied(w.index).await?;
+
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(b).await?;
+    let stale = c.start(a).await?;
+    c.start(wiped).await?;
+    // Without the rule the empty node votes for a within an election timeout or two.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut metrics = stale.raft().metrics();
+    while std::time::Instant::now() < deadline {
+        ensure!(
+            stale.status().role != Role::Leader,
+            "node {a} leads without the write acknowledged at index {}",
+            w.index
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+
+    c.start(b).await?;
+    let leader = c.leader().await?;
+    ensure!(
+        leader
+            .datanode(Consistency::Linearizable, 7)
+            .await?
+            .is_some(),
+        "the acknowledged registration is lost"
+    );
+    c.converged().await?;
+    c.shutdown().await
+}

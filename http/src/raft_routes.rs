@@ -148,7 +148,7 @@ async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
-    reply(node.raft().vote(rpc).await.map_err(|e| e.to_string()))
+    reply(node.vote(rpc).await.map_err(|e| e.to_string()))
 }
 
 async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
@@ -156,7 +156,7 @@ async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
-    reply(node.raft().pre_vote(rpc).await.map_err(|e| e.to_string()))
+    reply(node.pre_vote(rpc).await.map_err(|e| e.to_string()))
 }
 
 async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response {
