@@ -17,6 +17,9 @@ pub enum Error {
     /// No leader is known (election in progress, or no quorum).
     #[error("no leader known")]
     NoLeader,
+    /// This node belongs to no cluster yet: it was neither initialized nor added.
+    #[error("not a member of a cluster")]
+    NotMember,
     /// The request could not complete in time; a write's outcome is unknown.
     #[error("timed out")]
     Timeout,

@@ -185,6 +185,11 @@ impl From<meta_consensus::Error> for ApiError {
             E::NoLeader => {
                 ApiError::NoLeader("no leader is known (election running or no quorum)".into())
             }
+            E::NotMember => ApiError::NoLeader(
+                "this node is not a member of a cluster yet: initialize one (--init, or POST \
+                 /v1/cluster/init) or add it from the leader (POST /v1/cluster/learners)"
+                    .into(),
+            ),
             E::Timeout => ApiError::Timeout(
                 "the request could not complete in time; a write may still commit".into(),
             ),

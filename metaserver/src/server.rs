@@ -3,6 +3,7 @@
 //! failure: then the process exits with an error), then stop accepting, let in-flight requests
 //! finish, and shut the node down so its log is durable.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -61,6 +62,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     })?;
     tracing::info!(id = settings.id, %addr, data_dir = %settings.data_dir.display(), "node open");
 
+    for disagreement in disagreements(&settings, &addr, &node.status().nodes) {
+        tracing::warn!("{disagreement}");
+    }
     if settings.init {
         initialize_once(&node, &settings, &addr).await?;
     } else if !node.is_initialized().await? {
@@ -137,5 +141,74 @@ async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) 
         Ok(()) => Ok(()),
         Err(meta_consensus::Error::AlreadyInitialized) => Ok(()),
         Err(e) => Err(e).context("initializing the cluster"),
+    }
+}
+
+/// What the settings say that the stored membership `nodes` contradicts. The membership wins:
+/// `--peers` is read only when a cluster is initialized, and a node whose address changed cannot
+/// be reached by its peers until it is removed and added back. A one-node cluster has no peers
+/// to miss it.
+fn disagreements(
+    settings: &ServeSettings,
+    addr: &str,
+    nodes: &BTreeMap<u64, String>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    if nodes.len() < 2 {
+        return found;
+    }
+    if let Some(known) = nodes.get(&settings.id) {
+        if known != addr {
+            found.push(format!(
+                "the cluster knows this node ({}) at {known}, but it now runs at {addr}: its peers \
+                 cannot reach it until it is removed from the cluster and added back",
+                settings.id
+            ));
+        }
+    }
+    for (id, peer) in &settings.peers {
+        match nodes.get(id) {
+            Some(known) if known != peer => found.push(format!(
+                "--peers gives node {id} the address {peer}, but the cluster knows it at {known} \
+                 (--peers is read only when a cluster is initialized)"
+            )),
+            None => found.push(format!(
+                "--peers names node {id}, which is not a member (--peers is read only when a \
+                 cluster is initialized)"
+            )),
+            Some(_) => {}
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::ServeArgs;
+
+    #[test]
+    fn settings_that_the_membership_contradicts_are_named() {
+        let mut settings = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
+        let nodes: BTreeMap<u64, String> = [(1, "10.0.0.1:7101"), (2, "10.0.0.2:7101")]
+            .map(|(id, a)| (id, a.to_owned()))
+            .into();
+        assert!(disagreements(&settings, "10.0.0.1:7101", &nodes).is_empty());
+        let moved = disagreements(&settings, "10.0.0.9:7101", &nodes);
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert!(moved[0].contains("10.0.0.9:7101"), "{moved:?}");
+
+        settings.peers = [
+            (1, "10.0.0.1:7101"),
+            (2, "10.0.0.7:7101"),
+            (3, "10.0.0.3:7101"),
+        ]
+        .map(|(id, a)| (id, a.to_owned()))
+        .into();
+        let peers = disagreements(&settings, "10.0.0.1:7101", &nodes);
+        assert_eq!(peers.len(), 2, "{peers:?}");
+        // A one-node cluster has nobody to miss it.
+        let alone: BTreeMap<u64, String> = [(1, "127.0.0.1:1".to_owned())].into();
+        assert!(disagreements(&settings, "127.0.0.1:2", &alone).is_empty());
     }
 }

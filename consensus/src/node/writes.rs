@@ -22,6 +22,15 @@ impl MetaNode {
             .leader_id
             .or_else(|| self.inner.raft.metrics().borrow_watched().current_leader);
         let Some(leader) = leader else {
+            let m = self.inner.raft.metrics().borrow_watched().clone();
+            if m.membership_config
+                .membership()
+                .voter_ids()
+                .next()
+                .is_none()
+            {
+                return Error::NotMember;
+            }
             return Error::NoLeader;
         };
         let addr = f.leader_node.as_ref().map(|n| n.addr.clone()).or_else(|| {
