@@ -24,6 +24,11 @@ pub struct Path<T>(pub T);
 #[derive(Debug)]
 pub struct Query<T>(pub T);
 
+/// For routes that take no query parameters: any query string is `invalid_query`, so that a
+/// parameter a client counts on (a condition on a delete, say) is never silently ignored.
+#[derive(Debug)]
+pub struct NoQuery;
+
 /// The raw body bytes, limited like every body.
 #[derive(Debug)]
 pub struct RawBody(pub Bytes);
@@ -121,6 +126,20 @@ where
                     format!("invalid query string {query:?}: {}", rejection.body_text()),
                 )
             })
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        match parts.uri.query() {
+            Some(query) if !query.is_empty() => Err(ApiError::invalid(
+                "invalid_query",
+                format!("this route takes no query parameters, got {query:?}"),
+            )),
+            _ => Ok(NoQuery),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use meta_consensus::{ClusterStatus, Node, Role};
 
 use crate::error::ApiError;
-use crate::extract::{Json, Path};
+use crate::extract::{Json, NoQuery, Path};
 use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
 use crate::state::AppState;
@@ -62,7 +62,7 @@ impl From<ClusterStatus> for ClusterView {
 }
 
 /// `GET /v1/cluster`: this node's view.
-pub async fn status(State(state): State<AppState>) -> axum::Json<ClusterView> {
+pub async fn status(_: NoQuery, State(state): State<AppState>) -> axum::Json<ClusterView> {
     axum::Json(state.node.status().into())
 }
 
@@ -77,6 +77,7 @@ fn membership(state: &AppState) -> MembershipView {
 /// `POST /v1/cluster/init` `{"members":{"1":"host:port",..}}`: only on a never-initialized
 /// node (409 `already_initialized` otherwise). Never forwarded.
 pub async fn init(
+    _: NoQuery,
     State(state): State<AppState>,
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
@@ -96,6 +97,7 @@ pub async fn init(
 
 /// `POST /v1/cluster/learners` `{"id":..,"addr":..}`: returns once the change is committed.
 pub async fn add_learner(
+    _: NoQuery,
     State(state): State<AppState>,
     Json(body): Json<AddLearnerBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
@@ -110,6 +112,7 @@ pub async fn add_learner(
 /// `DELETE /v1/cluster/learners/{id}`: removes a learner (409 for a voter, 404 for neither);
 /// returns once the change is committed.
 pub async fn remove_learner(
+    _: NoQuery,
     State(state): State<AppState>,
     Path(id): Path<u64>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
@@ -120,6 +123,7 @@ pub async fn remove_learner(
 /// `PUT /v1/cluster/voters` `{"voters":[..]}`: each new voter must be a learner that is
 /// reachable and caught up (409 otherwise); voters left out leave the cluster.
 pub async fn change_voters(
+    _: NoQuery,
     State(state): State<AppState>,
     Json(body): Json<ChangeVotersBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
@@ -130,6 +134,7 @@ pub async fn change_voters(
 
 /// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
 pub async fn build_snapshot(
+    _: NoQuery,
     State(state): State<AppState>,
 ) -> Result<axum::Json<SnapshotView>, ApiError> {
     let info = state.node.snapshot_now().await?;
@@ -140,7 +145,10 @@ pub async fn build_snapshot(
 }
 
 /// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup); 404 if none.
-pub async fn download_snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub async fn download_snapshot(
+    _: NoQuery,
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
     let missing = || ApiError::NotFound("this node has no snapshot yet".into());
     // Retention may delete the file between asking for it and opening it (a newer snapshot
     // replaced it); then the newer one is served. Once open, a file stays readable.
@@ -195,7 +203,7 @@ pub async fn download_snapshot(State(state): State<AppState>) -> Result<Response
 }
 
 /// `GET /v1/config`: this node's runtime settings.
-pub async fn get_config(State(state): State<AppState>) -> axum::Json<ConfigView> {
+pub async fn get_config(_: NoQuery, State(state): State<AppState>) -> axum::Json<ConfigView> {
     axum::Json(ConfigView {
         snapshot_max_bytes_per_sec: state.node.snapshot_rate(),
     })
@@ -203,6 +211,7 @@ pub async fn get_config(State(state): State<AppState>) -> axum::Json<ConfigView>
 
 /// `PATCH /v1/config` `{"snapshot_max_bytes_per_sec":N}`: applied to this node at once.
 pub async fn patch_config(
+    _: NoQuery,
     State(state): State<AppState>,
     Json(body): Json<ConfigPatchBody>,
 ) -> axum::Json<ConfigView> {

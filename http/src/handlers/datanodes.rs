@@ -6,7 +6,7 @@ use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
 
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
-use crate::extract::{Json, Path, Query};
+use crate::extract::{Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
@@ -29,6 +29,7 @@ impl From<DatanodeInfo> for DatanodeView {
 
 /// `PUT /v1/datanodes/{id}` `{"addr":..}`: registers (again) with a new epoch.
 pub async fn register(
+    _: NoQuery,
     writer: Writer,
     Path(id): Path<u64>,
     Json(body): Json<RegisterDatanodeBody>,
@@ -84,6 +85,7 @@ pub async fn get(
 
 /// `DELETE /v1/datanodes/{id}`: drops it and its replicas; 404 if unknown.
 pub async fn remove(
+    _: NoQuery,
     writer: Writer,
     Path(id): Path<u64>,
 ) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
@@ -104,6 +106,7 @@ pub async fn remove(
 
 /// `POST /v1/datanodes/{id}/shards` `{"epoch":E,"shards":[..]}`: one batch, one log entry.
 pub async fn register_shards(
+    _: NoQuery,
     writer: Writer,
     Path(id): Path<u64>,
     Json(body): Json<RegisterShardsBody>,
@@ -149,6 +152,7 @@ pub async fn register_shards(
 
 /// `DELETE /v1/datanodes/{id}/shards/{shard}`; 404 if the replica is not registered.
 pub async fn deregister_shard(
+    _: NoQuery,
     writer: Writer,
     Path((id, shard)): Path<(u64, u64)>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
