@@ -83,18 +83,6 @@ impl Refusal {
     }
 }
 
-impl Refusal {
-    /// The refusal of a command that fails the request checks.
-    fn invalid(e: ApiError) -> Refusal {
-        match e {
-            ApiError::Invalid { message, .. } | ApiError::TooLarge { message, .. } => {
-                Refusal::Invalid(message)
-            }
-            other => Refusal::Invalid(other.to_string()),
-        }
-    }
-}
-
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> ApiError {
         match r {
@@ -285,7 +273,7 @@ pub async fn serve(node: MetaNode, body: Bytes) -> Response {
     };
     let answers: Vec<Answer> = futures::future::join_all(commands.into_iter().map(|c| async {
         if let Err(e) = validate_command(&c) {
-            return Err(Refusal::invalid(e));
+            return Err(Refusal::Invalid(e.to_string()));
         }
         node.write(c).await.map_err(Refusal::of)
     }))

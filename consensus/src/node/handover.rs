@@ -22,24 +22,15 @@ impl MetaNode {
             return Ok(None);
         };
         let me = self.id();
-        let matched = |id: &NodeId| {
-            m.replication
-                .as_ref()
-                .and_then(|r| r.get(id).cloned().flatten())
-                .map(|l| l.index)
-        };
-        let heard = |id: &NodeId| {
-            m.heartbeat
-                .as_ref()
-                .and_then(|h| h.get(id).cloned().flatten())
-                .is_some_and(|t| openraft::Instant::elapsed(&*t) < self.lease())
-        };
         let Some(to) = m
             .membership_config
             .membership()
             .voter_ids()
-            .filter(|v| *v != me && heard(v))
-            .max_by_key(|v| matched(v))
+            .filter(|&v| v != me)
+            .map(|v| (v, Self::progress_of(&m, v)))
+            .filter(|(_, (_, heard))| heard.is_some_and(|d| d < self.lease()))
+            .max_by_key(|(_, (matched, _))| *matched)
+            .map(|(v, _)| v)
         else {
             return Ok(None);
         };

@@ -152,6 +152,25 @@ impl MetaNode {
         (m.state == ServerState::Leader).then_some(m)
     }
 
+    /// What a leader's metrics `m` say of member `id`: the highest log index known replicated to
+    /// it, and how long ago it last acknowledged the leader (`None`: never).
+    pub(super) fn progress_of(
+        m: &openraft::RaftMetrics<crate::types::TypeConfig>,
+        id: NodeId,
+    ) -> (Option<u64>, Option<std::time::Duration>) {
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).cloned().flatten())
+            .map(|l| l.index);
+        let heard = m
+            .heartbeat
+            .as_ref()
+            .and_then(|h| h.get(&id).cloned().flatten())
+            .map(|t| openraft::Instant::elapsed(&*t));
+        (matched, heard)
+    }
+
     /// Checks that every node `voters` adds is a learner the leader heard from within the lease
     /// and whose log is caught up to within [`MAX_PROMOTION_LAG`] entries.
     fn check_promotable(
@@ -170,16 +189,7 @@ impl MetaNode {
                     "node {id} is neither a voter nor a learner: add it as a learner first"
                 )));
             }
-            let matched = m
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&id).cloned().flatten())
-                .map(|l| l.index);
-            let heard = m
-                .heartbeat
-                .as_ref()
-                .and_then(|h| h.get(&id).cloned().flatten())
-                .map(|t| openraft::Instant::elapsed(&*t));
+            let (matched, heard) = Self::progress_of(m, id);
             let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
             let reachable = heard.is_some_and(|d| d < self.lease());
             if !(caught_up && reachable) {

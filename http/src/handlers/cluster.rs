@@ -157,15 +157,14 @@ pub async fn download_snapshot(
     let file = loop {
         match tokio::fs::File::open(&path).await {
             Ok(file) => break file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 attempts += 1;
                 let newer = state.node.newest_snapshot_file().ok_or_else(missing)?;
-                if newer == path {
+                if newer == path || attempts > 3 {
                     return Err(missing());
                 }
                 path = newer;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
             Err(e) => {
                 return Err(ApiError::Internal(format!(
                     "opening snapshot {}: {e}",

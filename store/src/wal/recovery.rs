@@ -62,12 +62,13 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
 
     // A newest segment without a valid header is a creation torn by a crash: nothing was ever
     // written to it, so it goes (unless it holds valid records, which means damage).
-    let mut tail_bytes = None;
+    // The newest segment, opened and read here, is scanned below without opening it again.
+    let mut tail = None;
     while let Some(&first) = firsts.last() {
         let seg = Segment::open(fs, dir, first)?;
         let bytes = seg.read_all()?;
         if segment::header_ok(&bytes, first) {
-            tail_bytes = Some(bytes);
+            tail = Some((seg, bytes));
             break;
         }
         if record::find_valid(&bytes, 0, first, first).is_some() {
@@ -91,10 +92,13 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
     let mut run_start = 0;
     for (i, &first) in firsts.iter().enumerate() {
         let is_last = i + 1 == firsts.len();
-        let segment = Arc::new(Segment::open(fs, dir, first)?);
-        let bytes = match (is_last, tail_bytes.take()) {
-            (true, Some(bytes)) => bytes,
-            _ => segment.read_all()?,
+        let (segment, bytes) = match (is_last, tail.take()) {
+            (true, Some((seg, bytes))) => (Arc::new(seg), bytes),
+            _ => {
+                let seg = Arc::new(Segment::open(fs, dir, first)?);
+                let bytes = seg.read_all()?;
+                (seg, bytes)
+            }
         };
         if !segment::header_ok(&bytes, first) {
             return Err(corrupt(&segment.path, 0, "invalid segment header"));
