@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::change_feed::{Change, ChangeEvent};
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -44,6 +45,8 @@ pub(crate) struct ApplyBatch {
     /// Datanodes added minus datanodes removed by this batch.
     datanodes_delta: i64,
     applied: Option<LogId>,
+    /// What the commands executed since the last [`ApplyBatch::take_changes`] changed.
+    changes: Vec<ChangeEvent>,
 }
 
 impl ApplyBatch {
@@ -54,6 +57,7 @@ impl ApplyBatch {
             replicas,
             datanodes_delta: 0,
             applied: None,
+            changes: Vec::new(),
         }
     }
 
@@ -84,6 +88,16 @@ impl ApplyBatch {
             Some(Pending::Replicas(bucket)) => Some(bucket.clone()),
             Some(Pending::Raw(_)) | None => None,
         }
+    }
+
+    /// What the commands executed since the last call changed, in log order (for the change
+    /// feed). Commands that changed nothing recorded nothing.
+    pub(crate) fn take_changes(&mut self) -> Vec<ChangeEvent> {
+        std::mem::take(&mut self.changes)
+    }
+
+    fn changed(&mut self, index: u64, change: Change) {
+        self.changes.push(ChangeEvent { index, change });
     }
 
     /// How many keys the batch writes (besides last-applied).
@@ -177,11 +191,11 @@ impl ApplyBatch {
                 datanode,
                 epoch,
                 shards,
-            } => self.register_shards(*datanode, *epoch, shards),
+            } => self.register_shards(index, *datanode, *epoch, shards),
             Command::DeregisterShards { datanode, shards } => {
-                self.deregister_shards(*datanode, shards)
+                self.deregister_shards(index, *datanode, shards)
             }
-            Command::RemoveDatanode { id } => self.remove_datanode(*id),
+            Command::RemoveDatanode { id } => self.remove_datanode(index, *id),
             Command::Put {
                 key,
                 value,
@@ -207,11 +221,20 @@ impl ApplyBatch {
             shards,
         };
         self.put(&key, &rec)?;
+        self.changed(
+            index,
+            Change::DatanodeRegistered {
+                id,
+                addr: addr.to_string(),
+                epoch: index,
+            },
+        );
         Ok(CommandResult::DatanodeRegistered { id, epoch: index })
     }
 
     fn register_shards(
         &mut self,
+        index: u64,
         datanode: u64,
         epoch: u64,
         shards: &[ShardReport],
@@ -226,6 +249,7 @@ impl ApplyBatch {
             });
         }
         let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
+        let mut changed = Vec::new();
         for s in shards {
             let b = keys::bucket_of(s.id);
             let new = ReplicaRecord {
@@ -241,6 +265,7 @@ impl ApplyBatch {
                 Ok(i) => {
                     bucket[i].replica = new;
                     accepted += 1;
+                    changed.push(s.id);
                 }
                 Err(i) => {
                     bucket.insert(
@@ -255,11 +280,14 @@ impl ApplyBatch {
                     dn.shards += 1;
                     self.replicas += 1;
                     accepted += 1;
+                    changed.push(s.id);
                 }
             }
         }
         if accepted > 0 {
             self.put(&dkey, &dn)?;
+            let shards = changed;
+            self.changed(index, Change::ReplicasRegistered { datanode, shards });
         }
         Ok(CommandResult::ShardsRegistered {
             accepted,
@@ -268,25 +296,33 @@ impl ApplyBatch {
         })
     }
 
-    fn deregister_shards(&mut self, datanode: u64, shards: &[u64]) -> Result<CommandResult> {
+    fn deregister_shards(
+        &mut self,
+        index: u64,
+        datanode: u64,
+        shards: &[u64],
+    ) -> Result<CommandResult> {
         let dkey = keys::datanode(datanode);
         let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
             return Ok(CommandResult::UnknownDatanode { id: datanode });
         };
-        let mut removed = 0u64;
+        let mut gone = Vec::new();
         for &shard in shards {
             let b = keys::bucket_of(shard);
             let bucket = self.bucket(b)?;
             if let Ok(i) = find(bucket, shard, datanode) {
                 bucket.remove(i);
                 self.index(datanode, b, true)?;
-                removed += 1;
+                gone.push(shard);
             }
         }
+        let removed = gone.len() as u64;
         if removed > 0 {
             dn.shards = dn.shards.saturating_sub(removed);
             self.replicas = self.replicas.saturating_sub(removed);
             self.put(&dkey, &dn)?;
+            let shards = gone;
+            self.changed(index, Change::ReplicasRemoved { datanode, shards });
         }
         Ok(CommandResult::ShardsDeregistered { removed })
     }
@@ -315,7 +351,7 @@ impl ApplyBatch {
         Ok(set.into_iter().collect())
     }
 
-    fn remove_datanode(&mut self, id: u64) -> Result<CommandResult> {
+    fn remove_datanode(&mut self, index: u64, id: u64) -> Result<CommandResult> {
         let dkey = keys::datanode(id);
         if !self.exists(&dkey)? {
             return Ok(CommandResult::DatanodeRemoved {
@@ -334,6 +370,13 @@ impl ApplyBatch {
         self.remove(&dkey);
         self.datanodes_delta -= 1;
         self.replicas = self.replicas.saturating_sub(n);
+        self.changed(
+            index,
+            Change::DatanodeRemoved {
+                id,
+                replicas_removed: n,
+            },
+        );
         Ok(CommandResult::DatanodeRemoved {
             existed: true,
             replicas_removed: n,
@@ -375,6 +418,7 @@ impl ApplyBatch {
                 revision: index,
             },
         )?;
+        self.changed(index, Change::KvPut { key: key.into() });
         Ok(CommandResult::Put { revision: index })
     }
 
@@ -392,6 +436,7 @@ impl ApplyBatch {
         let existed = current != 0;
         if existed {
             self.remove(&k);
+            self.changed(index, Change::KvDeleted { key: key.into() });
         }
         Ok(CommandResult::Deleted {
             existed,

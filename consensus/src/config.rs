@@ -51,6 +51,10 @@ pub struct NodeConfig {
     /// committed one and a linearizable read never queues behind more than this much apply
     /// work, even during a registration storm.
     pub max_pending_shards: u32,
+    /// How much history of changes the node keeps for watchers, in units: an event costs one
+    /// unit plus one per shard id it names (see `change_feed.rs`). 0 keeps none: every watch
+    /// from an index before the newest applied one is told the history is compacted.
+    pub watch_history: usize,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
 }
@@ -75,6 +79,7 @@ impl NodeConfig {
             install_snapshot_timeout: Duration::from_secs(600),
             wal_segment_bytes: 64 << 20,
             max_pending_shards: 4_096,
+            watch_history: crate::change_feed::DEFAULT_HISTORY,
             emulated_sync_latency: Duration::ZERO,
         }
     }

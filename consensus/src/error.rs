@@ -35,6 +35,13 @@ pub enum Error {
     /// learner not caught up); nothing changed.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A watch asked for changes after `after`, which this node no longer keeps (or never
+    /// kept: it restarted, or installed a snapshot since); it keeps those after `floor`.
+    #[error(
+        "the changes after index {after} are no longer kept here (this member keeps those after \
+         {floor}): read the state again, then watch from the index a watch without `after` answers"
+    )]
+    Compacted { after: u64, floor: u64 },
     /// Bad input (a bad cursor, an empty key, a bad membership); nothing changed.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

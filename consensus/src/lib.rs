@@ -8,6 +8,8 @@
 //!   openraft's network factory and knows nothing of HTTP.
 //! - [`LogStore`] and [`StateMachine`]: the openraft storage implementations.
 //! - [`Backup`]: a snapshot file's content, read offline (a restore replays it).
+//! - [`ChangeEvent`]s: what applied entries changed, kept in a bounded history that
+//!   [`MetaNode::watch`] serves to watchers.
 //!
 //! Why openraft 0.10 (pinned alpha) rather than the stable 0.9 line: 0.9 waits for every
 //! append's fsync before doing anything else and never batches client writes, so writes queue
@@ -23,6 +25,7 @@
 mod apply_batch;
 mod backup;
 mod capture;
+mod change_feed;
 pub mod codec;
 mod command;
 mod config;
@@ -45,6 +48,7 @@ mod types;
 mod view;
 
 pub use backup::Backup;
+pub use change_feed::{Change, ChangeBatch, ChangeEvent, ChangeFilter, DEFAULT_HISTORY};
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};

@@ -30,6 +30,7 @@ mod reads;
 mod snapshots;
 mod validation;
 mod votes;
+mod watch;
 mod writes;
 
 /// Marker file written once the cluster was initialized from this node.
@@ -117,6 +118,7 @@ impl MetaNode {
         })
         .await?;
         let shared = sm.shared();
+        shared.feed.set_capacity(cfg.watch_history);
         // Openraft's startup reloads the registry from the newest snapshot when it is behind,
         // re-applies committed entries, and rebuilds a snapshot if the log was purged without
         // one; see `check_not_behind_purge` for the check that it did.
@@ -315,6 +317,8 @@ impl MetaNode {
             snapshot_rate: sm.limiter.rate(),
             snapshot_throttle_pauses: sm.limiter.pauses(),
             snapshot_throttle_millis: sm.limiter.paused_nanos() / 1_000_000,
+            watches_waiting: sm.feed.waiting() as u64,
+            watch_floor: sm.feed.floor(),
         }
     }
 
@@ -344,6 +348,7 @@ impl MetaNode {
         if self.inner.shut.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.close_watches();
         // A snapshot export openraft runs detached stops at its next chunk (its temp file
         // is discarded) instead of running on after the node is gone.
         self.inner.sm.closing.store(true, Ordering::Release);

@@ -35,6 +35,7 @@ use openraft::EntryPayload;
 use parking_lot::Mutex;
 
 use crate::apply_batch::ApplyBatch;
+use crate::change_feed::{ChangeFeed, DEFAULT_HISTORY};
 use crate::codec;
 use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
@@ -78,6 +79,8 @@ pub(crate) struct SmShared {
     pub(crate) snapshots: SnapshotStore,
     pub(crate) limiter: Arc<RateLimiter>,
     pub(crate) stats: SmStats,
+    /// What applied entries changed, for watchers.
+    pub(crate) feed: ChangeFeed,
     applied: Mutex<(Option<LogId>, StoredMembership)>,
     replicas: AtomicU64,
     datanodes: AtomicU64,
@@ -174,12 +177,14 @@ impl StateMachine {
         let replicas = gen.replica_count()?;
         drop(gen);
         let datanodes = registry.datanode_count()?;
+        let feed = ChangeFeed::new(applied.0.map_or(0, |l| l.index), DEFAULT_HISTORY);
         Ok(StateMachine {
             shared: Arc::new(SmShared {
                 registry,
                 snapshots,
                 limiter,
                 stats: SmStats::default(),
+                feed,
                 applied: Mutex::new(applied),
                 replicas: AtomicU64::new(replicas),
                 datanodes: AtomicU64::new(datanodes),
@@ -432,6 +437,7 @@ impl SmShared {
                 return Ok(results);
             };
             batch.set_applied(&last);
+            let changes = batch.take_changes();
             let (replicas, added) = (batch.replicas(), batch.datanodes_delta());
             let deferred = Deferred {
                 generation,
@@ -440,6 +446,7 @@ impl SmShared {
             };
             Self::commit_taken(&self.failed, Some(deferred))?;
             self.publish(last, membership, replicas, added);
+            self.feed.record(changes, last.index);
             self.stats.applied(entries.len(), started.elapsed());
             return Ok(results);
         }
@@ -470,12 +477,15 @@ impl SmShared {
             return Ok(results);
         };
         d.batch.set_applied(&last);
+        let changes = d.batch.take_changes();
         let replicas = d.batch.replicas();
         let added = d.batch.datanodes_delta() - datanodes_before;
         if membership.is_some() || d.due(started, self.defer_max_age) {
             Self::commit_taken(&self.failed, deferred.take())?;
         }
         self.publish(last, membership, replicas, added);
+        // Under the batch's lock still: events are recorded in log order.
+        self.feed.record(changes, last.index);
         self.stats.applied(entries.len(), started.elapsed());
         Ok(results)
     }
@@ -583,6 +593,8 @@ impl SmShared {
         self.registry.finish_replace(replacement)?;
         self.set_current_snapshot(meta, stored);
         *self.applied.lock() = (meta.last_log_id, meta.last_membership.clone());
+        self.feed
+            .restart_at(meta.last_log_id.as_ref().map_or(0, |l| l.index));
         self.replicas.store(trailer.replicas, Ordering::Relaxed);
         self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
         self.stats.installed(started.elapsed());

@@ -74,4 +74,8 @@ pub struct ClusterStatus {
     pub snapshot_rate: u64,
     pub snapshot_throttle_pauses: u64,
     pub snapshot_throttle_millis: u64,
+    /// Watches waiting for a change (`MetaNode::watch`).
+    pub watches_waiting: u64,
+    /// Every change after this log index is kept for watchers.
+    pub watch_floor: u64,
 }

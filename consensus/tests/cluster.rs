@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use common::{addr, Cluster, WAIT};
 use meta_consensus::{
-    Command, CommandResult, Consistency, Error, MetaNode, Node, NodeConfig, Role, ShardReport,
+    ChangeFilter, Command, CommandResult, Consistency, Error, MetaNode, Node, NodeConfig, Role,
+    ShardReport,
 };
 use openraft::async_runtime::watch::WatchReceiver as _;
 
@@ -488,6 +489,14 @@ async fn far_behind_learner_catches_up_by_snapshot_then_log() -> Result<()> {
         st.state_machine
     );
     assert_eq!(st.replicas, 3001);
+    // What changed before the snapshot is not known to it: a watch from before is refused.
+    match learner
+        .watch(Some(0), 0, ChangeFilter::All, 10, Duration::ZERO)
+        .await
+    {
+        Err(Error::Compacted { floor, .. }) => assert!(floor >= snap.index, "floor {floor}"),
+        other => panic!("expected compacted, got {other:?}"),
+    }
     c.converged().await?;
 
     // Promote it: a four-voter cluster.

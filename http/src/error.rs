@@ -59,6 +59,10 @@ pub enum ApiError {
     /// A membership change conflicts with the cluster's state (409).
     #[error("{0}")]
     Conflict(String),
+    /// A watch asked for changes after an index this member no longer keeps the changes after
+    /// (410): the client reads the state again and watches from a fresh index.
+    #[error("{0}")]
+    Compacted(String),
     /// The request body did not arrive in time (408; the connection is closed).
     #[error("{0}")]
     BodyTimeout(String),
@@ -134,6 +138,7 @@ impl ApiError {
             | ApiError::RevisionMismatch { .. }
             | ApiError::AlreadyInitialized
             | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Compacted(_) => StatusCode::GONE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoLeader(_)
@@ -156,6 +161,7 @@ impl ApiError {
             ApiError::RevisionMismatch { .. } => "revision_mismatch",
             ApiError::AlreadyInitialized => "already_initialized",
             ApiError::Conflict(_) => "conflict",
+            ApiError::Compacted(_) => "compacted",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
@@ -198,6 +204,7 @@ impl From<meta_consensus::Error> for ApiError {
             E::NotFound(m) => ApiError::NotFound(m),
             E::InvalidArgument(m) => ApiError::invalid("invalid_argument", m),
             E::Conflict(m) => ApiError::Conflict(m),
+            e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())
@@ -325,6 +332,7 @@ mod tests {
             ),
             (ApiError::AlreadyInitialized, 409, "already_initialized"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
+            (ApiError::Compacted("x".into()), 410, "compacted"),
             (ApiError::BodyTimeout("x".into()), 408, "body_timeout"),
             (
                 ApiError::too_large("batch_too_large", "x"),

@@ -216,6 +216,43 @@ impl FollowerReads {
     }
 }
 
+impl FollowerReads {
+    /// The read index a watch with consistency `c` on `node` waits for before it answers (0 for
+    /// `Local`: none): the one a member `replayed` the request with, this node's own when it
+    /// leads, else the leader's, from an exchange. Followers ask even when follower reads are
+    /// off: a watch waits long, and replaying it would hold a connection to the leader for its
+    /// whole wait.
+    pub async fn watch_read_index(
+        &self,
+        node: &MetaNode,
+        c: Consistency,
+        replayed: ReplayedReadIndex,
+    ) -> Result<u64, ApiError> {
+        if c == Consistency::Local {
+            return Ok(0);
+        }
+        if let ReplayedReadIndex(Some(index)) = replayed {
+            return Ok(index);
+        }
+        let target = match node.leader_to_forward_to() {
+            Some((leader_id, addr)) => ForwardTo { leader_id, addr },
+            None => match node.read_index(c).await {
+                Ok(index) => return Ok(index),
+                // It lost leadership meanwhile: ask the new leader.
+                Err(meta_consensus::Error::ForwardToLeader {
+                    leader_id,
+                    leader_addr,
+                }) => ForwardTo {
+                    leader_id,
+                    addr: leader_addr,
+                },
+                Err(e) => return Err(e.into()),
+            },
+        };
+        self.link.read_index(target, c == Consistency::Lease).await
+    }
+}
+
 /// The leader's read index that a member replayed a read with (header [`READ_INDEX`] on a
 /// request carrying the forwarding marker), if any. A value that does not parse counts as
 /// none: the read then confirms leadership itself.

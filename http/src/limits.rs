@@ -22,6 +22,13 @@ pub const DEFAULT_PAGE_LIMIT: usize = 1_000;
 /// Largest page size a listing may ask for.
 pub const MAX_PAGE_LIMIT: usize = 10_000;
 
+/// How long a watch waits for a change when the request names no `wait_ms`.
+pub const DEFAULT_WATCH_WAIT_MS: u64 = 30_000;
+
+/// Longest wait a watch may ask for: below the usual idle timeouts of proxies and load
+/// balancers (60 s), so a waiting watch is not cut by one.
+pub const MAX_WATCH_WAIT_MS: u64 = 55_000;
+
 /// Largest request body of the admin API. It leaves room for a full batch of shards and for a
 /// value of [`MAX_VALUE_BYTES`]; a value between the two limits is refused as `value_too_large`.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;

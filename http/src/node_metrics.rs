@@ -260,6 +260,18 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         "Registered shard replicas",
         count(status.replicas),
     )?;
+    gauge(
+        &mut enc,
+        "metaserver_watches_waiting",
+        "Watches (GET /v1/watch) waiting for a change",
+        count(status.watches_waiting),
+    )?;
+    gauge(
+        &mut enc,
+        "metaserver_watch_floor_index",
+        "Every change after this log index is kept for watchers",
+        count(status.watch_floor),
+    )?;
     Ok(())
 }
 

@@ -12,12 +12,12 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use meta_consensus::Command;
+use meta_consensus::{ChangeFilter, Command};
 
 use crate::error::ApiError;
 use crate::limits::{
-    DEFAULT_PAGE_LIMIT, MAX_ADDR_BYTES, MAX_CURSOR_BYTES, MAX_KEY_BYTES, MAX_PAGE_LIMIT,
-    MAX_SHARDS_PER_BATCH, MAX_VALUE_BYTES,
+    DEFAULT_PAGE_LIMIT, DEFAULT_WATCH_WAIT_MS, MAX_ADDR_BYTES, MAX_CURSOR_BYTES, MAX_KEY_BYTES,
+    MAX_PAGE_LIMIT, MAX_SHARDS_PER_BATCH, MAX_VALUE_BYTES, MAX_WATCH_WAIT_MS,
 };
 
 /// Body of `PUT /v1/datanodes/{id}`.
@@ -155,6 +155,35 @@ pub struct KvListQuery {
     pub consistency: Option<String>,
 }
 
+/// Query of `GET /v1/watch`: `?after=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The log index the client has seen the changes up to (the `index` of its previous
+    /// answer); none: answer at once with the index to start from.
+    pub after: Option<u64>,
+    /// Only the registry changes of this datanode.
+    pub datanode: Option<u64>,
+    /// Only the key-value changes of keys starting with this prefix.
+    pub prefix: Option<String>,
+    /// Most events in the answer, 1 to 10,000 (default 1,000).
+    pub limit: Option<u64>,
+    /// How long to wait for a change, in milliseconds (default 30,000, at most 55,000).
+    pub wait_ms: Option<u64>,
+    /// `linearizable` (default), `lease` or `local`.
+    pub consistency: Option<String>,
+}
+
+/// A validated watch request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRequest {
+    pub after: Option<u64>,
+    pub filter: ChangeFilter,
+    pub limit: usize,
+    pub wait: std::time::Duration,
+    pub consistency: ReadConsistency,
+}
+
 /// Query of key-value writes: `?if_revision=`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -257,20 +286,58 @@ impl KvListQuery {
         let consistency = parse_consistency(self.consistency.as_deref())?;
         let limit = parse_limit(self.limit)?;
         let after = parse_cursor(self.after)?;
-        let prefix = self.prefix.unwrap_or_default();
-        if prefix.len() > MAX_KEY_BYTES {
-            return Err(ApiError::invalid(
-                "invalid_key",
-                format!("prefix is longer than {MAX_KEY_BYTES} bytes"),
-            ));
-        }
-        if prefix.chars().any(char::is_control) {
-            return Err(ApiError::invalid(
-                "invalid_key",
-                "prefix contains control characters",
-            ));
-        }
+        let prefix = parse_prefix(self.prefix.unwrap_or_default())?;
         Ok((prefix, PageRequest { after, limit }, consistency))
+    }
+}
+
+/// Validates a key prefix: at most [`MAX_KEY_BYTES`], no control characters.
+fn parse_prefix(prefix: String) -> Result<String, ApiError> {
+    if prefix.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!("prefix is longer than {MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            "prefix contains control characters",
+        ));
+    }
+    Ok(prefix)
+}
+
+impl WatchQuery {
+    /// Validates the query: at most one filter, a limit and a wait in range.
+    pub fn validate(self) -> Result<WatchRequest, ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let filter = match (self.datanode, self.prefix) {
+            (None, None) => ChangeFilter::All,
+            (Some(id), None) => ChangeFilter::Datanode(id),
+            (None, Some(p)) => ChangeFilter::KeyPrefix(parse_prefix(p)?),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "invalid_query",
+                    "give datanode= (its registry changes) or prefix= (key changes), not both",
+                ))
+            }
+        };
+        let wait_ms = self.wait_ms.unwrap_or(DEFAULT_WATCH_WAIT_MS);
+        if wait_ms > MAX_WATCH_WAIT_MS {
+            return Err(ApiError::invalid(
+                "invalid_wait",
+                format!("wait_ms must be at most {MAX_WATCH_WAIT_MS}, not {wait_ms}"),
+            ));
+        }
+        Ok(WatchRequest {
+            after: self.after,
+            filter,
+            limit,
+            wait: std::time::Duration::from_millis(wait_ms),
+            consistency,
+        })
     }
 }
 

@@ -213,3 +213,49 @@ pub struct HealthView {
     /// `ok`, or what the node is waiting for.
     pub status: String,
 }
+
+/// `GET /v1/watch`: the changes after the index asked for, in log order, and the index to watch
+/// from next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchPage {
+    pub index: u64,
+    pub events: Vec<EventView>,
+}
+
+/// One change: the log index of the entry that made it, and what it changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    pub index: u64,
+    #[serde(flatten)]
+    pub change: ChangeView,
+}
+
+/// What a change was, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ChangeView {
+    DatanodeRegistered {
+        datanode: u64,
+        addr: String,
+        epoch: u64,
+    },
+    DatanodeRemoved {
+        datanode: u64,
+        replicas_removed: u64,
+    },
+    ReplicasRegistered {
+        datanode: u64,
+        shards: Vec<u64>,
+    },
+    ReplicasRemoved {
+        datanode: u64,
+        shards: Vec<u64>,
+    },
+    /// The key's revision is the event's index.
+    KvPut {
+        key: String,
+    },
+    KvDeleted {
+        key: String,
+    },
+}

@@ -11,7 +11,7 @@ use crate::extract::{method_not_allowed, not_found};
 use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
 use crate::forward_batch::{self, PATH_FORWARD_BATCH};
-use crate::handlers::{cluster, datanodes, kv, probes, shards};
+use crate::handlers::{cluster, datanodes, kv, probes, shards, watch};
 use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES};
 use crate::metrics::{record, tag_route};
 use crate::raft_routes::raft_routes;
@@ -47,6 +47,7 @@ fn admin_routes() -> Router<AppState> {
             "/v1/kv/{*key}",
             put(kv::put).get(kv::get).delete(kv::delete),
         )
+        .route("/v1/watch", get(watch::watch))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/learners", post(cluster::add_learner))

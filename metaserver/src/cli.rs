@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// apply work [default: 4096].
     #[arg(long, env = "METASERVER_MAX_PENDING_SHARDS")]
     pub max_pending_shards: Option<u32>,
+    /// How much history of changes the node keeps for watchers (`GET /v1/watch`), in units: a
+    /// change costs one unit plus one per shard id it names; a watcher further behind is told
+    /// to read the state again [default: 1000000].
+    #[arg(long, env = "METASERVER_WATCH_HISTORY")]
+    pub watch_history: Option<usize>,
     /// Benchmarks only: add this many microseconds to every WAL sync, to see how the node
     /// behaves on a disk whose barriers are slower than this one's [default: 0].
     #[arg(long, env = "METASERVER_EMULATED_SYNC_LATENCY_US")]

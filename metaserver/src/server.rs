@@ -108,6 +108,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             Some(why)
         }
     };
+    // Waiting watches answer now (their clients watch on at another member): a long poll must
+    // not hold the drain.
+    node.close_watches();
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(Ok(())) => {}

@@ -37,6 +37,7 @@ struct FileSettings {
     wal_segment_bytes: Option<u64>,
     worker_threads: Option<usize>,
     max_pending_shards: Option<u32>,
+    watch_history: Option<usize>,
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
     follower_reads: Option<bool>,
@@ -75,6 +76,8 @@ pub struct ServeSettings {
     pub worker_threads: Option<usize>,
     /// Admission window of the leader in shards; `None` keeps the node's default.
     pub max_pending_shards: Option<u32>,
+    /// History kept for watchers, in units; `None` keeps the node's default.
+    pub watch_history: Option<usize>,
     /// Added to every WAL sync (benchmarks only); zero by default.
     pub emulated_sync_latency: Duration,
     /// How long a connection may wait for a request's headers; `None` = forever.
@@ -168,6 +171,7 @@ impl ServeSettings {
             wal_segment_bytes: args.wal_segment_bytes.or(file.wal_segment_bytes),
             worker_threads: args.worker_threads.or(file.worker_threads),
             max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
+            watch_history: args.watch_history.or(file.watch_history),
             emulated_sync_latency: Duration::from_micros(
                 args.emulated_sync_latency_us
                     .or(file.emulated_sync_latency_us)
@@ -231,6 +235,9 @@ impl ServeSettings {
         if let Some(n) = self.max_pending_shards {
             cfg.max_pending_shards = n;
         }
+        if let Some(n) = self.watch_history {
+            cfg.watch_history = n;
+        }
         cfg.emulated_sync_latency = self.emulated_sync_latency;
         cfg
     }
@@ -280,7 +287,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -293,6 +300,7 @@ mod tests {
         assert!(!s.follower_reads);
         let cfg = s.node_config("127.0.0.1:1");
         assert_eq!(cfg.max_pending_shards, 100);
+        assert_eq!(cfg.watch_history, 10);
         assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
         let defaults = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
         assert_eq!(defaults.emulated_sync_latency, Duration::ZERO);

@@ -472,6 +472,39 @@ async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_a_waiting_watch_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let start = poll(&http, &format!("{base}/v1/watch"), None, |_| true).await;
+    let index = start["index"].as_u64().unwrap();
+    let watch = {
+        let (http, base) = (http.clone(), base.clone());
+        tokio::spawn(async move {
+            let url = format!("{base}/v1/watch?after={index}&wait_ms=55000");
+            send(&http, Method::GET, &url, None, None).await
+        })
+    };
+    // Once the watch waits at the server (its gauge says so), stop the server.
+    poll(&http, &format!("{base}/metrics"), None, |v| {
+        v.as_str()
+            .is_some_and(|t| t.contains("metaserver_watches_waiting 1"))
+    })
+    .await;
+    let stopping = Instant::now();
+    server.stop().await;
+    // The drain waits for running requests up to 15 s: a watch that held it would show here.
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(10), "stopping took {took:?}");
+    let (status, v) = watch.await.unwrap().expect("the watch was answered");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["events"], json!([]), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();

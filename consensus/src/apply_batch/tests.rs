@@ -1,6 +1,7 @@
 //! Tests of the apply batch: atomic commits with their redo record, and recovery from one.
 
 use super::*;
+use crate::change_feed::{Change, ChangeEvent};
 use crate::registry::Registry;
 
 fn report(id: u64, generation: u64) -> ShardReport {
@@ -365,4 +366,95 @@ fn buckets_hold_scattered_replicas_and_reads_see_them_in_order() {
         .iter()
         .keys()
         .all(|k| k.unwrap()[0] == b'm'));
+}
+
+#[test]
+fn each_command_records_what_it_changed_and_nothing_else() {
+    let (_dir, reg) = registry();
+    let g = reg.current();
+    let mut b = ApplyBatch::new(g.tree.clone(), 0);
+    let mut run = |index: u64, c: Command| {
+        b.execute(index, &c).unwrap();
+        b.take_changes()
+    };
+    let one = |index, change| vec![ChangeEvent { index, change }];
+    let register = |epoch, shards: Vec<ShardReport>| Command::RegisterShards {
+        datanode: 1,
+        epoch,
+        shards,
+    };
+    let dn = Command::RegisterDatanode {
+        id: 1,
+        addr: "a:1".into(),
+    };
+    let registered = Change::DatanodeRegistered {
+        id: 1,
+        addr: "a:1".into(),
+        epoch: 1,
+    };
+    assert_eq!(run(1, dn), one(1, registered));
+    let added = |shards: Vec<u64>| Change::ReplicasRegistered {
+        datanode: 1,
+        shards,
+    };
+    assert_eq!(
+        run(2, register(1, vec![report(5, 1), report(6, 1)])),
+        one(2, added(vec![5, 6]))
+    );
+    // 5 unchanged, 6 stale, 7 new: only 7 changed.
+    let mixed = vec![report(5, 1), report(6, 0), report(7, 1)];
+    assert_eq!(run(3, register(1, mixed)), one(3, added(vec![7])));
+    // A newer generation changes the replica.
+    assert_eq!(
+        run(4, register(1, vec![report(5, 2)])),
+        one(4, added(vec![5]))
+    );
+    // Identical again, fenced, unknown datanode: nothing.
+    assert_eq!(run(5, register(1, vec![report(5, 2)])), vec![]);
+    assert_eq!(run(6, register(9, vec![report(8, 1)])), vec![]);
+    let unknown = Command::RegisterShards {
+        datanode: 2,
+        epoch: 1,
+        shards: vec![report(8, 1)],
+    };
+    assert_eq!(run(7, unknown), vec![]);
+    let drop_some = Command::DeregisterShards {
+        datanode: 1,
+        shards: vec![6, 7, 99],
+    };
+    let removed = Change::ReplicasRemoved {
+        datanode: 1,
+        shards: vec![6, 7],
+    };
+    assert_eq!(run(8, drop_some), one(8, removed));
+    let none_held = Command::DeregisterShards {
+        datanode: 1,
+        shards: vec![99],
+    };
+    assert_eq!(run(9, none_held), vec![]);
+    let put = |if_revision| Command::Put {
+        key: "k".into(),
+        value: b"v".to_vec(),
+        if_revision,
+    };
+    assert_eq!(
+        run(10, put(Some(0))),
+        one(10, Change::KvPut { key: "k".into() })
+    );
+    assert_eq!(run(11, put(Some(3))), vec![], "a failed compare-and-swap");
+    let delete = |if_revision| Command::Delete {
+        key: "k".into(),
+        if_revision,
+    };
+    assert_eq!(run(12, delete(Some(3))), vec![]);
+    let deleted = Change::KvDeleted { key: "k".into() };
+    assert_eq!(run(13, delete(None)), one(13, deleted));
+    assert_eq!(run(14, delete(None)), vec![], "already gone");
+    let remove = Command::RemoveDatanode { id: 1 };
+    let gone = Change::DatanodeRemoved {
+        id: 1,
+        replicas_removed: 1,
+    };
+    assert_eq!(run(15, remove.clone()), one(15, gone));
+    assert_eq!(run(16, remove), vec![], "already gone");
 }

@@ -6,6 +6,7 @@ pub mod datanodes;
 pub mod kv;
 pub mod probes;
 pub mod shards;
+pub mod watch;
 
 use meta_consensus::{CommandResult, Consistency, ShardEntry};
 

@@ -73,9 +73,16 @@ pub fn test_config(id: u64, addr: &str, dir: &std::path::Path) -> NodeConfig {
 
 /// Opens a node over the in-process transport, without initializing it.
 pub async fn open_node(token: Option<&str>) -> TestNode {
+    open_node_tuned(token, |_| {}).await
+}
+
+/// [`open_node`] with `tune` applied to the node's config.
+pub async fn open_node_tuned(token: Option<&str>, tune: fn(&mut NodeConfig)) -> TestNode {
     let dir = tempfile::tempdir().expect("temp dir");
     let router = LocalRouter::new();
-    let node = MetaNode::open(test_config(1, "127.0.0.1:1", dir.path()), router.network(1))
+    let mut cfg = test_config(1, "127.0.0.1:1", dir.path());
+    tune(&mut cfg);
+    let node = MetaNode::open(cfg, router.network(1))
         .await
         .expect("open node");
     router.register(node.clone());
@@ -85,7 +92,12 @@ pub async fn open_node(token: Option<&str>) -> TestNode {
 
 /// Opens a node and initializes it as a one-node cluster; returns once it leads.
 pub async fn leader_node(token: Option<&str>) -> TestNode {
-    let t = open_node(token).await;
+    leader_node_tuned(token, |_| {}).await
+}
+
+/// [`leader_node`] with `tune` applied to the node's config.
+pub async fn leader_node_tuned(token: Option<&str>, tune: fn(&mut NodeConfig)) -> TestNode {
+    let t = open_node_tuned(token, tune).await;
     t.node
         .initialize(BTreeMap::from([(1, Node::new("127.0.0.1:1"))]))
         .await

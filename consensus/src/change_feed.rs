@@ -1,0 +1,307 @@
+//! The change feed: a bounded in-memory history of what applied entries changed in the registry,
+//! by log index, so that clients learn of changes by watching instead of polling listings.
+//!
+//! Every member records the changes it applies; applying is deterministic, so every member
+//! records the same events under the same log indexes, and a client may move between members
+//! with the index it reached. An event says what changed (a datanode registered or removed, the
+//! replicas of a datanode that were added, changed or dropped, a key written or deleted), not
+//! the new state: a client re-reads what it cares about. Entries that change nothing (an
+//! identical re-registration of a replica, a fenced batch, a failed compare-and-swap) record no
+//! event, so a restart storm that re-registers unchanged replicas wakes no watcher.
+//!
+//! Contracts:
+//! - Every change applied after [`ChangeFeed::floor`] is kept, in log order. The history holds
+//!   at most `capacity` units (an event costs one unit plus one per shard id it names); the
+//!   oldest events go first, and the floor rises to the newest index they held.
+//! - The feed starts at the applied index found at open, and starts again at a snapshot's
+//!   index when one is installed: what happened before is not known to this member.
+//! - [`ChangeFeed::record`] makes a batch of events and the applied index visible together,
+//!   after the registry shows their writes, so a client that reads after seeing an event sees
+//!   at least that change.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+/// What one applied entry changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A datanode registered (or registered again) with this address, starting incarnation
+    /// `epoch`.
+    DatanodeRegistered { id: u64, addr: String, epoch: u64 },
+    /// A datanode was removed, and with it every replica it held.
+    DatanodeRemoved { id: u64, replicas_removed: u64 },
+    /// Replicas of these shards on `datanode` were added or changed (generation or size).
+    ReplicasRegistered { datanode: u64, shards: Vec<u64> },
+    /// Replicas of these shards on `datanode` were dropped.
+    ReplicasRemoved { datanode: u64, shards: Vec<u64> },
+    /// A key was written; its revision is the event's index.
+    KvPut { key: String },
+    /// A key was deleted.
+    KvDeleted { key: String },
+}
+
+impl Change {
+    /// The datanode the change is about, if it is a registry change.
+    pub fn datanode(&self) -> Option<u64> {
+        match self {
+            Change::DatanodeRegistered { id, .. } | Change::DatanodeRemoved { id, .. } => Some(*id),
+            Change::ReplicasRegistered { datanode, .. }
+            | Change::ReplicasRemoved { datanode, .. } => Some(*datanode),
+            Change::KvPut { .. } | Change::KvDeleted { .. } => None,
+        }
+    }
+
+    /// The key the change is about, if it is a key-value change.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Change::KvPut { key } | Change::KvDeleted { key } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// What the event costs in the history: one unit, plus one per shard id it names.
+    fn units(&self) -> usize {
+        1 + match self {
+            Change::ReplicasRegistered { shards, .. } | Change::ReplicasRemoved { shards, .. } => {
+                shards.len()
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// A change and the log index of the entry that made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeEvent {
+    pub index: u64,
+    pub change: Change,
+}
+
+/// Which events a watcher wants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ChangeFilter {
+    /// Every event.
+    #[default]
+    All,
+    /// Registry events of one datanode (its registrations, removal and replicas).
+    Datanode(u64),
+    /// Key-value events of keys starting with this prefix.
+    KeyPrefix(String),
+}
+
+impl ChangeFilter {
+    fn matches(&self, c: &Change) -> bool {
+        match self {
+            ChangeFilter::All => true,
+            ChangeFilter::Datanode(id) => c.datanode() == Some(*id),
+            ChangeFilter::KeyPrefix(p) => c.key().is_some_and(|k| k.starts_with(p.as_str())),
+        }
+    }
+}
+
+/// What a watch answers: the matching events after the index asked for, in log order, and the
+/// index to watch from next (every matching event up to it was returned).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeBatch {
+    pub events: Vec<ChangeEvent>,
+    pub index: u64,
+}
+
+/// The changes after the index asked for are no longer kept (or, after a snapshot install or
+/// a restart, never were on this member): the watcher must read the state again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compacted {
+    /// Every change after this index is kept.
+    pub floor: u64,
+}
+
+/// Most units one [`ChangeFeed::read`] returns (it returns at least one event): 64k shard ids
+/// make about half a megabyte of JSON.
+pub const MAX_READ_UNITS: usize = 65_536;
+
+/// The default history: a million units, about a whole registration storm of the size
+/// (a million replicas) and some 30 MB of memory at most.
+pub const DEFAULT_HISTORY: usize = 1_000_000;
+
+#[derive(Debug)]
+struct History {
+    events: VecDeque<ChangeEvent>,
+    units: usize,
+    capacity: usize,
+    /// Every change after this index is in `events`.
+    floor: u64,
+    /// The applied index the events are complete up to.
+    applied: u64,
+}
+
+impl History {
+    fn trim(&mut self) {
+        while self.units > self.capacity {
+            let Some(old) = self.events.pop_front() else {
+                break;
+            };
+            self.units -= old.change.units();
+            self.floor = self.floor.max(old.index);
+        }
+    }
+}
+
+/// The change feed of one member (see the module comment).
+#[derive(Debug)]
+pub struct ChangeFeed {
+    history: Mutex<History>,
+    /// The applied index recorded last, for waiters; closed (sender dropped) never: a closing
+    /// node calls [`ChangeFeed::close`], which sends `u64::MAX`.
+    applied: watch::Sender<u64>,
+    /// Watchers in [`ChangeFeed::wait_past`] now.
+    waiting: AtomicUsize,
+}
+
+/// Counts a waiter while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ChangeFeed {
+    /// A feed that knows every change after `applied` (none yet) and keeps `capacity` units.
+    pub fn new(applied: u64, capacity: usize) -> Self {
+        ChangeFeed {
+            history: Mutex::new(History {
+                events: VecDeque::new(),
+                units: 0,
+                capacity,
+                floor: applied,
+                applied,
+            }),
+            applied: watch::Sender::new(applied),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// Keeps at most `capacity` units from now on (dropping the oldest events at once).
+    pub fn set_capacity(&self, capacity: usize) {
+        let mut h = self.history.lock();
+        h.capacity = capacity;
+        h.trim();
+    }
+
+    /// Every change after this index is kept.
+    pub fn floor(&self) -> u64 {
+        self.history.lock().floor
+    }
+
+    /// The applied index the feed is complete up to.
+    pub fn applied(&self) -> u64 {
+        self.history.lock().applied
+    }
+
+    /// Records `events` (log order, after every event recorded before) and that the registry
+    /// applied every entry up to `applied`; wakes the waiters. Call after the registry shows
+    /// the events' writes.
+    pub fn record(&self, events: Vec<ChangeEvent>, applied: u64) {
+        {
+            let mut h = self.history.lock();
+            for e in events {
+                h.units += e.change.units();
+                h.events.push_back(e);
+            }
+            h.applied = h.applied.max(applied);
+            h.trim();
+        }
+        self.applied.send_if_modified(|a| {
+            let newer = applied > *a && *a != u64::MAX;
+            if newer {
+                *a = applied;
+            }
+            newer
+        });
+    }
+
+    /// Forgets every event: the registry was replaced by a snapshot taken at `applied`, and
+    /// what changed before it is not known here.
+    pub fn restart_at(&self, applied: u64) {
+        {
+            let mut h = self.history.lock();
+            h.events.clear();
+            h.units = 0;
+            h.floor = applied;
+            h.applied = applied;
+        }
+        self.applied.send_if_modified(|a| {
+            let changed = *a != applied && *a != u64::MAX;
+            if changed {
+                *a = applied;
+            }
+            changed
+        });
+    }
+
+    /// Wakes every waiter for good: the node is closing.
+    pub fn close(&self) {
+        self.applied.send_replace(u64::MAX);
+    }
+
+    /// The events after `after` that `filter` wants, at most `limit` events and about
+    /// [`MAX_READ_UNITS`] units (at least one event), and the index to read from next.
+    /// [`Compacted`] if changes after `after` are no longer kept.
+    pub fn read(
+        &self,
+        after: u64,
+        filter: &ChangeFilter,
+        limit: usize,
+    ) -> Result<ChangeBatch, Compacted> {
+        let h = self.history.lock();
+        if after < h.floor {
+            return Err(Compacted { floor: h.floor });
+        }
+        let start = h.events.partition_point(|e| e.index <= after);
+        let mut events = Vec::new();
+        let mut units = 0;
+        for e in h.events.range(start..) {
+            if events.len() >= limit.max(1) || (units >= MAX_READ_UNITS && !events.is_empty()) {
+                // Full: the next read starts after the last event returned.
+                let index = events.last().map_or(after, |l: &ChangeEvent| l.index);
+                return Ok(ChangeBatch { events, index });
+            }
+            if filter.matches(&e.change) {
+                units += e.change.units();
+                events.push(e.clone());
+            }
+        }
+        Ok(ChangeBatch {
+            events,
+            index: h.applied.max(after),
+        })
+    }
+
+    /// Waits until the feed records an applied index above `index`, the feed closes, or
+    /// `timeout` passes; returns whether it may have moved past `index`.
+    pub async fn wait_past(&self, index: u64, timeout: Duration) -> bool {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _counted = Waiting(&self.waiting);
+        let mut rx = self.applied.subscribe();
+        let moved = tokio::time::timeout(timeout, rx.wait_for(|a| *a > index)).await;
+        matches!(moved, Ok(Ok(_)))
+    }
+
+    /// Watchers waiting for a change now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether [`ChangeFeed::close`] was called.
+    pub fn closed(&self) -> bool {
+        *self.applied.borrow() == u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests;

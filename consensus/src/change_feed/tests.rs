@@ -1,0 +1,203 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+fn put(index: u64, key: &str) -> ChangeEvent {
+    ChangeEvent {
+        index,
+        change: Change::KvPut { key: key.into() },
+    }
+}
+
+fn replicas(index: u64, datanode: u64, n: u64) -> ChangeEvent {
+    ChangeEvent {
+        index,
+        change: Change::ReplicasRegistered {
+            datanode,
+            shards: (0..n).collect(),
+        },
+    }
+}
+
+fn indexes(b: &ChangeBatch) -> Vec<u64> {
+    b.events.iter().map(|e| e.index).collect()
+}
+
+#[test]
+fn reads_the_events_after_an_index_and_where_to_go_on() {
+    let feed = ChangeFeed::new(10, 100);
+    feed.record(vec![put(11, "a"), put(13, "b")], 13);
+    feed.record(vec![], 15);
+    let all = feed.read(10, &ChangeFilter::All, 100).unwrap();
+    assert_eq!(indexes(&all), vec![11, 13]);
+    assert_eq!(all.index, 15, "complete up to the applied index");
+    let rest = feed.read(11, &ChangeFilter::All, 100).unwrap();
+    assert_eq!(indexes(&rest), vec![13]);
+    let none = feed.read(15, &ChangeFilter::All, 100).unwrap();
+    assert!(none.events.is_empty());
+    assert_eq!(none.index, 15);
+    // An index from a member that applied more: nothing yet, and the index is kept.
+    let ahead = feed.read(20, &ChangeFilter::All, 100).unwrap();
+    assert_eq!((ahead.events.len(), ahead.index), (0, 20));
+}
+
+#[test]
+fn a_full_page_resumes_after_its_last_event() {
+    let feed = ChangeFeed::new(0, 100);
+    feed.record((1..=5).map(|i| put(i, "k")).collect(), 7);
+    let first = feed.read(0, &ChangeFilter::All, 2).unwrap();
+    assert_eq!((indexes(&first), first.index), (vec![1, 2], 2));
+    let second = feed.read(first.index, &ChangeFilter::All, 2).unwrap();
+    assert_eq!((indexes(&second), second.index), (vec![3, 4], 4));
+    let last = feed.read(second.index, &ChangeFilter::All, 2).unwrap();
+    assert_eq!((indexes(&last), last.index), (vec![5], 7));
+}
+
+#[test]
+fn a_page_holds_about_max_read_units_but_at_least_one_event() {
+    let feed = ChangeFeed::new(0, 10 * MAX_READ_UNITS);
+    let big = MAX_READ_UNITS as u64;
+    feed.record(
+        vec![replicas(1, 1, big), replicas(2, 1, 10), replicas(3, 1, 10)],
+        3,
+    );
+    let first = feed.read(0, &ChangeFilter::All, 100).unwrap();
+    assert_eq!((indexes(&first), first.index), (vec![1], 1));
+    let rest = feed.read(1, &ChangeFilter::All, 100).unwrap();
+    assert_eq!((indexes(&rest), rest.index), (vec![2, 3], 3));
+}
+
+#[test]
+fn filters_pick_a_datanode_or_a_key_prefix() {
+    let feed = ChangeFeed::new(0, 100);
+    feed.record(
+        vec![
+            replicas(1, 7, 2),
+            put(2, "config/a"),
+            ChangeEvent {
+                index: 3,
+                change: Change::DatanodeRemoved {
+                    id: 7,
+                    replicas_removed: 2,
+                },
+            },
+            put(4, "other"),
+            replicas(5, 8, 1),
+            ChangeEvent {
+                index: 6,
+                change: Change::KvDeleted {
+                    key: "config/b".into(),
+                },
+            },
+        ],
+        6,
+    );
+    let dn = feed.read(0, &ChangeFilter::Datanode(7), 100).unwrap();
+    assert_eq!((indexes(&dn), dn.index), (vec![1, 3], 6));
+    let kv = feed
+        .read(0, &ChangeFilter::KeyPrefix("config/".into()), 100)
+        .unwrap();
+    assert_eq!((indexes(&kv), kv.index), (vec![2, 6], 6));
+}
+
+#[test]
+fn the_oldest_events_go_first_and_raise_the_floor() {
+    let feed = ChangeFeed::new(0, 10);
+    feed.record(vec![replicas(1, 1, 4), replicas(2, 1, 4)], 2);
+    assert_eq!(feed.floor(), 0, "10 units fit");
+    feed.record(vec![put(3, "k")], 3);
+    assert_eq!(feed.floor(), 1, "event 1 dropped");
+    assert_eq!(
+        feed.read(0, &ChangeFilter::All, 10),
+        Err(Compacted { floor: 1 })
+    );
+    assert_eq!(
+        indexes(&feed.read(1, &ChangeFilter::All, 10).unwrap()),
+        vec![2, 3]
+    );
+    feed.set_capacity(1);
+    assert_eq!(feed.floor(), 2);
+    assert_eq!(
+        indexes(&feed.read(2, &ChangeFilter::All, 10).unwrap()),
+        vec![3]
+    );
+}
+
+#[test]
+fn a_snapshot_install_forgets_the_history() {
+    let feed = ChangeFeed::new(0, 100);
+    feed.record(vec![put(1, "a"), put(2, "b")], 2);
+    feed.restart_at(50);
+    assert_eq!(
+        feed.read(2, &ChangeFilter::All, 10),
+        Err(Compacted { floor: 50 })
+    );
+    let b = feed.read(50, &ChangeFilter::All, 10).unwrap();
+    assert_eq!((b.events.len(), b.index), (0, 50));
+}
+
+#[tokio::test]
+async fn a_waiter_wakes_when_an_index_past_its_own_is_recorded() {
+    let feed = Arc::new(ChangeFeed::new(5, 100));
+    assert!(
+        !feed.wait_past(5, Duration::from_millis(20)).await,
+        "nothing new"
+    );
+    assert!(
+        feed.wait_past(4, Duration::from_millis(20)).await,
+        "5 is past 4"
+    );
+    let waiter = {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+    };
+    // Whether the waiter subscribed before or after this, it sees 6.
+    feed.record(vec![put(6, "k")], 6);
+    let woke = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken long before its timeout")
+        .unwrap();
+    assert!(woke);
+    assert_eq!(feed.waiting(), 0, "it waits no more");
+}
+
+#[tokio::test]
+async fn waiters_are_counted_while_they_wait() {
+    let feed = Arc::new(ChangeFeed::new(5, 100));
+    let waiter = {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while feed.waiting() != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiter is counted");
+    feed.record(vec![], 6);
+    let woke = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken long before its timeout")
+        .unwrap();
+    assert!(woke);
+}
+
+#[tokio::test]
+async fn closing_wakes_every_waiter() {
+    let feed = Arc::new(ChangeFeed::new(5, 100));
+    let waiter = {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+    };
+    feed.close();
+    assert!(feed.closed());
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken long before its timeout")
+        .unwrap();
+    // A later record does not undo the close.
+    feed.record(vec![], 7);
+    assert!(feed.closed());
+}

@@ -1,0 +1,74 @@
+//! Watching: long polls on the change feed (`change_feed.rs`), so that clients that route by
+//! the shard map or follow keys learn of changes without polling listings.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::MetaNode;
+use crate::change_feed::{ChangeBatch, ChangeFilter};
+use crate::error::{Error, Result};
+
+impl MetaNode {
+    /// The changes after log index `after` that `filter` wants (at most `limit` events), in
+    /// log order, and the index to watch from next; waits up to `wait` for one if there is
+    /// none yet, then answers none. Without `after` it answers at once, with no events and
+    /// the index to start from (list the state after this call, then watch from that index).
+    ///
+    /// Contract: when `read_index` is above 0 (a read index from [`MetaNode::read_index`],
+    /// possibly the leader's), it first waits until this node applied it, so the answer
+    /// covers every change committed before the read index was taken ([`Error::Timeout`] if
+    /// that takes longer than the request timeout). Every change after `after` up to the
+    /// returned index that `filter` wants is in the answer or in those after it. The events
+    /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
+    /// (or never kept: a restart, a snapshot install) the changes after `after`. Once the node
+    /// starts to close ([`MetaNode::close_watches`]) it answers at once.
+    pub async fn watch(
+        &self,
+        after: Option<u64>,
+        read_index: u64,
+        filter: ChangeFilter,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<ChangeBatch> {
+        self.check_open()?;
+        let feed = &self.inner.sm.feed;
+        if read_index > feed.applied() {
+            self.wait_applied(read_index, self.inner.cfg.request_timeout)
+                .await?;
+        }
+        let Some(mut after) = after else {
+            return Ok(ChangeBatch {
+                events: Vec::new(),
+                index: feed.applied(),
+            });
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            let batch = feed
+                .read(after, &filter, limit)
+                .map_err(|c| Error::Compacted {
+                    after,
+                    floor: c.floor,
+                })?;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if !batch.events.is_empty() || remaining.is_zero() || feed.closed() {
+                return Ok(batch);
+            }
+            // Nothing wanted up to batch.index: wait for entries past it.
+            after = batch.index;
+            feed.wait_past(after, remaining).await;
+        }
+    }
+
+    /// Answers every running watch at once, and every later one without waiting: the node is
+    /// about to stop, and a long poll must not hold its drain.
+    pub fn close_watches(&self) {
+        self.inner.sm.feed.close();
+    }
+
+    /// Every change after this log index is kept by this node's change feed.
+    pub fn watch_floor(&self) -> u64 {
+        self.inner.sm.feed.floor()
+    }
+}
