@@ -32,6 +32,8 @@ pub enum Command {
     Shards(ShardsArgs),
     /// Register a datanode's shards from a JSON file.
     Register(RegisterArgs),
+    /// Follow the changes (one JSON event per line), all or of one datanode or key prefix.
+    Watch(WatchArgs),
     /// Snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -149,6 +151,25 @@ pub struct ShardsArgs {
     /// Only this datanode's replicas.
     #[arg(long)]
     pub datanode: Option<u64>,
+}
+
+/// Options of `watch`.
+#[derive(Debug, Clone, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Start after this log index (default: now).
+    #[arg(long)]
+    pub after: Option<u64>,
+    /// Only this datanode's registry changes.
+    #[arg(long, conflicts_with = "prefix")]
+    pub datanode: Option<u64>,
+    /// Only the changes of keys starting with this prefix.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Print the first answer that has events, then exit (for scripts).
+    #[arg(long)]
+    pub once: bool,
 }
 
 /// Options of `register`.

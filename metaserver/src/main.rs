@@ -33,6 +33,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Status(args) => operator::status(args).await,
         Command::Shards(args) => operator::shards(args).await,
         Command::Register(args) => operator::register(args).await,
+        Command::Watch(args) => operator::watch(args).await,
         Command::Snapshot(SnapshotCommand::Save { client, file }) => {
             operator::snapshot_save(client, &file).await
         }

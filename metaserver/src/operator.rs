@@ -1,4 +1,5 @@
-//! Operator commands over the admin API: `status`, `shards`, `register` and `snapshot save`
+//! Operator commands over the admin API: `status`, `shards`, `register`, `watch` and
+//! `snapshot save`
 //! (`snapshot restore` is in `restore.rs`).
 //! Any member will do: writes sent to a follower are forwarded to the leader.
 
@@ -9,11 +10,11 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::ShardBody;
-use meta_http::response::{ClusterView, DatanodeView, ShardPage, ShardsRegistered};
+use meta_http::response::{ClusterView, DatanodeView, ShardPage, ShardsRegistered, WatchPage};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs};
+use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs, WatchArgs};
 
 /// A client of one member.
 pub struct Operator {
@@ -64,10 +65,15 @@ impl Operator {
             .send()
             .await
             .with_context(|| format!("contacting {}", self.base))?;
-        let status = response.status();
-        if status.is_success() {
+        if response.status().is_success() {
             return Ok(response);
         }
+        Err(self.refusal(response).await)
+    }
+
+    /// The error for a non-2xx answer: its status, and the API's code and message.
+    async fn refusal(&self, response: reqwest::Response) -> anyhow::Error {
+        let status = response.status();
         let body = response.text().await.unwrap_or_default();
         let detail = serde_json::from_str::<Value>(&body)
             .ok()
@@ -80,7 +86,7 @@ impl Operator {
                 ))
             })
             .unwrap_or(body);
-        bail!("{} answered {status}: {detail}", self.base)
+        anyhow::anyhow!("{} answered {status}: {detail}", self.base)
     }
 
     pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -126,6 +132,58 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// How long `watch` waits before asking again after the member could not answer (no leader, a
+/// restart under way).
+const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `metaserver watch [--after N] [--datanode N | --prefix P] [--once]`: every change after the
+/// index (or from now), one JSON event per line, until interrupted. It rides out a member that
+/// cannot answer for a while (503, a refused connection) by asking again every second; a
+/// history that no longer holds its index (410 `compacted`) ends it with an error.
+pub async fn watch(args: WatchArgs) -> Result<()> {
+    let op = Operator::new(&args.client)?;
+    let mut filter: Vec<(&str, String)> = Vec::new();
+    if let Some(id) = args.datanode {
+        filter.push(("datanode", id.to_string()));
+    }
+    if let Some(prefix) = &args.prefix {
+        filter.push(("prefix", prefix.clone()));
+    }
+    let mut after = match args.after {
+        Some(index) => index,
+        None => op.get_json::<WatchPage>("/v1/watch").await?.index,
+    };
+    let stdout = std::io::stdout();
+    loop {
+        let request = op
+            .request(reqwest::Method::GET, "/v1/watch")
+            .query(&[("after", after.to_string())])
+            .query(&filter);
+        let page: WatchPage = match request.send().await {
+            Ok(r) if r.status().is_success() => {
+                r.json().await.context("decoding a watch answer")?
+            }
+            Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                return Err(op.refusal(r).await)
+            }
+            // No leader, a node stopping or restarting: ask again.
+            Ok(_) | Err(_) => {
+                tokio::time::sleep(WATCH_RETRY).await;
+                continue;
+            }
+        };
+        let mut out = stdout.lock();
+        for event in &page.events {
+            writeln!(out, "{}", serde_json::to_string(event)?)?;
+        }
+        out.flush()?;
+        after = page.index;
+        if args.once && !page.events.is_empty() {
+            return Ok(());
+        }
+    }
 }
 
 /// `metaserver register --datanode N --file shards.json`: registers the shards in batches of

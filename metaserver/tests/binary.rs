@@ -505,6 +505,55 @@ async fn sigterm_answers_a_waiting_watch_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_command_prints_the_changes_and_refuses_a_lost_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let addr = server.address();
+    let base = format!("http://{addr}");
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let start = poll(&http, &format!("{base}/v1/watch"), None, |_| true).await;
+    let after = start["index"].as_u64().unwrap().to_string();
+    for (key, value) in [("cfg/a b", "1"), ("other", "2")] {
+        let url = format!("{base}/v1/kv/{}", key.replace(' ', "%20"));
+        let (status, v) = send(&http, Method::PUT, &url, None, Some(value.into()))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    let bounded = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tokio::time::timeout(Duration::from_secs(30), run(&args, &[]))
+            .await
+            .expect("the watch command returned")
+    };
+    let args = [
+        "watch", "--server", &addr, "--after", &after, "--prefix", "cfg/", "--once",
+    ];
+    let (ok, out, err) = bounded(args.iter().map(|a| a.to_string()).collect()).await;
+    assert!(ok, "{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert_eq!(lines[0]["kind"], "kv_put");
+    assert_eq!(lines[0]["key"], "cfg/a b");
+
+    // After a restart the member no longer knows the changes after that index.
+    server.stop().await;
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let addr = server.address();
+    poll(&http, &format!("http://{addr}/readyz"), None, |_| true).await;
+    let args = ["watch", "--server", &addr, "--after", &after, "--once"];
+    let (ok, _, err) = bounded(args.iter().map(|a| a.to_string()).collect()).await;
+    assert!(!ok);
+    assert!(err.contains("compacted"), "{err}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();

@@ -20,6 +20,7 @@ pub mod socket_owner;
 pub mod status;
 pub mod storm;
 pub mod wal_files;
+pub mod watcher;
 
 pub use client::{Api, ApiError, Consistency, ShardReport};
 pub use cluster::{Cluster, ClusterConfig, Endpoints};
@@ -31,3 +32,4 @@ pub use registry_state::RegistryState;
 pub use scenario::{run_scenario, within};
 pub use seed::{derived_rng, test_seed};
 pub use storm::{Storm, StormConfig};
+pub use watcher::{Watched, Watcher};

@@ -119,6 +119,11 @@ impl Model {
         self.kv.insert(key.to_owned(), (value.to_vec(), revision));
     }
 
+    /// The keys whose writes were acknowledged.
+    pub fn acked_keys(&self) -> impl Iterator<Item = &String> {
+        self.kv.keys()
+    }
+
     /// A key-value write was refused.
     pub fn kv_rejected(&mut self, key: &str) {
         self.kv_uncertain.remove(key);

@@ -1,17 +1,19 @@
 //! Scenario 1: the leader is killed (SIGKILL) in the middle of a registration storm; a new leader is
 //! elected, registrations continue, the killed node restarts and catches up, and every node holds
-//! every acknowledged replica exactly once.
+//! every acknowledged replica exactly once. A watcher follows the changes throughout, moving
+//! between members, and must have seen every acknowledged replica and key, in log order.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meta_tests::run_scenario;
-use meta_tests::{note, Cluster, ClusterConfig, Model, Storm, StormConfig};
+use meta_tests::{note, Cluster, ClusterConfig, Model, Storm, StormConfig, Watcher};
 
 const STEP: Duration = Duration::from_secs(60);
 
 async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let model = Arc::new(Mutex::new(Model::default()));
+    let watcher = Watcher::start(cluster.endpoints(), cluster.http(), STEP).await?;
     let storm = Storm::start(
         cluster.endpoints(),
         cluster.http(),
@@ -39,7 +41,20 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     cluster.start_node(old.id, &[]).await?;
     storm.wait_progress(1_000, STEP).await?;
     let model = storm.stop().await?.lock().unwrap().clone();
-    cluster.assert_converged(&all, &model, "storm/").await
+    cluster.assert_converged(&all, &model, "storm/").await?;
+    // Everything is applied everywhere now: the watcher catches up to the end of the log.
+    let leader = cluster.wait_leader(&all, STEP).await?;
+    let end = cluster.api(leader.id)?.cluster().await?.applied;
+    watcher.wait_reached(end, STEP).await?;
+    let watched = watcher.stop().await?;
+    note(format!(
+        "watcher: {} events, {} compacted answers",
+        watched.events.len(),
+        watched.compacted
+    ));
+    let violations = watched.violations(&model);
+    anyhow::ensure!(violations.is_empty(), "watch: {violations:#?}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
