@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use meta_store::BarrierMode;
 
+use crate::cluster_id::ClusterId;
 use crate::error::{Error, Result};
 use crate::types::NodeId;
 
@@ -55,6 +56,10 @@ pub struct NodeConfig {
     /// unit plus one per shard id it names (see `change_feed.rs`). 0 keeps none: every watch
     /// from an index before the newest applied one is told the history is compacted.
     pub watch_history: usize,
+    /// The cluster this node belongs to, shared with the transport (which sends it with every
+    /// message to a member and refuses messages of another cluster); filled from the data dir at
+    /// open, set when the node initializes a cluster or is first reached by a member.
+    pub cluster_id: ClusterId,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
 }
@@ -80,6 +85,7 @@ impl NodeConfig {
             wal_segment_bytes: 64 << 20,
             max_pending_shards: 4_096,
             watch_history: crate::change_feed::DEFAULT_HISTORY,
+            cluster_id: ClusterId::default(),
             emulated_sync_latency: Duration::ZERO,
         }
     }
@@ -158,6 +164,10 @@ impl NodeConfig {
             // rest of the quorum still holds them, so the leader re-replicates instead of
             // panicking (see ARCHITECTURE.md, Decisions).
             allow_log_reversion: Some(true),
+            // A node that cannot hear the leader but reaches the others (a one-way cut, a
+            // member stopping with its port closed) asks first whether it could win, and does
+            // not raise its term when it could not: it cannot depose a healthy leader.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         cfg.validate()

@@ -80,18 +80,25 @@ fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record_node_id(dir, &path, id),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record_node_id(dir, id),
         Err(e) => Err(Error::io("read node id", &path, e)),
     }
 }
 
-fn record_node_id(dir: &Path, path: &Path, id: NodeId) -> Result<()> {
-    let tmp = dir.join(format!("{NODE_ID}.tmp"));
-    let mut file = File::create(&tmp).map_err(|e| Error::io("create node id", &tmp, e))?;
-    writeln!(file, "{id}")
+fn record_node_id(dir: &Path, id: NodeId) -> Result<()> {
+    write_durably(dir, NODE_ID, &format!("{id}\n"))
+}
+
+/// Writes `text` as file `name` of `dir` so that it is whole or absent after a crash (temp
+/// file, fsync, rename, dir fsync). Blocking.
+pub(crate) fn write_durably(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let mut file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+    file.write_all(text.as_bytes())
         .and_then(|_| file.sync_all())
-        .map_err(|e| Error::io("write node id", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("name node id", path, e))?;
+        .map_err(|e| Error::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename into place", &path, e))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io("fsync data dir", dir, e))

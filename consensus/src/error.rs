@@ -35,6 +35,13 @@ pub enum Error {
     /// learner not caught up); nothing changed.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A message or a node belongs to another cluster than this node (`cluster_id.rs`).
+    #[error(
+        "this node belongs to cluster {ours:016x}, the other side to cluster {theirs:016x} (a node \
+         initialized on its own, e.g. started with --init, cannot join another cluster: wipe its \
+         data dir and start it without --init)"
+    )]
+    OtherCluster { ours: u64, theirs: u64 },
     /// A watch asked for changes after `after`, which this node no longer keeps (or never
     /// kept: it restarted, or installed a snapshot since); it keeps those after `floor`.
     #[error(

@@ -20,12 +20,14 @@
 //!
 //! Layout of a node's data dir: `wal/` (the Raft log, vote and committed id), `registry/`
 //! (sled), `snapshots/` (snapshot files), `snapshots-incoming/` (snapshots being received),
-//! and an `initialized` marker once the node formed a cluster.
+//! an `initialized` marker once the node formed a cluster, and `cluster-id` once it knows the
+//! cluster it belongs to.
 
 mod apply_batch;
 mod backup;
 mod capture;
 mod change_feed;
+mod cluster_id;
 pub mod codec;
 mod command;
 mod config;
@@ -44,11 +46,13 @@ mod snapshot_format;
 mod state_machine;
 mod status;
 pub mod transport;
+mod trust_marker;
 mod types;
 mod view;
 
 pub use backup::Backup;
 pub use change_feed::{Change, ChangeBatch, ChangeEvent, ChangeFilter, DEFAULT_HISTORY};
+pub use cluster_id::ClusterId;
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};

@@ -47,6 +47,8 @@ struct Inner {
     log: LogStore,
     incoming: PathBuf,
     shut: AtomicBool,
+    /// Set by [`MetaNode::begin_close`].
+    closing: tokio::sync::watch::Sender<bool>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: tokio::sync::Semaphore,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
@@ -90,6 +92,7 @@ impl MetaNode {
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
             // Before anything in the dir is touched: log recovery may cut a torn tail.
             let dir_lock = DataDirLock::acquire(&c.data_dir, c.id)?;
+            c.cluster_id.load(&c.data_dir)?;
             let incoming = c.data_dir.join(INCOMING);
             if incoming.exists() {
                 std::fs::remove_dir_all(&incoming)
@@ -133,6 +136,7 @@ impl MetaNode {
                 log,
                 incoming,
                 shut: AtomicBool::new(false),
+                closing: tokio::sync::watch::Sender::new(false),
                 write_window: tokio::sync::Semaphore::new(window as usize),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
@@ -164,6 +168,28 @@ impl MetaNode {
 
     pub fn config(&self) -> &NodeConfig {
         &self.inner.cfg
+    }
+
+    /// The cluster this node belongs to, if it knows one (see `cluster_id.rs`).
+    pub fn cluster_id(&self) -> Option<u64> {
+        self.inner.cfg.cluster_id.get()
+    }
+
+    /// Accepts a message from a member of cluster `id`: this node's cluster, or, for a node
+    /// that knows none yet, the one it now belongs to (recorded durably before this returns).
+    /// [`Error::OtherCluster`] otherwise: the message must be refused.
+    pub async fn accept_cluster(&self, id: u64) -> Result<()> {
+        match self.cluster_id() {
+            Some(ours) if ours == id => Ok(()),
+            Some(ours) => Err(Error::OtherCluster { ours, theirs: id }),
+            None => {
+                let cluster = self.inner.cfg.cluster_id.clone();
+                let dir = self.inner.cfg.data_dir.clone();
+                blocking(move || cluster.adopt(&dir, id)).await?;
+                tracing::info!("this node belongs to cluster {id:016x} now");
+                Ok(())
+            }
+        }
     }
 
     /// The Raft handle: the HTTP `/raft` router calls `append_entries` and
@@ -348,7 +374,7 @@ impl MetaNode {
         if self.inner.shut.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        self.close_watches();
+        self.begin_close();
         // A snapshot export openraft runs detached stops at its next chunk (its temp file
         // is discarded) instead of running on after the node is gone.
         self.inner.sm.closing.store(true, Ordering::Release);

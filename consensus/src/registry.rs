@@ -20,6 +20,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::records::{AppliedRecord, DatanodeRecord, KvRecord, ReplicaBucket};
+use crate::trust_marker::TrustMarker;
 use crate::types::{LogId, StoredMembership};
 use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo};
 
@@ -222,6 +223,7 @@ fn put_all(
 /// The registry database of one node.
 pub(crate) struct Registry {
     db: sled::Db,
+    trust: TrustMarker,
     current: RwLock<Arc<Generation>>,
     retired: Mutex<Vec<Arc<Generation>>>,
 }
@@ -265,6 +267,7 @@ fn open_db_waiting(
     wait: Duration,
     mut on_contention: impl FnMut(),
 ) -> Result<sled::Db> {
+    remove_unfinished_sled_snapshots(dir)?;
     let deadline = Instant::now() + wait;
     loop {
         let opened = sled::Config::new()
@@ -282,6 +285,36 @@ fn open_db_waiting(
     }
 }
 
+/// Removes `snap.<lsn>.generating` files: sled 0.34 writes its snapshot to such a file, fsyncs
+/// it and renames it to `snap.<lsn>`, but its reader (`get_snapshot_files`) does not skip the
+/// unfinished name. A snapshot write that failed (a full disk: sled writes one at every open)
+/// leaves an empty or short `.generating` file that sorts after the real snapshot, and every
+/// later open fails with "Read corrupted data", also once space is freed. Such a file is never a
+/// complete snapshot, so deleting it loses nothing.
+fn remove_unfinished_sled_snapshots(dir: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(Error::registry(
+                "list registry directory",
+                sled::Error::Io(e),
+            ))
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(path = %entry.path().display(), "removing an unfinished sled snapshot");
+            std::fs::remove_file(entry.path()).map_err(|e| {
+                Error::registry("remove unfinished sled snapshot", sled::Error::Io(e))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// sled reports a held lock as an `Other` IO error with this message (sled 0.34).
 fn is_lock_contention(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.to_string().starts_with("could not acquire lock"))
@@ -290,7 +323,11 @@ fn is_lock_contention(e: &sled::Error) -> bool {
 impl Registry {
     /// Opens (creating if needed) the registry in `dir` with a page cache of `cache_bytes`.
     /// Generations other than the active one (left by a crash during an install) are dropped.
+    ///
+    /// A registry that failed a write is deleted first (see `trust_marker.rs`): the node then
+    /// rebuilds it from the newest snapshot and the log.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
+        let trust = TrustMarker::check(dir)?;
         let db = open_db(dir, cache_bytes)?;
         let number = match db.get(ACTIVE).map_err(|e| Error::registry("open", e))? {
             Some(v) => {
@@ -316,8 +353,10 @@ impl Registry {
             .map_err(|e| Error::registry("open", e))?;
         let generation = Generation::new(tree, number);
         generation.redo_last_commit()?;
+        trust.set()?;
         Ok(Registry {
             db,
+            trust,
             current: RwLock::new(Arc::new(generation)),
             retired: Mutex::new(Vec::new()),
         })
@@ -330,10 +369,15 @@ impl Registry {
 
     /// Writes everything to disk. Blocking: call off the async runtime.
     pub(crate) fn flush(&self) -> Result<()> {
-        self.db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| Error::registry("flush", e))
+        self.db.flush().map(|_| ()).map_err(|e| {
+            self.distrust();
+            Error::registry("flush", e)
+        })
+    }
+
+    /// The registry failed a write: the next start rebuilds it instead of reopening it.
+    pub(crate) fn distrust(&self) {
+        self.trust.revoke();
     }
 
     /// Starts importing a whole registry into a fresh, empty generation.

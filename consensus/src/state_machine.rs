@@ -337,18 +337,25 @@ impl SmShared {
     pub(crate) fn commit_deferred(&self) -> Result<()> {
         let mut deferred = self.deferred.lock();
         self.check_failed()?;
-        Self::commit_taken(&self.failed, deferred.take())
+        self.commit_taken(deferred.take())
     }
 
-    fn commit_taken(failed: &AtomicBool, deferred: Option<Deferred>) -> Result<()> {
+    fn commit_taken(&self, deferred: Option<Deferred>) -> Result<()> {
         let Some(d) = deferred else {
             return Ok(());
         };
         let committed = d.batch.finish().and_then(|w| d.generation.commit(w));
         if committed.is_err() {
-            failed.store(true, Ordering::Release);
+            self.fail();
         }
         committed
+    }
+
+    /// Applying failed part way: refuse to apply or read further, and have the next start
+    /// rebuild the registry rather than trust what sled kept of it.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+        self.registry.distrust();
     }
 
     /// One key as applied, without committing the deferred batch: `from_batch` answers when
@@ -426,13 +433,13 @@ impl SmShared {
         self.check_failed()?;
         let (applied, _) = self.applied();
         if heavy {
-            Self::commit_taken(&self.failed, deferred.take())?;
+            self.commit_taken(deferred.take())?;
             drop(deferred);
             let generation = self.registry.current();
             let mut batch = ApplyBatch::new(generation.tree.clone(), self.replicas());
             let (results, last, membership) = self
                 .execute(&mut batch, applied, entries)
-                .inspect_err(|_| self.failed.store(true, Ordering::Release))?;
+                .inspect_err(|_| self.fail())?;
             let Some(last) = last else {
                 return Ok(results);
             };
@@ -444,7 +451,7 @@ impl SmShared {
                 batch,
                 since: started,
             };
-            Self::commit_taken(&self.failed, Some(deferred))?;
+            self.commit_taken(Some(deferred))?;
             self.publish(last, membership, replicas, added);
             self.feed.record(changes, last.index);
             self.stats.applied(entries.len(), started.elapsed());
@@ -469,7 +476,7 @@ impl SmShared {
             Err(e) => {
                 // The batch may hold part of an entry: drop it and refuse to go on.
                 deferred.take();
-                self.failed.store(true, Ordering::Release);
+                self.fail();
                 return Err(e);
             }
         };
@@ -481,7 +488,7 @@ impl SmShared {
         let replicas = d.batch.replicas();
         let added = d.batch.datanodes_delta() - datanodes_before;
         if membership.is_some() || d.due(started, self.defer_max_age) {
-            Self::commit_taken(&self.failed, deferred.take())?;
+            self.commit_taken(deferred.take())?;
         }
         self.publish(last, membership, replicas, added);
         // Under the batch's lock still: events are recorded in log order.

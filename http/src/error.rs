@@ -59,6 +59,9 @@ pub enum ApiError {
     /// A membership change conflicts with the cluster's state (409).
     #[error("{0}")]
     Conflict(String),
+    /// A node or a message belongs to another cluster (409).
+    #[error("{0}")]
+    OtherCluster(String),
     /// A watch asked for changes after an index this member no longer keeps the changes after
     /// (410): the client reads the state again and watches from a fresh index.
     #[error("{0}")]
@@ -137,7 +140,8 @@ impl ApiError {
             ApiError::Fenced { .. }
             | ApiError::RevisionMismatch { .. }
             | ApiError::AlreadyInitialized
-            | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            | ApiError::Conflict(_)
+            | ApiError::OtherCluster(_) => StatusCode::CONFLICT,
             ApiError::Compacted(_) => StatusCode::GONE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -162,6 +166,7 @@ impl ApiError {
             ApiError::AlreadyInitialized => "already_initialized",
             ApiError::Conflict(_) => "conflict",
             ApiError::Compacted(_) => "compacted",
+            ApiError::OtherCluster(_) => "other_cluster",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
@@ -205,6 +210,7 @@ impl From<meta_consensus::Error> for ApiError {
             E::InvalidArgument(m) => ApiError::invalid("invalid_argument", m),
             E::Conflict(m) => ApiError::Conflict(m),
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
+            e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())
@@ -333,6 +339,7 @@ mod tests {
             (ApiError::AlreadyInitialized, 409, "already_initialized"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Compacted("x".into()), 410, "compacted"),
+            (ApiError::OtherCluster("x".into()), 409, "other_cluster"),
             (ApiError::BodyTimeout("x".into()), 408, "body_timeout"),
             (
                 ApiError::too_large("batch_too_large", "x"),

@@ -217,12 +217,13 @@ impl FollowerReads {
 }
 
 impl FollowerReads {
-    /// The read index a watch with consistency `c` on `node` waits for before it answers (0 for
-    /// `Local`: none): the one a member `replayed` the request with, this node's own when it
-    /// leads, else the leader's, from an exchange. Followers ask even when follower reads are
-    /// off: a watch waits long, and replaying it would hold a connection to the leader for its
-    /// whole wait.
-    pub async fn watch_read_index(
+    /// The read index a request with consistency `c` on `node` must have applied before it
+    /// answers (0 for `Local`: none): the one a member `replayed` the request with, this node's
+    /// own when it leads, else the leader's, from an exchange. For requests that are not
+    /// replayed at the leader: watches (a long wait would hold a connection to the leader),
+    /// readiness and snapshot builds (which act on this member). Followers ask even when
+    /// follower reads are off.
+    pub async fn read_index_for(
         &self,
         node: &MetaNode,
         c: Consistency,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
-use meta_consensus::{Node, NodeId, SnapshotData, TypeConfig, Vote};
+use meta_consensus::{ClusterId, Node, NodeId, SnapshotData, TypeConfig, Vote};
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
@@ -33,6 +33,7 @@ use serde::Serialize;
 
 use crate::append_stream::{answers, requests, AnswerPolicy, Frames, Outstanding};
 use crate::auth::Token;
+use crate::cluster_identity;
 use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::raft_routes::{
@@ -109,6 +110,7 @@ pub struct HttpNetwork {
     id: NodeId,
     client: reqwest::Client,
     token: Token,
+    cluster: ClusterId,
 }
 
 impl HttpNetwork {
@@ -118,7 +120,15 @@ impl HttpNetwork {
             id,
             client: peer_client(),
             token,
+            cluster: ClusterId::default(),
         }
+    }
+
+    /// Every RPC carries `cluster`'s id once it is known: give the node the same handle
+    /// (`NodeConfig::cluster_id`).
+    pub fn with_cluster_id(mut self, cluster: ClusterId) -> Self {
+        self.cluster = cluster;
+        self
     }
 }
 
@@ -136,6 +146,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             append_url,
             client: self.client.clone(),
             token: self.token.clone(),
+            cluster: self.cluster.clone(),
         }
     }
 }
@@ -151,6 +162,7 @@ pub struct HttpConnection {
     append_url: Option<reqwest::Url>,
     client: reqwest::Client,
     token: Token,
+    cluster: ClusterId,
 }
 
 impl HttpConnection {
@@ -162,6 +174,9 @@ impl HttpConnection {
         let mut request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
         if let Some(value) = self.token.header_value() {
             request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        if let Some(value) = cluster_identity::header_value(&self.cluster) {
+            request = request.header(cluster_identity::CLUSTER, value);
         }
         request
     }

@@ -123,7 +123,13 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
             }
             std::future::ready(r.is_ok())
         })
-        .filter_map(|r| std::future::ready(r.ok()));
+        .filter_map(|r| std::future::ready(r.ok()))
+        // A stopping node ends the exchange, or the leader's long-lived request would hold
+        // its drain to the end.
+        .take_until({
+            let node = node.clone();
+            async move { node.closing().await }
+        });
     let answers = node
         .raft()
         .stream_append(Box::pin(requests))

@@ -7,6 +7,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::auth::require_token;
+use crate::cluster_identity::{self, check_cluster, PATH_IDENTITY};
 use crate::extract::{method_not_allowed, not_found};
 use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
@@ -74,7 +75,11 @@ pub fn router(state: AppState) -> Router {
     let reader = state.node.clone();
     Router::new()
         .merge(v1_routes(&state))
-        .merge(raft_routes())
+        .merge(
+            raft_routes()
+                .route(PATH_IDENTITY, post(cluster_identity::identity))
+                .route_layer(from_fn_with_state(state.node.clone(), check_cluster)),
+        )
         .route(
             PATH_FORWARD_BATCH,
             post(move |body| forward_batch::serve(node.clone(), body))

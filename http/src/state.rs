@@ -113,7 +113,9 @@ impl FromRef<AppState> for Metrics {
 }
 
 /// `/readyz`: a member of a cluster with a known leader whose applied index has reached the
-/// commit index this node knew when it started. The catch-up part latches once reached.
+/// leader's read index (its commit index) asked for then, and the commit index this node knew
+/// when it started. The catch-up part latches once reached: a ready node stays ready while it
+/// applies a little behind the leader, as followers do.
 #[derive(Debug)]
 pub struct Readiness {
     start_committed: u64,
@@ -129,8 +131,14 @@ impl Readiness {
         }
     }
 
-    /// `Ok` when ready, otherwise what the node still waits for.
-    pub fn check(&self, status: &ClusterStatus) -> Result<(), String> {
+    /// Whether the node caught up once (then the leader's read index is not needed).
+    pub fn caught_up(&self) -> bool {
+        self.caught_up.load(Ordering::Acquire)
+    }
+
+    /// Whether `status` says the node is a member with a known leader (the part of readiness
+    /// that does not latch).
+    pub fn member_with_leader(status: &ClusterStatus) -> Result<(), String> {
         let member = status.voters.contains(&status.id) || status.learners.contains(&status.id);
         if !member {
             return Err("not a member of a cluster".into());
@@ -138,16 +146,51 @@ impl Readiness {
         if status.leader_id.is_none() {
             return Err("no leader known".into());
         }
-        if !self.caught_up.load(Ordering::Acquire) {
-            let applied = status.applied.unwrap_or(0);
-            if applied < self.start_committed {
-                return Err(format!(
-                    "catching up: applied {applied} of {} committed at start",
-                    self.start_committed
-                ));
-            }
-            self.caught_up.store(true, Ordering::Release);
-        }
         Ok(())
+    }
+
+    /// `Ok` when ready, otherwise what the node still waits for; `leader_index` is the
+    /// leader's read index, asked for while the node has not caught up yet.
+    pub fn check(&self, status: &ClusterStatus, leader_index: Option<u64>) -> Result<(), String> {
+        Self::member_with_leader(status)?;
+        self.catch_up(status.applied.unwrap_or(0), leader_index)
+    }
+
+    fn catch_up(&self, applied: u64, leader_index: Option<u64>) -> Result<(), String> {
+        if self.caught_up() {
+            return Ok(());
+        }
+        let target = self.start_committed.max(leader_index.unwrap_or(0));
+        if applied < target {
+            return Err(format!(
+                "catching up: applied {applied} of {target} (the leader's commit index)"
+            ));
+        }
+        self.caught_up.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_waits_for_the_leaders_index_then_latches() {
+        let r = Readiness {
+            start_committed: 10,
+            caught_up: AtomicBool::new(false),
+        };
+        assert!(
+            r.catch_up(5, None).is_err(),
+            "behind the index known at start"
+        );
+        // A restarted follower knew little at start; the leader's index counts.
+        let err = r.catch_up(201, Some(16_806)).unwrap_err();
+        assert!(err.contains("201 of 16806"), "{err}");
+        assert!(!r.caught_up());
+        r.catch_up(16_806, Some(16_806)).unwrap();
+        assert!(r.caught_up());
+        r.catch_up(0, Some(99_999)).unwrap();
     }
 }

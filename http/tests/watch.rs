@@ -193,7 +193,7 @@ async fn a_stopping_node_answers_its_waiting_watches_at_once() {
         .await
     });
     // Whether the watch waits yet or not, closing answers it.
-    t.node.close_watches();
+    t.node.begin_close();
     let a = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("a closing node kept a watch waiting")

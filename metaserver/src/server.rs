@@ -18,6 +18,9 @@ use crate::shutdown::Signals;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a stopping leader waits for another voter to take over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long closing the node (log close, registry commit and flush) may take before the process
+/// exits anyway: a registry whose writes failed can block its flush forever.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves one node until a shutdown signal; returns once its log is durable.
 pub async fn serve(settings: ServeSettings) -> Result<()> {
@@ -48,12 +51,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         );
     }
     let token = Token::new(settings.token.as_deref());
-    let node = MetaNode::open(
-        settings.node_config(&addr),
-        HttpNetwork::new(settings.id, token.clone()),
-    )
-    .await
-    .with_context(|| {
+    let cfg = settings.node_config(&addr);
+    let network =
+        HttpNetwork::new(settings.id, token.clone()).with_cluster_id(cfg.cluster_id.clone());
+    let node = MetaNode::open(cfg, network).await.with_context(|| {
         format!(
             "opening node {} in {}",
             settings.id,
@@ -110,7 +111,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     };
     // Waiting watches answer now (their clients watch on at another member): a long poll must
     // not hold the drain.
-    node.close_watches();
+    node.begin_close();
+    node.stop_elections();
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(Ok(())) => {}
@@ -118,12 +120,29 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
     }
     if let Some(why) = failure {
-        if let Err(e) = node.shutdown().await {
-            tracing::warn!("closing the node after its core stopped: {e}");
+        match tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("closing the node after its core stopped: {e}"),
+            Err(_) => tracing::warn!(
+                "closing the node after its core stopped: still closing after {CLOSE_TIMEOUT:?}"
+            ),
         }
-        anyhow::bail!("the Raft core stopped: {why}");
+        // Exit here: after a storage error sled's flush (and its handles' drop, which flushes)
+        // can wait forever for a log buffer that will never be written (seen on a full disk),
+        // and the runtime's drop waits for that blocking task.
+        tracing::error!("the Raft core stopped: {why}; exiting with status 1");
+        std::process::exit(1);
     }
-    node.shutdown().await.context("shutting the node down")?;
+    match tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await {
+        Ok(result) => result.context("shutting the node down")?,
+        Err(_) => {
+            tracing::error!(
+                "the node did not close within {CLOSE_TIMEOUT:?} (a storage failure?); exiting \
+                 with status 1"
+            );
+            std::process::exit(1);
+        }
+    }
     tracing::info!("stopped; the log is durable");
     Ok(())
 }

@@ -54,4 +54,10 @@ impl MetaNode {
             }
         }
     }
+
+    /// This node stops: it no longer starts elections (a member whose port is closed hears no
+    /// leader, and would otherwise campaign while its requests drain). Changes no data.
+    pub fn stop_elections(&self) {
+        self.inner.raft.runtime_config().elect(false);
+    }
 }

@@ -46,6 +46,14 @@ impl MetaNode {
                 self.id()
             )));
         }
+        // The cluster's id is recorded before the cluster exists, so every message it sends
+        // carries it (a node that adopted one from a member keeps it).
+        let cluster = self.inner.cfg.cluster_id.clone();
+        let id = cluster
+            .get()
+            .unwrap_or_else(crate::cluster_id::ClusterId::fresh);
+        let dir = self.inner.cfg.data_dir.clone();
+        blocking(move || cluster.adopt(&dir, id)).await?;
         match self.inner.raft.initialize(members).await {
             Ok(()) => {}
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {

@@ -22,7 +22,7 @@ impl MetaNode {
     /// returned index that `filter` wants is in the answer or in those after it. The events
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
     /// (or never kept: a restart, a snapshot install) the changes after `after`. Once the node
-    /// starts to close ([`MetaNode::close_watches`]) it answers at once.
+    /// starts to close ([`MetaNode::begin_close`]) it answers at once.
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -61,10 +61,18 @@ impl MetaNode {
         }
     }
 
-    /// Answers every running watch at once, and every later one without waiting: the node is
-    /// about to stop, and a long poll must not hold its drain.
-    pub fn close_watches(&self) {
+    /// The node is about to stop, and nothing long-lived may hold its drain: answers every
+    /// running watch at once (and every later one without waiting), and ends the replication
+    /// streams from the leader ([`MetaNode::closing`]).
+    pub fn begin_close(&self) {
         self.inner.sm.feed.close();
+        self.inner.closing.send_replace(true);
+    }
+
+    /// Resolves once [`MetaNode::begin_close`] was called (at once if it was).
+    pub async fn closing(&self) {
+        let mut rx = self.inner.closing.subscribe();
+        let _ = rx.wait_for(|closing| *closing).await;
     }
 
     /// Every change after this log index is kept by this node's change feed.

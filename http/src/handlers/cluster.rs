@@ -8,9 +8,11 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use meta_consensus::{ClusterStatus, Node, Role};
 
+use crate::cluster_identity;
 use crate::error::ApiError;
-use crate::extract::{Json, NoQuery, Path};
-use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody};
+use crate::extract::{Json, NoQuery, Path, Query};
+use crate::follower_read::ReplayedReadIndex;
+use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody, ReadQuery};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
 use crate::state::AppState;
 
@@ -102,6 +104,14 @@ pub async fn add_learner(
     Json(body): Json<AddLearnerBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate()?;
+    // A node of another cluster would be refused by every message once added: say so now.
+    cluster_identity::probe(
+        state.forwarder.client(),
+        &state.token,
+        &state.node.config().cluster_id,
+        &body.addr,
+    )
+    .await?;
     state
         .node
         .add_learner(body.id, Node::new(body.addr))
@@ -134,9 +144,22 @@ pub async fn change_voters(
 
 /// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
 pub async fn build_snapshot(
-    _: NoQuery,
     State(state): State<AppState>,
+    Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<SnapshotView>, ApiError> {
+    // A member behind the leader (restarted, catching up) would build, and a backup taken
+    // from it would miss, writes acknowledged before the request: it first applies the
+    // leader's read index, unless asked for its state as it is (`consistency=local`, e.g.
+    // to save what there is while the cluster has no quorum).
+    let consistency = query.validate()?;
+    let index = state
+        .follower_reads
+        .read_index_for(&state.node, consistency.into(), ReplayedReadIndex(None))
+        .await?;
+    state
+        .node
+        .wait_applied(index, state.node.config().request_timeout)
+        .await?;
     let info = state.node.snapshot_now().await?;
     Ok(axum::Json(SnapshotView {
         index: info.index,

@@ -4,9 +4,12 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use meta_consensus::Consistency;
+
 use crate::error::{error_response, ApiError};
+use crate::follower_read::ReplayedReadIndex;
 use crate::response::HealthView;
-use crate::state::AppState;
+use crate::state::{AppState, Readiness};
 
 /// Content type of the OpenMetrics text format that `/metrics` answers in.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -21,7 +24,24 @@ pub async fn healthz() -> axum::Json<HealthView> {
 /// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
 /// `not_ready` saying what it waits for.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.readiness.check(&state.node.status()) {
+    let status = state.node.status();
+    let mut leader_index = None;
+    if !state.readiness.caught_up() && Readiness::member_with_leader(&status).is_ok() {
+        // What the node must apply to serve what the cluster acknowledged: the leader's
+        // commit index (its lease is enough: this is a probe, not a read).
+        match state
+            .follower_reads
+            .read_index_for(&state.node, Consistency::Lease, ReplayedReadIndex(None))
+            .await
+        {
+            Ok(index) => leader_index = Some(index),
+            Err(e) => {
+                let why = format!("no commit index from the leader: {e}");
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why);
+            }
+        }
+    }
+    match state.readiness.check(&status, leader_index) {
         Ok(()) => axum::Json(HealthView {
             status: "ok".into(),
         })

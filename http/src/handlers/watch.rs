@@ -21,7 +21,7 @@ pub async fn watch(
     let req = query.validate()?;
     let read_index = state
         .follower_reads
-        .watch_read_index(&state.node, req.consistency.into(), replayed)
+        .read_index_for(&state.node, req.consistency.into(), replayed)
         .await?;
     let batch = state
         .node

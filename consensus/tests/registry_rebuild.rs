@@ -1,0 +1,60 @@
+//! A registry that failed a write (its trust marker gone) is not reopened: the node deletes it
+//! and rebuilds it from the newest snapshot and the log, and holds every acknowledged write.
+
+mod common;
+
+use anyhow::{ensure, Context, Result};
+use common::Cluster;
+use meta_consensus::{Command, Consistency, NodeConfig};
+
+fn snapshot_friendly(cfg: &mut NodeConfig) {
+    cfg.max_in_snapshot_log_to_keep = 0;
+}
+
+fn put(key: &str) -> Command {
+    Command::Put {
+        key: key.into(),
+        value: key.as_bytes().to_vec(),
+        if_revision: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_registry_is_rebuilt_from_the_snapshot_and_the_log() -> Result<()> {
+    let mut c = Cluster::three_tuned(snapshot_friendly).await?;
+    let l = c.leader().await?;
+    for i in 0..20 {
+        l.write(put(&format!("before/{i}"))).await?;
+    }
+    // Every node builds a snapshot and purges its log up to it.
+    for n in c.nodes.values() {
+        n.snapshot_now().await?;
+    }
+    for i in 0..20 {
+        l.write(put(&format!("after/{i}"))).await?;
+    }
+    let (_, digest) = c.converged().await?;
+    let id = if l.id() == 1 { 2 } else { 1 };
+    c.stop(id).await?;
+    let marker = c.dir(id).join("registry").join("TRUSTED");
+    ensure!(
+        marker.exists(),
+        "a cleanly opened registry is marked trusted"
+    );
+    std::fs::remove_file(&marker)?;
+    // Shows whether the registry was deleted rather than reopened.
+    let left_over = c.dir(id).join("registry").join("left-over");
+    std::fs::write(&left_over, b"x")?;
+    let n = c.start(id).await?;
+    ensure!(!left_over.exists(), "the untrusted registry was reopened");
+    ensure!(marker.exists(), "the rebuilt registry is trusted again");
+    c.converged().await?;
+    let (_, again) = n.registry_digest().await?;
+    ensure!(again == digest, "the rebuilt registry differs");
+    for key in ["before/0", "before/19", "after/0", "after/19"] {
+        n.kv_get(Consistency::Local, key)
+            .await?
+            .with_context(|| format!("{key} lost by the rebuild"))?;
+    }
+    c.shutdown().await
+}

@@ -1,0 +1,92 @@
+//! Which cluster a message between members belongs to: every Raft RPC carries the sender's
+//! cluster id (header [`CLUSTER`], hex), and the `/raft` routes refuse one of another cluster
+//! (409 `other_cluster`; the sender counts the peer as unreachable and backs off). A node that
+//! knows no cluster yet adopts the id of the first message (see `meta-consensus`'s
+//! `cluster_id.rs`). Adding a learner first asks the new node ([`PATH_IDENTITY`]), so that a
+//! node initialized on its own (started with `--init` by mistake) is refused with a clear
+//! answer instead of being added and then refused by every message.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderName;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use meta_consensus::{ClusterId, MetaNode};
+
+use crate::auth::Token;
+use crate::error::ApiError;
+
+/// The header that carries the sender's cluster id.
+pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
+
+/// The route a leader asks before it adds a learner: 200 if the node may join the sender's
+/// cluster, 409 `other_cluster` if it belongs to another.
+pub const PATH_IDENTITY: &str = "/raft/identity";
+
+/// The header value for `cluster`, if the id is known.
+pub fn header_value(cluster: &ClusterId) -> Option<String> {
+    cluster.get().map(|id| format!("{id:016x}"))
+}
+
+/// Middleware of the `/raft` routes: refuses a message of another cluster.
+pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    let Some(value) = request.headers().get(CLUSTER) else {
+        // Sent by a node that knows no cluster (a fresh node's vote request).
+        return next.run(request).await;
+    };
+    let Some(theirs) = value
+        .to_str()
+        .ok()
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .filter(|id| *id != 0)
+    else {
+        return ApiError::invalid("bad_rpc", "the cluster id header is not a hex id")
+            .into_response();
+    };
+    match node.accept_cluster(theirs).await {
+        Ok(()) => next.run(request).await,
+        Err(e @ meta_consensus::Error::OtherCluster { .. }) => {
+            tracing::warn!("refused a message from another cluster: {e}");
+            ApiError::OtherCluster(e.to_string()).into_response()
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
+pub async fn identity() -> Response {
+    axum::http::StatusCode::NO_CONTENT.into_response()
+}
+
+/// Asks the node at `addr` whether it may join this node's cluster: [`ApiError::OtherCluster`]
+/// if it answers that it belongs to another; `Ok` if it may, or if it cannot be asked (a node
+/// may be added before it is started).
+pub async fn probe(
+    client: &reqwest::Client,
+    token: &Token,
+    cluster: &ClusterId,
+    addr: &str,
+) -> Result<(), ApiError> {
+    let Some(ours) = header_value(cluster) else {
+        return Ok(());
+    };
+    let mut request = client
+        .post(format!("http://{addr}{PATH_IDENTITY}"))
+        .timeout(std::time::Duration::from_secs(5))
+        .header(CLUSTER, ours);
+    if let Some(value) = token.header_value() {
+        request = request.header(axum::http::header::AUTHORIZATION, value);
+    }
+    match request.send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => {
+            let text = r.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            Err(ApiError::OtherCluster(format!(
+                "the node at {addr} refuses to join: {message}"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
