@@ -301,10 +301,12 @@ impl MetaNode {
                             (Some(l), None) => l + 1,
                             _ => 0,
                         };
+                        let (_, heard) = Self::progress_of(&m, *node);
                         ReplicationLag {
                             node: *node,
                             matched,
                             lag,
+                            heard_ms: heard.map(|d| d.as_millis() as u64),
                         }
                     })
                     .collect()

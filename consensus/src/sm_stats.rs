@@ -14,6 +14,7 @@ pub(crate) struct SmStats {
     apply_max_nanos: AtomicU64,
     builder_start_max_nanos: AtomicU64,
     builds: AtomicU64,
+    build_failures: AtomicU64,
     build_bytes: AtomicU64,
     build_nanos: AtomicU64,
     last_build_nanos: AtomicU64,
@@ -34,6 +35,8 @@ pub struct StateMachineStats {
     pub builder_start_max_micros: u64,
     /// Snapshots built, their payload bytes and total build time.
     pub snapshot_builds: u64,
+    /// Snapshot builds that failed (automatic builds pause after one).
+    pub snapshot_build_failures: u64,
     pub snapshot_build_bytes: u64,
     pub snapshot_build_millis: u64,
     pub last_snapshot_build_millis: u64,
@@ -66,6 +69,10 @@ impl SmStats {
         self.last_build_nanos.store(n, Ordering::Relaxed);
     }
 
+    pub(crate) fn build_failed(&self) {
+        self.build_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn installed(&self, took: Duration) {
         self.installs.fetch_add(1, Ordering::Relaxed);
         self.install_nanos
@@ -86,6 +93,7 @@ impl SmStats {
             apply_max_micros: l(&self.apply_max_nanos) / 1_000,
             builder_start_max_micros: l(&self.builder_start_max_nanos) / 1_000,
             snapshot_builds: l(&self.builds),
+            snapshot_build_failures: l(&self.build_failures),
             snapshot_build_bytes: l(&self.build_bytes),
             snapshot_build_millis: l(&self.build_nanos) / 1_000_000,
             last_snapshot_build_millis: l(&self.last_build_nanos) / 1_000_000,

@@ -262,6 +262,7 @@ impl SmShared {
 
     /// Records a failed snapshot build; returns how long automatic builds now pause.
     pub(crate) fn build_failed(&self, why: String) -> Duration {
+        self.stats.build_failed();
         let mut failure = self.build_failure.lock();
         let in_a_row = failure.as_ref().map_or(0, |f| f.in_a_row) + 1;
         let f = BuildFailure {

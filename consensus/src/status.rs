@@ -42,6 +42,8 @@ pub struct ReplicationLag {
     pub matched: Option<u64>,
     /// Leader's last log index minus `matched`.
     pub lag: u64,
+    /// Milliseconds since the leader last heard from it (`None`: never).
+    pub heard_ms: Option<u64>,
 }
 
 /// A node's status.

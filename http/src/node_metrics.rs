@@ -183,6 +183,20 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
             ConstGauge::new(count(lag.lag)).encode(metric.encode_family(&labels)?)?;
         }
     }
+    {
+        // Unlike the lag, this grows while a member is down even when nothing is written.
+        let mut metric = enc.encode_descriptor(
+            "metaserver_raft_peer_heard_seconds",
+            "Seconds since the leader last heard from each member (leader only; absent: never)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for lag in &status.replication {
+            let Some(ms) = lag.heard_ms else { continue };
+            let labels = [("node", lag.node.to_string())];
+            ConstGauge::new(ms as f64 / 1000.0).encode(metric.encode_family(&labels)?)?;
+        }
+    }
 
     let sm = &status.state_machine;
     counter(
@@ -190,6 +204,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         "metaserver_snapshot_builds",
         "Snapshots built",
         sm.snapshot_builds,
+    )?;
+    counter(
+        &mut enc,
+        "metaserver_snapshot_build_failures",
+        "Snapshot builds that failed (automatic builds pause after one)",
+        sm.snapshot_build_failures,
     )?;
     counter(
         &mut enc,

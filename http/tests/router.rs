@@ -43,6 +43,8 @@ async fn probes_and_metrics() {
         "metaserver_raft_commit_index",
         "metaserver_raft_applied_index",
         "metaserver_snapshot_builds_total",
+        "metaserver_snapshot_build_failures_total 0",
+        "metaserver_watches_waiting 0",
         "metaserver_snapshot_throttle_pauses_total",
         "metaserver_registry_datanodes 1",
         "metaserver_registry_replicas 0",

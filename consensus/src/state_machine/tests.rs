@@ -317,6 +317,11 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let built = forced.build_snapshot().await.unwrap();
     assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(22));
     assert_eq!(sm.shared().failed_builds(), 0);
+    assert_eq!(
+        sm.shared().stats.snapshot().snapshot_build_failures,
+        2,
+        "the failures stay counted for metrics"
+    );
     drop(forced);
     assert!(sm.try_create_snapshot_builder(false).await.is_some());
 }
