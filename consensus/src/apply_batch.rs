@@ -186,7 +186,12 @@ impl ApplyBatch {
     /// Applies one command at log `index`.
     pub(crate) fn execute(&mut self, index: u64, cmd: &Command) -> Result<CommandResult> {
         match cmd {
-            Command::RegisterDatanode { id, addr } => self.register_datanode(index, *id, addr),
+            Command::RegisterDatanode { id, addr } => self.register_datanode(index, *id, addr, 0),
+            Command::RegisterDatanodeAtLeast {
+                id,
+                addr,
+                min_epoch,
+            } => self.register_datanode(index, *id, addr, *min_epoch),
             Command::RegisterShards {
                 datanode,
                 epoch,
@@ -205,18 +210,27 @@ impl ApplyBatch {
         }
     }
 
-    fn register_datanode(&mut self, index: u64, id: u64, addr: &str) -> Result<CommandResult> {
+    /// A datanode's new epoch is the command's log index, or more: one above its current epoch
+    /// (epochs never go back, also after a restore raised them) and at least `min_epoch`.
+    fn register_datanode(
+        &mut self,
+        index: u64,
+        id: u64,
+        addr: &str,
+        min_epoch: u64,
+    ) -> Result<CommandResult> {
         let key = keys::datanode(id);
-        let shards = match self.get::<DatanodeRecord>(&key, "datanode")? {
-            Some(r) => r.shards,
+        let (shards, epoch) = match self.get::<DatanodeRecord>(&key, "datanode")? {
+            Some(r) => (r.shards, index.max(r.epoch.saturating_add(1))),
             None => {
                 self.datanodes_delta += 1;
-                0
+                (0, index)
             }
         };
+        let epoch = epoch.max(min_epoch);
         let rec = DatanodeRecord {
             addr: addr.to_string(),
-            epoch: index,
+            epoch,
             registered_index: index,
             shards,
         };
@@ -226,10 +240,10 @@ impl ApplyBatch {
             Change::DatanodeRegistered {
                 id,
                 addr: addr.to_string(),
-                epoch: index,
+                epoch,
             },
         );
-        Ok(CommandResult::DatanodeRegistered { id, epoch: index })
+        Ok(CommandResult::DatanodeRegistered { id, epoch })
     }
 
     fn register_shards(

@@ -17,8 +17,9 @@ pub struct ShardReport {
 /// registry uses as a datanode's epoch and as a key's revision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Registers (or re-registers) a datanode; its new epoch is this command's log index, which
-    /// fences every batch sent by a former incarnation.
+    /// Registers (or re-registers) a datanode; its new epoch is this command's log index (or
+    /// one above its current epoch, if that is higher: epochs never go back), which fences
+    /// every batch sent by a former incarnation.
     RegisterDatanode { id: u64, addr: String },
     /// Registers a batch of replicas held by `datanode` under incarnation `epoch`.
     RegisterShards {
@@ -41,6 +42,14 @@ pub enum Command {
         key: String,
         if_revision: Option<u64>,
     },
+    /// Registers a datanode like `RegisterDatanode`, with an epoch of at least `min_epoch`: a
+    /// restore gives every datanode an epoch above any the old cluster handed out (its log
+    /// indexes), so that a batch sent under an old epoch is fenced.
+    RegisterDatanodeAtLeast {
+        id: u64,
+        addr: String,
+        min_epoch: u64,
+    },
 }
 
 impl Command {
@@ -59,6 +68,11 @@ impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Command::RegisterDatanode { id, addr } => write!(f, "RegisterDatanode({id}, {addr})"),
+            Command::RegisterDatanodeAtLeast {
+                id,
+                addr,
+                min_epoch,
+            } => write!(f, "RegisterDatanode({id}, {addr}, epoch >= {min_epoch})"),
             Command::RegisterShards {
                 datanode,
                 epoch,

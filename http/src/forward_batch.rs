@@ -105,6 +105,7 @@ fn wire_bytes(cmd: &Command) -> usize {
     // Varint u64s take at most 9 bytes; a shard report is three of them.
     32 + match cmd {
         Command::RegisterDatanode { addr, .. } => addr.len(),
+        Command::RegisterDatanodeAtLeast { addr, .. } => addr.len() + 9,
         Command::RegisterShards { shards, .. } => shards.len() * 27,
         Command::DeregisterShards { shards, .. } => shards.len() * 9,
         Command::RemoveDatanode { .. } => 0,

@@ -26,6 +26,22 @@ use crate::limits::{
 pub struct RegisterDatanodeBody {
     /// The datanode's address, `host:port`.
     pub addr: String,
+    /// The new epoch is at least this (a restore sets it; at most 2^53, which JSON numbers
+    /// hold exactly).
+    pub min_epoch: Option<u64>,
+}
+
+/// Largest `min_epoch`: epochs stay integers that every JSON reader holds exactly.
+pub const MAX_MIN_EPOCH: u64 = 1 << 53;
+
+fn validate_min_epoch(min_epoch: u64) -> Result<(), ApiError> {
+    if min_epoch > MAX_MIN_EPOCH {
+        return Err(ApiError::invalid(
+            "invalid_epoch",
+            format!("min_epoch must be at most {MAX_MIN_EPOCH}, not {min_epoch}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One shard replica in a registration batch.
@@ -431,9 +447,25 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
 }
 
 impl RegisterDatanodeBody {
-    /// Checks the address.
+    /// Checks the address and the epoch floor.
     pub fn validate(&self) -> Result<(), ApiError> {
-        validate_addr(&self.addr)
+        validate_addr(&self.addr)?;
+        self.min_epoch.map_or(Ok(()), validate_min_epoch)
+    }
+
+    /// The command that registers datanode `id` as this body asks.
+    pub fn command(self, id: u64) -> Command {
+        match self.min_epoch {
+            None => Command::RegisterDatanode {
+                id,
+                addr: self.addr,
+            },
+            Some(min_epoch) => Command::RegisterDatanodeAtLeast {
+                id,
+                addr: self.addr,
+                min_epoch,
+            },
+        }
     }
 }
 
@@ -476,6 +508,12 @@ fn validate_shard_ids(ids: impl Iterator<Item = u64>, n: usize) -> Result<(), Ap
 pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
     match cmd {
         Command::RegisterDatanode { addr, .. } => validate_addr(addr),
+        Command::RegisterDatanodeAtLeast {
+            addr, min_epoch, ..
+        } => {
+            validate_addr(addr)?;
+            validate_min_epoch(*min_epoch)
+        }
         Command::RegisterShards { shards, .. } => {
             validate_shard_ids(shards.iter().map(|s| s.id), shards.len())
         }

@@ -641,6 +641,14 @@ fn matrix(epoch: u64) -> Vec<Case> {
             "invalid_addr",
         ),
         case(
+            "an epoch floor past what JSON holds exactly",
+            M::PUT,
+            "/v1/datanodes/7",
+            r#"{"addr":"10.0.0.7:9000","min_epoch":9007199254740993}"#,
+            400,
+            "invalid_epoch",
+        ),
+        case(
             "datanode address of unbracketed IPv6",
             M::PUT,
             "/v1/datanodes/7",

@@ -4,9 +4,9 @@
 //! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key
 //! and value checked against what the cluster accepts, before anything is sent. The target must
 //! be empty (no datanode, no key): a restore never merges into live data. Every datanode is
-//! registered again with its address (it gets a new epoch: epochs are log indexes of the old
-//! cluster, so a datanode's next request with its old epoch is fenced and it registers again, as
-//! after any epoch change), then its replicas, with their generations and sizes, in batches of
+//! registered again with its address and a new epoch above any the old cluster handed out
+//! (the time in microseconds: see [`epoch_floor`]), so a datanode's next request with its old
+//! epoch is fenced and it registers again, as after any epoch change, then its replicas, with their generations and sizes, in batches of
 //! 10,000 under that epoch. Every key is written with `if_revision=0` (it must not exist yet) and
 //! gets a new revision. The writes go through Raft like any other: when the command returns,
 //! everything restored is durable on a quorum. A restore that fails part way leaves what it
@@ -45,8 +45,9 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     check_empty(&op).await?;
     let mut restored = Restored::default();
     let datanodes = read(&backup, |b| b.datanodes()).await?;
+    let min_epoch = epoch_floor();
     for datanode in datanodes {
-        restored.replicas += restore_datanode(&op, &backup, &datanode).await?;
+        restored.replicas += restore_datanode(&op, &backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
     }
     restored.keys = restore_keys(&op, &backup).await?;
@@ -161,17 +162,30 @@ async fn check_empty(op: &Operator) -> Result<()> {
     Ok(())
 }
 
-/// Registers `datanode` and its replicas; returns how many replicas were accepted.
+/// The smallest epoch a restored datanode gets: the time now in microseconds since 1970. Epochs
+/// are log indexes, raised past older epochs of the same datanode; a cluster appends far fewer
+/// than a million entries a second, so every epoch the old cluster (or an earlier restore)
+/// handed out is below this, and a batch a datanode sends under one is fenced (it must
+/// register again) instead of landing on the restored registry.
+fn epoch_floor() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Registers `datanode` (epoch at least `min_epoch`) and its replicas; returns how many
+/// replicas were accepted.
 async fn restore_datanode(
     op: &Operator,
     backup: &Arc<Backup>,
     datanode: &DatanodeInfo,
+    min_epoch: u64,
 ) -> Result<u64> {
     let id = datanode.id;
     let registered: DatanodeRegistered = op
         .send(
             op.request(reqwest::Method::PUT, &format!("/v1/datanodes/{id}"))
-                .json(&json!({ "addr": datanode.addr })),
+                .json(&json!({ "addr": datanode.addr, "min_epoch": min_epoch })),
         )
         .await?
         .json()

@@ -99,6 +99,7 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
     let dir = tempfile::tempdir().unwrap();
     let (mut source, from) = start(&dir.path().join("source")).await;
     // Datanode 7 with 25,000 replicas (three batches, three pages), 8 with three, 9 with none.
+    let mut old_epochs = Vec::new();
     for (id, count) in [(7u64, 25_000u64), (8, 3), (9, 0)] {
         let v = ok(
             Method::PUT,
@@ -108,6 +109,7 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
         )
         .await;
         let epoch = v["epoch"].as_u64().unwrap();
+        old_epochs.push((id, epoch));
         let shards: Vec<Value> = (0..count)
             .map(|i| json!({"id": id * 100_000 + i, "generation": 1 + i % 3, "size": i}))
             .collect();
@@ -177,6 +179,21 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
         "{out}"
     );
     assert_eq!(content(&to).await, expected);
+    // A batch under an epoch of the old cluster is fenced: the restored epochs are above every
+    // epoch it handed out (the fresh cluster's own log indexes are small, and would repeat
+    // them).
+    for (id, old) in old_epochs {
+        let body = json!({"epoch": old, "shards": [{"id": 1, "generation": 1, "size": 1}]});
+        let url = format!("http://{to}/v1/datanodes/{id}/shards");
+        let (status, v) = send(&client(), Method::POST, &url, None, Some(body.to_string()))
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (409, &json!("fenced")),
+            "{v}"
+        );
+    }
     // The restored datanodes take new registrations under their new epochs.
     let epoch = ok(Method::GET, &to, "/v1/datanodes/8", None).await["epoch"].clone();
     let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});

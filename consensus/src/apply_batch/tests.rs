@@ -369,6 +369,39 @@ fn buckets_hold_scattered_replicas_and_reads_see_them_in_order() {
 }
 
 #[test]
+fn epochs_never_go_back_and_a_restore_raises_them() {
+    let (_dir, reg) = registry();
+    let epoch = |r: &CommandResult| match r {
+        CommandResult::DatanodeRegistered { epoch, .. } => *epoch,
+        other => panic!("unexpected {other:?}"),
+    };
+    let plain = |id| Command::RegisterDatanode {
+        id,
+        addr: "a:1".into(),
+    };
+    let at_least = |id, min_epoch| Command::RegisterDatanodeAtLeast {
+        id,
+        addr: "a:1".into(),
+        min_epoch,
+    };
+    let out = apply(
+        &reg,
+        5,
+        &[
+            plain(1),
+            at_least(1, 1_000),
+            plain(1),
+            plain(2),
+            at_least(3, 2),
+        ],
+    );
+    let epochs: Vec<u64> = out.iter().map(epoch).collect();
+    // The log index; raised by the floor; one above the raised epoch (not back to the index 7);
+    // a new datanode's index; a floor below the index changes nothing.
+    assert_eq!(epochs, vec![5, 1_000, 1_001, 8, 9]);
+}
+
+#[test]
 fn each_command_records_what_it_changed_and_nothing_else() {
     let (_dir, reg) = registry();
     let g = reg.current();

@@ -31,7 +31,7 @@ fn check_shards(n: usize) -> Result<()> {
 /// Refuses commands the registry would never want, before they reach the log.
 pub(super) fn validate(cmd: &Command) -> Result<()> {
     match cmd {
-        Command::RegisterDatanode { addr, .. } => {
+        Command::RegisterDatanode { addr, .. } | Command::RegisterDatanodeAtLeast { addr, .. } => {
             if addr.is_empty() || addr.len() > MAX_KEY_BYTES {
                 return Err(Error::InvalidArgument(format!(
                     "datanode address must be 1 to {MAX_KEY_BYTES} bytes"

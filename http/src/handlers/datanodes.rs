@@ -27,7 +27,8 @@ impl From<DatanodeInfo> for DatanodeView {
     }
 }
 
-/// `PUT /v1/datanodes/{id}` `{"addr":..}`: registers (again) with a new epoch.
+/// `PUT /v1/datanodes/{id}` `{"addr":..}` (and `"min_epoch"`): registers (again) with a new
+/// epoch.
 pub async fn register(
     _: NoQuery,
     writer: Writer,
@@ -35,12 +36,7 @@ pub async fn register(
     Json(body): Json<RegisterDatanodeBody>,
 ) -> Result<axum::Json<DatanodeRegistered>, ApiError> {
     body.validate()?;
-    let written = writer
-        .write(Command::RegisterDatanode {
-            id,
-            addr: body.addr,
-        })
-        .await?;
+    let written = writer.write(body.command(id)).await?;
     match written.result {
         CommandResult::DatanodeRegistered { id, epoch } => {
             Ok(axum::Json(DatanodeRegistered { id, epoch }))
