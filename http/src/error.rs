@@ -273,10 +273,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         // "Forward to leader" is a hand-off to the forwarding layer, not a failure; an
-        // overload is logged by the listener, at most every few seconds, not per request.
+        // overload is logged by the listener, at most every few seconds, not per request; no
+        // leader is an election under way, which the Raft log tells once, not once per
+        // datanode request.
         let quiet = matches!(
             self,
-            ApiError::ForwardToLeader { .. } | ApiError::Overloaded(_)
+            ApiError::ForwardToLeader { .. } | ApiError::Overloaded(_) | ApiError::NoLeader(_)
         );
         if status.is_server_error() && !quiet {
             tracing::warn!(code = self.code(), "request failed: {self}");

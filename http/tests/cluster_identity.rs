@@ -5,57 +5,53 @@
 mod common;
 
 use axum::http::{Method, StatusCode};
+use axum::Router;
 use common::{call, leader_node, open_node};
 
 const CLUSTER: &str = "x-metaserver-cluster";
 
+/// The status of `POST path` with `body`, carrying `cluster` as the sender's id if given.
+async fn status_of(
+    app: &Router,
+    path: &str,
+    body: &'static str,
+    cluster: Option<&str>,
+) -> StatusCode {
+    let headers: Vec<(&str, &str)> = cluster.map(|c| (CLUSTER, c)).into_iter().collect();
+    call(app, Method::POST, path, body, &headers).await.status
+}
+
 #[tokio::test]
 async fn a_node_refuses_messages_of_another_cluster_and_adopts_the_first_it_knows() {
     let fresh = open_node(None).await;
+    let app = &fresh.app;
     assert_eq!(fresh.node.cluster_id(), None);
     // No id on either side: accepted (a fresh node's vote request carries none).
-    let a = call(&fresh.app, Method::POST, "/raft/identity", "", &[]).await;
-    assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
-    let a = call(
-        &fresh.app,
-        Method::POST,
-        "/raft/identity",
-        "",
-        &[(CLUSTER, "00000000000000ab")],
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
+    assert_eq!(
+        status_of(app, "/raft/identity", "", None).await,
+        StatusCode::NO_CONTENT
+    );
+    let ab = Some("00000000000000ab");
+    assert_eq!(
+        status_of(app, "/raft/identity", "", ab).await,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(fresh.node.cluster_id(), Some(0xab), "adopted");
-    let a = call(
-        &fresh.app,
-        Method::POST,
-        "/raft/identity",
-        "",
-        &[(CLUSTER, "cd")],
-    )
-    .await;
+    let a = call(app, Method::POST, "/raft/identity", "", &[(CLUSTER, "cd")]).await;
     assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
     assert_eq!(a.error_code(), "other_cluster");
     // Every Raft route is guarded, not only the probe: a vote of another cluster is refused
     // before its body is looked at.
-    let a = call(
-        &fresh.app,
-        Method::POST,
-        "/raft/vote",
-        "garbage",
-        &[(CLUSTER, "cd")],
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
-    let a = call(
-        &fresh.app,
-        Method::POST,
-        "/raft/vote",
-        "",
-        &[(CLUSTER, "not hex")],
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    let cd = Some("cd");
+    assert_eq!(
+        status_of(app, "/raft/vote", "garbage", cd).await,
+        StatusCode::CONFLICT
+    );
+    let bad = Some("not hex");
+    assert_eq!(
+        status_of(app, "/raft/vote", "", bad).await,
+        StatusCode::BAD_REQUEST
+    );
 
     // A node that initializes a cluster makes an id of its own.
     let leader = leader_node(None).await;
@@ -64,22 +60,13 @@ async fn a_node_refuses_messages_of_another_cluster_and_adopts_the_first_it_know
         .cluster_id()
         .expect("an initialized node knows its cluster");
     let ours = format!("{id:016x}");
-    let a = call(
-        &leader.app,
-        Method::POST,
-        "/raft/identity",
-        "",
-        &[(CLUSTER, &ours)],
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
-    let a = call(
-        &leader.app,
-        Method::POST,
-        "/raft/identity",
-        "",
-        &[(CLUSTER, "ab")],
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    let app = &leader.app;
+    assert_eq!(
+        status_of(app, "/raft/identity", "", Some(&ours)).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        status_of(app, "/raft/identity", "", Some("ab")).await,
+        StatusCode::CONFLICT
+    );
 }

@@ -33,6 +33,15 @@ fn changes(v: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Sends `GET uri` on its own task: a watch that may wait.
+fn watch_in_background(
+    t: &common::TestNode,
+    uri: String,
+) -> tokio::task::JoinHandle<common::Answer> {
+    let app = t.app.clone();
+    tokio::spawn(async move { common::call(&app, Method::GET, &uri, "", &[]).await })
+}
+
 #[tokio::test]
 async fn reports_every_kind_of_change_with_filters_and_pages() {
     let t = leader_node(None).await;
@@ -109,17 +118,7 @@ async fn reports_every_kind_of_change_with_filters_and_pages() {
 async fn a_waiting_watch_answers_the_write_that_wakes_it() {
     let t = leader_node(None).await;
     let from = start(&t).await;
-    let app = t.app.clone();
-    let waiting = tokio::spawn(async move {
-        common::call(
-            &app,
-            Method::GET,
-            &format!("/v1/watch?after={from}&prefix=k"),
-            "",
-            &[],
-        )
-        .await
-    });
+    let waiting = watch_in_background(&t, format!("/v1/watch?after={from}&prefix=k"));
     // Written before or after the watch began to wait, it is in the answer.
     let a = t.send(Method::PUT, "/v1/kv/k1", "v").await;
     let revision = a.json()["revision"].as_u64().unwrap();
@@ -181,17 +180,7 @@ async fn an_index_from_before_the_history_kept_is_gone() {
 async fn a_stopping_node_answers_its_waiting_watches_at_once() {
     let t = leader_node(None).await;
     let from = start(&t).await;
-    let app = t.app.clone();
-    let waiting = tokio::spawn(async move {
-        common::call(
-            &app,
-            Method::GET,
-            &format!("/v1/watch?after={from}&wait_ms=55000"),
-            "",
-            &[],
-        )
-        .await
-    });
+    let waiting = watch_in_background(&t, format!("/v1/watch?after={from}&wait_ms=55000"));
     // Whether the watch waits yet or not, closing answers it.
     t.node.begin_close();
     let a = tokio::time::timeout(Duration::from_secs(20), waiting)

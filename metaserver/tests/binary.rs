@@ -31,6 +31,18 @@ async fn register_datanode(
     v["epoch"].as_u64().unwrap()
 }
 
+/// A node started with no arguments (one-node cluster, port picked by the system) in a temp dir,
+/// ready: the dir, a client, the process and its base URL.
+async fn default_server() -> (tempfile::TempDir, reqwest::Client, common::Proc, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    (dir, http, server, base)
+}
+
 /// One HTTP/1.1 connection, kept open, for requests that must not open another.
 struct RawHttp {
     tcp: tokio::net::TcpStream,
@@ -395,12 +407,8 @@ async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
-    let dir = tempfile::tempdir().unwrap();
-    let http = client();
+    let (dir, http, mut server, base) = default_server().await;
     let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
-    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
-    let base = format!("http://{}", server.address());
-    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
 
     // Eight writers put keys as fast as they can; every acknowledged one is recorded.
     let acked: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
@@ -473,12 +481,7 @@ async fn sigterm_exits_cleanly_and_loses_nothing_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_answers_a_waiting_watch_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let http = client();
-    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
-    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
-    let base = format!("http://{}", server.address());
-    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+    let (_dir, http, mut server, base) = default_server().await;
     let start = poll(&http, &format!("{base}/v1/watch"), None, |_| true).await;
     let index = start["index"].as_u64().unwrap();
     let watch = {
@@ -506,13 +509,9 @@ async fn sigterm_answers_a_waiting_watch_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watch_command_prints_the_changes_and_refuses_a_lost_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let http = client();
+    let (dir, http, mut server, base) = default_server().await;
+    let addr = base.trim_start_matches("http://").to_owned();
     let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
-    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
-    let addr = server.address();
-    let base = format!("http://{addr}");
-    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
     let start = poll(&http, &format!("{base}/v1/watch"), None, |_| true).await;
     let after = start["index"].as_u64().unwrap().to_string();
     for (key, value) in [("cfg/a b", "1"), ("other", "2")] {
