@@ -89,6 +89,31 @@ impl Operator {
         anyhow::anyhow!("{} answered {status}: {detail}", self.base)
     }
 
+    /// Sends the request `build` makes, and again while the member cannot be reached or the
+    /// cluster has no leader (503), every [`RETRY_PAUSE`] for at most [`RETRY_FOR`]: a
+    /// leader change or a member restarting does not end a long command. A request that may
+    /// have been applied before its answer was lost may so be sent twice: callers send only
+    /// requests that apply once (a replica registered again is `unchanged`) or check.
+    pub(crate) async fn send_retrying(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let deadline = std::time::Instant::now() + RETRY_FOR;
+        loop {
+            let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
+            match build().send().await {
+                Ok(r) if r.status().is_success() => return Ok(r),
+                Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
+                    return Err(self.refusal(r).await)
+                }
+                Err(e) if !e.is_connect() || last_try => {
+                    return Err(e).with_context(|| format!("contacting {}", self.base))
+                }
+                Ok(_) | Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        }
+    }
+
     pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let response = self.send(self.request(reqwest::Method::GET, path)).await?;
         response
@@ -133,6 +158,11 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
     out.flush()?;
     Ok(())
 }
+
+/// How long [`Operator::send_retrying`] keeps trying.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+/// Its pause between tries.
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How long `watch` waits before asking again after the member could not answer (no leader, a
 /// restart under way).
@@ -289,4 +319,59 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
         })
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    /// A server on loopback that answers the n-th request (from 0) with `status(n)`, counting.
+    async fn server(status: fn(usize) -> StatusCode) -> (String, Arc<AtomicUsize>) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        let app = axum::Router::new().fallback(move || {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move { (status(n), "{}") }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (addr, count)
+    }
+
+    fn operator(addr: String) -> Operator {
+        Operator::new(&ClientArgs {
+            server: addr,
+            token: None,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn requests_are_sent_again_while_there_is_no_leader_and_not_after_a_refusal() {
+        let (addr, count) = server(|n| match n {
+            0 | 1 => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::OK,
+        })
+        .await;
+        let op = operator(addr);
+        op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+
+        let (addr, count) = server(|_| StatusCode::CONFLICT).await;
+        let op = operator(addr);
+        let err = op
+            .send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("409"), "{err}");
+        assert_eq!(count.load(Ordering::SeqCst), 1, "a refusal is not retried");
+    }
 }

@@ -9,9 +9,10 @@
 //! epoch is fenced and it registers again, as after any epoch change, then its replicas, with their generations and sizes, in batches of
 //! 10,000 under that epoch. Every key is written with `if_revision=0` (it must not exist yet) and
 //! gets a new revision. The writes go through Raft like any other: when the command returns,
-//! everything restored is durable on a quorum. A restore that fails part way leaves what it
-//! wrote; empty the cluster (start it on fresh data dirs) and run it again. Emptiness is checked
-//! when it starts: keep datanodes from registering until it ends.
+//! everything restored is durable on a quorum. A request that finds no leader (an election, a
+//! member restarting) is sent again for up to a minute. A restore that fails part way leaves
+//! what it wrote; empty the cluster (start it on fresh data dirs) and run it again. Emptiness
+//! is checked when it starts: keep datanodes from registering until it ends.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -182,11 +183,13 @@ async fn restore_datanode(
     min_epoch: u64,
 ) -> Result<u64> {
     let id = datanode.id;
+    // Registering again (a retry after a lost answer) only starts a newer epoch.
+    let body = json!({ "addr": datanode.addr, "min_epoch": min_epoch });
     let registered: DatanodeRegistered = op
-        .send(
+        .send_retrying(|| {
             op.request(reqwest::Method::PUT, &format!("/v1/datanodes/{id}"))
-                .json(&json!({ "addr": datanode.addr, "min_epoch": min_epoch })),
-        )
+                .json(&body)
+        })
         .await?
         .json()
         .await
@@ -205,16 +208,19 @@ async fn restore_datanode(
                 .iter()
                 .map(|s| json!({"id": s.shard, "generation": s.generation, "size": s.size}))
                 .collect();
+            let body = json!({ "epoch": registered.epoch, "shards": shards });
             let answer: ShardsRegistered = op
-                .send(
+                .send_retrying(|| {
                     op.request(reqwest::Method::POST, &format!("/v1/datanodes/{id}/shards"))
-                        .json(&json!({ "epoch": registered.epoch, "shards": shards })),
-                )
+                        .json(&body)
+                })
                 .await?
                 .json()
                 .await
                 .context("decoding the registration answer")?;
-            if answer.accepted != shards.len() as u64 {
+            // Unchanged: a retried batch whose first try was applied (the cluster was empty).
+            let landed = answer.accepted + answer.unchanged;
+            if landed != shards.len() as u64 {
                 bail!(
                     "datanode {id}: {} of {} replicas accepted ({} unchanged, stale {:?})",
                     answer.accepted,
@@ -223,7 +229,7 @@ async fn restore_datanode(
                     answer.stale
                 );
             }
-            accepted += answer.accepted;
+            accepted += landed;
         }
         match page.next {
             Some(next) => after = Some(next),
@@ -239,9 +245,26 @@ async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     while let Some(entries) = pages.next(backup).await? {
         for entry in entries {
             let path = format!("{}?if_revision=0", kv_path(&entry.key));
-            op.send(op.request(reqwest::Method::PUT, &path).body(entry.value))
-                .await
-                .with_context(|| format!("writing key {:?}", entry.key))?;
+            let put = op
+                .send_retrying(|| {
+                    op.request(reqwest::Method::PUT, &path)
+                        .body(entry.value.clone())
+                })
+                .await;
+            if let Err(e) = put {
+                // A retry whose first try was applied finds the key written: with our value,
+                // that is the write done.
+                let stored = op
+                    .send(op.request(reqwest::Method::GET, &kv_path(&entry.key)))
+                    .await;
+                let ours = match stored {
+                    Ok(r) => r.bytes().await.is_ok_and(|b| b[..] == entry.value[..]),
+                    Err(_) => false,
+                };
+                if !ours {
+                    return Err(e.context(format!("writing key {:?}", entry.key)));
+                }
+            }
             written += 1;
         }
     }
