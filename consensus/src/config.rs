@@ -56,6 +56,9 @@ pub struct NodeConfig {
     /// unit plus one per shard id it names (see `change_feed.rs`). 0 keeps none: every watch
     /// from an index before the newest applied one is told the history is compacted.
     pub watch_history: usize,
+    /// The leader refuses writes that add data (507) while the data dir's file system has
+    /// less free than this; 0 turns the guard off (see `node/free_space.rs`).
+    pub min_free_bytes: u64,
     /// The cluster this node belongs to, shared with the transport (which sends it with every
     /// message to a member and refuses messages of another cluster); filled from the data dir at
     /// open, set when the node initializes a cluster or is first reached by a member.
@@ -86,6 +89,7 @@ impl NodeConfig {
             max_pending_shards: 4_096,
             watch_history: crate::change_feed::DEFAULT_HISTORY,
             cluster_id: ClusterId::default(),
+            min_free_bytes: 128 << 20,
             emulated_sync_latency: Duration::ZERO,
         }
     }

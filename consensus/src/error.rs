@@ -35,6 +35,12 @@ pub enum Error {
     /// learner not caught up); nothing changed.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The data dir's file system is short of free space: writes that add data are refused.
+    #[error(
+        "the leader's disk is nearly full ({free} bytes free, {reserve} kept in reserve): writes \
+         that add data are refused until space is freed (deletes still work)"
+    )]
+    InsufficientStorage { free: u64, reserve: u64 },
     /// A message or a node belongs to another cluster than this node (`cluster_id.rs`).
     #[error(
         "this node belongs to cluster {ours:016x}, the other side to cluster {theirs:016x} (a node \

@@ -24,6 +24,7 @@ use crate::state_machine::{SmShared, StateMachine};
 use crate::status::{ClusterStatus, ReplicationLag, Role};
 use crate::types::{NodeId, Raft, TypeConfig};
 
+mod free_space;
 mod handover;
 mod membership;
 mod reads;
@@ -49,6 +50,8 @@ struct Inner {
     shut: AtomicBool,
     /// Set by [`MetaNode::begin_close`].
     closing: tokio::sync::watch::Sender<bool>,
+    /// The data dir's free bytes, and when they were read (`free_space.rs`).
+    free_space: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: tokio::sync::Semaphore,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
@@ -137,6 +140,7 @@ impl MetaNode {
                 incoming,
                 shut: AtomicBool::new(false),
                 closing: tokio::sync::watch::Sender::new(false),
+                free_space: parking_lot::Mutex::new(None),
                 write_window: tokio::sync::Semaphore::new(window as usize),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),

@@ -59,6 +59,9 @@ pub enum ApiError {
     /// A membership change conflicts with the cluster's state (409).
     #[error("{0}")]
     Conflict(String),
+    /// The leader's disk is nearly full; writes that add data are refused (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// A node or a message belongs to another cluster (409).
     #[error("{0}")]
     OtherCluster(String),
@@ -143,6 +146,7 @@ impl ApiError {
             | ApiError::Conflict(_)
             | ApiError::OtherCluster(_) => StatusCode::CONFLICT,
             ApiError::Compacted(_) => StatusCode::GONE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoLeader(_)
@@ -167,6 +171,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::Compacted(_) => "compacted",
             ApiError::OtherCluster(_) => "other_cluster",
+            ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
@@ -211,6 +216,7 @@ impl From<meta_consensus::Error> for ApiError {
             E::Conflict(m) => ApiError::Conflict(m),
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
+            e @ E::InsufficientStorage { .. } => ApiError::InsufficientStorage(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())
@@ -342,6 +348,11 @@ mod tests {
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Compacted("x".into()), 410, "compacted"),
             (ApiError::OtherCluster("x".into()), 409, "other_cluster"),
+            (
+                ApiError::InsufficientStorage("x".into()),
+                507,
+                "insufficient_storage",
+            ),
             (ApiError::BodyTimeout("x".into()), 408, "body_timeout"),
             (
                 ApiError::too_large("batch_too_large", "x"),

@@ -59,6 +59,8 @@ pub enum Refusal {
     NotFound(String),
     /// 500 `internal`.
     Internal(String),
+    /// 507 `insufficient_storage`: the leader's disk is nearly full.
+    InsufficientStorage(String),
 }
 
 impl Refusal {
@@ -78,6 +80,7 @@ impl Refusal {
             ApiError::OutcomeUnknown(m) => Refusal::OutcomeUnknown(m),
             ApiError::Invalid { message, .. } => Refusal::Invalid(message),
             ApiError::NotFound(m) => Refusal::NotFound(m),
+            ApiError::InsufficientStorage(m) => Refusal::InsufficientStorage(m),
             other => Refusal::Internal(other.to_string()),
         }
     }
@@ -93,6 +96,7 @@ impl From<Refusal> for ApiError {
             Refusal::Invalid(m) => ApiError::invalid("invalid_argument", m),
             Refusal::NotFound(m) => ApiError::NotFound(m),
             Refusal::Internal(m) => ApiError::Internal(m),
+            Refusal::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
         }
     }
 }

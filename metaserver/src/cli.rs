@@ -91,6 +91,11 @@ pub struct ServeArgs {
     /// apply work [default: 4096].
     #[arg(long, env = "METASERVER_MAX_PENDING_SHARDS")]
     pub max_pending_shards: Option<u32>,
+    /// The leader refuses writes that add data (507 insufficient_storage; deletes still pass)
+    /// while the data dir's file system has less free than this; 0 turns the guard off
+    /// [default: 134217728].
+    #[arg(long, env = "METASERVER_MIN_FREE_BYTES")]
+    pub min_free_bytes: Option<u64>,
     /// How much history of changes the node keeps for watchers (`GET /v1/watch`), in units: a
     /// change costs one unit plus one per shard id it names; a watcher further behind is told
     /// to read the state again [default: 1000000].

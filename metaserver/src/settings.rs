@@ -38,6 +38,7 @@ struct FileSettings {
     worker_threads: Option<usize>,
     max_pending_shards: Option<u32>,
     watch_history: Option<usize>,
+    min_free_bytes: Option<u64>,
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
     follower_reads: Option<bool>,
@@ -78,6 +79,8 @@ pub struct ServeSettings {
     pub max_pending_shards: Option<u32>,
     /// History kept for watchers, in units; `None` keeps the node's default.
     pub watch_history: Option<usize>,
+    /// Free space the leader keeps before refusing writes; `None` keeps the node's default.
+    pub min_free_bytes: Option<u64>,
     /// Added to every WAL sync (benchmarks only); zero by default.
     pub emulated_sync_latency: Duration,
     /// How long a connection may wait for a request's headers; `None` = forever.
@@ -172,6 +175,7 @@ impl ServeSettings {
             worker_threads: args.worker_threads.or(file.worker_threads),
             max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
             watch_history: args.watch_history.or(file.watch_history),
+            min_free_bytes: args.min_free_bytes.or(file.min_free_bytes),
             emulated_sync_latency: Duration::from_micros(
                 args.emulated_sync_latency_us
                     .or(file.emulated_sync_latency_us)
@@ -238,6 +242,9 @@ impl ServeSettings {
         if let Some(n) = self.watch_history {
             cfg.watch_history = n;
         }
+        if let Some(n) = self.min_free_bytes {
+            cfg.min_free_bytes = n;
+        }
         cfg.emulated_sync_latency = self.emulated_sync_latency;
         cfg
     }
@@ -287,7 +294,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\nmin_free_bytes = 0\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -301,6 +308,7 @@ mod tests {
         let cfg = s.node_config("127.0.0.1:1");
         assert_eq!(cfg.max_pending_shards, 100);
         assert_eq!(cfg.watch_history, 10);
+        assert_eq!(cfg.min_free_bytes, 0);
         assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
         let defaults = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
         assert_eq!(defaults.emulated_sync_latency, Duration::ZERO);

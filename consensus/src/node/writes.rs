@@ -193,6 +193,7 @@ impl MetaNode {
         if let Some(forward) = self.leader_elsewhere() {
             return Err(forward);
         }
+        self.check_free_space(&cmd)?;
         let window = self.inner.cfg.max_pending_shards;
         let weight = cmd.weight().clamp(1, window);
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;

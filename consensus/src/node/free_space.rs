@@ -1,0 +1,89 @@
+//! The free-space guard: the leader refuses writes that add data while the file system of its
+//! data dir has less than `min_free_bytes` free, so that a filling disk stops writes with a
+//! clear answer (507) before the log or the registry runs out of space (which stops the node,
+//! and a registry that failed a write must then be rebuilt). Writes that remove data (a key, a
+//! replica, a datanode) still pass: they are how an operator makes room. Reads always pass.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::MetaNode;
+use crate::command::Command;
+use crate::error::{Error, Result};
+
+/// How long a reading of the free space is used before the next one.
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// Bytes an unprivileged writer may still use on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    let path = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: `statvfs` writes only into the struct it is given, which lives on this stack
+    // frame; `path` is a valid NUL-terminated string for the duration of the call.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
+/// Whether `cmd` adds data (refused when space is short) rather than removing it.
+fn adds_data(cmd: &Command) -> bool {
+    !matches!(
+        cmd,
+        Command::Delete { .. } | Command::DeregisterShards { .. } | Command::RemoveDatanode { .. }
+    )
+}
+
+impl MetaNode {
+    /// [`Error::InsufficientStorage`] if `cmd` adds data and the data dir's file system has less
+    /// than `min_free_bytes` free (read at most every [`RECHECK`]). A file system whose free
+    /// space cannot be read refuses nothing.
+    pub(super) fn check_free_space(&self, cmd: &Command) -> Result<()> {
+        let reserve = self.inner.cfg.min_free_bytes;
+        if reserve == 0 || !adds_data(cmd) {
+            return Ok(());
+        }
+        let free = {
+            let mut last = self.inner.free_space.lock();
+            match *last {
+                Some((at, free)) if at.elapsed() < RECHECK => free,
+                _ => {
+                    let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+                    *last = Some((Instant::now(), free));
+                    free
+                }
+            }
+        };
+        if free < reserve {
+            return Err(Error::InsufficientStorage { free, reserve });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_free_space_of_a_real_dir_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        assert!(free_bytes(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn removals_pass_when_space_is_short() {
+        assert!(adds_data(&Command::RegisterDatanode {
+            id: 1,
+            addr: "a:1".into()
+        }));
+        assert!(!adds_data(&Command::RemoveDatanode { id: 1 }));
+        assert!(!adds_data(&Command::Delete {
+            key: "k".into(),
+            if_revision: None
+        }));
+    }
+}
