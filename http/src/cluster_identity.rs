@@ -18,7 +18,7 @@ use crate::error::ApiError;
 /// The header that carries the sender's cluster id.
 pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
 
-/// The route a leader asks before it adds a learner: 200 if the node may join the sender's
+/// The route a leader asks before it adds a learner: 204 if the node may join the sender's
 /// cluster, 409 `other_cluster` if it belongs to another.
 pub const PATH_IDENTITY: &str = "/raft/identity";
 
