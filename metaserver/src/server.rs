@@ -109,8 +109,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             Some(why)
         }
     };
-    // Waiting watches answer now (their clients watch on at another member): a long poll must
-    // not hold the drain.
+    // Nothing long-lived may hold the drain: waiting watches answer now (their clients watch on
+    // at another member) and the leader's replication streams end. A node whose port is closed
+    // hears no leader: it must not campaign meanwhile.
     node.begin_close();
     node.stop_elections();
     let _ = stop_tx.send(());
@@ -119,30 +120,28 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
         Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
     }
+    // Closing is bounded, and a node that cannot close exits here: after a storage error
+    // sled's flush (and its handles' drop, which flushes) can wait forever for a log buffer that
+    // will never be written (seen on a full disk), and the runtime's drop waits for that
+    // blocking task.
+    let closed = tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await;
     if let Some(why) = failure {
-        match tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await {
+        match closed {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("closing the node after its core stopped: {e}"),
-            Err(_) => tracing::warn!(
-                "closing the node after its core stopped: still closing after {CLOSE_TIMEOUT:?}"
-            ),
+            Err(_) => tracing::warn!("still closing the node after {CLOSE_TIMEOUT:?}"),
         }
-        // Exit here: after a storage error sled's flush (and its handles' drop, which flushes)
-        // can wait forever for a log buffer that will never be written (seen on a full disk),
-        // and the runtime's drop waits for that blocking task.
         tracing::error!("the Raft core stopped: {why}; exiting with status 1");
         std::process::exit(1);
     }
-    match tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await {
-        Ok(result) => result.context("shutting the node down")?,
-        Err(_) => {
-            tracing::error!(
-                "the node did not close within {CLOSE_TIMEOUT:?} (a storage failure?); exiting \
-                 with status 1"
-            );
-            std::process::exit(1);
-        }
-    }
+    let Ok(closed) = closed else {
+        tracing::error!(
+            "the node did not close within {CLOSE_TIMEOUT:?} (a storage failure?); exiting with \
+             status 1"
+        );
+        std::process::exit(1);
+    };
+    closed.context("shutting the node down")?;
     tracing::info!("stopped; the log is durable");
     Ok(())
 }

@@ -79,6 +79,7 @@ impl MetaNode {
     /// another address (remove it first).
     pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
         self.check_open()?;
+        self.forward_if_follower()?;
         if node.addr.is_empty() {
             return Err(Error::InvalidArgument("learner address is empty".into()));
         }
@@ -106,6 +107,7 @@ impl MetaNode {
     /// it is not a learner, [`Error::Conflict`] if it is a voter (change the voters first).
     pub async fn remove_learner(&self, id: NodeId) -> Result<()> {
         self.check_open()?;
+        self.forward_if_follower()?;
         if let Some(m) = self.leader_view() {
             let membership = m.membership_config.membership();
             if membership.voter_ids().any(|v| v == id) {
@@ -131,6 +133,7 @@ impl MetaNode {
     /// changes: a voter that cannot keep up could leave the cluster without a quorum.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
         self.check_open()?;
+        self.forward_if_follower()?;
         if voters.is_empty() {
             return Err(Error::InvalidArgument(
                 "the voter set cannot be empty".into(),
@@ -152,6 +155,15 @@ impl MetaNode {
 pub const MAX_PROMOTION_LAG: u64 = 1000;
 
 impl MetaNode {
+    /// [`Error::ForwardToLeader`] when this node's metrics name another leader: a membership
+    /// call goes to the leader (openraft logs one made on a follower as an error).
+    fn forward_if_follower(&self) -> Result<()> {
+        match self.leader_elsewhere() {
+            Some(forward) => Err(forward),
+            None => Ok(()),
+        }
+    }
+
     /// This node's Raft metrics if it leads, else `None`: only the leader's view of the
     /// membership and of its followers is current. Elsewhere the change is refused with
     /// [`Error::ForwardToLeader`] and checked by the leader.

@@ -34,8 +34,11 @@ impl MetaNode {
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        let stateless = m.last_log_index.is_none() && m.current_term == 0;
+        let stateless = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.last_log_index.is_none() && m.current_term == 0
+        };
         // `initialize` writes the membership at index 0; a first leader's entries follow it.
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
         if stateless && established {

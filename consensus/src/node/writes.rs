@@ -171,10 +171,6 @@ impl MetaNode {
             Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
         >,
     {
-        // openraft logs a call on a follower as an error; its answer would be this one.
-        if let Some(forward) = self.leader_elsewhere() {
-            return Err(forward);
-        }
         self.retry_lease_refusal(call, Self::lease_refusal)
             .await?
             .map_err(|e| self.write_error(e))
