@@ -1,6 +1,7 @@
 //! Cluster membership: initializing a cluster once, adding and removing learners, changing
 //! voters. The leader refuses a change that could leave the cluster without a quorum: a node
-//! becomes a voter only as a learner that is reachable and caught up.
+//! becomes a voter only as a learner that is reachable and caught up. Openraft takes one change
+//! at a time; a change that meets an uncommitted one waits for it, up to the request timeout.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -98,7 +99,7 @@ impl MetaNode {
             }
         }
         let raft = &self.inner.raft;
-        self.leader_call(|| raft.add_learner(id, node.clone(), false))
+        self.membership_call(|| raft.add_learner(id, node.clone(), false))
             .await
             .map(|_| ())
     }
@@ -120,7 +121,7 @@ impl MetaNode {
             }
         }
         let raft = &self.inner.raft;
-        self.leader_call(|| {
+        self.membership_call(|| {
             raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
         })
         .await
@@ -143,7 +144,7 @@ impl MetaNode {
             self.check_promotable(&m, &voters)?;
         }
         let raft = &self.inner.raft;
-        self.leader_call(|| {
+        self.membership_call(|| {
             raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false)
         })
         .await

@@ -176,6 +176,35 @@ impl MetaNode {
             .map_err(|e| self.write_error(e))
     }
 
+    /// Runs a membership call through [`MetaNode::leader_call`], and while openraft refuses it
+    /// because the previous membership change is not committed yet, waits for that commit and
+    /// asks again, for at most the request timeout (then [`Error::Conflict`]). A fresh leader
+    /// is in that state until it commits its first entry, so without this an operator who adds
+    /// a learner right after the cluster forms (or two operators at once) got a conflict for
+    /// a change that would have gone through milliseconds later.
+    pub(super) async fn membership_call<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
+        >,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        loop {
+            let res = self
+                .retry_lease_refusal(&mut call, Self::lease_refusal)
+                .await?;
+            match res {
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if tokio::time::Instant::now() < deadline => {
+                    let _ = self.await_metrics_change(deadline).await;
+                }
+                other => return other.map_err(|e| self.write_error(e)),
+            }
+        }
+    }
+
     /// Proposes `cmd` and returns once it is committed (durable on a quorum) and applied here.
     /// On a follower: [`Error::ForwardToLeader`]. Bad input: [`Error::InvalidArgument`], nothing
     /// proposed.
