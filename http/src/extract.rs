@@ -6,6 +6,7 @@ use axum::http::request::Parts;
 use axum::http::{Method, Uri};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 
 use crate::error::ApiError;
 use crate::request::ObjectOnly;
@@ -19,6 +20,30 @@ pub struct Json<T>(pub T);
 /// Path parameters; a value that does not parse (for example a negative id) is `invalid_path`.
 #[derive(Debug)]
 pub struct Path<T>(pub T);
+
+/// A numeric id in a path (a datanode, shard or node id): canonical decimal, without sign or
+/// leading zeros, so that each id has one spelling (`/v1/shards/007` is refused, not read as 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Id(pub u64);
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_id(&text).map(Id).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses a canonical decimal id (see [`Id`]); the error says what is wrong with `text`.
+pub fn parse_id(text: &str) -> Result<u64, String> {
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (text.len() > 1 && text.starts_with('0')) {
+        return Err(format!(
+            "{text:?} is not an id: ids are decimal numbers without sign or leading zeros"
+        ));
+    }
+    text.parse()
+        .map_err(|_| format!("{text} is larger than the largest id ({})", u64::MAX))
+}
 
 /// Query parameters; a value that does not parse or an unknown parameter is `invalid_query`.
 #[derive(Debug)]
@@ -117,6 +142,18 @@ where
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or_default();
+        // The form decoder turns bytes that are not UTF-8 into U+FFFD, so `?prefix=%ff` would
+        // silently ask for another prefix: such a query is refused instead.
+        let plus_as_space = query.replace('+', " ");
+        if percent_encoding::percent_decode_str(&plus_as_space)
+            .decode_utf8()
+            .is_err()
+        {
+            return Err(ApiError::invalid(
+                "invalid_query",
+                format!("query string {query:?} does not decode to UTF-8"),
+            ));
+        }
         // An empty query string means "no parameters", which the struct's defaults handle.
         axum::extract::Query::<T>::try_from_uri(&parts.uri)
             .map(|axum::extract::Query(value)| Query(value))
@@ -172,6 +209,20 @@ mod tests {
 
     fn code_of(result: Result<Body, ApiError>) -> &'static str {
         result.expect_err("must fail").code()
+    }
+
+    #[test]
+    fn ids_have_one_spelling() {
+        assert_eq!(parse_id("0"), Ok(0));
+        assert_eq!(parse_id("7"), Ok(7));
+        assert_eq!(parse_id("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "", "007", "00", "+7", "-7", " 7", "7 ", "0x7", "1e3", "7.0", "٣",
+        ] {
+            assert!(parse_id(bad).is_err(), "{bad:?} accepted");
+        }
+        let err = parse_id("18446744073709551616").unwrap_err();
+        assert!(err.contains("larger than the largest id"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use meta_consensus::{ClusterStatus, Node, Role};
 
 use crate::cluster_identity;
 use crate::error::ApiError;
-use crate::extract::{Json, NoQuery, Path, Query};
+use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody, ReadQuery};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
@@ -124,7 +124,7 @@ pub async fn add_learner(
 pub async fn remove_learner(
     _: NoQuery,
     State(state): State<AppState>,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     state.node.remove_learner(id).await?;
     Ok(axum::Json(membership(&state)))

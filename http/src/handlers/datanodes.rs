@@ -6,7 +6,7 @@ use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
 
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
-use crate::extract::{Json, NoQuery, Path, Query};
+use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
@@ -32,7 +32,7 @@ impl From<DatanodeInfo> for DatanodeView {
 pub async fn register(
     _: NoQuery,
     writer: Writer,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
     Json(body): Json<RegisterDatanodeBody>,
 ) -> Result<axum::Json<DatanodeRegistered>, ApiError> {
     body.validate()?;
@@ -65,7 +65,7 @@ pub async fn list(
 pub async fn get(
     State(state): State<AppState>,
     replayed: ReplayedReadIndex,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeView>, ApiError> {
     let consistency = query.validate()?;
@@ -83,7 +83,7 @@ pub async fn get(
 pub async fn remove(
     _: NoQuery,
     writer: Writer,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
     let written = writer.write(Command::RemoveDatanode { id }).await?;
     match written.result {
@@ -104,7 +104,7 @@ pub async fn remove(
 pub async fn register_shards(
     _: NoQuery,
     writer: Writer,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
     Json(body): Json<RegisterShardsBody>,
 ) -> Result<axum::Json<ShardsRegistered>, ApiError> {
     body.validate()?;
@@ -150,7 +150,7 @@ pub async fn register_shards(
 pub async fn deregister_shard(
     _: NoQuery,
     writer: Writer,
-    Path((id, shard)): Path<(u64, u64)>,
+    Path((Id(id), Id(shard))): Path<(Id, Id)>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
     let written = writer
         .write(Command::DeregisterShards {
@@ -175,7 +175,7 @@ pub async fn deregister_shard(
 pub async fn list_shards(
     State(state): State<AppState>,
     replayed: ReplayedReadIndex,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
     Query(query): Query<PageQuery>,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
     let (page, consistency) = query.validate()?;

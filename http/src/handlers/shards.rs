@@ -4,7 +4,7 @@ use axum::extract::State;
 
 use super::listing_error;
 use crate::error::ApiError;
-use crate::extract::{Path, Query};
+use crate::extract::{Id, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery};
 use crate::response::{ReplicaView, ShardPage, ShardView};
@@ -37,7 +37,7 @@ pub async fn list(
 pub async fn get(
     State(state): State<AppState>,
     replayed: ReplayedReadIndex,
-    Path(id): Path<u64>,
+    Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<ShardView>, ApiError> {
     let consistency = query.validate()?;
