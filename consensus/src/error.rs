@@ -20,6 +20,10 @@ pub enum Error {
     /// This node belongs to no cluster yet: it was neither initialized nor added.
     #[error("not a member of a cluster")]
     NotMember,
+    /// This node was removed from the cluster it belonged to (its membership names `members`,
+    /// not this node).
+    #[error("removed from the cluster (members {members:?})")]
+    Removed { members: Vec<NodeId> },
     /// The request could not complete in time; a write's outcome is unknown.
     #[error("timed out")]
     Timeout,

@@ -278,6 +278,8 @@ impl MetaNode {
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
         let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
+        // Removed: the membership names members, but not this node.
+        let removed = membership.voter_ids().next().is_some() && !nodes.contains_key(&self.id());
         // A leader no quorum acknowledged within the lease may be deposed already: it is not
         // reported as leader (a single voter is its own quorum).
         let self_quorum = membership.voter_ids().eq([self.id()]);
@@ -286,7 +288,7 @@ impl MetaNode {
             && m.last_quorum_acked
                 .as_ref()
                 .is_none_or(|t| openraft::Instant::elapsed(&**t) >= self.lease());
-        let leader_id = if stopped || lost_quorum {
+        let leader_id = if stopped || lost_quorum || removed {
             None
         } else {
             m.current_leader
@@ -321,6 +323,8 @@ impl MetaNode {
         let snapshot = sm.last_snapshot();
         let role = if stopped {
             Role::Shutdown
+        } else if removed {
+            Role::Removed
         } else if lost_quorum {
             Role::LeaderWithoutQuorum
         } else {

@@ -6,8 +6,9 @@ mod common;
 use std::collections::BTreeSet;
 
 use anyhow::Result;
-use common::{addr, Cluster};
-use meta_consensus::Node;
+use common::{addr, Cluster, WAIT};
+use meta_consensus::{Consistency, Error, Node, Role};
+use openraft::ServerState;
 
 /// Four learners added at once all join. Each change is proposed while others are still being
 /// committed (they start together and each needs a quorum's fsync), which openraft refuses as
@@ -39,5 +40,45 @@ async fn concurrent_learner_additions_all_succeed() -> Result<()> {
         assert!(r.is_ok(), "removing learner {id}: {r:?}");
     }
     assert!(leader.status().learners.is_empty());
+    c.shutdown().await
+}
+
+/// A leader that removes itself from the voters hands over to the others and then says what it
+/// is: `Removed` in its status (no leader named), and a request sent to it is refused with the
+/// members to go to, where it used to report itself a learner and answer "no leader".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_removed_itself_reports_it_and_refuses_requests() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    leader.register_datanode(7, "dn-7").await?;
+    let others: BTreeSet<_> = (1..=3).filter(|i| *i != leader.id()).collect();
+    leader.change_voters(others.clone()).await?;
+
+    // Openraft steps the old leader down once the change is committed.
+    leader
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.state != ServerState::Leader, "old leader steps down")
+        .await?;
+    let st = leader.status();
+    assert_eq!(st.role, Role::Removed, "{st:?}");
+    assert_eq!(st.leader_id, None);
+    match leader.register_datanode(8, "dn-8").await {
+        Err(Error::Removed { members }) => {
+            assert_eq!(members, others.iter().copied().collect::<Vec<_>>())
+        }
+        other => panic!("expected removed, got {other:?}"),
+    }
+    match leader.datanode(Consistency::Linearizable, 7).await {
+        Err(Error::Removed { .. }) => {}
+        other => panic!("expected removed, got {other:?}"),
+    }
+
+    // The others elect a leader among themselves and keep everything.
+    c.stop(leader.id()).await?;
+    let next = c.leader().await?;
+    assert!(others.contains(&next.id()));
+    next.register_datanode(8, "dn-8").await?;
+    assert!(next.datanode(Consistency::Linearizable, 7).await?.is_some());
     c.shutdown().await
 }

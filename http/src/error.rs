@@ -206,6 +206,10 @@ impl From<meta_consensus::Error> for ApiError {
                  /v1/cluster/init) or add it from the leader (POST /v1/cluster/learners)"
                     .into(),
             ),
+            E::Removed { members } => ApiError::NoLeader(format!(
+                "this node was removed from the cluster, whose members are now {members:?}: send \
+                 requests to one of them, and stop this node (or add it again as a learner)"
+            )),
             E::Timeout => ApiError::Timeout(
                 "the request could not complete in time; a write may still commit".into(),
             ),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::FromRef;
-use meta_consensus::{ClusterStatus, Consistency, MetaNode};
+use meta_consensus::{ClusterStatus, Consistency, MetaNode, Role};
 
 use crate::auth::Token;
 use crate::error::ApiError;
@@ -140,6 +140,9 @@ impl Readiness {
     /// that does not latch).
     pub fn member_with_leader(status: &ClusterStatus) -> Result<(), String> {
         let member = status.voters.contains(&status.id) || status.learners.contains(&status.id);
+        if status.role == Role::Removed {
+            return Err("removed from the cluster".into());
+        }
         if !member {
             return Err("not a member of a cluster".into());
         }

@@ -22,16 +22,7 @@ impl MetaNode {
             .leader_id
             .or_else(|| self.inner.raft.metrics().borrow_watched().current_leader);
         let Some(leader) = leader else {
-            let m = self.inner.raft.metrics().borrow_watched().clone();
-            if m.membership_config
-                .membership()
-                .voter_ids()
-                .next()
-                .is_none()
-            {
-                return Error::NotMember;
-            }
-            return Error::NoLeader;
+            return self.no_leader();
         };
         let addr = f.leader_node.as_ref().map(|n| n.addr.clone()).or_else(|| {
             let m = self
@@ -48,8 +39,24 @@ impl MetaNode {
                 leader_id: leader,
                 leader_addr,
             },
-            _ => Error::NoLeader,
+            _ => self.no_leader(),
         }
+    }
+
+    /// Why this node knows no leader: it is in no cluster ([`Error::NotMember`]), was removed
+    /// from its cluster ([`Error::Removed`]), or waits for an election ([`Error::NoLeader`]).
+    pub(super) fn no_leader(&self) -> Error {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        if membership.voter_ids().next().is_none() {
+            return Error::NotMember;
+        }
+        if membership.get_node(&self.id()).is_none() {
+            return Error::Removed {
+                members: membership.nodes().map(|(id, _)| *id).collect(),
+            };
+        }
+        Error::NoLeader
     }
 
     /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
@@ -153,8 +160,12 @@ impl MetaNode {
                 .map_err(|_| Error::Timeout)?;
             match res {
                 Err(e) if is_lease_refusal(&e) => {
-                    if tokio::time::Instant::now() >= lease_deadline {
-                        return Err(Error::NoLeader);
+                    // No election makes a node that is not a member lead: say so at once.
+                    let why = self.no_leader();
+                    if !matches!(why, Error::NoLeader)
+                        || tokio::time::Instant::now() >= lease_deadline
+                    {
+                        return Err(why);
                     }
                     let _ = self.await_metrics_change(lease_deadline).await;
                 }
