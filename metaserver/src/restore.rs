@@ -8,7 +8,7 @@
 //! (the time in microseconds: see [`epoch_floor`]), so a datanode's next request with its old
 //! epoch is fenced and it registers again, as after any epoch change; then its replicas, with
 //! their generations and sizes, in batches of 10,000 under that epoch. Every key is written with
-//! `if_revision=0` (it must not exist yet) and gets a new revision. The writes go through Raft
+//! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go through Raft
 //! like any other: when the command returns, everything restored is durable on a quorum. A request that finds no leader (an election, a
 //! member restarting) is sent again for up to a minute. A restore that fails part way leaves
 //! what it wrote; empty the cluster (start it on fresh data dirs) and run it again. Emptiness
@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use futures::StreamExt;
 use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::{validate_new_key, validate_value};
@@ -29,6 +30,9 @@ use crate::operator::Operator;
 
 /// Values of keys read from the backup at a time, at most (and [`MAX_PAGE`] keys).
 const KV_PAGE_BYTES: usize = 16 << 20;
+/// Key writes a restore keeps in flight: a key is one log entry, and concurrent writes share
+/// the leader's WAL barriers, where one at a time paid a round trip and a barrier each.
+const KEY_WRITES_IN_FLIGHT: usize = 32;
 
 /// What a restore wrote.
 #[derive(Debug, Default)]
@@ -44,26 +48,26 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     let backup = open(file).await?;
     check_keys(&backup).await?;
     check_empty(&op).await?;
-    let mut restored = Restored::default();
-    let datanodes = read(&backup, |b| b.datanodes()).await?;
-    let min_epoch = epoch_floor();
-    for datanode in datanodes {
-        restored.replicas += restore_datanode(&op, &backup, &datanode, min_epoch).await?;
-        restored.datanodes += 1;
-    }
-    restored.keys = restore_keys(&op, &backup).await?;
+    let replayed = replay(&op, &backup).await;
     let (index, replicas, keys) = (backup.index(), backup.replicas(), backup.keys());
     // Closing the scratch registry flushes and deletes files: not on the async runtime.
     tokio::task::spawn_blocking(move || drop(backup))
         .await
         .context("the backup reader stopped")?;
-    if restored.replicas != replicas || restored.keys != keys {
-        bail!(
-            "restored {} replicas and {} keys, but the backup holds {replicas} and {keys}",
-            restored.replicas,
-            restored.keys
-        );
-    }
+    let restored = replayed.and_then(|restored| {
+        if restored.replicas != replicas || restored.keys != keys {
+            bail!(
+                "restored {} replicas and {} keys, but the backup holds {replicas} and {keys}",
+                restored.replicas,
+                restored.keys
+            );
+        }
+        Ok(restored)
+    });
+    let restored = restored.context(
+        "the restore stopped part way and left what it wrote: start the cluster on fresh data \
+         dirs and run it again",
+    )?;
     println!(
         "{}",
         json!({
@@ -75,6 +79,19 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// Sends every datanode with its replicas, then every key, of `backup`.
+async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
+    let mut restored = Restored::default();
+    let datanodes = read(backup, |b| b.datanodes()).await?;
+    let min_epoch = epoch_floor();
+    for datanode in datanodes {
+        restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
+        restored.datanodes += 1;
+    }
+    restored.keys = restore_keys(op, backup).await?;
+    Ok(restored)
 }
 
 /// Opens and verifies the backup, with its scratch registry next to it.
@@ -238,37 +255,49 @@ async fn restore_datanode(
     }
 }
 
-/// Writes every key of the backup (it must not exist yet); returns how many.
+/// Writes every key of the backup (it must not exist yet), [`KEY_WRITES_IN_FLIGHT`] at a time;
+/// returns how many.
 async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
     let mut written = 0;
     let mut pages = KvPages::default();
     while let Some(entries) = pages.next(backup).await? {
-        for entry in entries {
-            let path = format!("{}?if_revision=0", kv_path(&entry.key));
-            let put = op
-                .send_retrying(|| {
-                    op.request(reqwest::Method::PUT, &path)
-                        .body(entry.value.clone())
-                })
-                .await;
-            if let Err(e) = put {
-                // A retry whose first try was applied finds the key written: with our value,
-                // that is the write done.
-                let stored = op
-                    .send(op.request(reqwest::Method::GET, &kv_path(&entry.key)))
-                    .await;
-                let ours = match stored {
-                    Ok(r) => r.bytes().await.is_ok_and(|b| b[..] == entry.value[..]),
-                    Err(_) => false,
-                };
-                if !ours {
-                    return Err(e.context(format!("writing key {:?}", entry.key)));
-                }
-            }
+        let mut puts = futures::stream::iter(entries)
+            .map(|entry| restore_key(op, entry))
+            .buffer_unordered(KEY_WRITES_IN_FLIGHT);
+        while let Some(put) = puts.next().await {
+            put?;
             written += 1;
         }
     }
     Ok(written)
+}
+
+/// Writes one key of the backup (it must not exist yet).
+async fn restore_key(op: &Operator, entry: KvEntry) -> Result<()> {
+    let path = format!("{}?if_revision=0", kv_path(&entry.key));
+    let put = op
+        .send_retrying(|| {
+            op.request(reqwest::Method::PUT, &path)
+                .body(entry.value.clone())
+        })
+        .await;
+    let Err(e) = put else {
+        return Ok(());
+    };
+    // A retry whose first try was applied finds the key written: with our value, that is the
+    // write done.
+    let stored = op
+        .send(op.request(reqwest::Method::GET, &kv_path(&entry.key)))
+        .await;
+    let ours = match stored {
+        Ok(r) => r.bytes().await.is_ok_and(|b| b[..] == entry.value[..]),
+        Err(_) => false,
+    };
+    if ours {
+        Ok(())
+    } else {
+        Err(e.context(format!("writing key {:?}", entry.key)))
+    }
 }
 
 /// The path of `key` under `/v1/kv/`, each of its `/`-separated segments percent-encoded
