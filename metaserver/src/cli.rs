@@ -135,6 +135,11 @@ pub struct LocalClusterArgs {
     /// Token every node requires (also passed on to the nodes).
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// `serve` options given to every node, after `--` (for example `-- --barrier own
+    /// --snapshot-rate 67108864`); the id, addresses, data dir, peers and `--init` are set by
+    /// `local-cluster` itself.
+    #[arg(last = true, value_name = "SERVE_OPTIONS")]
+    pub serve_options: Vec<String>,
 }
 
 /// How operator commands reach a member.

@@ -2,9 +2,9 @@
 //!
 //! Node N listens on base-port + N - 1 (or on a free port when the base port is 0), keeps its
 //! data in DIR/nodeN and knows every other node; node 1 initializes the cluster on its first
-//! start. SIGINT or SIGTERM stops every child with SIGTERM (each makes its log durable and
-//! exits); a child that dies on its own stops the others too. Children also get SIGTERM if
-//! this process dies, so none is left behind.
+//! start. Options after `--` go to every node's `serve`. SIGINT or SIGTERM stops every child
+//! with SIGTERM (each makes its log durable and exits); a child that dies on its own stops the
+//! others too. Children also get SIGTERM if this process dies, so none is left behind.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
@@ -48,11 +48,38 @@ fn free_ports(n: u64) -> Result<Vec<u16>> {
         .collect()
 }
 
+/// `serve` options that `local-cluster` sets for each node itself.
+const OWN_OPTIONS: [&str; 7] = [
+    "--id",
+    "--listen",
+    "--advertise",
+    "--data-dir",
+    "--peers",
+    "--init",
+    "--config",
+];
+
+/// Refuses options after `--` that `local-cluster` sets itself (a node given another's id or
+/// data dir would not start, or worse).
+fn check_serve_options(options: &[String]) -> Result<()> {
+    for option in options {
+        let name = option.split('=').next().unwrap_or_default();
+        if OWN_OPTIONS.contains(&name) {
+            bail!(
+                "{name} is set by local-cluster for each node; give only other serve options \
+                 after --"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Runs the cluster until a signal or a child's death.
 pub async fn run(args: LocalClusterArgs) -> Result<()> {
     if args.nodes == 0 || args.nodes > 9 {
         bail!("--nodes must be 1 to 9, not {}", args.nodes);
     }
+    check_serve_options(&args.serve_options)?;
     let mut signals = Signals::install()?;
     let ports: Vec<u16> = if args.base_port == 0 {
         free_ports(args.nodes)?
@@ -92,6 +119,7 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
             .arg(&peers)
             .arg("--init")
             .arg(if id == 1 { "true" } else { "false" })
+            .args(&args.serve_options)
             .env_remove("METASERVER_CONFIG")
             .env_remove("METASERVER_ID")
             .env_remove("METASERVER_LISTEN")

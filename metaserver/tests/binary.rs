@@ -568,6 +568,9 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
             "0",
             "--data-dir",
             data.to_str().unwrap(),
+            "--",
+            "--snapshot-rate",
+            "12345",
         ],
         &[],
         true,
@@ -594,6 +597,14 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
             v["leader_id"] == leader
         })
         .await;
+    }
+    // The options after `--` reached every node.
+    for base in addrs.values() {
+        let (status, config) = send(&http, Method::GET, &format!("{base}/v1/config"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{config}");
+        assert_eq!(config["snapshot_max_bytes_per_sec"], 12345, "{config}");
     }
     let followers: Vec<u64> = addrs.keys().copied().filter(|id| *id != leader).collect();
     let f1 = &addrs[&followers[0]];
@@ -769,4 +780,30 @@ async fn a_failed_snapshot_keeps_the_node_serving() {
         assert_eq!(status, 200, "repaired: {v}");
     }
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_refuses_serve_options_it_sets_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data = data.to_str().unwrap();
+    for option in ["--data-dir", "--id=4", "--init"] {
+        let args = [
+            "local-cluster",
+            "--base-port",
+            "0",
+            "--data-dir",
+            data,
+            "--",
+        ];
+        let args: Vec<&str> = args.into_iter().chain([option, "x"]).collect();
+        let (ok, _, err) = run(&args, &[]).await;
+        assert!(!ok, "{option} accepted");
+        let name = option.split('=').next().unwrap();
+        assert!(
+            err.contains(&format!("{name} is set by local-cluster")),
+            "{err}"
+        );
+    }
+    assert!(!std::path::Path::new(data).exists(), "nothing was started");
 }
