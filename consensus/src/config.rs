@@ -8,6 +8,7 @@ use meta_store::BarrierMode;
 
 use crate::cluster_id::ClusterId;
 use crate::error::{Error, Result};
+use crate::removal_notice::RemovalNotice;
 use crate::types::NodeId;
 
 /// Most entries the leader puts in one AppendEntries request. Each entry holds one client
@@ -63,6 +64,9 @@ pub struct NodeConfig {
     /// message to a member and refuses messages of another cluster); filled from the data dir at
     /// open, set when the node initializes a cluster or is first reached by a member.
     pub cluster_id: ClusterId,
+    /// A member's notice that this node was removed from the cluster, shared with the
+    /// transport, which hands it the notices that come back with answers to vote requests.
+    pub removal_notice: RemovalNotice,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
 }
@@ -89,6 +93,7 @@ impl NodeConfig {
             max_pending_shards: 4_096,
             watch_history: crate::change_feed::DEFAULT_HISTORY,
             cluster_id: ClusterId::default(),
+            removal_notice: RemovalNotice::default(),
             min_free_bytes: 128 << 20,
             emulated_sync_latency: Duration::ZERO,
         }

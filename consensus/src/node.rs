@@ -278,8 +278,7 @@ impl MetaNode {
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
         let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
-        // Removed: the membership names members, but not this node.
-        let removed = membership.voter_ids().next().is_some() && !nodes.contains_key(&self.id());
+        let removed = self.removed(&m).is_some();
         // A leader no quorum acknowledged within the lease may be deposed already: it is not
         // reported as leader (a single voter is its own quorum).
         let self_quorum = membership.voter_ids().eq([self.id()]);

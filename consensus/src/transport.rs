@@ -5,7 +5,8 @@
 //! openraft's `Unreachable` error, so openraft backs off before retrying (the backoff comes
 //! from the node's configuration). Snapshots take the streaming `full_snapshot` path: the
 //! leader's snapshot file is copied into a file the target created for it, which the target
-//! verifies and installs, as the HTTP transport does between processes.
+//! verifies and installs, as the HTTP transport does between processes. A removal notice that
+//! a member gives with its answer to a vote request reaches the candidate, as over HTTP.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -21,6 +22,7 @@ use openraft::{RaftNetworkFactory, RaftNetworkV2};
 use parking_lot::RwLock;
 
 use crate::node::MetaNode;
+use crate::removal_notice::Removal;
 use crate::snapshot_data::SnapshotData;
 use crate::types::{Node, NodeId, TypeConfig, Vote};
 
@@ -137,6 +139,15 @@ impl LocalConnection {
     }
 }
 
+impl LocalConnection {
+    /// Hands a removal notice that came back with a vote answer to the candidate (this node).
+    fn deliver(&self, removal: Option<Removal>) {
+        if let (Some(removal), Some(me)) = (removal, self.router.node(self.from)) {
+            me.note_removal(removal);
+        }
+    }
+}
+
 /// A stopped target answers `Fatal`; to the caller that is an unreachable peer.
 fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
     Unreachable::from_string(e.to_string())
@@ -164,10 +175,30 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.target()?;
-        target
+        let removal = target.removal_of(&rpc);
+        let answer = target
             .vote(rpc)
             .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+            .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
+        self.deliver(removal);
+        Ok(answer)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        // Openraft's default grants every pre-vote, which would test another protocol than
+        // the HTTP transport runs.
+        let target = self.target()?;
+        let removal = target.removal_of(&rpc);
+        let answer = target
+            .pre_vote(rpc)
+            .await
+            .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
+        self.deliver(removal);
+        Ok(answer)
     }
 
     async fn full_snapshot(

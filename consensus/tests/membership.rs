@@ -1,5 +1,6 @@
-//! Membership changes that meet each other: openraft takes one change at a time, and a call
-//! that arrives while another is uncommitted waits for it instead of failing with a conflict.
+//! Membership changes: changes that meet each other (openraft takes one at a time, and a call
+//! that arrives while another is uncommitted waits for it instead of failing with a conflict),
+//! and what a removed voter reports.
 
 mod common;
 
@@ -80,5 +81,51 @@ async fn a_leader_that_removed_itself_reports_it_and_refuses_requests() -> Resul
     assert!(others.contains(&next.id()));
     next.register_datanode(8, "dn-8").await?;
     assert!(next.datanode(Consistency::Linearizable, 7).await?.is_some());
+    c.shutdown().await
+}
+
+/// A follower removed from the voters never receives the membership without it (the leader
+/// stops replicating to it first), so its own log still names it. The members it then asks for
+/// votes tell it, and it reports `Removed` and refuses requests, where it used to report itself
+/// a candidate of the old voters. Added again as a learner, it is a learner again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_follower_learns_it_from_the_members() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let removed = (1..=3).find(|i| *i != leader.id()).unwrap();
+    let others: BTreeSet<_> = (1..=3).filter(|i| *i != removed).collect();
+    leader.change_voters(others.clone()).await?;
+
+    // Once its election timeout passes it campaigns, and the members' answers tell it.
+    let node = c.node(removed).clone();
+    node.raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |_| node.status().role == Role::Removed,
+            "removed follower told",
+        )
+        .await?;
+    let st = node.status();
+    assert_eq!(st.leader_id, None);
+    match node.register_datanode(8, "dn-8").await {
+        Err(Error::Removed { members }) => {
+            assert_eq!(members, others.iter().copied().collect::<Vec<_>>())
+        }
+        other => panic!("expected removed, got {other:?}"),
+    }
+    // The others carry on.
+    let leader = c.leader().await?;
+    leader.register_datanode(9, "dn-9").await?;
+
+    // Added again, as a learner: the notice no longer applies.
+    leader
+        .add_learner(removed, Node::new(addr(removed)))
+        .await?;
+    node.raft()
+        .wait(Some(WAIT))
+        .metrics(|_| node.status().role == Role::Learner, "a learner again")
+        .await?;
+    let w = leader.register_datanode(10, "dn-10").await?;
+    node.wait_applied(w.index, WAIT).await?;
     c.shutdown().await
 }

@@ -18,7 +18,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
-use meta_consensus::{ClusterId, Node, NodeId, SnapshotData, TypeConfig, Vote};
+use meta_consensus::{
+    ClusterId, Node, NodeId, Removal, RemovalNotice, SnapshotData, TypeConfig, Vote,
+};
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
@@ -38,7 +40,7 @@ use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
-    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE,
+    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED,
 };
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
@@ -111,6 +113,7 @@ pub struct HttpNetwork {
     client: reqwest::Client,
     token: Token,
     cluster: ClusterId,
+    removal: RemovalNotice,
 }
 
 impl HttpNetwork {
@@ -121,6 +124,7 @@ impl HttpNetwork {
             client: peer_client(),
             token,
             cluster: ClusterId::default(),
+            removal: RemovalNotice::default(),
         }
     }
 
@@ -128,6 +132,13 @@ impl HttpNetwork {
     /// (`NodeConfig::cluster_id`).
     pub fn with_cluster_id(mut self, cluster: ClusterId) -> Self {
         self.cluster = cluster;
+        self
+    }
+
+    /// Removal notices that come back with vote answers go to `removal`: give the node the
+    /// same handle (`NodeConfig::removal_notice`).
+    pub fn with_removal_notice(mut self, removal: RemovalNotice) -> Self {
+        self.removal = removal;
         self
     }
 }
@@ -147,6 +158,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             client: self.client.clone(),
             token: self.token.clone(),
             cluster: self.cluster.clone(),
+            removal: self.removal.clone(),
         }
     }
 }
@@ -163,6 +175,7 @@ pub struct HttpConnection {
     client: reqwest::Client,
     token: Token,
     cluster: ClusterId,
+    removal: RemovalNotice,
 }
 
 impl HttpConnection {
@@ -240,6 +253,14 @@ impl HttpConnection {
             .await
             .map_err(|e| self.rpc_error(action, timeout, e))?;
         let status = response.status();
+        if let Some(removal) = response
+            .headers()
+            .get(REMOVED)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Removal::decode)
+        {
+            self.removal.note(removal);
+        }
         let bytes = response
             .bytes()
             .await

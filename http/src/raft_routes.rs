@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
-use meta_consensus::{MetaNode, TypeConfig, Vote};
+use meta_consensus::{MetaNode, Removal, TypeConfig, Vote};
 use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -154,7 +154,11 @@ async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
-    reply(node.vote(rpc).await.map_err(|e| e.to_string()))
+    let removal = node.removal_of(&rpc);
+    with_removal(
+        removal,
+        reply(node.vote(rpc).await.map_err(|e| e.to_string())),
+    )
 }
 
 async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
@@ -162,7 +166,23 @@ async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
-    reply(node.pre_vote(rpc).await.map_err(|e| e.to_string()))
+    let removal = node.removal_of(&rpc);
+    with_removal(
+        removal,
+        reply(node.pre_vote(rpc).await.map_err(|e| e.to_string())),
+    )
+}
+
+/// Header of a vote answer that tells the candidate it was removed from the cluster
+/// (`Removal::encode`'s form); see `MetaNode::removal_of`.
+pub const REMOVED: header::HeaderName = header::HeaderName::from_static("x-metaserver-removed");
+
+/// Adds the removal notice for the candidate, if there is one, to a vote answer.
+fn with_removal(removal: Option<Removal>, mut response: Response) -> Response {
+    if let Some(value) = removal.and_then(|r| header::HeaderValue::from_str(&r.encode()).ok()) {
+        response.headers_mut().insert(REMOVED, value);
+    }
+    response
 }
 
 async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response {

@@ -45,9 +45,10 @@ async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>) -> 
     cfg.snapshot_logs_since_last = 0;
     cfg.max_in_snapshot_log_to_keep = 0;
     let token = Token::new(Some(TOKEN));
-    let node = MetaNode::open(cfg, HttpNetwork::new(id, token.clone()))
-        .await
-        .unwrap();
+    let network = HttpNetwork::new(id, token.clone())
+        .with_cluster_id(cfg.cluster_id.clone())
+        .with_removal_notice(cfg.removal_notice.clone());
+    let node = MetaNode::open(cfg, network).await.unwrap();
     let mut state =
         AppState::new(node.clone(), token).with_follower_reads(follower_reads.is_some());
     if let Some(catch_up) = follower_reads {
@@ -517,4 +518,62 @@ async fn an_unreachable_peer_is_retried_with_backoff() {
         took >= Duration::from_millis(1000),
         "40 attempts in {took:?}: the peer is retried without backoff"
     );
+}
+
+/// A follower removed from the voters learns it from the members' answers to its vote
+/// requests, carried over HTTP: its `/v1/cluster` says `removed`, and a write sent to it is
+/// refused with 503 naming the members, not forwarded to a leader it no longer follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_follower_is_told_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+    let leader = servers
+        .values()
+        .find(|s| s.node.status().role == Role::Leader)
+        .unwrap();
+    let removed_id = *servers.keys().find(|id| **id != leader.node.id()).unwrap();
+    let others: Vec<u64> = servers
+        .keys()
+        .copied()
+        .filter(|id| *id != removed_id)
+        .collect();
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            leader,
+            "/v1/cluster/voters",
+            Some(json!({ "voters": others })),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+
+    let removed = &servers[&removed_id];
+    wait_for(
+        || removed.node.status().role == Role::Removed,
+        "the removed follower is told",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, removed, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["role"], "removed", "{v}");
+    assert_eq!(v["leader_id"], Value::Null, "{v}");
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            removed,
+            "/v1/datanodes/7",
+            Some(json!({"addr": "10.0.0.7:9000"})),
+        )
+        .await;
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("removed from the cluster"), "{message}");
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
 }

@@ -5,8 +5,11 @@
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
 
+use openraft::vote::RaftLeaderId;
+
 use super::MetaNode;
 use crate::error::{Error, Result};
+use crate::removal_notice::Removal;
 use crate::types::TypeConfig;
 
 impl MetaNode {
@@ -31,6 +34,52 @@ impl MetaNode {
             .pre_vote(rpc)
             .await
             .map_err(|e| Error::Raft(e.to_string()))
+    }
+
+    /// The notice for a candidate that this node knows was removed (see `removal_notice.rs`):
+    /// its committed membership names the candidate neither as voter nor as learner, and the
+    /// candidate's log ends before that membership's entry, so the candidate cannot know.
+    /// `None` otherwise. The transport sends the notice back with the answer to the request.
+    pub fn removal_of(&self, rpc: &VoteRequest<TypeConfig>) -> Option<Removal> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let committed = &m.committed_membership_config;
+        let index = committed.log_id().as_ref()?.index;
+        let membership = committed.membership();
+        let candidate = rpc.vote.leader_id().node_id();
+        if membership.voter_ids().next().is_none() || membership.get_node(candidate).is_some() {
+            return None;
+        }
+        if rpc.last_log_id.as_ref().is_some_and(|l| l.index >= index) {
+            return None;
+        }
+        Some(Removal {
+            membership_index: index,
+            members: membership.nodes().map(|(id, _)| *id).collect(),
+        })
+    }
+
+    /// The members of the cluster this node was removed from, if it was: its own membership
+    /// names others but not it, or a member's notice is about a newer membership than its own.
+    pub(super) fn removed(
+        &self,
+        m: &openraft::RaftMetrics<TypeConfig>,
+    ) -> Option<Vec<crate::types::NodeId>> {
+        let membership = m.membership_config.membership();
+        if membership.voter_ids().next().is_some() && membership.get_node(&self.id()).is_none() {
+            return Some(membership.nodes().map(|(id, _)| *id).collect());
+        }
+        let own = m.membership_config.log_id().as_ref().map(|l| l.index);
+        self.inner
+            .cfg
+            .removal_notice
+            .applying_to(own)
+            .map(|r| r.members)
+    }
+
+    /// Records a member's notice that this node was removed (the transport calls this).
+    pub fn note_removal(&self, removal: Removal) {
+        self.inner.cfg.removal_notice.note(removal);
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {

@@ -21,6 +21,14 @@ impl MetaNode {
         let leader = f
             .leader_id
             .or_else(|| self.inner.raft.metrics().borrow_watched().current_leader);
+        let removed = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            self.removed(&m)
+        };
+        if let Some(members) = removed {
+            return Error::Removed { members };
+        }
         let Some(leader) = leader else {
             return self.no_leader();
         };
@@ -47,16 +55,18 @@ impl MetaNode {
     /// from its cluster ([`Error::Removed`]), or waits for an election ([`Error::NoLeader`]).
     pub(super) fn no_leader(&self) -> Error {
         let m = self.inner.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        if membership.voter_ids().next().is_none() {
+        if m.membership_config
+            .membership()
+            .voter_ids()
+            .next()
+            .is_none()
+        {
             return Error::NotMember;
         }
-        if membership.get_node(&self.id()).is_none() {
-            return Error::Removed {
-                members: membership.nodes().map(|(id, _)| *id).collect(),
-            };
+        match self.removed(&m) {
+            Some(members) => Error::Removed { members },
+            None => Error::NoLeader,
         }
-        Error::NoLeader
     }
 
     /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
@@ -90,6 +100,10 @@ impl MetaNode {
         }
         let leader = m.current_leader.filter(|l| *l != self.id())?;
         let node = m.membership_config.membership().get_node(&leader)?;
+        // A removed node's view of the leader is stale: it refuses instead (`no_leader`).
+        if self.removed(&m).is_some() {
+            return None;
+        }
         Some((leader, node.addr.clone()))
     }
 

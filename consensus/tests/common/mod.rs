@@ -109,7 +109,7 @@ impl Cluster {
             if let [l] = leaders.as_slice() {
                 let agreed = statuses
                     .iter()
-                    .filter(|s| s.role != Role::Learner)
+                    .filter(|s| s.role != Role::Learner && s.role != Role::Removed)
                     .all(|s| s.leader_id == Some(l.id));
                 if agreed {
                     return Ok(self.node(l.id).clone());
