@@ -11,8 +11,9 @@
 //!
 //! Contracts:
 //! - Every change applied after [`ChangeFeed::floor`] is kept, in log order. The history holds
-//!   at most `capacity` units (an event costs one unit plus one per shard id it names); the
-//!   oldest events go first, and the floor rises to the newest index they held.
+//!   at most `capacity` units (an event costs one unit plus one per shard id it names), or
+//!   the newest event alone if that is larger; the oldest events go first, and the floor rises
+//!   to the newest index they held.
 //! - The feed starts at the applied index found at open, and starts again at a snapshot's
 //!   index when one is installed: what happened before is not known to this member.
 //! - [`ChangeFeed::record`] makes a batch of events and the applied index visible together,
@@ -123,6 +124,10 @@ pub struct Compacted {
 /// make about half a megabyte of JSON.
 pub const MAX_READ_UNITS: usize = 65_536;
 
+/// Most events one [`ChangeFeed::read`] looks at, wanted or not, while it holds the history's
+/// lock (which applying needs too).
+pub const MAX_READ_SCAN: usize = 65_536;
+
 /// The default history: a million units, about a whole registration storm of the size
 /// (a million replicas) and some 30 MB of memory at most.
 pub const DEFAULT_HISTORY: usize = 1_000_000;
@@ -139,8 +144,12 @@ struct History {
 }
 
 impl History {
+    /// Drops the oldest events until the history fits its capacity, but never the newest
+    /// event (unless the capacity is 0): an event larger than the whole history would
+    /// otherwise be gone as it is recorded, and every watcher, even one that is up to date,
+    /// would be told to read the state again.
     fn trim(&mut self) {
-        while self.units > self.capacity {
+        while self.units > self.capacity && (self.capacity == 0 || self.events.len() > 1) {
             let Some(old) = self.events.pop_front() else {
                 break;
             };
@@ -265,12 +274,21 @@ impl ChangeFeed {
         let start = h.events.partition_point(|e| e.index <= after);
         let mut events = Vec::new();
         let mut units = 0;
-        for e in h.events.range(start..) {
-            if events.len() >= limit.max(1) || (units >= MAX_READ_UNITS && !events.is_empty()) {
-                // Full: the next read starts after the last event returned.
-                let index = events.last().map_or(after, |l: &ChangeEvent| l.index);
-                return Ok(ChangeBatch { events, index });
+        // Every event up to this index was returned or is not wanted. Each entry makes at most
+        // one event, so a read may stop between any two.
+        let mut looked_at = after;
+        for (scanned, e) in h.events.range(start..).enumerate() {
+            let full =
+                events.len() >= limit.max(1) || (units >= MAX_READ_UNITS && !events.is_empty());
+            if full || scanned >= MAX_READ_SCAN {
+                // The next read starts after the last event looked at; the lock is not held
+                // meanwhile, so a narrow filter over a long history does not stall applying.
+                return Ok(ChangeBatch {
+                    events,
+                    index: looked_at,
+                });
             }
+            looked_at = e.index;
             if filter.matches(&e.change) {
                 units += e.change.units();
                 events.push(e.clone());
@@ -288,7 +306,9 @@ impl ChangeFeed {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _counted = Waiting(&self.waiting);
         let mut rx = self.applied.subscribe();
-        let moved = tokio::time::timeout(timeout, rx.wait_for(|a| *a > index)).await;
+        // u64::MAX is the closed feed, which ends every wait (also one past u64::MAX - 1).
+        let moved =
+            tokio::time::timeout(timeout, rx.wait_for(|a| *a > index || *a == u64::MAX)).await;
         matches!(moved, Ok(Ok(_)))
     }
 

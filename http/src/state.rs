@@ -33,7 +33,14 @@ pub struct AppState {
     pub readiness: Arc<Readiness>,
     /// How long an admin request's body may take to arrive (default [`BODY_TIMEOUT`]).
     pub body_timeout: Duration,
+    /// Watches that may wait at once (default [`WATCH_SLOTS`]): each holds a connection for
+    /// up to a minute, and datanodes need connections too.
+    pub watch_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Watches that may wait at once unless the server says otherwise (it gives them half its
+/// connection slots).
+pub const WATCH_SLOTS: usize = 1024;
 
 /// How long an admin request's body (at most 2 MiB) may take to arrive: a client that stalls
 /// part way is answered 408 rather than holding a connection slot until it goes away.
@@ -58,7 +65,14 @@ impl AppState {
             token,
             readiness,
             body_timeout: BODY_TIMEOUT,
+            watch_slots: Arc::new(tokio::sync::Semaphore::new(WATCH_SLOTS)),
         }
+    }
+
+    /// At most `slots` watches wait at once; more are refused with 503 `overloaded`.
+    pub fn with_watch_slots(mut self, slots: usize) -> Self {
+        self.watch_slots = Arc::new(tokio::sync::Semaphore::new(slots));
+        self
     }
 
     /// How long an admin request's body may take to arrive (default [`BODY_TIMEOUT`]).

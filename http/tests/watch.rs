@@ -190,3 +190,70 @@ async fn a_stopping_node_answers_its_waiting_watches_at_once() {
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.json()["events"], json!([]));
 }
+
+#[tokio::test]
+async fn a_watch_from_past_the_newest_index_is_refused() {
+    let t = leader_node(None).await;
+    let from = start(&t).await;
+    // Such an index comes from another cluster (a restored one counts from 1 again): waiting
+    // for the log to reach it would skip every change until then.
+    for after in [from + 1000, u64::MAX] {
+        let a = t
+            .get(&format!("/v1/watch?after={after}&wait_ms=55000"))
+            .await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+        let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("past the cluster's newest index"),
+            "{message}"
+        );
+    }
+    // The newest index itself is where a watcher that is up to date waits.
+    let a = t.get(&format!("/v1/watch?after={from}&wait_ms=0")).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+}
+
+#[tokio::test]
+async fn watches_past_the_waiting_slots_are_refused_and_the_rest_pass() {
+    let t = leader_node(None).await;
+    let state = meta_http::AppState::new(t.node.clone(), meta_http::Token::new(None));
+    let app = meta_http::router(state.with_watch_slots(1));
+    let from = start(&t).await;
+    let uri = format!("/v1/watch?after={from}&wait_ms=55000");
+    let waiting = {
+        let (app, uri) = (app.clone(), uri.clone());
+        tokio::spawn(async move { common::call(&app, Method::GET, &uri, "", &[]).await })
+    };
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while t.node.status().watches_waiting < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first watch waits");
+    let a = common::call(&app, Method::GET, &uri, "", &[]).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "overloaded");
+    // A watch that does not wait needs no slot.
+    let quick = format!("/v1/watch?after={from}&wait_ms=0");
+    let a = common::call(&app, Method::GET, &quick, "", &[]).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    // The write answers the waiting watch, which gives its slot back.
+    t.send(Method::PUT, "/v1/kv/k", "v").await;
+    let a = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the watch did not wake on the write")
+        .unwrap();
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let index = a.json()["index"].as_u64().unwrap();
+    let a = common::call(
+        &app,
+        Method::GET,
+        &format!("/v1/watch?after={from}&wait_ms=55000"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["index"].as_u64(), Some(index));
+}

@@ -181,24 +181,29 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     if let Some(prefix) = &args.prefix {
         filter.push(("prefix", prefix.clone()));
     }
-    let mut after = match args.after {
-        Some(index) => index,
-        None => op.get_json::<WatchPage>("/v1/watch").await?.index,
-    };
+    // Without --after, the first answer is the index to start from.
+    let mut after = args.after;
     let stdout = std::io::stdout();
     loop {
-        let request = op
-            .request(reqwest::Method::GET, "/v1/watch")
-            .query(&[("after", after.to_string())])
-            .query(&filter);
+        let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
+        if let Some(after) = after {
+            request = request.query(&[("after", after.to_string())]);
+        }
         let page: WatchPage = match request.send().await {
             Ok(r) if r.status().is_success() => {
                 r.json().await.context("decoding a watch answer")?
             }
-            Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+            // No leader, a leader that did not answer in time, a node stopping or
+            // restarting: ask again.
+            Ok(r)
+                if ![
+                    reqwest::StatusCode::SERVICE_UNAVAILABLE,
+                    reqwest::StatusCode::GATEWAY_TIMEOUT,
+                ]
+                .contains(&r.status()) =>
+            {
                 return Err(op.refusal(r).await)
             }
-            // No leader, a node stopping or restarting: ask again.
             Ok(_) | Err(_) => {
                 tokio::time::sleep(WATCH_RETRY).await;
                 continue;
@@ -209,8 +214,9 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             writeln!(out, "{}", serde_json::to_string(event)?)?;
         }
         out.flush()?;
-        after = page.index;
-        if args.once && !page.events.is_empty() {
+        let started = after.is_some();
+        after = Some(page.index);
+        if args.once && started && !page.events.is_empty() {
             return Ok(());
         }
     }

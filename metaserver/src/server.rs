@@ -79,7 +79,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     }
 
     let app = meta_http::router(
-        AppState::new(node.clone(), token).with_follower_reads(settings.follower_reads),
+        AppState::new(node.clone(), token)
+            .with_follower_reads(settings.follower_reads)
+            .with_watch_slots((max_connections / 2).max(1)),
     );
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");

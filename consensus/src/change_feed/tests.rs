@@ -201,3 +201,58 @@ async fn closing_wakes_every_waiter() {
     feed.record(vec![], 7);
     assert!(feed.closed());
 }
+
+#[tokio::test]
+async fn closing_wakes_a_waiter_at_the_largest_index() {
+    let feed = Arc::new(ChangeFeed::new(5, 100));
+    let waiter = {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(u64::MAX, Duration::from_secs(30)).await })
+    };
+    feed.close();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken long before its timeout")
+        .unwrap();
+}
+
+#[test]
+fn an_event_larger_than_the_history_is_kept_alone() {
+    let feed = ChangeFeed::new(0, 3);
+    feed.record(vec![replicas(1, 1, 10)], 1);
+    assert_eq!(feed.floor(), 0, "the newest event stays");
+    assert_eq!(
+        indexes(&feed.read(0, &ChangeFilter::All, 10).unwrap()),
+        vec![1]
+    );
+    feed.record(vec![put(2, "k")], 2);
+    assert_eq!(feed.floor(), 1, "until a newer one comes");
+    // A history of 0 keeps nothing.
+    let none = ChangeFeed::new(0, 0);
+    none.record(vec![put(1, "k")], 1);
+    assert_eq!(
+        none.read(0, &ChangeFilter::All, 10),
+        Err(Compacted { floor: 1 })
+    );
+}
+
+#[test]
+fn a_read_looks_at_no_more_than_max_read_scan_events() {
+    let n = MAX_READ_SCAN as u64 + 10;
+    let feed = ChangeFeed::new(0, 2 * MAX_READ_SCAN);
+    let mut events: Vec<_> = (1..=n).map(|i| put(i, "a")).collect();
+    events.push(put(n + 1, "b"));
+    feed.record(events, n + 1);
+    let only_b = ChangeFilter::KeyPrefix("b".into());
+    let first = feed.read(0, &only_b, 10).unwrap();
+    assert!(first.events.is_empty());
+    assert_eq!(
+        first.index, MAX_READ_SCAN as u64,
+        "where the next read starts"
+    );
+    let second = feed.read(first.index, &only_b, 10).unwrap();
+    assert_eq!((indexes(&second), second.index), (vec![n + 1], n + 1));
+    // A full page still resumes after the last event it looked at.
+    let all = feed.read(0, &ChangeFilter::All, 3).unwrap();
+    assert_eq!((indexes(&all), all.index), (vec![1, 2, 3], 3));
+}

@@ -21,8 +21,9 @@ impl MetaNode {
     /// that takes longer than the request timeout). Every change after `after` up to the
     /// returned index that `filter` wants is in the answer or in those after it. The events
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
-    /// (or never kept: a restart, a snapshot install) the changes after `after`. Once the node
-    /// starts to close ([`MetaNode::begin_close`]) it answers at once.
+    /// (or never kept: a restart, a snapshot install) the changes after `after`;
+    /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to
+    /// close ([`MetaNode::begin_close`]) it answers at once.
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -43,6 +44,16 @@ impl MetaNode {
                 index: feed.applied(),
             });
         };
+        // No member handed out an index past the leader's commit index: this one comes from
+        // elsewhere (a cluster restored from a backup counts its indexes from 1 again), and
+        // waiting for the log to reach it would skip every change until then.
+        if read_index > 0 && after > read_index {
+            return Err(Error::InvalidArgument(format!(
+                "after={after} is past the cluster's newest index ({read_index}): it was not \
+                 handed out by this cluster (one restored from a backup starts its indexes \
+                 again); read the state again and watch from a fresh index"
+            )));
+        }
         let deadline = Instant::now() + wait;
         loop {
             let batch = feed

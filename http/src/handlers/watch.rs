@@ -1,6 +1,8 @@
 //! `GET /v1/watch`: long polls on the change feed. Any member answers from its own feed; a
 //! linearizable (or lease) watch first waits until the member applied the leader's read index,
-//! so that its answer covers every change committed before the request.
+//! so that its answer covers every change committed before the request. A member lets a
+//! bounded number of watches wait at once (`AppState::watch_slots`), so that watchers cannot
+//! take every connection slot from the datanodes.
 
 use axum::extract::State;
 use meta_consensus::{Change, ChangeEvent};
@@ -15,13 +17,27 @@ use crate::state::AppState;
 /// `GET /v1/watch?after=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
 pub async fn watch(
     State(state): State<AppState>,
-    replayed: ReplayedReadIndex,
     Query(query): Query<WatchQuery>,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     let req = query.validate()?;
+    // Only a watch that may wait holds a slot; one that answers at once needs none.
+    let _slot = if req.wait.is_zero() || req.after.is_none() {
+        None
+    } else {
+        let slot = state.watch_slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::Overloaded(
+                "too many watches are waiting on this member; retry in a moment, or at \
+                 another member"
+                    .into(),
+            )
+        })?;
+        Some(slot)
+    };
     let read_index = state
         .follower_reads
-        .read_index_for(&state.node, req.consistency.into(), replayed)
+        // Watches are never replayed at the leader: a read index in the request's headers is
+        // not ours, and is not trusted.
+        .read_index_for(&state.node, req.consistency.into(), ReplayedReadIndex(None))
         .await?;
     let batch = state
         .node
