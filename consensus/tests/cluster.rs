@@ -389,6 +389,8 @@ async fn restarted_follower_catches_up_from_its_data_dir() -> Result<()> {
     for s in 10..40 {
         l.register_shards(4, epoch, vec![shard(s, 1)]).await?;
     }
+    // Cut off while it restarts, so the leader cannot reach it before the read below.
+    c.router.isolate(f);
     let n = c.start(f).await?;
     // It kept what it had (read before it can have caught up: the leader has not reached it).
     let kept = n
@@ -396,6 +398,7 @@ async fn restarted_follower_catches_up_from_its_data_dir() -> Result<()> {
         .await?
         .context("kept datanode")?;
     assert_eq!(kept.shards, 10, "kept {kept:?}");
+    c.router.heal_all();
     c.converged().await?;
     let dn = n.datanode(Consistency::Local, 4).await?.unwrap();
     assert_eq!(dn.shards, 40);

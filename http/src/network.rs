@@ -10,8 +10,10 @@
 //! cannot be connected to, or that is shutting down, answers openraft's `Unreachable`, which
 //! makes openraft back off before retrying (with the backoff of the node's Raft configuration).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,6 +67,43 @@ fn rpc_timeout(option: &RPCOption, body_bytes: usize) -> Duration {
     option.soft_ttl() + Duration::from_micros(transfer_micros)
 }
 
+/// How many times [`rpc_timeout`] an AppendEntries to a peer may take after `timeouts`
+/// exchanges with it in a row ran out of time: twice as long per timeout, at most
+/// [`MAX_PATIENCE`] times. A peer too starved for a large append's deadline would otherwise
+/// miss it on every resend, and the write would time out although the peer is alive.
+fn patience(timeouts: u32) -> u32 {
+    1 << timeouts.min(MAX_PATIENCE.trailing_zeros())
+}
+
+/// The most [`patience`] grows to: a 1 MiB append may then take about 4.5 s.
+const MAX_PATIENCE: u32 = 8;
+
+/// Counts the AppendEntries exchanges with one peer that ran out of time in a row (see
+/// [`patience`]); kept by the network factory, so it outlives a connection.
+#[derive(Debug, Default)]
+struct Patience(AtomicU32);
+
+impl Patience {
+    fn deadline(&self, option: &RPCOption, body_bytes: usize) -> Duration {
+        rpc_timeout(option, body_bytes) * patience(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Records how an exchange ended.
+    fn record<T>(&self, answer: &Result<T, RPCError<TypeConfig>>) {
+        match answer {
+            Ok(_) => self.0.store(0, Ordering::Relaxed),
+            Err(RPCError::Timeout(_)) => {
+                let _ = self
+                    .0
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n.saturating_add(1))
+                    });
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// Maps a failed exchange from `from` to `target` at `base`: no connection is `Unreachable`
 /// (openraft backs off), an expired deadline is `Timeout`, anything else a `NetworkError`.
 fn rpc_error(
@@ -114,6 +153,7 @@ pub struct HttpNetwork {
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
+    patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
 }
 
 impl HttpNetwork {
@@ -125,6 +165,7 @@ impl HttpNetwork {
             token,
             cluster: ClusterId::default(),
             removal: RemovalNotice::default(),
+            patience: Arc::default(),
         }
     }
 
@@ -159,6 +200,13 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             token: self.token.clone(),
             cluster: self.cluster.clone(),
             removal: self.removal.clone(),
+            patience: self
+                .patience
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(target)
+                .or_default()
+                .clone(),
         }
     }
 }
@@ -176,6 +224,7 @@ pub struct HttpConnection {
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
+    patience: Arc<Patience>,
 }
 
 impl HttpConnection {
@@ -319,7 +368,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
     /// request body and reads its answers, in order, from the response (see `append_stream.rs`).
     /// At most [`APPEND_WINDOW`] requests are unanswered at a time. Setting up the exchange must
     /// take at most openraft's soft TTL; after that each answer is due within the deadline of
-    /// [`rpc_timeout`] for its request's size.
+    /// [`rpc_timeout`] for its request's size, longer after timeouts ([`patience`]).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
@@ -386,12 +435,16 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES).boxed();
                 Ok(frames)
             };
+            let patience = self.patience.clone();
             let policy = AnswerPolicy {
                 peer,
-                deadline: Box::new(move |bytes| rpc_timeout(&option, bytes)),
+                deadline: Box::new(move |bytes| patience.deadline(&option, bytes)),
                 timed_out: Box::new(timed_out),
             };
-            Ok(answers(Box::pin(connecting), outstanding, policy))
+            let patience = self.patience.clone();
+            Ok(answers(Box::pin(connecting), outstanding, policy)
+                .inspect(move |answer| patience.record(answer))
+                .boxed())
         })
     }
 
@@ -471,5 +524,38 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             &option,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout() -> RPCError<TypeConfig> {
+        RPCError::Timeout(Timeout {
+            action: RPCTypes::AppendEntries,
+            id: 1,
+            target: 2,
+            timeout: Duration::from_millis(1),
+        })
+    }
+
+    #[test]
+    fn patience_doubles_per_timeout_up_to_its_cap() {
+        let p = Patience::default();
+        let option = RPCOption::new(Duration::from_millis(100));
+        let base = rpc_timeout(&option, 1 << 20);
+        assert_eq!(p.deadline(&option, 1 << 20), base);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            p.record::<()>(&Err(timeout()));
+            seen.push(p.deadline(&option, 1 << 20));
+        }
+        assert_eq!(seen, [2, 4, 8, 8, 8].map(|k| base * k));
+        // Other failures change nothing; an answer in time starts over.
+        p.record::<()>(&Err(RPCError::Unreachable(Unreachable::from_string("x"))));
+        assert_eq!(p.deadline(&option, 1 << 20), base * 8);
+        p.record(&Ok(()));
+        assert_eq!(p.deadline(&option, 1 << 20), base);
     }
 }
