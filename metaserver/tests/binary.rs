@@ -18,17 +18,26 @@ async fn register_datanode(
     id: u64,
     token: Option<&str>,
 ) -> u64 {
-    let (status, v) = send(
-        http,
-        Method::PUT,
-        &format!("{base}/v1/datanodes/{id}"),
-        token,
-        Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 200, "{v}");
-    v["epoch"].as_u64().unwrap()
+    // An election may be under way for a moment (no leader: 503); registering again only
+    // starts a newer epoch.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, v) = send(
+            http,
+            Method::PUT,
+            &format!("{base}/v1/datanodes/{id}"),
+            token,
+            Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
+        )
+        .await
+        .unwrap();
+        if status == 503 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(status, 200, "{v}");
+        return v["epoch"].as_u64().unwrap();
+    }
 }
 
 /// A node started with no arguments (one-node cluster, port picked by the system) in a temp dir,
