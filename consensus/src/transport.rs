@@ -22,7 +22,6 @@ use openraft::{RaftNetworkFactory, RaftNetworkV2};
 use parking_lot::RwLock;
 
 use crate::node::MetaNode;
-use crate::removal_notice::Removal;
 use crate::snapshot_data::SnapshotData;
 use crate::types::{Node, NodeId, TypeConfig, Vote};
 
@@ -140,11 +139,25 @@ impl LocalConnection {
 }
 
 impl LocalConnection {
-    /// Hands a removal notice that came back with a vote answer to the candidate (this node).
-    fn deliver(&self, removal: Option<Removal>) {
+    /// Asks the target for its vote (or pre-vote), and hands a removal notice that comes back
+    /// with the answer to the candidate (this node).
+    async fn ask_vote(
+        &self,
+        rpc: VoteRequest<TypeConfig>,
+        pre: bool,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let target = self.target()?;
+        let removal = target.removal_of(&rpc);
+        let answer = if pre {
+            target.pre_vote(rpc).await
+        } else {
+            target.vote(rpc).await
+        };
+        let answer = answer.map_err(|e| RPCError::Unreachable(unreachable(e)))?;
         if let (Some(removal), Some(me)) = (removal, self.router.node(self.from)) {
             me.note_removal(removal);
         }
+        Ok(answer)
     }
 }
 
@@ -174,14 +187,7 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
         rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let target = self.target()?;
-        let removal = target.removal_of(&rpc);
-        let answer = target
-            .vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
-        self.deliver(removal);
-        Ok(answer)
+        self.ask_vote(rpc, false).await
     }
 
     async fn pre_vote(
@@ -191,14 +197,7 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         // Openraft's default grants every pre-vote, which would test another protocol than
         // the HTTP transport runs.
-        let target = self.target()?;
-        let removal = target.removal_of(&rpc);
-        let answer = target
-            .pre_vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))?;
-        self.deliver(removal);
-        Ok(answer)
+        self.ask_vote(rpc, true).await
     }
 
     async fn full_snapshot(
