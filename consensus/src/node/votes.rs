@@ -4,7 +4,6 @@
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
-
 use openraft::vote::RaftLeaderId;
 
 use super::MetaNode;
