@@ -8,11 +8,12 @@
 //! (the time in microseconds: see [`epoch_floor`]), so a datanode's next request with its old
 //! epoch is fenced and it registers again, as after any epoch change; then its replicas, with
 //! their generations and sizes, in batches of 10,000 under that epoch. Every key is written with
-//! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go through Raft
-//! like any other: when the command returns, everything restored is durable on a quorum. A request that finds no leader (an election, a
-//! member restarting) is sent again for up to a minute. A restore that fails part way leaves
-//! what it wrote; empty the cluster (start it on fresh data dirs) and run it again. Emptiness
-//! is checked when it starts: keep datanodes from registering until it ends.
+//! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go
+//! through Raft like any other: when the command returns, everything restored is durable on a
+//! quorum. A request that finds no leader (an election, a member restarting) is sent again for
+//! up to a minute. A restore that fails part way leaves what it wrote, and says so: empty the
+//! cluster (start it on fresh data dirs) and run it again. Emptiness is checked when it starts:
+//! keep datanodes from registering until it ends.
 
 use std::path::Path;
 use std::sync::Arc;
