@@ -134,6 +134,7 @@ impl FromRef<AppState> for Metrics {
 pub struct Readiness {
     start_committed: u64,
     caught_up: AtomicBool,
+    stopping: AtomicBool,
 }
 
 impl Readiness {
@@ -142,7 +143,13 @@ impl Readiness {
         Readiness {
             start_committed: status.committed.unwrap_or(0),
             caught_up: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         }
+    }
+
+    /// The node is about to stop: from now on it reports not ready, while it still serves.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
     }
 
     /// Whether the node caught up once (then the leader's read index is not needed).
@@ -169,6 +176,9 @@ impl Readiness {
     /// `Ok` when ready, otherwise what the node still waits for; `leader_index` is the
     /// leader's read index, asked for while the node has not caught up yet.
     pub fn check(&self, status: &ClusterStatus, leader_index: Option<u64>) -> Result<(), String> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err("stopping".into());
+        }
         Self::member_with_leader(status)?;
         self.catch_up(status.applied.unwrap_or(0), leader_index)
     }

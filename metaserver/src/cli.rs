@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// [default: true].
     #[arg(long, env = "METASERVER_FOLLOWER_READS")]
     pub follower_reads: Option<bool>,
+    /// Milliseconds a stopping node keeps serving, with `/readyz` answering 503, before it
+    /// closes its port: long enough for a load balancer's readiness checks to take it out of
+    /// rotation first (a second signal ends the wait) [default: 0].
+    #[arg(long, env = "METASERVER_STOP_DELAY_MS")]
+    pub stop_delay_ms: Option<u64>,
     /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
     /// machine, give each its share of the cores: every extra thread costs wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]

@@ -78,11 +78,11 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         );
     }
 
-    let app = meta_http::router(
-        AppState::new(node.clone(), token)
-            .with_follower_reads(settings.follower_reads)
-            .with_watch_slots((max_connections / 2).max(1)),
-    );
+    let state = AppState::new(node.clone(), token)
+        .with_follower_reads(settings.follower_reads)
+        .with_watch_slots((max_connections / 2).max(1));
+    let readiness = state.readiness.clone();
+    let app = meta_http::router(state);
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");
     tracing::info!(%bound, "serving");
@@ -103,6 +103,16 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
                 Ok(Some(to)) => tracing::info!(to, "handed leadership over"),
                 Ok(None) => {}
                 Err(e) => tracing::warn!("handing leadership over: {e}"),
+            }
+            if !settings.stop_delay.is_zero() {
+                // Load balancers see /readyz fail and take the node out of rotation while it
+                // still answers (forwarding writes to the new leader); a second signal ends it.
+                readiness.set_stopping();
+                tracing::info!(delay = ?settings.stop_delay, "stopping: not ready, still serving");
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.stop_delay) => {}
+                    _ = signals.recv() => {}
+                }
             }
             tracing::info!(signal, "shutting down: no new connections, draining requests");
             None

@@ -42,6 +42,7 @@ struct FileSettings {
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
     follower_reads: Option<bool>,
+    stop_delay_ms: Option<u64>,
 }
 
 /// Everything a node needs to start.
@@ -88,6 +89,8 @@ pub struct ServeSettings {
     /// Followers answer linearizable reads with the leader's read index (default), or
     /// replay them at the leader.
     pub follower_reads: bool,
+    /// How long a stopping node keeps serving with `/readyz` at 503 before it closes its port.
+    pub stop_delay: Duration,
 }
 
 /// Parses `1=ADDR,2=ADDR`.
@@ -187,6 +190,9 @@ impl ServeSettings {
                 Some(secs) => Some(Duration::from_secs(secs)),
             },
             follower_reads: args.follower_reads.or(file.follower_reads).unwrap_or(true),
+            stop_delay: Duration::from_millis(
+                args.stop_delay_ms.or(file.stop_delay_ms).unwrap_or(0),
+            ),
         };
         settings.check()?;
         Ok(settings)
@@ -294,7 +300,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\nmin_free_bytes = 0\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\nmin_free_bytes = 0\nstop_delay_ms = 2500\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -305,6 +311,7 @@ mod tests {
         assert_eq!(s.worker_threads, Some(1));
         assert_eq!(s.idle_timeout, None, "0 never closes idle connections");
         assert!(!s.follower_reads);
+        assert_eq!(s.stop_delay, Duration::from_millis(2500));
         let cfg = s.node_config("127.0.0.1:1");
         assert_eq!(cfg.max_pending_shards, 100);
         assert_eq!(cfg.watch_history, 10);
@@ -317,6 +324,7 @@ mod tests {
             Some(meta_http::server::DEFAULT_IDLE_TIMEOUT)
         );
         assert!(defaults.follower_reads);
+        assert_eq!(defaults.stop_delay, Duration::ZERO);
         for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
             std::fs::write(&path, bad).unwrap();
             let err = ServeSettings::resolve(&args, false).unwrap_err();

@@ -816,3 +816,49 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
     }
     assert!(!std::path::Path::new(data).exists(), "nothing was started");
 }
+
+/// With a stop delay, a signalled node first reports not ready while it still serves (so a
+/// load balancer takes it out of rotation before its port closes), and a second signal ends
+/// the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_delay_reports_not_ready_while_still_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    // Longer than the test may take: only the second signal ends the wait.
+    let env = [
+        ("METASERVER_LISTEN", "127.0.0.1:0"),
+        ("METASERVER_STOP_DELAY_MS", "600000"),
+    ];
+    let mut server = spawn(dir.path(), dir.path(), &[], &env, false);
+    let base = format!("http://{}", server.address());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+
+    server.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, v) = send(&http, Method::GET, &format!("{base}/readyz"), None, None)
+            .await
+            .unwrap();
+        if status == 503 {
+            assert!(v.to_string().contains("stopping"), "{v}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still ready after the signal: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Still serving.
+    register_datanode(&http, &base, 3, None).await;
+
+    let stopping = Instant::now();
+    server.signal(libc::SIGTERM);
+    let exit = server.wait_exit().await;
+    assert!(exit.success(), "{exit:?}");
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the second signal took {took:?}"
+    );
+}
