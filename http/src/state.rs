@@ -207,6 +207,7 @@ mod tests {
         let r = Readiness {
             start_committed: 10,
             caught_up: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         };
         assert!(
             r.catch_up(5, None).is_err(),
