@@ -45,6 +45,16 @@ pub fn parse_id(text: &str) -> Result<u64, String> {
         .map_err(|_| format!("{text} is larger than the largest id ({})", u64::MAX))
 }
 
+/// The offset of the first `%` in `query` that is not followed by two hex digits, if any.
+fn malformed_escape(query: &str) -> Option<usize> {
+    let bytes = query.as_bytes();
+    (0..bytes.len()).find(|&i| {
+        bytes[i] == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
+}
+
 /// Query parameters; a value that does not parse or an unknown parameter is `invalid_query`.
 #[derive(Debug)]
 pub struct Query<T>(pub T);
@@ -142,6 +152,14 @@ where
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or_default();
+        // A `%` that does not start an escape is taken literally by the form decoder, so
+        // `?prefix=%2` would ask for the prefix "%2": refused, like any malformed escape.
+        if let Some(at) = malformed_escape(query) {
+            return Err(ApiError::invalid(
+                "invalid_query",
+                format!("query string {query:?} has a malformed %-escape at byte {at}"),
+            ));
+        }
         // The form decoder turns bytes that are not UTF-8 into U+FFFD, so `?prefix=%ff` would
         // silently ask for another prefix: such a query is refused instead.
         let plus_as_space = query.replace('+', " ");
@@ -209,6 +227,17 @@ mod tests {
 
     fn code_of(result: Result<Body, ApiError>) -> &'static str {
         result.expect_err("must fail").code()
+    }
+
+    #[test]
+    fn malformed_escapes_are_found() {
+        for ok in ["", "prefix=a%2Fb", "a=%41%42", "prefix=100%25"] {
+            assert_eq!(malformed_escape(ok), None, "{ok:?}");
+        }
+        assert_eq!(malformed_escape("prefix=%2"), Some(7));
+        assert_eq!(malformed_escape("prefix=%zz"), Some(7));
+        assert_eq!(malformed_escape("a=1&b=%"), Some(6));
+        assert_eq!(malformed_escape("a=%4g"), Some(2));
     }
 
     #[test]

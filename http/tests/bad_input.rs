@@ -393,6 +393,14 @@ fn matrix(epoch: u64) -> Vec<Case> {
             "invalid_query",
         ),
         case(
+            "key prefix with a malformed escape",
+            M::GET,
+            "/v1/kv?prefix=%2",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
             "watch prefix that is not UTF-8",
             M::GET,
             "/v1/watch?prefix=%c3",
