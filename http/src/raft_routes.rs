@@ -63,6 +63,7 @@ where
         .route(PATH_VOTE, post(vote))
         .route(PATH_PRE_VOTE, post(pre_vote))
         .route(PATH_TRANSFER_LEADER, post(transfer_leader))
+        .route(PATH_REMOVED, post(removed))
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .route(PATH_SNAPSHOT, post(snapshot))
         .route(PATH_APPEND_STREAM, post(append_stream))
@@ -171,6 +172,29 @@ async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         removal,
         reply(node.pre_vote(rpc).await.map_err(|e| e.to_string())),
     )
+}
+
+/// The route a leader posts a removal notice to (`Removal::encode`'s form as the body) after a
+/// membership change removed the node: the leader stops replicating to it at once, so it could
+/// not learn of it from the log (a learner never asks for votes either).
+pub const PATH_REMOVED: &str = "/raft/removed";
+
+/// `POST /raft/removed`: records the notice (it applies while this node's own membership is
+/// older). Only from a member of this node's cluster: the sender's cluster id is required.
+async fn removed(
+    State(node): State<MetaNode>,
+    headers: header::HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !headers.contains_key(crate::cluster_identity::CLUSTER) {
+        return ApiError::invalid("bad_rpc", "a removal notice must carry the cluster id")
+            .into_response();
+    }
+    let Some(removal) = std::str::from_utf8(&body).ok().and_then(Removal::decode) else {
+        return bad_rpc("not a removal notice");
+    };
+    node.note_removal(removal);
+    axum::http::StatusCode::NO_CONTENT.into_response()
 }
 
 /// Header of a vote answer that tells the candidate it was removed from the cluster

@@ -584,3 +584,55 @@ async fn a_removed_follower_is_told_over_http() {
         server.node.shutdown().await.unwrap();
     }
 }
+
+/// A removed learner never asks for votes, and the leader stops replicating to it at once: the
+/// leader tells it, and it reports `removed` instead of a learner that still knows a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_learner_is_told_by_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let learner = start(4, &dir).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+    let leader = servers
+        .values()
+        .find(|s| s.node.status().role == Role::Leader)
+        .unwrap();
+    let (status, v) = client
+        .send(
+            reqwest::Method::POST,
+            leader,
+            "/v1/cluster/learners",
+            Some(json!({"id": 4, "addr": learner.addr})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::DELETE,
+            leader,
+            "/v1/cluster/learners/4",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_for(
+        || learner.node.status().role == Role::Removed,
+        "the removed learner is told",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, &learner, "/readyz", None)
+        .await;
+    assert_eq!(status, 503, "{v}");
+    for server in servers.values().chain([&learner]) {
+        server.node.shutdown().await.unwrap();
+    }
+}

@@ -40,16 +40,24 @@ impl MetaNode {
     /// candidate's log ends before that membership's entry, so the candidate cannot know.
     /// `None` otherwise. The transport sends the notice back with the answer to the request.
     pub fn removal_of(&self, rpc: &VoteRequest<TypeConfig>) -> Option<Removal> {
+        let removal = self.removal_for(*rpc.vote.leader_id().node_id())?;
+        let knows = rpc
+            .last_log_id
+            .as_ref()
+            .is_some_and(|l| l.index >= removal.membership_index);
+        (!knows).then_some(removal)
+    }
+
+    /// The notice for node `id` if this node's committed membership (of a cluster) leaves it
+    /// out: the leader sends it to the members a membership change removed, since it stops
+    /// replicating to them before they could learn it from the log.
+    pub fn removal_for(&self, id: crate::types::NodeId) -> Option<Removal> {
         let metrics = self.inner.raft.metrics();
         let m = metrics.borrow_watched();
         let committed = &m.committed_membership_config;
         let index = committed.log_id().as_ref()?.index;
         let membership = committed.membership();
-        let candidate = rpc.vote.leader_id().node_id();
-        if membership.voter_ids().next().is_none() || membership.get_node(candidate).is_some() {
-            return None;
-        }
-        if rpc.last_log_id.as_ref().is_some_and(|l| l.index >= index) {
+        if membership.voter_ids().next().is_none() || membership.get_node(&id).is_some() {
             return None;
         }
         Some(Removal {

@@ -12,6 +12,7 @@ use crate::cluster_identity;
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
+use crate::raft_routes::PATH_REMOVED;
 use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody, ReadQuery};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
 use crate::state::AppState;
@@ -127,7 +128,9 @@ pub async fn remove_learner(
     State(state): State<AppState>,
     Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
+    let before = state.node.status().nodes;
     state.node.remove_learner(id).await?;
+    tell_the_removed(&state, before);
     Ok(axum::Json(membership(&state)))
 }
 
@@ -139,8 +142,44 @@ pub async fn change_voters(
     Json(body): Json<ChangeVotersBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     let voters = body.validate()?;
+    let before = state.node.status().nodes;
     state.node.change_voters(voters).await?;
+    tell_the_removed(&state, before);
     Ok(axum::Json(membership(&state)))
+}
+
+/// Sends each member of `before` that the committed membership now leaves out its removal
+/// notice ([`PATH_REMOVED`]), without waiting: the leader stops replicating to it at once, so
+/// it would not learn of its removal from the log. Best effort: a node that misses it still
+/// learns it from the members' answers to its vote requests, except a learner.
+fn tell_the_removed(state: &AppState, before: BTreeMap<u64, String>) {
+    let Some(cluster) = cluster_identity::header_value(&state.node.config().cluster_id) else {
+        return;
+    };
+    for (id, addr) in before {
+        let Some(removal) = state.node.removal_for(id) else {
+            continue;
+        };
+        let mut request = state
+            .forwarder
+            .client()
+            .post(format!("http://{addr}{PATH_REMOVED}"))
+            .timeout(std::time::Duration::from_secs(5))
+            .header(cluster_identity::CLUSTER, cluster.clone())
+            .body(removal.encode());
+        if let Some(value) = state.token.header_value() {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        tokio::spawn(async move {
+            match request.send().await {
+                Ok(r) if r.status().is_success() => tracing::info!(id, "told node it was removed"),
+                Ok(r) => {
+                    tracing::info!(id, status = %r.status(), "node refused its removal notice")
+                }
+                Err(e) => tracing::info!(id, "could not tell node it was removed: {e}"),
+            }
+        });
+    }
 }
 
 /// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
