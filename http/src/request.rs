@@ -152,9 +152,25 @@ pub struct PageQuery {
     /// Cursor from the previous page's `next`.
     pub after: Option<String>,
     /// Page size, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
     pub limit: Option<u64>,
     /// `linearizable` (default) or `local`.
     pub consistency: Option<String>,
+}
+
+/// A number in a query string: canonical decimal (no sign, no leading zeros), as ids in paths
+/// are, so that each value has one spelling (`?after=007` is refused, not read as 7).
+fn canonical_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let text = Option::<String>::deserialize(d)?;
+    text.map(|t| {
+        crate::extract::parse_id(&t).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "{t:?} is not a decimal number from 0 to {} without sign or leading zeros",
+                u64::MAX
+            ))
+        })
+    })
+    .transpose()
 }
 
 /// Query of `GET /v1/kv`: `?prefix=&after=&limit=&consistency=`.
@@ -166,6 +182,7 @@ pub struct KvListQuery {
     /// Cursor from the previous page's `next`.
     pub after: Option<String>,
     /// Page size, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
     pub limit: Option<u64>,
     /// `linearizable` (default) or `local`.
     pub consistency: Option<String>,
@@ -177,14 +194,18 @@ pub struct KvListQuery {
 pub struct WatchQuery {
     /// The log index the client has seen the changes up to (the `index` of its previous
     /// answer); none: answer at once with the index to start from.
+    #[serde(default, deserialize_with = "canonical_number")]
     pub after: Option<u64>,
     /// Only the registry changes of this datanode.
+    #[serde(default, deserialize_with = "canonical_number")]
     pub datanode: Option<u64>,
     /// Only the key-value changes of keys starting with this prefix.
     pub prefix: Option<String>,
     /// Most events in the answer, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
     pub limit: Option<u64>,
     /// How long to wait for a change, in milliseconds (default 30,000, at most 55,000).
+    #[serde(default, deserialize_with = "canonical_number")]
     pub wait_ms: Option<u64>,
     /// `linearizable` (default), `lease` or `local`.
     pub consistency: Option<String>,
@@ -205,6 +226,7 @@ pub struct WatchRequest {
 #[serde(deny_unknown_fields)]
 pub struct KvWriteQuery {
     /// Compare-and-swap: the key's expected revision; 0 = must not exist.
+    #[serde(default, deserialize_with = "canonical_number")]
     pub if_revision: Option<u64>,
 }
 

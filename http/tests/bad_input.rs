@@ -393,6 +393,22 @@ fn matrix(epoch: u64) -> Vec<Case> {
             "invalid_query",
         ),
         case(
+            "watch index with a leading zero",
+            M::GET,
+            "/v1/watch?after=007",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
+            "limit with a plus sign",
+            M::GET,
+            "/v1/shards?limit=%2B5",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
             "key prefix with a malformed escape",
             M::GET,
             "/v1/kv?prefix=%2",
