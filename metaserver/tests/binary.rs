@@ -862,3 +862,67 @@ async fn a_stop_delay_reports_not_ready_while_still_serving() {
         "the second signal took {took:?}"
     );
 }
+
+/// `metaserver watch` rides out a member that answers 504 (a leader that did not give a read
+/// index in time) or 503 (no leader), where it used to stop at the first 504. The member is a
+/// stand-in that answers 504, then 503, then one event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_command_rides_out_504_and_503() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = requests.clone();
+    let member = tokio::spawn(async move {
+        let answers = [
+            (
+                504,
+                r#"{"error":{"code":"timeout","message":"the leader did not answer"}}"#,
+            ),
+            (
+                503,
+                r#"{"error":{"code":"no_leader","message":"no leader"}}"#,
+            ),
+            (
+                200,
+                r#"{"index":7,"events":[{"index":7,"kind":"kv_put","key":"a"}]}"#,
+            ),
+        ];
+        for (status, body) in answers {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let line = String::from_utf8_lossy(&head)
+                .lines()
+                .next()
+                .unwrap()
+                .to_string();
+            seen.lock().unwrap().push(line);
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+        }
+    });
+    let (ok, out, err) = run(&["watch", "--server", &addr, "--after", "5", "--once"], &[]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains(r#""kind":"kv_put""#), "{out}");
+    tokio::time::timeout(Duration::from_secs(10), member)
+        .await
+        .expect("the stand-in answered three requests")
+        .unwrap();
+    let requests = requests.lock().unwrap();
+    assert_eq!(requests.len(), 3);
+    assert!(
+        requests.iter().all(|r| r.contains("after=5")),
+        "{requests:?}"
+    );
+}
