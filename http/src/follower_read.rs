@@ -545,14 +545,10 @@ mod tests {
             let e = a.unwrap_err();
             assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");
         }
-        // A port nobody listens on: bind, read the port, close.
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let refused = crate::refused_port::RefusedPort::new();
         let gone = ForwardTo {
             leader_id: 1,
-            addr: format!("127.0.0.1:{port}"),
+            addr: format!("127.0.0.1:{}", refused.port),
         };
         let e = link.read_index(gone, false).await.unwrap_err();
         assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");

@@ -446,14 +446,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_leader_fails_every_write_of_the_batch_with_503() {
-        // A port nobody listens on: bind, read the port, close.
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let refused = crate::refused_port::RefusedPort::new();
         let target = ForwardTo {
             leader_id: 1,
-            addr: format!("127.0.0.1:{port}"),
+            addr: format!("127.0.0.1:{}", refused.port),
         };
         let b = batcher(Duration::from_secs(5));
         let answers =

@@ -21,6 +21,8 @@ pub mod metrics;
 pub mod network;
 pub mod node_metrics;
 pub mod raft_routes;
+#[cfg(test)]
+mod refused_port;
 pub mod request;
 pub mod response;
 pub mod router;
