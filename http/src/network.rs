@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    ClusterId, Node, NodeId, Removal, RemovalNotice, SnapshotData, TypeConfig, Vote,
+    ClusterId, Node, NodeConfig, NodeId, Removal, RemovalNotice, SnapshotData, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -157,30 +157,19 @@ pub struct HttpNetwork {
 }
 
 impl HttpNetwork {
-    /// The network of node `id`; every RPC carries `token` when one is set.
-    pub fn new(id: NodeId, token: Token) -> Self {
+    /// The network of the node `cfg` configures; every RPC carries `token` when one is set.
+    /// It shares the node's handles: every RPC carries the cluster's id once it is known
+    /// (`NodeConfig::cluster_id`), and removal notices that come back with vote answers reach
+    /// the node (`NodeConfig::removal_notice`).
+    pub fn new(cfg: &NodeConfig, token: Token) -> Self {
         HttpNetwork {
-            id,
+            id: cfg.id,
             client: peer_client(),
             token,
-            cluster: ClusterId::default(),
-            removal: RemovalNotice::default(),
+            cluster: cfg.cluster_id.clone(),
+            removal: cfg.removal_notice.clone(),
             patience: Arc::default(),
         }
-    }
-
-    /// Every RPC carries `cluster`'s id once it is known: give the node the same handle
-    /// (`NodeConfig::cluster_id`).
-    pub fn with_cluster_id(mut self, cluster: ClusterId) -> Self {
-        self.cluster = cluster;
-        self
-    }
-
-    /// Removal notices that come back with vote answers go to `removal`: give the node the
-    /// same handle (`NodeConfig::removal_notice`).
-    pub fn with_removal_notice(mut self, removal: RemovalNotice) -> Self {
-        self.removal = removal;
-        self
     }
 }
 

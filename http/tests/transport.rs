@@ -49,9 +49,7 @@ async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>) -> 
     cfg.snapshot_logs_since_last = 0;
     cfg.max_in_snapshot_log_to_keep = 0;
     let token = Token::new(Some(TOKEN));
-    let network = HttpNetwork::new(id, token.clone())
-        .with_cluster_id(cfg.cluster_id.clone())
-        .with_removal_notice(cfg.removal_notice.clone());
+    let network = HttpNetwork::new(&cfg, token.clone());
     let node = MetaNode::open(cfg, network).await.unwrap();
     let mut state =
         AppState::new(node.clone(), token).with_follower_reads(follower_reads.is_some());

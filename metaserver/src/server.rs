@@ -52,9 +52,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     }
     let token = Token::new(settings.token.as_deref());
     let cfg = settings.node_config(&addr);
-    let network = HttpNetwork::new(settings.id, token.clone())
-        .with_cluster_id(cfg.cluster_id.clone())
-        .with_removal_notice(cfg.removal_notice.clone());
+    let network = HttpNetwork::new(&cfg, token.clone());
     let node = MetaNode::open(cfg, network).await.with_context(|| {
         format!(
             "opening node {} in {}",

@@ -54,7 +54,8 @@ impl MetaNode {
     /// Why this node knows no leader: it is in no cluster ([`Error::NotMember`]), was removed
     /// from its cluster ([`Error::Removed`]), or waits for an election ([`Error::NoLeader`]).
     pub(super) fn no_leader(&self) -> Error {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
         if m.membership_config
             .membership()
             .voter_ids()
