@@ -33,6 +33,7 @@ mod command;
 mod config;
 mod data_dir;
 mod error;
+mod generation;
 mod keys;
 mod log_record;
 mod log_store;

@@ -24,7 +24,7 @@ use openraft::storage::{RaftSnapshotBuilder, Snapshot};
 use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
-use crate::registry::Generation;
+use crate::generation::Generation;
 use crate::snapshot_data::{snapshot_name, SnapshotData};
 use crate::snapshot_format;
 use crate::state_machine::SmShared;
