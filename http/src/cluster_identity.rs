@@ -18,6 +18,12 @@ use crate::error::ApiError;
 /// The header that carries the sender's cluster id.
 pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
 
+/// The header that names the node a message between members is for (decimal id): the
+/// receiver refuses a message for another id (409 `wrong_node`), so a membership entry that
+/// names the address of another process (a typo, or one process added twice) is never served
+/// by that process: it would otherwise answer, and vote, for two members.
+pub const TO: HeaderName = HeaderName::from_static("x-metaserver-to");
+
 /// The route a leader asks before it adds a learner: 204 if the node may join the sender's
 /// cluster, 409 `other_cluster` if it belongs to another.
 pub const PATH_IDENTITY: &str = "/raft/identity";
@@ -27,8 +33,28 @@ pub fn header_value(cluster: &ClusterId) -> Option<String> {
     cluster.get().map(|id| format!("{id:016x}"))
 }
 
-/// Middleware of the `/raft` routes: refuses a message of another cluster.
+/// Middleware of the `/raft` routes: refuses a message for another node or of another
+/// cluster.
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    if let Some(value) = request.headers().get(TO) {
+        let Some(to) = value.to_str().ok().and_then(|v| v.parse::<u64>().ok()) else {
+            return ApiError::invalid("bad_rpc", "the addressee header is not a node id")
+                .into_response();
+        };
+        if to != node.id() {
+            tracing::warn!(
+                addressee = to,
+                "refused a message for node {to}: the membership names this node's address                  ({}) for node {to}; this is node {}",
+                node.addr(),
+                node.id()
+            );
+            return ApiError::WrongNode(format!(
+                "this is node {}, not node {to}: the membership names this address for node                  {to} (remove it and add it at its own address)",
+                node.id()
+            ))
+            .into_response();
+        }
+    }
     let Some(value) = request.headers().get(CLUSTER) else {
         // Sent by a node that knows no cluster (a fresh node's vote request).
         return next.run(request).await;
@@ -57,13 +83,15 @@ pub async fn identity() -> Response {
     axum::http::StatusCode::NO_CONTENT.into_response()
 }
 
-/// Asks the node at `addr` whether it may join this node's cluster: [`ApiError::OtherCluster`]
-/// if it answers that it belongs to another; `Ok` if it may, or if it cannot be asked (a node
-/// may be added before it is started).
+/// Asks the node at `addr` whether it may join this node's cluster as node `id`:
+/// [`ApiError::OtherCluster`] if it answers that it belongs to another, [`ApiError::WrongNode`]
+/// if it is another node, [`ApiError::Conflict`] if it refuses this cluster's token. `Ok` if it
+/// may, or if it cannot be asked (a node may be added before it is started).
 pub async fn probe(
     client: &reqwest::Client,
     token: &Token,
     cluster: &ClusterId,
+    id: u64,
     addr: &str,
 ) -> Result<(), ApiError> {
     let Some(ours) = header_value(cluster) else {
@@ -72,21 +100,36 @@ pub async fn probe(
     let mut request = client
         .post(format!("http://{addr}{PATH_IDENTITY}"))
         .timeout(std::time::Duration::from_secs(5))
-        .header(CLUSTER, ours);
+        .header(CLUSTER, ours)
+        .header(TO, id.to_string());
     if let Some(value) = token.header_value() {
         request = request.header(axum::http::header::AUTHORIZATION, value);
     }
-    match request.send().await {
-        Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => {
-            let text = r.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                .unwrap_or(text);
-            Err(ApiError::OtherCluster(format!(
-                "the node at {addr} refuses to join: {message}"
-            )))
-        }
-        _ => Ok(()),
+    let answer = match request.send().await {
+        Ok(answer) => answer,
+        Err(_) => return Ok(()),
+    };
+    let status = answer.status();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return Err(ApiError::Conflict(format!(
+            "the node at {addr} refuses this cluster's token: start it with the same --token"
+        )));
     }
+    if status != reqwest::StatusCode::CONFLICT {
+        return Ok(());
+    }
+    let text = answer.text().await.unwrap_or_default();
+    let error = serde_json::from_str::<serde_json::Value>(&text).ok();
+    let code = error
+        .as_ref()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+    let message = error
+        .as_ref()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or(text);
+    let message = format!("the node at {addr} refuses to join: {message}");
+    Err(match code.as_deref() {
+        Some("wrong_node") => ApiError::WrongNode(message),
+        _ => ApiError::OtherCluster(message),
+    })
 }

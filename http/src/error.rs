@@ -65,6 +65,10 @@ pub enum ApiError {
     /// A node or a message belongs to another cluster (409).
     #[error("{0}")]
     OtherCluster(String),
+    /// A message between members reached a node with another id than its addressee: the
+    /// membership names this node's address for another node (409).
+    #[error("{0}")]
+    WrongNode(String),
     /// A watch asked for changes after an index this member no longer keeps the changes after
     /// (410): the client reads the state again and watches from a fresh index.
     #[error("{0}")]
@@ -144,7 +148,8 @@ impl ApiError {
             | ApiError::RevisionMismatch { .. }
             | ApiError::AlreadyInitialized
             | ApiError::Conflict(_)
-            | ApiError::OtherCluster(_) => StatusCode::CONFLICT,
+            | ApiError::OtherCluster(_)
+            | ApiError::WrongNode(_) => StatusCode::CONFLICT,
             ApiError::Compacted(_) => StatusCode::GONE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -171,6 +176,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::Compacted(_) => "compacted",
             ApiError::OtherCluster(_) => "other_cluster",
+            ApiError::WrongNode(_) => "wrong_node",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
@@ -352,6 +358,7 @@ mod tests {
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Compacted("x".into()), 410, "compacted"),
             (ApiError::OtherCluster("x".into()), 409, "other_cluster"),
+            (ApiError::WrongNode("x".into()), 409, "wrong_node"),
             (
                 ApiError::InsufficientStorage("x".into()),
                 507,

@@ -229,7 +229,7 @@ impl HttpConnection {
         if let Some(value) = cluster_identity::header_value(&self.cluster) {
             request = request.header(cluster_identity::CLUSTER, value);
         }
-        request
+        request.header(cluster_identity::TO, self.target.to_string())
     }
 
     /// Maps a failed exchange; see [`rpc_error`].

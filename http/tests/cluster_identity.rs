@@ -70,3 +70,41 @@ async fn a_node_refuses_messages_of_another_cluster_and_adopts_the_first_it_know
         StatusCode::CONFLICT
     );
 }
+
+/// A message names its addressee: a node refuses one for another id (409 `wrong_node`) before
+/// anything else, so a membership that names this node's address for another node never gets
+/// answers from it.
+#[tokio::test]
+async fn a_node_refuses_messages_for_another_node() {
+    let leader = leader_node(None).await;
+    let app = &leader.app;
+    let a = call(
+        app,
+        Method::POST,
+        "/raft/vote",
+        "garbage",
+        &[("x-metaserver-to", "7")],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "wrong_node");
+    let a = call(
+        app,
+        Method::POST,
+        "/raft/identity",
+        "",
+        &[("x-metaserver-to", "x")],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    let own = leader.node.id().to_string();
+    let a = call(
+        app,
+        Method::POST,
+        "/raft/identity",
+        "",
+        &[("x-metaserver-to", &own)],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
+}

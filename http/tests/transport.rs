@@ -625,3 +625,78 @@ async fn a_removed_learner_is_told_by_the_leader() {
         server.node.shutdown().await.unwrap();
     }
 }
+
+/// One process cannot answer for two members: a learner added (on the node, past the HTTP
+/// handler's probe) at the address of a process with another id is never served by it, since
+/// every message names its addressee and that process refuses messages for another id. The
+/// leader never hears from the learner and refuses to make it a voter; the process stays out
+/// of the cluster. Through the API the add is refused at once (409 `wrong_node`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_cannot_be_two_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start(1, &dir).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let other = start(2, &dir).await;
+    let honest = start(3, &dir).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::POST,
+            &leader,
+            "/v1/cluster/learners",
+            Some(json!({"id": 5, "addr": other.addr})),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    assert!(leader.node.status().learners.is_empty());
+
+    // Past the probe (as if node 2 had been down when it was added), then a real learner
+    // after it: once that one caught up, node 5 would have too, had anything answered for it.
+    leader
+        .node
+        .add_learner(5, Node::new(other.addr.clone()))
+        .await
+        .unwrap();
+    leader
+        .node
+        .add_learner(3, Node::new(honest.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || {
+            let s = leader.node.status();
+            s.replication
+                .iter()
+                .any(|r| r.node == 3 && r.matched.is_some() && r.lag == 0)
+        },
+        "learner 3 catches up",
+    )
+    .await;
+    let s = leader.node.status();
+    let five = s.replication.iter().find(|r| r.node == 5).expect("node 5");
+    assert_eq!((five.matched, five.heard_ms), (None, None), "{s:?}");
+    assert_eq!(other.node.status().last_log_index, None);
+    let e = leader.node.change_voters([1, 5].into()).await.unwrap_err();
+    assert!(matches!(e, meta_consensus::Error::Conflict(_)), "{e}");
+
+    // A member's address under a second id is refused by the leader itself, also when the
+    // process there cannot be asked.
+    let e = leader
+        .node
+        .add_learner(6, Node::new(honest.addr.clone()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is the address of node 3"), "{e}");
+    for server in [&leader, &other, &honest] {
+        server.node.shutdown().await.unwrap();
+    }
+}

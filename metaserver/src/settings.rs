@@ -95,7 +95,7 @@ pub struct ServeSettings {
 
 /// Parses `1=ADDR,2=ADDR`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
-    let mut peers = BTreeMap::new();
+    let mut peers: BTreeMap<u64, String> = BTreeMap::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let Some((id, addr)) = item.split_once('=') else {
             bail!("peer {item:?} is not ID=ADDR");
@@ -109,6 +109,9 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
         }
         let addr = addr.trim();
         meta_http::request::validate_addr(addr).map_err(|e| anyhow::anyhow!("peer {id}: {e}"))?;
+        if let Some((other, _)) = peers.iter().find(|(_, a)| a.as_str() == addr) {
+            bail!("peers {other} and {id} are both at {addr}: each member needs its own address");
+        }
         if peers.insert(id, addr.to_owned()).is_some() {
             bail!("peer {id} is given twice");
         }
@@ -285,6 +288,10 @@ mod tests {
         assert_eq!(p.len(), 3);
         assert_eq!(p[&2], "127.0.0.1:7102");
         assert!(parse_peers("1=a:1,1=b:2").is_err());
+        assert!(parse_peers("1=a:1,2=a:1")
+            .unwrap_err()
+            .to_string()
+            .contains("both at a:1"));
         assert!(parse_peers("x=a:1").is_err());
         assert!(parse_peers("1").is_err());
         assert!(parse_peers("1=nohost").is_err());

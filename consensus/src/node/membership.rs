@@ -97,6 +97,17 @@ impl MetaNode {
                     )));
                 }
             }
+            // One process cannot be two members: it would hold two votes, and its stop
+            // would cost the cluster two.
+            if let Some((other, _)) = membership
+                .nodes()
+                .find(|(other, n)| **other != id && n.addr == node.addr)
+            {
+                return Err(Error::Conflict(format!(
+                    "{} is the address of node {other} already: each member needs its own",
+                    node.addr
+                )));
+            }
         }
         let raft = &self.inner.raft;
         self.membership_call(|| raft.add_learner(id, node.clone(), false))

@@ -85,7 +85,7 @@ pub async fn init(
     State(state): State<AppState>,
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
-    body.validate()?;
+    body.validate(state.node.id(), state.node.addr())?;
     let voters: Vec<u64> = body.members.keys().copied().collect();
     let members: BTreeMap<u64, Node> = body
         .members
@@ -106,11 +106,13 @@ pub async fn add_learner(
     Json(body): Json<AddLearnerBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate()?;
-    // A node of another cluster would be refused by every message once added: say so now.
+    // A node of another cluster, or another node at that address, would refuse every message
+    // once added: say so now.
     cluster_identity::probe(
         state.forwarder.client(),
         &state.token,
         &state.node.config().cluster_id,
+        body.id,
         &body.addr,
     )
     .await?;
@@ -166,6 +168,7 @@ fn tell_the_removed(state: &AppState, before: BTreeMap<u64, String>) {
             .post(format!("http://{addr}{PATH_REMOVED}"))
             .timeout(std::time::Duration::from_secs(5))
             .header(cluster_identity::CLUSTER, cluster.clone())
+            .header(cluster_identity::TO, id.to_string())
             .body(removal.encode());
         if let Some(value) = state.token.header_value() {
             request = request.header(header::AUTHORIZATION, value);
