@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use meta_store::BarrierMode;
 
+use crate::addresses::Addresses;
 use crate::cluster_id::ClusterId;
 use crate::error::{Error, Result};
 use crate::removal_notice::RemovalNotice;
@@ -67,6 +68,9 @@ pub struct NodeConfig {
     /// A member's notice that this node was removed from the cluster, shared with the
     /// transport, which hands it the notices that come back with answers to vote requests.
     pub removal_notice: RemovalNotice,
+    /// The members' current addresses, kept by the node from its membership and shared with
+    /// the transport, which sends every message to the address there.
+    pub addresses: Addresses,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
 }
@@ -94,6 +98,7 @@ impl NodeConfig {
             watch_history: crate::change_feed::DEFAULT_HISTORY,
             cluster_id: ClusterId::default(),
             removal_notice: RemovalNotice::default(),
+            addresses: Addresses::default(),
             min_free_bytes: 128 << 20,
             emulated_sync_latency: Duration::ZERO,
         }

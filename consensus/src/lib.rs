@@ -23,6 +23,7 @@
 //! an `initialized` marker once the node formed a cluster, and `cluster-id` once it knows the
 //! cluster it belongs to.
 
+mod addresses;
 mod apply_batch;
 mod backup;
 mod capture;
@@ -52,6 +53,7 @@ mod trust_marker;
 mod types;
 mod view;
 
+pub use addresses::Addresses;
 pub use backup::Backup;
 pub use change_feed::{Change, ChangeBatch, ChangeEvent, ChangeFilter, DEFAULT_HISTORY};
 pub use cluster_id::ClusterId;

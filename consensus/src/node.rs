@@ -146,7 +146,62 @@ impl MetaNode {
             }),
         };
         node.check_not_behind_purge()?;
+        node.await_loaded_metrics().await;
+        node.keep_addresses();
         Ok(node)
+    }
+
+    /// Keeps `NodeConfig::addresses` as this node's membership gives them, from its metrics,
+    /// until Raft stops (its metrics channel closes).
+    fn keep_addresses(&self) {
+        let addresses = self.inner.cfg.addresses.clone();
+        let mut metrics = self.inner.raft.metrics();
+        tokio::spawn(async move {
+            let mut seen = None;
+            loop {
+                {
+                    let m = metrics.borrow_watched();
+                    let config = &m.membership_config;
+                    if seen != Some(*config.log_id()) {
+                        seen = Some(*config.log_id());
+                        addresses.set(
+                            config
+                                .membership()
+                                .nodes()
+                                .map(|(id, n)| (*id, n.addr.clone()))
+                                .collect(),
+                        );
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Waits (at most 10 s) until openraft's metrics show what the log holds: its core
+    /// publishes them a moment after `Raft::new` returns, and until then a restarted member
+    /// reports no membership, so its status, its settings checks and its answers ("not a
+    /// member") would be wrong.
+    async fn await_loaded_metrics(&self) {
+        if self.inner.log.summary().0.is_none() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self
+            .inner
+            .raft
+            .metrics()
+            .borrow_watched()
+            .last_log_index
+            .is_none()
+        {
+            if self.await_metrics_change(deadline).await.is_err() {
+                tracing::warn!("openraft has not published its state 10 s after it started");
+                return;
+            }
+        }
     }
 
     /// The registry must never be behind the log's purge point after open (openraft's startup

@@ -33,9 +33,35 @@ pub fn header_value(cluster: &ClusterId) -> Option<String> {
     cluster.get().map(|id| format!("{id:016x}"))
 }
 
-/// Middleware of the `/raft` routes: refuses a message for another node or of another
-/// cluster.
+/// Middleware of the `/raft` routes: refuses a message of another cluster (first: it says
+/// more), then one for another node, and only then lets a node that knows no cluster yet adopt
+/// the sender's.
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    let theirs = match request.headers().get(CLUSTER) {
+        // Sent by a node that knows no cluster (a fresh node's vote request).
+        None => None,
+        Some(value) => match value
+            .to_str()
+            .ok()
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .filter(|id| *id != 0)
+        {
+            Some(id) => Some(id),
+            None => {
+                return ApiError::invalid("bad_rpc", "the cluster id header is not a hex id")
+                    .into_response()
+            }
+        },
+    };
+    let other_cluster = |e: meta_consensus::Error| {
+        tracing::warn!("refused a message from another cluster: {e}");
+        ApiError::OtherCluster(e.to_string()).into_response()
+    };
+    if let (Some(theirs), Some(ours)) = (theirs, node.cluster_id()) {
+        if theirs != ours {
+            return other_cluster(meta_consensus::Error::OtherCluster { ours, theirs });
+        }
+    }
     if let Some(value) = request.headers().get(TO) {
         let Some(to) = value.to_str().ok().and_then(|v| v.parse::<u64>().ok()) else {
             return ApiError::invalid("bad_rpc", "the addressee header is not a node id")
@@ -43,37 +69,25 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
         };
         if to != node.id() {
             tracing::warn!(
-                addressee = to,
-                "refused a message for node {to}: the membership names this node's address                  ({}) for node {to}; this is node {}",
+                "refused a message for node {to}: the membership names this node's address ({}) \
+                 for node {to}; this is node {}",
                 node.addr(),
                 node.id()
             );
             return ApiError::WrongNode(format!(
-                "this is node {}, not node {to}: the membership names this address for node                  {to} (remove it and add it at its own address)",
+                "this is node {}, not node {to}: the membership names this address for node \
+                 {to} (remove it and add it at its own address)",
                 node.id()
             ))
             .into_response();
         }
     }
-    let Some(value) = request.headers().get(CLUSTER) else {
-        // Sent by a node that knows no cluster (a fresh node's vote request).
+    let Some(theirs) = theirs else {
         return next.run(request).await;
-    };
-    let Some(theirs) = value
-        .to_str()
-        .ok()
-        .and_then(|v| u64::from_str_radix(v, 16).ok())
-        .filter(|id| *id != 0)
-    else {
-        return ApiError::invalid("bad_rpc", "the cluster id header is not a hex id")
-            .into_response();
     };
     match node.accept_cluster(theirs).await {
         Ok(()) => next.run(request).await,
-        Err(e @ meta_consensus::Error::OtherCluster { .. }) => {
-            tracing::warn!("refused a message from another cluster: {e}");
-            ApiError::OtherCluster(e.to_string()).into_response()
-        }
+        Err(e @ meta_consensus::Error::OtherCluster { .. }) => other_cluster(e),
         Err(e) => ApiError::from(e).into_response(),
     }
 }
@@ -94,9 +108,42 @@ pub async fn probe(
     id: u64,
     addr: &str,
 ) -> Result<(), ApiError> {
-    let Some(ours) = header_value(cluster) else {
-        return Ok(());
-    };
+    match ask(client, token, cluster, id, addr).await {
+        Some(Ok(answer)) => refusal(answer, addr).await,
+        _ => Ok(()),
+    }
+}
+
+/// Like [`probe`], but node `id` must answer at `addr` (a member's new address is only
+/// taken from the node itself): [`ApiError::Conflict`] if nothing answers there.
+pub async fn confirm(
+    client: &reqwest::Client,
+    token: &Token,
+    cluster: &ClusterId,
+    id: u64,
+    addr: &str,
+) -> Result<(), ApiError> {
+    match ask(client, token, cluster, id, addr).await {
+        Some(Ok(answer)) => refusal(answer, addr).await,
+        Some(Err(e)) => Err(ApiError::Conflict(format!(
+            "node {id} does not answer at {addr} ({e}): start it there first"
+        ))),
+        None => Err(ApiError::Conflict(
+            "this node knows no cluster id to ask with".into(),
+        )),
+    }
+}
+
+/// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster; `None` while this node
+/// knows no cluster id.
+async fn ask(
+    client: &reqwest::Client,
+    token: &Token,
+    cluster: &ClusterId,
+    id: u64,
+    addr: &str,
+) -> Option<reqwest::Result<reqwest::Response>> {
+    let ours = header_value(cluster)?;
     let mut request = client
         .post(format!("http://{addr}{PATH_IDENTITY}"))
         .timeout(std::time::Duration::from_secs(5))
@@ -105,10 +152,12 @@ pub async fn probe(
     if let Some(value) = token.header_value() {
         request = request.header(axum::http::header::AUTHORIZATION, value);
     }
-    let answer = match request.send().await {
-        Ok(answer) => answer,
-        Err(_) => return Ok(()),
-    };
+    Some(request.send().await)
+}
+
+/// What an answer to [`PATH_IDENTITY`] refuses, if anything: 401 (another token) and 409
+/// (another cluster or another node) refuse; anything else does not.
+async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> {
     let status = answer.status();
     if status == reqwest::StatusCode::UNAUTHORIZED {
         return Err(ApiError::Conflict(format!(

@@ -21,7 +21,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    ClusterId, Node, NodeConfig, NodeId, Removal, RemovalNotice, SnapshotData, TypeConfig, Vote,
+    Addresses, ClusterId, Node, NodeConfig, NodeId, Removal, RemovalNotice, SnapshotData,
+    TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -153,6 +154,7 @@ pub struct HttpNetwork {
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
+    addresses: Addresses,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
 }
 
@@ -168,6 +170,7 @@ impl HttpNetwork {
             token,
             cluster: cfg.cluster_id.clone(),
             removal: cfg.removal_notice.clone(),
+            addresses: cfg.addresses.clone(),
             patience: Arc::default(),
         }
     }
@@ -183,8 +186,10 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
         HttpConnection {
             from: self.id,
             target,
+            addr: node.addr.clone(),
             base,
             append_url,
+            addresses: self.addresses.clone(),
             client: self.client.clone(),
             token: self.token.clone(),
             cluster: self.cluster.clone(),
@@ -205,10 +210,15 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
 pub struct HttpConnection {
     from: NodeId,
     target: NodeId,
+    /// The target's address, and `http://` + it.
+    addr: String,
     base: String,
     /// `base` + [`PATH_APPEND`], parsed; `None` if the address does not parse (then every
     /// request fails the same way when it is built).
     append_url: Option<reqwest::Url>,
+    /// The members' current addresses: a member moved by a membership change is sent its
+    /// messages at its new address (openraft keeps this connection across that change).
+    addresses: Addresses,
     client: reqwest::Client,
     token: Token,
     cluster: ClusterId,
@@ -217,6 +227,21 @@ pub struct HttpConnection {
 }
 
 impl HttpConnection {
+    /// Takes the target's address from the membership if it moved since this connection was
+    /// made. Called before every message.
+    fn follow_move(&mut self) {
+        if self.addresses.is_at(self.target, &self.addr) != Some(false) {
+            return;
+        }
+        let Some(addr) = self.addresses.get(self.target) else {
+            return;
+        };
+        tracing::info!(target_node = self.target, from = %self.addr, to = %addr, "member moved");
+        self.base = format!("http://{addr}");
+        self.append_url = reqwest::Url::parse(&format!("{}{PATH_APPEND}", self.base)).ok();
+        self.addr = addr;
+    }
+
     fn request(&self, path: &str) -> reqwest::RequestBuilder {
         let builder = match &self.append_url {
             Some(url) if path == PATH_APPEND => self.client.post(url.clone()),
@@ -349,6 +374,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.follow_move();
         self.call(PATH_APPEND, RPCTypes::AppendEntries, &rpc, &option)
             .await
     }
@@ -366,6 +392,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
+        self.follow_move();
         Box::pin(async move {
             // openraft waits out its backoff when the request stream yields a request, so the
             // first one is taken before connecting: otherwise a peer that refuses connections
@@ -442,6 +469,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.follow_move();
         self.call(PATH_VOTE, RPCTypes::Vote, &rpc, &option).await
     }
 
@@ -450,6 +478,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.follow_move();
         self.call(PATH_PRE_VOTE, RPCTypes::Vote, &rpc, &option)
             .await
     }
@@ -461,6 +490,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        self.follow_move();
         let network = |m: String| StreamingError::Network(NetworkError::from_string(m));
         let prefix = encode_snapshot_prefix(&vote).map_err(|e| network(e.to_string()))?;
         let path = snapshot.snapshot.path().to_path_buf();
@@ -506,6 +536,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.follow_move();
         self.call(
             PATH_TRANSFER_LEADER,
             RPCTypes::TransferLeader,

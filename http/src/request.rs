@@ -149,6 +149,14 @@ pub struct AddLearnerBody {
     pub addr: String,
 }
 
+/// Body of `PUT /v1/cluster/members/{id}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeAddressBody {
+    /// The member's new address, `host:port`.
+    pub addr: String,
+}
+
 /// Body of `PUT /v1/cluster/voters`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -57,6 +57,7 @@ fn admin_routes() -> Router<AppState> {
             axum::routing::delete(cluster::remove_learner),
         )
         .route("/v1/cluster/voters", put(cluster::change_voters))
+        .route("/v1/cluster/members/{id}", put(cluster::change_address))
         .route(
             "/v1/cluster/snapshot",
             post(cluster::build_snapshot).get(cluster::download_snapshot),

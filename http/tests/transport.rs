@@ -700,3 +700,103 @@ async fn one_process_cannot_be_two_members() {
         server.node.shutdown().await.unwrap();
     }
 }
+
+/// A member restarted at another address is moved there with `PUT /v1/cluster/members/{id}`,
+/// once it answers there as itself: the leader then replicates to it at the new address. An
+/// address where nothing answers, or where another node answers, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_moves_to_a_new_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start(1, &dir).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let learner = start(2, &dir).await;
+    leader
+        .node
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+
+    // Node 2 restarts from its data dir on another port.
+    learner.node.shutdown().await.unwrap();
+    drop(learner);
+    let moved = start(2, &dir).await;
+    let put = |addr: &str| json!({ "addr": addr });
+    // A bound socket that does not listen: connections to its port are refused.
+    let refused = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    refused.bind(&any.into()).unwrap();
+    let refused_addr = refused
+        .local_addr()
+        .unwrap()
+        .as_socket()
+        .unwrap()
+        .to_string();
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&refused_addr)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not answer"),
+        "{v}"
+    );
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&leader.addr)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&moved.addr)),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(leader.node.status().nodes[&2], moved.addr);
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/kv/after-the-move",
+            Some(json!("x")),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let index = leader.node.status().last_log_index;
+    wait_for(
+        || moved.node.status().applied >= index,
+        "the moved learner applies the write",
+    )
+    .await;
+    for server in [&leader, &moved] {
+        server.node.shutdown().await.unwrap();
+    }
+}

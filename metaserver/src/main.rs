@@ -7,6 +7,7 @@ mod local_cluster;
 mod logging;
 mod open_files;
 mod operator;
+mod relocation;
 mod restore;
 mod server;
 mod settings;

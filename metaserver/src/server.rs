@@ -11,6 +11,7 @@ use meta_consensus::{MetaNode, Node};
 use meta_http::{AppState, HttpNetwork, LimitedListener, Server, Token};
 
 use crate::open_files;
+use crate::relocation;
 use crate::settings::ServeSettings;
 use crate::shutdown::Signals;
 
@@ -76,7 +77,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         );
     }
 
-    let state = AppState::new(node.clone(), token)
+    let state = AppState::new(node.clone(), token.clone())
         .with_follower_reads(settings.follower_reads)
         .with_watch_slots((max_connections / 2).max(1));
     let readiness = state.readiness.clone();
@@ -91,6 +92,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let server = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));
+    // Once it answers at its address: a member restarted elsewhere has the cluster move it.
+    tokio::spawn(relocation::follow(node.clone(), token, addr.clone()));
     // A node whose Raft core stopped (a storage failure) can serve nothing until it restarts:
     // it stops like a signalled one and exits with an error, so a supervisor restarts it and
     // recovery reads the log back from the disk (a failed fsync is never retried in place).
@@ -192,8 +195,9 @@ fn disagreements(
     if let Some(known) = nodes.get(&settings.id) {
         if known != addr {
             found.push(format!(
-                "the cluster knows this node ({}) at {known}, but it now runs at {addr}: its peers \
-                 cannot reach it until it is removed from the cluster and added back",
+                "the cluster knows this node ({}) at {known}, but it now runs at {addr}: it asks \
+                 the members to move it there (PUT /v1/cluster/members/ID); until the leader \
+                 has, its peers cannot reach it",
                 settings.id
             ));
         }

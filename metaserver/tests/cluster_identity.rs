@@ -52,3 +52,26 @@ async fn a_node_of_another_cluster_is_not_added_as_a_learner() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A node restarted at another address has the cluster move it there: a one-node cluster's
+/// membership (which learners and forwarding members read) names the new address, not the old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_another_address_is_moved_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    let mut first = spawn(dir.path(), dir.path(), &[], &env, false);
+    let old = first.address();
+    poll(&http, &format!("http://{old}/readyz"), None, |_| true).await;
+    first.stop().await;
+
+    let mut second = spawn(dir.path(), dir.path(), &[], &env, false);
+    let new = second.address();
+    assert_ne!(old, new, "port 0 gave the same port twice");
+    let v = poll(&http, &format!("http://{new}/v1/cluster"), None, |v| {
+        v["leader_addr"] == new.as_str()
+    })
+    .await;
+    assert_eq!(v["role"], "leader", "{v}");
+    second.stop().await;
+}

@@ -1,7 +1,8 @@
 //! Cluster membership: initializing a cluster once, adding and removing learners, changing
-//! voters. The leader refuses a change that could leave the cluster without a quorum: a node
-//! becomes a voter only as a learner that is reachable and caught up. Openraft takes one change
-//! at a time; a change that meets an uncommitted one waits for it, up to the request timeout.
+//! voters and members' addresses. The leader refuses a change that could leave the cluster
+//! without a quorum: a node becomes a voter only as a learner that is reachable and caught up,
+//! and no two members share an address. Openraft takes one change at a time; a change that
+//! meets an uncommitted one waits for it, up to the request timeout.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -97,17 +98,7 @@ impl MetaNode {
                     )));
                 }
             }
-            // One process cannot be two members: it would hold two votes, and its stop
-            // would cost the cluster two.
-            if let Some((other, _)) = membership
-                .nodes()
-                .find(|(other, n)| **other != id && n.addr == node.addr)
-            {
-                return Err(Error::Conflict(format!(
-                    "{} is the address of node {other} already: each member needs its own",
-                    node.addr
-                )));
-            }
+            check_address_free(membership, id, &node.addr)?;
         }
         let raft = &self.inner.raft;
         self.membership_call(|| raft.add_learner(id, node.clone(), false))
@@ -139,6 +130,35 @@ impl MetaNode {
         .map(|_| ())
     }
 
+    /// Moves member `id` to `addr` (it was restarted there): the members send it their messages
+    /// there from when the change is committed. The caller has made sure that node `id` of this
+    /// cluster answers at `addr` (`meta-http` asks it), which is what keeps this safe: a wrong
+    /// address would give another process the member's vote. [`Error::NotFound`] if `id` is no
+    /// member, [`Error::Conflict`] if another member has `addr`; no change if it has it already.
+    pub async fn change_address(&self, id: NodeId, addr: String) -> Result<()> {
+        self.check_open()?;
+        self.forward_if_follower()?;
+        if addr.is_empty() {
+            return Err(Error::InvalidArgument("the address is empty".into()));
+        }
+        if let Some(m) = self.leader_view() {
+            let membership = m.membership_config.membership();
+            match membership.get_node(&id) {
+                None => return Err(Error::NotFound(format!("node {id} is not a member"))),
+                Some(known) if known.addr == addr => return Ok(()),
+                Some(_) => {}
+            }
+            check_address_free(membership, id, &addr)?;
+        }
+        let raft = &self.inner.raft;
+        let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);
+        self.membership_call(|| {
+            raft.change_membership(ChangeMembers::SetNodes(nodes.clone()), false)
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
     /// be a learner that acknowledged the leader within the lease and whose log is at most
     /// [`MAX_PROMOTION_LAG`] entries behind the leader's, else [`Error::Conflict`] and nothing
@@ -160,6 +180,24 @@ impl MetaNode {
         })
         .await
         .map(|_| ())
+    }
+}
+
+/// [`Error::Conflict`] if a member other than `id` is at `addr`: one process cannot be two
+/// members (it would hold two votes, and stopping it would cost the cluster two).
+fn check_address_free(
+    membership: &openraft::Membership<NodeId, Node>,
+    id: NodeId,
+    addr: &str,
+) -> Result<()> {
+    match membership
+        .nodes()
+        .find(|(other, n)| **other != id && n.addr == addr)
+    {
+        Some((other, _)) => Err(Error::Conflict(format!(
+            "{addr} is the address of node {other} already: each member needs its own"
+        ))),
+        None => Ok(()),
     }
 }
 

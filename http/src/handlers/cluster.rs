@@ -13,7 +13,10 @@ use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::raft_routes::PATH_REMOVED;
-use crate::request::{AddLearnerBody, ChangeVotersBody, ConfigPatchBody, InitBody, ReadQuery};
+use crate::request::{
+    validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, InitBody,
+    ReadQuery,
+};
 use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
 use crate::state::AppState;
 
@@ -133,6 +136,30 @@ pub async fn remove_learner(
     let before = state.node.status().nodes;
     state.node.remove_learner(id).await?;
     tell_the_removed(&state, before);
+    Ok(axum::Json(membership(&state)))
+}
+
+/// `PUT /v1/cluster/members/{id}` `{"addr":"host:port"}`: moves a member to a new address
+/// (it was restarted there; a member does this itself, see `address_keeper.rs`). Node `id` of
+/// this cluster must answer at the new address (409 otherwise): another process there would
+/// get the member's vote. Returns once the change is committed.
+pub async fn change_address(
+    _: NoQuery,
+    State(state): State<AppState>,
+    Path(Id(id)): Path<Id>,
+    Json(body): Json<ChangeAddressBody>,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    validate_addr(&body.addr)?;
+    // Asked again by the leader when this node forwards the request: cheap, and rare.
+    cluster_identity::confirm(
+        state.forwarder.client(),
+        &state.token,
+        &state.node.config().cluster_id,
+        id,
+        &body.addr,
+    )
+    .await?;
+    state.node.change_address(id, body.addr).await?;
     Ok(axum::Json(membership(&state)))
 }
 

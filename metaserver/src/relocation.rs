@@ -1,0 +1,60 @@
+//! A member restarted at another address has the cluster move it there. The membership still
+//! names its old address, where the others keep sending it messages, so it asks the members
+//! (itself first: a one-node cluster's leader is itself) to move it with
+//! `PUT /v1/cluster/members/{id}`; a member that does not lead forwards the request to the
+//! leader, which first makes sure that this node answers at the new address. It asks again,
+//! backing off up to 30 s, until the membership names the new address or the node stops.
+
+use std::time::Duration;
+
+use meta_consensus::MetaNode;
+use meta_http::Token;
+
+/// Longest wait between two rounds of asking.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs until the membership names this node at `addr`, the node is no member, or it stops.
+pub async fn follow(node: MetaNode, token: Token, addr: String) {
+    let id = node.id();
+    let client = reqwest::Client::new();
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let members = node.status().nodes;
+        let old = match members.get(&id) {
+            Some(known) if *known != addr => known.clone(),
+            _ => return,
+        };
+        let askees = std::iter::once(addr.clone()).chain(
+            members
+                .into_iter()
+                .filter(|(m, _)| *m != id)
+                .map(|(_, a)| a),
+        );
+        for askee in askees {
+            let mut request = client
+                .put(format!("http://{askee}/v1/cluster/members/{id}"))
+                .timeout(Duration::from_secs(20))
+                .body(serde_json::json!({ "addr": addr }).to_string());
+            if let Some(value) = token.header_value() {
+                request = request.header(reqwest::header::AUTHORIZATION, value);
+            }
+            match request.send().await {
+                Ok(r) if r.status().is_success() => {
+                    tracing::info!(%old, new = %addr, "the cluster moved this node to its new address");
+                    return;
+                }
+                Ok(r) => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    tracing::debug!(%askee, %status, "asking to be moved: {text}");
+                }
+                Err(e) => tracing::debug!(%askee, "asking to be moved: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = node.closing() => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
