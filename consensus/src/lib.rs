@@ -42,6 +42,7 @@ mod node;
 mod records;
 mod registry;
 mod removal_notice;
+pub mod rpc_bounds;
 mod sm_stats;
 mod snapshot_builder;
 mod snapshot_data;

@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
-use meta_consensus::{MetaNode, Removal, TypeConfig, Vote};
+use meta_consensus::{rpc_bounds, MetaNode, Removal, TypeConfig, Vote};
 use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -94,6 +94,9 @@ async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
+    if let Err(e) = rpc_bounds::check_append(&rpc) {
+        return bad_rpc(e);
+    }
     reply(
         node.raft()
             .append_entries(rpc)
@@ -115,6 +118,11 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
             frame.and_then(|f| {
                 codec::decode::<AppendEntriesRequest<TypeConfig>>(&f)
                     .map_err(|e| format!("undecodable Raft RPC: {e}"))
+                    .and_then(|rpc| {
+                        rpc_bounds::check_append(&rpc)
+                            .map(|()| rpc)
+                            .map_err(|e| format!("refused Raft RPC: {e}"))
+                    })
             })
         })
         .take_while(move |r| {
@@ -155,6 +163,9 @@ async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
+    if let Err(e) = rpc_bounds::check_vote_request(&rpc) {
+        return bad_rpc(e);
+    }
     let removal = node.removal_of(&rpc);
     with_removal(
         removal,
@@ -167,6 +178,9 @@ async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
+    if let Err(e) = rpc_bounds::check_vote_request(&rpc) {
+        return bad_rpc(e);
+    }
     let removal = node.removal_of(&rpc);
     with_removal(
         removal,
@@ -214,6 +228,9 @@ async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response 
         Ok(rpc) => rpc,
         Err(e) => return bad_rpc(e),
     };
+    if let Err(e) = rpc_bounds::check_transfer(&rpc) {
+        return bad_rpc(e);
+    }
     reply(
         node.raft()
             .handle_transfer_leader(rpc)
@@ -251,6 +268,7 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
         }
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
+    rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
     let temp = node
         .snapshot_receive_file()
         .await

@@ -592,6 +592,28 @@ async fn raft_routes_refuse_garbage() {
     assert_eq!(t.node.status().role, Role::Leader);
 }
 
+/// A Raft message past the bounds of terms and indexes is refused, whoever sent it: a vote
+/// request of term u64::MAX (with `leadership_transfer`, which skips the leader's lease) was
+/// granted and persisted, and the node's Raft core then panicked at every start.
+#[tokio::test]
+async fn raft_messages_past_the_largest_term_are_refused() {
+    use meta_consensus::{codec, TypeConfig, Vote};
+    use openraft::raft::VoteRequest;
+
+    let t = leader_node(None).await;
+    let before = t.node.status();
+    let mut rpc = VoteRequest::<TypeConfig>::new(Vote::new(u64::MAX, 99), None);
+    rpc.leadership_transfer = true;
+    let body = codec::encode(&rpc).unwrap();
+    for path in ["/raft/vote", "/raft/pre-vote"] {
+        let a = t.send(Method::POST, path, body.clone()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "bad_rpc", "{path}");
+    }
+    let after = t.node.status();
+    assert_eq!((after.role, after.term), (Role::Leader, before.term));
+}
+
 #[tokio::test]
 async fn token_is_required_except_for_probes() {
     let t = leader_node(Some("s3cret")).await;
