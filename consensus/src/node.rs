@@ -440,8 +440,10 @@ impl MetaNode {
         }
         self.begin_close();
         // A snapshot export openraft runs detached stops at its next chunk (its temp file
-        // is discarded) instead of running on after the node is gone.
+        // is discarded) instead of running on after the node is gone. Lifting the rate ends
+        // the pause it may be sleeping in, however slow the rate was.
         self.inner.sm.closing.store(true, Ordering::Release);
+        self.inner.sm.limiter.set_rate(0);
         // A core that already stopped (a fatal error) cannot be shut down, but the log and the
         // registry below still close and flush.
         if let Err(e) = self.inner.raft.shutdown().await {

@@ -30,12 +30,16 @@ pub use throttled_async::AsyncThrottledWriter;
 /// The shortest sleep [`std::thread::sleep`] is asked for; shorter waits are skipped (and made up
 /// at the next pause), because the sleep's own overhead (tens of microseconds) would dominate.
 pub const THREAD_TIMER: Duration = Duration::from_micros(100);
+/// The longest single sleep of [`RateLimiter::pause`]; between slices it looks at the rate.
+pub const PAUSE_SLICE: Duration = Duration::from_millis(50);
 /// The shortest sleep tokio's timer is asked for: it has millisecond granularity.
 pub const TOKIO_TIMER: Duration = Duration::from_millis(1);
 
 /// A byte-rate limit shared by any number of writers (as `Arc<RateLimiter>`); their bytes count
 /// against one budget. The rate is in bytes per second, 0 meaning unlimited, and can be changed
-/// at any time with [`RateLimiter::set_rate`]; a change takes effect at each writer's next pause.
+/// at any time with [`RateLimiter::set_rate`]; a change takes effect at each writer's next pause,
+/// ends a running [`RateLimiter::pause`] early, and starts a new schedule (bytes charged at the
+/// old rate are not owed at the new one).
 ///
 /// Writers accumulate bytes locally and call [`RateLimiter::charge`] (or [`RateLimiter::pause`])
 /// once they hold [`RateLimiter::chunk_bytes`]; only then is the clock read. At the unlimited
@@ -139,10 +143,23 @@ impl RateLimiter {
 
     /// Charges `bytes` and blocks the calling thread (on the limiter's clock) for as long as the
     /// budget requires. Never call it on an async runtime thread; use [`AsyncThrottledWriter`].
+    ///
+    /// The sleep is taken in slices of at most [`PAUSE_SLICE`] and ends early once the rate
+    /// changes: a pause charged at a tiny rate (a mistake, 1 byte/s) would otherwise sleep for
+    /// days after the rate was raised or lifted, and hold a closing node (which lifts it).
     pub fn pause(&self, bytes: u64) {
+        let rate = self.rate();
         let pause = self.charge(bytes, THREAD_TIMER);
+        let mut left = pause.wait;
+        while !left.is_zero() {
+            let slice = left.min(PAUSE_SLICE);
+            self.clock.sleep(slice);
+            left -= slice;
+            if self.rate() != rate {
+                break;
+            }
+        }
         if !pause.is_zero() {
-            self.clock.sleep(pause.wait);
             self.woke(pause);
         }
     }

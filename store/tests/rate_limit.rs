@@ -507,3 +507,38 @@ fn async_writer_at_unlimited_rate_never_reads_the_clock() {
     });
     assert_eq!(clock.reads(), 0);
 }
+
+/// A new rate starts a new schedule: what was charged at a tiny rate is not waited out after the
+/// rate is raised.
+#[test]
+fn pacer_forgives_what_was_charged_at_an_old_rate() {
+    let mut pacer = Pacer::new();
+    let now = Duration::from_secs(100);
+    let slow = pacer.pause(4096, 1, THREAD_TIMER, || now);
+    assert_eq!(slow.wait, Duration::from_secs(4096));
+    let fast = pacer.pause(1_000_000, 1_000_000, THREAD_TIMER, || now);
+    assert_eq!(fast.wait, Duration::from_secs(1));
+}
+
+/// A thread sleeping out a pause charged at 1 byte/s (over an hour for 4 KiB) returns soon after
+/// the rate is lifted, as a closing node does, instead of holding the process for days.
+#[test]
+fn a_pause_ends_when_the_rate_changes() {
+    let limiter = Arc::new(RateLimiter::new(1));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let sleeper = limiter.clone();
+    let thread = std::thread::spawn(move || {
+        sleeper.pause(4096);
+        let _ = done_tx.send(());
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while limiter.pauses() == 0 {
+        assert!(Instant::now() < deadline, "the pause never started");
+        std::thread::yield_now();
+    }
+    limiter.set_rate(0);
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the pause ended after the rate was lifted");
+    thread.join().unwrap();
+}

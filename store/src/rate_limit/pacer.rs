@@ -46,6 +46,10 @@ pub struct Pacer {
     /// Oversleep reported by [`Pacer::woke`] and not made up yet: credit beyond the idle window,
     /// because the lateness was the timer's, not the writer's.
     owed: Duration,
+    /// The rate of the last charge. A charge at another rate starts a new schedule: what was
+    /// charged at the old rate is not owed at the new one (else raising a tiny rate would still
+    /// wait out everything charged at it).
+    rate: u64,
 }
 
 impl Pacer {
@@ -54,6 +58,7 @@ impl Pacer {
         Pacer {
             deadline: None,
             owed: Duration::ZERO,
+            rate: 0,
         }
     }
 
@@ -106,6 +111,11 @@ impl Pacer {
     ) -> Pause {
         if rate == 0 {
             return Pause::default();
+        }
+        if rate != self.rate {
+            self.rate = rate;
+            self.deadline = None;
+            self.owed = Duration::ZERO;
         }
         let now = now();
         let allowance = Self::credit_window(rate, timer).saturating_add(self.owed);
