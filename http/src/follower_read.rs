@@ -38,11 +38,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::auth::Token;
+use crate::cluster_identity;
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
 use crate::leader_exchange::LeaderLink;
 use crate::metrics::{FollowerReadOutcome, Metrics};
+use crate::state::AppState;
 
 /// The leader's route that answers read indexes.
 pub const PATH_READ_INDEX: &str = "/raft/read-index";
@@ -255,16 +257,28 @@ impl FollowerReads {
 }
 
 /// The leader's read index that a member replayed a read with (header [`READ_INDEX`] on a
-/// request carrying the forwarding marker), if any. A value that does not parse counts as
-/// none: the read then confirms leadership itself.
+/// request carrying the forwarding marker and this cluster's id), if any. A value that does
+/// not parse counts as none: the read then confirms leadership itself. Without the cluster's
+/// id (which the API never shows) the header is a client's claim, not a member's: trusting it
+/// would let a client have a linearizable read answered from any state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReplayedReadIndex(pub Option<u64>);
 
-impl<S: Send + Sync> FromRequestParts<S> for ReplayedReadIndex {
+impl FromRequestParts<AppState> for ReplayedReadIndex {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        if !parts.headers.contains_key(FORWARDED_BY) {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let ours = cluster_identity::header_value(&state.node.config().cluster_id);
+        let member = ours.is_some_and(|ours| {
+            parts
+                .headers
+                .get(cluster_identity::CLUSTER)
+                .is_some_and(|v| v.as_bytes() == ours.as_bytes())
+        });
+        if !member || !parts.headers.contains_key(FORWARDED_BY) {
             return Ok(ReplayedReadIndex(None));
         }
         Ok(ReplayedReadIndex(

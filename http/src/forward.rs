@@ -19,8 +19,10 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use meta_consensus::ClusterId;
 
 use crate::auth::Token;
+use crate::cluster_identity;
 use crate::error::{ApiError, ForwardTo, ReadIndexHint};
 use crate::extract::body_error;
 use crate::follower_read::READ_INDEX;
@@ -49,6 +51,9 @@ pub struct Forwarder {
     id: u64,
     client: reqwest::Client,
     token: Token,
+    /// Sent with a replayed request, so the leader can tell a member's replay (whose read
+    /// index it may trust) from a client's request that only claims to be one.
+    cluster: ClusterId,
     /// Writes go to the leader as commands, in batches.
     batcher: Batcher,
 }
@@ -80,14 +85,15 @@ pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error) -> ApiError 
 }
 
 impl Forwarder {
-    /// The forwarder of node `id`.
-    pub fn new(id: u64, token: Token) -> Self {
+    /// The forwarder of node `id` of cluster `cluster`.
+    pub fn new(id: u64, token: Token, cluster: ClusterId) -> Self {
         let client = peer_client();
         Forwarder {
             id,
             batcher: Batcher::new(id, client.clone(), token.clone(), FORWARD_TIMEOUT),
             client,
             token,
+            cluster,
         }
     }
 
@@ -119,6 +125,9 @@ impl Forwarder {
             .body(replay.body);
         if let Some(ReadIndexHint(index)) = read_index {
             request = request.header(READ_INDEX, index);
+        }
+        if let Some(cluster) = cluster_identity::header_value(&self.cluster) {
+            request = request.header(cluster_identity::CLUSTER, cluster);
         }
         for name in [header::CONTENT_TYPE, header::ACCEPT] {
             if let Some(value) = replay.headers.get(&name) {

@@ -71,6 +71,13 @@ impl Server {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(idle_timeout);
+        // The reserve is for members, which send their next request at once (heartbeats every
+        // few tens of milliseconds): a reserve connection that sends nothing for a few seconds
+        // is not a member's, and must not hold a reserve slot for the whole idle timeout.
+        let mut members_http = http.clone();
+        members_http.header_read_timeout(Some(
+            idle_timeout.map_or(MEMBERS_IDLE_TIMEOUT, |t| t.min(MEMBERS_IDLE_TIMEOUT)),
+        ));
         let members_app = app.clone().layer(axum::middleware::from_fn(members_only));
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -79,12 +86,14 @@ impl Server {
                 accepted = listener.accept() => accepted,
                 () = &mut shutdown => break,
             };
-            let service = TowerToHyperService::new(if stream.members_only() {
-                members_app.clone()
+            let (builder, service) = if stream.members_only() {
+                (&members_http, members_app.clone())
             } else {
-                app.clone()
-            });
-            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                (&http, app.clone())
+            };
+            let service = TowerToHyperService::new(service);
+            let connection =
+                graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(%peer, "connection ended: {e}");
@@ -96,6 +105,9 @@ impl Server {
     }
 }
 
+/// How long a connection in the members' reserve may wait for a request's headers.
+const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Requests a connection in the members' reserve serves besides traffic between members: the
 /// probes, the metrics and the cluster status, cheap reads with which a supervisor or an
 /// operator watches the node. A liveness probe that failed while datanodes fill the slots
@@ -103,13 +115,20 @@ impl Server {
 const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"];
 
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
-/// member forwards pass; probes and the cluster status (`GET`, [`OBSERVATION`]) are answered
-/// and the connection closed; anything else is answered 503 `overloaded` and the connection
-/// closed. Closing frees the reserve for the members.
+/// member forwards pass (the connection is closed after a refusal: a member's requests are
+/// not refused, so that one was not a member's); probes and the cluster status (`GET`,
+/// [`OBSERVATION`]) are answered and the connection closed; anything else is answered 503
+/// `overloaded` and the connection closed. Closing frees the reserve for the members.
 async fn members_only(request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if path.starts_with("/raft/") || request.headers().contains_key(FORWARDED_BY) {
-        return next.run(request).await;
+        let mut response = next.run(request).await;
+        if response.status().is_client_error() {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return response;
     }
     let mut response = if request.method() == Method::GET && OBSERVATION.contains(&path) {
         next.run(request).await
@@ -287,6 +306,38 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+
+    /// A connection in the members' reserve that is not a member's gives its slot back soon:
+    /// one that sends nothing is closed after [`MEMBERS_IDLE_TIMEOUT`], not the idle timeout,
+    /// and one whose Raft request is refused is closed after the answer.
+    #[tokio::test(start_paused = true)]
+    async fn the_reserve_does_not_keep_outsiders() {
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let tcp = bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let idle = MEMBERS_IDLE_TIMEOUT * 20;
+        let server = Server::new(LimitedListener::new(tcp, 1), app).idle_timeout(Some(idle));
+        let task = tokio::spawn(server.serve(async {
+            let _ = stopped.await;
+        }));
+        let mut datanode = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut datanode, "/").await, "ok");
+
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let before = tokio::time::Instant::now();
+        assert!(read_to_close(&mut silent).await.is_empty());
+        assert!(before.elapsed() < idle, "{:?}", before.elapsed());
+
+        let mut outsider = TcpStream::connect(addr).await.unwrap();
+        let (head, _) = exchange(&mut outsider, "POST /raft/x HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert!(read_to_close(&mut outsider).await.is_empty());
+        drop(datanode);
+        stop.send(()).unwrap();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

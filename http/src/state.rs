@@ -51,7 +51,7 @@ impl AppState {
     pub fn new(node: MetaNode, token: Token) -> Self {
         let metrics = Metrics::new(Some(Box::new(NodeCollector::new(node.clone()))));
         let readiness = Arc::new(Readiness::new(&node.status()));
-        let forwarder = Forwarder::new(node.id(), token.clone());
+        let forwarder = Forwarder::new(node.id(), token.clone(), node.config().cluster_id.clone());
         AppState {
             follower_reads: FollowerReads::new(
                 node.id(),

@@ -747,6 +747,9 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         .await
         .unwrap();
     let forwarded = ("x-metaserver-forwarded-by", "3");
+    // In-process members carry no cluster id; over HTTP the first message gives them one.
+    nodes[&follower].accept_cluster(0xab).await.unwrap();
+    let member = ("x-metaserver-cluster", "00000000000000ab");
     // The write was acknowledged by a quorum that may not include this follower; with the
     // 300 ms request timeout, waiting for it inside the request fails on a loaded machine.
     nodes[&follower]
@@ -760,11 +763,29 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         Method::GET,
         "/v1/kv/k",
         "",
-        &[forwarded, ("x-metaserver-read-index", &index)],
+        &[forwarded, member, ("x-metaserver-read-index", &index)],
     )
     .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(&a.body[..], b"v1");
+
+    // Only a member's replay is trusted with a read index: without the cluster's id (which
+    // clients never see) the headers are a client's claim, and the read is not answered here.
+    for claim in [
+        vec![forwarded, ("x-metaserver-read-index", index.as_str())],
+        vec![
+            forwarded,
+            ("x-metaserver-cluster", "00000000000000cd"),
+            ("x-metaserver-read-index", index.as_str()),
+        ],
+    ] {
+        let a = call(&app, Method::GET, "/v1/kv/k", "", &claim).await;
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{claim:?}: {a:?}"
+        );
+    }
 
     let a = call(&app, Method::GET, "/v1/kv/k", "", &[forwarded]).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
@@ -774,7 +795,7 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         Method::GET,
         "/v1/kv/k",
         "",
-        &[forwarded, ("x-metaserver-read-index", "soon")],
+        &[forwarded, member, ("x-metaserver-read-index", "soon")],
     )
     .await;
     assert_eq!(a.error_code(), "no_leader", "{a:?}");
@@ -785,7 +806,7 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         Method::GET,
         "/v1/kv/k",
         "",
-        &[forwarded, ("x-metaserver-read-index", &beyond)],
+        &[forwarded, member, ("x-metaserver-read-index", &beyond)],
     )
     .await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT, "{a:?}");
