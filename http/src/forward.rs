@@ -22,9 +22,9 @@ use bytes::Bytes;
 use meta_consensus::ClusterId;
 
 use crate::auth::Token;
+use crate::bounded_body::read_bounded;
 use crate::cluster_identity;
 use crate::error::{ApiError, ForwardTo, ReadIndexHint};
-use crate::extract::body_error;
 use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
@@ -169,35 +169,17 @@ pub async fn forward_to_leader(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return body_error(axum::http::StatusCode::PAYLOAD_TOO_LARGE, String::new())
-            .into_response();
-    }
-    let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
-    let body = match tokio::time::timeout(state.body_timeout, read).await {
-        Err(_) => {
-            return ApiError::BodyTimeout(format!(
-                "the request body did not arrive within {} s",
-                state.body_timeout.as_secs_f64()
-            ))
-            .into_response()
-        }
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            let status = if too_large {
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                axum::http::StatusCode::BAD_REQUEST
-            };
-            return body_error(status, e.to_string()).into_response();
-        }
+    let body = match read_bounded(
+        &parts.headers,
+        body,
+        MAX_BODY_BYTES,
+        state.body_timeout,
+        false,
+    )
+    .await
+    {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
     };
     let forwarded = parts.headers.contains_key(&FORWARDED_BY);
     let replay = Replay {

@@ -6,6 +6,7 @@
 
 pub mod append_stream;
 pub mod auth;
+pub mod bounded_body;
 pub mod cluster_identity;
 pub mod connection_limit;
 pub mod error;

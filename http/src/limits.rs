@@ -33,6 +33,10 @@ pub const MAX_WATCH_WAIT_MS: u64 = 55_000;
 /// value of [`MAX_VALUE_BYTES`]; a value between the two limits is refused as `value_too_large`.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
+/// Largest body of a Raft message other than AppendEntries and a snapshot (votes, leadership
+/// transfers, removal notices, identity probes, read-index requests): a few hundred bytes.
+pub const MAX_SMALL_RAFT_BODY_BYTES: usize = 64 * 1024;
+
 /// Largest batch of forwarded writes the leader accepts: a batch grows to at most 4 MiB of
 /// bodies, plus one write of at most [`MAX_BODY_BYTES`] and the framing.
 pub const MAX_FORWARD_BATCH_BYTES: usize = 8 * 1024 * 1024;

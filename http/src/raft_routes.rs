@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -28,9 +29,10 @@ use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
+use crate::bounded_body::bounded_raft_body;
 use crate::error::ApiError;
 use crate::frame::{encode_frame, frames};
-use crate::limits::MAX_RAFT_BODY_BYTES;
+use crate::limits::{MAX_RAFT_BODY_BYTES, MAX_SMALL_RAFT_BODY_BYTES};
 use meta_consensus::codec;
 
 /// Append entries (and heartbeats).
@@ -58,12 +60,29 @@ where
     S: Clone + Send + Sync + 'static,
     MetaNode: axum::extract::FromRef<S>,
 {
+    // Each message is read whole first, bounded in size (its own limit) and in time.
+    let bounded = |limit: usize| from_fn_with_state(limit, bounded_raft_body);
     Router::new()
-        .route(PATH_APPEND, post(append))
-        .route(PATH_VOTE, post(vote))
-        .route(PATH_PRE_VOTE, post(pre_vote))
-        .route(PATH_TRANSFER_LEADER, post(transfer_leader))
-        .route(PATH_REMOVED, post(removed))
+        .route(
+            PATH_APPEND,
+            post(append).layer(bounded(MAX_RAFT_BODY_BYTES)),
+        )
+        .route(
+            PATH_VOTE,
+            post(vote).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
+        )
+        .route(
+            PATH_PRE_VOTE,
+            post(pre_vote).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
+        )
+        .route(
+            PATH_TRANSFER_LEADER,
+            post(transfer_leader).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
+        )
+        .route(
+            PATH_REMOVED,
+            post(removed).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
+        )
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .route(PATH_SNAPSHOT, post(snapshot))
         .route(PATH_APPEND_STREAM, post(append_stream))

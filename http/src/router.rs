@@ -7,13 +7,14 @@ use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::auth::require_token;
+use crate::bounded_body::bounded_raft_body;
 use crate::cluster_identity::{self, check_cluster, PATH_IDENTITY};
 use crate::extract::{method_not_allowed, not_found};
 use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
 use crate::forward_batch::{self, PATH_FORWARD_BATCH};
 use crate::handlers::{cluster, datanodes, kv, probes, shards, watch};
-use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES};
+use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES, MAX_SMALL_RAFT_BODY_BYTES};
 use crate::metrics::{record, tag_route};
 use crate::raft_routes::raft_routes;
 use crate::state::AppState;
@@ -78,17 +79,30 @@ pub fn router(state: AppState) -> Router {
         .merge(v1_routes(&state))
         .merge(
             raft_routes()
-                .route(PATH_IDENTITY, post(cluster_identity::identity))
+                .route(
+                    PATH_IDENTITY,
+                    post(cluster_identity::identity).layer(from_fn_with_state(
+                        MAX_SMALL_RAFT_BODY_BYTES,
+                        bounded_raft_body,
+                    )),
+                )
                 .route_layer(from_fn_with_state(state.node.clone(), check_cluster)),
         )
         .route(
             PATH_FORWARD_BATCH,
             post(move |body| forward_batch::serve(node.clone(), body))
+                .layer::<_, std::convert::Infallible>(from_fn_with_state(
+                    MAX_FORWARD_BATCH_BYTES,
+                    bounded_raft_body,
+                ))
                 .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
         )
         .route(
             PATH_READ_INDEX,
-            post(move |body| follower_read::serve(reader.clone(), body)),
+            post(move |body| follower_read::serve(reader.clone(), body)).layer(from_fn_with_state(
+                MAX_SMALL_RAFT_BODY_BYTES,
+                bounded_raft_body,
+            )),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))

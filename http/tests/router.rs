@@ -589,6 +589,22 @@ async fn raft_routes_refuse_garbage() {
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}");
         assert_eq!(a.error_code(), "bad_rpc", "{path}");
     }
+    // A message larger than its route takes is refused before its body is read, and the
+    // connection is not kept (the rest of the body is never read).
+    let huge = (64 * 1024 + 1).to_string();
+    for path in [
+        "/raft/vote",
+        "/raft/pre-vote",
+        "/raft/transfer-leader",
+        "/raft/removed",
+        "/raft/identity",
+        "/raft/read-index",
+    ] {
+        let a = call(&t.app, Method::POST, path, "", &[("content-length", &huge)]).await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "body_too_large", "{path}");
+        assert_eq!(a.headers["connection"], "close", "{path}");
+    }
     assert_eq!(t.node.status().role, Role::Leader);
 }
 
