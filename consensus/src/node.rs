@@ -147,20 +147,28 @@ impl MetaNode {
         };
         node.check_not_behind_purge()?;
         node.await_loaded_metrics().await;
-        node.keep_addresses();
+        node.follow_metrics();
         Ok(node)
     }
 
     /// Keeps `NodeConfig::addresses` as this node's membership gives them, from its metrics,
-    /// until Raft stops (its metrics channel closes).
-    fn keep_addresses(&self) {
+    /// and logs each change of leader, until Raft stops (its metrics channel closes).
+    fn follow_metrics(&self) {
         let addresses = self.inner.cfg.addresses.clone();
         let mut metrics = self.inner.raft.metrics();
         tokio::spawn(async move {
             let mut seen = None;
+            let mut leader = None;
             loop {
                 {
                     let m = metrics.borrow_watched();
+                    if m.current_leader != leader {
+                        leader = m.current_leader;
+                        match leader {
+                            Some(id) => tracing::info!(term = m.current_term, "node {id} leads"),
+                            None => tracing::info!(term = m.current_term, "no leader known"),
+                        }
+                    }
                     let config = &m.membership_config;
                     if seen != Some(*config.log_id()) {
                         seen = Some(*config.log_id());

@@ -54,7 +54,13 @@ impl Token {
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return false;
         };
-        let Some(presented) = value.as_bytes().strip_prefix(b"Bearer ") else {
+        // The scheme's name is case-insensitive (RFC 9110, section 11.1).
+        let value = value.as_bytes();
+        let Some(presented) = value
+            .get(..7)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+            .map(|_| &value[7..])
+        else {
             return false;
         };
         // The length is not secret; the bytes are compared in constant time.
@@ -88,10 +94,11 @@ mod tests {
     fn token_comparison() {
         let token = Token::new(Some("s3cret"));
         assert!(token.accepts(&headers("Bearer s3cret")));
+        assert!(token.accepts(&headers("bearer s3cret")));
+        assert!(!token.accepts(&headers("Basic s3cret")));
         assert!(!token.accepts(&headers("Bearer s3cre")));
         assert!(!token.accepts(&headers("Bearer s3cret2")));
-        assert!(!token.accepts(&headers("bearer s3cret")));
-        assert!(!token.accepts(&headers("Basic s3cret")));
+        assert!(!token.accepts(&headers("Bearer")));
         assert!(!token.accepts(&HeaderMap::new()));
         assert_eq!(token.header_value().as_deref(), Some("Bearer s3cret"));
     }

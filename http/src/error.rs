@@ -324,6 +324,12 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
+            ApiError::Unauthorized => {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"metaserver\""),
+                );
+            }
             _ => {}
         }
         response

@@ -656,6 +656,7 @@ async fn token_is_required_except_for_probes() {
                 "{method} {uri} {headers:?}"
             );
             assert_eq!(a.error_code(), "unauthorized");
+            assert!(a.headers.contains_key("www-authenticate"), "{a:?}");
         }
     }
     assert_eq!(t.digest().await, before);

@@ -69,11 +69,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     if settings.init {
         initialize_once(&node, &settings, &addr).await?;
     } else if !node.is_initialized().await? {
-        // Also what a member whose data dir was lost looks like, which must not rejoin as is.
-        tracing::warn!(
+        // Also what a member whose data dir was lost looks like, which must not rejoin as is;
+        // but mostly a new node, so not a warning.
+        tracing::info!(
             "this node holds no Raft state: it waits to be added to a cluster (or initialized \
-             with --init). If it was a voter before, its votes and log are lost: remove it from \
-             the voters, then add it back as a learner and promote it once caught up"
+             with --init). (A voter whose data dir was lost looks the same: remove it from the \
+             voters, then add it back as a learner and promote it once caught up.)"
         );
     }
 
