@@ -29,6 +29,7 @@
 //! back to back; with it on, each answer written while the previous one is unacknowledged
 //! waits for the peer's delayed ACK (~40 ms on Linux).
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -158,6 +159,8 @@ impl axum::serve::Listener for LimitedListener {
                         tcp,
                         members_only,
                         _slot: slot,
+                        stall_limit: None,
+                        stalled: None,
                     };
                     return (stream, addr);
                 }
@@ -192,6 +195,10 @@ pub struct LimitedStream {
     tcp: TcpStream,
     members_only: bool,
     _slot: OwnedSemaphorePermit,
+    /// How long a write may wait for the client to take bytes; `None`: for ever.
+    stall_limit: Option<Duration>,
+    /// Running while a write waits for the client to take bytes.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl LimitedStream {
@@ -199,6 +206,39 @@ impl LimitedStream {
     /// between members.
     pub fn members_only(&self) -> bool {
         self.members_only
+    }
+
+    /// Fails a write (and so ends the connection) once the client has taken none of its
+    /// answer for `limit`: a client that stops reading would otherwise hold its slot, and the
+    /// answer's memory, for ever. A client that reads slowly is not cut.
+    pub fn set_write_stall_limit(&mut self, limit: Option<Duration>) {
+        self.stall_limit = limit;
+    }
+
+    /// Tracks a write's progress: `Pending` starts (or keeps) the stall timer, anything else
+    /// stops it; a stall past the limit turns into an error.
+    fn watch_stall<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let Some(limit) = self.stall_limit else {
+            return polled;
+        };
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took none of its answer for {limit:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -218,7 +258,8 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        self.watch_stall(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -226,7 +267,8 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        self.watch_stall(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -234,7 +276,8 @@ impl AsyncWrite for LimitedStream {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
+        let polled = Pin::new(&mut self.tcp).poll_flush(cx);
+        self.watch_stall(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -82,10 +82,11 @@ impl Server {
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let (stream, peer) = tokio::select! {
+            let (mut stream, peer) = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = &mut shutdown => break,
             };
+            stream.set_write_stall_limit(idle_timeout);
             let (builder, service) = if stream.members_only() {
                 (&members_http, members_app.clone())
             } else {
@@ -306,6 +307,58 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+
+    /// A client that stops reading its answer loses its connection once it has taken none of
+    /// it for the idle timeout, and its slot serves the next client.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_does_not_read_its_answer_gives_its_slot_back() {
+        const BIG: usize = 64 << 20;
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route("/big", get(|| async { vec![b'x'; BIG] }));
+        let tcp = bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = Server::new(LimitedListener::new(tcp, 1), app).idle_timeout(Some(IDLE));
+        let task = tokio::spawn(server.serve(async {
+            let _ = stopped.await;
+        }));
+        let mut reader = TcpStream::connect(addr).await.unwrap();
+        reader
+            .write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        // It reads nothing while the server writes; the server gives up on it.
+        tokio::time::sleep(IDLE * 3).await;
+        let mut got = Vec::new();
+        let ended = tokio::time::timeout(IDLE * 10, async {
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the connection was never closed");
+        assert!(got.len() < BIG, "the whole answer arrived: {}", got.len());
+        // Once the server has seen the close, the slot serves the next client (before that,
+        // a connection lands in the reserve and is refused).
+        let mut served = false;
+        for _ in 0..100 {
+            let mut next = TcpStream::connect(addr).await.unwrap();
+            let (head, _) = exchange(&mut next, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+            if head.starts_with("HTTP/1.1 200") {
+                served = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(served, "the slot was never freed");
+        stop.send(()).unwrap();
+        task.await.unwrap();
     }
 
     /// A connection in the members' reserve that is not a member's gives its slot back soon:
