@@ -93,6 +93,9 @@ pub struct LimitedListener {
     max_connections: usize,
     /// When "every slot is taken" was last logged.
     warned: Option<Instant>,
+    /// When a failed accept was last logged (one every [`ACCEPT_ERROR_PAUSE`] while the
+    /// process has no descriptor free would flood the log).
+    accept_warned: Option<Instant>,
 }
 
 impl LimitedListener {
@@ -105,6 +108,7 @@ impl LimitedListener {
             member_slots: Arc::new(Semaphore::new(MEMBER_CONNECTIONS)),
             max_connections,
             warned: None,
+            accept_warned: None,
         }
     }
 
@@ -166,7 +170,13 @@ impl axum::serve::Listener for LimitedListener {
                 }
                 Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
-                    tracing::warn!("accepting a connection failed: {e}");
+                    if self
+                        .accept_warned
+                        .is_none_or(|at| at.elapsed() >= WARN_EVERY)
+                    {
+                        tracing::warn!("accepting a connection failed: {e}");
+                        self.accept_warned = Some(Instant::now());
+                    }
                     drop(slot);
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 }

@@ -258,6 +258,13 @@ pub async fn download_snapshot(
                 }
                 path = newer;
             }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                return Err(ApiError::Overloaded(
+                    "this node has no file descriptor free to open its snapshot; retry after a \
+                     pause"
+                        .into(),
+                ))
+            }
             Err(e) => {
                 return Err(ApiError::Internal(format!(
                     "opening snapshot {}: {e}",
