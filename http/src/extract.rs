@@ -78,7 +78,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             use serde_json::error::Category;
             match e.classify() {
                 Category::Data => {
-                    ApiError::invalid("invalid_body", format!("invalid request body: {e}"))
+                    // serde_json reads an integer past u64 as a float, and says so; say why.
+                    let hint = if e.to_string().contains("floating point") {
+                        " (numbers here are whole, from 0 to 18446744073709551615)"
+                    } else {
+                        ""
+                    };
+                    ApiError::invalid("invalid_body", format!("invalid request body: {e}{hint}"))
                 }
                 Category::Syntax | Category::Eof | Category::Io => {
                     ApiError::invalid("malformed_json", format!("malformed JSON: {e}"))
@@ -263,9 +269,11 @@ mod tests {
         assert_eq!(code_of(parse_json(br#"{"id":"1"}"#)), "invalid_body");
         assert_eq!(code_of(parse_json(br#"{"id":-1}"#)), "invalid_body");
         assert_eq!(code_of(parse_json(br#"{"id":1.5}"#)), "invalid_body");
-        assert_eq!(
-            code_of(parse_json(br#"{"id":18446744073709551616}"#)),
-            "invalid_body"
+        let past = parse_json::<Body>(br#"{"id":18446744073709551616}"#).unwrap_err();
+        assert_eq!(past.code(), "invalid_body");
+        assert!(
+            past.to_string().contains("numbers here are whole"),
+            "{past}"
         );
         assert_eq!(code_of(parse_json(br#"{"id":1,"x":2}"#)), "invalid_body");
         assert_eq!(code_of(parse_json(br#"{}"#)), "invalid_body");
