@@ -398,6 +398,20 @@ impl WatchQuery {
                 ))
             }
         };
+        // No log reaches this index; a watcher told to go on from it would wait for ever (a
+        // local watch cannot ask the leader for the cluster's newest index).
+        if let Some(after) = self
+            .after
+            .filter(|a| *a > meta_consensus::rpc_bounds::MAX_INDEX)
+        {
+            return Err(ApiError::invalid(
+                "invalid_argument",
+                format!(
+                    "after={after} is past any log index (at most {})",
+                    meta_consensus::rpc_bounds::MAX_INDEX
+                ),
+            ));
+        }
         let wait_ms = self.wait_ms.unwrap_or(DEFAULT_WATCH_WAIT_MS);
         if wait_ms > MAX_WATCH_WAIT_MS {
             return Err(ApiError::invalid(

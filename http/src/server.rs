@@ -69,8 +69,11 @@ impl Server {
             idle_timeout,
         } = self;
         let mut http = hyper::server::conn::http1::Builder::new();
+        // A client may send its request and then shut its side down (HTTP/1.0 style tools):
+        // it still gets its answer, rather than the request running with nobody told.
         http.timer(TokioTimer::new())
-            .header_read_timeout(idle_timeout);
+            .header_read_timeout(idle_timeout)
+            .half_close(true);
         // The reserve is for members, which send their next request at once (heartbeats every
         // few tens of milliseconds): a reserve connection that sends nothing for a few seconds
         // is not a member's, and must not hold a reserve slot for the whole idle timeout.
@@ -357,6 +360,31 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(served, "the slot was never freed");
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    /// A client that shuts its side down after its request still gets the answer.
+    #[tokio::test]
+    async fn a_half_closed_client_gets_its_answer() {
+        let hold = Arc::new(Hold::default());
+        let (addr, stop, task) = start(1, hold.clone()).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        // The answer is held a moment after the handler started, so that a server that ended
+        // the connection at the EOF would have done so (this pause lets that bug show; the
+        // answer's arrival does not depend on it).
+        hold.arrived.notified().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        hold.release.notify_one();
+        let answer = read_to_close(&mut client).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("done"), "{text}");
         stop.send(()).unwrap();
         task.await.unwrap();
     }

@@ -457,6 +457,14 @@ fn matrix(epoch: u64) -> Vec<Case> {
             "invalid_query",
         ),
         case(
+            "local watch from past any log index",
+            M::GET,
+            "/v1/watch?after=18446744073709551615&consistency=local&wait_ms=0",
+            "",
+            400,
+            "invalid_argument",
+        ),
+        case(
             "watch with both filters",
             M::GET,
             "/v1/watch?datanode=7&prefix=a",
