@@ -19,6 +19,8 @@ pub enum Role {
     Follower,
     Candidate,
     Learner,
+    /// This node belongs to no cluster yet: it was never initialized nor added to one.
+    Uninitialized,
     /// The membership this node holds names other members but not this node: it was removed
     /// (stop it, or add it again as a learner). A removed follower that never received the
     /// membership without it cannot tell, and reports what it last knew.

@@ -476,6 +476,8 @@ async fn cluster_membership_and_config() {
 #[tokio::test]
 async fn init_on_a_fresh_node() {
     let t = open_node(None).await;
+    let a = t.get("/v1/cluster").await;
+    assert_eq!(a.json()["role"], "uninitialized", "{a:?}");
     let a = t
         .send(
             Method::POST,

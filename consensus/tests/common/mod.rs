@@ -109,7 +109,9 @@ impl Cluster {
             if let [l] = leaders.as_slice() {
                 let agreed = statuses
                     .iter()
-                    .filter(|s| s.role != Role::Learner && s.role != Role::Removed)
+                    .filter(|s| {
+                        !matches!(s.role, Role::Learner | Role::Removed | Role::Uninitialized)
+                    })
                     .all(|s| s.leader_id == Some(l.id));
                 if agreed {
                     return Ok(self.node(l.id).clone());

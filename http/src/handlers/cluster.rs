@@ -28,6 +28,7 @@ pub fn role_name(role: Role) -> &'static str {
         Role::Follower => "follower",
         Role::Candidate => "candidate",
         Role::Learner => "learner",
+        Role::Uninitialized => "uninitialized",
         Role::Removed => "removed",
         Role::Shutdown => "shutdown",
     }
