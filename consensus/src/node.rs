@@ -155,7 +155,9 @@ impl MetaNode {
     /// and logs each change of leader, until Raft stops (its metrics channel closes).
     fn follow_metrics(&self) {
         let addresses = self.inner.cfg.addresses.clone();
-        let mut metrics = self.inner.raft.metrics();
+        // The server metrics change with the role, leader and membership only, not with every
+        // write as the full metrics do.
+        let mut metrics = self.inner.raft.server_metrics();
         tokio::spawn(async move {
             let mut seen = None;
             let mut leader = None;
@@ -164,9 +166,10 @@ impl MetaNode {
                     let m = metrics.borrow_watched();
                     if m.current_leader != leader {
                         leader = m.current_leader;
+                        let term = m.vote.leader_id().term;
                         match leader {
-                            Some(id) => tracing::info!(term = m.current_term, "node {id} leads"),
-                            None => tracing::info!(term = m.current_term, "no leader known"),
+                            Some(id) => tracing::info!(term, "node {id} leads"),
+                            None => tracing::info!(term, "no leader known"),
                         }
                     }
                     let config = &m.membership_config;
