@@ -104,6 +104,11 @@ impl NodeConfig {
         }
     }
 
+    /// The longest election timeout: how long a member may wait before it campaigns.
+    pub fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.election_max_ms)
+    }
+
     /// Checks the values that openraft or the stores would refuse later.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(m));

@@ -316,7 +316,7 @@ impl MetaNode {
     /// How long a leader may go without a quorum acknowledging it before it no longer counts
     /// as leader (openraft's lease is the maximum election timeout).
     fn lease(&self) -> Duration {
-        Duration::from_millis(self.inner.cfg.election_max_ms)
+        self.inner.cfg.election_timeout()
     }
 
     /// How long a write or read keeps retrying openraft's lease refusal before answering

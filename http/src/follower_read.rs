@@ -368,7 +368,13 @@ impl Link {
                 EXCHANGE_TIMEOUT,
                 &ReadIndexRequest { lease },
             )
-            .await?;
+            .await
+            // Asking for a read index changes nothing: a broken exchange is only a missing
+            // leader to the reader.
+            .map_err(|e| match e {
+                ApiError::OutcomeUnknown(m) => ApiError::NoLeader(m),
+                e => e,
+            })?;
         answer.map_err(ApiError::from)
     }
 }

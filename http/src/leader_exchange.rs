@@ -1,7 +1,9 @@
 //! One exchange with the leader on a route between members: a bincode request, a bincode
 //! answer, and the failures a follower renders for its client: 503 `no_leader` when the leader
-//! is unreachable, refuses or breaks off its answer, 504 `timeout` when it does not answer in
-//! time, 500 `internal` for a request or an answer that does not encode or decode.
+//! cannot be reached or refuses the request (it did nothing with it), 504 `outcome_unknown`
+//! when the connection breaks after the request went out (the leader may have acted on it), 504
+//! `timeout` when it does not answer in time, 500 `internal` for a request or an answer that
+//! does not encode or decode.
 
 use std::time::Duration;
 
@@ -56,12 +58,20 @@ impl LeaderLink {
         if let Some(value) = self.token.header_value() {
             post = post.header(header::AUTHORIZATION, value);
         }
-        let response = post.send().await.map_err(|e| leader_failed(target, &e))?;
+        let broke = |e: reqwest::Error| {
+            ApiError::OutcomeUnknown(leader(format!(
+                "broke off the exchange after {what} went out ({e}): it may have been acted on"
+            )))
+        };
+        let response = post.send().await.map_err(|e| {
+            if e.is_connect() || e.is_timeout() {
+                leader_failed(target, &e)
+            } else {
+                broke(e)
+            }
+        })?;
         let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::NoLeader(leader(format!("broke off its answer: {e}"))))?;
+        let bytes = response.bytes().await.map_err(broke)?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
             return Err(ApiError::NoLeader(leader(format!(

@@ -5,6 +5,8 @@
 //! A write that reached a follower is thus parsed and validated once, on the follower, and the
 //! leader only proposes the command. When this node's core, asked directly, answers "forward
 //! to leader" (an election just ended), the forwarding middleware replays the request instead.
+//! When the leader it was sent to refuses it without acting on it (it no longer leads, or
+//! cannot be reached), it is sent once more, to the next leader this node learns of.
 
 use std::convert::Infallible;
 
@@ -46,7 +48,27 @@ impl Writer {
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
         match self.node.route(&cmd)? {
             Some((leader_id, addr)) if !self.forwarded => {
-                self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
+                let sent = self
+                    .batcher
+                    .send(ForwardTo { leader_id, addr }, cmd.clone())
+                    .await;
+                let Err(ApiError::NoLeader(why)) = sent else {
+                    return sent;
+                };
+                // The leader this node knew did nothing with the write (it no longer leads, or
+                // could not be reached: a hand-over, a crash): it goes once more, to the leader
+                // this node learns of next, within two election timeouts.
+                match self
+                    .node
+                    .next_leader(leader_id, self.node.config().election_timeout() * 2)
+                    .await
+                {
+                    Some(Some((leader_id, addr))) => {
+                        self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
+                    }
+                    Some(None) => Ok(self.node.write(cmd).await?),
+                    None => Err(ApiError::NoLeader(why)),
+                }
             }
             _ => Ok(self.node.write(cmd).await?),
         }

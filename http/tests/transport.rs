@@ -800,3 +800,47 @@ async fn a_member_moves_to_a_new_address() {
         server.node.shutdown().await.unwrap();
     }
 }
+
+/// A write sent to a follower whose leader just stopped is not refused: the stopped leader did
+/// nothing with it (its port is closed), so the follower sends it on to the leader elected
+/// next, within two election timeouts, and the client gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_outlives_the_leader_it_was_forwarded_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster(&dir).await;
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let old = servers.remove(&leader).unwrap();
+    let old_node = old.node.clone();
+    // Its port closes first (once its server task has ended, its listener is gone); its Raft
+    // core runs on, so the follower still names it.
+    old.task.abort();
+    while !old.task.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    drop(old);
+    assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
+    let put = {
+        let http = reqwest::Client::new();
+        let url = format!("http://{}/v1/kv/after-the-leader", servers[&follower].addr);
+        tokio::spawn(async move {
+            let r = http
+                .put(url)
+                .bearer_auth(TOKEN)
+                .body("\"x\"")
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    // Then the leader stops, and the others elect a new one.
+    old_node.shutdown().await.unwrap();
+    let (status, text) = put.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let new = servers[&follower].node.status().leader_id;
+    assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
+}

@@ -91,6 +91,31 @@ impl MetaNode {
         Ok(self.leader_to_forward_to())
     }
 
+    /// Waits, at most `within`, for this node to know a leader other than `stale` (which
+    /// refused a forwarded write: it no longer leads, or could not be reached): another node
+    /// (`Some(Some((id, addr)))`), this node (`Some(None)`: write here), or `None` if none is
+    /// known in time.
+    pub async fn next_leader(
+        &self,
+        stale: NodeId,
+        within: Duration,
+    ) -> Option<Option<(NodeId, String)>> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            {
+                let metrics = self.inner.raft.metrics();
+                let m = metrics.borrow_watched();
+                if m.state == openraft::ServerState::Leader {
+                    return Some(None);
+                }
+            }
+            if let Some((id, addr)) = self.leader_to_forward_to().filter(|(id, _)| *id != stale) {
+                return Some(Some((id, addr)));
+            }
+            self.await_metrics_change(deadline).await.ok()?;
+        }
+    }
+
     /// The leader (id and address) this node's metrics name, when that is another node (a
     /// follower's view: it may be stale). `None` on a leader or when no leader is known.
     pub fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
