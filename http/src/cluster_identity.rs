@@ -24,6 +24,10 @@ pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
 /// by that process: it would otherwise answer, and vote, for two members.
 pub const TO: HeaderName = HeaderName::from_static("x-metaserver-to");
 
+/// The header with which [`confirm`] asks a node to answer only if it belongs to the sender's
+/// cluster already: a fresh node would otherwise adopt the cluster's id and pass.
+pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member-only");
+
 /// The route a leader asks before it adds a learner: 204 if the node may join the sender's
 /// cluster, 409 `other_cluster` if it belongs to another.
 pub const PATH_IDENTITY: &str = "/raft/identity";
@@ -61,6 +65,13 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
         if theirs != ours {
             return other_cluster(meta_consensus::Error::OtherCluster { ours, theirs });
         }
+    }
+    if request.headers().contains_key(MEMBER_ONLY) && node.cluster_id().is_none() {
+        return ApiError::WrongNode(format!(
+            "node {} here holds no cluster's data: it is a new node, not the member that moved",
+            node.id()
+        ))
+        .into_response();
     }
     if let Some(value) = request.headers().get(TO) {
         let Some(to) = value.to_str().ok().and_then(|v| v.parse::<u64>().ok()) else {
@@ -108,14 +119,16 @@ pub async fn probe(
     id: u64,
     addr: &str,
 ) -> Result<(), ApiError> {
-    match ask(client, token, cluster, id, addr).await {
+    match ask(client, token, cluster, id, addr, false).await {
         Some(Ok(answer)) => refusal(answer, addr).await,
         _ => Ok(()),
     }
 }
 
-/// Like [`probe`], but node `id` must answer at `addr` (a member's new address is only
-/// taken from the node itself): [`ApiError::Conflict`] if nothing answers there.
+/// Like [`probe`], but node `id` must answer at `addr`, as a node that belongs to this cluster
+/// already (a member's new address is only taken from the member itself, restarted there
+/// from its data): [`ApiError::Conflict`] if nothing answers there, [`ApiError::WrongNode`] if
+/// a new node with that id does. Two processes answering for one member could vote twice.
 pub async fn confirm(
     client: &reqwest::Client,
     token: &Token,
@@ -123,7 +136,7 @@ pub async fn confirm(
     id: u64,
     addr: &str,
 ) -> Result<(), ApiError> {
-    match ask(client, token, cluster, id, addr).await {
+    match ask(client, token, cluster, id, addr, true).await {
         Some(Ok(answer)) => refusal(answer, addr).await,
         Some(Err(e)) => Err(ApiError::Conflict(format!(
             "node {id} does not answer at {addr} ({e}): start it there first"
@@ -134,14 +147,15 @@ pub async fn confirm(
     }
 }
 
-/// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster; `None` while this node
-/// knows no cluster id.
+/// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster (one that belongs to it
+/// already, if `member_only`); `None` while this node knows no cluster id.
 async fn ask(
     client: &reqwest::Client,
     token: &Token,
     cluster: &ClusterId,
     id: u64,
     addr: &str,
+    member_only: bool,
 ) -> Option<reqwest::Result<reqwest::Response>> {
     let ours = header_value(cluster)?;
     let mut request = client
@@ -149,6 +163,9 @@ async fn ask(
         .timeout(std::time::Duration::from_secs(5))
         .header(CLUSTER, ours)
         .header(TO, id.to_string());
+    if member_only {
+        request = request.header(MEMBER_ONLY, "1");
+    }
     if let Some(value) = token.header_value() {
         request = request.header(axum::http::header::AUTHORIZATION, value);
     }

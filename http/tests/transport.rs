@@ -770,6 +770,22 @@ async fn a_member_moves_to_a_new_address() {
         .await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    // A new node started with id 2 (an empty data dir) is not the member: two processes
+    // answering for one member could vote twice in a term.
+    let other_dir = tempfile::tempdir().unwrap();
+    let impostor = start(2, &other_dir).await;
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&impostor.addr)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    assert_eq!(impostor.node.cluster_id(), None, "it adopted the cluster");
+    impostor.node.shutdown().await.unwrap();
 
     let (status, v) = client
         .send(
