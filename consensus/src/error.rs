@@ -46,10 +46,12 @@ pub enum Error {
     )]
     InsufficientStorage { free: u64, reserve: u64 },
     /// A message or a node belongs to another cluster than this node (`cluster_id.rs`).
+    /// The message names neither id: the cluster's id is never shown to clients (a member's
+    /// replayed read is told from a client's by it); logs name both.
     #[error(
-        "this node belongs to cluster {ours:016x}, the other side to cluster {theirs:016x} (a node \
-         initialized on its own, e.g. started with --init, cannot join another cluster: wipe its \
-         data dir and start it without --init)"
+        "this node and the other side belong to different clusters (a node initialized on its \
+         own, e.g. started with --init, cannot join another cluster: wipe its data dir and start \
+         it without --init)"
     )]
     OtherCluster { ours: u64, theirs: u64 },
     /// A watch asked for changes after `after`, which this node no longer keeps (or never

@@ -35,7 +35,8 @@ impl Removal {
         format!("{};{}", self.membership_index, members.join(","))
     }
 
-    /// Parses [`Removal::encode`]'s form; `None` if it is not that.
+    /// Parses [`Removal::encode`]'s form; `None` if it is not that, or names an index past
+    /// any log (such a notice would apply until this node's log reached it: for ever).
     pub fn decode(text: &str) -> Option<Removal> {
         let (index, members) = text.split_once(';')?;
         let members = if members.is_empty() {
@@ -46,8 +47,12 @@ impl Removal {
                 .map(|m| m.parse().ok())
                 .collect::<Option<Vec<NodeId>>>()?
         };
+        let membership_index = index
+            .parse()
+            .ok()
+            .filter(|i| *i <= crate::rpc_bounds::MAX_INDEX)?;
         Some(Removal {
-            membership_index: index.parse().ok()?,
+            membership_index,
             members,
         })
     }
@@ -98,11 +103,12 @@ mod tests {
         for r in [
             removal(7, &[1, 3]),
             removal(0, &[]),
-            removal(u64::MAX, &[2]),
+            removal(crate::rpc_bounds::MAX_INDEX, &[2]),
         ] {
             assert_eq!(Removal::decode(&r.encode()), Some(r));
         }
-        for bad in ["", "7", "x;1", "7;1,,2", "7;a", "-1;2"] {
+        let past = removal(crate::rpc_bounds::MAX_INDEX + 1, &[2]).encode();
+        for bad in ["", "7", "x;1", "7;1,,2", "7;a", "-1;2", past.as_str()] {
             assert_eq!(Removal::decode(bad), None, "{bad:?}");
         }
     }

@@ -28,6 +28,10 @@ pub const TO: HeaderName = HeaderName::from_static("x-metaserver-to");
 /// cluster already: a fresh node would otherwise adopt the cluster's id and pass.
 pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member-only");
 
+/// The header with which [`PATH_IDENTITY`] answers: the answering node's id. Only a metaserver
+/// that checked the addressee answers with it (`confirm` requires it).
+pub const IDENTITY: HeaderName = HeaderName::from_static("x-metaserver-id");
+
 /// The route a leader asks before it adds a learner: 204 if the node may join the sender's
 /// cluster, 409 `other_cluster` if it belongs to another.
 pub const PATH_IDENTITY: &str = "/raft/identity";
@@ -58,7 +62,13 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
         },
     };
     let other_cluster = |e: meta_consensus::Error| {
-        tracing::warn!("refused a message from another cluster: {e}");
+        if let meta_consensus::Error::OtherCluster { ours, theirs } = &e {
+            tracing::warn!(
+                ours = format!("{ours:016x}"),
+                theirs = format!("{theirs:016x}"),
+                "refused a message from another cluster"
+            );
+        }
         ApiError::OtherCluster(e.to_string()).into_response()
     };
     if let (Some(theirs), Some(ours)) = (theirs, node.cluster_id()) {
@@ -104,8 +114,12 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
 }
 
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
-pub async fn identity() -> Response {
-    axum::http::StatusCode::NO_CONTENT.into_response()
+pub async fn identity(State(node): State<MetaNode>) -> Response {
+    (
+        axum::http::StatusCode::NO_CONTENT,
+        [(IDENTITY, node.id().to_string())],
+    )
+        .into_response()
 }
 
 /// Asks the node at `addr` whether it may join this node's cluster as node `id`:
@@ -137,13 +151,47 @@ pub async fn confirm(
     addr: &str,
 ) -> Result<(), ApiError> {
     match ask(client, token, cluster, id, addr, true).await {
-        Some(Ok(answer)) => refusal(answer, addr).await,
+        Some(Ok(answer)) => {
+            let answered = answer
+                .headers()
+                .get(IDENTITY)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if answer.status() == reqwest::StatusCode::NO_CONTENT && answered == Some(id) {
+                return Ok(());
+            }
+            refusal(answer, addr).await?;
+            Err(ApiError::Conflict(format!(
+                "what answers at {addr} is not node {id} of this cluster"
+            )))
+        }
         Some(Err(e)) => Err(ApiError::Conflict(format!(
             "node {id} does not answer at {addr} ({e}): start it there first"
         ))),
         None => Err(ApiError::Conflict(
             "this node knows no cluster id to ask with".into(),
         )),
+    }
+}
+
+/// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
+pub async fn answers_as(
+    client: &reqwest::Client,
+    token: &Token,
+    cluster: &ClusterId,
+    id: u64,
+    addr: &str,
+) -> bool {
+    match ask(client, token, cluster, id, addr, true).await {
+        Some(Ok(answer)) => {
+            answer.status() == reqwest::StatusCode::NO_CONTENT
+                && answer
+                    .headers()
+                    .get(IDENTITY)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v == id.to_string())
+        }
+        _ => false,
     }
 }
 

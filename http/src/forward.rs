@@ -73,14 +73,23 @@ impl Replay {
     }
 }
 
-/// What a client is told when sending to the leader `target` failed: a timeout leaves the
-/// outcome unknown (504), anything else means no reachable leader (503).
-pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error) -> ApiError {
+/// Maps a failed request to the leader `target`: no connection made (nothing was sent) is 503
+/// `no_leader`; no answer in time is 504 `timeout`; a connection that broke after the request
+/// went out is 504 `outcome_unknown` when the request may change something (`acts`: the leader
+/// may have acted on it), else 503 `no_leader`.
+pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error, acts: bool) -> ApiError {
     let leader = format!("the leader (node {} at {})", target.leader_id, target.addr);
-    if e.is_timeout() {
-        ApiError::Timeout(format!("{leader} did not answer in time"))
-    } else {
+    if e.is_connect() {
         ApiError::NoLeader(format!("{leader} is unreachable: {e}"))
+    } else if e.is_timeout() {
+        ApiError::Timeout(format!("{leader} did not answer in time"))
+    } else if acts {
+        ApiError::OutcomeUnknown(format!(
+            "{leader} broke off the exchange after the request went out ({e}): it may have been \
+             acted on"
+        ))
+    } else {
+        ApiError::NoLeader(format!("{leader} broke off the exchange: {e}"))
     }
 }
 
@@ -117,6 +126,7 @@ impl Forwarder {
     ) -> Response {
         let url = format!("http://{}{}", target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
+        let acts = !matches!(replay.method, Method::GET | Method::HEAD);
         let mut request = self
             .client
             .request(replay.method, &url)
@@ -146,7 +156,7 @@ impl Forwarder {
         }
         let response = match request.send().await {
             Ok(response) => response,
-            Err(e) => return leader_failed(target, &e).into_response(),
+            Err(e) => return leader_failed(target, &e, acts).into_response(),
         };
         let mut relayed = Response::builder().status(response.status().as_u16());
         for name in RELAYED {

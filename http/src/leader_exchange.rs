@@ -1,9 +1,11 @@
 //! One exchange with the leader on a route between members: a bincode request, a bincode
 //! answer, and the failures a follower renders for its client: 503 `no_leader` when the leader
-//! cannot be reached or refuses the request (it did nothing with it), 504 `outcome_unknown`
-//! when the connection breaks after the request went out (the leader may have acted on it), 504
-//! `timeout` when it does not answer in time, 500 `internal` for a request or an answer that
-//! does not encode or decode.
+//! cannot be reached, or answers 503 (it stops, is overloaded, or no longer leads: it did
+//! nothing with the request); 500 `internal` when it refuses the request itself (4xx: a token or
+//! a limit, it would refuse it again) or for a request or answer that does not encode or
+//! decode; 504 `outcome_unknown` when the connection breaks after the request went out or the
+//! leader fails otherwise (it may have acted on it); 504 `timeout` when it does not answer in
+//! time.
 
 use std::time::Duration;
 
@@ -58,25 +60,28 @@ impl LeaderLink {
         if let Some(value) = self.token.header_value() {
             post = post.header(header::AUTHORIZATION, value);
         }
-        let broke = |e: reqwest::Error| {
-            ApiError::OutcomeUnknown(leader(format!(
-                "broke off the exchange after {what} went out ({e}): it may have been acted on"
-            )))
-        };
-        let response = post.send().await.map_err(|e| {
-            if e.is_connect() || e.is_timeout() {
-                leader_failed(target, &e)
-            } else {
-                broke(e)
-            }
-        })?;
+        let response = post
+            .send()
+            .await
+            .map_err(|e| leader_failed(target, &e, true))?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(broke)?;
+        let bytes = response.bytes().await.map_err(|e| {
+            ApiError::OutcomeUnknown(leader(format!(
+                "broke off its answer to {what} ({e}): it may have been acted on"
+            )))
+        })?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
-            return Err(ApiError::NoLeader(leader(format!(
-                "refused {what} ({status}): {text}"
-            ))));
+            let refused = leader(format!("refused {what} ({status}): {text}"));
+            return Err(if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                // Stopping, overloaded, or no longer leading: it did nothing with the request.
+                ApiError::NoLeader(refused)
+            } else if status.is_client_error() {
+                // Its token, its limits: it did nothing with it, and will refuse it again.
+                ApiError::Internal(refused)
+            } else {
+                ApiError::OutcomeUnknown(refused)
+            });
         }
         codec::decode(&bytes)
             .map_err(|e| ApiError::Internal(leader(format!("answered {what} undecodably: {e}"))))

@@ -139,7 +139,10 @@ pub fn peer_client() -> reqwest::Client {
         .no_proxy()
         .tcp_nodelay(true)
         .connect_timeout(CONNECT_TIMEOUT)
-        .pool_idle_timeout(Duration::from_secs(60))
+        // Below the members' reserve's header timeout, so that a pooled connection is never
+        // used just as the other member closes it (the request would be lost in between, and
+        // its outcome unknown).
+        .pool_idle_timeout(crate::server::MEMBERS_IDLE_TIMEOUT - Duration::from_secs(1))
         .pool_max_idle_per_host(64)
         .tcp_keepalive(Duration::from_secs(30))
         .build()

@@ -626,7 +626,10 @@ impl InitBody {
         match self.members.get(&own_id) {
             Some(addr) if addr != own_addr => Err(ApiError::invalid(
                 "invalid_members",
-                format!("this node ({own_id}) is at {own_addr}, not {addr}"),
+                format!(
+                    "this node ({own_id}) is at {own_addr}, not {addr} (a node that listens on \
+                     all interfaces names its address with --advertise)"
+                ),
             )),
             _ => Ok(()),
         }

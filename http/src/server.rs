@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::Listener;
@@ -110,7 +110,7 @@ impl Server {
 }
 
 /// How long a connection in the members' reserve may wait for a request's headers.
-const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Requests a connection in the members' reserve serves besides traffic between members: the
 /// probes, the metrics and the cluster status, cheap reads with which a supervisor or an
@@ -119,15 +119,27 @@ const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"];
 
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
-/// member forwards pass (the connection is closed after a refusal: a member's requests are
-/// not refused, so that one was not a member's); probes and the cluster status (`GET`,
+/// member forwards pass (the connection is closed after a refusal only an outsider gets);
+/// probes and the cluster status (`GET`,
 /// [`OBSERVATION`]) are answered and the connection closed; anything else is answered 503
 /// `overloaded` and the connection closed. Closing frees the reserve for the members.
 async fn members_only(request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    if path.starts_with("/raft/") || request.headers().contains_key(FORWARDED_BY) {
+    let raft = path.starts_with("/raft/");
+    if raft || request.headers().contains_key(FORWARDED_BY) {
         let mut response = next.run(request).await;
-        if response.status().is_client_error() {
+        // A `/raft` route refuses only what no member sends (a bad message, another cluster or
+        // node, a body too large or too slow), and the token layer refuses outsiders; a
+        // forwarded client request may well be refused (404, 409) by its handler.
+        let status = response.status();
+        let outsider = (raft && status.is_client_error())
+            || matches!(
+                status,
+                StatusCode::UNAUTHORIZED
+                    | StatusCode::REQUEST_TIMEOUT
+                    | StatusCode::PAYLOAD_TOO_LARGE
+            );
+        if outsider {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -48,6 +48,7 @@ impl Writer {
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
         match self.node.route(&cmd)? {
             Some((leader_id, addr)) if !self.forwarded => {
+                let term = self.node.term();
                 let sent = self
                     .batcher
                     .send(ForwardTo { leader_id, addr }, cmd.clone())
@@ -58,11 +59,8 @@ impl Writer {
                 // The leader this node knew did nothing with the write (it no longer leads, or
                 // could not be reached: a hand-over, a crash): it goes once more, to the leader
                 // this node learns of next, within two election timeouts.
-                match self
-                    .node
-                    .next_leader(leader_id, self.node.config().election_timeout() * 2)
-                    .await
-                {
+                let within = self.node.config().election_timeout() * 2;
+                match self.node.next_leader(leader_id, term, within).await {
                     Some(Some((leader_id, addr))) => {
                         self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
                     }

@@ -728,12 +728,57 @@ async fn a_member_moves_to_a_new_address() {
     let client = Client {
         http: reqwest::Client::new(),
     };
+    let put = |addr: &str| json!({ "addr": addr });
+
+    // While node 2 still answers at its old address, no other process is taken for it, even
+    // one that holds this cluster's id: two processes answering for one member could vote
+    // twice in a term.
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy = start(2, &copy_dir).await;
+    copy.node
+        .accept_cluster(leader.node.cluster_id().unwrap())
+        .await
+        .unwrap();
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&copy.addr)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("still answers at its old address"),
+        "{v}"
+    );
+    copy.node.shutdown().await.unwrap();
+    drop(copy);
 
     // Node 2 restarts from its data dir on another port.
     learner.node.shutdown().await.unwrap();
     drop(learner);
     let moved = start(2, &dir).await;
-    let put = |addr: &str| json!({ "addr": addr });
+    // Node 2 no longer answers at its old address; still, a server that is no metaserver node
+    // (it answers 404 to everything) is not taken for it.
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_addr = plain.local_addr().unwrap().to_string();
+    let plain_task = tokio::spawn(async move {
+        axum::serve(plain, axum::Router::new()).await.unwrap();
+    });
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/cluster/members/2",
+            Some(put(&plain_addr)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    plain_task.abort();
     // A bound socket that does not listen: connections to its port are refused.
     let refused = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();

@@ -15,6 +15,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs until the membership names this node at `addr`, the node is no member, or it stops.
 pub async fn follow(node: MetaNode, token: Token, addr: String) {
+    // A node listening on all interfaces without --advertise has no address to give (it warns
+    // at start); asking to be moved to 0.0.0.0 would be refused for ever.
+    if addr
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+    {
+        return;
+    }
     let id = node.id();
     let client = reqwest::Client::new();
     let mut backoff = Duration::from_millis(500);
@@ -51,6 +59,11 @@ pub async fn follow(node: MetaNode, token: Token, addr: String) {
                 Err(e) => tracing::debug!(%askee, "asking to be moved: {e}"),
             }
         }
+        tracing::warn!(
+            %old, new = %addr,
+            "no member has moved this node to its new address yet; asking again in {backoff:?} \
+             (RUST_LOG=metaserver=debug shows each answer)"
+        );
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = node.closing() => return,

@@ -132,23 +132,26 @@ impl MetaNode {
 
     /// Moves member `id` to `addr` (it was restarted there): the members send it their messages
     /// there from when the change is committed. The caller has made sure that node `id` of this
-    /// cluster answers at `addr` (`meta-http` asks it), which is what keeps this safe: a wrong
-    /// address would give another process the member's vote. [`Error::NotFound`] if `id` is no
-    /// member, [`Error::Conflict`] if another member has `addr`; no change if it has it already.
+    /// cluster, holding its data, answers at `addr` and no longer at its old address (`meta-http`
+    /// asks both), which is what keeps this safe: a wrong address would give another process
+    /// the member's vote. Another member the membership still names at `addr` is therefore
+    /// stale (two members that swapped addresses move one after the other); messages to it are
+    /// refused there until it moves too. [`Error::NotFound`] if `id` is no member; no change if
+    /// it is at `addr` already; on a node that does not know itself the leader, a forward or
+    /// [`Error::NoLeader`] (openraft would add an id it does not know as a new member).
     pub async fn change_address(&self, id: NodeId, addr: String) -> Result<()> {
         self.check_open()?;
         self.forward_if_follower()?;
         if addr.is_empty() {
             return Err(Error::InvalidArgument("the address is empty".into()));
         }
-        if let Some(m) = self.leader_view() {
-            let membership = m.membership_config.membership();
-            match membership.get_node(&id) {
-                None => return Err(Error::NotFound(format!("node {id} is not a member"))),
-                Some(known) if known.addr == addr => return Ok(()),
-                Some(_) => {}
-            }
-            check_address_free(membership, id, &addr)?;
+        let Some(m) = self.leader_view() else {
+            return Err(self.no_leader());
+        };
+        match m.membership_config.membership().get_node(&id) {
+            None => return Err(Error::NotFound(format!("node {id} is not a member"))),
+            Some(known) if known.addr == addr => return Ok(()),
+            Some(_) => {}
         }
         let raft = &self.inner.raft;
         let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);

@@ -91,25 +91,36 @@ impl MetaNode {
         Ok(self.leader_to_forward_to())
     }
 
-    /// Waits, at most `within`, for this node to know a leader other than `stale` (which
-    /// refused a forwarded write: it no longer leads, or could not be reached): another node
+    /// This node's current term.
+    pub fn term(&self) -> u64 {
+        self.inner.raft.metrics().borrow_watched().current_term
+    }
+
+    /// Waits, at most `within`, for this node to know a leader other than `stale`, which led
+    /// in `term` as far as this node knew and refused a forwarded write (it no longer leads,
+    /// or could not be reached): another node, or the same one elected again in a later term
     /// (`Some(Some((id, addr)))`), this node (`Some(None)`: write here), or `None` if none is
     /// known in time.
     pub async fn next_leader(
         &self,
         stale: NodeId,
+        term: u64,
         within: Duration,
     ) -> Option<Option<(NodeId, String)>> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            {
+            let later = {
                 let metrics = self.inner.raft.metrics();
                 let m = metrics.borrow_watched();
                 if m.state == openraft::ServerState::Leader {
                     return Some(None);
                 }
-            }
-            if let Some((id, addr)) = self.leader_to_forward_to().filter(|(id, _)| *id != stale) {
+                m.current_term > term
+            };
+            if let Some((id, addr)) = self
+                .leader_to_forward_to()
+                .filter(|(id, _)| *id != stale || later)
+            {
                 return Some(Some((id, addr)));
             }
             self.await_metrics_change(deadline).await.ok()?;

@@ -141,9 +141,10 @@ pub async fn remove_learner(
 }
 
 /// `PUT /v1/cluster/members/{id}` `{"addr":"host:port"}`: moves a member to a new address
-/// (it was restarted there; a member does this itself, see `address_keeper.rs`). Node `id` of
-/// this cluster must answer at the new address (409 otherwise): another process there would
-/// get the member's vote. Returns once the change is committed.
+/// (it was restarted there; a member asks for this itself, see the binary's `relocation.rs`).
+/// Node `id` of this cluster, holding its data, must answer at the new address, and no longer
+/// at its old one (409 otherwise): two processes answering for one member could vote twice in
+/// a term. Returns once the change is committed.
 pub async fn change_address(
     _: NoQuery,
     State(state): State<AppState>,
@@ -152,14 +153,18 @@ pub async fn change_address(
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     validate_addr(&body.addr)?;
     // Asked again by the leader when this node forwards the request: cheap, and rare.
-    cluster_identity::confirm(
-        state.forwarder.client(),
-        &state.token,
-        &state.node.config().cluster_id,
-        id,
-        &body.addr,
-    )
-    .await?;
+    let (client, token) = (state.forwarder.client(), &state.token);
+    let cluster = &state.node.config().cluster_id;
+    cluster_identity::confirm(client, token, cluster, id, &body.addr).await?;
+    let old = state.node.status().nodes.get(&id).cloned();
+    if let Some(old) = old.filter(|old| *old != body.addr) {
+        if cluster_identity::answers_as(client, token, cluster, id, &old).await {
+            return Err(ApiError::Conflict(format!(
+                "node {id} still answers at its old address {old}: stop it there first (two \
+                 processes answering for one member could vote twice)"
+            )));
+        }
+    }
     state.node.change_address(id, body.addr).await?;
     Ok(axum::Json(membership(&state)))
 }
