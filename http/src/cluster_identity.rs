@@ -152,12 +152,7 @@ pub async fn confirm(
 ) -> Result<(), ApiError> {
     match ask(client, token, cluster, id, addr, true).await {
         Some(Ok(answer)) => {
-            let answered = answer
-                .headers()
-                .get(IDENTITY)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if answer.status() == reqwest::StatusCode::NO_CONTENT && answered == Some(id) {
+            if is_node(&answer, id) {
                 return Ok(());
             }
             refusal(answer, addr).await?;
@@ -183,16 +178,20 @@ pub async fn answers_as(
     addr: &str,
 ) -> bool {
     match ask(client, token, cluster, id, addr, true).await {
-        Some(Ok(answer)) => {
-            answer.status() == reqwest::StatusCode::NO_CONTENT
-                && answer
-                    .headers()
-                    .get(IDENTITY)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v == id.to_string())
-        }
+        Some(Ok(answer)) => is_node(&answer, id),
         _ => false,
     }
+}
+
+/// Whether an answer to [`PATH_IDENTITY`] is node `id`'s consent: 204 with its id.
+fn is_node(answer: &reqwest::Response, id: u64) -> bool {
+    answer.status() == reqwest::StatusCode::NO_CONTENT
+        && answer
+            .headers()
+            .get(IDENTITY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            == Some(id)
 }
 
 /// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster (one that belongs to it

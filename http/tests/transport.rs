@@ -94,6 +94,18 @@ impl Client {
     }
 }
 
+/// Starts node 1 as a cluster of its own and waits until it leads.
+async fn start_alone(dir: &TempDir) -> Server {
+    let leader = start(1, dir).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    leader
+}
+
 /// The server whose node leads.
 fn the_leader(servers: &BTreeMap<u64, Server>) -> &Server {
     servers
@@ -490,13 +502,7 @@ async fn an_unreachable_peer_is_retried_with_backoff() {
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
-    let leader = start(1, &dir).await;
-    leader
-        .node
-        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
-        .await
-        .unwrap();
-    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let leader = start_alone(&dir).await;
 
     let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead_addr = dead.local_addr().unwrap().to_string();
@@ -634,13 +640,7 @@ async fn a_removed_learner_is_told_by_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_cannot_be_two_members() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = start(1, &dir).await;
-    leader
-        .node
-        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
-        .await
-        .unwrap();
-    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let leader = start_alone(&dir).await;
     let other = start(2, &dir).await;
     let honest = start(3, &dir).await;
     let client = Client {
@@ -707,13 +707,7 @@ async fn one_process_cannot_be_two_members() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_moves_to_a_new_address() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = start(1, &dir).await;
-    leader
-        .node
-        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
-        .await
-        .unwrap();
-    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let leader = start_alone(&dir).await;
     let learner = start(2, &dir).await;
     leader
         .node
