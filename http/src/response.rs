@@ -158,7 +158,8 @@ pub struct WalView {
 pub struct ClusterView {
     /// This node's id.
     pub id: u64,
-    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    /// `leader`, `leader_without_quorum`, `follower`, `candidate`, `learner`, `uninitialized`,
+    /// `removed` or `shutdown`.
     pub role: String,
     /// The leader's id, if known.
     pub leader_id: Option<u64>,
@@ -189,6 +190,21 @@ pub struct ClusterView {
     pub datanodes: u64,
     /// Registered shard replicas.
     pub replicas: u64,
+    /// Each member's progress as the leader sees it, by id (on the leader only; empty on the
+    /// others): what to watch before promoting a learner, or to find a member that is down.
+    #[serde(default)]
+    pub replication: BTreeMap<u64, ReplicationView>,
+}
+
+/// One member's progress, as the leader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationView {
+    /// The highest log index known to be on it (`None`: nothing yet).
+    pub matched: Option<u64>,
+    /// How many entries it is behind the leader's last.
+    pub lag: u64,
+    /// Milliseconds since it last answered the leader (`None`: never).
+    pub heard_ms: Option<u64>,
 }
 
 /// `POST /v1/cluster/init`, `POST /v1/cluster/learners`, `PUT /v1/cluster/voters`.

@@ -608,6 +608,30 @@ async fn a_removed_learner_is_told_by_the_leader() {
         "the learner joins",
     )
     .await;
+    // The leader's view shows how far the learner is, and when it last answered.
+    wait_for(
+        || {
+            leader
+                .node
+                .status()
+                .replication
+                .iter()
+                .any(|r| r.node == 4 && r.matched.is_some() && r.heard_ms.is_some())
+        },
+        "the leader hears from the learner",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, leader, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["replication"]["4"]["matched"].is_u64(), "{v}");
+    assert!(v["replication"]["4"]["heard_ms"].is_u64(), "{v}");
+    assert!(v["replication"]["4"]["lag"].is_u64(), "{v}");
+    assert!(
+        v["replication"].get(leader.node.id().to_string()).is_none(),
+        "{v}"
+    );
 
     let (status, v) = client
         .send(

@@ -17,7 +17,9 @@ use crate::request::{
     validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, InitBody,
     ReadQuery,
 };
-use crate::response::{ClusterView, ConfigView, MembershipView, SnapshotView, WalView};
+use crate::response::{
+    ClusterView, ConfigView, MembershipView, ReplicationView, SnapshotView, WalView,
+};
 use crate::state::AppState;
 
 /// The role's name in the API.
@@ -65,6 +67,19 @@ impl From<ClusterStatus> for ClusterView {
             },
             datanodes: s.datanodes,
             replicas: s.replicas,
+            replication: s
+                .replication
+                .into_iter()
+                .filter(|r| r.node != s.id)
+                .map(|r| {
+                    let view = ReplicationView {
+                        matched: r.matched,
+                        lag: r.lag,
+                        heard_ms: r.heard_ms,
+                    };
+                    (r.node, view)
+                })
+                .collect(),
         }
     }
 }
