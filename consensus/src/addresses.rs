@@ -16,14 +16,10 @@ use crate::types::NodeId;
 pub struct Addresses(Arc<RwLock<BTreeMap<NodeId, String>>>);
 
 impl Addresses {
-    /// Member `id`'s address, if the membership names it.
-    pub fn get(&self, id: NodeId) -> Option<String> {
-        self.0.read().get(&id).cloned()
-    }
-
-    /// Whether member `id` is at `addr` (no copy: the transport asks before every message).
-    pub fn is_at(&self, id: NodeId, addr: &str) -> Option<bool> {
-        self.0.read().get(&id).map(|a| a == addr)
+    /// Member `id`'s address if the membership names it at another than `addr` (it moved);
+    /// copies nothing otherwise: the transport asks before every message.
+    pub fn moved_from(&self, id: NodeId, addr: &str) -> Option<String> {
+        self.0.read().get(&id).filter(|a| *a != addr).cloned()
     }
 
     /// Replaces every address with those of a membership.

@@ -392,13 +392,7 @@ impl MetaNode {
             Role::Removed
         } else if lost_quorum {
             Role::LeaderWithoutQuorum
-        } else if m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .next()
-            .is_none()
-        {
+        } else if membership.voter_ids().next().is_none() {
             Role::Uninitialized
         } else {
             Role::from(m.state)

@@ -41,6 +41,15 @@ pub fn header_value(cluster: &ClusterId) -> Option<String> {
     cluster.get().map(|id| format!("{id:016x}"))
 }
 
+/// The cluster id a [`CLUSTER`] header value names; `None` if it is not one.
+pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .filter(|id| *id != 0)
+}
+
 /// Middleware of the `/raft` routes: refuses a message of another cluster (first: it says
 /// more), then one for another node, and only then lets a node that knows no cluster yet adopt
 /// the sender's.
@@ -48,12 +57,7 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
     let theirs = match request.headers().get(CLUSTER) {
         // Sent by a node that knows no cluster (a fresh node's vote request).
         None => None,
-        Some(value) => match value
-            .to_str()
-            .ok()
-            .and_then(|v| u64::from_str_radix(v, 16).ok())
-            .filter(|id| *id != 0)
-        {
+        Some(value) => match parse(value) {
             Some(id) => Some(id),
             None => {
                 return ApiError::invalid("bad_rpc", "the cluster id header is not a hex id")
@@ -122,64 +126,102 @@ pub async fn identity(State(node): State<MetaNode>) -> Response {
         .into_response()
 }
 
-/// Asks the node at `addr` whether it may join this node's cluster as node `id`:
-/// [`ApiError::OtherCluster`] if it answers that it belongs to another, [`ApiError::WrongNode`]
-/// if it is another node, [`ApiError::Conflict`] if it refuses this cluster's token. `Ok` if it
-/// may, or if it cannot be asked (a node may be added before it is started).
-pub async fn probe(
-    client: &reqwest::Client,
+/// Adds what every request from this node to another member carries: the token, this
+/// cluster's id once it is known, and the addressee (`to`).
+pub fn addressed(
+    request: reqwest::RequestBuilder,
     token: &Token,
     cluster: &ClusterId,
-    id: u64,
-    addr: &str,
-) -> Result<(), ApiError> {
-    match ask(client, token, cluster, id, addr, false).await {
-        Some(Ok(answer)) => refusal(answer, addr).await,
-        _ => Ok(()),
+    to: u64,
+) -> reqwest::RequestBuilder {
+    let mut request = request.header(TO, to.to_string());
+    if let Some(value) = token.header_value() {
+        request = request.header(axum::http::header::AUTHORIZATION, value);
+    }
+    match header_value(cluster) {
+        Some(value) => request.header(CLUSTER, value),
+        None => request,
     }
 }
 
-/// Like [`probe`], but node `id` must answer at `addr`, as a node that belongs to this cluster
-/// already (a member's new address is only taken from the member itself, restarted there
-/// from its data): [`ApiError::Conflict`] if nothing answers there, [`ApiError::WrongNode`] if
-/// a new node with that id does. Two processes answering for one member could vote twice.
-pub async fn confirm(
-    client: &reqwest::Client,
-    token: &Token,
-    cluster: &ClusterId,
-    id: u64,
-    addr: &str,
-) -> Result<(), ApiError> {
-    match ask(client, token, cluster, id, addr, true).await {
-        Some(Ok(answer)) => {
-            if is_node(&answer, id) {
-                return Ok(());
-            }
-            refusal(answer, addr).await?;
-            Err(ApiError::Conflict(format!(
-                "what answers at {addr} is not node {id} of this cluster"
-            )))
+/// How a node's admin handlers speak to another node as members of one cluster (asking its
+/// identity, telling it it was removed): the connection pool, the token and the cluster's id.
+#[derive(Clone, Copy)]
+pub struct MemberLink<'a> {
+    pub client: &'a reqwest::Client,
+    pub token: &'a Token,
+    pub cluster: &'a ClusterId,
+}
+
+impl MemberLink<'_> {
+    /// `POST path` at `addr` for node `id`; `None` while this node knows no cluster id.
+    pub fn post(&self, id: u64, addr: &str, path: &str) -> Option<reqwest::RequestBuilder> {
+        self.cluster.get()?;
+        let request = self
+            .client
+            .post(format!("http://{addr}{path}"))
+            .timeout(std::time::Duration::from_secs(5));
+        Some(addressed(request, self.token, self.cluster, id))
+    }
+
+    /// Asks the node at `addr` whether it may join this cluster as node `id`:
+    /// [`ApiError::OtherCluster`] if it answers that it belongs to another,
+    /// [`ApiError::WrongNode`] if it is another node, [`ApiError::Conflict`] if it refuses this
+    /// cluster's token. `Ok` if it may, or if it cannot be asked (a node may be added before it
+    /// is started).
+    pub async fn probe(&self, id: u64, addr: &str) -> Result<(), ApiError> {
+        match self.ask(id, addr, false).await {
+            Some(Ok(answer)) => refusal(answer, addr).await,
+            _ => Ok(()),
         }
-        Some(Err(e)) => Err(ApiError::Conflict(format!(
-            "node {id} does not answer at {addr} ({e}): start it there first"
-        ))),
-        None => Err(ApiError::Conflict(
-            "this node knows no cluster id to ask with".into(),
-        )),
     }
-}
 
-/// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
-pub async fn answers_as(
-    client: &reqwest::Client,
-    token: &Token,
-    cluster: &ClusterId,
-    id: u64,
-    addr: &str,
-) -> bool {
-    match ask(client, token, cluster, id, addr, true).await {
-        Some(Ok(answer)) => is_node(&answer, id),
-        _ => false,
+    /// Like [`MemberLink::probe`], but node `id` must answer at `addr`, as a node that belongs
+    /// to this cluster already (a member's new address is only taken from the member itself,
+    /// restarted there from its data): [`ApiError::Conflict`] if nothing answers there,
+    /// [`ApiError::WrongNode`] if a new node with that id does. Two processes answering for one
+    /// member could vote twice.
+    pub async fn confirm(&self, id: u64, addr: &str) -> Result<(), ApiError> {
+        match self.ask(id, addr, true).await {
+            Some(Ok(answer)) => {
+                if is_node(&answer, id) {
+                    return Ok(());
+                }
+                refusal(answer, addr).await?;
+                Err(ApiError::Conflict(format!(
+                    "what answers at {addr} is not node {id} of this cluster"
+                )))
+            }
+            Some(Err(e)) => Err(ApiError::Conflict(format!(
+                "node {id} does not answer at {addr} ({e}): start it there first"
+            ))),
+            None => Err(ApiError::Conflict(
+                "this node knows no cluster id to ask with".into(),
+            )),
+        }
+    }
+
+    /// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
+    pub async fn answers_as(&self, id: u64, addr: &str) -> bool {
+        match self.ask(id, addr, true).await {
+            Some(Ok(answer)) => is_node(&answer, id),
+            _ => false,
+        }
+    }
+
+    /// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster (one that belongs to
+    /// it already, if `member_only`); `None` while this node knows no cluster id.
+    async fn ask(
+        &self,
+        id: u64,
+        addr: &str,
+        member_only: bool,
+    ) -> Option<reqwest::Result<reqwest::Response>> {
+        let mut request = self.post(id, addr, PATH_IDENTITY)?;
+        if member_only {
+            request = request.header(MEMBER_ONLY, "1");
+        }
+        Some(request.send().await)
     }
 }
 
@@ -192,31 +234,6 @@ fn is_node(answer: &reqwest::Response, id: u64) -> bool {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             == Some(id)
-}
-
-/// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster (one that belongs to it
-/// already, if `member_only`); `None` while this node knows no cluster id.
-async fn ask(
-    client: &reqwest::Client,
-    token: &Token,
-    cluster: &ClusterId,
-    id: u64,
-    addr: &str,
-    member_only: bool,
-) -> Option<reqwest::Result<reqwest::Response>> {
-    let ours = header_value(cluster)?;
-    let mut request = client
-        .post(format!("http://{addr}{PATH_IDENTITY}"))
-        .timeout(std::time::Duration::from_secs(5))
-        .header(CLUSTER, ours)
-        .header(TO, id.to_string());
-    if member_only {
-        request = request.header(MEMBER_ONLY, "1");
-    }
-    if let Some(value) = token.header_value() {
-        request = request.header(axum::http::header::AUTHORIZATION, value);
-    }
-    Some(request.send().await)
 }
 
 /// What an answer to [`PATH_IDENTITY`] refuses, if anything: 401 (another token) and 409

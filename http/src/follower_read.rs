@@ -271,14 +271,14 @@ impl FromRequestParts<AppState> for ReplayedReadIndex {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let ours = cluster_identity::header_value(&state.node.config().cluster_id);
-        let member = ours.is_some_and(|ours| {
-            parts
-                .headers
-                .get(cluster_identity::CLUSTER)
-                .is_some_and(|v| v.as_bytes() == ours.as_bytes())
-        });
-        if !member || !parts.headers.contains_key(FORWARDED_BY) {
+        if !parts.headers.contains_key(FORWARDED_BY) {
+            return Ok(ReplayedReadIndex(None));
+        }
+        let theirs = parts
+            .headers
+            .get(cluster_identity::CLUSTER)
+            .and_then(cluster_identity::parse);
+        if theirs.is_none() || theirs != state.node.config().cluster_id.get() {
             return Ok(ReplayedReadIndex(None));
         }
         Ok(ReplayedReadIndex(

@@ -233,10 +233,7 @@ impl HttpConnection {
     /// Takes the target's address from the membership if it moved since this connection was
     /// made. Called before every message.
     fn follow_move(&mut self) {
-        if self.addresses.is_at(self.target, &self.addr) != Some(false) {
-            return;
-        }
-        let Some(addr) = self.addresses.get(self.target) else {
+        let Some(addr) = self.addresses.moved_from(self.target, &self.addr) else {
             return;
         };
         tracing::info!(target_node = self.target, from = %self.addr, to = %addr, "member moved");
@@ -250,14 +247,8 @@ impl HttpConnection {
             Some(url) if path == PATH_APPEND => self.client.post(url.clone()),
             _ => self.client.post(format!("{}{}", self.base, path)),
         };
-        let mut request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
-        if let Some(value) = self.token.header_value() {
-            request = request.header(reqwest::header::AUTHORIZATION, value);
-        }
-        if let Some(value) = cluster_identity::header_value(&self.cluster) {
-            request = request.header(cluster_identity::CLUSTER, value);
-        }
-        request.header(cluster_identity::TO, self.target.to_string())
+        let request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
+        cluster_identity::addressed(request, &self.token, &self.cluster, self.target)
     }
 
     /// Maps a failed exchange; see [`rpc_error`].

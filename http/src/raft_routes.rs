@@ -25,7 +25,7 @@ use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
 use meta_consensus::{rpc_bounds, MetaNode, Removal, TypeConfig, Vote};
-use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
+use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
@@ -108,14 +108,30 @@ fn bad_rpc(e: impl std::fmt::Display) -> Response {
     ApiError::invalid("bad_rpc", format!("undecodable Raft RPC: {e}")).into_response()
 }
 
+/// Decodes a Raft message and checks it against the bounds of terms and indexes (`check`);
+/// `Err` says why it is refused.
+fn decode_message<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    check: fn(&T) -> meta_consensus::Result<()>,
+) -> Result<T, String> {
+    let rpc = codec::decode(bytes).map_err(|e| format!("undecodable Raft RPC: {e}"))?;
+    check(&rpc).map_err(|e| format!("refused Raft RPC: {e}"))?;
+    Ok(rpc)
+}
+
+/// [`decode_message`] for a route: `Err` is 400 `bad_rpc`.
+fn decode<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    check: fn(&T) -> meta_consensus::Result<()>,
+) -> Result<T, ApiError> {
+    decode_message(body, check).map_err(|e| ApiError::invalid("bad_rpc", e))
+}
+
 async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
-    let rpc: AppendEntriesRequest<TypeConfig> = match codec::decode(&body) {
+    let rpc = match decode(&body, rpc_bounds::check_append) {
         Ok(rpc) => rpc,
-        Err(e) => return bad_rpc(e),
+        Err(refused) => return refused.into_response(),
     };
-    if let Err(e) = rpc_bounds::check_append(&rpc) {
-        return bad_rpc(e);
-    }
     reply(
         node.raft()
             .append_entries(rpc)
@@ -133,17 +149,7 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
     let refused: Arc<Mutex<Option<String>>> = Arc::default();
     let note = refused.clone();
     let requests = frames(body.into_data_stream(), MAX_RAFT_BODY_BYTES)
-        .map(|frame| {
-            frame.and_then(|f| {
-                codec::decode::<AppendEntriesRequest<TypeConfig>>(&f)
-                    .map_err(|e| format!("undecodable Raft RPC: {e}"))
-                    .and_then(|rpc| {
-                        rpc_bounds::check_append(&rpc)
-                            .map(|()| rpc)
-                            .map_err(|e| format!("refused Raft RPC: {e}"))
-                    })
-            })
-        })
+        .map(|frame| frame.and_then(|f| decode_message(&f, rpc_bounds::check_append)))
         .take_while(move |r| {
             if let Err(e) = r {
                 tracing::warn!("append stream from the leader refused: {e}");
@@ -178,33 +184,26 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
 }
 
 async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
-    let rpc: VoteRequest<TypeConfig> = match codec::decode(&body) {
-        Ok(rpc) => rpc,
-        Err(e) => return bad_rpc(e),
-    };
-    if let Err(e) = rpc_bounds::check_vote_request(&rpc) {
-        return bad_rpc(e);
-    }
-    let removal = node.removal_of(&rpc);
-    with_removal(
-        removal,
-        reply(node.vote(rpc).await.map_err(|e| e.to_string())),
-    )
+    answer_vote(&node, &body, false).await
 }
 
 async fn pre_vote(State(node): State<MetaNode>, body: Bytes) -> Response {
-    let rpc: VoteRequest<TypeConfig> = match codec::decode(&body) {
+    answer_vote(&node, &body, true).await
+}
+
+/// Answers a vote (or pre-vote) request, with the candidate's removal notice if it has one.
+async fn answer_vote(node: &MetaNode, body: &[u8], pre: bool) -> Response {
+    let rpc: VoteRequest<TypeConfig> = match decode(body, rpc_bounds::check_vote_request) {
         Ok(rpc) => rpc,
-        Err(e) => return bad_rpc(e),
+        Err(refused) => return refused.into_response(),
     };
-    if let Err(e) = rpc_bounds::check_vote_request(&rpc) {
-        return bad_rpc(e);
-    }
     let removal = node.removal_of(&rpc);
-    with_removal(
-        removal,
-        reply(node.pre_vote(rpc).await.map_err(|e| e.to_string())),
-    )
+    let answer = if pre {
+        node.pre_vote(rpc).await
+    } else {
+        node.vote(rpc).await
+    };
+    with_removal(removal, reply(answer.map_err(|e| e.to_string())))
 }
 
 /// The route a leader posts a removal notice to (`Removal::encode`'s form as the body) after a
@@ -243,13 +242,10 @@ fn with_removal(removal: Option<Removal>, mut response: Response) -> Response {
 }
 
 async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response {
-    let rpc: TransferLeaderRequest<TypeConfig> = match codec::decode(&body) {
+    let rpc: TransferLeaderRequest<TypeConfig> = match decode(&body, rpc_bounds::check_transfer) {
         Ok(rpc) => rpc,
-        Err(e) => return bad_rpc(e),
+        Err(refused) => return refused.into_response(),
     };
-    if let Err(e) = rpc_bounds::check_transfer(&rpc) {
-        return bad_rpc(e);
-    }
     reply(
         node.raft()
             .handle_transfer_leader(rpc)

@@ -120,9 +120,9 @@ const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"
 
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
 /// member forwards pass (the connection is closed after a refusal only an outsider gets);
-/// probes and the cluster status (`GET`,
-/// [`OBSERVATION`]) are answered and the connection closed; anything else is answered 503
-/// `overloaded` and the connection closed. Closing frees the reserve for the members.
+/// probes and the cluster status (`GET`, [`OBSERVATION`]) are answered and the connection
+/// closed; anything else is answered 503 `overloaded` and the connection closed. Closing frees
+/// the reserve for the members.
 async fn members_only(request: Request, next: Next) -> Response {
     let path = request.uri().path();
     let raft = path.starts_with("/raft/");

@@ -69,6 +69,15 @@ impl AppState {
         }
     }
 
+    /// How the handlers speak to another node as a member of this one's cluster.
+    pub fn member_link(&self) -> crate::cluster_identity::MemberLink<'_> {
+        crate::cluster_identity::MemberLink {
+            client: self.forwarder.client(),
+            token: &self.token,
+            cluster: &self.node.config().cluster_id,
+        }
+    }
+
     /// At most `slots` watches wait at once; more are refused with 503 `overloaded`.
     pub fn with_watch_slots(mut self, slots: usize) -> Self {
         self.watch_slots = Arc::new(tokio::sync::Semaphore::new(slots));

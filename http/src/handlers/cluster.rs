@@ -8,7 +8,6 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use meta_consensus::{ClusterStatus, Node, Role};
 
-use crate::cluster_identity;
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
@@ -127,14 +126,7 @@ pub async fn add_learner(
     body.validate()?;
     // A node of another cluster, or another node at that address, would refuse every message
     // once added: say so now.
-    cluster_identity::probe(
-        state.forwarder.client(),
-        &state.token,
-        &state.node.config().cluster_id,
-        body.id,
-        &body.addr,
-    )
-    .await?;
+    state.member_link().probe(body.id, &body.addr).await?;
     state
         .node
         .add_learner(body.id, Node::new(body.addr))
@@ -168,12 +160,11 @@ pub async fn change_address(
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     validate_addr(&body.addr)?;
     // Asked again by the leader when this node forwards the request: cheap, and rare.
-    let (client, token) = (state.forwarder.client(), &state.token);
-    let cluster = &state.node.config().cluster_id;
-    cluster_identity::confirm(client, token, cluster, id, &body.addr).await?;
+    let link = state.member_link();
+    link.confirm(id, &body.addr).await?;
     let old = state.node.status().nodes.get(&id).cloned();
     if let Some(old) = old.filter(|old| *old != body.addr) {
-        if cluster_identity::answers_as(client, token, cluster, id, &old).await {
+        if link.answers_as(id, &old).await {
             return Err(ApiError::Conflict(format!(
                 "node {id} still answers at its old address {old}: stop it there first (two \
                  processes answering for one member could vote twice)"
@@ -203,24 +194,15 @@ pub async fn change_voters(
 /// it would not learn of its removal from the log. Best effort: a node that misses it still
 /// learns it from the members' answers to its vote requests, except a learner.
 fn tell_the_removed(state: &AppState, before: BTreeMap<u64, String>) {
-    let Some(cluster) = cluster_identity::header_value(&state.node.config().cluster_id) else {
-        return;
-    };
+    let link = state.member_link();
     for (id, addr) in before {
         let Some(removal) = state.node.removal_for(id) else {
             continue;
         };
-        let mut request = state
-            .forwarder
-            .client()
-            .post(format!("http://{addr}{PATH_REMOVED}"))
-            .timeout(std::time::Duration::from_secs(5))
-            .header(cluster_identity::CLUSTER, cluster.clone())
-            .header(cluster_identity::TO, id.to_string())
-            .body(removal.encode());
-        if let Some(value) = state.token.header_value() {
-            request = request.header(header::AUTHORIZATION, value);
-        }
+        let Some(request) = link.post(id, &addr, PATH_REMOVED) else {
+            return;
+        };
+        let request = request.body(removal.encode());
         tokio::spawn(async move {
             match request.send().await {
                 Ok(r) if r.status().is_success() => tracing::info!(id, "told node it was removed"),
