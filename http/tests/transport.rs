@@ -70,6 +70,12 @@ struct Client {
 }
 
 impl Client {
+    fn new() -> Self {
+        Client {
+            http: reqwest::Client::new(),
+        }
+    }
+
     async fn send(
         &self,
         method: reqwest::Method,
@@ -547,9 +553,7 @@ async fn an_unreachable_peer_is_retried_with_backoff() {
 async fn a_removed_follower_is_told_over_http() {
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster(&dir).await;
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
     let leader = the_leader(&servers);
     let removed_id = *servers.keys().find(|id| **id != leader.node.id()).unwrap();
     let others = servers.keys().copied().filter(|id| *id != removed_id);
@@ -590,9 +594,7 @@ async fn a_removed_learner_is_told_by_the_leader() {
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster(&dir).await;
     let learner = start(4, &dir).await;
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
     let leader = the_leader(&servers);
     let (status, v) = client
         .send(
@@ -667,9 +669,7 @@ async fn one_process_cannot_be_two_members() {
     let leader = start_alone(&dir).await;
     let other = start(2, &dir).await;
     let honest = start(3, &dir).await;
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
 
     let (status, v) = client
         .send(
@@ -743,9 +743,7 @@ async fn a_member_moves_to_a_new_address() {
         "the learner joins",
     )
     .await;
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
     let put = |addr: &str| json!({ "addr": addr });
 
     // While node 2 still answers at its old address, no other process is taken for it, even
