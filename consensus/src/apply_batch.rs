@@ -201,6 +201,9 @@ impl ApplyBatch {
                 self.deregister_shards(index, *datanode, shards)
             }
             Command::RemoveDatanode { id } => self.remove_datanode(index, *id),
+            Command::PruneReplicas { datanode, epoch } => {
+                self.prune_replicas(index, *datanode, *epoch)
+            }
             Command::Put {
                 key,
                 value,
@@ -275,7 +278,12 @@ impl ApplyBatch {
             let held = bucket.iter().any(|e| e.datanode == datanode);
             match find(bucket, s.id, datanode) {
                 Ok(i) if s.generation < bucket[i].replica.generation => stale.push(s.id),
-                Ok(i) if bucket[i].replica == new => unchanged += 1,
+                Ok(i) if same_content(&bucket[i].replica, &new) => {
+                    // At most the incarnation differs: kept for a prune, invisible to readers
+                    // and watchers, so a restart storm of unchanged replicas changes nothing.
+                    bucket[i].replica.epoch = epoch;
+                    unchanged += 1;
+                }
                 Ok(i) => {
                     bucket[i].replica = new;
                     accepted += 1;
@@ -363,6 +371,44 @@ impl ApplyBatch {
             }
         }
         Ok(set.into_iter().collect())
+    }
+
+    /// Drops the replicas of `datanode` registered before incarnation `epoch` (every replica
+    /// a batch of that incarnation registered or re-registered carries `epoch`).
+    fn prune_replicas(&mut self, index: u64, datanode: u64, epoch: u64) -> Result<CommandResult> {
+        let dkey = keys::datanode(datanode);
+        let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
+            return Ok(CommandResult::UnknownDatanode { id: datanode });
+        };
+        if dn.epoch != epoch {
+            return Ok(CommandResult::Fenced {
+                current_epoch: dn.epoch,
+            });
+        }
+        let mut gone = Vec::new();
+        for b in self.buckets_of(datanode)? {
+            let bucket = self.bucket(b)?;
+            let before = gone.len();
+            bucket.retain(|e| {
+                let old = e.datanode == datanode && e.replica.epoch < epoch;
+                if old {
+                    gone.push(e.shard);
+                }
+                !old
+            });
+            if gone.len() > before {
+                self.index(datanode, b, true)?;
+            }
+        }
+        let removed = gone.len() as u64;
+        if removed > 0 {
+            dn.shards = dn.shards.saturating_sub(removed);
+            self.replicas = self.replicas.saturating_sub(removed);
+            self.put(&dkey, &dn)?;
+            let shards = gone;
+            self.changed(index, Change::ReplicasRemoved { datanode, shards });
+        }
+        Ok(CommandResult::ShardsDeregistered { removed })
     }
 
     fn remove_datanode(&mut self, index: u64, id: u64) -> Result<CommandResult> {
@@ -478,6 +524,11 @@ impl ApplyBatch {
         }
         Ok(writes)
     }
+}
+
+/// Whether two records of a replica say the same to a reader (generation and size).
+fn same_content(a: &ReplicaRecord, b: &ReplicaRecord) -> bool {
+    (a.generation, a.size) == (b.generation, b.size)
 }
 
 fn decode_opt<T: serde::de::DeserializeOwned>(

@@ -50,6 +50,11 @@ pub enum Command {
         addr: String,
         min_epoch: u64,
     },
+    /// Ends a full report: drops every replica of `datanode` that incarnation `epoch` has not
+    /// registered (its `RegisterShards` batches under `epoch` were the whole of what it holds).
+    /// Fenced like a batch when `epoch` is not the datanode's current epoch; the result is
+    /// `ShardsDeregistered`.
+    PruneReplicas { datanode: u64, epoch: u64 },
 }
 
 impl Command {
@@ -88,6 +93,9 @@ impl fmt::Display for Command {
                 shards.len()
             ),
             Command::RemoveDatanode { id } => write!(f, "RemoveDatanode({id})"),
+            Command::PruneReplicas { datanode, epoch } => {
+                write!(f, "PruneReplicas(datanode {datanode}, epoch {epoch})")
+            }
             Command::Put {
                 key, if_revision, ..
             } => write!(f, "Put({key:?}, if {if_revision:?})"),
@@ -108,8 +116,9 @@ pub enum CommandResult {
         id: u64,
         epoch: u64,
     },
-    /// `accepted` replicas were written, `unchanged` were identical re-registrations and the
-    /// ids in `stale` carried a generation lower than the stored one.
+    /// `accepted` replicas were new or changed, `unchanged` were re-registrations with the
+    /// stored generation and size (their epoch is brought up to the batch's, which readers do
+    /// not see) and the ids in `stale` carried a generation lower than the stored one.
     ShardsRegistered {
         accepted: u64,
         unchanged: u64,

@@ -211,7 +211,9 @@ fn weight(e: &Entry) -> usize {
     match &e.payload {
         EntryPayload::Normal(Command::RegisterShards { shards, .. }) => shards.len() * 2 + 1,
         EntryPayload::Normal(Command::DeregisterShards { shards, .. }) => shards.len() * 2 + 1,
-        EntryPayload::Normal(Command::RemoveDatanode { .. }) => HEAVY_ENTRY_OPS,
+        EntryPayload::Normal(Command::RemoveDatanode { .. } | Command::PruneReplicas { .. }) => {
+            HEAVY_ENTRY_OPS
+        }
         // Commits the deferred batch at once, however large: not on the async runtime.
         EntryPayload::Membership(_) => HEAVY_ENTRY_OPS + 1,
         _ => 1,

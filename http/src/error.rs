@@ -31,14 +31,14 @@ pub enum ApiError {
     /// The route exists but not with this method (405).
     #[error("method not allowed for this path")]
     MethodNotAllowed,
-    /// A shard batch carried an epoch that is not the datanode's current one (409).
+    /// A shard batch or a prune carried an epoch that is not the datanode's current one (409).
     #[error(
-        "datanode {datanode}: batch epoch {epoch} is fenced, the current epoch is {current_epoch}"
+        "datanode {datanode}: epoch {epoch} is fenced (not the current incarnation), the current epoch is {current_epoch}"
     )]
     Fenced {
-        /// The datanode the batch was for.
+        /// The datanode the request was for.
         datanode: u64,
-        /// The epoch the batch carried.
+        /// The epoch the request carried.
         epoch: u64,
         /// The datanode's current epoch.
         current_epoch: u64,

@@ -67,6 +67,14 @@ pub struct RegisterShardsBody {
     pub shards: Vec<ShardBody>,
 }
 
+/// Body of `POST /v1/datanodes/{id}/prune`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneBody {
+    /// The incarnation whose report is complete: the datanode's current epoch.
+    pub epoch: u64,
+}
+
 /// Deserializes `T` from a JSON object only.
 ///
 /// serde's derived structs also accept a JSON array of the fields in order; the API does not,
@@ -592,7 +600,7 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::DeregisterShards { shards, .. } => {
             validate_shard_ids(shards.iter().copied(), shards.len())
         }
-        Command::RemoveDatanode { .. } => Ok(()),
+        Command::RemoveDatanode { .. } | Command::PruneReplicas { .. } => Ok(()),
         Command::Put { key, value, .. } => {
             validate_new_key(key)?;
             validate_value(value)

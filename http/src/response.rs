@@ -49,7 +49,8 @@ pub struct DatanodeRemoved {
 pub struct ShardsRegistered {
     /// Replicas that were new or changed.
     pub accepted: u64,
-    /// Replicas registered before exactly as given.
+    /// Replicas registered before with this generation and size (by this incarnation or an
+    /// earlier one; either way they now count as reported by this one, for a prune).
     pub unchanged: u64,
     /// Shard ids refused because a higher generation is registered.
     pub stale: Vec<u64>,
@@ -57,10 +58,10 @@ pub struct ShardsRegistered {
     pub index: u64,
 }
 
-/// `DELETE /v1/datanodes/{id}/shards/{shard}`.
+/// `DELETE /v1/datanodes/{id}/shards/{shard}` and `POST /v1/datanodes/{id}/prune`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardsDeregistered {
-    /// Replicas removed (1).
+    /// Replicas removed (1 for a single replica).
     pub removed: u64,
     /// Log index of the removal.
     pub index: u64,

@@ -38,6 +38,7 @@ fn admin_routes() -> Router<AppState> {
             "/v1/datanodes/{id}/shards",
             post(datanodes::register_shards).get(datanodes::list_shards),
         )
+        .route("/v1/datanodes/{id}/prune", post(datanodes::prune))
         .route(
             "/v1/datanodes/{id}/shards/{shard}",
             axum::routing::delete(datanodes::deregister_shard),

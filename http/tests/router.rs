@@ -189,6 +189,80 @@ async fn datanodes_and_shards() {
     assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
 }
 
+/// A datanode that restarts reports every replica it holds under its new epoch, then prunes:
+/// what it no longer holds is gone, what it reported stays, other datanodes are untouched.
+#[tokio::test]
+async fn a_full_report_ends_with_a_prune() {
+    let t = leader_node(None).await;
+    let register = |datanode: u64, epoch: u64, ids: &[u64]| {
+        let shards: Vec<_> = ids
+            .iter()
+            .map(|&id| json!({"id": id, "generation": 1, "size": 10}))
+            .collect();
+        (
+            format!("/v1/datanodes/{datanode}/shards"),
+            json!({"epoch": epoch, "shards": shards}).to_string(),
+        )
+    };
+    let old = t.register_datanode(7).await;
+    let other = t.register_datanode(8).await;
+    for (path, body) in [register(7, old, &[1, 2, 3]), register(8, other, &[2])] {
+        let a = t.send(Method::POST, &path, body).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+
+    // The restart: a new incarnation that holds 1 and 4 only.
+    let epoch = t.register_datanode(7).await;
+    let (path, body) = register(7, epoch, &[1, 4]);
+    let a = t.send(Method::POST, &path, body).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    // The former incarnation cannot prune.
+    let before = t.digest().await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/datanodes/7/prune",
+            json!({"epoch": old}).to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "fenced");
+    assert_eq!(t.digest().await, before);
+
+    let prune = json!({"epoch": epoch}).to_string();
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/prune", prune.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["removed"], 2);
+    let index = a.json()["index"].as_u64().unwrap();
+    assert!(index > epoch);
+    let held: Vec<u64> = all_pages(&t, "/v1/datanodes/7/shards", 100)
+        .await
+        .iter()
+        .map(|s| s["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(held, [1, 4]);
+    assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 2);
+    assert_eq!(
+        t.get("/v1/shards/2").await.json(),
+        json!({"id":2,"replicas":[{"datanode":8,"generation":1,"size":10}]})
+    );
+    assert_eq!(t.get("/v1/shards/3").await.status, StatusCode::NOT_FOUND);
+    // The watch names what went.
+    let a = t
+        .get(&format!("/v1/watch?after={}&wait_ms=0", index - 1))
+        .await;
+    assert_eq!(
+        a.json()["events"],
+        json!([{"index": index, "kind": "replicas_removed", "datanode": 7, "shards": [2, 3]}])
+    );
+    // Pruning again drops nothing.
+    let a = t.send(Method::POST, "/v1/datanodes/7/prune", prune).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["removed"], 0);
+}
+
 /// Follows `next` cursors until the end, returning the shard items in order.
 async fn all_pages(t: &common::TestNode, path: &str, limit: u64) -> Vec<Value> {
     let mut items = Vec::new();

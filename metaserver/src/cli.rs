@@ -198,6 +198,10 @@ pub struct RegisterArgs {
     /// JSON: `[{"id":..,"generation":..,"size":..},..]` or `{"epoch":E,"shards":[..]}`.
     #[arg(long)]
     pub file: PathBuf,
+    /// The file completes the datanode's report under its epoch: afterwards drop every replica
+    /// of the datanode that no batch of that epoch registered (the file may then be empty).
+    #[arg(long)]
+    pub prune: bool,
 }
 
 /// `snapshot` subcommands.

@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::ShardBody;
-use meta_http::response::{ClusterView, DatanodeView, ShardPage, ShardsRegistered, WatchPage};
+use meta_http::response::{
+    ClusterView, DatanodeView, ShardPage, ShardsDeregistered, ShardsRegistered, WatchPage,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -223,7 +225,8 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
 }
 
 /// `metaserver register --datanode N --file shards.json`: registers the shards in batches of
-/// at most 10,000 under the datanode's current epoch (or the file's).
+/// at most 10,000 under the datanode's current epoch (or the file's); with `--prune`, then
+/// drops the datanode's replicas that no batch of that epoch registered.
 pub async fn register(args: RegisterArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
     let text = std::fs::read_to_string(&args.file)
@@ -249,7 +252,7 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
             (datanode.epoch, shards)
         }
     };
-    if shards.is_empty() {
+    if shards.is_empty() && !args.prune {
         bail!("{} lists no shards", args.file.display());
     }
     let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
@@ -271,16 +274,27 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         unchanged += result.unchanged;
         stale.extend(result.stale);
     }
-    println!(
-        "{}",
-        serde_json::json!({
-            "datanode": args.datanode,
-            "epoch": epoch,
-            "accepted": accepted,
-            "unchanged": unchanged,
-            "stale": stale,
-        })
-    );
+    let mut out = serde_json::json!({
+        "datanode": args.datanode,
+        "epoch": epoch,
+        "accepted": accepted,
+        "unchanged": unchanged,
+        "stale": stale,
+    });
+    if args.prune {
+        let response = op
+            .send(
+                op.request(
+                    reqwest::Method::POST,
+                    &format!("/v1/datanodes/{}/prune", args.datanode),
+                )
+                .json(&serde_json::json!({ "epoch": epoch })),
+            )
+            .await?;
+        let result: ShardsDeregistered = response.json().await.context("decoding the answer")?;
+        out["pruned"] = result.removed.into();
+    }
+    println!("{out}");
     Ok(())
 }
 

@@ -264,6 +264,48 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         .unwrap();
     assert_eq!(status, 200, "the first server still serves");
 
+    // Datanode 7 restarts holding shards 1 and 3 only: a new incarnation, its full report from
+    // a file, and the prune drops 2 and 4.
+    let addr = base.trim_start_matches("http://").to_owned();
+    register_datanode(&http, &base, 7, None).await;
+    std::fs::write(
+        &file,
+        r#"[{"id":1,"generation":1,"size":10},{"id":3,"generation":1,"size":30}]"#,
+    )
+    .unwrap();
+    let (ok, out, err) = run(
+        &[
+            "register",
+            "--server",
+            &addr,
+            "--datanode",
+            "7",
+            "--file",
+            file.to_str().unwrap(),
+            "--prune",
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["accepted"].clone(), v["pruned"].clone()),
+        (json!(2), json!(2)),
+        "{out}"
+    );
+    let (ok, out, err) = run(&["shards", "--server", &addr, "--datanode", "7"], &[]).await;
+    assert!(ok, "{err}");
+    let ids: Vec<u64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, [1, 3]);
+
     server.signal(libc::SIGINT);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
 

@@ -491,3 +491,138 @@ fn each_command_records_what_it_changed_and_nothing_else() {
     assert_eq!(run(15, remove.clone()), one(15, gone));
     assert_eq!(run(16, remove), vec![], "already gone");
 }
+
+#[test]
+fn a_prune_drops_only_what_the_current_incarnation_has_not_registered() {
+    let (_dir, reg) = registry();
+    let dn = |id| Command::RegisterDatanode {
+        id,
+        addr: "a:1".into(),
+    };
+    let register = |datanode, epoch, ids: &[u64]| Command::RegisterShards {
+        datanode,
+        epoch,
+        shards: ids.iter().map(|&i| report(i, 1)).collect(),
+    };
+    let prune = |datanode, epoch| Command::PruneReplicas { datanode, epoch };
+    // Datanode 1 (epoch 1) holds 5, 6 and 70 (bucket 1); datanode 2 (epoch 2) holds 5 and 6.
+    apply(
+        &reg,
+        1,
+        &[
+            dn(1),
+            dn(2),
+            register(1, 1, &[5, 6, 70]),
+            register(2, 2, &[5, 6]),
+        ],
+    );
+    // Datanode 1 restarts (epoch 10) and reports 5 only.
+    let r = apply(
+        &reg,
+        10,
+        &[
+            dn(1),
+            prune(1, 1),
+            register(1, 10, &[5]),
+            prune(1, 10),
+            prune(1, 10),
+            prune(3, 1),
+        ],
+    );
+    assert_eq!(r[1], CommandResult::Fenced { current_epoch: 10 });
+    assert_eq!(
+        r[2],
+        CommandResult::ShardsRegistered {
+            accepted: 0,
+            unchanged: 1,
+            stale: vec![]
+        },
+        "a replica reported again under a new epoch is unchanged to readers"
+    );
+    assert_eq!(r[3], CommandResult::ShardsDeregistered { removed: 2 });
+    assert_eq!(r[4], CommandResult::ShardsDeregistered { removed: 0 });
+    assert_eq!(r[5], CommandResult::UnknownDatanode { id: 3 });
+
+    let holders = |shard| -> Vec<u64> {
+        reg.shard(shard)
+            .unwrap()
+            .map(|s| s.replicas.iter().map(|r| r.datanode).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(holders(5), vec![1, 2]);
+    assert_eq!(holders(6), vec![2], "the other datanode's replica stays");
+    assert!(holders(70).is_empty());
+    assert_eq!(reg.datanode(1).unwrap().unwrap().shards, 1);
+    assert_eq!(reg.datanode(2).unwrap().unwrap().shards, 2);
+    assert_eq!(reg.current().replica_count().unwrap(), 3);
+    // The index forgets bucket 1 for datanode 1, keeps bucket 0.
+    let indexed: Vec<(u64, u64)> = reg
+        .current()
+        .tree
+        .scan_prefix([keys::BY_DATANODE])
+        .keys()
+        .map(|k| keys::two_ids(&k.unwrap()).unwrap())
+        .collect();
+    assert_eq!(indexed, vec![(1, 0), (2, 0)]);
+    let mine: Vec<u64> = reg
+        .datanode_shards(1, None, 100)
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.shard)
+        .collect();
+    assert_eq!(mine, vec![5]);
+}
+
+#[test]
+fn a_prune_records_the_replicas_it_dropped() {
+    let (_dir, reg) = registry();
+    let g = reg.current();
+    let mut b = ApplyBatch::new(g.tree.clone(), 0);
+    let mut run = |index: u64, c: Command| {
+        b.execute(index, &c).unwrap();
+        b.take_changes()
+    };
+    let dn = || Command::RegisterDatanode {
+        id: 1,
+        addr: "a:1".into(),
+    };
+    run(1, dn());
+    run(
+        2,
+        Command::RegisterShards {
+            datanode: 1,
+            epoch: 1,
+            shards: vec![report(200, 1), report(3, 1), report(100, 1)],
+        },
+    );
+    run(3, dn());
+    // Reported again by the new incarnation, unchanged: no event, and the prune keeps it.
+    let again = Command::RegisterShards {
+        datanode: 1,
+        epoch: 3,
+        shards: vec![report(100, 1)],
+    };
+    assert_eq!(run(4, again), vec![]);
+    let prune = Command::PruneReplicas {
+        datanode: 1,
+        epoch: 3,
+    };
+    let removed = Change::ReplicasRemoved {
+        datanode: 1,
+        shards: vec![3, 200],
+    };
+    assert_eq!(
+        run(5, prune.clone()),
+        vec![ChangeEvent {
+            index: 5,
+            change: removed
+        }]
+    );
+    assert_eq!(run(6, prune), vec![], "nothing left to drop");
+    let fenced = Command::PruneReplicas {
+        datanode: 1,
+        epoch: 1,
+    };
+    assert_eq!(run(7, fenced), vec![]);
+}

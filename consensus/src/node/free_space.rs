@@ -32,7 +32,10 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
 fn adds_data(cmd: &Command) -> bool {
     !matches!(
         cmd,
-        Command::Delete { .. } | Command::DeregisterShards { .. } | Command::RemoveDatanode { .. }
+        Command::Delete { .. }
+            | Command::DeregisterShards { .. }
+            | Command::RemoveDatanode { .. }
+            | Command::PruneReplicas { .. }
     )
 }
 
@@ -81,6 +84,10 @@ mod tests {
             addr: "a:1".into()
         }));
         assert!(!adds_data(&Command::RemoveDatanode { id: 1 }));
+        assert!(!adds_data(&Command::PruneReplicas {
+            datanode: 1,
+            epoch: 1
+        }));
         assert!(!adds_data(&Command::Delete {
             key: "k".into(),
             if_revision: None

@@ -1,5 +1,6 @@
 //! `/v1/datanodes...`: register, list, read and remove datanodes; register and deregister
-//! their shard replicas; list a datanode's shards.
+//! their shard replicas, and end a full report by pruning what it left out; list a datanode's
+//! shards.
 
 use axum::extract::State;
 use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
@@ -8,7 +9,7 @@ use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
-use crate::request::{PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
+use crate::request::{PageQuery, PruneBody, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
     DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage, ShardsDeregistered,
     ShardsRegistered,
@@ -166,6 +167,37 @@ pub async fn deregister_shard(
             removed,
             index: written.index,
         })),
+        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `POST /v1/datanodes/{id}/prune` `{"epoch":E}`: the batches of incarnation `E` were all the
+/// datanode holds; drops its replicas that none of them registered. 409 `fenced` when `E` is
+/// not its current epoch, 404 if it is unknown.
+pub async fn prune(
+    _: NoQuery,
+    writer: Writer,
+    Path(Id(id)): Path<Id>,
+    Json(body): Json<PruneBody>,
+) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
+    let epoch = body.epoch;
+    let written = writer
+        .write(Command::PruneReplicas {
+            datanode: id,
+            epoch,
+        })
+        .await?;
+    match written.result {
+        CommandResult::ShardsDeregistered { removed } => Ok(axum::Json(ShardsDeregistered {
+            removed,
+            index: written.index,
+        })),
+        CommandResult::Fenced { current_epoch } => Err(ApiError::Fenced {
+            datanode: id,
+            epoch,
+            current_epoch,
+        }),
         CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
         other => Err(unexpected(other)),
     }
