@@ -65,6 +65,11 @@ struct DatanodeReply {
     epoch: u64,
 }
 
+#[derive(Deserialize)]
+struct PruneReply {
+    removed: u64,
+}
+
 #[derive(Serialize)]
 struct ShardsBody<'a> {
     epoch: u64,
@@ -119,6 +124,20 @@ impl Api {
             .send()
             .await;
         Self::json(&url, resp).await
+    }
+
+    /// `POST /v1/datanodes/{id}/prune`: ends a full report under `epoch`; returns how many
+    /// replicas were dropped.
+    pub async fn prune(&self, base: &str, datanode: u64, epoch: u64) -> Result<u64, CallError> {
+        let url = format!("{base}/v1/datanodes/{datanode}/prune");
+        let resp = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "epoch": epoch }))
+            .send()
+            .await;
+        let reply: PruneReply = Self::json(&url, resp).await?;
+        Ok(reply.removed)
     }
 
     /// A GET whose body is read and dropped; returns the status. Used for the admin read probes.

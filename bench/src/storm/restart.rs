@@ -1,6 +1,10 @@
 //! The restart storm: every datanode registers itself and then all its shards in batches, all
 //! datanodes at once, while admin reads run; measures time to register everything, request latency,
 //! admin-read latency, peak RSS of each server and the leader's WAL records per barrier.
+//!
+//! The same storm runs twice on one cluster: first into an empty registry ([`Pass::Fresh`]), then
+//! again into the full one ([`Pass::Again`]): every datanode comes back having lost one replica in
+//! [`LOST_EVERY`], reports the rest under a new epoch and prunes, as after a whole-cluster restart.
 
 use std::time::{Duration, Instant};
 
@@ -22,14 +26,41 @@ pub(super) const BATCH_DEADLINE: Duration = Duration::from_secs(120);
 /// Replicas per shard in the generated layout: datanodes 1-3 hold shards of group 0, 4-6 group 1, ...
 const REPLICATION: u64 = 3;
 
+/// One replica in this many is gone when the datanodes come back in [`Pass::Again`].
+pub(super) const LOST_EVERY: u64 = 100;
+
+/// Which storm of a cluster this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Into an empty registry: every replica is new.
+    Fresh,
+    /// Into the registry the fresh storm filled: every datanode registers again, reports what it
+    /// still holds (all but one replica in [`LOST_EVERY`], each unchanged) and prunes the rest.
+    Again,
+}
+
+impl Pass {
+    /// Whether the datanode still holds its `k`-th shard in this pass.
+    fn holds(self, k: u64) -> bool {
+        self == Pass::Fresh || k % LOST_EVERY != LOST_EVERY - 1
+    }
+}
+
 /// The measurements of one storm.
 #[derive(Clone, Debug)]
 pub struct StormPoint {
     pub arm: Arm,
     pub round: usize,
+    pub pass: Pass,
     pub datanodes: u64,
+    /// Replicas reported.
     pub replicas: u64,
-    /// From the first request to the last acknowledged batch.
+    /// Replicas the prunes dropped (none in the fresh pass).
+    pub pruned: u64,
+    /// Latency of the prunes (again pass only).
+    pub prune_p50_ms: Option<f64>,
+    pub prune_p99_ms: Option<f64>,
+    /// From the first request to the last acknowledged batch (and prune).
     pub seconds: f64,
     pub per_sec: f64,
     /// Latency of the shard-batch requests.
@@ -61,6 +92,8 @@ pub struct StormPoint {
 struct DatanodeTally {
     latencies_ms: Vec<f64>,
     retries: u64,
+    pruned: u64,
+    prune_ms: Option<f64>,
     finished: Instant,
 }
 
@@ -70,6 +103,7 @@ pub struct StormWorkload<'a> {
     pub api: &'a Api,
     pub arm: Arm,
     pub round: usize,
+    pub pass: Pass,
     pub datanodes: u64,
     pub shards_per_datanode: u64,
     pub batch: u64,
@@ -81,7 +115,10 @@ pub struct StormWorkload<'a> {
 impl StormWorkload<'_> {
     /// Runs the storm; `bar` counts registered replicas.
     pub async fn run(&mut self, bar: &ProgressBar) -> Result<StormPoint> {
-        let replicas = self.datanodes * self.shards_per_datanode;
+        let held = (0..self.shards_per_datanode)
+            .filter(|&k| self.pass.holds(k))
+            .count() as u64;
+        let replicas = self.datanodes * held;
         let bases = self.cluster.bases_leader_first();
         let leader = self.cluster.leader();
         let leader_base = self.cluster.base(leader).to_string();
@@ -111,12 +148,15 @@ impl StormWorkload<'_> {
                     datanode,
                     self.shards_per_datanode,
                     self.batch,
+                    self.pass,
                     bar.clone(),
                 )))
             })
             .collect::<Result<_>>()?;
         let mut latencies = Vec::with_capacity((replicas / self.batch + 1) as usize);
         let mut retries = 0;
+        let mut pruned = 0;
+        let mut prune_ms = Vec::new();
         let mut finished = start;
         let mut failure = None;
         for t in tasks {
@@ -124,6 +164,8 @@ impl StormWorkload<'_> {
                 Ok(tally) => {
                     latencies.extend(tally.latencies_ms);
                     retries += tally.retries;
+                    pruned += tally.pruned;
+                    prune_ms.extend(tally.prune_ms);
                     finished = finished.max(tally.finished);
                 }
                 Err(e) => failure = failure.or(Some(e)),
@@ -180,8 +222,12 @@ impl StormWorkload<'_> {
         Ok(StormPoint {
             arm: self.arm,
             round: self.round,
+            pass: self.pass,
             datanodes: self.datanodes,
             replicas,
+            pruned,
+            prune_p50_ms: (!prune_ms.is_empty()).then(|| percentile(&mut prune_ms, 0.50)),
+            prune_p99_ms: (!prune_ms.is_empty()).then(|| percentile(&mut prune_ms, 0.99)),
             seconds,
             per_sec: replicas as f64 / seconds,
             p50_ms: percentile(&mut latencies, 0.50),
@@ -204,13 +250,15 @@ impl StormWorkload<'_> {
     }
 }
 
-/// One datanode coming back: registers itself (new epoch), then its shards batch after batch.
+/// One datanode coming back: registers itself (new epoch), then the shards it holds batch after
+/// batch; in [`Pass::Again`], then prunes.
 async fn datanode_storm(
     api: Api,
     base: String,
     datanode: u64,
     shards: u64,
     batch: u64,
+    pass: Pass,
     bar: ProgressBar,
 ) -> Result<DatanodeTally> {
     let epoch = register_datanode(&api, &base, datanode).await?;
@@ -218,44 +266,76 @@ async fn datanode_storm(
     let mut tally = DatanodeTally {
         latencies_ms: Vec::with_capacity(shards.div_ceil(batch) as usize),
         retries: 0,
+        pruned: 0,
+        prune_ms: None,
         finished: Instant::now(),
     };
-    let mut specs = Vec::with_capacity(batch as usize);
-    let mut next = 0;
-    while next < shards {
-        let n = batch.min(shards - next);
-        specs.clear();
-        specs.extend((next..next + n).map(|k| ShardSpec {
+    let held: Vec<ShardSpec> = (0..shards)
+        .filter(|&k| pass.holds(k))
+        .map(|k| ShardSpec {
             id: first_shard + k,
             generation: 1,
             size: (64 << 20) + k,
-        }));
-        let deadline = Instant::now() + BATCH_DEADLINE;
-        loop {
-            let sent = Instant::now();
-            match api.register_shards(&base, datanode, epoch, &specs).await {
-                Ok(reply) => {
-                    if !reply.stale.is_empty() || reply.accepted + reply.unchanged != n {
-                        bail!("datanode {datanode}: batch of {n} answered {reply:?}");
-                    }
-                    tally.latencies_ms.push(sent.elapsed().as_secs_f64() * 1e3);
-                    break;
-                }
-                Err(CallError::Retryable(e)) if Instant::now() < deadline => {
-                    tally.retries += 1;
-                    if tally.retries == 1 {
-                        bar.suspend(|| {
-                            eprintln!("storm: datanode {datanode} retries a batch: {e}")
-                        });
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => bail!("datanode {datanode}: register a batch of {n}: {e}"),
-            }
+        })
+        .collect();
+    for specs in held.chunks(batch as usize) {
+        let n = specs.len() as u64;
+        let (reply, ms) = retried(&bar, datanode, &mut tally, "register a batch", || {
+            api.register_shards(&base, datanode, epoch, specs)
+        })
+        .await?;
+        tally.latencies_ms.push(ms);
+        let changed = match pass {
+            Pass::Fresh => 0,
+            Pass::Again => reply.accepted,
+        };
+        if !reply.stale.is_empty() || reply.accepted + reply.unchanged != n || changed != 0 {
+            bail!("datanode {datanode}: batch of {n} answered {reply:?} ({pass:?})");
         }
         bar.inc(n);
-        next += n;
+    }
+    if pass == Pass::Again {
+        // A prune sent again after a lost answer drops nothing more: the registry's count is
+        // what the run checks.
+        let (pruned, ms) = retried(&bar, datanode, &mut tally, "prune", || {
+            api.prune(&base, datanode, epoch)
+        })
+        .await?;
+        tally.pruned = pruned;
+        tally.prune_ms = Some(ms);
     }
     tally.finished = Instant::now();
     Ok(tally)
+}
+
+/// Sends a request until it is answered (retrying what may succeed later, for up to
+/// [`BATCH_DEADLINE`]); returns the answer and the answered attempt's latency in ms.
+async fn retried<T, F, Fut>(
+    bar: &ProgressBar,
+    datanode: u64,
+    tally: &mut DatanodeTally,
+    what: &str,
+    mut call: F,
+) -> Result<(T, f64)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
+{
+    let deadline = Instant::now() + BATCH_DEADLINE;
+    loop {
+        let sent = Instant::now();
+        match call().await {
+            Ok(reply) => {
+                return Ok((reply, sent.elapsed().as_secs_f64() * 1e3));
+            }
+            Err(CallError::Retryable(e)) if Instant::now() < deadline => {
+                tally.retries += 1;
+                if tally.retries == 1 {
+                    bar.suspend(|| eprintln!("storm: datanode {datanode} retries ({what}): {e}"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => bail!("datanode {datanode}: {what}: {e}"),
+        }
+    }
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::chart::{self, Series};
 use super::options::Arm;
 use super::reads::{self, ReadPoint};
-use super::restart::StormPoint;
+use super::restart::{Pass, StormPoint, LOST_EVERY};
 use super::single::SinglePoint;
 use crate::report::{median, out_dir, print_table, write_json};
 
@@ -16,6 +16,8 @@ use crate::report::{median, out_dir, print_table, write_json};
 pub struct Results {
     pub single: Vec<SinglePoint>,
     pub storm: Vec<StormPoint>,
+    /// The storms again into the full registry, after each of `storm` (with prunes).
+    pub again: Vec<StormPoint>,
     pub reads: Vec<ReadPoint>,
 }
 
@@ -38,6 +40,82 @@ fn median_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 /// The largest peak RSS over the members of one run.
 fn max_rss(p: &StormPoint) -> f64 {
     p.peak_rss_mib.iter().map(|r| r.1).fold(0.0, f64::max)
+}
+
+/// Prints one row per storm run.
+fn print_storm_runs(points: &[StormPoint]) {
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            let rss = p
+                .peak_rss_mib
+                .iter()
+                .map(|(id, r)| format!("{id}:{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            vec![
+                (p.round + 1).to_string(),
+                p.arm.name().into(),
+                format!("{}x{}", p.datanodes, p.replicas / p.datanodes),
+                f(p.seconds, 2),
+                f(p.per_sec, 0),
+                f(p.p50_ms, 1),
+                f(p.p99_ms, 1),
+                match p.pass {
+                    Pass::Fresh => "-".into(),
+                    Pass::Again => format!(
+                        "{} ({} / {})",
+                        p.pruned,
+                        opt(p.prune_p50_ms, 1),
+                        opt(p.prune_p99_ms, 1)
+                    ),
+                },
+                format!(
+                    "{} / {}",
+                    f(p.admin_shard_p50_ms, 2),
+                    f(p.admin_shard_p99_ms, 2)
+                ),
+                format!(
+                    "{} / {}",
+                    f(p.admin_cluster_p50_ms, 2),
+                    f(p.admin_cluster_p99_ms, 2)
+                ),
+                format!(
+                    "{} ({} reads, {} failed, {} skipped)",
+                    f(p.admin_p99_ms, 2),
+                    p.admin_reads,
+                    p.admin_errors,
+                    p.admin_skipped
+                ),
+                rss,
+                opt(p.records_per_barrier, 2),
+                format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
+                p.retries.to_string(),
+                if p.verified { "yes" } else { "NO" }.into(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "round",
+            "arm",
+            "datanodes x shards",
+            "seconds",
+            "replicas/s",
+            "batch p50 ms",
+            "batch p99 ms",
+            "pruned (prune p50/p99 ms)",
+            "GET shard p50/p99 ms",
+            "GET cluster p50/p99 ms",
+            "admin p99 ms",
+            "peak RSS MiB by node",
+            "records/barrier",
+            "client / servers cores",
+            "retries",
+            "count ok",
+        ],
+        &rows,
+    );
 }
 
 /// Medians of the single-shard workload for one arm and client count.
@@ -160,70 +238,15 @@ impl Results {
         }
         if !self.storm.is_empty() {
             println!("\n### Restart storm, every run\n");
-            let rows: Vec<Vec<String>> = self
-                .storm
-                .iter()
-                .map(|p| {
-                    let rss = p
-                        .peak_rss_mib
-                        .iter()
-                        .map(|(id, r)| format!("{id}:{r:.0}"))
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    vec![
-                        (p.round + 1).to_string(),
-                        p.arm.name().into(),
-                        format!("{}x{}", p.datanodes, p.replicas / p.datanodes),
-                        f(p.seconds, 2),
-                        f(p.per_sec, 0),
-                        f(p.p50_ms, 1),
-                        f(p.p99_ms, 1),
-                        format!(
-                            "{} / {}",
-                            f(p.admin_shard_p50_ms, 2),
-                            f(p.admin_shard_p99_ms, 2)
-                        ),
-                        format!(
-                            "{} / {}",
-                            f(p.admin_cluster_p50_ms, 2),
-                            f(p.admin_cluster_p99_ms, 2)
-                        ),
-                        format!(
-                            "{} ({} reads, {} failed, {} skipped)",
-                            f(p.admin_p99_ms, 2),
-                            p.admin_reads,
-                            p.admin_errors,
-                            p.admin_skipped
-                        ),
-                        rss,
-                        opt(p.records_per_barrier, 2),
-                        format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
-                        p.retries.to_string(),
-                        if p.verified { "yes" } else { "NO" }.into(),
-                    ]
-                })
-                .collect();
-            print_table(
-                &[
-                    "round",
-                    "arm",
-                    "datanodes x shards",
-                    "seconds",
-                    "replicas/s",
-                    "batch p50 ms",
-                    "batch p99 ms",
-                    "GET shard p50/p99 ms",
-                    "GET cluster p50/p99 ms",
-                    "admin p99 ms",
-                    "peak RSS MiB by node",
-                    "records/barrier",
-                    "client / servers cores",
-                    "retries",
-                    "count ok",
-                ],
-                &rows,
-            );
+            print_storm_runs(&self.storm);
             self.print_storm_medians();
+        }
+        if !self.again.is_empty() {
+            println!(
+                "\n### Restart storm again, into the full registry: every datanode registers again, \
+                 reports all but one replica in {LOST_EVERY} (each unchanged) and prunes the rest\n"
+            );
+            print_storm_runs(&self.again);
         }
         if !self.reads.is_empty() {
             reads::print(&self.reads);
@@ -474,8 +497,12 @@ mod tests {
         StormPoint {
             arm,
             round,
+            pass: Pass::Fresh,
             datanodes: 10,
             replicas: 1000,
+            pruned: 0,
+            prune_p50_ms: None,
+            prune_p99_ms: None,
             seconds,
             per_sec: 1000.0 / seconds,
             p50_ms: 1.0,
@@ -507,6 +534,7 @@ mod tests {
                 single(Arm::Own, 1, 1, 70.0),
             ],
             storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0)],
+            again: Vec::new(),
             reads: Vec::new(),
         };
         let json = results.json();
