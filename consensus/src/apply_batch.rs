@@ -20,10 +20,15 @@ use crate::records::{
 use crate::types::{LogId, StoredMembership};
 
 /// A pending write: encoded bytes, or a decoded replica bucket kept decoded until the batch
-/// is committed, so that many changes to one bucket cost one decode and one encode.
+/// is committed, so that many changes to one bucket cost one decode and one encode. A bucket
+/// keeps the bytes it was read from: one that encodes to them again is not written (a command
+/// that only looked, like a prune that found nothing to drop, costs no write).
 enum Pending {
     Raw(Option<Vec<u8>>),
-    Replicas(ReplicaBucket),
+    Replicas {
+        bucket: ReplicaBucket,
+        stored: Option<sled::IVec>,
+    },
 }
 
 /// The writes of one batch, in key order: `None` deletes the key.
@@ -76,7 +81,7 @@ impl ApplyBatch {
         match self.pending.get(key) {
             None => Ok(None),
             Some(Pending::Raw(v)) => decode_opt(v.as_deref(), what).map(Some),
-            Some(Pending::Replicas(_)) => Err(Error::Raft(format!(
+            Some(Pending::Replicas { .. }) => Err(Error::Raft(format!(
                 "{what}: pending value of another kind"
             ))),
         }
@@ -85,7 +90,7 @@ impl ApplyBatch {
     /// Bucket `b` as the batch writes it, if it does.
     pub(crate) fn pending_bucket(&self, b: u64) -> Option<ReplicaBucket> {
         match self.pending.get(&keys::replica_bucket(b)[..]) {
-            Some(Pending::Replicas(bucket)) => Some(bucket.clone()),
+            Some(Pending::Replicas { bucket, .. }) => Some(bucket.clone()),
             Some(Pending::Raw(_)) | None => None,
         }
     }
@@ -151,12 +156,14 @@ impl ApplyBatch {
     fn bucket(&mut self, b: u64) -> Result<&mut ReplicaBucket> {
         let key = keys::replica_bucket(b);
         if !self.pending.contains_key(&key[..]) {
+            let stored = self.tree_get(&key)?;
             let bucket: ReplicaBucket =
-                decode_opt(self.tree_get(&key)?.as_deref(), "replica bucket")?.unwrap_or_default();
-            self.pending.insert(key.to_vec(), Pending::Replicas(bucket));
+                decode_opt(stored.as_deref(), "replica bucket")?.unwrap_or_default();
+            self.pending
+                .insert(key.to_vec(), Pending::Replicas { bucket, stored });
         }
         match self.pending.get_mut(&key[..]) {
-            Some(Pending::Replicas(b)) => Ok(b),
+            Some(Pending::Replicas { bucket, .. }) => Ok(bucket),
             _ => Err(Error::Raft("replica bucket pending as another kind".into())),
         }
     }
@@ -517,8 +524,16 @@ impl ApplyBatch {
         for (k, v) in self.pending {
             let value = match v {
                 Pending::Raw(v) => v,
-                Pending::Replicas(b) if b.is_empty() => None,
-                Pending::Replicas(b) => Some(codec::encode(&b).map_err(enc)?),
+                Pending::Replicas { bucket, stored } => {
+                    let value = match bucket.is_empty() {
+                        true => None,
+                        false => Some(codec::encode(&bucket).map_err(enc)?),
+                    };
+                    if value.as_deref() == stored.as_deref() {
+                        continue;
+                    }
+                    value
+                }
             };
             writes.push((k, value));
         }

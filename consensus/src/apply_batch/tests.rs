@@ -626,3 +626,48 @@ fn a_prune_records_the_replicas_it_dropped() {
     };
     assert_eq!(run(7, fenced), vec![]);
 }
+
+#[test]
+fn a_bucket_that_did_not_change_is_not_written() {
+    let (_dir, reg) = registry();
+    let dn = Command::RegisterDatanode {
+        id: 1,
+        addr: "a:1".into(),
+    };
+    let register = Command::RegisterShards {
+        datanode: 1,
+        epoch: 1,
+        shards: vec![report(5, 1), report(70, 1)],
+    };
+    apply(&reg, 1, &[dn, register.clone()]);
+    let buckets = |w: &Writes| -> usize {
+        w.iter().filter(|(k, _)| k[0] == keys::REPLICA).count()
+    };
+    // Looked at, not changed: an identical registration, a prune that finds nothing to drop,
+    // a deregistration of a replica it does not hold (in a bucket it has others in).
+    let idle = [
+        register,
+        Command::PruneReplicas {
+            datanode: 1,
+            epoch: 1,
+        },
+        Command::DeregisterShards {
+            datanode: 1,
+            shards: vec![6],
+        },
+    ];
+    for cmd in idle {
+        let w = writes_of(&reg, 3, std::slice::from_ref(&cmd));
+        assert_eq!(buckets(&w), 0, "{cmd}: {w:?}");
+    }
+    // A change writes its bucket, and only that one.
+    let w = writes_of(
+        &reg,
+        3,
+        &[Command::DeregisterShards {
+            datanode: 1,
+            shards: vec![70],
+        }],
+    );
+    assert_eq!(buckets(&w), 1, "{w:?}");
+}
