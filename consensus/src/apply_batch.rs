@@ -19,6 +19,12 @@ use crate::records::{
 };
 use crate::types::{LogId, StoredMembership};
 
+/// A prune piece stops once it has looked at this many replicas (of any datanode) in the
+/// buckets it walked...
+pub(crate) const PRUNE_PIECE_REPLICAS: usize = 4096;
+/// ...or walked this many buckets.
+pub(crate) const PRUNE_PIECE_BUCKETS: usize = 1024;
+
 /// A pending write: encoded bytes, or a decoded replica bucket kept decoded until the batch
 /// is committed, so that many changes to one bucket cost one decode and one encode. A bucket
 /// keeps the bytes it was read from: one that encodes to them again is not written (a command
@@ -208,9 +214,11 @@ impl ApplyBatch {
                 self.deregister_shards(index, *datanode, shards)
             }
             Command::RemoveDatanode { id } => self.remove_datanode(index, *id),
-            Command::PruneReplicas { datanode, epoch } => {
-                self.prune_replicas(index, *datanode, *epoch)
-            }
+            Command::PruneReplicas {
+                datanode,
+                epoch,
+                from_bucket,
+            } => self.prune_replicas(index, *datanode, *epoch, *from_bucket),
             Command::Put {
                 key,
                 value,
@@ -381,8 +389,17 @@ impl ApplyBatch {
     }
 
     /// Drops the replicas of `datanode` registered before incarnation `epoch` (every replica
-    /// a batch of that incarnation registered or re-registered carries `epoch`).
-    fn prune_replicas(&mut self, index: u64, datanode: u64, epoch: u64) -> Result<CommandResult> {
+    /// a batch of that incarnation registered or re-registered carries `epoch`), in its buckets
+    /// from `from` on, until the piece has looked at [`PRUNE_PIECE_REPLICAS`] replicas or
+    /// [`PRUNE_PIECE_BUCKETS`] buckets: about the work of one storm batch, so that a prune
+    /// never holds up the entries behind it for longer than a batch does.
+    fn prune_replicas(
+        &mut self,
+        index: u64,
+        datanode: u64,
+        epoch: u64,
+        from: u64,
+    ) -> Result<CommandResult> {
         let dkey = keys::datanode(datanode);
         let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
             return Ok(CommandResult::UnknownDatanode { id: datanode });
@@ -392,9 +409,16 @@ impl ApplyBatch {
                 current_epoch: dn.epoch,
             });
         }
+        let (buckets, mut next) = self.buckets_from(datanode, from, PRUNE_PIECE_BUCKETS)?;
         let mut gone = Vec::new();
-        for b in self.buckets_of(datanode)? {
+        let mut looked = 0;
+        for b in buckets {
+            if looked >= PRUNE_PIECE_REPLICAS {
+                next = Some(b);
+                break;
+            }
             let bucket = self.bucket(b)?;
+            looked += bucket.len();
             let before = gone.len();
             bucket.retain(|e| {
                 let old = e.datanode == datanode && e.replica.epoch < epoch;
@@ -415,7 +439,51 @@ impl ApplyBatch {
             let shards = gone;
             self.changed(index, Change::ReplicasRemoved { datanode, shards });
         }
-        Ok(CommandResult::ShardsDeregistered { removed })
+        Ok(CommandResult::Pruned { removed, next })
+    }
+
+    /// Up to `limit` buckets holding replicas of `datanode`, from bucket `from` on, in order
+    /// (the tree merged with pending writes), and the bucket to go on from if there may be more.
+    fn buckets_from(
+        &self,
+        datanode: u64,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<u64>, Option<u64>)> {
+        let start = keys::by_datanode(datanode, from);
+        let end = keys::successor(&keys::by_datanode(datanode, u64::MAX));
+        let mut set = std::collections::BTreeSet::new();
+        let mut bound = None;
+        for item in self.tree.range(start.to_vec()..end.clone()) {
+            let (k, _) = item.map_err(|e| Error::registry("scan during apply", e))?;
+            let Some((_, b)) = keys::two_ids(&k) else {
+                continue;
+            };
+            if set.len() == limit {
+                bound = Some(b);
+                break;
+            }
+            set.insert(b);
+        }
+        // Pending writes below the bound: buckets the batch gave the datanode, or took away.
+        for (k, v) in self.pending.range(start.to_vec()..end) {
+            let Some((_, b)) = keys::two_ids(k) else {
+                continue;
+            };
+            if bound.is_some_and(|bound| b >= bound) {
+                break;
+            }
+            match v {
+                Pending::Raw(None) => set.remove(&b),
+                _ => set.insert(b),
+            };
+        }
+        let mut buckets: Vec<u64> = set.into_iter().collect();
+        if buckets.len() > limit {
+            bound = Some(buckets[limit]);
+            buckets.truncate(limit);
+        }
+        Ok((buckets, bound))
     }
 
     fn remove_datanode(&mut self, index: u64, id: u64) -> Result<CommandResult> {

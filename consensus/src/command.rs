@@ -50,11 +50,16 @@ pub enum Command {
         addr: String,
         min_epoch: u64,
     },
-    /// Ends a full report: drops every replica of `datanode` that incarnation `epoch` has not
-    /// registered (its `RegisterShards` batches under `epoch` were the whole of what it holds).
-    /// Fenced like a batch when `epoch` is not the datanode's current epoch; the result is
-    /// `ShardsDeregistered`.
-    PruneReplicas { datanode: u64, epoch: u64 },
+    /// One piece of ending a full report: drops the replicas of `datanode` that incarnation
+    /// `epoch` has not registered (its `RegisterShards` batches under `epoch` were the whole of
+    /// what it holds), in the datanode's shard buckets from `from_bucket` on, as far as one
+    /// piece's bounded work goes. The result (`Pruned`) says where the next piece starts.
+    /// Fenced like a batch when `epoch` is not the datanode's current epoch.
+    PruneReplicas {
+        datanode: u64,
+        epoch: u64,
+        from_bucket: u64,
+    },
 }
 
 impl Command {
@@ -93,9 +98,14 @@ impl fmt::Display for Command {
                 shards.len()
             ),
             Command::RemoveDatanode { id } => write!(f, "RemoveDatanode({id})"),
-            Command::PruneReplicas { datanode, epoch } => {
-                write!(f, "PruneReplicas(datanode {datanode}, epoch {epoch})")
-            }
+            Command::PruneReplicas {
+                datanode,
+                epoch,
+                from_bucket,
+            } => write!(
+                f,
+                "PruneReplicas(datanode {datanode}, epoch {epoch}, from bucket {from_bucket})"
+            ),
             Command::Put {
                 key, if_revision, ..
             } => write!(f, "Put({key:?}, if {if_revision:?})"),
@@ -150,5 +160,11 @@ pub enum CommandResult {
     /// The compare-and-swap failed; `current` is the key's revision (0 = absent).
     RevisionMismatch {
         current: u64,
+    },
+    /// A piece of a prune dropped `removed` replicas; the next piece starts at bucket `next`
+    /// (`None`: the prune is complete).
+    Pruned {
+        removed: u64,
+        next: Option<u64>,
     },
 }

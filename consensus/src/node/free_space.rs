@@ -86,7 +86,8 @@ mod tests {
         assert!(!adds_data(&Command::RemoveDatanode { id: 1 }));
         assert!(!adds_data(&Command::PruneReplicas {
             datanode: 1,
-            epoch: 1
+            epoch: 1,
+            from_bucket: 0,
         }));
         assert!(!adds_data(&Command::Delete {
             key: "k".into(),

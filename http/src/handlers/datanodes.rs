@@ -175,6 +175,11 @@ pub async fn deregister_shard(
 /// `POST /v1/datanodes/{id}/prune` `{"epoch":E}`: the batches of incarnation `E` were all the
 /// datanode holds; drops its replicas that none of them registered. 409 `fenced` when `E` is
 /// not its current epoch, 404 if it is unknown.
+///
+/// The prune goes to the log in pieces of bounded work, one after the other, so that a
+/// datanode's prune holds up other writes and reads no more than one of its batches does. A
+/// prune that fails part way (or is fenced by a new incarnation) has dropped only replicas
+/// that no later report of the same incarnation could have kept: sending it again is safe.
 pub async fn prune(
     _: NoQuery,
     writer: Writer,
@@ -182,24 +187,38 @@ pub async fn prune(
     Json(body): Json<PruneBody>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
     let epoch = body.epoch;
-    let written = writer
-        .write(Command::PruneReplicas {
-            datanode: id,
-            epoch,
-        })
-        .await?;
-    match written.result {
-        CommandResult::ShardsDeregistered { removed } => Ok(axum::Json(ShardsDeregistered {
-            removed,
-            index: written.index,
-        })),
-        CommandResult::Fenced { current_epoch } => Err(ApiError::Fenced {
-            datanode: id,
-            epoch,
-            current_epoch,
-        }),
-        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
-        other => Err(unexpected(other)),
+    let (mut removed, mut from_bucket) = (0, 0);
+    loop {
+        let written = writer
+            .write(Command::PruneReplicas {
+                datanode: id,
+                epoch,
+                from_bucket,
+            })
+            .await?;
+        match written.result {
+            CommandResult::Pruned { removed: n, next } => {
+                removed += n;
+                match next {
+                    Some(next) => from_bucket = next,
+                    None => {
+                        return Ok(axum::Json(ShardsDeregistered {
+                            removed,
+                            index: written.index,
+                        }))
+                    }
+                }
+            }
+            CommandResult::Fenced { current_epoch } => {
+                return Err(ApiError::Fenced {
+                    datanode: id,
+                    epoch,
+                    current_epoch,
+                })
+            }
+            CommandResult::UnknownDatanode { id } => return Err(unknown_datanode(id)),
+            other => return Err(unexpected(other)),
+        }
     }
 }
 
