@@ -5,6 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// What one piece of a prune weighs in the leader's admission window, in shards.
+const PRUNE_PIECE_WEIGHT: usize = 1_000;
+
 /// One shard replica as reported by a datanode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardReport {
@@ -68,6 +71,10 @@ impl Command {
         let n = match self {
             Command::RegisterShards { shards, .. } => shards.len(),
             Command::DeregisterShards { shards, .. } => shards.len(),
+            // A piece looks at up to 4,096 replicas in whole buckets, as a batch of 1,000
+            // shards does with three replicas each: it weighs as much, so the admission window
+            // keeps the prunes of many datanodes from queueing up in front of reads.
+            Command::PruneReplicas { .. } => PRUNE_PIECE_WEIGHT,
             _ => 0,
         };
         u32::try_from(n).unwrap_or(u32::MAX)
