@@ -61,6 +61,9 @@ pub struct NodeConfig {
     /// The leader refuses writes that add data (507) while the data dir's file system has
     /// less free than this; 0 turns the guard off (see `node/free_space.rs`).
     pub min_free_bytes: u64,
+    /// The leader calls a registered datanode down when it has sent no heartbeat for this long
+    /// (see `liveness.rs`).
+    pub datanode_timeout: Duration,
     /// The cluster this node belongs to, shared with the transport (which sends it with every
     /// message to a member and refuses messages of another cluster); filled from the data dir at
     /// open, set when the node initializes a cluster or is first reached by a member.
@@ -100,6 +103,7 @@ impl NodeConfig {
             removal_notice: RemovalNotice::default(),
             addresses: Addresses::default(),
             min_free_bytes: 128 << 20,
+            datanode_timeout: Duration::from_secs(10),
             emulated_sync_latency: Duration::ZERO,
         }
     }
@@ -132,6 +136,9 @@ impl NodeConfig {
         }
         if self.max_pending_shards == 0 {
             return bad("max_pending_shards must be at least 1".into());
+        }
+        if self.datanode_timeout.is_zero() {
+            return bad("datanode_timeout must be more than zero".into());
         }
         if self.wal_segment_bytes < meta_store::MIN_SEGMENT_BYTES {
             return bad(format!(

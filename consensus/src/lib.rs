@@ -10,6 +10,8 @@
 //! - [`Backup`]: a snapshot file's content, read offline (a restore replays it).
 //! - [`ChangeEvent`]s: what applied entries changed, kept in a bounded history that
 //!   [`MetaNode::watch`] serves to watchers.
+//! - [`MetaNode::heartbeat`] and [`MetaNode::liveness`]: which datanodes are alive, as the
+//!   leader heard them (soft state, not in the log).
 //!
 //! Why openraft 0.10 (pinned alpha) rather than the stable 0.9 line: 0.9 waits for every
 //! append's fsync before doing anything else and never batches client writes, so writes queue
@@ -36,6 +38,7 @@ mod data_dir;
 mod error;
 mod generation;
 mod keys;
+mod liveness;
 mod log_record;
 mod log_store;
 mod node;
@@ -61,6 +64,7 @@ pub use cluster_id::ClusterId;
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};
+pub use liveness::{DatanodeLiveness, DatanodeState};
 pub use log_store::LogStore;
 pub use meta_store::{BarrierMode, WalMetrics};
 pub use node::MetaNode;
@@ -75,6 +79,6 @@ pub use types::{
     Entry, LogId, Node, NodeId, Raft, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };
 pub use view::{
-    Consistency, DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo,
-    SnapshotInfo, Written,
+    Consistency, DatanodeInfo, Heartbeat, KvEntry, KvKey, LivenessReport, Page, ReplicaInfo,
+    ShardEntry, ShardInfo, SnapshotInfo, Written,
 };

@@ -18,6 +18,7 @@ use openraft::RaftNetworkFactory;
 use crate::config::NodeConfig;
 use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
+use crate::liveness::Liveness;
 use crate::log_store::LogStore;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
@@ -26,6 +27,7 @@ use crate::types::{NodeId, Raft, TypeConfig};
 
 mod free_space;
 mod handover;
+mod heartbeats;
 mod membership;
 mod reads;
 mod snapshots;
@@ -56,6 +58,8 @@ struct Inner {
     write_window: tokio::sync::Semaphore,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
     dir_lock: parking_lot::Mutex<Option<DataDirLock>>,
+    /// The datanodes' heartbeats, while this node leads (`node/heartbeats.rs`).
+    liveness: parking_lot::Mutex<Liveness>,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -88,6 +92,7 @@ impl MetaNode {
     {
         cfg.validate()?;
         let window = cfg.max_pending_shards;
+        let datanode_timeout = cfg.datanode_timeout;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
         let (dir_lock, log, sm, incoming) = blocking(move || {
@@ -143,6 +148,7 @@ impl MetaNode {
                 free_space: parking_lot::Mutex::new(None),
                 write_window: tokio::sync::Semaphore::new(window as usize),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
+                liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
             }),
         };
         node.check_not_behind_purge()?;

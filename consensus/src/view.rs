@@ -98,3 +98,27 @@ pub struct SnapshotInfo {
     /// Payload bytes.
     pub bytes: u64,
 }
+
+/// The leader's answer to a datanode's heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// Recorded: the datanode is alive for `timeout` from now.
+    Recorded { timeout: std::time::Duration },
+    /// The heartbeat's epoch is not the datanode's current one: it must register again.
+    Fenced { current_epoch: u64 },
+    /// No such datanode is registered.
+    UnknownDatanode,
+}
+
+/// Every registered datanode's liveness, as the leader sees it.
+#[derive(Clone, Debug)]
+pub struct LivenessReport {
+    /// The leader that answers.
+    pub leader: crate::types::NodeId,
+    /// After how long without a heartbeat a datanode is down.
+    pub timeout: std::time::Duration,
+    /// How long this leader has collected heartbeats (datanodes it has not heard from are
+    /// `unknown` until this reaches the timeout).
+    pub collecting: std::time::Duration,
+    pub datanodes: Vec<(DatanodeInfo, crate::liveness::DatanodeLiveness)>,
+}

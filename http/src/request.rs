@@ -67,11 +67,11 @@ pub struct RegisterShardsBody {
     pub shards: Vec<ShardBody>,
 }
 
-/// Body of `POST /v1/datanodes/{id}/prune`.
+/// Body of `POST /v1/datanodes/{id}/prune` and `POST /v1/datanodes/{id}/heartbeat`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PruneBody {
-    /// The incarnation whose report is complete: the datanode's current epoch.
+pub struct EpochBody {
+    /// The incarnation that sends it: the datanode's current epoch.
     pub epoch: u64,
 }
 

@@ -33,6 +33,44 @@ pub struct DatanodeList {
     pub datanodes: Vec<DatanodeView>,
 }
 
+/// `POST /v1/datanodes/{id}/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatRecorded {
+    /// The leader calls the datanode down if no heartbeat follows within this many ms.
+    pub timeout_ms: u64,
+}
+
+/// One datanode in `GET /v1/liveness`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeLivenessView {
+    /// The datanode's id.
+    pub id: u64,
+    /// Its address, `host:port`.
+    pub addr: String,
+    /// Its current incarnation epoch.
+    pub epoch: u64,
+    /// How many shard replicas it holds.
+    pub shards: u64,
+    /// `alive` (heard within the timeout), `down` (not heard within the timeout) or `unknown`
+    /// (not heard yet by a leader that has not listened for a whole timeout).
+    pub state: String,
+    /// Since its current incarnation's last heartbeat heard by this leader, if any.
+    pub heard_ms_ago: Option<u64>,
+}
+
+/// `GET /v1/liveness`: every registered datanode's liveness, as the leader heard them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessView {
+    /// The leader that answers (heartbeats are kept by the leader only).
+    pub leader_id: u64,
+    /// A datanode is down after this many ms without a heartbeat.
+    pub timeout_ms: u64,
+    /// How long this leader has been collecting heartbeats, in ms.
+    pub collecting_ms: u64,
+    /// Every registered datanode, by id.
+    pub datanodes: Vec<DatanodeLivenessView>,
+}
+
 /// `DELETE /v1/datanodes/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatanodeRemoved {

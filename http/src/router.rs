@@ -39,6 +39,8 @@ fn admin_routes() -> Router<AppState> {
             post(datanodes::register_shards).get(datanodes::list_shards),
         )
         .route("/v1/datanodes/{id}/prune", post(datanodes::prune))
+        .route("/v1/datanodes/{id}/heartbeat", post(datanodes::heartbeat))
+        .route("/v1/liveness", get(datanodes::liveness))
         .route(
             "/v1/datanodes/{id}/shards/{shard}",
             axum::routing::delete(datanodes::deregister_shard),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
-use common::{call, leader_node, open_node, test_config, wait_for};
+use common::{call, leader_node, leader_node_tuned, open_node, test_config, wait_for};
 use meta_consensus::transport::LocalRouter;
 use meta_consensus::{Command, MetaNode, Node, Role};
 use meta_http::{AppState, Token};
@@ -261,6 +261,92 @@ async fn a_full_report_ends_with_a_prune() {
     let a = t.send(Method::POST, "/v1/datanodes/7/prune", prune).await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.json()["removed"], 0);
+}
+
+/// Heartbeats make a datanode's current incarnation alive, silence past the timeout makes it
+/// down, and a former incarnation's heartbeat is fenced.
+#[tokio::test]
+async fn heartbeats_and_liveness() {
+    let t = leader_node_tuned(None, |c| c.datanode_timeout = Duration::from_secs(2)).await;
+    let old = t.register_datanode(7).await;
+    let epoch = t.register_datanode(7).await;
+    t.register_datanode(8).await;
+    let state_of = |v: &Value, id: u64| -> Value {
+        v["datanodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["id"] == id)
+            .map(|d| d["state"].clone())
+            .unwrap_or(Value::Null)
+    };
+
+    let beat = |epoch: u64| json!({ "epoch": epoch }).to_string();
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/heartbeat", beat(epoch))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json(), json!({"timeout_ms": 2000}));
+    let v = t.get("/v1/liveness").await.json();
+    assert_eq!(v["leader_id"], 1);
+    assert_eq!(v["timeout_ms"], 2000);
+    assert_eq!(state_of(&v, 7), "alive", "{v}");
+    let d7 = &v["datanodes"][0];
+    assert_eq!(
+        (d7["id"].clone(), d7["epoch"].clone()),
+        (json!(7), json!(epoch))
+    );
+    assert!(d7["heard_ms_ago"].as_u64().unwrap() <= 2000, "{v}");
+    // Never heard: unknown while the leader has listened for less than the timeout, else down.
+    let d8 = &v["datanodes"][1];
+    assert!(d8["heard_ms_ago"].is_null(), "{v}");
+    let expected = if v["collecting_ms"].as_u64().unwrap() < 2000 {
+        "unknown"
+    } else {
+        "down"
+    };
+    assert_eq!(state_of(&v, 8), expected, "{v}");
+
+    // The former incarnation is fenced; an unknown datanode is 404.
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/heartbeat", beat(old))
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "fenced");
+    let a = t
+        .send(Method::POST, "/v1/datanodes/99/heartbeat", beat(epoch))
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+    assert_eq!(a.error_code(), "not_found");
+
+    // Silence: both end up down (polled; each poll reads the leader's view afresh).
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let v = t.get("/v1/liveness").await.json();
+        if state_of(&v, 7) == "down" && state_of(&v, 8) == "down" {
+            assert!(v["datanodes"][0]["heard_ms_ago"].as_u64().unwrap() > 2000);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never down: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Registered again: the old incarnation's heartbeats no longer count; removed: gone.
+    let newer = t.register_datanode(7).await;
+    let v = t.get("/v1/liveness").await.json();
+    assert_eq!(state_of(&v, 7), "down", "{v}");
+    assert!(v["datanodes"][0]["heard_ms_ago"].is_null(), "{v}");
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/heartbeat", beat(newer))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(state_of(&t.get("/v1/liveness").await.json(), 7), "alive");
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = t.get("/v1/liveness").await.json();
+    assert_eq!(v["datanodes"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(state_of(&v, 7), Value::Null);
 }
 
 /// Follows `next` cursors until the end, returning the shard items in order.

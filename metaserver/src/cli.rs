@@ -96,6 +96,11 @@ pub struct ServeArgs {
     /// [default: 134217728].
     #[arg(long, env = "METASERVER_MIN_FREE_BYTES")]
     pub min_free_bytes: Option<u64>,
+    /// The leader calls a registered datanode down when it has sent no heartbeat
+    /// (`POST /v1/datanodes/{id}/heartbeat`) for this many milliseconds; a datanode should beat
+    /// every third of it [default: 10000].
+    #[arg(long, env = "METASERVER_DATANODE_TIMEOUT_MS")]
+    pub datanode_timeout_ms: Option<u64>,
     /// How much history of changes the node keeps for watchers (`GET /v1/watch`), in units: a
     /// change costs one unit plus one per shard id it names; a watcher further behind is told
     /// to read the state again [default: 1000000].

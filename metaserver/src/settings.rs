@@ -39,6 +39,7 @@ struct FileSettings {
     max_pending_shards: Option<u32>,
     watch_history: Option<usize>,
     min_free_bytes: Option<u64>,
+    datanode_timeout_ms: Option<u64>,
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
     follower_reads: Option<bool>,
@@ -82,6 +83,8 @@ pub struct ServeSettings {
     pub watch_history: Option<usize>,
     /// Free space the leader keeps before refusing writes; `None` keeps the node's default.
     pub min_free_bytes: Option<u64>,
+    /// Silence after which the leader calls a datanode down; `None` keeps the node's default.
+    pub datanode_timeout: Option<Duration>,
     /// Added to every WAL sync (benchmarks only); zero by default.
     pub emulated_sync_latency: Duration,
     /// How long a connection may wait for a request's headers; `None` = forever.
@@ -182,6 +185,10 @@ impl ServeSettings {
             max_pending_shards: args.max_pending_shards.or(file.max_pending_shards),
             watch_history: args.watch_history.or(file.watch_history),
             min_free_bytes: args.min_free_bytes.or(file.min_free_bytes),
+            datanode_timeout: args
+                .datanode_timeout_ms
+                .or(file.datanode_timeout_ms)
+                .map(Duration::from_millis),
             emulated_sync_latency: Duration::from_micros(
                 args.emulated_sync_latency_us
                     .or(file.emulated_sync_latency_us)
@@ -210,6 +217,9 @@ impl ServeSettings {
         }
         if self.max_pending_shards == Some(0) {
             bail!("--max-pending-shards must be at least 1");
+        }
+        if self.datanode_timeout == Some(Duration::ZERO) {
+            bail!("--datanode-timeout-ms must be at least 1");
         }
         if let Some(addr) = &self.advertise {
             meta_http::request::validate_addr(addr)
@@ -253,6 +263,9 @@ impl ServeSettings {
         }
         if let Some(n) = self.min_free_bytes {
             cfg.min_free_bytes = n;
+        }
+        if let Some(t) = self.datanode_timeout {
+            cfg.datanode_timeout = t;
         }
         cfg.emulated_sync_latency = self.emulated_sync_latency;
         cfg
@@ -307,7 +320,7 @@ mod tests {
         let path = dir.path().join("m.toml");
         std::fs::write(
             &path,
-            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\nmin_free_bytes = 0\nstop_delay_ms = 2500\n",
+            "worker_threads = 1\nmax_pending_shards = 100\nemulated_sync_latency_us = 1500\nidle_timeout_secs = 0\nfollower_reads = false\nwatch_history = 10\nmin_free_bytes = 0\nstop_delay_ms = 2500\ndatanode_timeout_ms = 3000\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -323,6 +336,7 @@ mod tests {
         assert_eq!(cfg.max_pending_shards, 100);
         assert_eq!(cfg.watch_history, 10);
         assert_eq!(cfg.min_free_bytes, 0);
+        assert_eq!(cfg.datanode_timeout, Duration::from_secs(3));
         assert_eq!(cfg.emulated_sync_latency, Duration::from_micros(1500));
         let defaults = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
         assert_eq!(defaults.emulated_sync_latency, Duration::ZERO);
@@ -332,7 +346,11 @@ mod tests {
         );
         assert!(defaults.follower_reads);
         assert_eq!(defaults.stop_delay, Duration::ZERO);
-        for bad in ["worker_threads = 0\n", "max_pending_shards = 0\n"] {
+        for bad in [
+            "worker_threads = 0\n",
+            "max_pending_shards = 0\n",
+            "datanode_timeout_ms = 0\n",
+        ] {
             std::fs::write(&path, bad).unwrap();
             let err = ServeSettings::resolve(&args, false).unwrap_err();
             assert!(format!("{err:#}").contains("at least 1"), "{bad}: {err:#}");

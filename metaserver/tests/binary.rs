@@ -289,8 +289,9 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     .await;
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
+    // 1 and 3 were registered before: unchanged, now under the new epoch.
     assert_eq!(
-        (v["accepted"].clone(), v["pruned"].clone()),
+        (v["unchanged"].clone(), v["pruned"].clone()),
         (json!(2), json!(2)),
         "{out}"
     );
@@ -698,6 +699,40 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
         )
         .await;
     }
+
+    // A heartbeat at a follower reaches the leader, whose liveness report any member relays;
+    // a prune at a follower goes to the leader piece by piece.
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f1}/v1/datanodes/11/heartbeat"),
+        None,
+        Some(json!({"epoch": epoch}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, v["timeout_ms"].clone()),
+        (200, json!(10_000)),
+        "{v}"
+    );
+    let (status, v) = send(&http, Method::GET, &format!("{f2}/v1/liveness"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["leader_id"], leader, "{v}");
+    assert_eq!(v["datanodes"][0]["id"], 11, "{v}");
+    assert_eq!(v["datanodes"][0]["state"], "alive", "{v}");
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f2}/v1/datanodes/11/prune"),
+        None,
+        Some(json!({"epoch": epoch}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, v["removed"].clone()), (200, json!(0)), "{v}");
 
     // Ctrl-C stops the whole cluster cleanly.
     cluster.signal(libc::SIGINT);

@@ -839,7 +839,11 @@ fn prune_pieces_see_the_batchs_own_writes() {
     }
     g.commit(b.finish().unwrap()).unwrap();
     assert_eq!(pieces, 2);
-    assert_eq!(dropped, old[1..].to_vec(), "every old replica but the deregistered one");
+    assert_eq!(
+        dropped,
+        old[1..].to_vec(),
+        "every old replica but the deregistered one"
+    );
     let held: Vec<u64> = reg
         .datanode_shards(1, None, 10_000)
         .unwrap()

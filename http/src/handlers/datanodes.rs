@@ -1,18 +1,18 @@
 //! `/v1/datanodes...`: register, list, read and remove datanodes; register and deregister
 //! their shard replicas, and end a full report by pruning what it left out; list a datanode's
-//! shards.
+//! shards; heartbeats, and `/v1/liveness`, which datanodes the leader heard from.
 
 use axum::extract::State;
-use meta_consensus::{Command, CommandResult, DatanodeInfo, ShardReport};
+use meta_consensus::{Command, CommandResult, DatanodeInfo, Heartbeat, ShardReport};
 
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
-use crate::request::{PageQuery, PruneBody, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
+use crate::request::{EpochBody, PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
 use crate::response::{
-    DatanodeList, DatanodeRegistered, DatanodeRemoved, DatanodeView, ShardPage, ShardsDeregistered,
-    ShardsRegistered,
+    DatanodeList, DatanodeLivenessView, DatanodeRegistered, DatanodeRemoved, DatanodeView,
+    HeartbeatRecorded, LivenessView, ShardPage, ShardsDeregistered, ShardsRegistered,
 };
 use crate::state::AppState;
 use crate::writer::Writer;
@@ -184,7 +184,7 @@ pub async fn prune(
     _: NoQuery,
     writer: Writer,
     Path(Id(id)): Path<Id>,
-    Json(body): Json<PruneBody>,
+    Json(body): Json<EpochBody>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
     let epoch = body.epoch;
     let (mut removed, mut from_bucket) = (0, 0);
@@ -220,6 +220,58 @@ pub async fn prune(
             other => return Err(unexpected(other)),
         }
     }
+}
+
+/// `POST /v1/datanodes/{id}/heartbeat` `{"epoch":E}`: the datanode's incarnation `E` is alive.
+/// Answered by the leader (a follower replays it there); 409 `fenced` when `E` is not its
+/// current epoch (it must register again and report its shards), 404 if it is unknown.
+pub async fn heartbeat(
+    _: NoQuery,
+    State(state): State<AppState>,
+    Path(Id(id)): Path<Id>,
+    Json(body): Json<EpochBody>,
+) -> Result<axum::Json<HeartbeatRecorded>, ApiError> {
+    let epoch = body.epoch;
+    match state.node.heartbeat(id, epoch).await? {
+        Heartbeat::Recorded { timeout } => Ok(axum::Json(HeartbeatRecorded {
+            timeout_ms: millis(timeout),
+        })),
+        Heartbeat::Fenced { current_epoch } => Err(ApiError::Fenced {
+            datanode: id,
+            epoch,
+            current_epoch,
+        }),
+        Heartbeat::UnknownDatanode => Err(unknown_datanode(id)),
+    }
+}
+
+/// `GET /v1/liveness`: every registered datanode with its liveness; answered by the leader.
+pub async fn liveness(
+    _: NoQuery,
+    State(state): State<AppState>,
+) -> Result<axum::Json<LivenessView>, ApiError> {
+    let report = state.node.liveness().await?;
+    Ok(axum::Json(LivenessView {
+        leader_id: report.leader,
+        timeout_ms: millis(report.timeout),
+        collecting_ms: millis(report.collecting),
+        datanodes: report
+            .datanodes
+            .into_iter()
+            .map(|(d, l)| DatanodeLivenessView {
+                id: d.id,
+                addr: d.addr,
+                epoch: d.epoch,
+                shards: d.shards,
+                state: l.state.name().into(),
+                heard_ms_ago: l.heard_ago.map(millis),
+            })
+            .collect(),
+    }))
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `GET /v1/datanodes/{id}/shards?after=&limit=`; 404 if the datanode is unknown.

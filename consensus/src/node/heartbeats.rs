@@ -1,0 +1,60 @@
+//! Datanode heartbeats and the liveness report, both answered by the leader from its
+//! in-memory record (`liveness.rs`), never through the log.
+
+use std::time::Instant;
+
+use super::MetaNode;
+use crate::error::Result;
+use crate::view::{Consistency, Heartbeat, LivenessReport};
+
+impl MetaNode {
+    /// Records a heartbeat of datanode `id`, incarnation `epoch`. Leader only: on a follower
+    /// [`crate::Error::ForwardToLeader`]. The datanode is read with `Lease` consistency, so the
+    /// answer knows every registration acknowledged before the call: a heartbeat is fenced
+    /// only when the datanode really registered again since (or was removed). Returns once the
+    /// heartbeat is recorded; nothing is written to disk.
+    pub async fn heartbeat(&self, id: u64, epoch: u64) -> Result<Heartbeat> {
+        self.check_open()?;
+        let Some(datanode) = self.datanode(Consistency::Lease, id).await? else {
+            return Ok(Heartbeat::UnknownDatanode);
+        };
+        if datanode.epoch != epoch {
+            return Ok(Heartbeat::Fenced {
+                current_epoch: datanode.epoch,
+            });
+        }
+        let term = self.term();
+        let mut liveness = self.inner.liveness.lock();
+        liveness.heard(term, id, epoch, Instant::now());
+        Ok(Heartbeat::Recorded {
+            timeout: liveness.timeout(),
+        })
+    }
+
+    /// Every registered datanode with its liveness as this leader heard it. Leader only: on a
+    /// follower [`crate::Error::ForwardToLeader`]. Forgets the heartbeats of datanodes no
+    /// longer registered.
+    pub async fn liveness(&self) -> Result<LivenessReport> {
+        self.check_open()?;
+        let datanodes = self.datanodes(Consistency::Lease).await?;
+        let term = self.term();
+        let now = Instant::now();
+        let mut liveness = self.inner.liveness.lock();
+        let registered: std::collections::HashSet<u64> = datanodes.iter().map(|d| d.id).collect();
+        liveness.retain(|id| registered.contains(&id));
+        let collecting = liveness.collecting(term, now);
+        let datanodes = datanodes
+            .into_iter()
+            .map(|d| {
+                let l = liveness.state(term, d.id, d.epoch, now);
+                (d, l)
+            })
+            .collect();
+        Ok(LivenessReport {
+            leader: self.id(),
+            timeout: liveness.timeout(),
+            collecting,
+            datanodes,
+        })
+    }
+}
