@@ -28,6 +28,8 @@ pub enum Command {
     LocalCluster(LocalClusterArgs),
     /// Show a member's view of the cluster.
     Status(ClientArgs),
+    /// Show every datanode as the leader heard it: alive, down or unknown.
+    Liveness(ClientArgs),
     /// List shard replicas (one JSON object per line), all or of one datanode.
     Shards(ShardsArgs),
     /// Register a datanode's shards from a JSON file.

@@ -11,7 +11,8 @@ use futures::StreamExt;
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::ShardBody;
 use meta_http::response::{
-    ClusterView, DatanodeView, ShardPage, ShardsDeregistered, ShardsRegistered, WatchPage,
+    ClusterView, DatanodeView, LivenessView, ShardPage, ShardsDeregistered, ShardsRegistered,
+    WatchPage,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -129,6 +130,14 @@ impl Operator {
 pub async fn status(args: ClientArgs) -> Result<()> {
     let op = Operator::new(&args)?;
     let view: ClusterView = op.get_json("/v1/cluster").await?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+/// `metaserver liveness`: the leader's liveness report, as pretty JSON.
+pub async fn liveness(args: ClientArgs) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let view: LivenessView = op.get_json("/v1/liveness").await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }

@@ -306,6 +306,11 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         })
         .collect();
     assert_eq!(ids, [1, 3]);
+    let (ok, out, err) = run(&["liveness", "--server", &addr], &[]).await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["datanodes"][0]["id"], 7, "{out}");
+    assert_eq!(v["datanodes"][0]["shards"], 2, "{out}");
 
     server.signal(libc::SIGINT);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
