@@ -140,6 +140,19 @@ impl Api {
         Ok(reply.removed)
     }
 
+    /// `POST /v1/datanodes/{id}/heartbeat`: incarnation `epoch` is alive.
+    pub async fn heartbeat(&self, base: &str, datanode: u64, epoch: u64) -> Result<(), CallError> {
+        let url = format!("{base}/v1/datanodes/{datanode}/heartbeat");
+        let resp = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "epoch": epoch }))
+            .send()
+            .await;
+        let _: serde_json::Value = Self::json(&url, resp).await?;
+        Ok(())
+    }
+
     /// A GET whose body is read and dropped; returns the status. Used for the admin read probes.
     pub async fn get_status(&self, url: &str) -> Result<u16, CallError> {
         let resp = self

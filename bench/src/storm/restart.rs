@@ -5,6 +5,7 @@
 //! The same storm runs twice on one cluster: first into an empty registry ([`Pass::Fresh`]), then
 //! again into the full one ([`Pass::Again`]): every datanode comes back having lost one replica in
 //! [`LOST_EVERY`], reports the rest under a new epoch and prunes, as after a whole-cluster restart.
+//! In both, every datanode sends a heartbeat a second while it reports, as a live one would.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,9 @@ pub(super) const BATCH_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Replicas per shard in the generated layout: datanodes 1-3 hold shards of group 0, 4-6 group 1, ...
 const REPLICATION: u64 = 3;
+
+/// How often each datanode sends a heartbeat while it reports.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One replica in this many is gone when the datanodes come back in [`Pass::Again`].
 pub(super) const LOST_EVERY: u64 = 100;
@@ -60,6 +64,11 @@ pub struct StormPoint {
     /// Latency of the prunes (again pass only).
     pub prune_p50_ms: Option<f64>,
     pub prune_p99_ms: Option<f64>,
+    /// Latency of the heartbeats the datanodes send while they report (one a second each,
+    /// the first right after registering), and how many failed.
+    pub heartbeat_p50_ms: Option<f64>,
+    pub heartbeat_p99_ms: Option<f64>,
+    pub heartbeat_errors: u64,
     /// From the first request to the last acknowledged batch (and prune).
     pub seconds: f64,
     pub per_sec: f64,
@@ -94,6 +103,8 @@ struct DatanodeTally {
     retries: u64,
     pruned: u64,
     prune_ms: Option<f64>,
+    heartbeat_ms: Vec<f64>,
+    heartbeat_errors: u64,
     finished: Instant,
 }
 
@@ -157,6 +168,8 @@ impl StormWorkload<'_> {
         let mut retries = 0;
         let mut pruned = 0;
         let mut prune_ms = Vec::new();
+        let mut heartbeat_ms = Vec::new();
+        let mut heartbeat_errors = 0;
         let mut finished = start;
         let mut failure = None;
         for t in tasks {
@@ -166,6 +179,8 @@ impl StormWorkload<'_> {
                     retries += tally.retries;
                     pruned += tally.pruned;
                     prune_ms.extend(tally.prune_ms);
+                    heartbeat_ms.extend(tally.heartbeat_ms);
+                    heartbeat_errors += tally.heartbeat_errors;
                     finished = finished.max(tally.finished);
                 }
                 Err(e) => failure = failure.or(Some(e)),
@@ -228,6 +243,11 @@ impl StormWorkload<'_> {
             pruned,
             prune_p50_ms: (!prune_ms.is_empty()).then(|| percentile(&mut prune_ms, 0.50)),
             prune_p99_ms: (!prune_ms.is_empty()).then(|| percentile(&mut prune_ms, 0.99)),
+            heartbeat_p50_ms: (!heartbeat_ms.is_empty())
+                .then(|| percentile(&mut heartbeat_ms, 0.50)),
+            heartbeat_p99_ms: (!heartbeat_ms.is_empty())
+                .then(|| percentile(&mut heartbeat_ms, 0.99)),
+            heartbeat_errors,
             seconds,
             per_sec: replicas as f64 / seconds,
             p50_ms: percentile(&mut latencies, 0.50),
@@ -268,8 +288,18 @@ async fn datanode_storm(
         retries: 0,
         pruned: 0,
         prune_ms: None,
+        heartbeat_ms: Vec::new(),
+        heartbeat_errors: 0,
         finished: Instant::now(),
     };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let heartbeats = tokio::spawn(heartbeats(
+        api.clone(),
+        base.clone(),
+        datanode,
+        epoch,
+        stopped,
+    ));
     let held: Vec<ShardSpec> = (0..shards)
         .filter(|&k| pass.holds(k))
         .map(|k| ShardSpec {
@@ -305,7 +335,34 @@ async fn datanode_storm(
         tally.prune_ms = Some(ms);
     }
     tally.finished = Instant::now();
+    let _ = stop.send(true);
+    (tally.heartbeat_ms, tally.heartbeat_errors) =
+        heartbeats.await.context("the heartbeat task panicked")?;
     Ok(tally)
+}
+
+/// Sends a heartbeat every [`HEARTBEAT_INTERVAL`] (the first at once) until `stop` says so;
+/// returns their latencies in ms and how many failed.
+async fn heartbeats(
+    api: Api,
+    base: String,
+    datanode: u64,
+    epoch: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> (Vec<f64>, u64) {
+    let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.changed() => return (latencies, errors),
+        }
+        let sent = Instant::now();
+        match api.heartbeat(&base, datanode, epoch).await {
+            Ok(()) => latencies.push(sent.elapsed().as_secs_f64() * 1e3),
+            Err(_) => errors += 1,
+        }
+    }
 }
 
 /// Sends a request until it is answered (retrying what may succeed later, for up to

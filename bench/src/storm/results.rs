@@ -71,6 +71,12 @@ fn print_storm_runs(points: &[StormPoint]) {
                     ),
                 },
                 format!(
+                    "{} / {} ({} failed)",
+                    opt(p.heartbeat_p50_ms, 1),
+                    opt(p.heartbeat_p99_ms, 1),
+                    p.heartbeat_errors
+                ),
+                format!(
                     "{} / {}",
                     f(p.admin_shard_p50_ms, 2),
                     f(p.admin_shard_p99_ms, 2)
@@ -105,6 +111,7 @@ fn print_storm_runs(points: &[StormPoint]) {
             "batch p50 ms",
             "batch p99 ms",
             "pruned (prune p50/p99 ms)",
+            "heartbeat p50/p99 ms",
             "GET shard p50/p99 ms",
             "GET cluster p50/p99 ms",
             "admin p99 ms",
@@ -503,6 +510,9 @@ mod tests {
             pruned: 0,
             prune_p50_ms: None,
             prune_p99_ms: None,
+            heartbeat_p50_ms: None,
+            heartbeat_p99_ms: None,
+            heartbeat_errors: 0,
             seconds,
             per_sec: 1000.0 / seconds,
             p50_ms: 1.0,
