@@ -108,6 +108,17 @@ impl Liveness {
         DatanodeLiveness { state, heard_ago }
     }
 
+    /// How many datanodes were heard within the timeout in `term` (by any incarnation that
+    /// was current when it was heard).
+    pub fn alive(&mut self, term: u64, now: Instant) -> usize {
+        self.lead(term, now);
+        let timeout = self.timeout;
+        self.heard
+            .values()
+            .filter(|(_, at)| now.saturating_duration_since(*at) <= timeout)
+            .count()
+    }
+
     /// Forgets every datanode `keep` says no to (removed ones), so the record stays as large
     /// as the registry.
     pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
@@ -210,6 +221,19 @@ mod tests {
             DatanodeState::Alive
         );
         assert_eq!(l.state(5, 7, 100, t0 + secs(30)).state, DatanodeState::Down);
+    }
+
+    #[test]
+    fn alive_counts_the_datanodes_heard_within_the_timeout() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(3, 1, 1, t0);
+        l.heard(3, 2, 1, t0 + secs(5));
+        assert_eq!(l.alive(3, t0 + secs(6)), 2);
+        assert_eq!(l.alive(3, t0 + secs(12)), 1);
+        assert_eq!(l.alive(3, t0 + secs(16)), 0);
+        l.heard(3, 1, 1, t0 + secs(16));
+        assert_eq!(l.alive(4, t0 + secs(16)), 0, "a new term heard nobody yet");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The node's figures in `/metrics`, read from [`MetaNode::status`] at scrape time: WAL,
-//! Raft, snapshots and registry size. Nothing is cached between scrapes.
+//! Raft, snapshots and registry size, and on the leader how many datanodes are alive.
+//! Nothing is cached between scrapes.
 
 use meta_consensus::{ClusterStatus, MetaNode, Role};
 use prometheus_client::collector::Collector;
@@ -295,8 +296,28 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     Ok(())
 }
 
+/// The leader's liveness figures; nothing on other nodes.
+fn encode_liveness(node: &MetaNode, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let Some((alive, collecting)) = node.liveness_figures() else {
+        return Ok(());
+    };
+    gauge(
+        enc,
+        "metaserver_datanodes_alive",
+        "Datanodes this leader heard a heartbeat from within the datanode timeout",
+        count(alive as u64),
+    )?;
+    gauge_f64(
+        enc,
+        "metaserver_liveness_collecting_seconds",
+        "How long this leader has collected heartbeats (it calls no datanode down before a whole timeout)",
+        collecting.as_secs_f64(),
+    )
+}
+
 impl Collector for NodeCollector {
-    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode_liveness(&self.node, &mut encoder)?;
         encode_status(&self.node.status(), encoder)
     }
 }

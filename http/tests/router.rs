@@ -297,6 +297,11 @@ async fn heartbeats_and_liveness() {
         (json!(7), json!(epoch))
     );
     assert!(d7["heard_ms_ago"].as_u64().unwrap() <= 2000, "{v}");
+    let metrics = String::from_utf8(t.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        metrics.contains("\nmetaserver_datanodes_alive 1\n"),
+        "{metrics}"
+    );
     // Never heard: unknown while the leader has listened for less than the timeout, else down.
     let d8 = &v["datanodes"][1];
     assert!(d8["heard_ms_ago"].is_null(), "{v}");

@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use openraft::async_runtime::watch::WatchReceiver;
+
 use super::MetaNode;
 use crate::error::Result;
 use crate::view::{Consistency, Heartbeat, LivenessReport};
@@ -29,6 +31,23 @@ impl MetaNode {
         Ok(Heartbeat::Recorded {
             timeout: liveness.timeout(),
         })
+    }
+
+    /// For metrics, while this node leads: how many datanodes it heard from within the
+    /// timeout, and how long it has collected heartbeats. `None` on any other node.
+    pub fn liveness_figures(&self) -> Option<(usize, std::time::Duration)> {
+        let metrics = self.inner.raft.metrics();
+        let (leading, term) = {
+            let m = metrics.borrow_watched();
+            (m.state == openraft::ServerState::Leader, m.current_term)
+        };
+        if !leading {
+            return None;
+        }
+        let now = Instant::now();
+        let mut liveness = self.inner.liveness.lock();
+        let alive = liveness.alive(term, now);
+        Some((alive, liveness.collecting(term, now)))
     }
 
     /// Every registered datanode with its liveness as this leader heard it. Leader only: on a
