@@ -459,6 +459,11 @@ impl ApplyBatch {
             let Some((_, b)) = keys::two_ids(&k) else {
                 continue;
             };
+            // The bound must come from the merged view, as every replica sees it whether or
+            // not it committed the batch's writes yet: a bucket the batch took away counts not.
+            if matches!(self.pending.get(&k[..]), Some(Pending::Raw(None))) {
+                continue;
+            }
             if set.len() == limit {
                 bound = Some(b);
                 break;
@@ -626,5 +631,7 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
     }
 }
 
+#[cfg(test)]
+mod prune_tests;
 #[cfg(test)]
 mod tests;

@@ -66,7 +66,8 @@ pub enum Command {
 }
 
 impl Command {
-    /// How much apply work the command is, in shards (0 for commands without shards).
+    /// How much apply work the command is, in shards: a batch's shard count, a prune piece's
+    /// equivalent, 0 for the rest.
     pub fn weight(&self) -> u32 {
         let n = match self {
             Command::RegisterShards { shards, .. } => shards.len(),

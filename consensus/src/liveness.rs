@@ -39,6 +39,7 @@ impl DatanodeState {
 /// One datanode's liveness as the leader sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DatanodeLiveness {
+    /// Alive, down or unknown.
     pub state: DatanodeState,
     /// Since the last heartbeat of its current incarnation heard by this leader, if any.
     pub heard_ago: Option<Duration>,
@@ -79,9 +80,20 @@ impl Liveness {
     }
 
     /// Records a heartbeat of datanode `id`, incarnation `epoch`, heard while leading `term`.
+    /// A former incarnation's heartbeat that arrives late never replaces a newer one's.
     pub fn heard(&mut self, term: u64, id: u64, epoch: u64, now: Instant) {
         self.lead(term, now);
-        self.heard.insert(id, (epoch, now));
+        match self.heard.get(&id) {
+            Some(&(newer, _)) if newer > epoch => {}
+            _ => {
+                self.heard.insert(id, (epoch, now));
+            }
+        }
+    }
+
+    /// Forgets datanode `id` (it is no longer registered).
+    pub fn forget(&mut self, id: u64) {
+        self.heard.remove(&id);
     }
 
     /// How long this leader has collected heartbeats in `term` (zero if it just started).
@@ -202,6 +214,19 @@ mod tests {
             l.state(3, 7, 150, t0 + secs(11)).state,
             DatanodeState::Alive
         );
+    }
+
+    #[test]
+    fn a_late_heartbeat_of_a_former_incarnation_changes_nothing() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(3, 7, 150, t0);
+        l.heard(3, 7, 100, t0 + secs(1));
+        let s = l.state(3, 7, 150, t0 + secs(2));
+        assert_eq!(s.state, DatanodeState::Alive);
+        assert_eq!(s.heard_ago, Some(secs(2)));
+        l.forget(7);
+        assert_eq!(l.state(3, 7, 150, t0 + secs(2)).heard_ago, None);
     }
 
     #[test]

@@ -120,5 +120,6 @@ pub struct LivenessReport {
     /// How long this leader has collected heartbeats (datanodes it has not heard from are
     /// `unknown` until this reaches the timeout).
     pub collecting: std::time::Duration,
+    /// Every registered datanode, by id, with its liveness.
     pub datanodes: Vec<(DatanodeInfo, crate::liveness::DatanodeLiveness)>,
 }

@@ -91,7 +91,7 @@ pub struct StormPoint {
     pub records_per_barrier: Option<f64>,
     /// Batch requests that had to be sent again (no leader, timeout, connection trouble).
     pub retries: u64,
-    /// Whether the registry's replica count matched what was acknowledged.
+    /// Whether every member's replica count matched what was acknowledged.
     pub verified: bool,
     /// Cores used by the client and the servers while the storm ran.
     pub cores: Cores,
@@ -209,14 +209,18 @@ impl StormWorkload<'_> {
             }
         };
         let peak_rss_mib = self.cluster.peak_rss_mib()?;
-        let registered = self
-            .api
-            .replica_count(self.cluster.base(after_leader))
-            .await
-            .map_err(|e| anyhow::anyhow!("count replicas after the storm: {e}"))?;
-        let verified = registered == replicas;
-        if !verified {
-            eprintln!("storm: the registry holds {registered} replicas after the storm; {replicas} were acknowledged");
+        // Every member counts from its own registry (a follower answers a linearizable read
+        // once it applied the leader's read index), so a member that applied differently shows.
+        let mut verified = true;
+        for base in &bases {
+            let registered =
+                self.api.replica_count(base).await.map_err(|e| {
+                    anyhow::anyhow!("count replicas at {base} after the storm: {e}")
+                })?;
+            if registered != replicas {
+                verified = false;
+                eprintln!("storm: {base} holds {registered} replicas after the storm; {replicas} were acknowledged");
+            }
         }
         if admin.errors > 0 {
             eprintln!(

@@ -18,6 +18,7 @@ impl MetaNode {
     pub async fn heartbeat(&self, id: u64, epoch: u64) -> Result<Heartbeat> {
         self.check_open()?;
         let Some(datanode) = self.datanode(Consistency::Lease, id).await? else {
+            self.inner.liveness.lock().forget(id);
             return Ok(Heartbeat::UnknownDatanode);
         };
         if datanode.epoch != epoch {

@@ -353,3 +353,27 @@ async fn a_failed_first_build_answers_no_snapshot_and_pauses_automatic_builds() 
     let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
     assert!(forced.build_snapshot().await.is_err());
 }
+
+#[test]
+fn entries_whose_work_is_not_in_the_entry_are_heavy() {
+    let piece = entry(
+        1,
+        Command::PruneReplicas {
+            datanode: 7,
+            epoch: 1,
+            from_bucket: 0,
+        },
+    );
+    let remove = entry(2, Command::RemoveDatanode { id: 7 });
+    assert!(is_heavy(std::slice::from_ref(&piece)));
+    assert!(is_heavy(std::slice::from_ref(&remove)));
+    let put = entry(
+        3,
+        Command::Put {
+            key: "k".into(),
+            value: vec![1],
+            if_revision: None,
+        },
+    );
+    assert!(!is_heavy(std::slice::from_ref(&put)));
+}

@@ -1,0 +1,189 @@
+//! A datanode's life as the registry sees it: a full report after a restart, ended by a prune;
+//! heartbeats, and the leader's liveness report.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use common::{leader_node, leader_node_tuned, TestNode};
+use serde_json::{json, Value};
+
+/// A datanode that restarts reports every replica it holds under its new epoch, then prunes:
+/// what it no longer holds is gone, what it reported stays, other datanodes are untouched.
+#[tokio::test]
+async fn a_full_report_ends_with_a_prune() {
+    let t = leader_node(None).await;
+    let register = |datanode: u64, epoch: u64, ids: &[u64]| {
+        let shards: Vec<_> = ids
+            .iter()
+            .map(|&id| json!({"id": id, "generation": 1, "size": 10}))
+            .collect();
+        (
+            format!("/v1/datanodes/{datanode}/shards"),
+            json!({"epoch": epoch, "shards": shards}).to_string(),
+        )
+    };
+    let old = t.register_datanode(7).await;
+    let other = t.register_datanode(8).await;
+    for (path, body) in [register(7, old, &[1, 2, 3]), register(8, other, &[2])] {
+        let a = t.send(Method::POST, &path, body).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+
+    // The restart: a new incarnation that holds 1 and 4 only.
+    let epoch = t.register_datanode(7).await;
+    let (path, body) = register(7, epoch, &[1, 4]);
+    let a = t.send(Method::POST, &path, body).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    // The former incarnation cannot prune.
+    let before = t.digest().await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/datanodes/7/prune",
+            json!({"epoch": old}).to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "fenced");
+    assert_eq!(t.digest().await, before);
+
+    let prune = json!({"epoch": epoch}).to_string();
+    let a = t
+        .send(Method::POST, "/v1/datanodes/7/prune", prune.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["removed"], 2);
+    let index = a.json()["index"].as_u64().unwrap();
+    assert!(index > epoch);
+    let held: Vec<u64> = t.get("/v1/datanodes/7/shards").await.json()["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(held, [1, 4]);
+    assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 2);
+    assert_eq!(
+        t.get("/v1/shards/2").await.json(),
+        json!({"id":2,"replicas":[{"datanode":8,"generation":1,"size":10}]})
+    );
+    assert_eq!(t.get("/v1/shards/3").await.status, StatusCode::NOT_FOUND);
+    // The watch names what went.
+    let a = t
+        .get(&format!("/v1/watch?after={}&wait_ms=0", index - 1))
+        .await;
+    assert_eq!(
+        a.json()["events"],
+        json!([{"index": index, "kind": "replicas_removed", "datanode": 7, "shards": [2, 3]}])
+    );
+    // Pruning again drops nothing.
+    let a = t.send(Method::POST, "/v1/datanodes/7/prune", prune).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["removed"], 0);
+}
+
+/// The liveness report's entry for datanode `id`.
+fn entry(v: &Value, id: u64) -> Value {
+    v["datanodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["id"] == id)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+async fn heartbeat(t: &TestNode, id: u64, epoch: u64) -> common::Answer {
+    let body = json!({ "epoch": epoch }).to_string();
+    t.send(Method::POST, &format!("/v1/datanodes/{id}/heartbeat"), body)
+        .await
+}
+
+/// Heartbeats make a datanode's current incarnation alive (with a timeout no test run outlasts),
+/// a former incarnation's heartbeat is fenced and counts for nothing, and a removed datanode
+/// leaves the report.
+#[tokio::test]
+async fn heartbeats_and_liveness() {
+    let t = leader_node_tuned(None, |c| c.datanode_timeout = Duration::from_secs(600)).await;
+    let old = t.register_datanode(7).await;
+    let epoch = t.register_datanode(7).await;
+    t.register_datanode(8).await;
+
+    let a = heartbeat(&t, 7, epoch).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json(), json!({"timeout_ms": 600_000}));
+    let v = t.get("/v1/liveness").await.json();
+    assert_eq!(v["leader_id"], 1);
+    assert_eq!(v["timeout_ms"], 600_000);
+    let d7 = entry(&v, 7);
+    assert_eq!(d7["state"], "alive", "{v}");
+    assert_eq!(d7["epoch"], epoch, "{v}");
+    assert!(d7["heard_ms_ago"].is_u64(), "{v}");
+    // Never heard, by a leader that has listened for less than the timeout.
+    assert_eq!(entry(&v, 8)["state"], "unknown", "{v}");
+    assert!(entry(&v, 8)["heard_ms_ago"].is_null(), "{v}");
+    let metrics = String::from_utf8(t.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        metrics.contains("\nmetaserver_datanodes_alive 1\n"),
+        "{metrics}"
+    );
+
+    // The former incarnation is fenced; an unknown datanode is 404.
+    let a = heartbeat(&t, 7, old).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "fenced");
+    let a = heartbeat(&t, 99, epoch).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+    assert_eq!(a.error_code(), "not_found");
+
+    // Registered again: the former incarnation's heartbeats no longer count.
+    let newer = t.register_datanode(7).await;
+    let d7 = entry(&t.get("/v1/liveness").await.json(), 7);
+    assert_eq!(d7["state"], "unknown", "{d7}");
+    assert!(d7["heard_ms_ago"].is_null(), "{d7}");
+    let a = heartbeat(&t, 7, newer).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let d7 = entry(&t.get("/v1/liveness").await.json(), 7);
+    assert_eq!(d7["state"], "alive", "{d7}");
+
+    // Removed: gone from the report.
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = t.get("/v1/liveness").await.json();
+    assert_eq!(v["datanodes"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(entry(&v, 7), Value::Null);
+}
+
+/// With a short timeout, a datanode that fell silent and one never heard from both end up
+/// down (polled until they are, each poll reading the leader's view afresh).
+#[tokio::test]
+async fn silent_datanodes_go_down() {
+    let t = leader_node_tuned(None, |c| c.datanode_timeout = Duration::from_millis(300)).await;
+    let epoch = t.register_datanode(7).await;
+    t.register_datanode(8).await;
+    let a = heartbeat(&t, 7, epoch).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let deadline = Instant::now() + common::DEADLINE;
+    loop {
+        let v = t.get("/v1/liveness").await.json();
+        let (d7, d8) = (entry(&v, 7), entry(&v, 8));
+        if d7["state"] == "down" && d8["state"] == "down" {
+            assert!(d7["heard_ms_ago"].as_u64().unwrap() > 300, "{v}");
+            assert!(d8["heard_ms_ago"].is_null(), "{v}");
+            assert!(v["collecting_ms"].as_u64().unwrap() >= 300, "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never down: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = String::from_utf8(t.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        metrics.contains("\nmetaserver_datanodes_alive 0\n"),
+        "{metrics}"
+    );
+}
