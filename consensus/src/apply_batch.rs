@@ -264,6 +264,24 @@ impl ApplyBatch {
         Ok(CommandResult::DatanodeRegistered { id, epoch })
     }
 
+    /// The record of `datanode` if `epoch` is its current incarnation, else the result that
+    /// refuses the command (unknown datanode, or fenced).
+    fn current_incarnation(
+        &self,
+        datanode: u64,
+        epoch: u64,
+    ) -> Result<std::result::Result<DatanodeRecord, CommandResult>> {
+        Ok(
+            match self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? {
+                None => Err(CommandResult::UnknownDatanode { id: datanode }),
+                Some(dn) if dn.epoch != epoch => Err(CommandResult::Fenced {
+                    current_epoch: dn.epoch,
+                }),
+                Some(dn) => Ok(dn),
+            },
+        )
+    }
+
     fn register_shards(
         &mut self,
         index: u64,
@@ -272,14 +290,10 @@ impl ApplyBatch {
         shards: &[ShardReport],
     ) -> Result<CommandResult> {
         let dkey = keys::datanode(datanode);
-        let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
-            return Ok(CommandResult::UnknownDatanode { id: datanode });
+        let mut dn = match self.current_incarnation(datanode, epoch)? {
+            Ok(dn) => dn,
+            Err(refused) => return Ok(refused),
         };
-        if dn.epoch != epoch {
-            return Ok(CommandResult::Fenced {
-                current_epoch: dn.epoch,
-            });
-        }
         let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
         let mut changed = Vec::new();
         for s in shards {
@@ -401,14 +415,10 @@ impl ApplyBatch {
         from: u64,
     ) -> Result<CommandResult> {
         let dkey = keys::datanode(datanode);
-        let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
-            return Ok(CommandResult::UnknownDatanode { id: datanode });
+        let mut dn = match self.current_incarnation(datanode, epoch)? {
+            Ok(dn) => dn,
+            Err(refused) => return Ok(refused),
         };
-        if dn.epoch != epoch {
-            return Ok(CommandResult::Fenced {
-                current_epoch: dn.epoch,
-            });
-        }
         let (buckets, mut next) = self.buckets_from(datanode, from, PRUNE_PIECE_BUCKETS)?;
         let mut gone = Vec::new();
         let mut looked = 0;

@@ -129,28 +129,32 @@ impl Api {
     /// `POST /v1/datanodes/{id}/prune`: ends a full report under `epoch`; returns how many
     /// replicas were dropped.
     pub async fn prune(&self, base: &str, datanode: u64, epoch: u64) -> Result<u64, CallError> {
-        let url = format!("{base}/v1/datanodes/{datanode}/prune");
-        let resp = self
-            .http
-            .post(&url)
-            .json(&serde_json::json!({ "epoch": epoch }))
-            .send()
-            .await;
-        let reply: PruneReply = Self::json(&url, resp).await?;
+        let reply: PruneReply = self.post_epoch(base, datanode, "prune", epoch).await?;
         Ok(reply.removed)
     }
 
     /// `POST /v1/datanodes/{id}/heartbeat`: incarnation `epoch` is alive.
     pub async fn heartbeat(&self, base: &str, datanode: u64, epoch: u64) -> Result<(), CallError> {
-        let url = format!("{base}/v1/datanodes/{datanode}/heartbeat");
+        let _: serde_json::Value = self.post_epoch(base, datanode, "heartbeat", epoch).await?;
+        Ok(())
+    }
+
+    /// `POST /v1/datanodes/{id}/{what}` `{"epoch":E}`.
+    async fn post_epoch<T: serde::de::DeserializeOwned>(
+        &self,
+        base: &str,
+        datanode: u64,
+        what: &str,
+        epoch: u64,
+    ) -> Result<T, CallError> {
+        let url = format!("{base}/v1/datanodes/{datanode}/{what}");
         let resp = self
             .http
             .post(&url)
             .json(&serde_json::json!({ "epoch": epoch }))
             .send()
             .await;
-        let _: serde_json::Value = Self::json(&url, resp).await?;
-        Ok(())
+        Self::json(&url, resp).await
     }
 
     /// A GET whose body is read and dropped; returns the status. Used for the admin read probes.

@@ -137,13 +137,20 @@ pub async fn register_shards(
             stale,
             index: written.index,
         })),
-        CommandResult::Fenced { current_epoch } => Err(ApiError::Fenced {
+        other => Err(refused(id, epoch, other)),
+    }
+}
+
+/// The error for a command of datanode `id`'s incarnation `epoch` that was not carried out.
+fn refused(id: u64, epoch: u64, result: CommandResult) -> ApiError {
+    match result {
+        CommandResult::Fenced { current_epoch } => ApiError::Fenced {
             datanode: id,
             epoch,
             current_epoch,
-        }),
-        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
-        other => Err(unexpected(other)),
+        },
+        CommandResult::UnknownDatanode { id } => unknown_datanode(id),
+        other => unexpected(other),
     }
 }
 
@@ -209,15 +216,7 @@ pub async fn prune(
                     }
                 }
             }
-            CommandResult::Fenced { current_epoch } => {
-                return Err(ApiError::Fenced {
-                    datanode: id,
-                    epoch,
-                    current_epoch,
-                })
-            }
-            CommandResult::UnknownDatanode { id } => return Err(unknown_datanode(id)),
-            other => return Err(unexpected(other)),
+            other => return Err(refused(id, epoch, other)),
         }
     }
 }
