@@ -353,8 +353,7 @@ impl ApplyBatch {
         datanode: u64,
         shards: &[u64],
     ) -> Result<CommandResult> {
-        let dkey = keys::datanode(datanode);
-        let Some(mut dn) = self.get::<DatanodeRecord>(&dkey, "datanode")? else {
+        let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? else {
             return Ok(CommandResult::UnknownDatanode { id: datanode });
         };
         let mut gone = Vec::new();
@@ -367,15 +366,28 @@ impl ApplyBatch {
                 gone.push(shard);
             }
         }
+        let removed = self.replicas_dropped(index, datanode, dn, gone)?;
+        Ok(CommandResult::ShardsDeregistered { removed })
+    }
+
+    /// Accounts for the replicas of `datanode` (record `dn`) that a command dropped from their
+    /// buckets (`gone`, by shard id): its count, the total and the change. Returns how many.
+    fn replicas_dropped(
+        &mut self,
+        index: u64,
+        datanode: u64,
+        mut dn: DatanodeRecord,
+        gone: Vec<u64>,
+    ) -> Result<u64> {
         let removed = gone.len() as u64;
         if removed > 0 {
             dn.shards = dn.shards.saturating_sub(removed);
             self.replicas = self.replicas.saturating_sub(removed);
-            self.put(&dkey, &dn)?;
+            self.put(&keys::datanode(datanode), &dn)?;
             let shards = gone;
             self.changed(index, Change::ReplicasRemoved { datanode, shards });
         }
-        Ok(CommandResult::ShardsDeregistered { removed })
+        Ok(removed)
     }
 
     /// The buckets holding replicas of `datanode`, merging the tree with pending writes.
@@ -414,8 +426,7 @@ impl ApplyBatch {
         epoch: u64,
         from: u64,
     ) -> Result<CommandResult> {
-        let dkey = keys::datanode(datanode);
-        let mut dn = match self.current_incarnation(datanode, epoch)? {
+        let dn = match self.current_incarnation(datanode, epoch)? {
             Ok(dn) => dn,
             Err(refused) => return Ok(refused),
         };
@@ -441,14 +452,7 @@ impl ApplyBatch {
                 self.index(datanode, b, true)?;
             }
         }
-        let removed = gone.len() as u64;
-        if removed > 0 {
-            dn.shards = dn.shards.saturating_sub(removed);
-            self.replicas = self.replicas.saturating_sub(removed);
-            self.put(&dkey, &dn)?;
-            let shards = gone;
-            self.changed(index, Change::ReplicasRemoved { datanode, shards });
-        }
+        let removed = self.replicas_dropped(index, datanode, dn, gone)?;
         Ok(CommandResult::Pruned { removed, next })
     }
 
