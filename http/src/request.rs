@@ -12,7 +12,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use meta_consensus::{ChangeFilter, Command};
+use meta_consensus::{ChangeFilter, Command, DatanodeState};
 
 use crate::error::ApiError;
 use crate::limits::{
@@ -187,6 +187,30 @@ pub struct ConfigPatchBody {
 pub struct ReadQuery {
     /// `linearizable` (default) or `local`.
     pub consistency: Option<String>,
+}
+
+/// Query of `GET /v1/liveness`: `?state=` keeps the datanodes in that state.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessQuery {
+    /// `alive`, `down` or `unknown`; all when absent.
+    pub state: Option<String>,
+}
+
+impl LivenessQuery {
+    /// The state asked for, if any.
+    pub fn validate(&self) -> Result<Option<DatanodeState>, ApiError> {
+        match self.state.as_deref() {
+            None => Ok(None),
+            Some("alive") => Ok(Some(DatanodeState::Alive)),
+            Some("down") => Ok(Some(DatanodeState::Down)),
+            Some("unknown") => Ok(Some(DatanodeState::Unknown)),
+            Some(other) => Err(ApiError::invalid(
+                "invalid_state",
+                format!("state must be \"alive\", \"down\" or \"unknown\", not {other:?}"),
+            )),
+        }
+    }
 }
 
 /// Query of shard listings: `?after=&limit=&consistency=`.

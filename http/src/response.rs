@@ -67,7 +67,7 @@ pub struct LivenessView {
     pub timeout_ms: u64,
     /// How long this leader has been collecting heartbeats, in ms.
     pub collecting_ms: u64,
-    /// Every registered datanode, by id.
+    /// Every registered datanode (in the state asked for, if any), by id.
     pub datanodes: Vec<DatanodeLivenessView>,
 }
 

@@ -130,6 +130,18 @@ async fn heartbeats_and_liveness() {
         metrics.contains("\nmetaserver_datanodes_alive 1\n"),
         "{metrics}"
     );
+    // One state only.
+    let ids = |v: Value| -> Vec<u64> {
+        v["datanodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids(t.get("/v1/liveness?state=alive").await.json()), [7]);
+    assert_eq!(ids(t.get("/v1/liveness?state=unknown").await.json()), [8]);
+    assert!(ids(t.get("/v1/liveness?state=down").await.json()).is_empty());
 
     // The former incarnation is fenced; an unknown datanode is 404.
     let a = heartbeat(&t, 7, old).await;
@@ -173,6 +185,8 @@ async fn silent_datanodes_go_down() {
         let v = t.get("/v1/liveness").await.json();
         let (d7, d8) = (entry(&v, 7), entry(&v, 8));
         if d7["state"] == "down" && d8["state"] == "down" {
+            let down = t.get("/v1/liveness?state=down").await.json();
+            assert_eq!(down["datanodes"].as_array().unwrap().len(), 2, "{down}");
             assert!(d7["heard_ms_ago"].as_u64().unwrap() > 300, "{v}");
             assert!(d8["heard_ms_ago"].is_null(), "{v}");
             assert!(v["collecting_ms"].as_u64().unwrap() >= 300, "{v}");

@@ -9,7 +9,9 @@ use super::{listing_error, unexpected};
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
-use crate::request::{EpochBody, PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody};
+use crate::request::{
+    EpochBody, LivenessQuery, PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody,
+};
 use crate::response::{
     DatanodeList, DatanodeLivenessView, DatanodeRegistered, DatanodeRemoved, DatanodeView,
     HeartbeatRecorded, LivenessView, ShardPage, ShardsDeregistered, ShardsRegistered,
@@ -244,11 +246,13 @@ pub async fn heartbeat(
     }
 }
 
-/// `GET /v1/liveness`: every registered datanode with its liveness; answered by the leader.
+/// `GET /v1/liveness` (`?state=`): every registered datanode with its liveness, or those in
+/// one state; answered by the leader.
 pub async fn liveness(
-    _: NoQuery,
     State(state): State<AppState>,
+    Query(query): Query<LivenessQuery>,
 ) -> Result<axum::Json<LivenessView>, ApiError> {
+    let wanted = query.validate()?;
     let report = state.node.liveness().await?;
     Ok(axum::Json(LivenessView {
         leader_id: report.leader,
@@ -257,6 +261,7 @@ pub async fn liveness(
         datanodes: report
             .datanodes
             .into_iter()
+            .filter(|(_, l)| wanted.is_none_or(|w| w == l.state))
             .map(|(d, l)| DatanodeLivenessView {
                 id: d.id,
                 addr: d.addr,
