@@ -390,30 +390,6 @@ impl ApplyBatch {
         Ok(removed)
     }
 
-    /// The buckets holding replicas of `datanode`, merging the tree with pending writes.
-    fn buckets_of(&self, datanode: u64) -> Result<Vec<u64>> {
-        let prefix = keys::by_datanode_prefix(datanode);
-        let mut set = std::collections::BTreeSet::new();
-        for item in self.tree.scan_prefix(prefix) {
-            let (k, _) = item.map_err(|e| Error::registry("scan during apply", e))?;
-            if let Some((_, b)) = keys::two_ids(&k) {
-                set.insert(b);
-            }
-        }
-        for (k, v) in self.pending.range(prefix.to_vec()..) {
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            if let Some((_, b)) = keys::two_ids(k) {
-                match v {
-                    Pending::Raw(None) => set.remove(&b),
-                    _ => set.insert(b),
-                };
-            }
-        }
-        Ok(set.into_iter().collect())
-    }
-
     /// Drops the replicas of `datanode` registered before incarnation `epoch` (every replica
     /// a batch of that incarnation registered or re-registered carries `epoch`), in its buckets
     /// from `from` on, until the piece has looked at [`PRUNE_PIECE_REPLICAS`] replicas or
@@ -457,7 +433,8 @@ impl ApplyBatch {
     }
 
     /// Up to `limit` buckets holding replicas of `datanode`, from bucket `from` on, in order
-    /// (the tree merged with pending writes), and the bucket to go on from if there may be more.
+    /// (the tree merged with pending writes), and the bucket to go on from if there may be more
+    /// (`usize::MAX`: all of them).
     fn buckets_from(
         &self,
         datanode: u64,
@@ -514,7 +491,8 @@ impl ApplyBatch {
             });
         }
         let mut n = 0u64;
-        for b in self.buckets_of(id)? {
+        let (buckets, _) = self.buckets_from(id, 0, usize::MAX)?;
+        for b in buckets {
             let bucket = self.bucket(b)?;
             let before = bucket.len();
             bucket.retain(|e| e.datanode != id);

@@ -98,6 +98,14 @@ impl Client {
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
     }
+
+    /// Asks `leader` to move member `id` to `addr` (`PUT /v1/cluster/members/{id}`).
+    async fn move_member(&self, leader: &Server, id: u64, addr: &str) -> (u16, Value) {
+        let body = json!({ "addr": addr });
+        let path = format!("/v1/cluster/members/{id}");
+        self.send(reqwest::Method::PUT, leader, &path, Some(body))
+            .await
+    }
 }
 
 /// Starts node 1 as a cluster of its own and waits until it leads.
@@ -744,7 +752,6 @@ async fn a_member_moves_to_a_new_address() {
     )
     .await;
     let client = Client::new();
-    let put = |addr: &str| json!({ "addr": addr });
 
     // While node 2 still answers at its old address, no other process is taken for it, even
     // one that holds this cluster's id: two processes answering for one member could vote
@@ -755,14 +762,7 @@ async fn a_member_moves_to_a_new_address() {
         .accept_cluster(leader.node.cluster_id().unwrap())
         .await
         .unwrap();
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&copy.addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &copy.addr).await;
     assert_eq!(status, 409, "{v}");
     assert!(
         v["error"]["message"]
@@ -785,14 +785,7 @@ async fn a_member_moves_to_a_new_address() {
     let plain_task = tokio::spawn(async move {
         axum::serve(plain, axum::Router::new()).await.unwrap();
     });
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&plain_addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &plain_addr).await;
     assert_eq!(status, 409, "{v}");
     plain_task.abort();
     // A bound socket that does not listen: connections to its port are refused.
@@ -805,14 +798,7 @@ async fn a_member_moves_to_a_new_address() {
         .as_socket()
         .unwrap()
         .to_string();
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&refused_addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &refused_addr).await;
     assert_eq!(status, 409, "{v}");
     assert!(
         v["error"]["message"]
@@ -821,41 +807,20 @@ async fn a_member_moves_to_a_new_address() {
             .contains("does not answer"),
         "{v}"
     );
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&leader.addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &leader.addr).await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"]["code"], "wrong_node", "{v}");
     // A new node started with id 2 (an empty data dir) is not the member: two processes
     // answering for one member could vote twice in a term.
     let other_dir = tempfile::tempdir().unwrap();
     let impostor = start(2, &other_dir).await;
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&impostor.addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &impostor.addr).await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"]["code"], "wrong_node", "{v}");
     assert_eq!(impostor.node.cluster_id(), None, "it adopted the cluster");
     impostor.node.shutdown().await.unwrap();
 
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &leader,
-            "/v1/cluster/members/2",
-            Some(put(&moved.addr)),
-        )
-        .await;
+    let (status, v) = client.move_member(&leader, 2, &moved.addr).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(leader.node.status().nodes[&2], moved.addr);
     let (status, v) = client

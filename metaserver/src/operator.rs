@@ -128,16 +128,22 @@ impl Operator {
 
 /// `metaserver status`: the member's view, as pretty JSON.
 pub async fn status(args: ClientArgs) -> Result<()> {
-    let op = Operator::new(&args)?;
-    let view: ClusterView = op.get_json("/v1/cluster").await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
-    Ok(())
+    print_view::<ClusterView>(&args, "/v1/cluster").await
 }
 
 /// `metaserver liveness`: the leader's liveness report, as pretty JSON.
 pub async fn liveness(args: ClientArgs) -> Result<()> {
-    let op = Operator::new(&args)?;
-    let view: LivenessView = op.get_json("/v1/liveness").await?;
+    print_view::<LivenessView>(&args, "/v1/liveness").await
+}
+
+/// Reads `path` as a `T` (so an answer of another shape is an error) and prints it as pretty
+/// JSON.
+async fn print_view<T: serde::de::DeserializeOwned + serde::Serialize>(
+    args: &ClientArgs,
+    path: &str,
+) -> Result<()> {
+    let op = Operator::new(args)?;
+    let view: T = op.get_json(path).await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }

@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use openraft::async_runtime::watch::WatchReceiver;
-
 use super::MetaNode;
 use crate::error::Result;
 use crate::view::{Consistency, Heartbeat, LivenessReport};
@@ -37,14 +35,7 @@ impl MetaNode {
     /// For metrics, while this node leads: how many datanodes it heard from within the
     /// timeout, and how long it has collected heartbeats. `None` on any other node.
     pub fn liveness_figures(&self) -> Option<(usize, std::time::Duration)> {
-        let metrics = self.inner.raft.metrics();
-        let (leading, term) = {
-            let m = metrics.borrow_watched();
-            (m.state == openraft::ServerState::Leader, m.current_term)
-        };
-        if !leading {
-            return None;
-        }
+        let term = self.leader_view()?.current_term;
         let now = Instant::now();
         let mut liveness = self.inner.liveness.lock();
         let alive = liveness.alive(term, now);
