@@ -187,7 +187,8 @@ async fn silent_datanodes_go_down() {
         if d7["state"] == "down" && d8["state"] == "down" {
             let down = t.get("/v1/liveness?state=down").await.json();
             assert_eq!(down["datanodes"].as_array().unwrap().len(), 2, "{down}");
-            assert!(d7["heard_ms_ago"].as_u64().unwrap() > 300, "{v}");
+            // Down once silent for more than the timeout; the answer's ms are truncated.
+            assert!(d7["heard_ms_ago"].as_u64().unwrap() >= 300, "{v}");
             assert!(d8["heard_ms_ago"].is_null(), "{v}");
             assert!(v["collecting_ms"].as_u64().unwrap() >= 300, "{v}");
             break;
