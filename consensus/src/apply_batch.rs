@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::change_feed::{Change, ChangeEvent};
+use crate::cluster_version::BASE_VERSION;
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -225,7 +226,26 @@ impl ApplyBatch {
                 if_revision,
             } => self.put_kv(index, key, value, *if_revision),
             Command::Delete { key, if_revision } => self.delete_kv(index, key, *if_revision),
+            Command::SetClusterVersion { version } => self.set_cluster_version(*version),
         }
+    }
+
+    /// The cluster's version as the registry and this batch leave it (`cluster_version.rs`).
+    pub(crate) fn cluster_version(&self) -> Result<u32> {
+        Ok(self
+            .get::<u32>(keys::CLUSTER_VERSION, "cluster version")?
+            .unwrap_or(BASE_VERSION))
+    }
+
+    /// Raises the cluster's version to `version`; a lower one changes nothing.
+    fn set_cluster_version(&mut self, version: u32) -> Result<CommandResult> {
+        let current = self.cluster_version()?;
+        if version > current {
+            self.put(keys::CLUSTER_VERSION, &version)?;
+        }
+        Ok(CommandResult::ClusterVersion {
+            version: version.max(current),
+        })
     }
 
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch

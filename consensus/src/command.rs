@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster_version::BASE_VERSION;
+
 /// What one piece of a prune weighs in the leader's admission window, in shards.
 const PRUNE_PIECE_WEIGHT: usize = 1_000;
 
@@ -63,9 +65,24 @@ pub enum Command {
         epoch: u64,
         from_bucket: u64,
     },
+    /// Raises the cluster's version to `version` (see `cluster_version.rs`); never lowers it.
+    /// Proposed by the leader only once every member's build answered with at least `version`;
+    /// a member whose build is older stops at this entry rather than apply later commands it
+    /// cannot decode.
+    SetClusterVersion { version: u32 },
 }
 
 impl Command {
+    /// The cluster version a member's build needs to apply this command
+    /// (`cluster_version.rs`): the leader proposes it only in a cluster of that version.
+    pub fn required_version(&self) -> u32 {
+        match self {
+            Command::PruneReplicas { .. } => 2,
+            Command::SetClusterVersion { version } => *version,
+            _ => BASE_VERSION,
+        }
+    }
+
     /// How much apply work the command is, in shards: a batch's shard count, a prune piece's
     /// equivalent, 0 for the rest.
     pub fn weight(&self) -> u32 {
@@ -120,6 +137,7 @@ impl fmt::Display for Command {
             Command::Delete { key, if_revision } => {
                 write!(f, "Delete({key:?}, if {if_revision:?})")
             }
+            Command::SetClusterVersion { version } => write!(f, "SetClusterVersion({version})"),
         }
     }
 }
@@ -174,5 +192,9 @@ pub enum CommandResult {
     Pruned {
         removed: u64,
         next: Option<u64>,
+    },
+    /// The cluster's version after a `SetClusterVersion`.
+    ClusterVersion {
+        version: u32,
     },
 }

@@ -8,6 +8,7 @@ use meta_store::BarrierMode;
 
 use crate::addresses::Addresses;
 use crate::cluster_id::ClusterId;
+use crate::cluster_version::{PeerVersions, BUILD_VERSION};
 use crate::error::{Error, Result};
 use crate::removal_notice::RemovalNotice;
 use crate::types::NodeId;
@@ -74,6 +75,12 @@ pub struct NodeConfig {
     /// The members' current addresses, kept by the node from its membership and shared with
     /// the transport, which sends every message to the address there.
     pub addresses: Addresses,
+    /// The versions of the members' builds, shared with the transport, which notes the
+    /// version every answer to this node's messages carries (see `cluster_version.rs`).
+    pub peer_versions: PeerVersions,
+    /// The version this node's build answers with and applies up to: [`BUILD_VERSION`]; tests
+    /// set it lower to play a member of an older build.
+    pub build_version: u32,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
 }
@@ -102,6 +109,8 @@ impl NodeConfig {
             cluster_id: ClusterId::default(),
             removal_notice: RemovalNotice::default(),
             addresses: Addresses::default(),
+            peer_versions: PeerVersions::default(),
+            build_version: BUILD_VERSION,
             min_free_bytes: 128 << 20,
             datanode_timeout: Duration::from_secs(10),
             emulated_sync_latency: Duration::ZERO,
@@ -136,6 +145,11 @@ impl NodeConfig {
         }
         if self.max_pending_shards == 0 {
             return bad("max_pending_shards must be at least 1".into());
+        }
+        if self.build_version == 0 || self.build_version > BUILD_VERSION {
+            return bad(format!(
+                "build_version must be between 1 and {BUILD_VERSION}"
+            ));
         }
         if self.datanode_timeout.is_zero() {
             return bad("datanode_timeout must be more than zero".into());

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::cluster_version::{describe_behind, Behind};
 use crate::codec::CodecError;
 use crate::types::NodeId;
 
@@ -109,6 +110,38 @@ pub enum Error {
     /// The node is shut down.
     #[error("node is shut down")]
     Shutdown,
+    /// A command needs a cluster version (`cluster_version.rs`) the cluster does not have, and
+    /// cannot be given yet: the members in `behind` run older builds or did not answer.
+    /// Nothing was proposed.
+    #[error(
+        "{what} needs cluster version {needed}, the cluster's version is {current}, and it is \
+         raised only once every member runs a build of version {needed} or later ({}): upgrade \
+         those members (or bring them back) and ask again",
+        describe_behind(.behind)
+    )]
+    ClusterVersionTooLow {
+        what: String,
+        needed: u32,
+        current: u32,
+        behind: Vec<Behind>,
+    },
+    /// This node's build is older than its cluster's version: it cannot apply the cluster's log.
+    #[error(
+        "this build applies cluster versions up to {build}, but the cluster's version is \
+         {cluster}: run a newer metaserver build on this node (a cluster's version never goes \
+         back)"
+    )]
+    BuildTooOld { build: u32, cluster: u32 },
+    /// A node to add as a learner runs a build older than the cluster's version.
+    #[error(
+        "node {node} runs a build of version {build}, older than the cluster's version \
+         {cluster}: upgrade it before adding it"
+    )]
+    LearnerTooOld {
+        node: NodeId,
+        build: u32,
+        cluster: u32,
+    },
 }
 
 /// Result with the crate's [`Error`].

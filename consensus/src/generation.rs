@@ -179,6 +179,13 @@ impl Generation {
         Ok((applied, membership))
     }
 
+    /// The cluster's version stored in this generation (`cluster_version.rs`).
+    pub(crate) fn cluster_version(&self) -> Result<u32> {
+        Ok(self
+            .get::<u32>(keys::CLUSTER_VERSION, "cluster version")?
+            .unwrap_or(crate::cluster_version::BASE_VERSION))
+    }
+
     pub(crate) fn replica_count(&self) -> Result<u64> {
         Ok(self.applied_record()?.map(|r| r.replicas).unwrap_or(0))
     }

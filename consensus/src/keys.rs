@@ -7,6 +7,7 @@
 //! | `r`    | shard bucket (u64 BE)                 | `ReplicaBucket`: the replicas of the shards in the bucket |
 //! | `x`    | datanode id, shard bucket (u64 BE)    | present while the datanode holds a replica in the bucket; the value is not read |
 //! | `k`    | key bytes (UTF-8)                     | `KvRecord`                    |
+//! | `s`    | name                                  | a cluster setting, in snapshots (the cluster's version) |
 //! | `m`    | name                                  | metadata                      |
 //!
 //! Replicas are packed by shard bucket (`shard >> BUCKET_BITS`): a sled operation costs a few
@@ -22,6 +23,10 @@ pub const DATANODE: u8 = b'd';
 pub const REPLICA: u8 = b'r';
 pub const BY_DATANODE: u8 = b'x';
 pub const KV: u8 = b'k';
+pub const SETTING: u8 = b's';
+
+/// The cluster's version (`u32`, see `cluster_version.rs`); absent until first raised.
+pub const CLUSTER_VERSION: &[u8] = b"sversion";
 
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
 /// every apply writes one metadata record. Written through the redo record: current after

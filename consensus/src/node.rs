@@ -32,6 +32,7 @@ mod membership;
 mod reads;
 mod snapshots;
 mod validation;
+mod versions;
 mod votes;
 mod watch;
 mod writes;
@@ -60,6 +61,9 @@ struct Inner {
     dir_lock: parking_lot::Mutex<Option<DataDirLock>>,
     /// The datanodes' heartbeats, while this node leads (`node/heartbeats.rs`).
     liveness: parking_lot::Mutex<Liveness>,
+    /// Held while the leader raises the cluster's version or adds a learner
+    /// (`node/versions.rs`).
+    raising: tokio::sync::Mutex<()>,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -125,6 +129,9 @@ impl MetaNode {
                 c.snapshots_to_keep,
                 limiter,
             )?;
+            // A cluster's version never goes back: an older build must not replay its log.
+            sm.set_build_version(c.build_version);
+            sm.shared().check_build(sm.shared().cluster_version())?;
             Ok((dir_lock, log, sm, incoming))
         })
         .await?;
@@ -149,6 +156,7 @@ impl MetaNode {
                 write_window: tokio::sync::Semaphore::new(window as usize),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
+                raising: tokio::sync::Mutex::new(()),
             }),
         };
         node.check_not_behind_purge()?;
@@ -428,6 +436,13 @@ impl MetaNode {
             snapshot_throttle_millis: sm.limiter.paused_nanos() / 1_000_000,
             watches_waiting: sm.feed.waiting() as u64,
             watch_floor: sm.feed.floor(),
+            cluster_version: sm.cluster_version(),
+            build_version: self.inner.cfg.build_version,
+            member_versions: if m.state == openraft::ServerState::Leader {
+                self.member_versions()
+            } else {
+                BTreeMap::new()
+            },
         }
     }
 

@@ -48,6 +48,11 @@ impl Replacement {
     pub(crate) fn tree(&self) -> &sled::Tree {
         &self.generation.tree
     }
+
+    /// The cluster's version the imported registry holds.
+    pub(crate) fn cluster_version(&self) -> Result<u32> {
+        self.generation.cluster_version()
+    }
 }
 
 fn generation_name(n: u64) -> String {
@@ -498,7 +503,7 @@ impl Registry {
             let (k, v) = item.map_err(|e| Error::registry("read all", e))?;
             if matches!(
                 k.first(),
-                Some(&keys::DATANODE | &keys::REPLICA | &keys::KV)
+                Some(&keys::DATANODE | &keys::REPLICA | &keys::KV | &keys::SETTING)
             ) {
                 out.insert(k.to_vec(), v.to_vec());
             }

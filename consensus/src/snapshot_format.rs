@@ -89,7 +89,7 @@ pub(crate) fn export(
     let mut trailer = Trailer::default();
     let io_err = |e: io::Error| Error::io("write snapshot payload", "snapshot", e);
     let mut chunk: Vec<(IVec, IVec)> = Vec::with_capacity(EXPORT_CHUNK);
-    for prefix in [keys::DATANODE, keys::KV, keys::REPLICA] {
+    for prefix in [keys::DATANODE, keys::KV, keys::REPLICA, keys::SETTING] {
         let mut iter = tree.scan_prefix([prefix]);
         loop {
             chunk.clear();
@@ -112,7 +112,7 @@ pub(crate) fn export(
     for (k, v) in capture.leftovers() {
         if matches!(
             k.first(),
-            Some(&keys::DATANODE | &keys::REPLICA | &keys::KV)
+            Some(&keys::DATANODE | &keys::REPLICA | &keys::KV | &keys::SETTING)
         ) {
             write_frame(out, TAG_PAIR, &k, &v).map_err(io_err)?;
             trailer.count(&k, replicas_in(&k, &v));
@@ -220,6 +220,10 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
         Some(&keys::KV) => {
             std::str::from_utf8(&key[1..]).map_err(|_| bad("non-UTF-8 key"))?;
             let _: KvRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            Ok(0)
+        }
+        Some(&keys::SETTING) if key == keys::CLUSTER_VERSION => {
+            let _: u32 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
         _ => Err(Error::Snapshot(format!("unexpected {}", what()))),

@@ -23,7 +23,7 @@
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,7 @@ use parking_lot::Mutex;
 
 use crate::apply_batch::ApplyBatch;
 use crate::change_feed::{ChangeFeed, DEFAULT_HISTORY};
+use crate::cluster_version::BUILD_VERSION;
 use crate::codec;
 use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
@@ -85,6 +86,10 @@ pub(crate) struct SmShared {
     applied: Mutex<(Option<LogId>, StoredMembership)>,
     replicas: AtomicU64,
     datanodes: AtomicU64,
+    /// The cluster's version as applied (`cluster_version.rs`), and the highest this build
+    /// applies (`NodeConfig::build_version`).
+    cluster_version: AtomicU32,
+    build_version: AtomicU32,
     /// The deferred batch (see the module comment). Held while entries execute and while a
     /// batch commits, so a read that commits it first sees every applied entry.
     deferred: Mutex<Option<Deferred>>,
@@ -176,6 +181,7 @@ impl StateMachine {
         let gen = registry.current();
         let applied = gen.applied()?;
         let replicas = gen.replica_count()?;
+        let cluster_version = gen.cluster_version()?;
         drop(gen);
         let datanodes = registry.datanode_count()?;
         let feed = ChangeFeed::new(applied.0.map_or(0, |l| l.index), DEFAULT_HISTORY);
@@ -189,6 +195,8 @@ impl StateMachine {
                 applied: Mutex::new(applied),
                 replicas: AtomicU64::new(replicas),
                 datanodes: AtomicU64::new(datanodes),
+                cluster_version: AtomicU32::new(cluster_version),
+                build_version: AtomicU32::new(BUILD_VERSION),
                 deferred: Mutex::new(None),
                 failed: AtomicBool::new(false),
                 defer_max_age: DEFER_MAX_AGE,
@@ -203,6 +211,12 @@ impl StateMachine {
 
     pub(crate) fn shared(&self) -> Arc<SmShared> {
         self.shared.clone()
+    }
+
+    /// Makes this state machine one of a build of `version` (tests play older builds): it
+    /// refuses to apply, or install, a cluster version above it.
+    pub fn set_build_version(&self, version: u32) {
+        self.shared.build_version.store(version, Ordering::Relaxed);
     }
 }
 
@@ -236,6 +250,21 @@ fn work(entries: &[Entry]) -> usize {
 }
 
 impl SmShared {
+    /// The cluster's version as applied here (`cluster_version.rs`).
+    pub(crate) fn cluster_version(&self) -> u32 {
+        self.cluster_version.load(Ordering::Acquire)
+    }
+
+    /// [`Error::BuildTooOld`] if this build cannot apply a log or registry of cluster version
+    /// `cluster`.
+    pub(crate) fn check_build(&self, cluster: u32) -> Result<()> {
+        let build = self.build_version.load(Ordering::Relaxed);
+        if cluster > build {
+            return Err(Error::BuildTooOld { build, cluster });
+        }
+        Ok(())
+    }
+
     /// Last applied log id and membership.
     pub(crate) fn applied(&self) -> (Option<LogId>, StoredMembership) {
         self.applied.lock().clone()
@@ -542,6 +571,17 @@ impl SmShared {
             }
             let result = match &e.payload {
                 EntryPayload::Blank => CommandResult::Empty,
+                EntryPayload::Normal(Command::SetClusterVersion { version }) => {
+                    // A member whose build is older stops here, before it meets a command it
+                    // cannot decode (the leader raised the version while it ran a newer build).
+                    self.check_build(*version)?;
+                    let raised = batch.execute(
+                        e.log_id.index,
+                        &Command::SetClusterVersion { version: *version },
+                    )?;
+                    self.cluster_version.fetch_max(*version, Ordering::AcqRel);
+                    raised
+                }
                 EntryPayload::Normal(cmd) => batch.execute(e.log_id.index, cmd)?,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(e.log_id), m.clone());
@@ -586,8 +626,13 @@ impl SmShared {
             meta,
             copy.as_mut().map(|w| w as &mut dyn io::Write),
         );
-        let trailer = match imported {
-            Ok(t) => t,
+        let checked = imported.and_then(|t| {
+            let version = replacement.cluster_version()?;
+            self.check_build(version)?;
+            Ok((t, version))
+        });
+        let (trailer, cluster_version) = match checked {
+            Ok(x) => x,
             Err(e) => {
                 self.registry.abort_replace(replacement);
                 return Err(e);
@@ -610,6 +655,8 @@ impl SmShared {
             .restart_at(meta.last_log_id.as_ref().map_or(0, |l| l.index));
         self.replicas.store(trailer.replicas, Ordering::Relaxed);
         self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
+        self.cluster_version
+            .store(cluster_version, Ordering::Release);
         self.stats.installed(started.elapsed());
         tracing::info!(
             "installed snapshot {meta}: {} datanodes, {} replicas, {} keys",

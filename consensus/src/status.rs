@@ -86,4 +86,11 @@ pub struct ClusterStatus {
     pub watches_waiting: u64,
     /// Every change after this log index is kept for watchers.
     pub watch_floor: u64,
+    /// The cluster's version as this node applied it, and the highest this node's build
+    /// applies (see `cluster_version.rs`).
+    pub cluster_version: u32,
+    pub build_version: u32,
+    /// The version each member's build answered with recently (`None`: no recent answer);
+    /// leader only.
+    pub member_versions: BTreeMap<NodeId, Option<u32>>,
 }

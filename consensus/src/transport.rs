@@ -131,10 +131,19 @@ pub struct LocalConnection {
 }
 
 impl LocalConnection {
+    /// The target node, if the link to it is up; the sender notes the version of its build,
+    /// as the HTTP transport does from the answer's header.
     fn target(&self) -> Result<MetaNode, RPCError<TypeConfig>> {
-        self.router
+        let target = self
+            .router
             .target(self.from, self.target)
-            .map_err(RPCError::Unreachable)
+            .map_err(RPCError::Unreachable)?;
+        if let Some(me) = self.router.node(self.from) {
+            me.config()
+                .peer_versions
+                .note(self.target, target.config().build_version);
+        }
+        Ok(target)
     }
 }
 

@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use meta_consensus::{ClusterId, MetaNode};
+use meta_consensus::{ClusterId, MetaNode, BASE_VERSION};
 
 use crate::auth::Token;
 use crate::error::ApiError;
@@ -32,6 +32,20 @@ pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member
 /// that checked the addressee answers with it (`confirm` requires it).
 pub const IDENTITY: HeaderName = HeaderName::from_static("x-metaserver-id");
 
+/// The header with which a node answers every `/raft` message: its build's version (see
+/// `meta-consensus`'s `cluster_version.rs`). The sender notes it; a build that predates
+/// versions sends none, which reads as [`BASE_VERSION`].
+pub const VERSION: HeaderName = HeaderName::from_static("x-metaserver-version");
+
+/// The build version an answer from a member names ([`VERSION`]).
+pub fn version_of(headers: &axum::http::HeaderMap) -> u32 {
+    headers
+        .get(VERSION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(BASE_VERSION)
+}
+
 /// The route a leader asks before it adds a learner: 204 if the node may join the sender's
 /// cluster, 409 `other_cluster` if it belongs to another.
 pub const PATH_IDENTITY: &str = "/raft/identity";
@@ -52,8 +66,17 @@ pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
 
 /// Middleware of the `/raft` routes: refuses a message of another cluster (first: it says
 /// more), then one for another node, and only then lets a node that knows no cluster yet adopt
-/// the sender's.
+/// the sender's. Every answer names this node's build version ([`VERSION`]).
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    let version = node.config().build_version;
+    let mut response = checked(node, request, next).await;
+    response
+        .headers_mut()
+        .insert(VERSION, axum::http::HeaderValue::from(version));
+    response
+}
+
+async fn checked(node: MetaNode, request: Request, next: Next) -> Response {
     let theirs = match request.headers().get(CLUSTER) {
         // Sent by a node that knows no cluster (a fresh node's vote request).
         None => None,
@@ -167,12 +190,17 @@ impl MemberLink<'_> {
     /// Asks the node at `addr` whether it may join this cluster as node `id`:
     /// [`ApiError::OtherCluster`] if it answers that it belongs to another,
     /// [`ApiError::WrongNode`] if it is another node, [`ApiError::Conflict`] if it refuses this
-    /// cluster's token. `Ok` if it may, or if it cannot be asked (a node may be added before it
-    /// is started).
-    pub async fn probe(&self, id: u64, addr: &str) -> Result<(), ApiError> {
+    /// cluster's token. `Ok` if it may (with the version of its build when a metaserver
+    /// consented), or if it cannot be asked (a node may be added before it is started).
+    pub async fn probe(&self, id: u64, addr: &str) -> Result<Option<u32>, ApiError> {
         match self.ask(id, addr, false).await {
-            Some(Ok(answer)) => refusal(answer, addr).await,
-            _ => Ok(()),
+            Some(Ok(answer)) => {
+                let consented = answer.status() == reqwest::StatusCode::NO_CONTENT
+                    && answer.headers().contains_key(IDENTITY);
+                let version = consented.then(|| version_of(answer.headers()));
+                refusal(answer, addr).await.map(|()| version)
+            }
+            _ => Ok(None),
         }
     }
 

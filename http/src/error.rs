@@ -69,6 +69,14 @@ pub enum ApiError {
     /// membership names this node's address for another node (409).
     #[error("{0}")]
     WrongNode(String),
+    /// A learner to add runs a build older than the cluster's version (409).
+    #[error("{0}")]
+    BuildTooOld(String),
+    /// A command needs a cluster version the cluster cannot be raised to yet: some members run
+    /// older builds or do not answer (503, with `Retry-After`: it succeeds once they are
+    /// upgraded, or back).
+    #[error("{0}")]
+    ClusterVersion(String),
     /// A watch asked for changes after an index this member no longer keeps the changes after
     /// (410): the client reads the state again and watches from a fresh index.
     #[error("{0}")]
@@ -149,7 +157,8 @@ impl ApiError {
             | ApiError::AlreadyInitialized
             | ApiError::Conflict(_)
             | ApiError::OtherCluster(_)
-            | ApiError::WrongNode(_) => StatusCode::CONFLICT,
+            | ApiError::WrongNode(_)
+            | ApiError::BuildTooOld(_) => StatusCode::CONFLICT,
             ApiError::Compacted(_) => StatusCode::GONE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -157,6 +166,7 @@ impl ApiError {
             ApiError::NoLeader(_)
             | ApiError::Unavailable(_)
             | ApiError::Overloaded(_)
+            | ApiError::ClusterVersion(_)
             | ApiError::ForwardToLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) | ApiError::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -177,6 +187,8 @@ impl ApiError {
             ApiError::Compacted(_) => "compacted",
             ApiError::OtherCluster(_) => "other_cluster",
             ApiError::WrongNode(_) => "wrong_node",
+            ApiError::BuildTooOld(_) => "build_too_old",
+            ApiError::ClusterVersion(_) => "cluster_version",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
@@ -227,6 +239,9 @@ impl From<meta_consensus::Error> for ApiError {
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
             e @ E::InsufficientStorage { .. } => ApiError::InsufficientStorage(e.to_string()),
+            e @ E::ClusterVersionTooLow { .. } => ApiError::ClusterVersion(e.to_string()),
+            e @ E::LearnerTooOld { .. } => ApiError::BuildTooOld(e.to_string()),
+            e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())

@@ -61,6 +61,9 @@ pub enum Refusal {
     Internal(String),
     /// 507 `insufficient_storage`: the leader's disk is nearly full.
     InsufficientStorage(String),
+    /// 503 `cluster_version`: the command needs a cluster version the leader cannot raise the
+    /// cluster to yet.
+    ClusterVersion(String),
 }
 
 impl Refusal {
@@ -81,6 +84,7 @@ impl Refusal {
             ApiError::Invalid { message, .. } => Refusal::Invalid(message),
             ApiError::NotFound(m) => Refusal::NotFound(m),
             ApiError::InsufficientStorage(m) => Refusal::InsufficientStorage(m),
+            ApiError::ClusterVersion(m) => Refusal::ClusterVersion(m),
             other => Refusal::Internal(other.to_string()),
         }
     }
@@ -97,6 +101,7 @@ impl From<Refusal> for ApiError {
             Refusal::NotFound(m) => ApiError::NotFound(m),
             Refusal::Internal(m) => ApiError::Internal(m),
             Refusal::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
+            Refusal::ClusterVersion(m) => ApiError::ClusterVersion(m),
         }
     }
 }
@@ -116,6 +121,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::PruneReplicas { .. } => 18,
         Command::Put { key, value, .. } => key.len() + value.len(),
         Command::Delete { key, .. } => key.len(),
+        Command::SetClusterVersion { .. } => 5,
     }
 }
 

@@ -21,8 +21,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    Addresses, ClusterId, Node, NodeConfig, NodeId, Removal, RemovalNotice, SnapshotData,
-    TypeConfig, Vote,
+    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, Removal, RemovalNotice,
+    SnapshotData, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -158,6 +158,7 @@ pub struct HttpNetwork {
     cluster: ClusterId,
     removal: RemovalNotice,
     addresses: Addresses,
+    versions: PeerVersions,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
 }
 
@@ -165,7 +166,8 @@ impl HttpNetwork {
     /// The network of the node `cfg` configures; every RPC carries `token` when one is set.
     /// It shares the node's handles: every RPC carries the cluster's id once it is known
     /// (`NodeConfig::cluster_id`), and removal notices that come back with vote answers reach
-    /// the node (`NodeConfig::removal_notice`).
+    /// the node (`NodeConfig::removal_notice`), and so do the build versions the members
+    /// answer with (`NodeConfig::peer_versions`).
     pub fn new(cfg: &NodeConfig, token: Token) -> Self {
         HttpNetwork {
             id: cfg.id,
@@ -174,6 +176,7 @@ impl HttpNetwork {
             cluster: cfg.cluster_id.clone(),
             removal: cfg.removal_notice.clone(),
             addresses: cfg.addresses.clone(),
+            versions: cfg.peer_versions.clone(),
             patience: Arc::default(),
         }
     }
@@ -197,6 +200,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             token: self.token.clone(),
             cluster: self.cluster.clone(),
             removal: self.removal.clone(),
+            versions: self.versions.clone(),
             patience: self
                 .patience
                 .lock()
@@ -226,6 +230,8 @@ pub struct HttpConnection {
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
+    /// Where the build version of each answer is noted (`cluster_identity::VERSION`).
+    versions: PeerVersions,
     patience: Arc<Patience>,
 }
 
@@ -310,6 +316,12 @@ impl HttpConnection {
             .await
             .map_err(|e| self.rpc_error(action, timeout, e))?;
         let status = response.status();
+        if status.is_success() {
+            self.versions.note(
+                self.target,
+                cluster_identity::version_of(response.headers()),
+            );
+        }
         if let Some(removal) = response
             .headers()
             .get(REMOVED)
@@ -419,6 +431,11 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 self.target,
                 self.base.clone(),
             );
+            // The peer's build version comes with the exchange's headers, once; it is noted
+            // with every answer, since a session may last for hours and only recent answers
+            // count (see `meta-consensus`'s `cluster_version.rs`).
+            let version = Arc::new(AtomicU32::new(0));
+            let session_version = version.clone();
             let connecting = async move {
                 let response = exchange.await.map_err(|e| {
                     rpc_error(
@@ -442,6 +459,10 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     }
                     return Err(RPCError::Network(NetworkError::from_string(message)));
                 }
+                session_version.store(
+                    cluster_identity::version_of(response.headers()),
+                    Ordering::Relaxed,
+                );
                 let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES).boxed();
                 Ok(frames)
             };
@@ -451,9 +472,15 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 deadline: Box::new(move |bytes| patience.deadline(&option, bytes)),
                 timed_out: Box::new(timed_out),
             };
-            let patience = self.patience.clone();
+            let (patience, versions) = (self.patience.clone(), self.versions.clone());
             Ok(answers(Box::pin(connecting), outstanding, policy)
-                .inspect(move |answer| patience.record(answer))
+                .inspect(move |answer| {
+                    patience.record(answer);
+                    let v = version.load(Ordering::Relaxed);
+                    if answer.is_ok() && v != 0 {
+                        versions.note(target, v);
+                    }
+                })
                 .boxed())
         })
     }

@@ -138,6 +138,18 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?;
     gauge(
         &mut enc,
+        "metaserver_cluster_version",
+        "The cluster's version as this node applied it (log commands every member can apply)",
+        i64::from(status.cluster_version),
+    )?;
+    gauge(
+        &mut enc,
+        "metaserver_build_version",
+        "The highest cluster version this node's build applies",
+        i64::from(status.build_version),
+    )?;
+    gauge(
+        &mut enc,
         "metaserver_raft_leader",
         "Id of the known leader (0 when none)",
         status.leader_id.map(count).unwrap_or(0),

@@ -630,6 +630,10 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
             validate_value(value)
         }
         Command::Delete { key, .. } => validate_key(key),
+        Command::SetClusterVersion { .. } => Err(ApiError::invalid(
+            "bad_command",
+            "the cluster's version is raised by its leader only",
+        )),
     }
 }
 

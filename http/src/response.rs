@@ -233,6 +233,18 @@ pub struct ClusterView {
     /// others): what to watch before promoting a learner, or to find a member that is down.
     #[serde(default)]
     pub replication: BTreeMap<u64, ReplicationView>,
+    /// The cluster's version as this node applied it: which log commands every member can
+    /// apply. The leader raises it when a command first needs more, once every member runs a
+    /// build of that version; it never goes back.
+    #[serde(default)]
+    pub cluster_version: u32,
+    /// The highest cluster version this node's build applies.
+    #[serde(default)]
+    pub build_version: u32,
+    /// The build version each member answered the leader with recently, by id (`null`: no
+    /// recent answer), on the leader only.
+    #[serde(default)]
+    pub member_versions: BTreeMap<u64, Option<u32>>,
 }
 
 /// One member's progress, as the leader sees it.

@@ -36,6 +36,7 @@ fn adds_data(cmd: &Command) -> bool {
             | Command::DeregisterShards { .. }
             | Command::RemoveDatanode { .. }
             | Command::PruneReplicas { .. }
+            | Command::SetClusterVersion { .. }
     )
 }
 

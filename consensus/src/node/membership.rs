@@ -78,7 +78,8 @@ impl MetaNode {
     /// Adds a learner and starts replicating to it; returns once the membership change is
     /// committed, without waiting for the learner to catch up. Adding a learner again at the
     /// same address changes nothing; [`Error::Conflict`] if `id` is a voter, or a learner at
-    /// another address (remove it first).
+    /// another address (remove it first), [`Error::LearnerTooOld`] if it answered recently as
+    /// a build older than the cluster's version (`node/versions.rs`).
     pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
         self.check_open()?;
         self.forward_if_follower()?;
@@ -101,9 +102,12 @@ impl MetaNode {
             check_address_free(membership, id, &node.addr)?;
         }
         let raft = &self.inner.raft;
-        self.membership_call(|| raft.add_learner(id, node.clone(), false))
-            .await
-            .map(|_| ())
+        let add = async {
+            self.membership_call(|| raft.add_learner(id, node.clone(), false))
+                .await
+                .map(|_| ())
+        };
+        self.unless_too_old(id, add).await
     }
 
     /// Removes learner `id` from the cluster (replication to it stops). [`Error::NotFound`] if

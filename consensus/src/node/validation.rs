@@ -51,6 +51,13 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
             }
         }
         Command::Delete { key, .. } => check_key(key)?,
+        Command::SetClusterVersion { .. } => {
+            return Err(Error::InvalidArgument(
+                "the cluster's version is raised by its leader only, once every member runs a \
+                 build of that version"
+                    .into(),
+            ))
+        }
     }
     Ok(())
 }

@@ -281,6 +281,7 @@ impl MetaNode {
             return Err(forward);
         }
         self.check_free_space(&cmd)?;
+        self.ensure_version(&cmd).await?;
         let window = self.inner.cfg.max_pending_shards;
         let weight = cmd.weight().clamp(1, window);
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;

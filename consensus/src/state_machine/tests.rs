@@ -222,6 +222,89 @@ async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
     );
 }
 
+/// The cluster's version rises with `SetClusterVersion` and never falls, travels in snapshots
+/// and survives a reopen; a build older than it refuses the entry and the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
+    use crate::cluster_version::BASE_VERSION;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut sm = open(dirs[0].path());
+    let shared = sm.shared();
+    assert_eq!(shared.cluster_version(), BASE_VERSION);
+    let mut entries = workload();
+    entries.push(entry(23, Command::SetClusterVersion { version: 2 }));
+    entries.push(entry(24, Command::SetClusterVersion { version: 1 }));
+    let results = shared.apply_entries(&entries, false).unwrap();
+    assert_eq!(results[22], CommandResult::ClusterVersion { version: 2 });
+    assert_eq!(
+        results[23],
+        CommandResult::ClusterVersion { version: 2 },
+        "never lowered"
+    );
+    assert_eq!(shared.cluster_version(), 2);
+    let snapshot = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    // A build older than the snapshot's cluster version refuses it and keeps its registry.
+    let other = open(dirs[1].path());
+    other.set_build_version(1);
+    let install = |other: &StateMachine| {
+        let (shared, meta, data) = (
+            other.shared(),
+            snapshot.meta.clone(),
+            snapshot.snapshot.clone(),
+        );
+        tokio::task::spawn_blocking(move || shared.install(&meta, &data))
+    };
+    let refused = install(&other).await.unwrap();
+    assert!(
+        matches!(
+            refused,
+            Err(Error::BuildTooOld {
+                build: 1,
+                cluster: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(other.shared().cluster_version(), BASE_VERSION);
+    assert!(other.shared().registry.content().unwrap().is_empty());
+    other.set_build_version(2);
+    install(&other).await.unwrap().unwrap();
+    assert_eq!(other.shared().cluster_version(), 2);
+    assert_eq!(
+        other.shared().registry.content().unwrap(),
+        shared.registry.content().unwrap()
+    );
+
+    // An older build stops at the entry that raises the version past it.
+    let old = open(dirs[2].path());
+    old.set_build_version(1);
+    let raise = [entry(1, Command::SetClusterVersion { version: 2 })];
+    let refused = old.shared().apply_entries(&raise, false);
+    assert!(
+        matches!(
+            refused,
+            Err(Error::BuildTooOld {
+                build: 1,
+                cluster: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(old.shared().cluster_version(), BASE_VERSION);
+
+    // The version is in the registry: a reopen finds it.
+    shared.commit_deferred().unwrap();
+    drop((shared, snapshot, sm));
+    let reopened = open(dirs[0].path());
+    assert_eq!(reopened.shared().cluster_version(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_current_snapshot_is_known_without_opening_a_file() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

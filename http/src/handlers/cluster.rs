@@ -79,6 +79,9 @@ impl From<ClusterStatus> for ClusterView {
                     (r.node, view)
                 })
                 .collect(),
+            cluster_version: s.cluster_version,
+            build_version: s.build_version,
+            member_versions: s.member_versions,
         }
     }
 }
@@ -126,7 +129,10 @@ pub async fn add_learner(
     body.validate()?;
     // A node of another cluster, or another node at that address, would refuse every message
     // once added: say so now.
-    state.member_link().probe(body.id, &body.addr).await?;
+    if let Some(version) = state.member_link().probe(body.id, &body.addr).await? {
+        // A build older than the cluster's version is not added (`MetaNode::add_learner`).
+        state.node.config().peer_versions.note(body.id, version);
+    }
     state
         .node
         .add_learner(body.id, Node::new(body.addr))

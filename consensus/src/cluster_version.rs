@@ -1,0 +1,150 @@
+//! Which log commands every member of the cluster can apply.
+//!
+//! A command added after a cluster first ran (`PruneReplicas`) must never reach a member whose
+//! build cannot decode it: that member would stop at the entry, and stop again at every restart
+//! (it replays the entry). So every build has a version (the commands it applies, and the
+//! formats it reads), every member answers Raft messages with its build's version, and the
+//! cluster's version is a committed fact: the leader raises it (`Command::SetClusterVersion`)
+//! only once every member answered recently with at least that version, and proposes a command
+//! that needs a version only once the cluster has it. A cluster's version never falls: a member
+//! whose build is older refuses to start, and a learner whose build is older is not added.
+//!
+//! The leader raises the version when a command first needs it, not at once: a cluster whose
+//! members were all upgraded keeps the older version (and its members may still be swapped for
+//! older builds) until the first such command.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::types::NodeId;
+
+/// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`.
+pub const BUILD_VERSION: u32 = 2;
+
+/// The version of a build that names none (it predates versions), and a cluster's version
+/// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.
+pub const BASE_VERSION: u32 = 1;
+
+/// The versions members' builds answered with, and when: filled by the transport from the
+/// answers to this node's Raft messages (the leader sends to every member several times a
+/// second), read by the leader before it raises the cluster's version.
+#[derive(Clone, Debug, Default)]
+pub struct PeerVersions(Arc<Mutex<HashMap<NodeId, (u32, Instant)>>>);
+
+impl PeerVersions {
+    /// Member `id` answered a message as a build of `version`.
+    pub fn note(&self, id: NodeId, version: u32) {
+        self.0.lock().insert(id, (version, Instant::now()));
+    }
+
+    /// The version member `id` answered with last, if that was within `recent`.
+    pub fn heard_within(&self, id: NodeId, recent: Duration) -> Option<u32> {
+        let (version, at) = *self.0.lock().get(&id)?;
+        (at.elapsed() < recent).then_some(version)
+    }
+}
+
+/// A member that keeps the cluster below a version: the version its build answered with
+/// recently, or `None` when it did not answer recently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Behind {
+    pub node: NodeId,
+    pub version: Option<u32>,
+}
+
+/// What the leader raises the cluster's version to, for a command that needs `needed`: exactly
+/// `needed` (no further than asked, so builds of that version can still be put back), if every
+/// member answered (`heard` gives each one's recent answer) as a build of at least that;
+/// otherwise the members that keep it below.
+pub fn raisable(
+    members: impl IntoIterator<Item = NodeId>,
+    needed: u32,
+    heard: impl Fn(NodeId) -> Option<u32>,
+) -> Result<u32, Vec<Behind>> {
+    let mut behind = Vec::new();
+    for node in members {
+        let version = heard(node);
+        if version.is_none_or(|v| v < needed) {
+            behind.push(Behind { node, version });
+        }
+    }
+    if behind.is_empty() {
+        Ok(needed)
+    } else {
+        Err(behind)
+    }
+}
+
+/// The message for a command refused because of `behind`.
+pub(crate) fn describe_behind(behind: &[Behind]) -> String {
+    behind
+        .iter()
+        .map(|b| match b.version {
+            Some(v) => format!("node {} runs a build of version {v}", b.node),
+            None => format!("node {} has not answered", b.node),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_rises_as_far_as_asked_only_when_all_members_have_the_version() {
+        let heard = |versions: &'static [(NodeId, Option<u32>)]| {
+            move |id: NodeId| {
+                versions
+                    .iter()
+                    .find(|(n, _)| *n == id)
+                    .and_then(|(_, v)| *v)
+            }
+        };
+        assert_eq!(
+            raisable(
+                [1, 2, 3],
+                2,
+                heard(&[(1, Some(3)), (2, Some(2)), (3, Some(4))])
+            ),
+            Ok(2)
+        );
+        assert_eq!(
+            raisable([1, 2], 2, heard(&[(1, Some(3)), (2, Some(3))])),
+            Ok(2)
+        );
+        assert_eq!(
+            raisable(
+                [1, 2, 3],
+                2,
+                heard(&[(1, Some(2)), (2, Some(1)), (3, None)])
+            ),
+            Err(vec![
+                Behind {
+                    node: 2,
+                    version: Some(1)
+                },
+                Behind {
+                    node: 3,
+                    version: None
+                },
+            ])
+        );
+        // A member that never answered counts as behind, not as absent.
+        assert!(raisable([1, 4], 2, heard(&[(1, Some(2))])).is_err());
+    }
+
+    #[test]
+    fn an_old_answer_does_not_count() {
+        let versions = PeerVersions::default();
+        assert_eq!(versions.heard_within(1, Duration::from_secs(60)), None);
+        versions.note(1, 2);
+        assert_eq!(versions.heard_within(1, Duration::from_secs(60)), Some(2));
+        assert_eq!(versions.heard_within(1, Duration::ZERO), None);
+        versions.note(1, 1);
+        assert_eq!(versions.heard_within(1, Duration::from_secs(60)), Some(1));
+    }
+}

@@ -1,0 +1,180 @@
+//! The cluster's version in a three-node in-process cluster: a command that needs a newer
+//! version waits for every member to run a build of it, the leader raises the version once they
+//! do, and afterwards an older build is refused as a member and as a learner.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use common::{addr, Cluster, WAIT};
+use meta_consensus::{
+    Behind, Command, CommandResult, Error, MetaNode, Node, NodeConfig, BASE_VERSION,
+};
+
+/// Node 3 runs a build that predates `PruneReplicas`.
+fn old_third(cfg: &mut NodeConfig) {
+    if cfg.id == 3 {
+        cfg.build_version = 1;
+    }
+}
+
+fn current_build(_: &mut NodeConfig) {}
+
+/// Registers datanode 7 and asks for a prune of its current epoch.
+async fn prune(leader: &MetaNode) -> meta_consensus::Result<CommandResult> {
+    let w = leader.register_datanode(7, "dn-7").await?;
+    let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
+        panic!("unexpected {:?}", w.result);
+    };
+    let w = leader
+        .write(Command::PruneReplicas {
+            datanode: 7,
+            epoch,
+            from_bucket: 0,
+        })
+        .await?;
+    Ok(w.result)
+}
+
+/// Waits until `leader` has not heard from member `id` recently.
+async fn until_unheard(leader: &MetaNode, id: u64) -> Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while leader
+        .member_versions()
+        .get(&id)
+        .copied()
+        .flatten()
+        .is_some()
+    {
+        if Instant::now() > deadline {
+            bail!("the leader still counts node {id} as heard after {WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -> Result<()> {
+    let mut c = Cluster::three_tuned(old_third).await?;
+    // Whichever node leads (node 3 too, which counts its own build), the prune is refused.
+    let leader = c.leader().await?;
+    let refused = prune(&leader).await;
+    let Err(Error::ClusterVersionTooLow {
+        needed,
+        current,
+        behind,
+        ..
+    }) = &refused
+    else {
+        bail!("expected a refusal, got {refused:?}");
+    };
+    assert_eq!((*needed, *current), (2, BASE_VERSION));
+    assert_eq!(
+        behind,
+        &vec![Behind {
+            node: 3,
+            version: Some(1)
+        }]
+    );
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("node 3 runs a build of version 1"),
+        "{message}"
+    );
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), BASE_VERSION);
+    }
+
+    // Upgraded, node 3 lets the leader raise the version, and the prune goes through.
+    c.stop(3).await?;
+    c.tune = current_build;
+    c.start(3).await?;
+    let leader = c.leader().await?;
+    let result = prune(&leader).await?;
+    assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), 2, "node {}", n.id());
+    }
+
+    // A cluster's version never goes back: the old build no longer starts on node 3's data.
+    c.stop(3).await?;
+    c.tune = old_third;
+    let refused = c.start(3).await;
+    let Err(e) = refused else {
+        bail!("an old build started on a cluster of a newer version");
+    };
+    let e = e
+        .downcast_ref::<Error>()
+        .context("a node error")?
+        .to_string();
+    assert!(
+        e.contains("applies cluster versions up to 1, but the cluster's version is 2"),
+        "{e}"
+    );
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_does_not_answer_keeps_the_version_down() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let down = if leader.id() == 3 { 2 } else { 3 };
+    c.stop(down).await?;
+    until_unheard(&leader, down).await?;
+    let refused = prune(&leader).await;
+    let Err(Error::ClusterVersionTooLow { behind, .. }) = &refused else {
+        bail!("expected a refusal, got {refused:?}");
+    };
+    assert_eq!(
+        behind,
+        &vec![Behind {
+            node: down,
+            version: None
+        }]
+    );
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("has not answered"));
+
+    // Back, it answers, and the prune goes through.
+    c.start(down).await?;
+    let result = prune(&leader).await?;
+    assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
+    assert_eq!(leader.cluster_version(), 2);
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_older_than_the_cluster_is_not_added() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    prune(&leader).await?;
+    assert_eq!(leader.cluster_version(), 2);
+
+    // Node 4 answered (as the HTTP layer's probe notes it) as a build of version 1.
+    leader.config().peer_versions.note(4, 1);
+    let refused = leader.add_learner(4, Node::new(addr(4))).await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::LearnerTooOld {
+                node: 4,
+                build: 1,
+                cluster: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(leader.status().learners.is_empty());
+
+    // Upgraded, it is added.
+    leader.config().peer_versions.note(4, 2);
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    assert_eq!(leader.status().learners, vec![4]);
+    c.shutdown().await
+}

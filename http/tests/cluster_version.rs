@@ -1,0 +1,181 @@
+//! The cluster's version over HTTP, with nodes behind real servers on loopback: the leader
+//! learns each member's build version from its answers, a command the cluster cannot take yet
+//! is refused with 503 `cluster_version` (also when a follower forwards it), and a learner whose
+//! build is older than the cluster is refused with 409 `build_too_old`.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{test_config, wait_for};
+use meta_consensus::{MetaNode, Node, Role};
+use meta_http::{AppState, HttpNetwork, Token};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+struct Server {
+    node: MetaNode,
+    addr: String,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts node `id` as a build of `build_version`, behind a server on an ephemeral port.
+async fn start(id: u64, dir: &TempDir, build_version: u32) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
+    cfg.election_min_ms = 1000;
+    cfg.election_max_ms = 2000;
+    cfg.build_version = build_version;
+    let network = HttpNetwork::new(&cfg, Token::new(None));
+    let node = MetaNode::open(cfg, network).await.unwrap();
+    let app = meta_http::router(AppState::new(node.clone(), Token::new(None)));
+    let task = tokio::spawn(async move {
+        axum::serve(meta_http::LimitedListener::new(listener, 1_000), app)
+            .await
+            .unwrap();
+    });
+    Server { node, addr, task }
+}
+
+/// Sends a request; answers the status, the `Retry-After` header and the JSON body.
+async fn send(
+    method: reqwest::Method,
+    server: &Server,
+    path: &str,
+    body: Value,
+) -> (u16, Option<String>, Value) {
+    let response = reqwest::Client::new()
+        .request(method, format!("http://{}{path}", server.addr))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = response.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, retry, json)
+}
+
+/// Starts nodes 1 to 3 (of the given builds) as one cluster and waits until they agree on a
+/// leader.
+async fn start_cluster(dir: &TempDir, builds: [u32; 3]) -> BTreeMap<u64, Server> {
+    let mut servers = BTreeMap::new();
+    for (id, build) in (1..=3).zip(builds) {
+        servers.insert(id, start(id, dir, build).await);
+    }
+    let members = servers
+        .iter()
+        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
+        .collect();
+    servers[&1].node.initialize(members).await.unwrap();
+    wait_for(
+        || {
+            let leader = servers[&1].node.status().leader_id;
+            leader.is_some()
+                && servers
+                    .values()
+                    .all(|s| s.node.status().leader_id == leader)
+        },
+        "three nodes agree on a leader",
+    )
+    .await;
+    servers
+}
+
+/// Registers datanode 7 at `server`; returns its epoch.
+async fn register(server: &Server) -> u64 {
+    let body = json!({"addr": "10.0.0.7:9000"});
+    let (status, _, answer) = send(reqwest::Method::PUT, server, "/v1/datanodes/7", body).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["epoch"].as_u64().unwrap()
+}
+
+async fn prune(server: &Server, epoch: u64) -> (u16, Option<String>, Value) {
+    let body = json!({ "epoch": epoch });
+    send(reqwest::Method::POST, server, "/v1/datanodes/7/prune", body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_of_an_older_build_holds_new_commands_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir, [2, 2, 1]).await;
+    let leader = servers
+        .values()
+        .find(|s| s.node.status().role == Role::Leader)
+        .expect("a leader");
+    // The leader hears each member's build in its answers (its own build it knows).
+    let want = BTreeMap::from([(1, Some(2)), (2, Some(2)), (3, Some(1))]);
+    wait_for(
+        || leader.node.status().member_versions == want,
+        "the leader knows every member's build",
+    )
+    .await;
+    let (status, _, cluster) = send(reqwest::Method::GET, leader, "/v1/cluster", Value::Null).await;
+    assert_eq!(status, 200);
+    assert_eq!(cluster["cluster_version"], 1, "{cluster}");
+    assert_eq!(
+        cluster["member_versions"],
+        json!({"1": 2, "2": 2, "3": 1}),
+        "{cluster}"
+    );
+
+    let epoch = register(leader).await;
+    for server in servers.values() {
+        // At the leader, and forwarded by a follower: the same refusal.
+        let (status, retry, answer) = prune(server, epoch).await;
+        assert_eq!(status, 503, "node {}: {answer}", server.node.id());
+        assert!(retry.is_some(), "a 503 says when to retry");
+        assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("node 3 runs a build of version 1"),
+            "{message}"
+        );
+    }
+    for server in servers.values() {
+        assert_eq!(server.node.cluster_version(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_of_an_older_build_is_not_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start(1, &dir, 2).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let epoch = register(&leader).await;
+    let (status, _, answer) = prune(&leader, epoch).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(leader.node.cluster_version(), 2);
+
+    let old = start(2, &dir, 1).await;
+    let add = json!({"id": 2, "addr": old.addr});
+    let learners = "/v1/cluster/learners";
+    let (status, _, answer) = send(reqwest::Method::POST, &leader, learners, add).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "build_too_old", "{answer}");
+    assert!(leader.node.status().learners.is_empty());
+
+    let current = start(3, &dir, 2).await;
+    let add = json!({"id": 3, "addr": current.addr});
+    let (status, _, answer) = send(reqwest::Method::POST, &leader, learners, add).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(leader.node.status().learners, vec![3]);
+}
