@@ -24,8 +24,8 @@ pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
 /// by that process: it would otherwise answer, and vote, for two members.
 pub const TO: HeaderName = HeaderName::from_static("x-metaserver-to");
 
-/// The header with which [`confirm`] asks a node to answer only if it belongs to the sender's
-/// cluster already: a fresh node would otherwise adopt the cluster's id and pass.
+/// The header with which [`MemberLink::confirm`] asks a node to answer only if it belongs to
+/// the sender's cluster already: a fresh node would otherwise adopt the cluster's id and pass.
 pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member-only");
 
 /// The header with which [`PATH_IDENTITY`] answers: the answering node's id. Only a metaserver

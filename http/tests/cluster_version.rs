@@ -53,7 +53,10 @@ async fn send(
     path: &str,
     body: Value,
 ) -> (u16, Option<String>, Value) {
-    let response = reqwest::Client::new()
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
         .request(method, format!("http://{}{path}", server.addr))
         .body(body.to_string())
         .send()

@@ -24,7 +24,14 @@ pub async fn follow(node: MetaNode, token: Token, addr: String) {
         return;
     }
     let id = node.id();
-    let client = reqwest::Client::new();
+    // Members talk directly: a proxy named in the environment is not on the way to them.
+    let client = match reqwest::Client::builder().no_proxy().build() {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::warn!("cannot ask to be moved to {addr}: no HTTP client: {e}");
+            return;
+        }
+    };
     let mut backoff = Duration::from_millis(500);
     loop {
         let members = node.status().nodes;

@@ -145,6 +145,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// A pooled HTTP client suitable for [`Api::with_client`].
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
+        .no_proxy()
         .connect_timeout(Duration::from_secs(1))
         .timeout(REQUEST_TIMEOUT)
         .pool_idle_timeout(Duration::from_secs(5))

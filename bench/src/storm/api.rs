@@ -80,6 +80,7 @@ impl Api {
     /// A client that keeps every connection alive and pools them per member without limit.
     pub fn new() -> Result<Api> {
         let http = reqwest::Client::builder()
+            .no_proxy()
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(300))
             .tcp_nodelay(true)
