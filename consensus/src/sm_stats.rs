@@ -1,5 +1,5 @@
 //! Counters of one node's state machine: applies, the longest apply, snapshot builds and
-//! installs. Per node instance, never process-wide.
+//! installs (and installs refused for want of room). Per node instance, never process-wide.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,6 +20,7 @@ pub(crate) struct SmStats {
     last_build_nanos: AtomicU64,
     installs: AtomicU64,
     install_nanos: AtomicU64,
+    install_refusals: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -43,6 +44,9 @@ pub struct StateMachineStats {
     /// Snapshots installed (received from a leader or restored at open).
     pub snapshot_installs: u64,
     pub snapshot_install_millis: u64,
+    /// Received snapshots refused because the data dir had no room to install them.
+    #[serde(default)]
+    pub snapshot_install_refusals: u64,
 }
 
 fn max(a: &AtomicU64, v: u64) {
@@ -79,6 +83,10 @@ impl SmStats {
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    pub(crate) fn install_refused(&self) {
+        self.install_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Clears the two maxima (benchmarks measure a window).
     pub(crate) fn reset_maxima(&self) {
         self.apply_max_nanos.store(0, Ordering::Relaxed);
@@ -99,6 +107,7 @@ impl SmStats {
             last_snapshot_build_millis: l(&self.last_build_nanos) / 1_000_000,
             snapshot_installs: l(&self.installs),
             snapshot_install_millis: l(&self.install_nanos) / 1_000_000,
+            snapshot_install_refusals: l(&self.install_refusals),
         }
     }
 }

@@ -238,7 +238,9 @@ impl From<meta_consensus::Error> for ApiError {
             E::Conflict(m) => ApiError::Conflict(m),
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
-            e @ E::InsufficientStorage { .. } => ApiError::InsufficientStorage(e.to_string()),
+            e @ (E::InsufficientStorage { .. } | E::NoRoomForSnapshot { .. }) => {
+                ApiError::InsufficientStorage(e.to_string())
+            }
             e @ E::ClusterVersionTooLow { .. } => ApiError::ClusterVersion(e.to_string()),
             e @ E::LearnerTooOld { .. } => ApiError::BuildTooOld(e.to_string()),
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),

@@ -245,6 +245,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?;
     counter(
         &mut enc,
+        "metaserver_snapshot_install_refusals",
+        "Received snapshots refused: the data dir had no room to install them",
+        sm.snapshot_install_refusals,
+    )?;
+    counter(
+        &mut enc,
         "metaserver_snapshot_throttle_pauses",
         "Pauses of the snapshot rate limiter",
         status.snapshot_throttle_pauses,

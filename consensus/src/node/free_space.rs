@@ -3,6 +3,10 @@
 //! clear answer (507) before the log or the registry runs out of space (which stops the node,
 //! and a registry that failed a write must then be rebuilt). Writes that remove data (a key, a
 //! replica, a datanode) still pass: they are how an operator makes room. Reads always pass.
+//!
+//! A member of any role also refuses to install a received snapshot that would leave less than
+//! `min_free_bytes` free: an install that runs out of space would stop the node, while a
+//! refused one leaves it as it was, behind but serving, and the leader sends it again later.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -26,6 +30,18 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
+/// Room an install takes, in multiples of the received snapshot's bytes: the file's copy in the
+/// snapshot dir and a new registry generation, which sled stores in up to about twice the
+/// snapshot's bytes. An estimate on the safe side; the old generation is freed only after.
+const INSTALL_ROOM_FACTOR: u64 = 3;
+
+/// The free space installing a snapshot of `bytes` needs, keeping `reserve` free after.
+fn install_room(bytes: u64, reserve: u64) -> u64 {
+    bytes
+        .saturating_mul(INSTALL_ROOM_FACTOR)
+        .saturating_add(reserve)
 }
 
 /// Whether `cmd` adds data (refused when space is short) rather than removing it.
@@ -65,6 +81,24 @@ impl MetaNode {
         }
         Ok(())
     }
+
+    /// [`Error::NoRoomForSnapshot`] if installing a received snapshot file of `bytes` could
+    /// leave the data dir's file system with less than `min_free_bytes` free (see
+    /// [`install_room`]). Reads the free space afresh. Off when `min_free_bytes` is 0; a file
+    /// system whose free space cannot be read refuses nothing. Blocking (one `statvfs`).
+    pub(super) fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
+        let reserve = self.inner.cfg.min_free_bytes;
+        if reserve == 0 {
+            return Ok(());
+        }
+        let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+        let need = install_room(bytes, reserve);
+        if free < need {
+            self.inner.sm.stats.install_refused();
+            return Err(Error::NoRoomForSnapshot { bytes, free, need });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -76,6 +110,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).unwrap() > 0);
         assert!(free_bytes(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn an_install_needs_room_for_a_copy_a_new_registry_and_the_reserve() {
+        assert_eq!(install_room(0, 100), 100);
+        assert_eq!(install_room(10, 100), 130);
+        assert_eq!(install_room(u64::MAX / 2, 1), u64::MAX);
     }
 
     #[test]

@@ -79,14 +79,23 @@ impl MetaNode {
 
     /// Verifies a received snapshot file completely and hands it to Raft, which installs it
     /// if `vote` is still current (replacing the registry atomically). Answers like
-    /// `Raft::install_full_snapshot`.
+    /// `Raft::install_full_snapshot`, or [`Error::NoRoomForSnapshot`] (the file deleted,
+    /// nothing else changed) when the data dir lacks room to install it.
     pub async fn install_received_snapshot(
         &self,
         vote: Vote,
         file: tempfile::TempPath,
     ) -> Result<SnapshotResponse<TypeConfig>> {
         self.check_open()?;
-        let (meta, data) = blocking(move || SnapshotData::open_received(file)).await?;
+        let node = self.clone();
+        let (meta, data) = blocking(move || {
+            let bytes = std::fs::metadata(&file)
+                .map_err(|e| Error::io("read received snapshot size", file.to_path_buf(), e))?
+                .len();
+            node.check_room_for_snapshot(bytes)?;
+            SnapshotData::open_received(file)
+        })
+        .await?;
         self.inner
             .raft
             .install_full_snapshot(
