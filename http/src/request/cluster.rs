@@ -1,0 +1,209 @@
+//! Bodies of the cluster routes: init, learners, member addresses, voters and the config.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Deserializer};
+
+use super::fields::validate_addr;
+use crate::error::ApiError;
+
+/// Body of `POST /v1/cluster/init`: member id to address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitBody {
+    /// The initial voters, id to `host:port`. An id named twice is refused, not overwritten.
+    #[serde(deserialize_with = "unique_members")]
+    pub members: BTreeMap<u64, String>,
+}
+
+/// A JSON object of member ids to addresses that names no id twice (serde's map would keep the
+/// last address of an id given twice, and a typo in the first would go unnoticed).
+fn unique_members<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, String>, D::Error> {
+    struct Members;
+    impl<'de> serde::de::Visitor<'de> for Members {
+        type Value = BTreeMap<u64, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of member ids to addresses")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut members = BTreeMap::new();
+            while let Some((id, addr)) = map.next_entry::<u64, String>()? {
+                if members.insert(id, addr).is_some() {
+                    return Err(serde::de::Error::custom(format!(
+                        "member {id} is named twice"
+                    )));
+                }
+            }
+            Ok(members)
+        }
+    }
+    d.deserialize_map(Members)
+}
+
+/// Body of `POST /v1/cluster/learners`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLearnerBody {
+    /// The new node's id.
+    pub id: u64,
+    /// The new node's address, `host:port`.
+    pub addr: String,
+}
+
+/// Body of `PUT /v1/cluster/members/{id}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeAddressBody {
+    /// The member's new address, `host:port`.
+    pub addr: String,
+}
+
+/// Body of `PUT /v1/cluster/voters`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeVotersBody {
+    /// The complete new set of voters.
+    pub voters: Vec<u64>,
+}
+
+/// Body of `PATCH /v1/config`; absent fields stay as they are.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigPatchBody {
+    /// Snapshot export rate in bytes per second; 0 = unlimited.
+    pub snapshot_max_bytes_per_sec: Option<u64>,
+}
+
+impl InitBody {
+    /// Checks the member list: not empty, every address `host:port` and no address twice (one
+    /// process cannot be two members), and this node (`own_id`), if named, at the address it
+    /// advertises (`own_addr`): the others would otherwise never reach it.
+    pub fn validate(&self, own_id: u64, own_addr: &str) -> Result<(), ApiError> {
+        if self.members.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "members must name at least one node",
+            ));
+        }
+        let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+        for (&id, addr) in &self.members {
+            validate_node_id(id)?;
+            validate_addr(addr)?;
+            if let Some(other) = seen.insert(addr, id) {
+                return Err(ApiError::invalid(
+                    "invalid_members",
+                    format!("nodes {other} and {id} are both at {addr}: each member needs its own address"),
+                ));
+            }
+        }
+        match self.members.get(&own_id) {
+            Some(addr) if addr != own_addr => Err(ApiError::invalid(
+                "invalid_members",
+                format!(
+                    "this node ({own_id}) is at {own_addr}, not {addr} (a node that listens on \
+                     all interfaces names its address with --advertise)"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Node ids start at 1: 0 means "no node" in status and metrics.
+fn validate_node_id(id: u64) -> Result<(), ApiError> {
+    if id == 0 {
+        return Err(ApiError::invalid(
+            "invalid_members",
+            "node ids start at 1 (0 means no node)",
+        ));
+    }
+    Ok(())
+}
+
+impl AddLearnerBody {
+    /// Checks the id and the address.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        validate_node_id(self.id)?;
+        validate_addr(&self.addr)
+    }
+}
+
+impl ChangeVotersBody {
+    /// Checks the voter set: not empty, no id twice.
+    pub fn validate(&self) -> Result<BTreeSet<u64>, ApiError> {
+        if self.voters.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "voters must name at least one node",
+            ));
+        }
+        for &id in &self.voters {
+            validate_node_id(id)?;
+        }
+        let set: BTreeSet<u64> = self.voters.iter().copied().collect();
+        if set.len() != self.voters.len() {
+            return Err(ApiError::invalid(
+                "invalid_members",
+                "voters names a node more than once",
+            ));
+        }
+        Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init(json: &str) -> Result<InitBody, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn init_members_are_checked() {
+        let ok = init(r#"{"members":{"1":"10.0.0.1:7101","2":"10.0.0.2:7101"}}"#).unwrap();
+        ok.validate(1, "10.0.0.1:7101").unwrap();
+        // This node may be left out here; the node itself refuses a list without it.
+        ok.validate(3, "10.0.0.3:7101").unwrap();
+        let e = ok.validate(1, "10.0.0.9:7101").unwrap_err();
+        assert_eq!(e.code(), "invalid_members");
+        assert!(
+            e.to_string()
+                .contains("is at 10.0.0.9:7101, not 10.0.0.1:7101"),
+            "{e}"
+        );
+
+        let same = init(r#"{"members":{"1":"10.0.0.1:7101","2":"10.0.0.1:7101"}}"#).unwrap();
+        let e = same.validate(1, "10.0.0.1:7101").unwrap_err();
+        assert!(e.to_string().contains("nodes 1 and 2 are both at"), "{e}");
+
+        let twice = init(r#"{"members":{"1":"10.0.0.1:7101","1":"10.0.0.2:7101"}}"#).unwrap_err();
+        assert!(
+            twice.to_string().contains("member 1 is named twice"),
+            "{twice}"
+        );
+    }
+
+    #[test]
+    fn membership_bodies() {
+        let init: InitBody =
+            serde_json::from_str(r#"{"members":{"1":"127.0.0.1:7101","2":"127.0.0.1:7102"}}"#)
+                .unwrap();
+        assert!(init.validate(1, "127.0.0.1:7101").is_ok());
+        assert_eq!(init.members[&2], "127.0.0.1:7102");
+        assert!(serde_json::from_str::<InitBody>(r#"{"members":{"-1":"a:1"}}"#).is_err());
+        assert!(serde_json::from_str::<InitBody>(r#"{"members":{"x":"a:1"}}"#).is_err());
+        let empty: InitBody = serde_json::from_str(r#"{"members":{}}"#).unwrap();
+        assert_eq!(
+            empty.validate(1, "127.0.0.1:7101").unwrap_err().code(),
+            "invalid_members"
+        );
+        let voters = ChangeVotersBody {
+            voters: vec![1, 2, 2],
+        };
+        assert_eq!(voters.validate().unwrap_err().code(), "invalid_members");
+    }
+}

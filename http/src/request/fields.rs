@@ -1,0 +1,170 @@
+//! Fields that several requests carry: keys, values and addresses, with their validation.
+
+use crate::error::ApiError;
+use crate::limits::{MAX_ADDR_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+
+/// Validates a key-value key: 1 to 1,024 bytes of UTF-8 without control characters.
+pub fn validate_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::invalid("invalid_key", "key must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!(
+                "key is {} bytes long, at most {MAX_KEY_BYTES} are allowed",
+                key.len()
+            ),
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            "key contains control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Validates the key of a new write: a valid key ([`validate_key`]) none of whose
+/// `/`-separated segments is `.` or `..`. URL clients drop such segments (`a/./b` reaches the
+/// server as `a/b`), so a key holding one could be written by some clients and not addressed
+/// by others. Keys written before this rule stay readable and deletable.
+pub fn validate_new_key(key: &str) -> Result<(), ApiError> {
+    validate_key(key)?;
+    if key.split('/').any(|s| s == "." || s == "..") {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!("key {key:?} has a \".\" or \"..\" segment, which URL clients drop"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a key-value value's size (at most 1 MiB).
+pub fn validate_value(value: &[u8]) -> Result<(), ApiError> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(ApiError::too_large(
+            "value_too_large",
+            format!(
+                "value is {} bytes, at most {MAX_VALUE_BYTES} are allowed",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates an address `host:port`: a name or IPv4 address (letters, digits, `.`, `-`, `_`) or
+/// an IPv6 address in brackets, and a port 1-65535.
+pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        let shown: String = addr.chars().take(64).collect();
+        ApiError::invalid(
+            "invalid_addr",
+            format!("address {shown:?} is not host:port: {why}"),
+        )
+    };
+    if addr.len() > MAX_ADDR_BYTES {
+        return Err(bad("too long"));
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(bad("no port"));
+    };
+    if host.is_empty() {
+        return Err(bad("empty host"));
+    }
+    // A name or IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address in brackets.
+    let valid_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    };
+    if !valid_host {
+        return Err(bad(
+            "the host must be a name, an IPv4 address or an IPv6 address in brackets",
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
+        _ => Err(bad("the port must be 1 to 65535")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values() {
+        assert!(validate_key("a").is_ok());
+        assert!(validate_key("config/datanode/7").is_ok());
+        assert!(validate_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert_eq!(validate_key("").unwrap_err().code(), "invalid_key");
+        assert_eq!(
+            validate_key(&"k".repeat(MAX_KEY_BYTES + 1))
+                .unwrap_err()
+                .code(),
+            "invalid_key"
+        );
+        assert_eq!(validate_key("a\nb").unwrap_err().code(), "invalid_key");
+        assert!(validate_new_key("a/.b/c..").is_ok());
+        for dotted in [".", "..", "a/./b", "a/..", "../a"] {
+            assert!(validate_key(dotted).is_ok(), "{dotted} stays addressable");
+            assert_eq!(
+                validate_new_key(dotted).unwrap_err().code(),
+                "invalid_key",
+                "{dotted}"
+            );
+        }
+        assert!(validate_value(&vec![0; MAX_VALUE_BYTES]).is_ok());
+        assert_eq!(
+            validate_value(&vec![0; MAX_VALUE_BYTES + 1])
+                .unwrap_err()
+                .code(),
+            "value_too_large"
+        );
+    }
+
+    #[test]
+    fn addresses() {
+        for good in [
+            "127.0.0.1:7101",
+            "localhost:1",
+            "dn-7.example:65535",
+            "[::1]:80",
+        ] {
+            assert!(validate_addr(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1",
+            ":80",
+            "host:0",
+            "host:65536",
+            "host:+80",
+            "host:port",
+            "a b:80",
+            "http://x:80",
+            "::1:80",
+            "a:b:c:80",
+            "[not-v6]:80",
+            "127.0.0.1:7121;2=127.0.0.1:7122",
+            "a:1;b=c:2",
+            "user@host:80",
+        ] {
+            assert_eq!(
+                validate_addr(bad).unwrap_err().code(),
+                "invalid_addr",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            validate_addr(&format!("{}:80", "h".repeat(300)))
+                .unwrap_err()
+                .code(),
+            "invalid_addr"
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! Query parameters of the reads, listings and watches: consistency, pages, cursors, key
+//! prefixes and watch filters, with their validation.
+
+use serde::Deserialize;
+
+use meta_consensus::{ChangeFilter, DatanodeState};
+
+use crate::error::ApiError;
+use crate::limits::{
+    DEFAULT_PAGE_LIMIT, DEFAULT_WATCH_WAIT_MS, MAX_CURSOR_BYTES, MAX_KEY_BYTES, MAX_PAGE_LIMIT,
+    MAX_WATCH_WAIT_MS,
+};
+
+/// Query of single-item reads: `?consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// Query of `GET /v1/liveness`: `?state=` keeps the datanodes in that state.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessQuery {
+    /// `alive`, `down` or `unknown`; all when absent.
+    pub state: Option<String>,
+}
+
+impl LivenessQuery {
+    /// The state asked for, if any.
+    pub fn validate(&self) -> Result<Option<DatanodeState>, ApiError> {
+        match self.state.as_deref() {
+            None => Ok(None),
+            Some("alive") => Ok(Some(DatanodeState::Alive)),
+            Some("down") => Ok(Some(DatanodeState::Down)),
+            Some("unknown") => Ok(Some(DatanodeState::Unknown)),
+            Some(other) => Err(ApiError::invalid(
+                "invalid_state",
+                format!("state must be \"alive\", \"down\" or \"unknown\", not {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Query of shard listings: `?after=&limit=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Cursor from the previous page's `next`.
+    pub after: Option<String>,
+    /// Page size, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub limit: Option<u64>,
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// A number in a query string: canonical decimal (no sign, no leading zeros), as ids in paths
+/// are, so that each value has one spelling (`?after=007` is refused, not read as 7).
+fn canonical_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let text = Option::<String>::deserialize(d)?;
+    text.map(|t| {
+        crate::extract::parse_id(&t).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "{t:?} is not a decimal number from 0 to {} without sign or leading zeros",
+                u64::MAX
+            ))
+        })
+    })
+    .transpose()
+}
+
+/// Query of `GET /v1/kv`: `?prefix=&after=&limit=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvListQuery {
+    /// Only keys starting with this prefix.
+    pub prefix: Option<String>,
+    /// Cursor from the previous page's `next`.
+    pub after: Option<String>,
+    /// Page size, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub limit: Option<u64>,
+    /// `linearizable` (default) or `local`.
+    pub consistency: Option<String>,
+}
+
+/// Query of `GET /v1/watch`: `?after=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The log index the client has seen the changes up to (the `index` of its previous
+    /// answer); none: answer at once with the index to start from.
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub after: Option<u64>,
+    /// Only the registry changes of this datanode.
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub datanode: Option<u64>,
+    /// Only the key-value changes of keys starting with this prefix.
+    pub prefix: Option<String>,
+    /// Most events in the answer, 1 to 10,000 (default 1,000).
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub limit: Option<u64>,
+    /// How long to wait for a change, in milliseconds (default 30,000, at most 55,000).
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub wait_ms: Option<u64>,
+    /// `linearizable` (default), `lease` or `local`.
+    pub consistency: Option<String>,
+}
+
+/// A validated watch request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRequest {
+    pub after: Option<u64>,
+    pub filter: ChangeFilter,
+    pub limit: usize,
+    pub wait: std::time::Duration,
+    pub consistency: ReadConsistency,
+}
+
+/// Query of key-value writes: `?if_revision=`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvWriteQuery {
+    /// Compare-and-swap: the key's expected revision; 0 = must not exist.
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub if_revision: Option<u64>,
+}
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadConsistency {
+    /// Reflects every write acknowledged before the read began (answered by the leader).
+    #[default]
+    Linearizable,
+    /// This node's applied state, possibly stale; never forwarded.
+    Local,
+    /// Linearizable while the leader's lease holds, without a round to the followers (answered
+    /// by the leader).
+    Lease,
+}
+
+/// A validated pagination request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Resume after this cursor; `None` starts at the beginning.
+    pub after: Option<String>,
+    /// Page size.
+    pub limit: usize,
+}
+
+/// Parses `?consistency=`.
+pub fn parse_consistency(value: Option<&str>) -> Result<ReadConsistency, ApiError> {
+    match value {
+        None | Some("linearizable") => Ok(ReadConsistency::Linearizable),
+        Some("local") => Ok(ReadConsistency::Local),
+        Some("lease") => Ok(ReadConsistency::Lease),
+        Some(other) => Err(ApiError::invalid(
+            "invalid_consistency",
+            format!("consistency must be \"linearizable\", \"lease\" or \"local\", not {other:?}"),
+        )),
+    }
+}
+
+/// Validates `?limit=` (default 1,000, 1 to 10,000).
+pub fn parse_limit(limit: Option<u64>) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_PAGE_LIMIT),
+        Some(n) if (1..=MAX_PAGE_LIMIT as u64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(
+            "invalid_limit",
+            format!("limit must be between 1 and {MAX_PAGE_LIMIT}, not {n}"),
+        )),
+    }
+}
+
+/// Validates `?after=`: an empty cursor means "from the start"; a cursor is printable ASCII of
+/// bounded length (the registry checks the rest and answers `invalid_cursor` too).
+pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
+    match after {
+        None => Ok(None),
+        Some(cursor) if cursor.is_empty() => Ok(None),
+        Some(cursor) => {
+            if cursor.len() > MAX_CURSOR_BYTES || !cursor.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid_cursor(&cursor));
+            }
+            Ok(Some(cursor))
+        }
+    }
+}
+
+/// The error for a cursor that is not one this server handed out.
+pub fn invalid_cursor(cursor: &str) -> ApiError {
+    let shown: String = cursor.chars().take(64).collect();
+    ApiError::invalid(
+        "invalid_cursor",
+        format!("cursor {shown:?} is not a cursor returned by this API"),
+    )
+}
+
+impl PageQuery {
+    /// Validates the query into a page request and a consistency.
+    pub fn validate(self) -> Result<(PageRequest, ReadConsistency), ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let after = parse_cursor(self.after)?;
+        Ok((PageRequest { after, limit }, consistency))
+    }
+}
+
+impl ReadQuery {
+    /// Validates the consistency choice.
+    pub fn validate(&self) -> Result<ReadConsistency, ApiError> {
+        parse_consistency(self.consistency.as_deref())
+    }
+}
+
+impl KvListQuery {
+    /// Validates into (prefix, page, consistency).
+    pub fn validate(self) -> Result<(String, PageRequest, ReadConsistency), ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let after = parse_cursor(self.after)?;
+        let prefix = parse_prefix(self.prefix.unwrap_or_default())?;
+        Ok((prefix, PageRequest { after, limit }, consistency))
+    }
+}
+
+/// Validates a key prefix: at most [`MAX_KEY_BYTES`], no control characters.
+fn parse_prefix(prefix: String) -> Result<String, ApiError> {
+    if prefix.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            format!("prefix is longer than {MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "invalid_key",
+            "prefix contains control characters",
+        ));
+    }
+    Ok(prefix)
+}
+
+impl WatchQuery {
+    /// Validates the query: at most one filter, a limit and a wait in range.
+    pub fn validate(self) -> Result<WatchRequest, ApiError> {
+        let consistency = parse_consistency(self.consistency.as_deref())?;
+        let limit = parse_limit(self.limit)?;
+        let filter = match (self.datanode, self.prefix) {
+            (None, None) => ChangeFilter::All,
+            (Some(id), None) => ChangeFilter::Datanode(id),
+            (None, Some(p)) => ChangeFilter::KeyPrefix(parse_prefix(p)?),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "invalid_query",
+                    "give datanode= (its registry changes) or prefix= (key changes), not both",
+                ))
+            }
+        };
+        // No log reaches this index; a watcher told to go on from it would wait for ever (a
+        // local watch cannot ask the leader for the cluster's newest index).
+        if let Some(after) = self
+            .after
+            .filter(|a| *a > meta_consensus::rpc_bounds::MAX_INDEX)
+        {
+            return Err(ApiError::invalid(
+                "invalid_argument",
+                format!(
+                    "after={after} is past any log index (at most {})",
+                    meta_consensus::rpc_bounds::MAX_INDEX
+                ),
+            ));
+        }
+        let wait_ms = self.wait_ms.unwrap_or(DEFAULT_WATCH_WAIT_MS);
+        if wait_ms > MAX_WATCH_WAIT_MS {
+            return Err(ApiError::invalid(
+                "invalid_wait",
+                format!("wait_ms must be at most {MAX_WATCH_WAIT_MS}, not {wait_ms}"),
+            ));
+        }
+        Ok(WatchRequest {
+            after: self.after,
+            filter,
+            limit,
+            wait: std::time::Duration::from_millis(wait_ms),
+            consistency,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consistency_values() {
+        assert_eq!(
+            parse_consistency(None).unwrap(),
+            ReadConsistency::Linearizable
+        );
+        assert_eq!(
+            parse_consistency(Some("linearizable")).unwrap(),
+            ReadConsistency::Linearizable
+        );
+        assert_eq!(
+            parse_consistency(Some("local")).unwrap(),
+            ReadConsistency::Local
+        );
+        for bad in ["", "LOCAL", "stale", "local "] {
+            assert_eq!(
+                parse_consistency(Some(bad)).unwrap_err().code(),
+                "invalid_consistency"
+            );
+        }
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit(None).unwrap(), 1_000);
+        assert_eq!(parse_limit(Some(1)).unwrap(), 1);
+        assert_eq!(parse_limit(Some(10_000)).unwrap(), 10_000);
+        assert_eq!(parse_limit(Some(0)).unwrap_err().code(), "invalid_limit");
+        assert_eq!(
+            parse_limit(Some(10_001)).unwrap_err().code(),
+            "invalid_limit"
+        );
+        assert_eq!(
+            parse_limit(Some(u64::MAX)).unwrap_err().code(),
+            "invalid_limit"
+        );
+    }
+
+    #[test]
+    fn cursors() {
+        assert_eq!(parse_cursor(None).unwrap(), None);
+        assert_eq!(parse_cursor(Some(String::new())).unwrap(), None);
+        assert_eq!(
+            parse_cursor(Some("00000000000000ff".into()))
+                .unwrap()
+                .as_deref(),
+            Some("00000000000000ff")
+        );
+        assert_eq!(
+            parse_cursor(Some("a b".into())).unwrap_err().code(),
+            "invalid_cursor"
+        );
+        assert_eq!(
+            parse_cursor(Some("x".repeat(MAX_CURSOR_BYTES + 1)))
+                .unwrap_err()
+                .code(),
+            "invalid_cursor"
+        );
+        assert_eq!(
+            parse_cursor(Some("é".into())).unwrap_err().code(),
+            "invalid_cursor"
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! Bad addresses and members: addresses that are not `host:port`, node id 0, empty or
+//! repeated member lists, and query parameters the datanode and cluster routes do not take.
+
+use axum::http::Method as M;
+
+use crate::helpers::{case, Case};
+
+/// Addresses, epoch floors and member lists the registry and the cluster refuse.
+pub fn addresses_and_members() -> Vec<Case> {
+    vec![
+        // Addresses and members.
+        case(
+            "address without port",
+            M::PUT,
+            "/v1/datanodes/1",
+            r#"{"addr":"10.0.0.1"}"#,
+            400,
+            "invalid_addr",
+        ),
+        case(
+            "address with port 0",
+            M::PUT,
+            "/v1/datanodes/1",
+            r#"{"addr":"10.0.0.1:0"}"#,
+            400,
+            "invalid_addr",
+        ),
+        case(
+            "empty address",
+            M::POST,
+            "/v1/cluster/learners",
+            r#"{"id":4,"addr":""}"#,
+            400,
+            "invalid_addr",
+        ),
+        case(
+            "learner address with two hosts",
+            M::POST,
+            "/v1/cluster/learners",
+            r#"{"id":4,"addr":"127.0.0.1:7121;2=127.0.0.1:7122"}"#,
+            400,
+            "invalid_addr",
+        ),
+        case(
+            "an epoch floor past what JSON holds exactly",
+            M::PUT,
+            "/v1/datanodes/7",
+            r#"{"addr":"10.0.0.7:9000","min_epoch":9007199254740993}"#,
+            400,
+            "invalid_epoch",
+        ),
+        case(
+            "datanode address of unbracketed IPv6",
+            M::PUT,
+            "/v1/datanodes/7",
+            r#"{"addr":"::1:80"}"#,
+            400,
+            "invalid_addr",
+        ),
+        case(
+            "a query parameter on a registration",
+            M::PUT,
+            "/v1/datanodes/7?foo=1",
+            r#"{"addr":"10.0.0.7:9000"}"#,
+            400,
+            "invalid_query",
+        ),
+        case(
+            "a condition a delete does not know",
+            M::DELETE,
+            "/v1/datanodes/7?if_epoch=5",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
+            "a query parameter on the cluster view",
+            M::GET,
+            "/v1/cluster?verbose=1",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
+            "learner id 0",
+            M::POST,
+            "/v1/cluster/learners",
+            r#"{"id":0,"addr":"127.0.0.1:1"}"#,
+            400,
+            "invalid_members",
+        ),
+        case(
+            "voter id 0",
+            M::PUT,
+            "/v1/cluster/voters",
+            r#"{"voters":[0,1]}"#,
+            400,
+            "invalid_members",
+        ),
+        case(
+            "empty members",
+            M::POST,
+            "/v1/cluster/init",
+            r#"{"members":{}}"#,
+            400,
+            "invalid_members",
+        ),
+        case(
+            "empty voters",
+            M::PUT,
+            "/v1/cluster/voters",
+            r#"{"voters":[]}"#,
+            400,
+            "invalid_members",
+        ),
+        case(
+            "duplicate voters",
+            M::PUT,
+            "/v1/cluster/voters",
+            r#"{"voters":[1,1]}"#,
+            400,
+            "invalid_members",
+        ),
+    ]
+}

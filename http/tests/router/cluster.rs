@@ -1,0 +1,173 @@
+//! The cluster routes: membership and the node's config, init on a fresh node, and
+//! snapshots.
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use meta_consensus::Role;
+use serde_json::json;
+
+use crate::common::{leader_node, open_node, wait_for};
+
+#[tokio::test]
+async fn cluster_membership_and_config() {
+    let t = leader_node(None).await;
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!(v["id"], 1);
+    assert_eq!(v["role"], "leader");
+    assert_eq!(v["leader_id"], 1);
+    assert_eq!(v["leader_addr"], "127.0.0.1:1");
+    assert_eq!(v["voters"], json!([1]));
+    assert_eq!(v["learners"], json!([]));
+    assert!(v["term"].as_u64().unwrap() >= 1);
+    assert!(v["committed"].as_u64().unwrap() >= 1);
+    for field in [
+        "last_log_index",
+        "applied",
+        "wal",
+        "snapshot",
+        "datanodes",
+        "replicas",
+    ] {
+        assert!(v.get(field).is_some(), "{field} missing: {v}");
+    }
+    assert!(v["wal"]["appends_per_barrier"].is_number());
+    assert_eq!(v["purged"], 0, "a fresh log has purged nothing");
+
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "already_initialized");
+
+    // A learner that is never reachable still joins the membership.
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/learners",
+            r#"{"id":4,"addr":"127.0.0.1:9"}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["learners"], json!([4]));
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["voters"], json!([1]));
+    // A voter that is not a learner is refused.
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1,5]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    assert_eq!(t.get("/v1/cluster").await.json()["voters"], json!([1]));
+    // So is promoting the unreachable learner: it would leave the cluster without a quorum.
+    let a = t
+        .send(Method::PUT, "/v1/cluster/voters", r#"{"voters":[1,4]}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "conflict");
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
+    let a = t.send(Method::PUT, "/v1/kv/still-writable", "x").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    // A learner again at its address is a no-op; at another address, or a voter, a conflict.
+    for (body, status) in [
+        (r#"{"id":4,"addr":"127.0.0.1:9"}"#, StatusCode::OK),
+        (r#"{"id":4,"addr":"127.0.0.1:10"}"#, StatusCode::CONFLICT),
+        (r#"{"id":1,"addr":"127.0.0.1:11"}"#, StatusCode::CONFLICT),
+    ] {
+        let a = t.send(Method::POST, "/v1/cluster/learners", body).await;
+        assert_eq!(a.status, status, "{body}: {a:?}");
+    }
+    // Learners can be removed; voters and strangers cannot.
+    for (id, status) in [
+        (1, StatusCode::CONFLICT),
+        (4, StatusCode::OK),
+        (4, StatusCode::NOT_FOUND),
+    ] {
+        let a = t
+            .send(
+                Method::DELETE,
+                &format!("/v1/cluster/learners/{id}"),
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(a.status, status, "remove {id}: {a:?}");
+    }
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([])));
+
+    let a = t.get("/v1/config").await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":0}));
+    let a = t
+        .send(
+            Method::PATCH,
+            "/v1/config",
+            r#"{"snapshot_max_bytes_per_sec":1048576}"#,
+        )
+        .await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":1048576}));
+    assert_eq!(t.node.snapshot_rate(), 1_048_576);
+    let a = t.send(Method::PATCH, "/v1/config", "{}").await;
+    assert_eq!(a.json(), json!({"snapshot_max_bytes_per_sec":1048576}));
+}
+
+#[tokio::test]
+async fn init_on_a_fresh_node() {
+    let t = open_node(None).await;
+    let a = t.get("/v1/cluster").await;
+    assert_eq!(a.json()["role"], "uninitialized", "{a:?}");
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json(), json!({"voters":[1],"learners":[]}));
+    wait_for(|| t.node.status().role == Role::Leader, "leader").await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn snapshots_build_and_download() {
+    let t = leader_node(None).await;
+    let a = t.get("/v1/cluster/snapshot").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+
+    let epoch = t.register_datanode(1).await;
+    let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});
+    t.send(Method::POST, "/v1/datanodes/1/shards", body.to_string())
+        .await;
+    let a = t
+        .send(Method::POST, "/v1/cluster/snapshot", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = a.json();
+    let index = v["index"].as_u64().unwrap();
+    assert!(index >= 3, "{v}");
+    assert!(v["bytes"].as_u64().unwrap() > 0);
+
+    let a = t.get("/v1/cluster/snapshot").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.headers["content-type"], "application/octet-stream");
+    let file = t.node.newest_snapshot_file().unwrap();
+    assert_eq!(&a.body[..], &std::fs::read(file).unwrap()[..]);
+    assert_eq!(
+        t.get("/v1/cluster").await.json()["snapshot"]["index"],
+        index
+    );
+}

@@ -1,0 +1,115 @@
+//! The key-value routes.
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::common::leader_node;
+
+#[tokio::test]
+async fn key_value() {
+    let t = leader_node(None).await;
+    // Create only if absent.
+    let a = t
+        .send(Method::PUT, "/v1/kv/config/replication?if_revision=0", "3")
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let rev = a.json()["revision"].as_u64().unwrap();
+    let a = t
+        .send(Method::PUT, "/v1/kv/config/replication?if_revision=0", "4")
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "revision_mismatch");
+    assert_eq!(a.headers["x-revision"], rev.to_string().as_str());
+
+    let a = t.get("/v1/kv/config/replication").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(&a.body[..], b"3");
+    assert_eq!(a.headers["x-revision"], rev.to_string().as_str());
+    assert_eq!(a.headers["content-type"], "application/octet-stream");
+
+    // Compare-and-swap on the current revision; binary values round-trip.
+    let a = t
+        .send(
+            Method::PUT,
+            &format!("/v1/kv/config/replication?if_revision={rev}"),
+            vec![0u8, 159, 146, 150, 255],
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let rev2 = a.json()["revision"].as_u64().unwrap();
+    assert!(rev2 > rev);
+    assert_eq!(
+        &t.get("/v1/kv/config/replication?consistency=local")
+            .await
+            .body[..],
+        &[0u8, 159, 146, 150, 255]
+    );
+
+    // Percent-encoded keys, unconditional puts, listing by prefix.
+    for key in ["config/a", "config/b%20c", "other"] {
+        let a = t.send(Method::PUT, &format!("/v1/kv/{key}"), "x").await;
+        assert_eq!(a.status, StatusCode::OK, "{key}: {a:?}");
+    }
+    let v = t.get("/v1/kv?prefix=config/").await.json();
+    let keys: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["config/a", "config/b c", "config/replication"]);
+    assert_eq!(v["next"], Value::Null);
+    let v = t.get("/v1/kv?prefix=config/&limit=2").await.json();
+    assert_eq!(v["keys"].as_array().unwrap().len(), 2);
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let v = t
+        .get(&format!("/v1/kv?prefix=config/&limit=2&after={next}"))
+        .await
+        .json();
+    assert_eq!(v["keys"][0]["key"], "config/replication");
+
+    // Listings page past the longest keys: their cursors are accepted back.
+    let long: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|c| format!("long/{}", c.repeat(1019)))
+        .collect();
+    for key in &long {
+        let a = t.send(Method::PUT, &format!("/v1/kv/{key}"), "x").await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let v = t.get("/v1/kv?prefix=long/&limit=1").await.json();
+    assert_eq!(v["keys"][0]["key"], long[0].as_str());
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let a = t
+        .get(&format!("/v1/kv?prefix=long/&limit=1&after={next}"))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.json()["keys"][0]["key"], long[1].as_str());
+
+    // Delete with a wrong revision, then right; then it is gone.
+    let a = t
+        .send(
+            Method::DELETE,
+            "/v1/kv/config/replication?if_revision=1",
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(a.error_code(), "revision_mismatch");
+    let a = t
+        .send(
+            Method::DELETE,
+            &format!("/v1/kv/config/replication?if_revision={rev2}"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = t.get("/v1/kv/config/replication").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.error_code(), "not_found");
+    let a = t
+        .send(Method::DELETE, "/v1/kv/config/replication", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,61 @@
+//! The Raft routes refuse garbage, and messages past the largest term or index.
+
+use axum::http::{Method, StatusCode};
+use meta_consensus::Role;
+
+use crate::common::{call, leader_node};
+
+#[tokio::test]
+async fn raft_routes_refuse_garbage() {
+    let t = leader_node(None).await;
+    for path in [
+        "/raft/append",
+        "/raft/vote",
+        "/raft/pre-vote",
+        "/raft/transfer-leader",
+        "/raft/snapshot",
+    ] {
+        let a = t.send(Method::POST, path, vec![1u8, 2, 3]).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(a.error_code(), "bad_rpc", "{path}");
+    }
+    // A message larger than its route takes is refused before its body is read, and the
+    // connection is not kept (the rest of the body is never read).
+    let huge = (64 * 1024 + 1).to_string();
+    for path in [
+        "/raft/vote",
+        "/raft/pre-vote",
+        "/raft/transfer-leader",
+        "/raft/removed",
+        "/raft/identity",
+        "/raft/read-index",
+    ] {
+        let a = call(&t.app, Method::POST, path, "", &[("content-length", &huge)]).await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "body_too_large", "{path}");
+        assert_eq!(a.headers["connection"], "close", "{path}");
+    }
+    assert_eq!(t.node.status().role, Role::Leader);
+}
+
+/// A Raft message past the bounds of terms and indexes is refused, whoever sent it: a vote
+/// request of term u64::MAX (with `leadership_transfer`, which skips the leader's lease) was
+/// granted and persisted, and the node's Raft core then panicked at every start.
+#[tokio::test]
+async fn raft_messages_past_the_largest_term_are_refused() {
+    use meta_consensus::{codec, TypeConfig, Vote};
+    use openraft::raft::VoteRequest;
+
+    let t = leader_node(None).await;
+    let before = t.node.status();
+    let mut rpc = VoteRequest::<TypeConfig>::new(Vote::new(u64::MAX, 99), None);
+    rpc.leadership_transfer = true;
+    let body = codec::encode(&rpc).unwrap();
+    for path in ["/raft/vote", "/raft/pre-vote"] {
+        let a = t.send(Method::POST, path, body.clone()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "bad_rpc", "{path}");
+    }
+    let after = t.node.status();
+    assert_eq!((after.role, after.term), (Role::Leader, before.term));
+}

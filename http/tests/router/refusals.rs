@@ -1,0 +1,159 @@
+//! Requests refused before they reach the registry: wrong methods and unknown routes, no
+//! leader, a missing token, and stalled or oversized bodies.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use meta_http::{AppState, Token};
+use serde_json::json;
+
+use crate::common::{call, leader_node, open_node};
+
+#[tokio::test]
+async fn wrong_method_and_unknown_route() {
+    let t = leader_node(None).await;
+    for (method, uri) in [
+        (Method::POST, "/v1/shards"),
+        (Method::DELETE, "/v1/cluster"),
+        (Method::GET, "/v1/cluster/init"),
+        (Method::PATCH, "/v1/datanodes/1"),
+        (Method::POST, "/v1/kv/a"),
+        (Method::GET, "/raft/vote"),
+        (Method::POST, "/healthz"),
+    ] {
+        let a = t.send(method.clone(), uri, Body::empty()).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        assert_eq!(a.error_code(), "method_not_allowed");
+    }
+    for uri in ["/", "/v2/shards", "/v1/datanodes/1/other"] {
+        let a = t.get(uri).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{uri}");
+        assert_eq!(a.error_code(), "not_found");
+    }
+}
+
+#[tokio::test]
+async fn no_leader_answers_503_with_retry_after() {
+    // A node that was never initialized knows no leader.
+    let t = open_node(None).await;
+    let before = t.digest().await;
+    let a = t
+        .send(Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+    assert_eq!(a.headers["retry-after"], "1");
+    // It says why: it belongs to no cluster.
+    let message = a.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("not a member"), "{message}");
+    let a = t.get("/v1/datanodes").await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+    // A local read is answered from this node's state.
+    assert_eq!(
+        t.get("/v1/datanodes?consistency=local").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(t.digest().await, before);
+}
+
+#[tokio::test]
+async fn token_is_required_except_for_probes() {
+    let t = leader_node(Some("s3cret")).await;
+    let before = t.digest().await;
+    for (method, uri, body) in [
+        (Method::GET, "/v1/cluster", ""),
+        (Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#),
+        (Method::GET, "/v1/shards", ""),
+        (Method::PUT, "/v1/kv/a", "x"),
+        (Method::POST, "/raft/vote", ""),
+        (Method::POST, "/raft/append", ""),
+    ] {
+        for headers in [
+            vec![],
+            vec![("authorization", "Bearer wrong")],
+            vec![("authorization", "Bearer s3cret2")],
+            vec![("authorization", "s3cret")],
+            vec![("authorization", "Basic s3cret")],
+        ] {
+            let a = call(&t.app, method.clone(), uri, body.to_owned(), &headers).await;
+            assert_eq!(
+                a.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri} {headers:?}"
+            );
+            assert_eq!(a.error_code(), "unauthorized");
+            assert!(a.headers.contains_key("www-authenticate"), "{a:?}");
+        }
+    }
+    assert_eq!(t.digest().await, before);
+    for uri in ["/healthz", "/readyz", "/metrics"] {
+        let a = t.get(uri).await;
+        assert_eq!(a.status, StatusCode::OK, "{uri}");
+    }
+    let auth = [("authorization", "Bearer s3cret")];
+    let a = call(&t.app, Method::GET, "/v1/cluster", "", &auth).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let a = call(
+        &t.app,
+        Method::PUT,
+        "/v1/datanodes/1",
+        r#"{"addr":"10.0.0.1:1"}"#,
+        &auth,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+}
+
+/// A body that stalls part way is answered 408 once the body timeout passes, and the
+/// connection is not kept; a declared length over the limit is refused before any byte is
+/// read. Neither changes anything.
+#[tokio::test]
+async fn stalled_and_oversized_bodies_are_refused() {
+    use futures::StreamExt as _;
+
+    let t = leader_node(None).await;
+    let app = meta_http::router(
+        AppState::new(t.node.clone(), Token::new(None))
+            .with_body_timeout(Duration::from_millis(300)),
+    );
+    let stalled = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+        b"{\"addr\"",
+    ))])
+    .chain(futures::stream::pending());
+    let a = tokio::time::timeout(
+        Duration::from_secs(20),
+        call(
+            &app,
+            Method::PUT,
+            "/v1/datanodes/7",
+            Body::from_stream(stalled),
+            &[("content-length", "100")],
+        ),
+    )
+    .await
+    .expect("a stalled body is answered");
+    assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
+    assert_eq!(a.error_code(), "body_timeout");
+    assert_eq!(a.headers["connection"], "close");
+
+    // Declared far over the limit, with no body at all: answered at once.
+    let a = tokio::time::timeout(
+        Duration::from_secs(20),
+        call(
+            &app,
+            Method::GET,
+            "/v1/cluster",
+            Body::from_stream(futures::stream::pending::<
+                Result<bytes::Bytes, std::io::Error>,
+            >()),
+            &[("content-length", "99999999999")],
+        ),
+    )
+    .await
+    .expect("an oversized body is answered");
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
+    assert_eq!(a.error_code(), "body_too_large");
+    assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
+}

@@ -1,0 +1,101 @@
+//! Peers that fail: an unreachable peer is retried with backoff, and a write outlives the
+//! leader it was forwarded to.
+
+use std::time::{Duration, Instant};
+
+use meta_consensus::Node;
+use tokio::net::TcpListener;
+
+use crate::common::wait_for;
+use crate::helpers::{start_alone, start_cluster, the_leader, TOKEN};
+
+/// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
+/// leader whose learner's address accepts connections and drops them at once makes at most a
+/// few attempts a second (heartbeats and replication together), where without the backoff it
+/// made thousands (and logged a warning for each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_is_retried_with_backoff() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start_alone(&dir).await;
+
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let dropper = tokio::spawn(async move {
+        while let Ok((socket, _)) = dead.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            drop(socket);
+        }
+    });
+    leader
+        .node
+        .add_learner(2, Node::new(dead_addr))
+        .await
+        .unwrap();
+
+    // Count attempts until there are 40: with the backoff (20 ms doubling to 500 ms) and
+    // heartbeats every 50 ms that takes well over a second; without it, milliseconds.
+    // Attempts made while add_learner waited for its commit do not count: the time is
+    // measured from here, so the attempts must be too.
+    let started = Instant::now();
+    let before = attempts.load(Ordering::Relaxed);
+    wait_for(
+        || attempts.load(Ordering::Relaxed) >= before + 40,
+        "40 attempts to reach the peer",
+    )
+    .await;
+    let took = started.elapsed();
+    dropper.abort();
+    assert!(
+        took >= Duration::from_millis(1000),
+        "40 attempts in {took:?}: the peer is retried without backoff"
+    );
+}
+
+/// A write sent to a follower whose leader just stopped is not refused: the stopped leader did
+/// nothing with it (its port is closed), so the follower sends it on to the leader elected
+/// next, within two election timeouts, and the client gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_outlives_the_leader_it_was_forwarded_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster(&dir).await;
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let old = servers.remove(&leader).unwrap();
+    let old_node = old.node.clone();
+    // Its port closes first (once its server task has ended, its listener is gone); its Raft
+    // core runs on, so the follower still names it.
+    old.task.abort();
+    while !old.task.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    drop(old);
+    assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
+    let put = {
+        let http = reqwest::Client::new();
+        let url = format!("http://{}/v1/kv/after-the-leader", servers[&follower].addr);
+        tokio::spawn(async move {
+            let r = http
+                .put(url)
+                .bearer_auth(TOKEN)
+                .body("\"x\"")
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    // Then the leader stops, and the others elect a new one.
+    old_node.shutdown().await.unwrap();
+    let (status, text) = put.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let new = servers[&follower].node.status().leader_id;
+    assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,147 @@
+//! Linearizable and lease reads at followers: answered with the leader's read index, replayed
+//! at the leader, or answered by the leader when follower reads are off.
+
+use std::time::Duration;
+
+use meta_http::follower_read::CatchUp;
+use serde_json::json;
+
+use crate::helpers::{start_cluster_with, Client, Server};
+
+/// The requests `route` (with `method`) that a node answered, from its `/metrics`.
+async fn served(client: &Client, server: &Server, method: &str, route: &str) -> u64 {
+    let (status, metrics) = client
+        .send(reqwest::Method::GET, server, "/metrics", None)
+        .await;
+    assert_eq!(status, 200);
+    let prefix = format!(
+        "metaserver_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"200\"}} "
+    );
+    metrics
+        .as_str()
+        .expect("metrics are text")
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Linearizable and lease reads at a follower see every write acknowledged before them (each
+/// read follows a write acknowledged by another member). With time to catch up and no backlog
+/// limit, the follower answers them with the leader's read index: the leader answers read
+/// indexes, not the reads. With no time, a follower that has not applied the index yet replays
+/// the read with it; by default, one still applying replays it at once too. The reads are right
+/// either way, and the followers count how each was answered. With follower reads off, the
+/// leader answers the reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+    };
+    let patient = CatchUp {
+        wait: Duration::from_secs(10),
+        max_backlog: u64::MAX,
+    };
+    let hasty = CatchUp {
+        wait: Duration::ZERO,
+        max_backlog: u64::MAX,
+    };
+    let arms = [
+        Some(patient),
+        Some(hasty),
+        Some(meta_http::follower_read::CATCH_UP),
+        None,
+    ];
+    for follower_reads in arms {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = start_cluster_with(&dir, follower_reads).await;
+        let leader = servers[&1].node.status().leader_id.unwrap();
+        let followers: Vec<&Server> = servers
+            .iter()
+            .filter(|(id, _)| **id != leader)
+            .map(|(_, s)| s)
+            .collect();
+        let l = &servers[&leader];
+        for i in 0..40u64 {
+            // Written at the leader or through the other follower, read at this one.
+            let (writer, reader) = match i % 3 {
+                0 => (l, followers[0]),
+                1 => (followers[1], followers[0]),
+                _ => (followers[0], followers[1]),
+            };
+            let (status, v) = client
+                .send(
+                    reqwest::Method::PUT,
+                    writer,
+                    "/v1/kv/follower-read",
+                    Some(json!({"value": i.to_string()})),
+                )
+                .await;
+            assert_eq!(status, 200, "{v}");
+            let consistency = if i % 2 == 0 { "linearizable" } else { "lease" };
+            let (status, v) = client
+                .send(
+                    reqwest::Method::GET,
+                    reader,
+                    &format!("/v1/kv/follower-read?consistency={consistency}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(v["value"], i.to_string(), "read {i} ({consistency}): {v}");
+        }
+        let read_indexes = served(&client, l, "POST", "/raft/read-index").await;
+        let replayed = served(&client, l, "GET", "/v1/kv/{*key}").await;
+        // What the followers counted: every read answered locally, replayed with the index or
+        // replayed at once, as many replayed as the leader answered, and no more exchanges than
+        // reads that asked for an index.
+        let mut counted = [0u64; 4];
+        for f in &followers {
+            let metrics = client
+                .send(reqwest::Method::GET, f, "/metrics", None)
+                .await
+                .1;
+            let metrics = metrics.as_str().unwrap();
+            for (i, name) in [
+                "metaserver_follower_reads_total{outcome=\"local\"}",
+                "metaserver_follower_reads_total{outcome=\"replayed\"}",
+                "metaserver_follower_reads_total{outcome=\"behind\"}",
+                "metaserver_read_index_exchanges_total",
+            ]
+            .iter()
+            .enumerate()
+            {
+                counted[i] += metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .map_or(0, |n| n.parse::<u64>().unwrap());
+            }
+        }
+        let [local, with_index, behind, exchanges] = counted;
+        match follower_reads {
+            Some(catch_up) => {
+                assert_eq!(local + with_index + behind, 40, "{counted:?}");
+                assert_eq!(with_index + behind, replayed, "{counted:?}");
+                assert!(exchanges <= local + with_index, "{counted:?}");
+                assert_eq!(read_indexes > 0, exchanges > 0, "{counted:?}");
+                if catch_up == patient {
+                    assert_eq!(replayed, 0, "the leader answered reads sent to followers");
+                }
+                if catch_up.max_backlog == u64::MAX {
+                    assert_eq!(behind, 0, "{counted:?}");
+                }
+                println!(
+                    "{catch_up:?}: local, replayed with the index, at once, exchanges: {counted:?}"
+                );
+            }
+            None => {
+                assert_eq!(read_indexes, 0);
+                assert_eq!(replayed, 40, "every read was replayed at the leader");
+                assert_eq!(counted, [0, 0, 0, 0]);
+            }
+        }
+        for server in servers.values() {
+            server.node.shutdown().await.unwrap();
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The nodes of the transport tests: each behind a real HTTP server on an ephemeral loopback
+//! port, started alone or as a three-node cluster, and a client that sends them requests
+//! with the token.
+
+use std::collections::BTreeMap;
+
+use meta_consensus::{MetaNode, Node, Role};
+use meta_http::follower_read::CatchUp;
+use meta_http::{AppState, HttpNetwork, Token};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::common::{test_config, wait_for};
+
+pub const TOKEN: &str = "transport-token";
+
+pub struct Server {
+    pub node: MetaNode,
+    pub addr: String,
+    pub task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn start(id: u64, dir: &TempDir) -> Server {
+    start_with(id, dir, Some(meta_http::follower_read::CATCH_UP)).await
+}
+
+/// Starts node `id`; with `follower_reads`, a follower answers reads itself as it says;
+/// without, it replays every read at the leader.
+pub async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
+    // Three nodes over real HTTP in a debug build on a shared machine: elections slower than
+    // the single-node tests', so a starved moment does not cost the leader.
+    cfg.election_min_ms = 1000;
+    cfg.election_max_ms = 2000;
+    cfg.snapshot_logs_since_last = 0;
+    cfg.max_in_snapshot_log_to_keep = 0;
+    let token = Token::new(Some(TOKEN));
+    let network = HttpNetwork::new(&cfg, token.clone());
+    let node = MetaNode::open(cfg, network).await.unwrap();
+    let mut state =
+        AppState::new(node.clone(), token).with_follower_reads(follower_reads.is_some());
+    if let Some(catch_up) = follower_reads {
+        state = state.with_follower_read_catch_up(catch_up);
+    }
+    let app = meta_http::router(state);
+    let task = tokio::spawn(async move {
+        axum::serve(meta_http::LimitedListener::new(listener, 10_000), app)
+            .await
+            .unwrap();
+    });
+    Server { node, addr, task }
+}
+
+pub struct Client {
+    pub http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new() -> Self {
+        Client {
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        server: &Server,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("http://{}{path}", server.addr))
+            .bearer_auth(TOKEN);
+        if let Some(body) = body {
+            request = request.body(body.to_string());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Asks `leader` to move member `id` to `addr` (`PUT /v1/cluster/members/{id}`).
+    pub async fn move_member(&self, leader: &Server, id: u64, addr: &str) -> (u16, Value) {
+        let body = json!({ "addr": addr });
+        let path = format!("/v1/cluster/members/{id}");
+        self.send(reqwest::Method::PUT, leader, &path, Some(body))
+            .await
+    }
+}
+
+/// Starts node 1 as a cluster of its own and waits until it leads.
+pub async fn start_alone(dir: &TempDir) -> Server {
+    let leader = start(1, dir).await;
+    leader
+        .node
+        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
+        .await
+        .unwrap();
+    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    leader
+}
+
+/// The server whose node leads.
+pub fn the_leader(servers: &BTreeMap<u64, Server>) -> &Server {
+    servers
+        .values()
+        .find(|s| s.node.status().role == Role::Leader)
+        .expect("a leader")
+}
+
+/// Starts nodes 1 to 3 over HTTP, initializes them as one cluster from node 1, and waits until
+/// all three agree on a leader.
+pub async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {
+    start_cluster_with(dir, Some(meta_http::follower_read::CATCH_UP)).await
+}
+
+pub async fn start_cluster_with(
+    dir: &TempDir,
+    follower_reads: Option<CatchUp>,
+) -> BTreeMap<u64, Server> {
+    let mut servers = BTreeMap::new();
+    for id in 1..=3 {
+        servers.insert(id, start_with(id, dir, follower_reads).await);
+    }
+    let members = servers
+        .iter()
+        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
+        .collect();
+    servers[&1].node.initialize(members).await.unwrap();
+    wait_for(
+        || {
+            let leader = servers[&1].node.status().leader_id;
+            leader.is_some()
+                && servers
+                    .values()
+                    .all(|s| s.node.status().leader_id == leader)
+        },
+        "three nodes agree on a leader",
+    )
+    .await;
+    servers
+}

@@ -1,0 +1,14 @@
+//! The HTTP transport end to end: three nodes, each behind a real HTTP server on an
+//! ephemeral loopback port, talking Raft over `/raft/...` with a token. Writes and
+//! linearizable reads sent to followers are forwarded to the leader, or answered by the
+//! follower with the leader's read index, and a learner that joins after the leader purged its
+//! log catches up by a streamed snapshot.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cluster;
+mod faults;
+mod follower_reads;
+mod helpers;
+mod membership;

@@ -1,0 +1,299 @@
+//! Membership over HTTP: removed followers and learners are told, one process cannot be two
+//! members, and a member moves to a new address.
+
+use meta_consensus::{Node, Role};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::common::wait_for;
+use crate::helpers::{start, start_alone, start_cluster, the_leader, Client};
+
+/// A follower removed from the voters learns it from the members' answers to its vote
+/// requests, carried over HTTP (the change is made on the node, so the leader's notice, sent by
+/// the HTTP handler, is not what tells it): its `/v1/cluster` says `removed`, and a write sent
+/// to it is refused with 503 naming the members, not forwarded to a leader it no longer follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_follower_is_told_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let client = Client::new();
+    let leader = the_leader(&servers);
+    let removed_id = *servers.keys().find(|id| **id != leader.node.id()).unwrap();
+    let others = servers.keys().copied().filter(|id| *id != removed_id);
+    leader.node.change_voters(others.collect()).await.unwrap();
+
+    let removed = &servers[&removed_id];
+    wait_for(
+        || removed.node.status().role == Role::Removed,
+        "the removed follower is told",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, removed, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["role"], "removed", "{v}");
+    assert_eq!(v["leader_id"], Value::Null, "{v}");
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            removed,
+            "/v1/datanodes/7",
+            Some(json!({"addr": "10.0.0.7:9000"})),
+        )
+        .await;
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("removed from the cluster"), "{message}");
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// A removed learner never asks for votes, and the leader stops replicating to it at once: the
+/// leader tells it, and it reports `removed` instead of a learner that still knows a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_learner_is_told_by_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let learner = start(4, &dir).await;
+    let client = Client::new();
+    let leader = the_leader(&servers);
+    let (status, v) = client
+        .send(
+            reqwest::Method::POST,
+            leader,
+            "/v1/cluster/learners",
+            Some(json!({"id": 4, "addr": learner.addr})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+    // The leader's view shows how far the learner is, and when it last answered.
+    wait_for(
+        || {
+            leader
+                .node
+                .status()
+                .replication
+                .iter()
+                .any(|r| r.node == 4 && r.matched.is_some() && r.heard_ms.is_some())
+        },
+        "the leader hears from the learner",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, leader, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["replication"]["4"]["matched"].is_u64(), "{v}");
+    assert!(v["replication"]["4"]["heard_ms"].is_u64(), "{v}");
+    assert!(v["replication"]["4"]["lag"].is_u64(), "{v}");
+    assert!(
+        v["replication"].get(leader.node.id().to_string()).is_none(),
+        "{v}"
+    );
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::DELETE,
+            leader,
+            "/v1/cluster/learners/4",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_for(
+        || learner.node.status().role == Role::Removed,
+        "the removed learner is told",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::GET, &learner, "/readyz", None)
+        .await;
+    assert_eq!(status, 503, "{v}");
+    for server in servers.values().chain([&learner]) {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// One process cannot answer for two members: a learner added (on the node, past the HTTP
+/// handler's probe) at the address of a process with another id is never served by it, since
+/// every message names its addressee and that process refuses messages for another id. The
+/// leader never hears from the learner and refuses to make it a voter; the process stays out
+/// of the cluster. Through the API the add is refused at once (409 `wrong_node`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_cannot_be_two_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start_alone(&dir).await;
+    let other = start(2, &dir).await;
+    let honest = start(3, &dir).await;
+    let client = Client::new();
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::POST,
+            &leader,
+            "/v1/cluster/learners",
+            Some(json!({"id": 5, "addr": other.addr})),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    assert!(leader.node.status().learners.is_empty());
+
+    // Past the probe (as if node 2 had been down when it was added), then a real learner
+    // after it: once that one caught up, node 5 would have too, had anything answered for it.
+    leader
+        .node
+        .add_learner(5, Node::new(other.addr.clone()))
+        .await
+        .unwrap();
+    leader
+        .node
+        .add_learner(3, Node::new(honest.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || {
+            let s = leader.node.status();
+            s.replication
+                .iter()
+                .any(|r| r.node == 3 && r.matched.is_some() && r.lag == 0)
+        },
+        "learner 3 catches up",
+    )
+    .await;
+    let s = leader.node.status();
+    let five = s.replication.iter().find(|r| r.node == 5).expect("node 5");
+    assert_eq!((five.matched, five.heard_ms), (None, None), "{s:?}");
+    assert_eq!(other.node.status().last_log_index, None);
+    let e = leader.node.change_voters([1, 5].into()).await.unwrap_err();
+    assert!(matches!(e, meta_consensus::Error::Conflict(_)), "{e}");
+
+    // A member's address under a second id is refused by the leader itself, also when the
+    // process there cannot be asked.
+    let e = leader
+        .node
+        .add_learner(6, Node::new(honest.addr.clone()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is the address of node 3"), "{e}");
+    for server in [&leader, &other, &honest] {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// A member restarted at another address is moved there with `PUT /v1/cluster/members/{id}`,
+/// once it answers there as itself: the leader then replicates to it at the new address. An
+/// address where nothing answers, or where another node answers, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_moves_to_a_new_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start_alone(&dir).await;
+    let learner = start(2, &dir).await;
+    leader
+        .node
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+    let client = Client::new();
+
+    // While node 2 still answers at its old address, no other process is taken for it, even
+    // one that holds this cluster's id: two processes answering for one member could vote
+    // twice in a term.
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy = start(2, &copy_dir).await;
+    copy.node
+        .accept_cluster(leader.node.cluster_id().unwrap())
+        .await
+        .unwrap();
+    let (status, v) = client.move_member(&leader, 2, &copy.addr).await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("still answers at its old address"),
+        "{v}"
+    );
+    copy.node.shutdown().await.unwrap();
+    drop(copy);
+
+    // Node 2 restarts from its data dir on another port.
+    learner.node.shutdown().await.unwrap();
+    drop(learner);
+    let moved = start(2, &dir).await;
+    // Node 2 no longer answers at its old address; still, a server that is no metaserver node
+    // (it answers 404 to everything) is not taken for it.
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_addr = plain.local_addr().unwrap().to_string();
+    let plain_task = tokio::spawn(async move {
+        axum::serve(plain, axum::Router::new()).await.unwrap();
+    });
+    let (status, v) = client.move_member(&leader, 2, &plain_addr).await;
+    assert_eq!(status, 409, "{v}");
+    plain_task.abort();
+    // A bound socket that does not listen: connections to its port are refused.
+    let refused = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    refused.bind(&any.into()).unwrap();
+    let refused_addr = refused
+        .local_addr()
+        .unwrap()
+        .as_socket()
+        .unwrap()
+        .to_string();
+    let (status, v) = client.move_member(&leader, 2, &refused_addr).await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not answer"),
+        "{v}"
+    );
+    let (status, v) = client.move_member(&leader, 2, &leader.addr).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    // A new node started with id 2 (an empty data dir) is not the member: two processes
+    // answering for one member could vote twice in a term.
+    let other_dir = tempfile::tempdir().unwrap();
+    let impostor = start(2, &other_dir).await;
+    let (status, v) = client.move_member(&leader, 2, &impostor.addr).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "wrong_node", "{v}");
+    assert_eq!(impostor.node.cluster_id(), None, "it adopted the cluster");
+    impostor.node.shutdown().await.unwrap();
+
+    let (status, v) = client.move_member(&leader, 2, &moved.addr).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(leader.node.status().nodes[&2], moved.addr);
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &leader,
+            "/v1/kv/after-the-move",
+            Some(json!("x")),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let index = leader.node.status().last_log_index;
+    wait_for(
+        || moved.node.status().applied >= index,
+        "the moved learner applies the write",
+    )
+    .await;
+    for server in [&leader, &moved] {
+        server.node.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,180 @@
+//! `local-cluster`: it elects a leader and takes writes at a follower, and refuses the serve
+//! options it sets itself.
+
+use std::collections::BTreeMap;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::common::{client, poll, run, send, spawn};
+use crate::helpers::register_datanode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("cluster");
+    let mut cluster = spawn(
+        dir.path(),
+        dir.path(),
+        &[
+            "local-cluster",
+            "--nodes",
+            "3",
+            "--base-port",
+            "0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--",
+            "--snapshot-rate",
+            "12345",
+        ],
+        &[],
+        true,
+    );
+    let mut addrs = BTreeMap::new();
+    for id in 1..=3u64 {
+        let line = cluster.wait_line(&format!("node {id} at "));
+        let addr = line.split_whitespace().next().unwrap().to_owned();
+        addrs.insert(id, format!("http://{addr}"));
+    }
+    // Every node reports the same leader.
+    let mut leader = None;
+    for base in addrs.values() {
+        let v = poll(&http, &format!("{base}/v1/cluster"), None, |v| {
+            v["leader_id"].is_u64() && v["voters"] == json!([1, 2, 3])
+        })
+        .await;
+        let id = v["leader_id"].as_u64().unwrap();
+        leader.get_or_insert(id);
+    }
+    let leader = leader.unwrap();
+    for base in addrs.values() {
+        poll(&http, &format!("{base}/v1/cluster"), None, |v| {
+            v["leader_id"] == leader
+        })
+        .await;
+    }
+    // The options after `--` reached every node.
+    for base in addrs.values() {
+        let (status, config) = send(&http, Method::GET, &format!("{base}/v1/config"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{config}");
+        assert_eq!(config["snapshot_max_bytes_per_sec"], 12345, "{config}");
+    }
+    let followers: Vec<u64> = addrs.keys().copied().filter(|id| *id != leader).collect();
+    let f1 = &addrs[&followers[0]];
+    let f2 = &addrs[&followers[1]];
+
+    // Registrations sent to a follower are forwarded to the leader.
+    let epoch = register_datanode(&http, f1, 11, None).await;
+    let shards: Vec<Value> = (0..1000u64)
+        .map(|i| json!({"id": i, "generation": 1, "size": i}))
+        .collect();
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f1}/v1/datanodes/11/shards"),
+        None,
+        Some(json!({"epoch": epoch, "shards": shards}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["accepted"], 1000);
+    // A linearizable read at the other follower sees it; so, eventually, does every local read.
+    let (status, v) = send(
+        &http,
+        Method::GET,
+        &format!("{f2}/v1/datanodes/11"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["shards"], 1000);
+    for base in addrs.values() {
+        poll(
+            &http,
+            &format!("{base}/v1/datanodes/11?consistency=local"),
+            None,
+            |v| v["shards"] == 1000,
+        )
+        .await;
+    }
+
+    // A heartbeat at a follower reaches the leader, whose liveness report any member relays;
+    // a prune at a follower goes to the leader piece by piece.
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f1}/v1/datanodes/11/heartbeat"),
+        None,
+        Some(json!({"epoch": epoch}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, v["timeout_ms"].clone()),
+        (200, json!(10_000)),
+        "{v}"
+    );
+    let (status, v) = send(&http, Method::GET, &format!("{f2}/v1/liveness"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["leader_id"], leader, "{v}");
+    assert_eq!(v["datanodes"][0]["id"], 11, "{v}");
+    assert_eq!(v["datanodes"][0]["state"], "alive", "{v}");
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{f2}/v1/datanodes/11/prune"),
+        None,
+        Some(json!({"epoch": epoch}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, v["removed"].clone()), (200, json!(0)), "{v}");
+
+    // Ctrl-C stops the whole cluster cleanly.
+    cluster.signal(libc::SIGINT);
+    let exit = cluster.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+    for base in addrs.values() {
+        assert!(
+            send(&http, Method::GET, &format!("{base}/healthz"), None, None)
+                .await
+                .is_err(),
+            "{base} still answers"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cluster_refuses_serve_options_it_sets_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data = data.to_str().unwrap();
+    for option in ["--data-dir", "--id=4", "--init"] {
+        let args = [
+            "local-cluster",
+            "--base-port",
+            "0",
+            "--data-dir",
+            data,
+            "--",
+        ];
+        let args: Vec<&str> = args.into_iter().chain([option, "x"]).collect();
+        let (ok, _, err) = run(&args, &[]).await;
+        assert!(!ok, "{option} accepted");
+        let name = option.split('=').next().unwrap();
+        assert!(
+            err.contains(&format!("{name} is set by local-cluster")),
+            "{err}"
+        );
+    }
+    assert!(!std::path::Path::new(data).exists(), "nothing was started");
+}
