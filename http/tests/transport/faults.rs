@@ -76,7 +76,7 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     drop(old);
     assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
     let put = {
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let url = format!("http://{}/v1/kv/after-the-leader", servers[&follower].addr);
         tokio::spawn(async move {
             let r = http

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use meta_consensus::{MetaNode, Node, Role};
+use meta_consensus::{MetaNode, Node, NodeConfig, Role};
 use meta_http::follower_read::CatchUp;
 use meta_http::{AppState, HttpNetwork, Token};
 use serde_json::{json, Value};
@@ -35,6 +35,16 @@ pub async fn start(id: u64, dir: &TempDir) -> Server {
 /// Starts node `id`; with `follower_reads`, a follower answers reads itself as it says;
 /// without, it replays every read at the leader.
 pub async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>) -> Server {
+    start_tuned(id, dir, follower_reads, |_| {}).await
+}
+
+/// [`start_with`], with `tune` adjusting the node's config last.
+pub async fn start_tuned(
+    id: u64,
+    dir: &TempDir,
+    follower_reads: Option<CatchUp>,
+    tune: fn(&mut NodeConfig),
+) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
@@ -44,6 +54,7 @@ pub async fn start_with(id: u64, dir: &TempDir, follower_reads: Option<CatchUp>)
     cfg.election_max_ms = 2000;
     cfg.snapshot_logs_since_last = 0;
     cfg.max_in_snapshot_log_to_keep = 0;
+    tune(&mut cfg);
     let token = Token::new(Some(TOKEN));
     let network = HttpNetwork::new(&cfg, token.clone());
     let node = MetaNode::open(cfg, network).await.unwrap();
@@ -68,7 +79,7 @@ pub struct Client {
 impl Client {
     pub fn new() -> Self {
         Client {
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
         }
     }
 

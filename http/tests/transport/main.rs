@@ -2,7 +2,7 @@
 //! ephemeral loopback port, talking Raft over `/raft/...` with a token. Writes and
 //! linearizable reads sent to followers are forwarded to the leader, or answered by the
 //! follower with the leader's read index, and a learner that joins after the leader purged its
-//! log catches up by a streamed snapshot.
+//! log catches up by a streamed snapshot (or, without room to install it, refuses it).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -12,3 +12,4 @@ mod faults;
 mod follower_reads;
 mod helpers;
 mod membership;
+mod snapshot_room;

@@ -3,60 +3,15 @@
 //! reserve) leaves no room refuses every one the leader sends, keeps running, and keeps no
 //! received file.
 
-mod common;
+use meta_consensus::{Command, Node, Role};
 
-use std::collections::BTreeMap;
-
-use common::{test_config, wait_for};
-use meta_consensus::{Command, MetaNode, Node, NodeConfig, Role};
-use meta_http::{AppState, HttpNetwork, Token};
-use tempfile::TempDir;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-
-struct Server {
-    node: MetaNode,
-    addr: String,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Starts node `id` behind an HTTP server on an ephemeral loopback port; `tune` adjusts its
-/// config.
-async fn start(id: u64, dir: &TempDir, tune: fn(&mut NodeConfig)) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
-    cfg.snapshot_logs_since_last = 0;
-    cfg.max_in_snapshot_log_to_keep = 0;
-    tune(&mut cfg);
-    let token = Token::new(None);
-    let network = HttpNetwork::new(&cfg, token.clone());
-    let node = MetaNode::open(cfg, network).await.unwrap();
-    let app = meta_http::router(AppState::new(node.clone(), token));
-    let task = tokio::spawn(async move {
-        axum::serve(meta_http::LimitedListener::new(listener, 1_000), app)
-            .await
-            .unwrap();
-    });
-    Server { node, addr, task }
-}
+use crate::common::wait_for;
+use crate::helpers::{start_alone, start_tuned, Client};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_room_refuses_a_snapshot_and_stays_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = start(1, &dir, |_| {}).await;
-    leader
-        .node
-        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
-        .await
-        .unwrap();
-    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    let leader = start_alone(&dir).await;
     for i in 0..20 {
         let put = Command::Put {
             key: format!("k{i}"),
@@ -73,7 +28,7 @@ async fn a_member_without_room_refuses_a_snapshot_and_stays_as_it_was() {
     .await;
 
     // No file system has this much room.
-    let learner = start(2, &dir, |cfg| cfg.min_free_bytes = u64::MAX).await;
+    let learner = start_tuned(2, &dir, None, |cfg| cfg.min_free_bytes = u64::MAX).await;
     leader
         .node
         .add_learner(2, Node::new(learner.addr.clone()))
@@ -119,17 +74,11 @@ async fn a_member_without_room_refuses_a_snapshot_and_stays_as_it_was() {
     };
     leader.node.write(put).await.unwrap();
 
-    let metrics = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", learner.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (status, metrics) = Client::new()
+        .send(reqwest::Method::GET, &learner, "/metrics", None)
+        .await;
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().unwrap();
     let line = metrics
         .lines()
         .find(|l| l.starts_with("metaserver_snapshot_install_refusals_total "))
