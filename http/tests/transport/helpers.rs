@@ -43,7 +43,7 @@ pub async fn start_tuned(
     id: u64,
     dir: &TempDir,
     follower_reads: Option<CatchUp>,
-    tune: fn(&mut NodeConfig),
+    tune: impl FnOnce(&mut NodeConfig),
 ) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -145,9 +145,19 @@ pub async fn start_cluster_with(
     dir: &TempDir,
     follower_reads: Option<CatchUp>,
 ) -> BTreeMap<u64, Server> {
+    start_cluster_tuned(dir, follower_reads, |_, _| {}).await
+}
+
+/// [`start_cluster_with`], with `tune` adjusting each node's config (given its id) last.
+pub async fn start_cluster_tuned(
+    dir: &TempDir,
+    follower_reads: Option<CatchUp>,
+    tune: impl Fn(u64, &mut NodeConfig),
+) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
-        servers.insert(id, start_with(id, dir, follower_reads).await);
+        let server = start_tuned(id, dir, follower_reads, |cfg| tune(id, cfg)).await;
+        servers.insert(id, server);
     }
     let members = servers
         .iter()

@@ -1,49 +1,32 @@
-//! The cluster's version over HTTP, with nodes behind real servers on loopback: the leader
-//! learns each member's build version from its answers, a command the cluster cannot take yet
-//! is refused with 503 `cluster_version` (also when a follower forwards it), and a learner whose
-//! build is older than the cluster is refused with 409 `build_too_old`.
-
-mod common;
+//! The cluster's version over HTTP: the leader learns each member's build version from its
+//! answers, a command the cluster cannot take yet is refused with 503 `cluster_version` (also
+//! when a follower forwards it), and a learner whose build is older than the cluster is refused
+//! with 409 `build_too_old`.
 
 use std::collections::BTreeMap;
 
-use common::{test_config, wait_for};
-use meta_consensus::{MetaNode, Node, Role};
-use meta_http::{AppState, HttpNetwork, Token};
+use meta_http::follower_read::CATCH_UP;
 use serde_json::{json, Value};
 use tempfile::TempDir;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
-struct Server {
-    node: MetaNode,
-    addr: String,
-    task: JoinHandle<()>,
-}
+use crate::common::wait_for;
+use crate::helpers::{start_alone, start_cluster_tuned, start_tuned, the_leader, Server, TOKEN};
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Starts node `id` as a build of `build_version`, behind a server on an ephemeral port.
+/// Starts node `id` as a build of `build_version`.
 async fn start(id: u64, dir: &TempDir, build_version: u32) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
-    cfg.election_min_ms = 1000;
-    cfg.election_max_ms = 2000;
-    cfg.build_version = build_version;
-    let network = HttpNetwork::new(&cfg, Token::new(None));
-    let node = MetaNode::open(cfg, network).await.unwrap();
-    let app = meta_http::router(AppState::new(node.clone(), Token::new(None)));
-    let task = tokio::spawn(async move {
-        axum::serve(meta_http::LimitedListener::new(listener, 1_000), app)
-            .await
-            .unwrap();
-    });
-    Server { node, addr, task }
+    start_tuned(id, dir, Some(CATCH_UP), |cfg| {
+        cfg.build_version = build_version
+    })
+    .await
+}
+
+/// Starts nodes 1 to 3 (of the given builds) as one cluster and waits until they agree on a
+/// leader.
+async fn start_cluster(dir: &TempDir, builds: [u32; 3]) -> BTreeMap<u64, Server> {
+    start_cluster_tuned(dir, Some(CATCH_UP), |id, cfg| {
+        cfg.build_version = builds[id as usize - 1]
+    })
+    .await
 }
 
 /// Sends a request; answers the status, the `Retry-After` header and the JSON body.
@@ -58,6 +41,7 @@ async fn send(
         .build()
         .unwrap()
         .request(method, format!("http://{}{path}", server.addr))
+        .bearer_auth(TOKEN)
         .body(body.to_string())
         .send()
         .await
@@ -70,32 +54,6 @@ async fn send(
     let text = response.text().await.unwrap();
     let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, retry, json)
-}
-
-/// Starts nodes 1 to 3 (of the given builds) as one cluster and waits until they agree on a
-/// leader.
-async fn start_cluster(dir: &TempDir, builds: [u32; 3]) -> BTreeMap<u64, Server> {
-    let mut servers = BTreeMap::new();
-    for (id, build) in (1..=3).zip(builds) {
-        servers.insert(id, start(id, dir, build).await);
-    }
-    let members = servers
-        .iter()
-        .map(|(id, s)| (*id, Node::new(s.addr.clone())))
-        .collect();
-    servers[&1].node.initialize(members).await.unwrap();
-    wait_for(
-        || {
-            let leader = servers[&1].node.status().leader_id;
-            leader.is_some()
-                && servers
-                    .values()
-                    .all(|s| s.node.status().leader_id == leader)
-        },
-        "three nodes agree on a leader",
-    )
-    .await;
-    servers
 }
 
 /// Registers datanode 7 at `server`; returns its epoch.
@@ -115,10 +73,7 @@ async fn prune(server: &Server, epoch: u64) -> (u16, Option<String>, Value) {
 async fn a_member_of_an_older_build_holds_new_commands_back() {
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster(&dir, [2, 2, 1]).await;
-    let leader = servers
-        .values()
-        .find(|s| s.node.status().role == Role::Leader)
-        .expect("a leader");
+    let leader = the_leader(&servers);
     // The leader hears each member's build in its answers (its own build it knows).
     let want = BTreeMap::from([(1, Some(2)), (2, Some(2)), (3, Some(1))]);
     wait_for(
@@ -156,13 +111,8 @@ async fn a_member_of_an_older_build_holds_new_commands_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_of_an_older_build_is_not_added() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = start(1, &dir, 2).await;
-    leader
-        .node
-        .initialize(BTreeMap::from([(1, Node::new(leader.addr.clone()))]))
-        .await
-        .unwrap();
-    wait_for(|| leader.node.status().role == Role::Leader, "node 1 leads").await;
+    // A build of this version, 2.
+    let leader = start_alone(&dir).await;
     let epoch = register(&leader).await;
     let (status, _, answer) = prune(&leader, epoch).await;
     assert_eq!(status, 200, "{answer}");
