@@ -406,7 +406,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .await
     }
 
-    /// Replication reads through here: at most [`MAX_REPLICATION_BYTES`] of encoded entries
+    /// Replication reads through here: at most `MAX_REPLICATION_BYTES` of encoded entries
     /// (at least one entry), so a transport never has to carry an unbounded message.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
         let end = {

@@ -310,7 +310,7 @@ impl MetaNode {
     /// a panic: the node can then serve nothing until it is restarted) and returns why.
     /// Never returns for a node that is shut down instead.
     ///
-    /// It looks every [`STOP_CHECK_INTERVAL`] rather than on every change of the metrics:
+    /// It looks every `STOP_CHECK_INTERVAL` rather than on every change of the metrics:
     /// those change several times per write, and waking for each cost the leader ~10% more
     /// CPU per single-shard registration.
     pub async fn stopped(&self) -> String {

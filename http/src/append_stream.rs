@@ -9,7 +9,7 @@
 //! be answered within its deadline, counted from when it was sent or from the previous
 //! answer, whichever is later.
 //!
-//! An entry-less request (a new commit index and nothing else) waits up to [`HOLD_ENTRYLESS`]
+//! An entry-less request (a new commit index and nothing else) waits up to `HOLD_ENTRYLESS`
 //! for the next request: one at the same position goes in its place, carrying the same or a
 //! newer commit index, and its answer answers both. At one client every entry was otherwise
 //! followed by an entry-less round trip to each follower, half the replication messages.

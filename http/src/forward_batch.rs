@@ -9,8 +9,8 @@
 //! writes, and nothing can be forwarded twice: the leader's end never forwards (a leader that
 //! lost its office refuses with `no_leader`).
 //!
-//! Batching is group commit: a write waits only while [`MAX_IN_FLIGHT`] batches are out (and
-//! at most [`SLOT_WAIT`], so a batch stuck at a leader that stopped answering does not hold
+//! Batching is group commit: a write waits only while `MAX_IN_FLIGHT` batches are out (and
+//! at most `SLOT_WAIT`, so a batch stuck at a leader that stopped answering does not hold
 //! back the writes behind it), and a lone write leaves at once.
 
 use std::sync::{Arc, OnceLock};

@@ -387,9 +387,9 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
 
     /// Streams the session's requests to the follower's `/raft/append-stream` as frames of one
     /// request body and reads its answers, in order, from the response (see `append_stream.rs`).
-    /// At most [`APPEND_WINDOW`] requests are unanswered at a time. Setting up the exchange must
+    /// At most `APPEND_WINDOW` requests are unanswered at a time. Setting up the exchange must
     /// take at most openraft's soft TTL; after that each answer is due within the deadline of
-    /// [`rpc_timeout`] for its request's size, longer after timeouts ([`patience`]).
+    /// `rpc_timeout` for its request's size, longer after timeouts (`patience`).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,

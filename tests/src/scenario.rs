@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const SLOW: Duration = Duration::from_secs(30);
 
 /// Runs `body` for at most `limit`; panics with the error (or the timeout). A pass that took
-/// longer than [`SLOW`] prints the progress lines, so a slow run can be read afterwards.
+/// longer than `SLOW` prints the progress lines, so a slow run can be read afterwards.
 ///
 /// Call it while the [`crate::Cluster`] is still in scope, so its drop sees the panic.
 pub async fn within<F>(name: &str, limit: Duration, body: F)

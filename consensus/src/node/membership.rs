@@ -168,7 +168,7 @@ impl MetaNode {
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
     /// be a learner that acknowledged the leader within the lease and whose log is at most
-    /// [`MAX_PROMOTION_LAG`] entries behind the leader's, else [`Error::Conflict`] and nothing
+    /// `MAX_PROMOTION_LAG` entries behind the leader's, else [`Error::Conflict`] and nothing
     /// changes: a voter that cannot keep up could leave the cluster without a quorum.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
         self.check_open()?;
