@@ -6,18 +6,31 @@ mod report;
 mod storm;
 mod wal;
 
-use anyhow::{bail, Result};
+use std::process::ExitCode;
 
-fn main() -> Result<()> {
+const USAGE: &str = "usage: meta-bench <wal|limiter|raft|storm> [options]";
+
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(which) = args.first() else {
-        bail!("usage: meta-bench <wal|limiter|raft|storm> [options]");
+    let which = args.first().map(String::as_str);
+    let result = match which {
+        Some("wal") => wal::run(&args[1..]),
+        Some("limiter") => limiter::run(&args[1..]),
+        Some("raft") => raft::run(&args[1..]),
+        Some("storm") => storm::run(&args[1..]),
+        Some("-h" | "--help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown benchmark {other:?}\n{USAGE}")),
+        None => Err(anyhow::anyhow!("{USAGE}")),
     };
-    match which.as_str() {
-        "wal" => wal::run(&args[1..]),
-        "limiter" => limiter::run(&args[1..]),
-        "raft" => raft::run(&args[1..]),
-        "storm" => storm::run(&args[1..]),
-        other => bail!("unknown benchmark {other:?}; expected wal, limiter, raft or storm"),
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain of causes, without a backtrace: a usage or setup error is read by a person.
+            eprintln!("meta-bench: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! cluster's version is a committed fact: the leader raises it (`Command::SetClusterVersion`)
 //! only once every member answered recently with at least that version, and proposes a command
 //! that needs a version only once the cluster has it. A cluster's version never falls: a member
-//! whose build is older refuses to start, and a learner whose build is older is not added.
+//! whose build is older refuses to start, and a learner whose build is older, or unknown (it
+//! has not answered), is not added once the version is past [`BASE_VERSION`].
 //!
 //! The leader raises the version when a command first needs it, not at once: a cluster whose
 //! members were all upgraded keeps the older version (and its members may still be swapped for
@@ -38,6 +39,12 @@ impl PeerVersions {
     /// Member `id` answered a message as a build of `version`.
     pub fn note(&self, id: NodeId, version: u32) {
         self.0.lock().insert(id, (version, Instant::now()));
+    }
+
+    /// A message to member `id` failed: what it answered before counts no more, so a member
+    /// restarted (perhaps as another build) counts only once it answers again.
+    pub fn forget(&self, id: NodeId) {
+        self.0.lock().remove(&id);
     }
 
     /// The version member `id` answered with last, if that was within `recent`.
@@ -146,5 +153,7 @@ mod tests {
         assert_eq!(versions.heard_within(1, Duration::ZERO), None);
         versions.note(1, 1);
         assert_eq!(versions.heard_within(1, Duration::from_secs(60)), Some(1));
+        versions.forget(1);
+        assert_eq!(versions.heard_within(1, Duration::from_secs(60)), None);
     }
 }

@@ -68,7 +68,8 @@ pub enum Command {
     /// Raises the cluster's version to `version` (see `cluster_version.rs`); never lowers it.
     /// Proposed by the leader only once every member's build answered with at least `version`;
     /// a member whose build is older stops at this entry rather than apply later commands it
-    /// cannot decode.
+    /// cannot decode (a build that predates versions cannot decode this one either, and stops
+    /// at it too).
     SetClusterVersion { version: u32 },
 }
 

@@ -150,6 +150,13 @@ pub enum Error {
         build: u32,
         cluster: u32,
     },
+    /// A node to add as a learner has not answered, so its build is unknown, and the cluster's
+    /// version is past the one every build applies.
+    #[error(
+        "node {node} has not answered, so its build is unknown, and the cluster's version is \
+         {cluster}: start it before adding it"
+    )]
+    LearnerNotHeard { node: NodeId, cluster: u32 },
 }
 
 /// Result with the crate's [`Error`].

@@ -64,6 +64,8 @@ struct Inner {
     /// Held while the leader raises the cluster's version or adds a learner
     /// (`node/versions.rs`).
     raising: tokio::sync::Mutex<()>,
+    /// The highest cluster version this node proposed a raise to (`node/versions.rs`).
+    proposed_version: std::sync::atomic::AtomicU32,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -157,6 +159,7 @@ impl MetaNode {
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
                 raising: tokio::sync::Mutex::new(()),
+                proposed_version: std::sync::atomic::AtomicU32::new(0),
             }),
         };
         node.check_not_behind_purge()?;

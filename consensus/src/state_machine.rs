@@ -582,7 +582,13 @@ impl SmShared {
                     self.cluster_version.fetch_max(*version, Ordering::AcqRel);
                     raised
                 }
-                EntryPayload::Normal(cmd) => batch.execute(e.log_id.index, cmd)?,
+                EntryPayload::Normal(cmd) => {
+                    // Never met: the leader proposes a command only in a cluster of its version,
+                    // and this build would have stopped at the raise. A build that could not
+                    // decode the command would fail here; this one says why.
+                    self.check_build(cmd.required_version())?;
+                    batch.execute(e.log_id.index, cmd)?
+                }
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(e.log_id), m.clone());
                     batch.set_membership(&stored)?;

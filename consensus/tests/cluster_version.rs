@@ -178,3 +178,30 @@ async fn a_learner_older_than_the_cluster_is_not_added() -> Result<()> {
     assert_eq!(leader.status().learners, vec![4]);
     c.shutdown().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_not_heard_from_is_not_added_once_the_version_was_raised() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    // In a cluster of the base version every build applies every entry: a learner may be added
+    // before it runs.
+    leader.add_learner(5, Node::new(addr(5))).await?;
+    leader.remove_learner(5).await?;
+    prune(&leader).await?;
+    assert_eq!(leader.cluster_version(), 2);
+
+    // Node 4 does not run: its build is unknown, and might be older than the cluster.
+    let refused = leader.add_learner(4, Node::new(addr(4))).await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::LearnerNotHeard {
+                node: 4,
+                cluster: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(leader.status().learners.is_empty());
+    c.shutdown().await
+}

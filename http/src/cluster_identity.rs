@@ -32,9 +32,10 @@ pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member
 /// that checked the addressee answers with it (`confirm` requires it).
 pub const IDENTITY: HeaderName = HeaderName::from_static("x-metaserver-id");
 
-/// The header with which a node answers every `/raft` message: its build's version (see
-/// `meta-consensus`'s `cluster_version.rs`). The sender notes it; a build that predates
-/// versions sends none, which reads as [`BASE_VERSION`].
+/// The header that names a build's version (see `meta-consensus`'s `cluster_version.rs`): a
+/// node answers every Raft message and identity question with it, and the sender notes it; a
+/// member sends it with what it forwards to the leader, which answers in forms that build
+/// decodes. A build that predates versions sends none, which reads as [`BASE_VERSION`].
 pub const VERSION: HeaderName = HeaderName::from_static("x-metaserver-version");
 
 /// The build version an answer from a member names ([`VERSION`]).

@@ -243,6 +243,7 @@ impl From<meta_consensus::Error> for ApiError {
             }
             e @ E::ClusterVersionTooLow { .. } => ApiError::ClusterVersion(e.to_string()),
             e @ E::LearnerTooOld { .. } => ApiError::BuildTooOld(e.to_string()),
+            e @ E::LearnerNotHeard { .. } => ApiError::Conflict(e.to_string()),
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {

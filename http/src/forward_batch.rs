@@ -16,7 +16,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use meta_consensus::{codec, Command, MetaNode, Written};
@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::auth::Token;
+use crate::cluster_identity::version_of;
 use crate::error::{ApiError, ForwardTo};
 use crate::leader_exchange::LeaderLink;
 use crate::request::validate_command;
@@ -62,9 +63,14 @@ pub enum Refusal {
     /// 507 `insufficient_storage`: the leader's disk is nearly full.
     InsufficientStorage(String),
     /// 503 `cluster_version`: the command needs a cluster version the leader cannot raise the
-    /// cluster to yet.
+    /// cluster to yet. Sent only to a member whose build names a version of at least
+    /// [`CLUSTER_VERSION_REFUSAL_SINCE`]: older ones cannot decode it (they get `Unavailable`).
     ClusterVersion(String),
 }
+
+/// The first build version that decodes [`Refusal::ClusterVersion`]; new variants go last, and
+/// each with the version from which members understand it.
+const CLUSTER_VERSION_REFUSAL_SINCE: u32 = 2;
 
 impl Refusal {
     /// What the leader's end answers for a request from another member (a forwarded write, a
@@ -86,6 +92,18 @@ impl Refusal {
             ApiError::InsufficientStorage(m) => Refusal::InsufficientStorage(m),
             ApiError::ClusterVersion(m) => Refusal::ClusterVersion(m),
             other => Refusal::Internal(other.to_string()),
+        }
+    }
+}
+
+impl Refusal {
+    /// This refusal in a form a member whose build is of version `build` decodes.
+    fn for_build(self, build: u32) -> Refusal {
+        match self {
+            Refusal::ClusterVersion(m) if build < CLUSTER_VERSION_REFUSAL_SINCE => {
+                Refusal::Unavailable(m)
+            }
+            r => r,
         }
     }
 }
@@ -275,7 +293,9 @@ impl Link {
 
 /// The leader's end: proposes every command of the batch on `node`, all at once, and answers
 /// each, in order. Never forwards: a node that does not lead refuses each with `no_leader`.
-pub async fn serve(node: MetaNode, body: Bytes) -> Response {
+pub async fn serve(node: MetaNode, headers: HeaderMap, body: Bytes) -> Response {
+    // The forwarding member's build (none named: one that predates versions).
+    let build = version_of(&headers);
     let commands: Vec<Command> = match codec::decode(&body) {
         Ok(c) => c,
         Err(e) => {
@@ -287,7 +307,9 @@ pub async fn serve(node: MetaNode, body: Bytes) -> Response {
         if let Err(e) = validate_command(&c) {
             return Err(Refusal::Invalid(e.to_string()));
         }
-        node.write(c).await.map_err(Refusal::of)
+        node.write(c)
+            .await
+            .map_err(|e| Refusal::of(e).for_build(build))
     }))
     .await;
     match codec::encode(&answers) {
@@ -364,6 +386,38 @@ mod tests {
             value: b"v".to_vec(),
             if_revision: None,
         }
+    }
+
+    /// The refusals of a build that predates versions, as it decodes them.
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    enum RefusalOfVersion1 {
+        NoLeader(String),
+        Unavailable(String),
+        Timeout(String),
+        OutcomeUnknown(String),
+        Invalid(String),
+        NotFound(String),
+        Internal(String),
+        InsufficientStorage(String),
+    }
+
+    #[test]
+    fn a_member_of_an_older_build_gets_refusals_it_decodes() {
+        let refused = || Refusal::ClusterVersion("node 3 runs a build of version 1".into());
+        let decode = |r: Refusal| {
+            let answers: Vec<Answer> = vec![Err(r)];
+            let bytes = codec::encode(&answers).unwrap();
+            codec::decode::<Vec<Result<Written, RefusalOfVersion1>>>(&bytes)
+        };
+        let old = decode(refused().for_build(1)).unwrap();
+        assert!(
+            matches!(&old[..], [Err(RefusalOfVersion1::Unavailable(m))] if m.contains("node 3")),
+            "{old:?}"
+        );
+        // Sent as it is, the refusal would fail the whole batch's answer there.
+        assert!(decode(refused().for_build(2)).is_err());
+        assert_eq!(refused().for_build(2), refused());
     }
 
     fn batcher(timeout: Duration) -> Batcher {

@@ -14,7 +14,10 @@ use meta_consensus::codec;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use meta_consensus::BUILD_VERSION;
+
 use crate::auth::Token;
+use crate::cluster_identity::VERSION;
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::{leader_failed, FORWARDED_BY};
 
@@ -55,6 +58,8 @@ impl LeaderLink {
             .post(format!("http://{}{path}", target.addr))
             .timeout(timeout)
             .header(FORWARDED_BY, self.id)
+            // The leader answers only in forms this build decodes (`forward_batch::serve`).
+            .header(VERSION, BUILD_VERSION)
             .header(header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
         if let Some(value) = self.token.header_value() {

@@ -314,7 +314,10 @@ impl HttpConnection {
             .body(body)
             .send()
             .await
-            .map_err(|e| self.rpc_error(action, timeout, e))?;
+            .map_err(|e| {
+                self.versions.forget(self.target);
+                self.rpc_error(action, timeout, e)
+            })?;
         let status = response.status();
         if status.is_success() {
             self.versions.note(
@@ -477,7 +480,10 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 .inspect(move |answer| {
                     patience.record(answer);
                     let v = version.load(Ordering::Relaxed);
-                    if answer.is_ok() && v != 0 {
+                    if answer.is_err() {
+                        // The member may be restarting, perhaps as another build.
+                        versions.forget(target);
+                    } else if v != 0 {
                         versions.note(target, v);
                     }
                 })

@@ -93,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             PATH_FORWARD_BATCH,
-            post(move |body| forward_batch::serve(node.clone(), body))
+            post(move |headers, body| forward_batch::serve(node.clone(), headers, body))
                 .layer::<_, std::convert::Infallible>(from_fn_with_state(
                     MAX_FORWARD_BATCH_BYTES,
                     bounded_raft_body,

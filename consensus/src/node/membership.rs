@@ -79,7 +79,8 @@ impl MetaNode {
     /// committed, without waiting for the learner to catch up. Adding a learner again at the
     /// same address changes nothing; [`Error::Conflict`] if `id` is a voter, or a learner at
     /// another address (remove it first), [`Error::LearnerTooOld`] if it answered recently as
-    /// a build older than the cluster's version (`node/versions.rs`).
+    /// a build older than the cluster's version, [`Error::LearnerNotHeard`] if it did not
+    /// answer recently and the cluster's version is past the base one (`node/versions.rs`).
     pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
         self.check_open()?;
         self.forward_if_follower()?;

@@ -1,15 +1,17 @@
 //! The cluster's version on the leader (`cluster_version.rs`): a write whose command needs a
 //! version the cluster does not have raises it first, once every member answered recently as a
-//! build of at least that version, and is refused otherwise; a learner whose build is older
-//! than the cluster is not added.
+//! build of at least that version, and is refused otherwise (also on a node that does not
+//! lead: it cannot tell); a learner whose build is older than the cluster, or unknown, is not
+//! added.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use openraft::async_runtime::watch::WatchReceiver;
 
 use super::MetaNode;
-use crate::cluster_version::{raisable, Behind};
+use crate::cluster_version::{raisable, Behind, BASE_VERSION};
 use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
 use crate::types::NodeId;
@@ -59,11 +61,16 @@ impl MetaNode {
     /// module comment). Refuses with [`Error::ClusterVersionTooLow`] at once when members
     /// answered as older builds, and after at most [`MetaNode::lease_wait`] when some have not
     /// answered recently (a fresh leader hears from them within a heartbeat). A node that does
-    /// not lead changes nothing: the write goes to the leader, which decides.
+    /// not lead (a candidate, a follower that knows no leader) refuses such a command with
+    /// [`Error::ForwardToLeader`] or [`Error::NoLeader`]: were it to win an election before it
+    /// proposed the command, nothing would have checked the members.
     pub(super) async fn ensure_version(&self, cmd: &Command) -> Result<()> {
         let needed = cmd.required_version();
-        if self.cluster_version() >= needed || self.leader_view().is_none() {
+        if self.cluster_version() >= needed {
             return Ok(());
+        }
+        if self.leader_view().is_none() {
+            return Err(self.not_leading());
         }
         let deadline = tokio::time::Instant::now() + self.lease_wait();
         loop {
@@ -107,9 +114,29 @@ impl MetaNode {
         raisable(members.keys().copied(), needed, |id| members[&id])
     }
 
-    /// Proposes the raise to `version` and waits until it is applied here.
+    /// [`MetaNode::ensure_version`] again, after the write waited for room: a node that led
+    /// then may not now, and a command proposed must find the version raised.
+    pub(super) fn check_version(&self, cmd: &Command) -> Result<()> {
+        if self.cluster_version() >= cmd.required_version() {
+            return Ok(());
+        }
+        Err(self.not_leading())
+    }
+
+    /// Where a command that needs a raise must go when this node cannot raise it: the leader
+    /// its metrics name, or nowhere yet.
+    fn not_leading(&self) -> Error {
+        self.leader_elsewhere().unwrap_or_else(|| self.no_leader())
+    }
+
+    /// Proposes the raise to `version` and waits until it is applied here. The version counts
+    /// as proposed from before the proposal (`proposed_version`): if the caller gives up, the
+    /// entry may still commit.
     async fn raise_version(&self, version: u32) -> Result<()> {
         let raft = &self.inner.raft;
+        self.inner
+            .proposed_version
+            .fetch_max(version, Ordering::AcqRel);
         let raise = Command::SetClusterVersion { version };
         let r = self
             .leader_call(|| raft.client_write(raise.clone()))
@@ -120,27 +147,46 @@ impl MetaNode {
         Ok(())
     }
 
-    /// Runs `add` (a learner's addition) unless the learner's build, as it answered recently,
-    /// is older than the cluster's version ([`Error::LearnerTooOld`]). Not concurrently with a
-    /// raise of the version: the raise then counts the learner as a member it must hear from.
+    /// Runs `add` (a learner's addition) unless the learner's build, as it answered recently
+    /// (before this call, or since), is older than the cluster's version
+    /// ([`Error::LearnerTooOld`]), or unknown while the cluster's version is past
+    /// [`BASE_VERSION`] ([`Error::LearnerNotHeard`]). The cluster's version is the one
+    /// committed, read after a read barrier (a fresh leader may not yet have applied a raise of
+    /// an earlier term), or a raise this node proposed, which may still commit. Not
+    /// concurrently with a raise: the raise then counts the learner as a member it must hear
+    /// from.
     pub(super) async fn unless_too_old<F: std::future::Future<Output = Result<()>>>(
         &self,
         learner: NodeId,
         add: F,
     ) -> Result<()> {
+        let asked = Instant::now();
         let _raising = self.inner.raising.lock().await;
-        let cluster = self.cluster_version();
-        let heard = self
-            .inner
-            .cfg
-            .peer_versions
-            .heard_within(learner, self.version_recency());
-        if let Some(build) = heard.filter(|b| *b < cluster) {
-            return Err(Error::LearnerTooOld {
-                node: learner,
-                build,
-                cluster,
-            });
+        self.read_barrier(crate::view::Consistency::Linearizable)
+            .await?;
+        let cluster = self
+            .cluster_version()
+            .max(self.inner.proposed_version.load(Ordering::Acquire));
+        if cluster > BASE_VERSION {
+            // An answer that came before this call (the caller's probe) counts as recent as
+            // it was then: waiting for the lock does not age it.
+            let recent = self.version_recency() + asked.elapsed();
+            match self.inner.cfg.peer_versions.heard_within(learner, recent) {
+                Some(build) if build >= cluster => {}
+                Some(build) => {
+                    return Err(Error::LearnerTooOld {
+                        node: learner,
+                        build,
+                        cluster,
+                    })
+                }
+                None => {
+                    return Err(Error::LearnerNotHeard {
+                        node: learner,
+                        cluster,
+                    })
+                }
+            }
         }
         add.await
     }

@@ -289,6 +289,7 @@ impl MetaNode {
             .await
             .map_err(|_| Error::Timeout)?
             .map_err(|_| Error::Shutdown)?;
+        self.check_version(&cmd)?;
         let raft = &self.inner.raft;
         let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
         Ok(Written {
