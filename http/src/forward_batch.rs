@@ -64,7 +64,7 @@ pub enum Refusal {
     InsufficientStorage(String),
     /// 503 `cluster_version`: the command needs a cluster version the leader cannot raise the
     /// cluster to yet. Sent only to a member whose build names a version of at least
-    /// [`CLUSTER_VERSION_REFUSAL_SINCE`]: older ones cannot decode it (they get `Unavailable`).
+    /// `CLUSTER_VERSION_REFUSAL_SINCE`: older ones cannot decode it (they get `Unavailable`).
     ClusterVersion(String),
 }
 
