@@ -46,12 +46,13 @@ pub enum Error {
          that add data are refused until space is freed (deletes still work)"
     )]
     InsufficientStorage { free: u64, reserve: u64 },
-    /// A received snapshot was refused: installing it could fill the data dir's file system.
-    /// The node keeps its registry and log as they were; the leader sends the snapshot again.
+    /// A snapshot from the leader was refused: receiving or installing it could fill the data
+    /// dir's file system. The node keeps its registry and log as they were; the leader sends
+    /// the snapshot again.
     #[error(
-        "no room to install a received snapshot of {bytes} bytes: {free} bytes free, {need} \
-         needed (a copy of it, a new registry, and the reserve): free space on this member; \
-         the leader sends the snapshot again"
+        "no room for a snapshot from the leader ({bytes} bytes received): {free} bytes free, \
+         {need} needed (to install it: a copy of it, a new registry, and the reserve): free \
+         space on this member; the leader sends the snapshot again"
     )]
     NoRoomForSnapshot { bytes: u64, free: u64, need: u64 },
     /// A message or a node belongs to another cluster than this node (`cluster_id.rs`).

@@ -495,8 +495,8 @@ impl Registry {
         Ok(Page { items, next })
     }
 
-    /// The primary data (datanodes, replicas, keys) of the active generation as a map; the
-    /// content two replicas of the registry must agree on.
+    /// The primary data (datanodes, replicas, keys, settings) of the active generation as a
+    /// map; the content two replicas of the registry must agree on.
     pub(crate) fn content(&self) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
         let mut out = BTreeMap::new();
         for item in self.current().tree.iter() {

@@ -54,6 +54,9 @@ pub type RemoteResult<T> = Result<T, String>;
 /// Largest encoded vote accepted at the head of a snapshot stream.
 const MAX_VOTE_BYTES: usize = 4096;
 
+/// How many bytes of an arriving snapshot land between two looks at the free space.
+const ROOM_CHECK_BYTES: u64 = 16 << 20;
+
 /// The routes, for a router whose state yields the node.
 pub fn raft_routes<S>() -> Router<S>
 where
@@ -284,10 +287,14 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
+    if let Err(e) = node.check_room_to_receive(0) {
+        return Err(refuse_for_room(&mut stream, e).await);
+    }
     let temp = node
         .snapshot_receive_file()
         .await
         .map_err(|e| reply::<()>(Err(e.to_string())))?;
+    let mut no_room_left = None;
     let landed: std::io::Result<u64> = async {
         let mut file = tokio::fs::OpenOptions::new()
             .write(true)
@@ -295,16 +302,28 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
             .open(&temp)
             .await?;
         let mut received = (head.len() - 4 - vote_len) as u64;
+        let mut checked = 0;
         file.write_all(&head[4 + vote_len..]).await?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(std::io::Error::other)?;
             received += chunk.len() as u64;
             file.write_all(&chunk).await?;
+            if received - checked >= ROOM_CHECK_BYTES {
+                checked = received;
+                if let Err(e) = node.check_room_to_receive(received) {
+                    no_room_left = Some(e);
+                    return Err(std::io::Error::other("no room left"));
+                }
+            }
         }
         file.flush().await?;
         Ok(received)
     }
     .await;
+    if let Some(e) = no_room_left {
+        drop(temp);
+        return Err(refuse_for_room(&mut stream, e).await);
+    }
     let received = landed.map_err(|e| {
         tracing::warn!("receiving a snapshot failed: {e}");
         bad_rpc(format!("receiving the snapshot failed: {e}"))
@@ -318,6 +337,19 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
         tracing::warn!("installing a received snapshot failed: {e}");
     }
     Ok(reply(result))
+}
+
+/// Refuses a snapshot for want of room (`e`): reads the rest of the stream without keeping it
+/// (a server that answers before the request's end may reset the connection, and the leader
+/// would see a broken exchange rather than the refusal), then answers the refusal as the
+/// install's result (not a 4xx), so that the leader backs off before it sends again.
+async fn refuse_for_room(
+    stream: &mut (impl futures::Stream<Item = Result<Bytes, axum::Error>> + Unpin),
+    e: meta_consensus::Error,
+) -> Response {
+    tracing::warn!("refusing a snapshot from the leader: {e}");
+    while let Some(Ok(_)) = stream.next().await {}
+    reply::<()>(Err(e.to_string()))
 }
 
 #[cfg(test)]

@@ -4,9 +4,10 @@
 //! and a registry that failed a write must then be rebuilt). Writes that remove data (a key, a
 //! replica, a datanode) still pass: they are how an operator makes room. Reads always pass.
 //!
-//! A member of any role also refuses to install a received snapshot that would leave less than
-//! `min_free_bytes` free: an install that runs out of space would stop the node, while a
-//! refused one leaves it as it was, behind but serving, and the leader sends it again later.
+//! A member of any role also refuses a snapshot from the leader that would leave less than
+//! `min_free_bytes` free, while it arrives and before it is installed: an install that runs
+//! out of space would stop the node, while a refused one leaves it as it was, behind but
+//! serving, and the leader sends it again later.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -78,6 +79,27 @@ impl MetaNode {
         };
         if free < reserve {
             return Err(Error::InsufficientStorage { free, reserve });
+        }
+        Ok(())
+    }
+
+    /// [`Error::NoRoomForSnapshot`] if, with `received` bytes of a snapshot from the leader
+    /// landed so far, the data dir's file system has less than `min_free_bytes` free: the
+    /// receiver stops there rather than fill the disk the log shares. Off when
+    /// `min_free_bytes` is 0. One `statvfs`, quick enough to call between chunks.
+    pub fn check_room_to_receive(&self, received: u64) -> Result<()> {
+        let reserve = self.inner.cfg.min_free_bytes;
+        if reserve == 0 {
+            return Ok(());
+        }
+        let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+        if free < reserve {
+            self.inner.sm.stats.install_refused();
+            return Err(Error::NoRoomForSnapshot {
+                bytes: received,
+                free,
+                need: reserve,
+            });
         }
         Ok(())
     }
