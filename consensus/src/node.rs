@@ -165,6 +165,7 @@ impl MetaNode {
         node.check_not_behind_purge()?;
         node.await_loaded_metrics().await;
         node.follow_metrics();
+        node.warn_if_short_of_space();
         Ok(node)
     }
 
@@ -446,6 +447,8 @@ impl MetaNode {
             } else {
                 BTreeMap::new()
             },
+            data_dir_free_bytes: self.data_dir_free_bytes(),
+            min_free_bytes: self.inner.cfg.min_free_bytes,
         }
     }
 

@@ -93,4 +93,8 @@ pub struct ClusterStatus {
     /// The version each member's build answered with recently (`None`: no recent answer);
     /// leader only.
     pub member_versions: BTreeMap<NodeId, Option<u32>>,
+    /// Bytes free to this process on the data dir's file system (`None`: it cannot be read),
+    /// and the reserve below which the leader refuses writes that add data.
+    pub data_dir_free_bytes: Option<u64>,
+    pub min_free_bytes: u64,
 }

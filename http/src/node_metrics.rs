@@ -246,8 +246,22 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     counter(
         &mut enc,
         "metaserver_snapshot_install_refusals",
-        "Received snapshots refused: the data dir had no room to install them",
+        "Snapshots from the leader refused: the data dir had no room for them",
         sm.snapshot_install_refusals,
+    )?;
+    if let Some(free) = status.data_dir_free_bytes {
+        gauge(
+            &mut enc,
+            "metaserver_data_dir_free_bytes",
+            "Bytes free to this process on the data dir's file system",
+            count(free),
+        )?;
+    }
+    gauge(
+        &mut enc,
+        "metaserver_min_free_bytes",
+        "The reserve below which the leader refuses writes that add data (0: no guard)",
+        count(status.min_free_bytes),
     )?;
     counter(
         &mut enc,

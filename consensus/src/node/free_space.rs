@@ -58,6 +58,28 @@ fn adds_data(cmd: &Command) -> bool {
 }
 
 impl MetaNode {
+    /// Bytes free to this process on the data dir's file system, `None` if that cannot be
+    /// read. One `statvfs`.
+    pub fn data_dir_free_bytes(&self) -> Option<u64> {
+        free_bytes(&self.inner.cfg.data_dir).ok()
+    }
+
+    /// Logs a warning when the data dir's file system has less than twice `min_free_bytes`
+    /// free: writes that add data stop at `min_free_bytes` (on the leader), and a registry
+    /// rebuild or a snapshot install needs room. Called once, at open.
+    pub(super) fn warn_if_short_of_space(&self) {
+        let reserve = self.inner.cfg.min_free_bytes;
+        match self.data_dir_free_bytes() {
+            Some(free) if reserve > 0 && free < reserve.saturating_mul(2) => tracing::warn!(
+                free,
+                reserve,
+                "the data dir's file system is nearly full: a leader refuses writes that add \
+                 data below the reserve (--min-free-bytes); free space"
+            ),
+            _ => {}
+        }
+    }
+
     /// [`Error::InsufficientStorage`] if `cmd` adds data and the data dir's file system has less
     /// than `min_free_bytes` free (read at most every [`RECHECK`]). A file system whose free
     /// space cannot be read refuses nothing.

@@ -79,10 +79,15 @@ async fn a_member_without_room_refuses_a_snapshot_and_stays_as_it_was() {
         .await;
     assert_eq!(status, 200);
     let metrics = metrics.as_str().unwrap();
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with("metaserver_snapshot_install_refusals_total "))
-        .unwrap_or_else(|| panic!("no refusal counter in {metrics}"));
-    let count: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(count >= 2, "{line}");
+    let value = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("metaserver_snapshot_install_refusals_total") >= 2);
+    // What an operator alerts on: the free space, and the reserve it is measured against.
+    assert!(value("metaserver_data_dir_free_bytes") > 0);
+    assert_eq!(value("metaserver_min_free_bytes"), i64::MAX as u64);
 }
