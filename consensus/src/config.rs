@@ -10,6 +10,7 @@ use crate::addresses::Addresses;
 use crate::cluster_id::ClusterId;
 use crate::cluster_version::{PeerVersions, BUILD_VERSION};
 use crate::error::{Error, Result};
+use crate::free_space::FreeSpace;
 use crate::removal_notice::RemovalNotice;
 use crate::types::NodeId;
 
@@ -62,6 +63,9 @@ pub struct NodeConfig {
     /// The leader refuses writes that add data (507) while the data dir's file system has
     /// less free than this; 0 turns the guard off (see `node/free_space.rs`).
     pub min_free_bytes: u64,
+    /// How the free space of the data dir's file system is read: `statvfs` unless a test
+    /// stands in a disk as full as it needs.
+    pub free_space: FreeSpace,
     /// The leader calls a registered datanode down when it has sent no heartbeat for this long
     /// (see `liveness.rs`).
     pub datanode_timeout: Duration,
@@ -112,6 +116,7 @@ impl NodeConfig {
             peer_versions: PeerVersions::default(),
             build_version: BUILD_VERSION,
             min_free_bytes: 128 << 20,
+            free_space: FreeSpace::default(),
             datanode_timeout: Duration::from_secs(10),
             emulated_sync_latency: Duration::ZERO,
         }

@@ -43,7 +43,7 @@ use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
-    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED,
+    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
@@ -524,6 +524,11 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| network(format!("opening snapshot {}: {e}", path.display())))?;
+        let file_bytes = file
+            .metadata()
+            .await
+            .map_err(|e| network(format!("reading snapshot {}: {e}", path.display())))?
+            .len();
         tracing::info!(
             target_node = self.target,
             file = %path.display(),
@@ -539,6 +544,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         let exchange = async {
             let response = self
                 .request(PATH_SNAPSHOT)
+                .header(SNAPSHOT_BYTES, file_bytes)
                 .body(reqwest::Body::wrap_stream(stream))
                 .send()
                 .await

@@ -45,6 +45,12 @@ pub const PATH_VOTE: &str = "/raft/vote";
 pub const PATH_PRE_VOTE: &str = "/raft/pre-vote";
 /// Streamed full snapshot.
 pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
+
+/// The header with which the leader announces a snapshot file's size in bytes, so that a member
+/// without room to install it refuses before the body (a build that predates it sends none:
+/// the member then looks once the file landed).
+pub const SNAPSHOT_BYTES: header::HeaderName =
+    header::HeaderName::from_static("x-metaserver-snapshot-bytes");
 /// Transfer leadership.
 pub const PATH_TRANSFER_LEADER: &str = "/raft/transfer-leader";
 
@@ -257,15 +263,28 @@ async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response 
     )
 }
 
-async fn snapshot(State(node): State<MetaNode>, body: Body) -> Response {
-    match receive_snapshot(&node, body).await {
+async fn snapshot(
+    State(node): State<MetaNode>,
+    headers: header::HeaderMap,
+    body: Body,
+) -> Response {
+    let announced = headers
+        .get(SNAPSHOT_BYTES)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match receive_snapshot(&node, announced, body).await {
         Ok(response) => response,
         Err(response) => response,
     }
 }
 
 /// Reads the vote, lands the file, installs it. `Err` carries the answer to a failure.
-async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Response> {
+/// `announced`: the file's size as the leader announced it.
+async fn receive_snapshot(
+    node: &MetaNode,
+    announced: Option<u64>,
+    body: Body,
+) -> Result<Response, Response> {
     let mut stream = body.into_data_stream();
     let mut head: Vec<u8> = Vec::new();
     // The vote's length and the vote itself, possibly split over several chunks.
@@ -287,8 +306,14 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
-    if let Err(e) = node.check_room_to_receive(0) {
-        return Err(refuse_for_room(&mut stream, e).await);
+    let room = node
+        .check_room_to_receive(0)
+        .and_then(|()| match announced {
+            Some(bytes) => node.check_room_for_snapshot(bytes),
+            None => Ok(()),
+        });
+    if let Err(e) = room {
+        return Err(refuse_for_room(e));
     }
     let temp = node
         .snapshot_receive_file()
@@ -321,8 +346,7 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
     }
     .await;
     if let Some(e) = no_room_left {
-        drop(temp);
-        return Err(refuse_for_room(&mut stream, e).await);
+        return Err(refuse_for_room(e));
     }
     let received = landed.map_err(|e| {
         tracing::warn!("receiving a snapshot failed: {e}");
@@ -339,16 +363,12 @@ async fn receive_snapshot(node: &MetaNode, body: Body) -> Result<Response, Respo
     Ok(reply(result))
 }
 
-/// Refuses a snapshot for want of room (`e`): reads the rest of the stream without keeping it
-/// (a server that answers before the request's end may reset the connection, and the leader
-/// would see a broken exchange rather than the refusal), then answers the refusal as the
-/// install's result (not a 4xx), so that the leader backs off before it sends again.
-async fn refuse_for_room(
-    stream: &mut (impl futures::Stream<Item = Result<Bytes, axum::Error>> + Unpin),
-    e: meta_consensus::Error,
-) -> Response {
+/// Refuses a snapshot for want of room (`e`) at once, without reading the rest: the answer is
+/// the install's result (not a 4xx), or, when the leader is still sending, a connection
+/// closed under it. Either way the leader backs off before it sends again, and the rest of the
+/// snapshot is not sent for nothing.
+fn refuse_for_room(e: meta_consensus::Error) -> Response {
     tracing::warn!("refusing a snapshot from the leader: {e}");
-    while let Some(Ok(_)) = stream.next().await {}
     reply::<()>(Err(e.to_string()))
 }
 

@@ -9,9 +9,6 @@
 //! out of space would stop the node, while a refused one leaves it as it was, behind but
 //! serving, and the leader sends it again later.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::MetaNode;
@@ -20,18 +17,6 @@ use crate::error::{Error, Result};
 
 /// How long a reading of the free space is used before the next one.
 const RECHECK: Duration = Duration::from_millis(100);
-
-/// Bytes an unprivileged writer may still use on the file system holding `dir`.
-fn free_bytes(dir: &Path) -> std::io::Result<u64> {
-    let path = CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: `statvfs` writes only into the struct it is given, which lives on this stack
-    // frame; `path` is a valid NUL-terminated string for the duration of the call.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
-}
 
 /// Room an install takes, in multiples of the received snapshot's bytes: the file's copy in the
 /// snapshot dir and a new registry generation, which sled stores in up to about twice the
@@ -61,7 +46,7 @@ impl MetaNode {
     /// Bytes free to this process on the data dir's file system, `None` if that cannot be
     /// read. One `statvfs`.
     pub fn data_dir_free_bytes(&self) -> Option<u64> {
-        free_bytes(&self.inner.cfg.data_dir).ok()
+        self.inner.cfg.free_space.of(&self.inner.cfg.data_dir).ok()
     }
 
     /// Logs a warning when the data dir's file system has less than twice `min_free_bytes`
@@ -93,7 +78,7 @@ impl MetaNode {
             match *last {
                 Some((at, free)) if at.elapsed() < RECHECK => free,
                 _ => {
-                    let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+                    let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
                     *last = Some((Instant::now(), free));
                     free
                 }
@@ -114,7 +99,7 @@ impl MetaNode {
         if reserve == 0 {
             return Ok(());
         }
-        let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+        let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
         if free < reserve {
             self.inner.sm.stats.install_refused();
             return Err(Error::NoRoomForSnapshot {
@@ -128,14 +113,14 @@ impl MetaNode {
 
     /// [`Error::NoRoomForSnapshot`] if installing a received snapshot file of `bytes` could
     /// leave the data dir's file system with less than `min_free_bytes` free (see
-    /// [`install_room`]). Reads the free space afresh. Off when `min_free_bytes` is 0; a file
-    /// system whose free space cannot be read refuses nothing. Blocking (one `statvfs`).
-    pub(super) fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
+    /// `install_room`). Reads the free space afresh. Off when `min_free_bytes` is 0; a file
+    /// system whose free space cannot be read refuses nothing. One `statvfs`.
+    pub fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
         let reserve = self.inner.cfg.min_free_bytes;
         if reserve == 0 {
             return Ok(());
         }
-        let free = free_bytes(&self.inner.cfg.data_dir).unwrap_or(u64::MAX);
+        let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
         let need = install_room(bytes, reserve);
         if free < need {
             self.inner.sm.stats.install_refused();
@@ -148,13 +133,6 @@ impl MetaNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_free_space_of_a_real_dir_is_read() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(free_bytes(dir.path()).unwrap() > 0);
-        assert!(free_bytes(&dir.path().join("missing")).is_err());
-    }
 
     #[test]
     fn an_install_needs_room_for_a_copy_a_new_registry_and_the_reserve() {
