@@ -132,18 +132,17 @@ pub struct LocalConnection {
 
 impl LocalConnection {
     /// The target node, if the link to it is up; the sender notes the version of its build,
-    /// as the HTTP transport does from the answer's header.
+    /// or forgets it when the link is down, as the HTTP transport does.
     fn target(&self) -> Result<MetaNode, RPCError<TypeConfig>> {
-        let target = self
-            .router
-            .target(self.from, self.target)
-            .map_err(RPCError::Unreachable)?;
+        let target = self.router.target(self.from, self.target);
         if let Some(me) = self.router.node(self.from) {
-            me.config()
-                .peer_versions
-                .note(self.target, target.config().build_version);
+            let versions = &me.config().peer_versions;
+            match &target {
+                Ok(t) => versions.note(self.target, t.config().build_version),
+                Err(_) => versions.forget(self.target),
+            }
         }
-        Ok(target)
+        target.map_err(RPCError::Unreachable)
     }
 }
 

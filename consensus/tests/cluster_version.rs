@@ -37,18 +37,12 @@ async fn prune(leader: &MetaNode) -> meta_consensus::Result<CommandResult> {
     Ok(w.result)
 }
 
-/// Waits until `leader` has not heard from member `id` recently.
-async fn until_unheard(leader: &MetaNode, id: u64) -> Result<()> {
+/// Waits until what `leader` heard from member `id` recently is `version` (`None`: nothing).
+async fn until_heard(leader: &MetaNode, id: u64, version: Option<u32>) -> Result<()> {
     let deadline = Instant::now() + WAIT;
-    while leader
-        .member_versions()
-        .get(&id)
-        .copied()
-        .flatten()
-        .is_some()
-    {
+    while leader.member_versions().get(&id).copied().flatten() != version {
         if Instant::now() > deadline {
-            bail!("the leader still counts node {id} as heard after {WAIT:?}");
+            bail!("the leader did not count node {id} as {version:?} within {WAIT:?}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -93,6 +87,8 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
     c.tune = current_build;
     c.start(3).await?;
     let leader = c.leader().await?;
+    // Until the leader hears the new build, it may still count the old one's last answer.
+    until_heard(&leader, 3, Some(2)).await?;
     let result = prune(&leader).await?;
     assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
     c.converged().await?;
@@ -124,7 +120,7 @@ async fn a_member_that_does_not_answer_keeps_the_version_down() -> Result<()> {
     let leader = c.leader().await?;
     let down = if leader.id() == 3 { 2 } else { 3 };
     c.stop(down).await?;
-    until_unheard(&leader, down).await?;
+    until_heard(&leader, down, None).await?;
     let refused = prune(&leader).await;
     let Err(Error::ClusterVersionTooLow { behind, .. }) = &refused else {
         bail!("expected a refusal, got {refused:?}");
