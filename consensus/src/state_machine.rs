@@ -571,23 +571,17 @@ impl SmShared {
             }
             let result = match &e.payload {
                 EntryPayload::Blank => CommandResult::Empty,
-                EntryPayload::Normal(Command::SetClusterVersion { version }) => {
-                    // A member whose build is older stops here, before it meets a command it
-                    // cannot decode (the leader raised the version while it ran a newer build).
-                    self.check_build(*version)?;
-                    let raised = batch.execute(
-                        e.log_id.index,
-                        &Command::SetClusterVersion { version: *version },
-                    )?;
-                    self.cluster_version.fetch_max(*version, Ordering::AcqRel);
-                    raised
-                }
                 EntryPayload::Normal(cmd) => {
-                    // Never met: the leader proposes a command only in a cluster of its version,
-                    // and this build would have stopped at the raise. A build that could not
-                    // decode the command would fail here; this one says why.
+                    // A member whose build is older stops at the raise past its version, before
+                    // it meets a command it cannot decode (the leader raised the version while
+                    // it ran a newer build). Any other command past it is never met: the leader
+                    // proposes one only in a cluster of its version.
                     self.check_build(cmd.required_version())?;
-                    batch.execute(e.log_id.index, cmd)?
+                    let result = batch.execute(e.log_id.index, cmd)?;
+                    if let Command::SetClusterVersion { version } = cmd {
+                        self.cluster_version.fetch_max(*version, Ordering::AcqRel);
+                    }
+                    result
                 }
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(e.log_id), m.clone());

@@ -10,11 +10,9 @@
 use std::time::Duration;
 
 use axum::http::header;
-use meta_consensus::codec;
+use meta_consensus::{codec, BUILD_VERSION};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-
-use meta_consensus::BUILD_VERSION;
 
 use crate::auth::Token;
 use crate::cluster_identity::VERSION;

@@ -45,14 +45,14 @@ pub const PATH_VOTE: &str = "/raft/vote";
 pub const PATH_PRE_VOTE: &str = "/raft/pre-vote";
 /// Streamed full snapshot.
 pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
+/// Transfer leadership.
+pub const PATH_TRANSFER_LEADER: &str = "/raft/transfer-leader";
 
 /// The header with which the leader announces a snapshot file's size in bytes, so that a member
 /// without room to install it refuses before the body (a build that predates it sends none:
 /// the member then looks once the file landed).
 pub const SNAPSHOT_BYTES: header::HeaderName =
     header::HeaderName::from_static("x-metaserver-snapshot-bytes");
-/// Transfer leadership.
-pub const PATH_TRANSFER_LEADER: &str = "/raft/transfer-leader";
 
 /// What a `/raft` route answers: the response, or why this node could not produce one.
 pub type RemoteResult<T> = Result<T, String>;
@@ -306,52 +306,43 @@ async fn receive_snapshot(
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
-    let room = node
-        .check_room_to_receive(0)
-        .and_then(|()| match announced {
-            Some(bytes) => node.check_room_for_snapshot(bytes),
-            None => Ok(()),
-        });
-    if let Err(e) = room {
-        return Err(refuse_for_room(e));
+    // The room to install it covers the room to receive it.
+    match announced {
+        Some(bytes) => node.check_room_for_snapshot(bytes),
+        None => node.check_room_to_receive(0),
     }
+    .map_err(refuse_for_room)?;
     let temp = node
         .snapshot_receive_file()
         .await
         .map_err(|e| reply::<()>(Err(e.to_string())))?;
-    let mut no_room_left = None;
-    let landed: std::io::Result<u64> = async {
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(&temp)
-            .await?;
-        let mut received = (head.len() - 4 - vote_len) as u64;
-        let mut checked = 0;
-        file.write_all(&head[4 + vote_len..]).await?;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(std::io::Error::other)?;
-            received += chunk.len() as u64;
-            file.write_all(&chunk).await?;
-            if received - checked >= ROOM_CHECK_BYTES {
-                checked = received;
-                if let Err(e) = node.check_room_to_receive(received) {
-                    no_room_left = Some(e);
-                    return Err(std::io::Error::other("no room left"));
-                }
-            }
-        }
-        file.flush().await?;
-        Ok(received)
-    }
-    .await;
-    if let Some(e) = no_room_left {
-        return Err(refuse_for_room(e));
-    }
-    let received = landed.map_err(|e| {
+    let failed = |e: std::io::Error| {
         tracing::warn!("receiving a snapshot failed: {e}");
         bad_rpc(format!("receiving the snapshot failed: {e}"))
-    })?;
+    };
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&temp)
+        .await
+        .map_err(failed)?;
+    let mut received = (head.len() - 4 - vote_len) as u64;
+    let mut checked = 0;
+    file.write_all(&head[4 + vote_len..])
+        .await
+        .map_err(failed)?;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| failed(std::io::Error::other(e)))?;
+        received += chunk.len() as u64;
+        file.write_all(&chunk).await.map_err(failed)?;
+        if received - checked >= ROOM_CHECK_BYTES {
+            checked = received;
+            node.check_room_to_receive(received)
+                .map_err(refuse_for_room)?;
+        }
+    }
+    file.flush().await.map_err(failed)?;
+    drop(file);
     tracing::info!(bytes = received, "snapshot received, installing");
     let result = node
         .install_received_snapshot(vote, temp)

@@ -24,14 +24,8 @@ pub async fn follow(node: MetaNode, token: Token, addr: String) {
         return;
     }
     let id = node.id();
-    // Members talk directly: a proxy named in the environment is not on the way to them.
-    let client = match reqwest::Client::builder().no_proxy().build() {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::warn!("cannot ask to be moved to {addr}: no HTTP client: {e}");
-            return;
-        }
-    };
+    // The client members talk to each other with (directly: no proxy from the environment).
+    let client = meta_http::network::peer_client();
     let mut backoff = Duration::from_millis(500);
     loop {
         let members = node.status().nodes;

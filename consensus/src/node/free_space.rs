@@ -95,20 +95,7 @@ impl MetaNode {
     /// receiver stops there rather than fill the disk the log shares. Off when
     /// `min_free_bytes` is 0. One `statvfs`, quick enough to call between chunks.
     pub fn check_room_to_receive(&self, received: u64) -> Result<()> {
-        let reserve = self.inner.cfg.min_free_bytes;
-        if reserve == 0 {
-            return Ok(());
-        }
-        let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
-        if free < reserve {
-            self.inner.sm.stats.install_refused();
-            return Err(Error::NoRoomForSnapshot {
-                bytes: received,
-                free,
-                need: reserve,
-            });
-        }
-        Ok(())
+        self.check_room(received, |reserve| reserve)
     }
 
     /// [`Error::NoRoomForSnapshot`] if installing a received snapshot file of `bytes` could
@@ -116,12 +103,18 @@ impl MetaNode {
     /// `install_room`). Reads the free space afresh. Off when `min_free_bytes` is 0; a file
     /// system whose free space cannot be read refuses nothing. One `statvfs`.
     pub fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
+        self.check_room(bytes, |reserve| install_room(bytes, reserve))
+    }
+
+    /// [`Error::NoRoomForSnapshot`] (counted) for a snapshot of `bytes` if the data dir's file
+    /// system has less free than `need` says for the reserve; off when the reserve is 0.
+    fn check_room(&self, bytes: u64, need: impl FnOnce(u64) -> u64) -> Result<()> {
         let reserve = self.inner.cfg.min_free_bytes;
         if reserve == 0 {
             return Ok(());
         }
         let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
-        let need = install_room(bytes, reserve);
+        let need = need(reserve);
         if free < need {
             self.inner.sm.stats.install_refused();
             return Err(Error::NoRoomForSnapshot { bytes, free, need });
