@@ -55,6 +55,8 @@ struct Inner {
     closing: tokio::sync::watch::Sender<bool>,
     /// The data dir's free bytes, and when they were read (`free_space.rs`).
     free_space: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
+    /// When a refused snapshot was last logged as a warning (`free_space.rs`).
+    room_warned: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: tokio::sync::Semaphore,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
@@ -155,6 +157,7 @@ impl MetaNode {
                 shut: AtomicBool::new(false),
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
+                room_warned: parking_lot::Mutex::new(None),
                 write_window: tokio::sync::Semaphore::new(window as usize),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),

@@ -344,22 +344,20 @@ async fn receive_snapshot(
     file.flush().await.map_err(failed)?;
     drop(file);
     tracing::info!(bytes = received, "snapshot received, installing");
-    let result = node
-        .install_received_snapshot(vote, temp)
-        .await
-        .map_err(|e| e.to_string());
-    if let Err(e) = &result {
-        tracing::warn!("installing a received snapshot failed: {e}");
+    let result = node.install_received_snapshot(vote, temp).await;
+    match &result {
+        // The node logged it (a full disk refuses every resend; it says so once in a while).
+        Err(meta_consensus::Error::NoRoomForSnapshot { .. }) | Ok(_) => {}
+        Err(e) => tracing::warn!("installing a received snapshot failed: {e}"),
     }
-    Ok(reply(result))
+    Ok(reply(result.map_err(|e| e.to_string())))
 }
 
-/// Refuses a snapshot for want of room (`e`) at once, without reading the rest: the answer is
-/// the install's result (not a 4xx), or, when the leader is still sending, a connection
-/// closed under it. Either way the leader backs off before it sends again, and the rest of the
-/// snapshot is not sent for nothing.
+/// Refuses a snapshot for want of room (`e`, which the node logged) at once, without reading
+/// the rest: the answer is the install's result (not a 4xx), or, when the leader is still
+/// sending, a connection closed under it. Either way the leader backs off before it sends
+/// again, and the rest of the snapshot is not sent for nothing.
 fn refuse_for_room(e: meta_consensus::Error) -> Response {
-    tracing::warn!("refusing a snapshot from the leader: {e}");
     reply::<()>(Err(e.to_string()))
 }
 

@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 /// How long a reading of the free space is used before the next one.
 const RECHECK: Duration = Duration::from_millis(100);
 
+/// A refused snapshot is logged as a warning at most this often: the leader sends it again
+/// about twice a second while the disk stays full, and the count is in the metrics.
+const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(30);
+
 /// Room an install takes, in multiples of the received snapshot's bytes: the file's copy in the
 /// snapshot dir and a new registry generation, which sled stores in up to about twice the
 /// snapshot's bytes. An estimate on the safe side; the old generation is freed only after.
@@ -117,15 +121,59 @@ impl MetaNode {
         let need = need(reserve);
         if free < need {
             self.inner.sm.stats.install_refused();
-            return Err(Error::NoRoomForSnapshot { bytes, free, need });
+            let refused = Error::NoRoomForSnapshot { bytes, free, need };
+            if due(
+                &mut self.inner.room_warned.lock(),
+                Instant::now(),
+                REFUSAL_WARN_EVERY,
+            ) {
+                tracing::warn!(
+                    "refusing a snapshot from the leader: {refused}; the leader sends it again \
+                     until there is room (metaserver_snapshot_install_refusals counts the \
+                     refusals; this is logged at most every {}s)",
+                    REFUSAL_WARN_EVERY.as_secs()
+                );
+            } else {
+                tracing::debug!("refusing a snapshot from the leader: {refused}");
+            }
+            return Err(refused);
         }
         Ok(())
+    }
+}
+
+/// Whether something last done at `last` (never: `None`) is due again at `now`, `every`
+/// apart; if so, `last` becomes `now`.
+fn due(last: &mut Option<Instant>, now: Instant, every: Duration) -> bool {
+    match *last {
+        Some(at) if now.saturating_duration_since(at) < every => false,
+        _ => {
+            *last = Some(now);
+            true
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_warning_is_due_first_and_then_once_per_period() {
+        let start = Instant::now();
+        let every = Duration::from_secs(30);
+        let mut last = None;
+        assert!(due(&mut last, start, every));
+        assert!(!due(&mut last, start + Duration::from_secs(1), every));
+        assert!(!due(&mut last, start + Duration::from_secs(29), every));
+        assert!(due(&mut last, start + every, every));
+        assert!(!due(
+            &mut last,
+            start + every + Duration::from_secs(5),
+            every
+        ));
+        assert_eq!(last, Some(start + every));
+    }
 
     #[test]
     fn an_install_needs_room_for_a_copy_a_new_registry_and_the_reserve() {
