@@ -1,5 +1,6 @@
 //! `meta-bench`: the project's benchmarks. `cargo run --release -p meta-bench -- <wal|limiter|raft|storm>`.
 
+mod cli;
 mod limiter;
 mod raft;
 mod report;
@@ -8,7 +9,8 @@ mod wal;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: meta-bench <wal|limiter|raft|storm> [options]";
+const USAGE: &str =
+    "usage: meta-bench <wal|limiter|raft|storm> [options]; meta-bench <name> --help lists the options";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

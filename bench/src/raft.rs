@@ -7,7 +7,7 @@
 //! longest stall of `apply` while a snapshot of one million replicas is built.
 //!
 //! `meta-bench raft [--seconds S] [--rounds R] [--registrants 1,4,16,64] [--batch-registrants 1,4]
-//! [--snapshot-replicas N] [--dir DIR]`; the seconds can also come from `RAFT_BENCH_SECONDS`.
+//! [--snapshot-replicas N] [--dir DIR]` (`--help` explains them); the seconds can also come from `RAFT_BENCH_SECONDS`.
 //! Prints a table and writes `target/bench/raft.json`.
 
 use std::collections::BTreeMap;
@@ -16,66 +16,50 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use meta_consensus::transport::LocalRouter;
 use meta_consensus::{
     BarrierMode, CommandResult, MetaNode, Node, NodeConfig, NodeId, Role, ShardReport,
 };
 use serde_json::json;
 
-use crate::report;
+use crate::{cli, report};
 
 const BATCH: usize = 1000;
 /// Export pace while measuring the apply stall (bytes per second).
 const SNAPSHOT_PACE: u64 = 8_000_000;
 
+/// `meta-bench raft`: an in-process three-node cluster registering shards, shared against own barriers.
+#[derive(Debug, clap::Parser)]
+#[command(name = "meta-bench raft")]
 struct Config {
+    /// Seconds each point is measured, per round.
+    #[arg(long, env = "RAFT_BENCH_SECONDS", default_value_t = 3.0)]
     seconds: f64,
+    /// Rounds of interleaved arms (A B A B for 2).
+    #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Concurrent registrants of one shard per call, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     registrants: Vec<usize>,
+    /// Concurrent registrants of 1,000-shard batches, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
     batch_registrants: Vec<usize>,
+    /// Replicas in the registry while the apply stall during a snapshot is measured.
+    #[arg(long, default_value_t = 1_000_000)]
     snapshot_replicas: u64,
+    /// Directory for the nodes' data dirs.
+    #[arg(long, default_value_os_t = report::target_dir())]
     dir: PathBuf,
 }
 
-fn list(v: &str, what: &str) -> Result<Vec<usize>> {
-    v.split(',')
-        .map(|w| w.trim().parse().with_context(|| what.to_string()))
-        .collect()
-}
-
 fn parse(args: &[String]) -> Result<Config> {
-    let mut cfg = Config {
-        seconds: match std::env::var("RAFT_BENCH_SECONDS") {
-            Ok(s) => s.parse().context("RAFT_BENCH_SECONDS")?,
-            Err(_) => 3.0,
-        },
-        rounds: 2,
-        registrants: vec![1, 4, 16, 64],
-        batch_registrants: vec![1, 4],
-        snapshot_replicas: 1_000_000,
-        dir: report::out_dir()?
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--seconds" => cfg.seconds = value()?.parse().context("--seconds")?,
-            "--rounds" => cfg.rounds = value()?.parse().context("--rounds")?,
-            "--registrants" => cfg.registrants = list(value()?, "--registrants")?,
-            "--batch-registrants" => cfg.batch_registrants = list(value()?, "--batch-registrants")?,
-            "--snapshot-replicas" => {
-                cfg.snapshot_replicas = value()?.parse().context("--snapshot-replicas")?
-            }
-            "--dir" => cfg.dir = PathBuf::from(value()?),
-            other => bail!(
-                "unknown option {other:?}; expected --seconds, --rounds, --registrants, \
-                 --batch-registrants, --snapshot-replicas, --dir"
-            ),
-        }
+    let cfg: Config = cli::parse("raft", args)?;
+    if !(cfg.seconds.is_finite() && cfg.seconds > 0.0) || cfg.rounds == 0 {
+        bail!("--seconds and --rounds must be positive");
+    }
+    if cfg.registrants.contains(&0) || cfg.batch_registrants.contains(&0) {
+        bail!("every registrant count must be positive");
     }
     Ok(cfg)
 }

@@ -41,10 +41,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 
 /// The directory benchmark outputs go to: `target/bench/` of the workspace.
 pub fn out_dir() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("bench");
+    let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     Ok(dir)
 }
@@ -55,4 +52,11 @@ pub fn write_json(name: &str, value: &serde_json::Value) -> Result<PathBuf> {
     std::fs::write(&path, serde_json::to_vec_pretty(value)?)
         .with_context(|| format!("write {}", path.display()))?;
     Ok(path)
+}
+
+/// The cargo target directory (`CARGO_TARGET_DIR`, else the workspace's `target`), not created.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }

@@ -7,8 +7,8 @@
 //! log) until every arm has run `--seconds`. A rate is the median of the arm's per-slice rates;
 //! for arms of the same point the median of the paired per-slice ratios is given too.
 //!
-//! `meta-bench wal [--seconds S] [--slice S] [--writers 1,4,16,64] [--dir DIR]`; the seconds can
-//! also come from `WAL_BENCH_SECONDS`. Writes `target/bench/wal.json` and
+//! `meta-bench wal [--seconds S] [--slice S] [--writers 1,4,16,64] [--dir DIR]` (`--help` explains
+//! them); the seconds can also come from `WAL_BENCH_SECONDS`. Writes `target/bench/wal.json` and
 //! `target/bench/wal_prealloc.json`.
 
 use std::fs::{File, OpenOptions};
@@ -24,53 +24,40 @@ use meta_store::{BarrierMode, Wal, WalOptions};
 use serde_json::json;
 use tempfile::TempDir;
 
-use crate::report;
+use crate::{cli, report};
 
 const RECORD_BYTES: usize = 200;
 
+/// `meta-bench wal`: shared barriers against one barrier per append, interleaved.
+#[derive(Debug, clap::Parser)]
+#[command(name = "meta-bench wal")]
 struct Config {
+    /// Seconds each arm of a point is measured, in all.
+    #[arg(long, env = "WAL_BENCH_SECONDS", default_value_t = 5.0)]
     seconds: f64,
+    /// Seconds of one slice; the arms of a point take turns slice by slice.
+    #[arg(long, default_value_t = 0.5)]
     slice: f64,
+    /// Concurrent writers of each point, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     writers: Vec<usize>,
+    /// Directory for the logs under test (the JSON goes to target/bench either way).
+    #[arg(long, default_value_os_t = report::target_dir().join("bench"))]
     dir: PathBuf,
 }
 
 fn parse(args: &[String]) -> Result<Config> {
-    let mut seconds: f64 = match std::env::var("WAL_BENCH_SECONDS") {
-        Ok(s) => s.parse().context("WAL_BENCH_SECONDS")?,
-        Err(_) => 5.0,
-    };
-    let mut slice = 0.5;
-    let mut writers = vec![1, 4, 16, 64];
-    let mut dir = report::out_dir()?;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--seconds" => seconds = value()?.parse().context("--seconds")?,
-            "--slice" => slice = value()?.parse().context("--slice")?,
-            "--writers" => {
-                writers = value()?
-                    .split(',')
-                    .map(|w| w.trim().parse().context("--writers"))
-                    .collect::<Result<_>>()?
-            }
-            "--dir" => dir = PathBuf::from(value()?),
-            other => {
-                bail!("unknown option {other:?}; expected --seconds, --slice, --writers, --dir")
-            }
-        }
-    }
+    let mut cfg: Config = cli::parse("wal", args)?;
     let positive = |x: f64| x.is_finite() && x > 0.0;
-    if !positive(seconds) || !positive(slice) || writers.is_empty() || writers.contains(&0) {
+    if !positive(cfg.seconds)
+        || !positive(cfg.slice)
+        || cfg.writers.is_empty()
+        || cfg.writers.contains(&0)
+    {
         bail!("--seconds, --slice and every writer count must be positive");
     }
-    Ok(Config {
-        seconds,
-        slice: slice.min(seconds),
-        writers,
-        dir,
-    })
+    cfg.slice = cfg.slice.min(cfg.seconds);
+    Ok(cfg)
 }
 
 /// What one slice of one arm measured.

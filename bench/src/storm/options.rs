@@ -42,7 +42,7 @@ pub enum Workloads {
 
 /// `meta-bench storm`: the registration storm against a real three-node cluster of `metaserver` processes.
 #[derive(Debug, Parser)]
-#[command(name = "meta-bench storm", about)]
+#[command(name = "meta-bench storm")]
 pub struct Options {
     /// Seconds each single-shard point is measured (after a short warm-up).
     #[arg(long, default_value_t = 10.0)]
@@ -110,16 +110,7 @@ pub struct ServerFlags {
 impl Options {
     /// Parses `args` (the words after `storm`) and checks them.
     pub fn parse(args: &[String]) -> Result<Options> {
-        let argv = std::iter::once("storm".to_string()).chain(args.iter().cloned());
-        let options = match Options::try_parse_from(argv) {
-            Ok(o) => o,
-            Err(e) if !e.use_stderr() => {
-                // --help or --version: print and stop successfully.
-                e.print()?;
-                std::process::exit(0);
-            }
-            Err(e) => bail!("{e}"),
-        };
+        let options: Options = crate::cli::parse("storm", args)?;
         options.check()?;
         Ok(options)
     }
