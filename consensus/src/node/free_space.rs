@@ -129,7 +129,7 @@ impl MetaNode {
             ) {
                 tracing::warn!(
                     "refusing a snapshot from the leader: {refused}; the leader sends it again \
-                     until there is room (metaserver_snapshot_install_refusals counts the \
+                     until there is room (metaserver_snapshot_install_refusals_total counts the \
                      refusals; this is logged at most every {}s)",
                     REFUSAL_WARN_EVERY.as_secs()
                 );
