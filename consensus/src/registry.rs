@@ -35,6 +35,9 @@ pub(crate) struct Registry {
     trust: TrustMarker,
     current: RwLock<Arc<Generation>>,
     retired: Mutex<Vec<Arc<Generation>>>,
+    /// Tests: the next [`Registry::finish_replace`] fails as a full disk would.
+    #[cfg(test)]
+    pub(crate) fail_next_activation: std::sync::atomic::AtomicBool,
 }
 
 /// A registry being imported into a fresh generation; becomes active with
@@ -173,6 +176,8 @@ impl Registry {
             trust,
             current: RwLock::new(Arc::new(generation)),
             retired: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            fail_next_activation: Default::default(),
         })
     }
 
@@ -220,6 +225,14 @@ impl Registry {
             .map_err(|e| Error::registry("flush imported generation", e))?;
         let v = codec::encode(&r.generation.number)
             .map_err(|e| Error::corrupt("active generation", e))?;
+        #[cfg(test)]
+        if self
+            .fail_next_activation
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(Error::registry("activate generation", full.into()));
+        }
         let old = {
             let mut cur = self.current.write();
             self.db
@@ -233,12 +246,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Drops an unfinished import.
+    /// Drops an unfinished import. A drop that fails is a failed write: the registry is
+    /// distrusted (the import's leftovers are dropped at the next open either way).
     pub(crate) fn abort_replace(&self, r: Replacement) {
         let Replacement { generation, name } = r;
         drop(generation);
         if let Err(e) = self.db.drop_tree(name.as_bytes()) {
             tracing::warn!("dropping aborted generation {name}: {e}");
+            self.distrust();
         }
     }
 

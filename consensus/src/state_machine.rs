@@ -597,7 +597,22 @@ impl SmShared {
     }
 
     /// Replaces the registry by the snapshot in `data`. Blocking.
+    ///
+    /// Contract: on `Ok` the registry is the snapshot's, at its last log id. On an error of
+    /// the registry (sled failed a write: a full disk, say) the state machine refuses to apply
+    /// or read further and the next start rebuilds the registry, as after a failed apply:
+    /// what sled kept of the writes before the failure cannot be trusted. On other errors (a
+    /// corrupt snapshot, a cluster version past this build) the registry is as it was.
     fn install(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
+        let installed = self.replace_registry(meta, data);
+        if let Err(Error::Registry { .. }) = &installed {
+            self.fail();
+        }
+        installed
+    }
+
+    /// The body of [`SmShared::install`].
+    fn replace_registry(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
         let started = Instant::now();
         // The snapshot supersedes the deferred writes, but an install that fails must leave
         // the registry at last-applied: commit them to the old generation first.

@@ -350,6 +350,51 @@ async fn the_current_snapshot_is_known_without_opening_a_file() {
 }
 
 /// Replaces the snapshot directory under `dir` by a file, so that building a snapshot fails.
+/// An install whose registry write fails (a full disk while the new generation is made
+/// active) leaves the state machine refusing to apply, and the registry untrusted, so that the
+/// next start rebuilds it instead of reopening what sled kept of the failed writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_that_fails_a_registry_write_distrusts_the_registry() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_leader, snapshot) = workload_snapshot(a.path()).await;
+    let follower = open(b.path());
+    follower
+        .shared()
+        .apply_entries(&workload()[..3], false)
+        .unwrap();
+    let marker = b.path().join("registry").join("TRUSTED");
+    assert!(marker.exists(), "a cleanly opened registry is trusted");
+
+    follower
+        .shared()
+        .registry
+        .fail_next_activation
+        .store(true, Ordering::Release);
+    let (shared, meta, data) = (
+        follower.shared(),
+        snapshot.meta.clone(),
+        snapshot.snapshot.clone(),
+    );
+    let installed = tokio::task::spawn_blocking(move || shared.install(&meta, &data))
+        .await
+        .unwrap();
+    assert!(
+        matches!(installed, Err(Error::Registry { .. })),
+        "{installed:?}"
+    );
+    assert!(!marker.exists(), "the registry is no longer trusted");
+    let next = entry(
+        4,
+        Command::Put {
+            key: "after".into(),
+            value: vec![1],
+            if_revision: None,
+        },
+    );
+    let refused = follower.shared().apply_entries(&[next], false);
+    assert!(refused.is_err(), "{refused:?}");
+}
+
 fn break_snapshot_dir(dir: &Path) {
     let snapshots = dir.join("snapshots");
     std::fs::remove_dir_all(&snapshots).unwrap();
