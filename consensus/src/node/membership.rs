@@ -145,18 +145,11 @@ impl MetaNode {
     /// it is at `addr` already; on a node that does not know itself the leader, a forward or
     /// [`Error::NoLeader`] (openraft would add an id it does not know as a new member).
     pub async fn change_address(&self, id: NodeId, addr: String) -> Result<()> {
-        self.check_open()?;
-        self.forward_if_follower()?;
         if addr.is_empty() {
             return Err(Error::InvalidArgument("the address is empty".into()));
         }
-        let Some(m) = self.leader_view() else {
-            return Err(self.no_leader());
-        };
-        match m.membership_config.membership().get_node(&id) {
-            None => return Err(Error::NotFound(format!("node {id} is not a member"))),
-            Some(known) if known.addr == addr => return Ok(()),
-            Some(_) => {}
+        if self.member_address(id)? == addr {
+            return Ok(());
         }
         let raft = &self.inner.raft;
         let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);
@@ -165,6 +158,22 @@ impl MetaNode {
         })
         .await
         .map(|_| ())
+    }
+
+    /// The address the membership names for member `id` (a voter or a learner), as the leader
+    /// sees it: [`Error::NotFound`] if `id` is no member; on a node that does not know itself
+    /// the leader, a forward or [`Error::NoLeader`]. Cheap: a caller about to ask something of
+    /// a member's new address calls it first, so an id that is no member costs no connection.
+    pub fn member_address(&self, id: NodeId) -> Result<String> {
+        self.check_open()?;
+        self.forward_if_follower()?;
+        let Some(m) = self.leader_view() else {
+            return Err(self.no_leader());
+        };
+        match m.membership_config.membership().get_node(&id) {
+            Some(known) => Ok(known.addr.clone()),
+            None => Err(Error::NotFound(format!("node {id} is not a member"))),
+        }
     }
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must

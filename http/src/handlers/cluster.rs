@@ -157,7 +157,8 @@ pub async fn remove_learner(
 /// (it was restarted there; a member asks for this itself, see the binary's `relocation.rs`).
 /// Node `id` of this cluster, holding its data, must answer at the new address, and no longer
 /// at its old one (409 otherwise): two processes answering for one member could vote twice in
-/// a term. Returns once the change is committed.
+/// a term. An id the membership does not name is 404, before either address is asked. Returns
+/// once the change is committed.
 pub async fn change_address(
     _: NoQuery,
     State(state): State<AppState>,
@@ -165,17 +166,16 @@ pub async fn change_address(
     Json(body): Json<ChangeAddressBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     validate_addr(&body.addr)?;
-    // Asked again by the leader when this node forwards the request: cheap, and rare.
+    // The leader's membership first: a follower forwards at once, and an id that is no member
+    // is refused before anything is asked of the address the request names.
+    let old = state.node.member_address(id)?;
     let link = state.member_link();
     link.confirm(id, &body.addr).await?;
-    let old = state.node.status().nodes.get(&id).cloned();
-    if let Some(old) = old.filter(|old| *old != body.addr) {
-        if link.answers_as(id, &old).await {
-            return Err(ApiError::Conflict(format!(
-                "node {id} still answers at its old address {old}: stop it there first (two \
-                 processes answering for one member could vote twice)"
-            )));
-        }
+    if old != body.addr && link.answers_as(id, &old).await {
+        return Err(ApiError::Conflict(format!(
+            "node {id} still answers at its old address {old}: stop it there first (two \
+             processes answering for one member could vote twice)"
+        )));
     }
     state.node.change_address(id, body.addr).await?;
     Ok(axum::Json(membership(&state)))

@@ -41,6 +41,24 @@ pub fn addresses_and_members() -> Vec<Case> {
             400,
             "invalid_addr",
         ),
+        // A move of a node the membership does not name is refused before anything is asked
+        // of the address the request gives (which would answer 409: nothing answers there).
+        case(
+            "moving a node that is no member",
+            M::PUT,
+            "/v1/cluster/members/99",
+            r#"{"addr":"127.0.0.1:1"}"#,
+            404,
+            "not_found",
+        ),
+        case(
+            "moving node 0",
+            M::PUT,
+            "/v1/cluster/members/0",
+            r#"{"addr":"127.0.0.1:1"}"#,
+            404,
+            "not_found",
+        ),
         case(
             "an epoch floor past what JSON holds exactly",
             M::PUT,
