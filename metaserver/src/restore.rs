@@ -5,7 +5,7 @@
 //! and value checked against what the cluster accepts, before anything is sent. The target must
 //! be empty (no datanode, no key): a restore never merges into live data. Every datanode is
 //! registered again with its address and a new epoch above any the old cluster handed out
-//! (the time in microseconds: see [`epoch_floor`]), so a datanode's next request with its old
+//! (the time in microseconds, or more: see [`epoch_floor`]), so a datanode's next request with its old
 //! epoch is fenced and it registers again, as after any epoch change; then its replicas, with
 //! their generations and sizes, in batches of 10,000 under that epoch. Every key is written with
 //! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go
@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
-use meta_http::request::{validate_new_key, validate_value};
+use meta_http::request::{validate_new_key, validate_value, MAX_MIN_EPOCH};
 use meta_http::response::{DatanodeList, DatanodeRegistered, KvKeyPage, ShardsRegistered};
 use serde_json::{json, Value};
 
@@ -86,7 +86,15 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
 async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
     let mut restored = Restored::default();
     let datanodes = read(backup, |b| b.datanodes()).await?;
-    let min_epoch = epoch_floor();
+    let min_epoch = epoch_floor(now_micros(), &datanodes);
+    if min_epoch > MAX_MIN_EPOCH {
+        bail!(
+            "the backup holds epochs up to {}: a restore cannot give its datanodes epochs \
+             above them (the registry takes epoch floors up to {MAX_MIN_EPOCH}); nothing was \
+             written",
+            min_epoch - 1
+        );
+    }
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
@@ -181,12 +189,22 @@ async fn check_empty(op: &Operator) -> Result<()> {
     Ok(())
 }
 
-/// The smallest epoch a restored datanode gets: the time now in microseconds since 1970. Epochs
-/// are log indexes, raised past older epochs of the same datanode; a cluster appends far fewer
-/// than a million entries a second, so every epoch the old cluster (or an earlier restore)
-/// handed out is below this, and a batch a datanode sends under one is fenced (it must
-/// register again) instead of landing on the restored registry.
-fn epoch_floor() -> u64 {
+/// The smallest epoch a restored datanode gets: the time now (`now_micros`, microseconds since
+/// 1970), and more than every epoch in the backup. Epochs are log indexes, raised past older
+/// epochs of the same datanode; a cluster appends far fewer than a million entries a second, so
+/// every epoch the old cluster (or an earlier restore) handed out since the backup is below the
+/// time, unless a registration asked for a higher floor, which the backup's epochs then show.
+/// A batch a datanode sends under an old epoch is fenced (it must register again) instead of
+/// landing on the restored registry.
+fn epoch_floor(now_micros: u64, datanodes: &[DatanodeInfo]) -> u64 {
+    datanodes
+        .iter()
+        .map(|d| d.epoch.saturating_add(1))
+        .fold(now_micros, u64::max)
+}
+
+/// The time now in microseconds since 1970.
+fn now_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -313,7 +331,25 @@ fn kv_path(key: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::kv_path;
+    use super::{epoch_floor, kv_path};
+    use meta_consensus::DatanodeInfo;
+
+    #[test]
+    fn restored_epochs_pass_the_time_and_every_epoch_of_the_backup() {
+        let datanode = |id, epoch| DatanodeInfo {
+            id,
+            addr: "10.0.0.1:9000".into(),
+            epoch,
+            registered_index: 1,
+            shards: 0,
+        };
+        let now = 1_800_000_000_000_000;
+        assert_eq!(epoch_floor(now, &[]), now);
+        assert_eq!(epoch_floor(now, &[datanode(1, 5), datanode(2, 9)]), now);
+        let raised = [datanode(1, 5), datanode(2, now + 41), datanode(3, now + 7)];
+        assert_eq!(epoch_floor(now, &raised), now + 42);
+        assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)]), u64::MAX);
+    }
 
     #[test]
     fn keys_keep_their_slashes_and_escape_the_rest() {

@@ -18,13 +18,14 @@ use crate::limits::MAX_SHARDS_PER_BATCH;
 pub struct RegisterDatanodeBody {
     /// The datanode's address, `host:port`.
     pub addr: String,
-    /// The new epoch is at least this (a restore sets it; at most 2^53, which JSON numbers
-    /// hold exactly).
+    /// The new epoch is at least this (a restore sets it; at most [`MAX_MIN_EPOCH`]).
     pub min_epoch: Option<u64>,
 }
 
-/// Largest `min_epoch`: epochs stay integers that every JSON reader holds exactly.
-pub const MAX_MIN_EPOCH: u64 = 1 << 53;
+/// Largest `min_epoch`, 2^52: every registration after one at the floor adds one, and 2^52
+/// of them still keep epochs at most 2^53, the largest integer every JSON reader (doubles
+/// included) holds exactly. Restores set floors near the time in microseconds, about 2^51.
+pub const MAX_MIN_EPOCH: u64 = 1 << 52;
 
 pub(super) fn validate_min_epoch(min_epoch: u64) -> Result<(), ApiError> {
     if min_epoch > MAX_MIN_EPOCH {

@@ -60,10 +60,10 @@ pub fn addresses_and_members() -> Vec<Case> {
             "not_found",
         ),
         case(
-            "an epoch floor past what JSON holds exactly",
+            "an epoch floor past 2^52, which leaves no room below 2^53",
             M::PUT,
             "/v1/datanodes/7",
-            r#"{"addr":"10.0.0.7:9000","min_epoch":9007199254740993}"#,
+            r#"{"addr":"10.0.0.7:9000","min_epoch":4503599627370497}"#,
             400,
             "invalid_epoch",
         ),
