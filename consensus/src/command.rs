@@ -154,8 +154,9 @@ pub enum CommandResult {
         epoch: u64,
     },
     /// `accepted` replicas were new or changed, `unchanged` were re-registrations with the
-    /// stored generation and size (their epoch is brought up to the batch's, which readers do
-    /// not see) and the ids in `stale` carried a generation lower than the stored one.
+    /// stored generation and size (their epoch is brought up to the batch's, which the admin
+    /// API does not show and no watch event reports) and the ids in `stale` carried a
+    /// generation lower than the stored one.
     ShardsRegistered {
         accepted: u64,
         unchanged: u64,
