@@ -28,7 +28,8 @@ pub enum Error {
     /// The request could not complete in time; a write's outcome is unknown.
     #[error("timed out")]
     Timeout,
-    /// The write's entry was discarded when leadership changed; it may or may not commit.
+    /// The write was submitted but its answer is lost: its entry was discarded when leadership
+    /// changed, or this node's Raft stopped under it. It may or may not commit.
     #[error("outcome unknown: {0}")]
     OutcomeUnknown(String),
     /// The cluster was initialized before (on this node, ever).

@@ -164,7 +164,16 @@ impl MetaNode {
                 other => Error::InvalidArgument(other.to_string()),
             },
             RaftError::APIError(other) => Error::Raft(other.to_string()),
-            RaftError::Fatal(f) => self.fatal(f),
+            // The core stopped (shut down, storage failed) with the write submitted: it may have
+            // reached the followers, and the next leader would commit it. Not `Shutdown`,
+            // which says the request was not acted on and may be sent again as it is.
+            RaftError::Fatal(f) => {
+                let _ = self.fatal(&f);
+                Error::OutcomeUnknown(format!(
+                    "this node's Raft stopped while the write was under way ({f}): it may \
+                     still commit under the next leader"
+                ))
+            }
         }
     }
 
