@@ -70,14 +70,28 @@ pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
 /// the sender's. Every answer names this node's build version ([`VERSION`]).
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
     let version = node.config().build_version;
-    let mut response = checked(node, request, next).await;
+    let mut response = checked(node, request, next, true).await;
     response
         .headers_mut()
         .insert(VERSION, axum::http::HeaderValue::from(version));
     response
 }
 
-async fn checked(node: MetaNode, request: Request, next: Next) -> Response {
+/// Middleware of the routes on which members ask the leader (forwarded writes, read indexes):
+/// as [`check_cluster`], but a node that knows no cluster adopts none. It leads none, and a
+/// write or a read index from a cluster it never joined must not make it join one: such a
+/// request is answered 503 `no_leader` (the sender's view of the leader is out of date).
+pub async fn check_member(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    let version = node.config().build_version;
+    let mut response = checked(node, request, next, false).await;
+    response
+        .headers_mut()
+        .insert(VERSION, axum::http::HeaderValue::from(version));
+    response
+}
+
+/// The checks of [`check_cluster`]; `adopt`: a node without a cluster joins the sender's.
+async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> Response {
     let theirs = match request.headers().get(CLUSTER) {
         // Sent by a node that knows no cluster (a fresh node's vote request).
         None => None,
@@ -134,6 +148,13 @@ async fn checked(node: MetaNode, request: Request, next: Next) -> Response {
     let Some(theirs) = theirs else {
         return next.run(request).await;
     };
+    if !adopt && node.cluster_id().is_none() {
+        return ApiError::NoLeader(format!(
+            "node {} belongs to no cluster yet, so it leads none",
+            node.id()
+        ))
+        .into_response();
+    }
     match node.accept_cluster(theirs).await {
         Ok(()) => next.run(request).await,
         Err(e @ meta_consensus::Error::OtherCluster { .. }) => other_cluster(e),

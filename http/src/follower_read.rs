@@ -33,7 +33,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderName};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use meta_consensus::{codec, Consistency, MetaNode};
+use meta_consensus::{codec, ClusterId, Consistency, MetaNode};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
@@ -134,14 +134,25 @@ struct Waiter {
 }
 
 impl FollowerReads {
-    /// Follower reads of node `id`, sending with `client` and this node's `token`, counted in
-    /// `metrics`.
-    pub fn new(id: u64, client: reqwest::Client, token: Token, metrics: Metrics) -> Self {
+    /// Follower reads of node `id` of `cluster`, sending with `client` and this node's
+    /// `token`, counted in `metrics`.
+    pub fn new(
+        id: u64,
+        cluster: ClusterId,
+        client: reqwest::Client,
+        token: Token,
+        metrics: Metrics,
+    ) -> Self {
         FollowerReads {
             enabled: true,
             catch_up: CATCH_UP,
             link: Arc::new(Link {
-                leader: LeaderLink { id, client, token },
+                leader: LeaderLink {
+                    id,
+                    client,
+                    token,
+                    cluster,
+                },
                 pending: Mutex::default(),
                 metrics: metrics.clone(),
             }),
@@ -449,6 +460,7 @@ mod tests {
                 id: 2,
                 client: crate::network::peer_client(),
                 token: Token::new(None),
+                cluster: ClusterId::default(),
             },
             pending: Mutex::default(),
             metrics: Metrics::new(None),

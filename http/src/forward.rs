@@ -99,7 +99,13 @@ impl Forwarder {
         let client = peer_client();
         Forwarder {
             id,
-            batcher: Batcher::new(id, client.clone(), token.clone(), FORWARD_TIMEOUT),
+            batcher: Batcher::new(
+                id,
+                cluster.clone(),
+                client.clone(),
+                token.clone(),
+                FORWARD_TIMEOUT,
+            ),
             client,
             token,
             cluster,

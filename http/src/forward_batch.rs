@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use meta_consensus::{codec, Command, MetaNode, Written};
+use meta_consensus::{codec, ClusterId, Command, MetaNode, Written};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -167,10 +167,21 @@ struct Link {
 impl Batcher {
     /// The batcher of node `id`, sending with `client` and this node's `token`; a batch must
     /// be answered within `timeout`.
-    pub fn new(id: u64, client: reqwest::Client, token: Token, timeout: Duration) -> Self {
+    pub fn new(
+        id: u64,
+        cluster: ClusterId,
+        client: reqwest::Client,
+        token: Token,
+        timeout: Duration,
+    ) -> Self {
         Batcher {
             link: Arc::new(Link {
-                leader: LeaderLink { id, client, token },
+                leader: LeaderLink {
+                    id,
+                    client,
+                    token,
+                    cluster,
+                },
                 timeout,
             }),
             queue: Arc::default(),
@@ -421,7 +432,13 @@ mod tests {
     }
 
     fn batcher(timeout: Duration) -> Batcher {
-        Batcher::new(2, crate::network::peer_client(), Token::new(None), timeout)
+        Batcher::new(
+            2,
+            ClusterId::default(),
+            crate::network::peer_client(),
+            Token::new(None),
+            timeout,
+        )
     }
 
     #[tokio::test]

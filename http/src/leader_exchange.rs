@@ -1,8 +1,9 @@
 //! One exchange with the leader on a route between members: a bincode request, a bincode
 //! answer, and the failures a follower renders for its client: 503 `no_leader` when the leader
-//! cannot be reached, or answers 503 (it stops, is overloaded, or no longer leads: it did
-//! nothing with the request); 500 `internal` when it refuses the request itself (4xx: a token or
-//! a limit, it would refuse it again) or for a request or answer that does not encode or
+//! cannot be reached, or answers 503 (it stops, is overloaded, or no longer leads), 409 (the
+//! process at its address is of another cluster, or another node) or 408 (the body came too
+//! slowly): it did nothing with the request; 500 `internal` when it refuses the request itself
+//! (another 4xx: a token or a limit, it would refuse it again) or for a request or answer that does not encode or
 //! decode; 504 `outcome_unknown` when the connection breaks after the request went out or the
 //! leader fails otherwise (it may have acted on it); 504 `timeout` when it does not answer in
 //! time.
@@ -15,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::auth::Token;
-use crate::cluster_identity::VERSION;
+use crate::cluster_identity::{addressed, VERSION};
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::{leader_failed, FORWARDED_BY};
 
@@ -26,6 +27,9 @@ pub(crate) struct LeaderLink {
     pub id: u64,
     pub client: reqwest::Client,
     pub token: Token,
+    /// This member's cluster: the leader refuses an exchange of another cluster, and one for
+    /// another node (the process at the address may no longer be the leader it was).
+    pub cluster: meta_consensus::ClusterId,
 }
 
 impl LeaderLink {
@@ -51,7 +55,7 @@ impl LeaderLink {
         };
         let body = codec::encode(request)
             .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;
-        let mut post = self
+        let post = self
             .client
             .post(format!("http://{}{path}", target.addr))
             .timeout(timeout)
@@ -60,10 +64,7 @@ impl LeaderLink {
             .header(VERSION, BUILD_VERSION)
             .header(header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
-        if let Some(value) = self.token.header_value() {
-            post = post.header(header::AUTHORIZATION, value);
-        }
-        let response = post
+        let response = addressed(post, &self.token, &self.cluster, target.leader_id)
             .send()
             .await
             .map_err(|e| leader_failed(target, &e, true))?;
@@ -76,15 +77,22 @@ impl LeaderLink {
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
             let refused = leader(format!("refused {what} ({status}): {text}"));
-            return Err(if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
-                // Stopping, overloaded, or no longer leading: it did nothing with the request.
-                ApiError::NoLeader(refused)
-            } else if status.is_client_error() {
-                // Its token, its limits: it did nothing with it, and will refuse it again.
-                ApiError::Internal(refused)
-            } else {
-                ApiError::OutcomeUnknown(refused)
-            });
+            return Err(
+                if status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                    || status == reqwest::StatusCode::CONFLICT
+                    || status == reqwest::StatusCode::REQUEST_TIMEOUT
+                {
+                    // Stopping, overloaded, or no longer leading; not this cluster's leader or not
+                    // the node named (409: the address now serves another); or the body came too
+                    // slowly (408). It did nothing with the request, and a later try may succeed.
+                    ApiError::NoLeader(refused)
+                } else if status.is_client_error() {
+                    // Its token, its limits: it did nothing with it, and will refuse it again.
+                    ApiError::Internal(refused)
+                } else {
+                    ApiError::OutcomeUnknown(refused)
+                },
+            );
         }
         codec::decode(&bytes)
             .map_err(|e| ApiError::Internal(leader(format!("answered {what} undecodably: {e}"))))

@@ -8,7 +8,7 @@ use axum::Router;
 
 use crate::auth::require_token;
 use crate::bounded_body::bounded_raft_body;
-use crate::cluster_identity::{self, check_cluster, PATH_IDENTITY};
+use crate::cluster_identity::{self, check_cluster, check_member, PATH_IDENTITY};
 use crate::extract::{method_not_allowed, not_found};
 use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
@@ -98,14 +98,17 @@ pub fn router(state: AppState) -> Router {
                     MAX_FORWARD_BATCH_BYTES,
                     bounded_raft_body,
                 ))
-                .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES)),
+                .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES))
+                .layer(from_fn_with_state(state.node.clone(), check_member)),
         )
         .route(
             PATH_READ_INDEX,
-            post(move |body| follower_read::serve(reader.clone(), body)).layer(from_fn_with_state(
-                MAX_SMALL_RAFT_BODY_BYTES,
-                bounded_raft_body,
-            )),
+            post(move |body| follower_read::serve(reader.clone(), body))
+                .layer(from_fn_with_state(
+                    MAX_SMALL_RAFT_BODY_BYTES,
+                    bounded_raft_body,
+                ))
+                .layer(from_fn_with_state(state.node.clone(), check_member)),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))

@@ -55,6 +55,7 @@ impl AppState {
         AppState {
             follower_reads: FollowerReads::new(
                 node.id(),
+                node.config().cluster_id.clone(),
                 forwarder.client().clone(),
                 token.clone(),
                 metrics.clone(),

@@ -108,3 +108,43 @@ async fn a_node_refuses_messages_for_another_node() {
     .await;
     assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
 }
+
+/// What members ask the leader (forwarded writes, read indexes) is checked as the Raft
+/// messages are: another cluster's (the address now serves another cluster's leader) or
+/// another node's is refused before its body is looked at, and a node that knows no cluster
+/// answers that it leads none (503) instead of joining the sender's cluster.
+#[tokio::test]
+async fn the_leaders_exchanges_refuse_other_clusters_and_nodes() {
+    let leader = leader_node(None).await;
+    let app = &leader.app;
+    for path in ["/raft/forward-commands", "/raft/read-index"] {
+        let a = call(app, Method::POST, path, "garbage", &[(CLUSTER, "cd")]).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "other_cluster", "{path}");
+        let a = call(
+            app,
+            Method::POST,
+            path,
+            "garbage",
+            &[("x-metaserver-to", "7")],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "wrong_node", "{path}");
+    }
+
+    let fresh = open_node(None).await;
+    for path in ["/raft/forward-commands", "/raft/read-index"] {
+        let a = call(
+            &fresh.app,
+            Method::POST,
+            path,
+            "garbage",
+            &[(CLUSTER, "00000000000000ab")],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {a:?}");
+        assert_eq!(a.error_code(), "no_leader", "{path}");
+    }
+    assert_eq!(fresh.node.cluster_id(), None, "not adopted");
+}
