@@ -13,7 +13,8 @@
 //!   once all of them completed.
 //! - `save_vote`: the vote is durable (it waited for a barrier covering it).
 //! - `save_committed`: the committed id is recorded; it is written with the next append (same
-//!   write call), vote, truncation, purge or close, and is durable with the barrier after that.
+//!   write call), in the next record that carries it (a logical truncation, a purge's state)
+//!   or at close, and is durable with the barrier after that (a vote does not carry it).
 //!   Losing the newest value in a crash is tolerated: openraft recovers it from the cluster, and
 //!   the state machine never loses what it applied (sled) beyond what the log re-applies.
 //! - `truncate_after`: entries after the given id are gone for readers. When the latest vote

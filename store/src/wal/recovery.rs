@@ -51,6 +51,12 @@ fn prealloc(opts: &WalOptions) -> Option<u64> {
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Result<Recovered> {
     fs.create_dir_all(dir)
         .map_err(|e| Error::io("create log directory", dir, e))?;
+    // The directory's own entry, made durable before anything in it is relied on: a power loss
+    // soon after the first start would otherwise lose the whole log, votes included.
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs.sync_dir(parent)
+            .map_err(|e| Error::io("fsync the log directory's parent", parent, e))?;
+    }
     let names = fs
         .read_dir(dir)
         .map_err(|e| Error::io("list log directory", dir, e))?;
@@ -150,6 +156,16 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         .map(|s| s.segment.clone())
         .collect();
     obsolete.extend(index.take_obsolete_segments());
+
+    let last = scanned.pop().expect("at least one segment");
+    // What recovery read may still sit only in the page cache (a process crash): make it durable
+    // so that the log can start with everything durable. First: the newest segment may hold the
+    // purge marker that makes the segments removed below obsolete, and it must not be lost
+    // with them gone.
+    last.segment
+        .file
+        .sync_data()
+        .map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
     if !obsolete.is_empty() {
         for seg in &obsolete {
             fs.remove_file(&seg.path)
@@ -158,14 +174,6 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         fs.sync_dir(dir)
             .map_err(|e| Error::io("fsync log directory", dir, e))?;
     }
-
-    let last = scanned.pop().expect("at least one segment");
-    // What recovery read may still sit only in the page cache (a process crash): make it durable
-    // so that the log can start with everything durable.
-    last.segment
-        .file
-        .sync_data()
-        .map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
     Ok(Recovered {
         index,
         tail: last.segment,
