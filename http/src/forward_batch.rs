@@ -290,7 +290,8 @@ impl Link {
             )
             .await?;
         if answers.len() != commands.len() {
-            return Err(ApiError::Internal(format!(
+            // It took the batch: any of the writes may have been made.
+            return Err(ApiError::OutcomeUnknown(format!(
                 "the leader (node {} at {}) answered {} of {} forwarded writes",
                 target.leader_id,
                 target.addr,
@@ -536,6 +537,39 @@ mod tests {
             let e = a.unwrap_err();
             assert_eq!((e.status().as_u16(), e.code()), (503, "no_leader"), "{e}");
             assert!(e.to_string().contains("unreachable"), "{e}");
+        }
+    }
+
+    /// A leader that answers every batch with `status` and `body`.
+    async fn answering(status: u16, body: &'static [u8]) -> String {
+        let app = Router::new().route(
+            PATH_FORWARD_BATCH,
+            post(move || async move { (axum::http::StatusCode::from_u16(status).unwrap(), body) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+
+    /// What a member answers for a write by what the leader did with its batch: refused it
+    /// without acting (another cluster or node at the address, a body too slow: try again,
+    /// 503), or took it and answered what the member cannot read (it may have acted: 504).
+    #[tokio::test]
+    async fn a_leaders_answer_maps_to_whether_it_may_have_acted() {
+        let b = batcher(Duration::from_secs(5));
+        for (status, body, expected) in [
+            (409, &b"{}"[..], (503, "no_leader")),
+            (408, &b"{}"[..], (503, "no_leader")),
+            (401, &b"{}"[..], (500, "internal")),
+            (200, &b"\xff\xff\xff"[..], (504, "outcome_unknown")),
+        ] {
+            let target = ForwardTo {
+                leader_id: 1,
+                addr: answering(status, body).await,
+            };
+            let e = b.send(target, write(1)).await.unwrap_err();
+            assert_eq!((e.status().as_u16(), e.code()), expected, "{status}: {e}");
         }
     }
 

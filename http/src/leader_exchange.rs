@@ -3,9 +3,9 @@
 //! cannot be reached, or answers 503 (it stops, is overloaded, or no longer leads), 409 (the
 //! process at its address is of another cluster, or another node) or 408 (the body came too
 //! slowly): it did nothing with the request; 500 `internal` when it refuses the request itself
-//! (another 4xx: a token or a limit, it would refuse it again) or for a request or answer that does not encode or
-//! decode; 504 `outcome_unknown` when the connection breaks after the request went out or the
-//! leader fails otherwise (it may have acted on it); 504 `timeout` when it does not answer in
+//! (another 4xx: a token or a limit, it would refuse it again) or for a request that does not
+//! encode; 504 `outcome_unknown` when the connection breaks after the request went out, the
+//! leader fails otherwise, or its success does not decode (it may have acted on it); 504 `timeout` when it does not answer in
 //! time.
 
 use std::time::Duration;
@@ -94,7 +94,11 @@ impl LeaderLink {
                 },
             );
         }
-        codec::decode(&bytes)
-            .map_err(|e| ApiError::Internal(leader(format!("answered {what} undecodably: {e}"))))
+        // A success the member cannot read: the leader may have acted on the request.
+        codec::decode(&bytes).map_err(|e| {
+            ApiError::OutcomeUnknown(leader(format!(
+                "answered {what} undecodably ({e}): it may have been acted on"
+            )))
+        })
     }
 }
