@@ -115,6 +115,7 @@ async fn probe(
     let mut reads = JoinSet::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let started = Instant::now();
     let mut n = 0u64;
     loop {
         tokio::select! {
@@ -138,6 +139,11 @@ async fn probe(
             (url, status, sent.elapsed())
         });
     }
+    // Ticks the timer skipped (this task was not run in time) count as reads not sent, as
+    // those skipped for too many outstanding ones do: a stall must not hide as fewer samples.
+    // The tick due last may not have been taken yet when the probe stopped: not counted.
+    let due = (started.elapsed().as_nanos() / interval.as_nanos().max(1)) as u64;
+    out.skipped += due.saturating_sub(n + out.skipped);
     while let Some(done) = reads.join_next().await {
         record(&mut out, done);
     }
@@ -150,7 +156,12 @@ fn record(
     done: Result<(String, Result<u16, super::api::CallError>, Duration), tokio::task::JoinError>,
 ) {
     match done {
-        Ok((_, Ok(200 | 404), took)) => out.latencies_ms.push(took.as_secs_f64() * 1e3),
+        // A shard not registered yet is an answer; a cluster view is always there.
+        Ok((url, Ok(status), took))
+            if status == 200 || (status == 404 && url.contains("/v1/shards/")) =>
+        {
+            out.latencies_ms.push(took.as_secs_f64() * 1e3)
+        }
         Ok((url, Ok(status), _)) => {
             out.errors += 1;
             out.last_error = Some(format!("GET {url}: status {status}"));

@@ -350,8 +350,20 @@ impl Results {
         }
     }
 
-    /// Prints each target of the issue with the measured median and whether it was met.
+    /// Prints each target of the issue with what was measured and whether it was met: rates
+    /// and single-shard latencies as medians over rounds, the storm's limits in the worst run.
     fn print_targets(&self) {
+        let rows = self.targets();
+        if !rows.is_empty() {
+            println!(
+                "\n### Targets (shared arm: rates are medians; storm limits hold in every run)\n"
+            );
+            print_table(&["target", "measured", "verdict"], &rows);
+        }
+    }
+
+    /// The rows of the targets table: target, measured, verdict (`met` or `MISSED`).
+    fn targets(&self) -> Vec<Vec<String>> {
         let mut rows = Vec::new();
         let mut check = |what: &str, measured: String, ok: bool| {
             rows.push(vec![
@@ -387,32 +399,47 @@ impl Results {
             check("16 clients: shared >= 3x own", format!("{r:.2}x"), r >= 3.0);
         }
         if let Some(s) = self.storm_summary(Arm::Shared) {
+            // The limits hold in every run, not on average: the worst run and the worst server
+            // are judged, and a run whose members do not all hold what was acknowledged fails
+            // the storm target. An admin read that failed or was never sent is in its run's p99
+            // as slower than any.
+            let runs: Vec<&StormPoint> =
+                self.storm.iter().filter(|p| p.arm == Arm::Shared).collect();
             let per_million = s.seconds * 1e6 / s.replicas as f64;
             let scaled = if s.replicas == 1_000_000 {
                 ""
             } else {
                 " (scaled)"
             };
+            let unverified = runs.iter().filter(|p| !p.verified).count();
             check(
                 &format!("storm: 1M replicas in <= 15 s{scaled}"),
-                format!("{per_million:.2} s"),
-                per_million <= 15.0,
+                if unverified == 0 {
+                    format!("{per_million:.2} s, every member holds every replica")
+                } else {
+                    format!("{per_million:.2} s, but {unverified} run(s) lost replicas")
+                },
+                per_million <= 15.0 && unverified == 0,
             );
+            let worst_p99 = runs.iter().map(|p| p.admin_p99_ms).fold(0.0, f64::max);
+            let unanswered: u64 = runs.iter().map(|p| p.admin_errors + p.admin_skipped).sum();
             check(
                 "storm: admin p99 <= 50 ms",
-                f(s.admin_p99_ms, 2),
-                s.admin_p99_ms <= 50.0,
+                format!(
+                    "{} (worst run {}; {unanswered} read(s) failed or not sent)",
+                    f(s.admin_p99_ms, 2),
+                    f(worst_p99, 2)
+                ),
+                worst_p99 <= 50.0,
             );
+            let worst_rss = runs.iter().map(|p| max_rss(p)).fold(0.0, f64::max);
             check(
                 "storm: peak RSS <= 512 MiB per server",
-                f(s.peak_rss_mib, 0),
-                s.peak_rss_mib <= 512.0,
+                format!("{} (any server, any run)", f(worst_rss, 0)),
+                worst_rss <= 512.0,
             );
         }
-        if !rows.is_empty() {
-            println!("\n### Targets (shared arm, medians)\n");
-            print_table(&["target", "measured", "verdict"], &rows);
-        }
+        rows
     }
 
     /// The JSON output: one object of medians per workload, arm and client count.
@@ -532,6 +559,46 @@ mod tests {
             verified: true,
             cores: Default::default(),
         }
+    }
+
+    /// The storm's limits are judged in the worst run: a server over the RSS limit in one
+    /// round, a run that lost replicas, or one whose admin p99 is over the limit (failed reads
+    /// count as slower than any) misses the target however good the other round was.
+    #[test]
+    fn storm_limits_are_judged_in_the_worst_run() {
+        let verdict = |storm: Vec<StormPoint>| {
+            let results = Results {
+                single: Vec::new(),
+                storm,
+                again: Vec::new(),
+                reads: Vec::new(),
+            };
+            results
+                .targets()
+                .into_iter()
+                .map(|row| (row[0].clone(), row[2].clone()))
+                .collect::<Vec<_>>()
+        };
+        // 1,000 replicas in a millisecond: a second per million.
+        let good = || storm(Arm::Shared, 0, 0.001);
+        let all_met = verdict(vec![good(), good()]);
+        assert_eq!(all_met.len(), 3);
+        assert!(all_met.iter().all(|(_, v)| v == "met"), "{all_met:?}");
+
+        let mut big = storm(Arm::Shared, 1, 0.001);
+        big.peak_rss_mib = vec![(1, 700.0), (2, 100.0)];
+        let mut small = good();
+        small.peak_rss_mib = vec![(1, 300.0)];
+        let rss = verdict(vec![small, big]);
+        assert_eq!(rss[2].1, "MISSED", "{rss:?}");
+
+        let mut lost = storm(Arm::Shared, 1, 0.001);
+        lost.verified = false;
+        assert_eq!(verdict(vec![good(), lost])[0].1, "MISSED");
+
+        let mut stalled = storm(Arm::Shared, 1, 0.001);
+        stalled.admin_p99_ms = f64::INFINITY;
+        assert_eq!(verdict(vec![good(), stalled])[1].1, "MISSED");
     }
 
     #[test]
