@@ -66,6 +66,8 @@ struct Inner {
     /// Held while the leader raises the cluster's version or adds a learner
     /// (`node/versions.rs`).
     raising: tokio::sync::Mutex<()>,
+    /// Held through each membership change, its checks included (`node/membership.rs`).
+    changing: tokio::sync::Mutex<()>,
     /// The highest cluster version this node proposed a raise to (`node/versions.rs`).
     proposed_version: std::sync::atomic::AtomicU32,
 }
@@ -162,6 +164,7 @@ impl MetaNode {
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
                 raising: tokio::sync::Mutex::new(()),
+                changing: tokio::sync::Mutex::new(()),
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
             }),
         };

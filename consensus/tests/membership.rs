@@ -136,3 +136,59 @@ async fn a_removed_follower_learns_it_from_the_members() -> Result<()> {
     node.wait_applied(w.index, WAIT).await?;
     c.shutdown().await
 }
+
+/// A voter change left half done (its caller went away between openraft's two steps, leaving
+/// a joint membership whose commits need a majority of both voter sets) is finished by the
+/// next membership change, as it was meant, before that change is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Result<()> {
+    use std::collections::BTreeMap;
+
+    use openraft::async_runtime::watch::WatchReceiver as _;
+    use openraft::{EntryPayload, Membership};
+
+    let mut c = Cluster::three().await?;
+    c.start(4).await?;
+    c.start(5).await?;
+    let leader = c.leader().await?;
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    // The first step alone: the voters and the voters with 4 in place of a follower, at once.
+    let gone = (1..=3).find(|id| *id != leader.id()).unwrap();
+    let mut after: BTreeSet<u64> = (1..=3).filter(|id| *id != gone).collect();
+    after.insert(4);
+    let observed = leader
+        .raft()
+        .metrics()
+        .borrow_watched()
+        .membership_config
+        .clone();
+    let nodes: BTreeMap<_, _> = observed
+        .membership()
+        .nodes()
+        .map(|(id, n)| (*id, n.clone()))
+        .collect();
+    let joint = Membership::new(vec![BTreeSet::from([1, 2, 3]), after.clone()], nodes)?;
+    leader
+        .raft()
+        .append_membership(joint, EntryPayload::Blank, [])
+        .await?;
+    let configs = |n: &MetaNode| {
+        n.raft()
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .get_joint_config()
+            .clone()
+    };
+    assert_eq!(configs(&leader).len(), 2, "joint");
+
+    // Finished as the change meant it (the replaced voter leaves the cluster, not stays on as
+    // a learner, as a learner's addition from the joint membership would keep it), then the
+    // learner added.
+    leader.add_learner(5, Node::new(addr(5))).await?;
+    assert_eq!(configs(&leader), vec![after]);
+    let learners: BTreeSet<_> = leader.status().learners.into_iter().collect();
+    assert_eq!(learners, BTreeSet::from([5]), "node {gone} left");
+    c.shutdown().await
+}

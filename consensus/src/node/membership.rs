@@ -1,8 +1,11 @@
 //! Cluster membership: initializing a cluster once, adding and removing learners, changing
 //! voters and members' addresses. The leader refuses a change that could leave the cluster
 //! without a quorum: a node becomes a voter only as a learner that is reachable and caught up,
-//! and no two members share an address. Openraft takes one change at a time; a change that
-//! meets an uncommitted one waits for it, up to the request timeout.
+//! and no two members share an address. One change at a time, its checks included: each runs
+//! under the node's membership lock, first finishes a change that a caller left half done
+//! (openraft changes voters in two steps, through a joint membership that needs a majority of
+//! both voter sets), and checks the leader's view again after any wait; a change that meets an
+//! uncommitted one waits for it, up to the request timeout.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -82,12 +85,10 @@ impl MetaNode {
     /// a build older than the cluster's version, [`Error::LearnerNotHeard`] if it did not
     /// answer recently and the cluster's version is past the base one (`node/versions.rs`).
     pub async fn add_learner(&self, id: NodeId, node: Node) -> Result<()> {
-        self.check_open()?;
-        self.forward_if_follower()?;
         if node.addr.is_empty() {
             return Err(Error::InvalidArgument("learner address is empty".into()));
         }
-        if let Some(m) = self.leader_view() {
+        let check = |m: &Metrics| {
             let membership = m.membership_config.membership();
             if membership.voter_ids().any(|v| v == id) {
                 return Err(Error::Conflict(format!("node {id} is a voter already")));
@@ -100,11 +101,12 @@ impl MetaNode {
                     )));
                 }
             }
-            check_address_free(membership, id, &node.addr)?;
-        }
+            check_address_free(membership, id, &node.addr)
+        };
+        let _one = self.one_change().await?;
         let raft = &self.inner.raft;
         let add = async {
-            self.membership_call(|| raft.add_learner(id, node.clone(), false))
+            self.checked_change(check, || raft.add_learner(id, node.clone(), false))
                 .await
                 .map(|_| ())
         };
@@ -114,9 +116,7 @@ impl MetaNode {
     /// Removes learner `id` from the cluster (replication to it stops). [`Error::NotFound`] if
     /// it is not a learner, [`Error::Conflict`] if it is a voter (change the voters first).
     pub async fn remove_learner(&self, id: NodeId) -> Result<()> {
-        self.check_open()?;
-        self.forward_if_follower()?;
-        if let Some(m) = self.leader_view() {
+        let check = |m: &Metrics| {
             let membership = m.membership_config.membership();
             if membership.voter_ids().any(|v| v == id) {
                 return Err(Error::Conflict(format!(
@@ -126,9 +126,11 @@ impl MetaNode {
             if !membership.learner_ids().any(|l| l == id) {
                 return Err(Error::NotFound(format!("node {id} is not a learner")));
             }
-        }
+            Ok(())
+        };
+        let _one = self.one_change().await?;
         let raft = &self.inner.raft;
-        self.membership_call(|| {
+        self.checked_change(check, || {
             raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
         })
         .await
@@ -148,12 +150,17 @@ impl MetaNode {
         if addr.is_empty() {
             return Err(Error::InvalidArgument("the address is empty".into()));
         }
+        let _one = self.one_change().await?;
         if self.member_address(id)? == addr {
             return Ok(());
         }
+        let check = |m: &Metrics| match m.membership_config.membership().get_node(&id) {
+            Some(_) => Ok(()),
+            None => Err(Error::NotFound(format!("node {id} is not a member"))),
+        };
         let raft = &self.inner.raft;
         let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);
-        self.membership_call(|| {
+        self.checked_change(check, || {
             raft.change_membership(ChangeMembers::SetNodes(nodes.clone()), false)
         })
         .await
@@ -181,24 +188,83 @@ impl MetaNode {
     /// `MAX_PROMOTION_LAG` entries behind the leader's, else [`Error::Conflict`] and nothing
     /// changes: a voter that cannot keep up could leave the cluster without a quorum.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
-        self.check_open()?;
-        self.forward_if_follower()?;
         if voters.is_empty() {
             return Err(Error::InvalidArgument(
                 "the voter set cannot be empty".into(),
             ));
         }
-        if let Some(m) = self.leader_view() {
-            self.check_promotable(&m, &voters)?;
-        }
+        let _one = self.one_change().await?;
         let raft = &self.inner.raft;
-        self.membership_call(|| {
-            raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false)
-        })
+        self.checked_change(
+            |m| self.check_promotable(m, &voters),
+            || raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false),
+        )
         .await
         .map(|_| ())
     }
+
+    /// Takes the membership lock for one change (refused on a node that is closed or knows
+    /// another leader: the change goes there) and finishes a change a caller left half done.
+    async fn one_change(&self) -> Result<tokio::sync::MutexGuard<'_, ()>> {
+        self.check_open()?;
+        self.forward_if_follower()?;
+        let one = self.inner.changing.lock().await;
+        self.finish_joint().await?;
+        Ok(one)
+    }
+
+    /// A voter change whose caller went away between openraft's two steps (a timeout, a
+    /// dropped request) leaves a joint membership: every commit then needs a majority of both
+    /// voter sets, and openraft does not finish it by itself. The next change finishes it first
+    /// (the step openraft would have taken: to the newer voter set alone).
+    async fn finish_joint(&self) -> Result<()> {
+        let joint = self
+            .leader_view()
+            .is_some_and(|m| m.membership_config.membership().get_joint_config().len() > 1);
+        if !joint {
+            return Ok(());
+        }
+        tracing::warn!("finishing a voter change that was left half done (joint membership)");
+        let raft = &self.inner.raft;
+        self.membership_call(
+            || raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::new()), false),
+            || Ok(()),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Runs `call`, a membership change, once `check` passes on the leader's view, and checks
+    /// again after any wait for an uncommitted change (a learner may have fallen behind
+    /// meanwhile). Call with the membership lock held ([`MetaNode::one_change`]).
+    async fn checked_change<T, F, Fut>(
+        &self,
+        check: impl Fn(&Metrics) -> Result<()>,
+        call: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = std::result::Result<
+                T,
+                RaftError<
+                    crate::types::TypeConfig,
+                    openraft::error::ClientWriteError<crate::types::TypeConfig>,
+                >,
+            >,
+        >,
+    {
+        let recheck = || match self.leader_view() {
+            Some(m) => check(&m),
+            None => Ok(()),
+        };
+        recheck()?;
+        self.membership_call(call, recheck).await
+    }
 }
+
+/// A leader's Raft metrics.
+type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
 
 /// [`Error::Conflict`] if a member other than `id` is at `addr`: one process cannot be two
 /// members (it would hold two votes, and stopping it would cost the cluster two).
@@ -260,11 +326,7 @@ impl MetaNode {
 
     /// Checks that every node `voters` adds is a learner the leader heard from within the lease
     /// and whose log is caught up to within [`MAX_PROMOTION_LAG`] entries.
-    fn check_promotable(
-        &self,
-        m: &openraft::RaftMetrics<crate::types::TypeConfig>,
-        voters: &BTreeSet<NodeId>,
-    ) -> Result<()> {
+    fn check_promotable(&self, m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<()> {
         let membership = m.membership_config.membership();
         let last = m.last_log_index.unwrap_or(0);
         for &id in voters {

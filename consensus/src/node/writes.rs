@@ -163,7 +163,11 @@ impl MetaNode {
                 )),
                 other => Error::InvalidArgument(other.to_string()),
             },
-            RaftError::APIError(other) => Error::Raft(other.to_string()),
+            // A membership change whose second step found the membership changed since its
+            // first (one made around this node's lock, or by a former leader).
+            RaftError::APIError(ClientWriteError::PreconditionFailed(p)) => Error::Conflict(
+                format!("the membership changed while this change was made ({p}): look at it and ask again"),
+            ),
             // The core stopped (shut down, storage failed) with the write submitted: it may have
             // reached the followers, and the next leader would commit it. Not `Shutdown`,
             // which says the request was not acted on and may be sent again as it is.
@@ -253,7 +257,12 @@ impl MetaNode {
     /// is in that state until it commits its first entry, so without this an operator who adds
     /// a learner right after the cluster forms (or two operators at once) got a conflict for
     /// a change that would have gone through milliseconds later.
-    pub(super) async fn membership_call<T, F, Fut>(&self, mut call: F) -> Result<T>
+    /// `recheck` runs after each wait: what the caller checked may have changed meanwhile.
+    pub(super) async fn membership_call<T, F, Fut>(
+        &self,
+        mut call: F,
+        recheck: impl Fn() -> Result<()>,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<
@@ -270,6 +279,7 @@ impl MetaNode {
                     ChangeMembershipError::InProgress(_),
                 ))) if tokio::time::Instant::now() < deadline => {
                     let _ = self.await_metrics_change(deadline).await;
+                    recheck()?;
                 }
                 other => return other.map_err(|e| self.write_error(e)),
             }
