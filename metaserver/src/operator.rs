@@ -38,11 +38,18 @@ impl Operator {
     /// A client of `--server`.
     pub fn new(args: &ClientArgs) -> Result<Self> {
         let server = args.server.trim_end_matches('/');
-        let base = if server.starts_with("http://") || server.starts_with("https://") {
+        // The server speaks plain HTTP (put TLS in front of it, if at all): an https:// address
+        // would only fail on every request.
+        if server.starts_with("https://") {
+            bail!("--server {server}: the metaserver speaks plain HTTP; give host:port or http://host:port");
+        }
+        let base = if server.starts_with("http://") {
             server.to_owned()
         } else {
             format!("http://{server}")
         };
+        reqwest::Url::parse(&base)
+            .map_err(|e| anyhow::anyhow!("--server {server:?} is not an address ({e})"))?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .build()
@@ -185,10 +192,36 @@ const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 /// restart under way).
 const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Whether `watch` is asking again after failures, so that it says so on stderr once when it
+/// starts and once when the member answers again, not silently nor once a second.
+#[derive(Default)]
+struct Outage {
+    since: Option<std::time::Instant>,
+}
+
+impl Outage {
+    fn note(&mut self, why: &str) {
+        if self.since.is_none() {
+            eprintln!("watch: the member cannot answer ({why}); asking again every second");
+            self.since = Some(std::time::Instant::now());
+        }
+    }
+
+    fn recovered(&mut self) {
+        if let Some(since) = self.since.take() {
+            eprintln!(
+                "watch: the member answers again (after {:.1} s)",
+                since.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
 /// `metaserver watch [--after N] [--datanode N | --prefix P] [--once]`: every change after the
 /// index (or from now), one JSON event per line, until interrupted. It rides out a member that
 /// cannot answer for a while (503, a refused connection) by asking again every second; a
-/// history that no longer holds its index (410 `compacted`) ends it with an error.
+/// history that no longer holds its index (410 `compacted`) ends it with an error, and so does
+/// an address no request can be made to.
 pub async fn watch(args: WatchArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
     let mut filter: Vec<(&str, String)> = Vec::new();
@@ -201,6 +234,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     // Without --after, the first answer is the index to start from.
     let mut after = args.after;
     let stdout = std::io::stdout();
+    let mut retrying = Outage::default();
     loop {
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
         if let Some(after) = after {
@@ -221,11 +255,22 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             {
                 return Err(op.refusal(r).await)
             }
-            Ok(_) | Err(_) => {
+            // A request that cannot be made at all (a bad address or scheme) never will be.
+            Err(e) if e.is_builder() => {
+                return Err(anyhow::Error::new(e).context("watching"));
+            }
+            Ok(r) => {
+                retrying.note(&format!("status {}", r.status()));
+                tokio::time::sleep(WATCH_RETRY).await;
+                continue;
+            }
+            Err(e) => {
+                retrying.note(&e.to_string());
                 tokio::time::sleep(WATCH_RETRY).await;
                 continue;
             }
         };
+        retrying.recovered();
         let mut out = stdout.lock();
         for event in &page.events {
             writeln!(out, "{}", serde_json::to_string(event)?)?;

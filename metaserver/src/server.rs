@@ -101,10 +101,16 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let failure = tokio::select! {
         signal = signals.recv() => {
             // While still serving, so that requests meanwhile are forwarded to the new leader.
-            match node.hand_over_leadership(HANDOVER_TIMEOUT).await {
-                Ok(Some(to)) => tracing::info!(to, "handed leadership over"),
-                Ok(None) => {}
-                Err(e) => tracing::warn!("handing leadership over: {e}"),
+            // A second signal ends every wait of the stop (the log is still closed properly).
+            tokio::select! {
+                handed = node.hand_over_leadership(HANDOVER_TIMEOUT) => match handed {
+                    Ok(Some(to)) => tracing::info!(to, "handed leadership over"),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("handing leadership over: {e}"),
+                },
+                again = signals.recv() => {
+                    tracing::warn!(signal = again, "a second signal: stopping without handing leadership over");
+                }
             }
             if !settings.stop_delay.is_zero() {
                 // Load balancers see /readyz fail and take the node out of rotation while it
@@ -130,10 +136,15 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     node.begin_close();
     node.stop_elections();
     let _ = stop_tx.send(());
-    match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
-        Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
+    tokio::select! {
+        drained = tokio::time::timeout(DRAIN_TIMEOUT, server) => match drained {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("server task failed: {e}"),
+            Err(_) => tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; stopping anyway"),
+        },
+        again = signals.recv() => {
+            tracing::warn!(signal = again, "a second signal: not waiting for running requests");
+        }
     }
     // Closing is bounded, and a node that cannot close exits here: after a storage error
     // sled's flush (and its handles' drop, which flushes) can wait forever for a log buffer that
@@ -167,7 +178,7 @@ async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) 
         tracing::info!("already initialized; restarting from the data dir");
         return Ok(());
     }
-    let members = settings.initial_members(addr);
+    let members = settings.initial_members(addr)?;
     tracing::info!(?members, "initializing the cluster (first start)");
     let members = members
         .into_iter()

@@ -96,6 +96,13 @@ pub struct ServeSettings {
     pub stop_delay: Duration,
 }
 
+/// The smallest sled page cache accepted (sled itself refuses less than 256 bytes, by
+/// panicking once the data dir was made).
+const MIN_SLED_CACHE_BYTES: u64 = 1 << 20;
+
+/// The longest idle timeout accepted: longer ones overflow the clock's arithmetic.
+const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Parses `1=ADDR,2=ADDR`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers: BTreeMap<u64, String> = BTreeMap::new();
@@ -146,9 +153,23 @@ impl ServeSettings {
             None => FileSettings::default(),
         };
         let peers = match args.peers.as_deref().or(file.peers.as_deref()) {
-            Some(text) => parse_peers(text)?,
+            Some(text) => {
+                let peers = parse_peers(text)?;
+                if peers.is_empty() {
+                    // An empty value (an unset variable in a unit file, say) would otherwise
+                    // read as "no peers": a node told to initialize would form a cluster alone.
+                    bail!("--peers (METASERVER_PEERS) names no peer: give ID=ADDR,.. or leave it unset");
+                }
+                peers
+            }
             None => BTreeMap::new(),
         };
+        let token = args.token.clone().or(file.token);
+        if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            // Read as "no token", an empty value would switch authentication off unnoticed,
+            // also over a token the config file sets.
+            bail!("--token (METASERVER_TOKEN) is empty: give a token or leave it unset");
+        }
         let init = args
             .init
             .or(file.init)
@@ -172,7 +193,7 @@ impl ServeSettings {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             peers,
             init,
-            token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+            token,
             barrier,
             snapshot_rate: args.snapshot_rate.or(file.snapshot_rate).unwrap_or(0),
             snapshot_logs_since_last: args
@@ -220,6 +241,18 @@ impl ServeSettings {
         }
         if self.datanode_timeout == Some(Duration::ZERO) {
             bail!("--datanode-timeout-ms must be at least 1");
+        }
+        if self
+            .sled_cache_bytes
+            .is_some_and(|n| n < MIN_SLED_CACHE_BYTES)
+        {
+            bail!("--sled-cache-bytes must be at least {MIN_SLED_CACHE_BYTES} (1 MiB)");
+        }
+        if self.idle_timeout.is_some_and(|t| t > MAX_IDLE_TIMEOUT) {
+            bail!(
+                "--idle-timeout-secs must be at most {} (a year; 0 waits forever)",
+                MAX_IDLE_TIMEOUT.as_secs()
+            );
         }
         if let Some(addr) = &self.advertise {
             meta_http::request::validate_addr(addr)
@@ -271,11 +304,30 @@ impl ServeSettings {
         cfg
     }
 
-    /// The members to initialize with: `--peers` (plus this node), or this node alone.
-    pub fn initial_members(&self, addr: &str) -> BTreeMap<u64, String> {
+    /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
+    /// or this node alone. Refused, before anything is initialized, when `--peers` names this
+    /// node at another address, or another node at this one: the membership would name an
+    /// address where nothing answers, or one process for two members.
+    pub fn initial_members(&self, addr: &str) -> Result<BTreeMap<u64, String>> {
         let mut members = self.peers.clone();
-        members.entry(self.id).or_insert_with(|| addr.to_owned());
-        members
+        match members.get(&self.id) {
+            Some(given) if given != addr => bail!(
+                "--peers gives this node ({}) the address {given}, but it answers at {addr} \
+                 (--listen, or --advertise)",
+                self.id
+            ),
+            Some(_) => {}
+            None => {
+                if let Some((other, _)) = members.iter().find(|(_, a)| a.as_str() == addr) {
+                    bail!(
+                        "--peers gives node {other} this node's address {addr}: each member \
+                         needs its own"
+                    );
+                }
+                members.insert(self.id, addr.to_owned());
+            }
+        }
+        Ok(members)
     }
 }
 
@@ -357,6 +409,63 @@ mod tests {
         }
     }
 
+    /// Values that would quietly mean something else are refused: an empty token (no
+    /// authentication), empty peers (a cluster of one), a sled cache sled refuses by panicking,
+    /// an idle timeout the clock cannot add.
+    #[test]
+    fn empty_and_out_of_range_values_are_refused() {
+        let refused = |args: ServeArgs, what: &str| {
+            let err = ServeSettings::resolve(&args, false).unwrap_err();
+            assert!(format!("{err:#}").contains(what), "{what}: {err:#}");
+        };
+        refused(
+            ServeArgs {
+                token: Some(String::new()),
+                ..ServeArgs::default()
+            },
+            "--token",
+        );
+        refused(
+            ServeArgs {
+                peers: Some(" ".into()),
+                ..ServeArgs::default()
+            },
+            "--peers",
+        );
+        refused(
+            ServeArgs {
+                sled_cache_bytes: Some(0),
+                ..ServeArgs::default()
+            },
+            "--sled-cache-bytes",
+        );
+        refused(
+            ServeArgs {
+                idle_timeout_secs: Some(u64::MAX),
+                ..ServeArgs::default()
+            },
+            "--idle-timeout-secs",
+        );
+        // The file's empty token is refused as well, and a flag's empty one does not hide it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "token = \"s3cret\"\n").unwrap();
+        refused(
+            ServeArgs {
+                config: Some(path.clone()),
+                token: Some(String::new()),
+                ..ServeArgs::default()
+            },
+            "--token",
+        );
+        let args = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        };
+        let s = ServeSettings::resolve(&args, false).unwrap();
+        assert_eq!(s.token.as_deref(), Some("s3cret"));
+    }
+
     #[test]
     fn barrier_modes() {
         assert_eq!(parse_barrier("own").unwrap(), BarrierMode::Own);
@@ -384,7 +493,17 @@ mod tests {
         assert_eq!(s.barrier, BarrierMode::Own);
         assert_eq!(s.snapshot_rate, 5);
         assert_eq!(s.peers.len(), 2);
-        assert_eq!(s.initial_members("127.0.0.1:9999").len(), 3);
+        assert_eq!(s.initial_members("127.0.0.1:9999").unwrap().len(), 3);
+        // Node 3 may not take node 2's address, nor could node 2 answer elsewhere.
+        assert!(s.initial_members("127.0.0.1:9000").is_err());
+        let two = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let s2 = ServeSettings::resolve(&two, false).unwrap();
+        assert_eq!(s2.initial_members("127.0.0.1:9000").unwrap().len(), 2);
+        let err = s2.initial_members("127.0.0.1:9001").unwrap_err();
+        assert!(format!("{err:#}").contains("127.0.0.1:9000"), "{err:#}");
 
         // The flag's name works in the file too.
         std::fs::write(&path, "snapshot_rate = 7\n").unwrap();
