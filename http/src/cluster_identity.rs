@@ -69,12 +69,7 @@ pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
 /// more), then one for another node, and only then lets a node that knows no cluster yet adopt
 /// the sender's. Every answer names this node's build version ([`VERSION`]).
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
-    let version = node.config().build_version;
-    let mut response = checked(node, request, next, true).await;
-    response
-        .headers_mut()
-        .insert(VERSION, axum::http::HeaderValue::from(version));
-    response
+    versioned(node, request, next, true).await
 }
 
 /// Middleware of the routes on which members ask the leader (forwarded writes, read indexes):
@@ -82,8 +77,13 @@ pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next:
 /// write or a read index from a cluster it never joined must not make it join one: such a
 /// request is answered 503 `no_leader` (the sender's view of the leader is out of date).
 pub async fn check_member(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
+    versioned(node, request, next, false).await
+}
+
+/// [`checked`], its answer naming this node's build version.
+async fn versioned(node: MetaNode, request: Request, next: Next, adopt: bool) -> Response {
     let version = node.config().build_version;
-    let mut response = checked(node, request, next, false).await;
+    let mut response = checked(node, request, next, adopt).await;
     response
         .headers_mut()
         .insert(VERSION, axum::http::HeaderValue::from(version));
