@@ -66,6 +66,9 @@ fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
+    for name in unknown_variables(std::env::vars_os().map(|(k, _)| k)) {
+        tracing::warn!("{name} is not a setting of metaserver (a typo?): it is ignored");
+    }
     let serving = matches!(cli.command, None | Some(Command::Serve(_)));
     let result = match cli.command {
         None => serve_on_runtime(&cli.serve, true),
@@ -84,6 +87,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The `METASERVER_*` variables among `names` that no option reads: a misspelt setting would
+/// otherwise be ignored without a word, where a misspelt TOML key is refused.
+fn unknown_variables(names: impl Iterator<Item = std::ffi::OsString>) -> Vec<String> {
+    use clap::CommandFactory;
+    let mut known = std::collections::BTreeSet::new();
+    let mut commands = vec![Cli::command()];
+    while let Some(command) = commands.pop() {
+        known.extend(
+            command
+                .get_arguments()
+                .filter_map(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned()),
+        );
+        commands.extend(command.get_subcommands().cloned());
+    }
+    let mut unknown: Vec<String> = names
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| n.starts_with("METASERVER_") && !known.contains(n))
+        .collect();
+    unknown.sort();
+    unknown
 }
 
 /// An error and its causes, `: `-separated, leaving out a cause whose text the message already
@@ -105,7 +131,24 @@ fn describe(e: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::describe;
+    use super::{describe, unknown_variables};
+
+    #[test]
+    fn misspelt_variables_are_named_and_known_ones_are_not() {
+        let names = [
+            "METASERVER_STOP_DELAY",
+            "METASERVER_STOP_DELAY_MS",
+            "METASERVER_TOKEN",
+            "METASERVER_CONFIG",
+            "METASERVER_DATANODE_TIMEOUT_MS",
+            "PATH",
+        ]
+        .map(std::ffi::OsString::from);
+        assert_eq!(
+            unknown_variables(names.into_iter()),
+            vec!["METASERVER_STOP_DELAY".to_string()]
+        );
+    }
 
     #[test]
     fn a_cause_the_message_names_is_not_repeated() {

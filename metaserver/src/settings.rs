@@ -103,6 +103,13 @@ const MIN_SLED_CACHE_BYTES: u64 = 1 << 20;
 /// The longest idle timeout accepted: longer ones overflow the clock's arithmetic.
 const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Whether `addr` (`host:port`) names the unspecified address (`0.0.0.0`, `[::]`): one to
+/// listen on, not one to be reached at.
+fn unspecified(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+}
+
 /// Parses `1=ADDR,2=ADDR`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers: BTreeMap<u64, String> = BTreeMap::new();
@@ -254,9 +261,20 @@ impl ServeSettings {
                 MAX_IDLE_TIMEOUT.as_secs()
             );
         }
+        if self.watch_history == Some(0) {
+            bail!(
+                "--watch-history must be at least 1 (with none, every watch would be answered 410)"
+            );
+        }
         if let Some(addr) = &self.advertise {
             meta_http::request::validate_addr(addr)
                 .map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
+            if unspecified(addr) {
+                bail!("--advertise {addr}: the other members cannot reach a node at an unspecified address; give one they can reach");
+            }
+        }
+        if let Some((id, addr)) = self.peers.iter().find(|(_, a)| unspecified(a)) {
+            bail!("--peers gives node {id} the unspecified address {addr}: give one the members can reach");
         }
         if let Some(addr) = self.peers.get(&self.id) {
             if let Some(advertise) = &self.advertise {
@@ -445,6 +463,27 @@ mod tests {
                 ..ServeArgs::default()
             },
             "--idle-timeout-secs",
+        );
+        refused(
+            ServeArgs {
+                watch_history: Some(0),
+                ..ServeArgs::default()
+            },
+            "--watch-history",
+        );
+        refused(
+            ServeArgs {
+                advertise: Some("0.0.0.0:7101".into()),
+                ..ServeArgs::default()
+            },
+            "--advertise",
+        );
+        refused(
+            ServeArgs {
+                peers: Some("2=[::]:7102".into()),
+                ..ServeArgs::default()
+            },
+            "unspecified",
         );
         // The file's empty token is refused as well, and a flag's empty one does not hide it.
         let dir = tempfile::tempdir().unwrap();
