@@ -429,77 +429,80 @@ mod tests {
 
     /// Values that would quietly mean something else are refused: an empty token (no
     /// authentication), empty peers (a cluster of one), a sled cache sled refuses by panicking,
-    /// an idle timeout the clock cannot add.
+    /// an idle timeout the clock cannot add, no watch history, an address nobody can reach.
     #[test]
     fn empty_and_out_of_range_values_are_refused() {
-        let refused = |args: ServeArgs, what: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "token = \"s3cret\"\n").unwrap();
+        let d = ServeArgs::default;
+        let cases = [
+            (
+                ServeArgs {
+                    token: Some(String::new()),
+                    ..d()
+                },
+                "--token",
+            ),
+            // A flag's empty token does not hide the file's either.
+            (
+                ServeArgs {
+                    config: Some(file.clone()),
+                    token: Some(String::new()),
+                    ..d()
+                },
+                "--token",
+            ),
+            (
+                ServeArgs {
+                    peers: Some(" ".into()),
+                    ..d()
+                },
+                "--peers",
+            ),
+            (
+                ServeArgs {
+                    sled_cache_bytes: Some(0),
+                    ..d()
+                },
+                "--sled-cache-bytes",
+            ),
+            (
+                ServeArgs {
+                    idle_timeout_secs: Some(u64::MAX),
+                    ..d()
+                },
+                "--idle-timeout-secs",
+            ),
+            (
+                ServeArgs {
+                    watch_history: Some(0),
+                    ..d()
+                },
+                "--watch-history",
+            ),
+            (
+                ServeArgs {
+                    advertise: Some("0.0.0.0:7101".into()),
+                    ..d()
+                },
+                "--advertise",
+            ),
+            (
+                ServeArgs {
+                    peers: Some("2=[::]:7102".into()),
+                    ..d()
+                },
+                "unspecified",
+            ),
+        ];
+        for (args, what) in cases {
             let err = ServeSettings::resolve(&args, false).unwrap_err();
             assert!(format!("{err:#}").contains(what), "{what}: {err:#}");
-        };
-        refused(
-            ServeArgs {
-                token: Some(String::new()),
-                ..ServeArgs::default()
-            },
-            "--token",
-        );
-        refused(
-            ServeArgs {
-                peers: Some(" ".into()),
-                ..ServeArgs::default()
-            },
-            "--peers",
-        );
-        refused(
-            ServeArgs {
-                sled_cache_bytes: Some(0),
-                ..ServeArgs::default()
-            },
-            "--sled-cache-bytes",
-        );
-        refused(
-            ServeArgs {
-                idle_timeout_secs: Some(u64::MAX),
-                ..ServeArgs::default()
-            },
-            "--idle-timeout-secs",
-        );
-        refused(
-            ServeArgs {
-                watch_history: Some(0),
-                ..ServeArgs::default()
-            },
-            "--watch-history",
-        );
-        refused(
-            ServeArgs {
-                advertise: Some("0.0.0.0:7101".into()),
-                ..ServeArgs::default()
-            },
-            "--advertise",
-        );
-        refused(
-            ServeArgs {
-                peers: Some("2=[::]:7102".into()),
-                ..ServeArgs::default()
-            },
-            "unspecified",
-        );
-        // The file's empty token is refused as well, and a flag's empty one does not hide it.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.toml");
-        std::fs::write(&path, "token = \"s3cret\"\n").unwrap();
-        refused(
-            ServeArgs {
-                config: Some(path.clone()),
-                token: Some(String::new()),
-                ..ServeArgs::default()
-            },
-            "--token",
-        );
+        }
         let args = ServeArgs {
-            config: Some(path),
-            ..ServeArgs::default()
+            config: Some(file),
+            ..d()
         };
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.token.as_deref(), Some("s3cret"));
