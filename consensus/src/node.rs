@@ -353,10 +353,16 @@ impl MetaNode {
     /// Maps openraft's `Fatal` (its core stopped: shut down, storage failure or panic) to
     /// [`Error::Shutdown`]: the node serves no more Raft requests until restarted.
     fn fatal(&self, e: impl std::fmt::Display) -> Error {
+        self.log_core_stopped(&e);
+        Error::Shutdown
+    }
+
+    /// Logs openraft's `Fatal` as an error, unless this node is shutting down (then it is
+    /// expected).
+    fn log_core_stopped(&self, e: &dyn std::fmt::Display) {
         if !self.inner.shut.load(Ordering::Acquire) {
             tracing::error!("raft core stopped: {e}");
         }
-        Error::Shutdown
     }
 
     /// This node's status.

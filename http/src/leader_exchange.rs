@@ -5,8 +5,8 @@
 //! slowly): it did nothing with the request; 500 `internal` when it refuses the request itself
 //! (another 4xx: a token or a limit, it would refuse it again) or for a request that does not
 //! encode; 504 `outcome_unknown` when the connection breaks after the request went out, the
-//! leader fails otherwise, or its success does not decode (it may have acted on it); 504 `timeout` when it does not answer in
-//! time.
+//! leader fails otherwise, or its success does not decode (it may have acted on it); 504
+//! `timeout` when it does not answer in time.
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 //! and value checked against what the cluster accepts, before anything is sent. The target must
 //! be empty (no datanode, no key): a restore never merges into live data. Every datanode is
 //! registered again with its address and a new epoch above any the old cluster handed out
-//! (the time in microseconds, or more: see [`epoch_floor`]), so a datanode's next request with its old
-//! epoch is fenced and it registers again, as after any epoch change; then its replicas, with
+//! (the time in microseconds, or more: see [`epoch_floor`]), so a datanode's next request with
+//! its old epoch is fenced and it registers again, as after any epoch change; then its replicas, with
 //! their generations and sizes, in batches of 10,000 under that epoch. Every key is written with
 //! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go
 //! through Raft like any other: when the command returns, everything restored is durable on a

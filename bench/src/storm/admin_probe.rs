@@ -28,7 +28,8 @@ pub struct AdminLatencies {
     pub cluster_ms: Vec<f64>,
     /// Reads that failed outright or answered with a status other than 200 or 404.
     pub errors: u64,
-    /// Ticks skipped because `MAX_IN_FLIGHT` reads of that probe were outstanding.
+    /// Reads not sent: ticks skipped because `MAX_IN_FLIGHT` reads of that probe were
+    /// outstanding, or because the timer could not run the probe in time.
     pub skipped: u64,
     pub last_error: Option<String>,
 }

@@ -85,7 +85,7 @@ pub struct StormPoint {
     pub admin_p99_ms: f64,
     pub admin_reads: usize,
     pub admin_errors: u64,
-    /// Admin read ticks skipped because too many reads were outstanding.
+    /// Admin reads not sent: too many were outstanding, or the probe did not run in time.
     pub admin_skipped: u64,
     /// Peak RSS by member id, MiB.
     pub peak_rss_mib: Vec<(u64, f64)>,

@@ -154,10 +154,7 @@ impl MetaNode {
         if self.member_address(id)? == addr {
             return Ok(());
         }
-        let check = |m: &Metrics| match m.membership_config.membership().get_node(&id) {
-            Some(_) => Ok(()),
-            None => Err(Error::NotFound(format!("node {id} is not a member"))),
-        };
+        let check = |m: &Metrics| address_in(m, id).map(|_| ());
         let raft = &self.inner.raft;
         let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);
         self.checked_change(check, || {
@@ -177,10 +174,7 @@ impl MetaNode {
         let Some(m) = self.leader_view() else {
             return Err(self.no_leader());
         };
-        match m.membership_config.membership().get_node(&id) {
-            Some(known) => Ok(known.addr.clone()),
-            None => Err(Error::NotFound(format!("node {id} is not a member"))),
-        }
+        address_in(&m, id)
     }
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
@@ -265,6 +259,14 @@ impl MetaNode {
 
 /// A leader's Raft metrics.
 type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
+
+/// The address `m`'s membership names for member `id`; [`Error::NotFound`] if it is no member.
+fn address_in(m: &Metrics, id: NodeId) -> Result<String> {
+    match m.membership_config.membership().get_node(&id) {
+        Some(known) => Ok(known.addr.clone()),
+        None => Err(Error::NotFound(format!("node {id} is not a member"))),
+    }
+}
 
 /// [`Error::Conflict`] if a member other than `id` is at `addr`: one process cannot be two
 /// members (it would hold two votes, and stopping it would cost the cluster two).

@@ -172,7 +172,7 @@ impl MetaNode {
             // reached the followers, and the next leader would commit it. Not `Shutdown`,
             // which says the request was not acted on and may be sent again as it is.
             RaftError::Fatal(f) => {
-                let _ = self.fatal(&f);
+                self.log_core_stopped(&f);
                 Error::OutcomeUnknown(format!(
                     "this node's Raft stopped while the write was under way ({f}): it may \
                      still commit under the next leader"

@@ -349,7 +349,6 @@ async fn the_current_snapshot_is_known_without_opening_a_file() {
     assert_eq!(current.meta, newer.meta);
 }
 
-/// Replaces the snapshot directory under `dir` by a file, so that building a snapshot fails.
 /// An install whose registry write fails (a full disk while the new generation is made
 /// active) leaves the state machine refusing to apply, and the registry untrusted, so that the
 /// next start rebuilds it instead of reopening what sled kept of the failed writes.
@@ -395,6 +394,7 @@ async fn an_install_that_fails_a_registry_write_distrusts_the_registry() {
     assert!(refused.is_err(), "{refused:?}");
 }
 
+/// Replaces the snapshot directory under `dir` by a file, so that building a snapshot fails.
 fn break_snapshot_dir(dir: &Path) {
     let snapshots = dir.join("snapshots");
     std::fs::remove_dir_all(&snapshots).unwrap();
