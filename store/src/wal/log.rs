@@ -102,7 +102,8 @@ impl Wal {
     /// has been cut off physically, including valid records after a torn write (a zero sector
     /// before them shows that their sync never completed); everything recovered is durable
     /// (`durable_lsn() == last_lsn()`); and no segment whose records are all purged is left. Any
-    /// other invalid record followed by valid ones, or missing records, fail with
+    /// other invalid record followed by valid ones, an invalid record that one flipped bit (outside
+    /// bytes a crash may have lost) would make valid, or missing records, fail with
     /// [`Error::Corrupt`] naming the file and offset, and nothing is changed.
     pub fn open_with(
         fs: Arc<dyn FileSystem>,

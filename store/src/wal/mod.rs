@@ -6,6 +6,7 @@
 //! publishes that as durable after it, so every writer whose record was written before a barrier
 //! started shares it. Truncation and purge are marker records, never rewrites. See [`Wal`].
 
+mod bit_flip;
 mod index;
 mod log;
 mod metrics;

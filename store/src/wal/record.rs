@@ -63,7 +63,8 @@ fn seed(segment_id: u64) -> u32 {
     crc32c::crc32c(&segment_id.to_le_bytes())
 }
 
-fn checksum(segment_id: u64, record: &[u8]) -> u32 {
+/// The checksum of `record` (header and payload) as stored at bytes 4..8; those bytes are skipped.
+pub(crate) fn checksum(segment_id: u64, record: &[u8]) -> u32 {
     let crc = crc32c::crc32c_append(seed(segment_id), &record[0..4]);
     crc32c::crc32c_append(crc, &record[8..])
 }

@@ -1,14 +1,16 @@
 //! Recovery on open: scans every segment, verifies every record, and cuts a torn or corrupt tail off
 //! the newest segment (the only physical truncate, done before any writer starts). An invalid
-//! record followed by valid ones is a torn write, and cut too, only in the newest segment and only
-//! if a whole sector before the next valid record reads as zeros (see `lost_sector`); otherwise,
-//! and in any older segment, it is corruption and the log refuses to open, naming the file and
-//! offset.
+//! record followed by valid ones is a torn write, and cut too, only in the newest segment, only if
+//! a whole sector before the next valid record reads as zeros (see `lost_sector`), and only if no
+//! single flipped bit makes the invalid record valid (see `bit_flip`): an acknowledged record
+//! whose payload holds zeros, damaged later, must not be cut. Otherwise, and in any older
+//! segment, it is corruption and the log refuses to open, naming the file and offset.
 
 use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::bit_flip;
 use super::index::Index;
 use super::record::{self, RecordMeta};
 use super::segment::{self, Segment, SEGMENT_HEADER_LEN};
@@ -229,6 +231,17 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
                      zeros)",
                 ));
             }
+            if let Some(flip) = damaged_bit(bytes, pos, first, next) {
+                return Err(corrupt(
+                    path,
+                    pos as u64,
+                    format!(
+                        "invalid record followed by valid records (not a torn write: one flipped \
+                         bit explains it, bit {} of the byte at offset {})",
+                        flip.bit, flip.offset
+                    ),
+                ));
+            }
             let (count, lsns) = valid_records(bytes, valid, first, next);
             tracing::warn!(
                 path = %path.display(),
@@ -239,6 +252,19 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
                  it never reached the disk, so they were never acknowledged"
             );
         } else {
+            if let Some(flip) = damaged_bit(bytes, pos, first, next) {
+                // The last record was written whole (perhaps synced and acknowledged), then
+                // damaged: cutting it could lose an acknowledged write.
+                return Err(corrupt(
+                    path,
+                    pos as u64,
+                    format!(
+                        "invalid last record (not a torn write: one flipped bit explains it, bit \
+                         {} of the byte at offset {})",
+                        flip.bit, flip.offset
+                    ),
+                ));
+            }
             tracing::warn!(
                 path = %path.display(),
                 offset = pos,
@@ -272,12 +298,32 @@ const SECTOR: usize = 512;
 /// newest write never landed reads as zeros past the durable end. The records after such a sector
 /// were written by a sync that never completed (a completed fdatasync covers every byte before
 /// them), so none was acknowledged and cutting at `pos` loses nothing acknowledged. Damage to
-/// synced bytes (flipped bits) leaves non-zero garbage and is refused.
+/// synced bytes (flipped bits) usually leaves non-zero garbage and is refused; but a record whose
+/// own payload holds an aligned zero sector passes this test when damaged, so the caller also
+/// refuses when one flipped bit explains the invalid record (`bit_flip::find`).
 fn lost_sector(bytes: &[u8], pos: usize, valid: usize) -> bool {
     (pos / SECTOR..valid / SECTOR).any(|k| {
         let from = (k * SECTOR).max(pos);
         bytes[from..(k + 1) * SECTOR].iter().all(|&b| b == 0)
     })
+}
+
+/// A bit whose flip makes the invalid record at `pos` valid, unless that bit lies in bytes a
+/// crash may have lost: a zero byte in a sector whose part from `pos` is all zeros, or in the
+/// zeros that run to the end of the segment. A lost sector (or a torn last write) that held just
+/// one set bit is one flip from valid too; there a torn write is as likely as damage, and a
+/// refusal would stop the node after a mere power loss.
+fn damaged_bit(bytes: &[u8], pos: usize, first: Lsn, next: Lsn) -> Option<bit_flip::Flip> {
+    let flip = bit_flip::find(bytes, pos, first, next)?;
+    let at = flip.offset;
+    if bytes[at] == 0 {
+        let sector = at / SECTOR * SECTOR;
+        let part = &bytes[sector.max(pos)..(sector + SECTOR).min(bytes.len())];
+        if part.iter().all(|&b| b == 0) || record::skip_zeros(bytes, at) == bytes.len() {
+            return None;
+        }
+    }
+    Some(flip)
 }
 
 /// How many valid-looking records start at or after `from`, and their LSN range.
@@ -304,6 +350,183 @@ fn valid_records(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::{CrashPoint, FaultyFileSystem};
+    use crate::wal::Wal;
+
+    const DIR: &str = "/log";
+    /// Where record 2 (b) starts and where its payload starts, after the segment header and a
+    /// one-byte record 1.
+    const B_AT: usize = 24 + 17 + 1;
+    const B_PAYLOAD: usize = B_AT + 17;
+
+    fn open(fs: &FaultyFileSystem) -> Result<Wal> {
+        let opts = WalOptions {
+            segment_bytes: 1 << 20,
+            ..WalOptions::default()
+        };
+        Wal::open_with(Arc::new(fs.clone()), DIR, opts)
+    }
+
+    fn seg() -> std::path::PathBuf {
+        Path::new(DIR).join(segment::file_name(1))
+    }
+
+    /// A 2000-byte payload with zeros over file offsets 459..1159 (so the aligned sector
+    /// 512..1024 is zeros) and non-zero bytes elsewhere: a value that happens to hold zeros.
+    fn payload_with_zeros() -> Vec<u8> {
+        let mut p: Vec<u8> = (0..2000u32).map(|i| (i * 131 % 251) as u8 | 1).collect();
+        p[400..1100].fill(0);
+        const { assert!(B_PAYLOAD + 400 < 512 && B_PAYLOAD + 1100 > 1024) };
+        p
+    }
+
+    /// Writes a, b (`b`), c and d, syncing after a and, if `ack_all`, after d too; then a power
+    /// loss that keeps every write. Returns the file system.
+    fn a_b_c_d(b: &[u8], ack_all: bool) -> FaultyFileSystem {
+        let fs = FaultyFileSystem::new();
+        let wal = open(&fs).unwrap();
+        wal.append(b"a").unwrap();
+        wal.sync(1).unwrap();
+        for p in [b, b"c", b"d"] {
+            wal.append(p).unwrap();
+        }
+        if ack_all {
+            wal.sync(4).unwrap();
+        }
+        fs.crash(CrashPoint {
+            persist_ops: fs.unsynced_ops(),
+            torn_bytes: 0,
+        });
+        drop(wal);
+        let bytes = fs.contents(&seg()).unwrap();
+        let c_at = B_PAYLOAD + b.len();
+        assert_eq!(&bytes[c_at + 17..c_at + 18], b"c");
+        fs
+    }
+
+    fn flip_bit(fs: &FaultyFileSystem, offset: usize, bit: u8) {
+        let byte = fs.contents(&seg()).unwrap()[offset] ^ (1 << bit);
+        fs.damage(&seg(), offset as u64, &[byte]).unwrap();
+    }
+
+    #[test]
+    fn one_flipped_bit_in_an_acknowledged_record_with_a_zero_sector_is_refused() {
+        // (byte offset, bit): payload bits outside the zeros and in them (not in the aligned
+        // sector), then the length (2000 -> 2001 and -> 4048), LSN, kind and checksum fields.
+        let flips = [
+            (B_PAYLOAD + 100, 2),
+            (B_PAYLOAD + 1999, 7),
+            (470, 0),
+            (B_AT, 0),
+            (B_AT + 1, 3),
+            (B_AT + 8, 0),
+            (B_AT + 15, 7),
+            (B_AT + 16, 1),
+            (B_AT + 4, 5),
+        ];
+        for (offset, bit) in flips {
+            let fs = a_b_c_d(&payload_with_zeros(), true);
+            flip_bit(&fs, offset, bit);
+            let bytes = fs.contents(&seg()).unwrap();
+            assert!(lost_sector(&bytes, B_AT, B_PAYLOAD + 2000), "would be cut");
+            match open(&fs) {
+                Err(Error::Corrupt {
+                    path,
+                    offset: at,
+                    reason,
+                }) => {
+                    assert_eq!((path, at), (seg(), B_AT as u64));
+                    let expected = format!("bit {bit} of the byte at offset {offset}");
+                    assert!(reason.contains("one flipped bit"), "{reason}");
+                    assert!(reason.contains(&expected), "{reason}");
+                }
+                other => panic!("flip at {offset} bit {bit}: expected Corrupt, got {other:?}"),
+            }
+            assert_eq!(
+                fs.contents(&seg()).unwrap(),
+                bytes,
+                "a failed open changes nothing"
+            );
+        }
+    }
+
+    /// Writes `records` after a synced record a, syncs the first `acked` of them too, then a
+    /// power loss that keeps every write. Returns the file system.
+    fn a_then(records: &[&[u8]], acked: u64) -> FaultyFileSystem {
+        let fs = FaultyFileSystem::new();
+        let wal = open(&fs).unwrap();
+        wal.append(b"a").unwrap();
+        wal.sync(1).unwrap();
+        for r in records {
+            wal.append(r).unwrap();
+        }
+        if acked > 0 {
+            wal.sync(1 + acked).unwrap();
+        }
+        fs.crash(CrashPoint {
+            persist_ops: fs.unsynced_ops(),
+            torn_bytes: 0,
+        });
+        fs
+    }
+
+    #[test]
+    fn one_flipped_bit_in_the_last_record_is_refused_not_cut() {
+        let noise: Vec<u8> = (0..2000u32).map(|i| (i * 131 % 251) as u8 | 1).collect();
+        for (offset, bit) in [(B_PAYLOAD + 700, 3), (B_AT + 2, 0), (B_AT + 5, 6)] {
+            let fs = a_then(&[&noise], 1);
+            flip_bit(&fs, offset, bit);
+            match open(&fs) {
+                Err(Error::Corrupt {
+                    offset: at, reason, ..
+                }) => {
+                    assert_eq!(at, B_AT as u64);
+                    assert!(reason.contains("invalid last record"), "{reason}");
+                    assert!(reason.contains(&format!("bit {bit} of the byte at offset {offset}")));
+                }
+                other => panic!("flip at {offset} bit {bit}: expected Corrupt, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_write_that_held_one_set_bit_is_still_cut() {
+        // The last write's final byte (one set bit) never landed: one flip from valid, but in the
+        // zeros that run to the end, so a torn write as likely as damage.
+        let mut ends_in_one: Vec<u8> = (0..2000u32).map(|i| (i * 131 % 251) as u8 | 1).collect();
+        *ends_in_one.last_mut().unwrap() = 0x01;
+        let fs = a_then(&[&ends_in_one], 0);
+        fs.damage(&seg(), (B_PAYLOAD + 1999) as u64, &[0]).unwrap();
+        let wal = open(&fs).unwrap();
+        assert_eq!(wal.read_range(..).unwrap(), [(1, b"a".to_vec())]);
+        drop(wal);
+        // A lost sector in the middle of the record, whose part of b held one set bit, with
+        // records after it that landed.
+        let mut one_bit_sector = payload_with_zeros();
+        one_bit_sector[700 - B_PAYLOAD] = 0x40;
+        let fs = a_then(&[&one_bit_sector, b"c", b"d"], 0);
+        fs.damage(&seg(), 700, &[0]).unwrap();
+        assert!(lost_sector(
+            &fs.contents(&seg()).unwrap(),
+            B_AT,
+            B_PAYLOAD + 2000
+        ));
+        let wal = open(&fs).unwrap();
+        assert_eq!(wal.read_range(..).unwrap(), [(1, b"a".to_vec())]);
+    }
+
+    #[test]
+    fn a_lost_middle_sector_is_still_cut_as_a_torn_write() {
+        let noise: Vec<u8> = (0..2000u32).map(|i| (i * 131 % 251) as u8).collect();
+        for b in [noise, payload_with_zeros()] {
+            let fs = a_b_c_d(&b, false);
+            // The sector 1536..2048, in the middle of b, never landed; c and d did.
+            fs.damage(&seg(), 1536, &[0; SECTOR]).unwrap();
+            let wal = open(&fs).unwrap();
+            assert_eq!(wal.last_lsn(), 1);
+            assert_eq!(wal.read_range(..).unwrap(), [(1, b"a".to_vec())]);
+        }
+    }
 
     #[test]
     fn lost_sector_needs_a_zero_sector_before_the_next_record() {
