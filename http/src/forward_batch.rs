@@ -11,9 +11,13 @@
 //!
 //! Batching is group commit: a write waits only while `MAX_IN_FLIGHT` batches are out (and
 //! at most `SLOT_WAIT`, so a batch stuck at a leader that stopped answering does not hold
-//! back the writes behind it), and a lone write leaves at once.
+//! back the writes behind it), and a lone write leaves at once. A batch also needs one of
+//! `MAX_OUT_PER_LEADER` places at its leader: each batch out holds a connection there, and a
+//! leader that stalls must not collect a new connection from every follower every `SLOT_WAIT`
+//! until the connection slots it keeps for datanodes are gone.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::http::{header, HeaderMap};
@@ -21,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use meta_consensus::{codec, ClusterId, Command, MetaNode, Written};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Token;
 use crate::cluster_identity::version_of;
@@ -36,6 +40,9 @@ pub const PATH_FORWARD_BATCH: &str = "/raft/forward-commands";
 const MAX_IN_FLIGHT: usize = 2;
 /// Longest a batch waits for one of the [`MAX_IN_FLIGHT`] slots; then it goes anyway.
 const SLOT_WAIT: Duration = Duration::from_millis(20);
+/// Batches one follower may have out at one leader at once, with a slot or without: each holds
+/// a connection there. Past it, a batch waits (and holds back no batch for another leader).
+const MAX_OUT_PER_LEADER: usize = 16;
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
 /// A batch stops growing at this many (estimated) encoded bytes; a larger write still goes,
@@ -162,6 +169,8 @@ pub struct Batcher {
 struct Link {
     leader: LeaderLink,
     timeout: Duration,
+    /// Per leader address: the places for batches out there.
+    places: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl Batcher {
@@ -183,6 +192,7 @@ impl Batcher {
                     cluster,
                 },
                 timeout,
+                places: Mutex::default(),
             }),
             queue: Arc::default(),
         }
@@ -246,15 +256,35 @@ impl Link {
         }
     }
 
-    /// Sends `batch`, one exchange per leader it names (one, unless the leader just changed).
+    /// Sends `batch`, one exchange per leader it names (one, unless the leader just changed),
+    /// each once it has a place at its leader.
     async fn send_batches(&self, mut batch: Vec<Queued>) {
         while let Some(first) = batch.first() {
             let addr = first.target.addr.clone();
             let (same, rest): (Vec<_>, Vec<_>) =
                 batch.into_iter().partition(|q| q.target.addr == addr);
             batch = rest;
+            let _place = self.place_at(&addr).await;
             self.send_one_batch(same).await;
         }
+    }
+
+    /// Waits for one of the places for a batch at the leader at `addr`.
+    async fn place_at(&self, addr: &str) -> OwnedSemaphorePermit {
+        let places = {
+            let mut map = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            if !map.contains_key(addr) {
+                // Forget leaders no batch is out at or waiting for (addresses of past leaders).
+                map.retain(|_, s| Arc::strong_count(s) > 1);
+            }
+            map.entry(addr.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(MAX_OUT_PER_LEADER)))
+                .clone()
+        };
+        places
+            .acquire_owned()
+            .await
+            .expect("the places' semaphore is never closed")
     }
 
     async fn send_one_batch(&self, batch: Vec<Queued>) {
@@ -521,6 +551,51 @@ mod tests {
             .await
             .expect("the write for the live leader is answered");
         assert_eq!(answer.unwrap().index, 107);
+    }
+
+    #[tokio::test]
+    async fn a_silent_leader_holds_at_most_so_many_batches_of_one_follower() {
+        let (silent, mut seen, release) = fake_leader().await;
+        let (live, _seen_live, live_release) = fake_leader().await;
+        live_release.add_permits(1);
+        let b = batcher(Duration::from_secs(300));
+        let to = |addr: &str| ForwardTo {
+            leader_id: 1,
+            addr: addr.to_string(),
+        };
+        // One write at a time, each once the previous batch has reached the leader: every one
+        // leaves in a batch of its own, the first two in the slots, the rest without. (Keys from
+        // w20: the stand-in refuses w13.)
+        let mut out = Vec::new();
+        for i in 20..20 + MAX_OUT_PER_LEADER as u64 {
+            let mut w = Box::pin(b.send(to(&silent), write(i)));
+            assert!((&mut w).now_or_never().is_none());
+            let keys = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+                .await
+                .expect("a batch with a place goes");
+            assert_eq!(keys.unwrap(), vec![format!("w{i}")]);
+            out.push(w);
+        }
+        let mut waiting = Box::pin(b.send(to(&silent), write(50)));
+        assert!((&mut waiting).now_or_never().is_none());
+        let early = tokio::time::timeout(Duration::from_millis(300), seen.recv()).await;
+        assert!(early.is_err(), "a batch past the cap went: {early:?}");
+        // The cap is per leader: a write for another still goes.
+        let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
+            .await
+            .expect("the write for the live leader is answered");
+        assert_eq!(answer.unwrap().index, 107);
+        // One answer frees a place, and the waiting batch takes it.
+        release.add_permits(1);
+        let keys = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+            .await
+            .expect("the waiting batch goes once a place is free");
+        assert_eq!(keys.unwrap(), vec!["w50".to_string()]);
+        release.add_permits(MAX_OUT_PER_LEADER);
+        for (i, w) in out.into_iter().enumerate() {
+            assert_eq!(w.await.unwrap().index, 120 + i as u64);
+        }
+        assert_eq!(waiting.await.unwrap().index, 150);
     }
 
     #[tokio::test]
