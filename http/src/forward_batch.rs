@@ -14,7 +14,9 @@
 //! back the writes behind it), and a lone write leaves at once. A batch also needs one of
 //! `MAX_OUT_PER_LEADER` places at its leader: each batch out holds a connection there, and a
 //! leader that stalls must not collect a new connection from every follower every `SLOT_WAIT`
-//! until the connection slots it keeps for datanodes are gone.
+//! until the connection slots it keeps for datanodes are gone. A batch waits for a place at most
+//! the exchange's timeout (then its writes are refused unsent), and no longer than that holds back
+//! the part of it bound for another leader; a write whose caller went away is not sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -249,42 +251,68 @@ impl Link {
                 }
             }
             let this = self.clone();
-            tokio::spawn(async move {
-                this.send_batches(batch).await;
-                drop(slot);
-            });
+            tokio::spawn(async move { this.send_batches(batch, slot).await });
         }
     }
 
     /// Sends `batch`, one exchange per leader it names (one, unless the leader just changed),
-    /// each once it has a place at its leader.
-    async fn send_batches(&self, mut batch: Vec<Queued>) {
+    /// concurrently, each once it has a place at its leader. `slot` is given up as soon as a
+    /// part must wait for a place, so that it holds back no batch queued behind.
+    async fn send_batches(&self, mut batch: Vec<Queued>, slot: Option<OwnedSemaphorePermit>) {
+        let slot = Mutex::new(slot);
+        let mut parts = Vec::new();
         while let Some(first) = batch.first() {
             let addr = first.target.addr.clone();
             let (same, rest): (Vec<_>, Vec<_>) =
                 batch.into_iter().partition(|q| q.target.addr == addr);
             batch = rest;
-            let _place = self.place_at(&addr).await;
-            self.send_one_batch(same).await;
+            parts.push(same);
+        }
+        futures::future::join_all(parts.into_iter().map(|part| self.send_part(part, &slot))).await;
+    }
+
+    /// Sends `part` (writes for one leader) once it has a place there, waiting at most the
+    /// exchange's timeout: past it, every write of the part is refused unsent (`no_leader`).
+    /// Writes whose callers went away meanwhile are not sent.
+    async fn send_part(&self, part: Vec<Queued>, slot: &Mutex<Option<OwnedSemaphorePermit>>) {
+        let target = part[0].target.clone();
+        let places = self.places_at(&target.addr);
+        let _place = match places.clone().try_acquire_owned() {
+            Ok(place) => place,
+            Err(_) => {
+                drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+                match tokio::time::timeout(self.timeout, places.acquire_owned()).await {
+                    Ok(place) => place.expect("the places' semaphore is never closed"),
+                    Err(_) => {
+                        let e = ApiError::NoLeader(format!(
+                            "the leader (node {} at {}) is slow: this member's batches took all \
+                             {MAX_OUT_PER_LEADER} places there for {:?}; this write was not sent",
+                            target.leader_id, target.addr, self.timeout
+                        ));
+                        for q in part {
+                            let _ = q.answer.send(Err(e.clone()));
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        let part: Vec<Queued> = part.into_iter().filter(|q| !q.answer.is_closed()).collect();
+        if !part.is_empty() {
+            self.send_one_batch(part).await;
         }
     }
 
-    /// Waits for one of the places for a batch at the leader at `addr`.
-    async fn place_at(&self, addr: &str) -> OwnedSemaphorePermit {
-        let places = {
-            let mut map = self.places.lock().unwrap_or_else(|e| e.into_inner());
-            if !map.contains_key(addr) {
-                // Forget leaders no batch is out at or waiting for (addresses of past leaders).
-                map.retain(|_, s| Arc::strong_count(s) > 1);
-            }
-            map.entry(addr.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(MAX_OUT_PER_LEADER)))
-                .clone()
-        };
-        places
-            .acquire_owned()
-            .await
-            .expect("the places' semaphore is never closed")
+    /// The places for batches at the leader at `addr`.
+    fn places_at(&self, addr: &str) -> Arc<Semaphore> {
+        let mut map = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        if !map.contains_key(addr) {
+            // Forget leaders no batch is out at or waiting for (addresses of past leaders).
+            map.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        map.entry(addr.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_OUT_PER_LEADER)))
+            .clone()
     }
 
     async fn send_one_batch(&self, batch: Vec<Queued>) {
@@ -578,8 +606,18 @@ mod tests {
         }
         let mut waiting = Box::pin(b.send(to(&silent), write(50)));
         assert!((&mut waiting).now_or_never().is_none());
-        let early = tokio::time::timeout(Duration::from_millis(300), seen.recv()).await;
-        assert!(early.is_err(), "a batch past the cap went: {early:?}");
+        // It waits for a place: the map's, the sixteen places taken, and the waiting batch's.
+        let places = b.link.places_at(&silent);
+        let parked = async {
+            while Arc::strong_count(&places) < 1 + MAX_OUT_PER_LEADER + 1 + 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), parked)
+            .await
+            .expect("the batch past the cap waits for a place");
+        assert_eq!(places.available_permits(), 0);
+        assert!(seen.try_recv().is_err(), "a batch past the cap went");
         // The cap is per leader: a write for another still goes.
         let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
             .await
@@ -596,6 +634,77 @@ mod tests {
             assert_eq!(w.await.unwrap().index, 120 + i as u64);
         }
         assert_eq!(waiting.await.unwrap().index, 150);
+    }
+
+    #[tokio::test]
+    async fn a_batch_for_two_leaders_sends_each_part_on_its_own() {
+        let (silent, mut seen, _never) = fake_leader().await;
+        let (live, mut seen_live, release) = fake_leader().await;
+        release.add_permits(1);
+        let b = batcher(Duration::from_secs(300));
+        let to = |addr: &str| ForwardTo {
+            leader_id: 1,
+            addr: addr.to_string(),
+        };
+        // Both slots go to batches the silent leader never answers.
+        let mut stuck: Vec<_> = (0..2)
+            .map(|i| Box::pin(b.send(to(&silent), write(i))))
+            .collect();
+        for f in &mut stuck {
+            assert!(f.now_or_never().is_none());
+            seen.recv().await.unwrap();
+        }
+        // Queued together while the slots are taken: one batch, a part for each leader.
+        let mut old = Box::pin(b.send(to(&silent), write(5)));
+        assert!((&mut old).now_or_never().is_none());
+        let new = b.send(to(&live), write(7));
+        let answer = tokio::time::timeout(Duration::from_secs(10), new)
+            .await
+            .expect("the part for the live leader does not wait for the silent one");
+        assert_eq!(answer.unwrap().index, 107);
+        assert_eq!(seen.recv().await.unwrap(), vec!["w5".to_string()]);
+        assert_eq!(seen_live.recv().await.unwrap(), vec!["w7".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_caller_went_away_while_it_waited_is_not_sent() {
+        let (addr, mut seen, release) = fake_leader().await;
+        let target = ForwardTo { leader_id: 1, addr };
+        let b = batcher(Duration::from_secs(300));
+        let mut out = Vec::new();
+        for i in 20..20 + MAX_OUT_PER_LEADER as u64 {
+            let mut w = Box::pin(b.send(target.clone(), write(i)));
+            assert!((&mut w).now_or_never().is_none());
+            seen.recv().await.unwrap();
+            out.push(w);
+        }
+        let mut gone = Box::pin(b.send(target.clone(), write(60)));
+        assert!((&mut gone).now_or_never().is_none());
+        let places = b.link.places_at(&target.addr);
+        let parked = async {
+            while Arc::strong_count(&places) < 1 + MAX_OUT_PER_LEADER + 1 + 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), parked)
+            .await
+            .expect("the batch past the cap waits for a place");
+        drop(gone);
+        // The place freed goes to the abandoned write's batch first, which sends nothing; the
+        // next batch is the next write's.
+        release.add_permits(1);
+        let next = b.send(target.clone(), write(61));
+        let mut next = Box::pin(next);
+        assert!((&mut next).now_or_never().is_none());
+        let keys = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+            .await
+            .expect("the next write goes");
+        assert_eq!(keys.unwrap(), vec!["w61".to_string()]);
+        release.add_permits(MAX_OUT_PER_LEADER + 1);
+        assert_eq!(next.await.unwrap().index, 161);
+        for w in out {
+            w.await.unwrap();
+        }
     }
 
     #[tokio::test]
