@@ -125,6 +125,34 @@ fn purge_drops_prefix_and_deletes_whole_segments() {
 }
 
 #[test]
+fn a_failed_directory_fsync_after_a_purge_poisons_the_log() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", small_segments()).unwrap();
+    let payload = [7u8; 100];
+    for _ in 0..18 {
+        wal.append(&payload).unwrap();
+    }
+    // The purge marker (an 8-byte payload) fits in the current segment.
+    assert!(!wal.needs_roll([8]));
+    let first_segment = std::path::Path::new("/log").join(format!("{:020}.wal", 1));
+    assert!(fs.contents(&first_segment).is_some());
+    fs.fail_next_dir_syncs(1);
+    match wal.purge_to(15) {
+        Err(Error::Io { op, .. }) => assert_eq!(op, "fsync log directory"),
+        other => panic!("expected the failed directory fsync, got {other:?}"),
+    }
+    // The failure came after the marker and the deletions.
+    assert_eq!(wal.purged_to(), 15);
+    assert_eq!(fs.contents(&first_segment), None);
+    // Never retried: the directory would sync now, yet every write fails.
+    assert!(matches!(wal.append(b"next"), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.sync(wal.last_lsn()), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.purge_to(16), Err(Error::Poisoned(_))));
+    assert!(matches!(wal.truncate_from(17), Err(Error::Poisoned(_))));
+    assert_eq!(wal.read(16).unwrap().as_deref(), Some(&payload[..]));
+}
+
+#[test]
 fn records_larger_than_a_segment_get_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open(dir.path(), small_segments()).unwrap();

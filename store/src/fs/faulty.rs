@@ -1,9 +1,9 @@
 //! An in-memory file system for tests that models what a crash does to files: bytes that were
 //! never synced are lost, the last unsynced write may be torn, and files whose directory was never
-//! synced disappear. It can also fail syncs, hold them on a gate, and run out of descriptors. A
-//! failed sync loses the file's unsynced bytes at the next crash while reads still see them, and
-//! a later sync succeeds, as Linux does after a failed writeback: retrying a failed fsync would
-//! report lost bytes as durable.
+//! synced disappear. It can also fail file and directory syncs, hold syncs on a gate, and run out
+//! of descriptors. A failed sync loses the file's unsynced bytes at the next crash while reads
+//! still see them, and a later sync succeeds, as Linux does after a failed writeback: retrying a
+//! failed fsync would report lost bytes as durable.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -45,6 +45,7 @@ struct State {
     next_seq: u64,
     fail_syncs: bool,
     fail_next_syncs: usize,
+    fail_next_dir_syncs: usize,
     fail_writes: bool,
     /// Opens (of files and of directories to sync them) to let through before running short.
     opens_before_short: usize,
@@ -181,6 +182,12 @@ impl FaultyFileSystem {
         self.state.lock().fail_next_syncs = n;
     }
 
+    /// Makes the next `n` directory syncs fail after opening the directory; a failed one makes
+    /// nothing durable.
+    pub fn fail_next_dir_syncs(&self, n: usize) {
+        self.state.lock().fail_next_dir_syncs = n;
+    }
+
     /// Of the next calls that open a file or a directory (`create_new`, `open`, `sync_dir`),
     /// lets `after` through and then fails `n` with `EMFILE`, as a process out of file
     /// descriptors does; nothing is created or synced by a call that fails so.
@@ -284,6 +291,10 @@ impl FileSystem for FaultyFileSystem {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
         st.open_descriptor()?;
+        if st.fail_next_dir_syncs > 0 {
+            st.fail_next_dir_syncs -= 1;
+            return Err(io::Error::other("injected directory sync failure"));
+        }
         st.durable_names.retain(|p, _| p.parent() != Some(dir));
         let entries: Vec<(PathBuf, u64)> = st
             .names

@@ -35,6 +35,11 @@ impl SnapshotStore {
     /// an interrupted write (so open a directory once, at startup, not while a snapshot of it is
     /// being written). Finishing a snapshot keeps the newest `keep` snapshots (at least 1;
     /// [`DEFAULT_KEEP`] is the usual choice) and deletes older ones.
+    ///
+    /// Contract: on return the directory exists and its entry in its parent is durable. The
+    /// parent is fsynced at every open, not only when the directory is created: one found
+    /// existing may come from an open that crashed before its fsync. The parent's own entry is
+    /// the caller's to make durable.
     pub fn open(dir: impl AsRef<Path>, keep: usize) -> Result<SnapshotStore> {
         let dir = dir.as_ref().to_path_buf();
         if keep == 0 {
@@ -44,6 +49,18 @@ impl SnapshotStore {
             });
         }
         fs::create_dir_all(&dir).map_err(|e| Error::io("create snapshot directory", &dir, e))?;
+        // Without this a power loss could drop the directory, and the durable snapshots in it,
+        // after the log behind them was purged.
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        DescriptorWait::default()
+            .open("fsync the snapshot directory's parent", parent, || {
+                fs::File::open(parent)
+            })
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io("fsync the snapshot directory's parent", parent, e))?;
         for entry in read_dir(&dir)? {
             if entry.starts_with(TEMP_PREFIX) {
                 let path = dir.join(&entry);

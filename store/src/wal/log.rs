@@ -327,7 +327,10 @@ impl Wal {
     ///
     /// Contract: on return the marker is durable (this call waits for a barrier), so the purged
     /// records are never returned again, also after a restart; whole segments no longer needed
-    /// are deleted and the deletion is durable. `lsn` must be between 1 and `last_lsn()`.
+    /// are deleted and the deletion is durable. `lsn` must be between 1 and `last_lsn()`. A failed
+    /// fsync of the log directory poisons the log (it is never retried: every later append, sync
+    /// and purge fails with [`Error::Poisoned`]); a failed delete is returned without poisoning,
+    /// and the next open deletes the segments left behind.
     pub fn purge_to(&self, lsn: Lsn) -> Result<Lsn> {
         let marker = self.inner.with_writer(|w| {
             self.inner.check_writable()?;
@@ -342,18 +345,30 @@ impl Wal {
         self.inner.sync(marker)?;
         let obsolete = self.inner.index.write().take_obsolete_segments();
         if !obsolete.is_empty() {
-            for seg in &obsolete {
-                self.inner
-                    .fs
-                    .remove_file(&seg.path)
-                    .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
-            }
-            let dir = &self.inner.dir;
-            let fs = &self.inner.fs;
-            self.inner
-                .descriptor_wait
-                .open("fsync log directory", dir, || fs.sync_dir(dir))
-                .map_err(|e| Error::io("fsync log directory", dir, e))?;
+            // Under the write lock, like a segment's creation, so that no other fsync of the
+            // directory runs between a failed one and the poisoning.
+            self.inner.with_writer(|_| {
+                self.inner.check_writable()?;
+                for seg in &obsolete {
+                    self.inner
+                        .fs
+                        .remove_file(&seg.path)
+                        .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
+                }
+                let dir = &self.inner.dir;
+                let fs = &self.inner.fs;
+                // Only the open of the directory is retried, never the fsync.
+                if let Err(e) = self
+                    .inner
+                    .descriptor_wait
+                    .open("fsync log directory", dir, || fs.sync_dir(dir))
+                {
+                    let err = Error::io("fsync log directory", dir, e);
+                    self.inner.poison(err.to_string());
+                    return Err(err);
+                }
+                Ok(())
+            })?;
         }
         Ok(marker)
     }
