@@ -15,8 +15,9 @@ impl MetaNode {
     /// heartbeat is recorded; nothing is written to disk.
     pub async fn heartbeat(&self, id: u64, epoch: u64) -> Result<Heartbeat> {
         self.check_open()?;
+        let seen_upto = self.applied_before_read();
         let Some(datanode) = self.datanode(Consistency::Lease, id).await? else {
-            self.inner.liveness.lock().forget(id);
+            self.inner.liveness.lock().forget(id, seen_upto);
             return Ok(Heartbeat::UnknownDatanode);
         };
         if datanode.epoch != epoch {
@@ -26,7 +27,7 @@ impl MetaNode {
         }
         let term = self.term();
         let mut liveness = self.inner.liveness.lock();
-        liveness.heard(term, id, epoch, Instant::now());
+        liveness.heard(term, id, datanode.registered_index, epoch, Instant::now());
         Ok(Heartbeat::Recorded {
             timeout: liveness.timeout(),
         })
@@ -44,20 +45,24 @@ impl MetaNode {
 
     /// Every registered datanode with its liveness as this leader heard it. Leader only: on a
     /// follower [`crate::Error::ForwardToLeader`]. Forgets the heartbeats of datanodes no
-    /// longer registered.
+    /// longer registered and of former incarnations.
     pub async fn liveness(&self) -> Result<LivenessReport> {
         self.check_open()?;
+        let seen_upto = self.applied_before_read();
         let datanodes = self.datanodes(Consistency::Lease).await?;
         let term = self.term();
         let now = Instant::now();
         let mut liveness = self.inner.liveness.lock();
-        let registered: std::collections::HashSet<u64> = datanodes.iter().map(|d| d.id).collect();
-        liveness.retain(|id| registered.contains(&id));
+        let registered: std::collections::HashMap<u64, u64> = datanodes
+            .iter()
+            .map(|d| (d.id, d.registered_index))
+            .collect();
+        liveness.retain(seen_upto, |id| registered.get(&id).copied());
         let collecting = liveness.collecting(term, now);
         let datanodes = datanodes
             .into_iter()
             .map(|d| {
-                let l = liveness.state(term, d.id, d.epoch, now);
+                let l = liveness.state(term, d.id, d.registered_index, d.epoch, now);
                 (d, l)
             })
             .collect();
@@ -67,5 +72,12 @@ impl MetaNode {
             collecting,
             datanodes,
         })
+    }
+
+    /// The log index this node's state machine applied, taken before a read of the registry:
+    /// the read sees every entry up to it (applied entries stay visible), so a datanode it
+    /// finds unregistered has no incarnation registered at or below it.
+    fn applied_before_read(&self) -> u64 {
+        self.inner.sm.applied().0.map_or(0, |l| l.index)
     }
 }
