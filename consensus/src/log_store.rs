@@ -380,15 +380,37 @@ impl LogStore {
     /// in the segment being written is read inline (its pages were just written, so they are
     /// cached, and replication reads there on every append); one that starts in an older
     /// segment, as a lagging follower's does, is read on a blocking thread.
+    /// `start` must not be below the first live index, or the range is read inline wherever it
+    /// starts.
     async fn read_entries_async(&self, start: u64, end: Bound<u64>) -> io::Result<Vec<Entry>> {
-        let first_lsn = self.shared.index.read().lsn_of(start);
-        if first_lsn.is_none_or(|lsn| self.shared.wal.in_tail(lsn)) {
+        if self.reads_inline(start) {
             return self.read_entries((Bound::Included(start), end));
         }
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.read_entries((Bound::Included(start), end)))
             .await
             .map_err(io::Error::other)?
+    }
+
+    /// Whether a read from `start` runs inline: it starts in the segment being written, or at
+    /// no live entry.
+    fn reads_inline(&self, start: u64) -> bool {
+        let first_lsn = self.shared.index.read().lsn_of(start);
+        first_lsn.is_none_or(|lsn| self.shared.wal.in_tail(lsn))
+    }
+
+    /// The range `[start, end)` a replication read of `[start, end)` reads: from the first
+    /// live index at the earliest, up to `MAX_REPLICATION_BYTES` of entries.
+    fn replication_range(&self, start: u64, end: u64) -> (u64, u64) {
+        let idx = self.shared.index.read();
+        let start = start.max(idx.first);
+        let mut stop = start;
+        let mut bytes = 0u64;
+        while stop < end && idx.lsn_of(stop).is_some() && bytes < MAX_REPLICATION_BYTES {
+            bytes += idx.size_of(stop);
+            stop += 1;
+        }
+        (start, stop)
     }
 }
 
@@ -410,16 +432,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// Replication reads through here: at most `MAX_REPLICATION_BYTES` of encoded entries
     /// (at least one entry), so a transport never has to carry an unbounded message.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
-        let end = {
-            let idx = self.shared.index.read();
-            let mut stop = start.max(idx.first);
-            let mut bytes = 0u64;
-            while stop < end && idx.lsn_of(stop).is_some() && bytes < MAX_REPLICATION_BYTES {
-                bytes += idx.size_of(stop);
-                stop += 1;
-            }
-            stop
-        };
+        let (start, end) = self.replication_range(start, end);
         self.read_entries_async(start, Bound::Excluded(end)).await
     }
 
@@ -616,5 +629,74 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(store_err("purge log"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::type_config::TypeConfigExt;
+    use openraft::vote::leader_id_adv::LeaderId;
+    use openraft::EntryPayload;
+
+    use super::*;
+    use crate::Command;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    fn entry(index: u64) -> Entry {
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(Command::Put {
+                key: format!("k{index}"),
+                value: vec![index as u8],
+                if_revision: None,
+            }),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_replication_read_from_below_the_purge_point_starts_at_the_first_live_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        // Small segments: the first live entry ends up in an older segment than the tail.
+        let opts = WalOptions {
+            segment_bytes: 512,
+            ..WalOptions::default()
+        };
+        let mut log = LogStore::open(dir.path(), opts).unwrap();
+        for i in 1..=60 {
+            let (tx, rx) = TypeConfig::oneshot();
+            log.append(vec![entry(i)], IOFlushed::signal(tx))
+                .await
+                .unwrap();
+            rx.await.unwrap().unwrap();
+        }
+        log.purge(log_id(20)).await.unwrap();
+        let lsn = log.shared.index.read().lsn_of(21).unwrap();
+        assert!(
+            !log.shared.wal.in_tail(lsn),
+            "entry 21 is in the tail segment"
+        );
+
+        // Below the purge point no entry has an LSN, so an unclamped start would read inline.
+        assert!(log.reads_inline(5));
+        let (start, end) = log.replication_range(5, 61);
+        assert_eq!((start, end), (21, 61));
+        assert!(!log.reads_inline(start), "an older segment is read inline");
+        let got: Vec<u64> = log
+            .limited_get_log_entries(5, 61)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect();
+        assert_eq!(got, (21..=60).collect::<Vec<_>>());
     }
 }
