@@ -62,13 +62,21 @@ pub(crate) struct ApplyBatch {
 }
 
 impl ApplyBatch {
+    /// Tests: a batch without last-applied until [`Self::set_applied`] sets it.
+    #[cfg(test)]
     pub(crate) fn new(tree: sled::Tree, replicas: u64) -> Self {
+        Self::resuming(tree, replicas, None)
+    }
+
+    /// A batch on top of a registry at last-applied `applied`: committed before any entry
+    /// executes, it writes `applied` again rather than forget it.
+    pub(crate) fn resuming(tree: sled::Tree, replicas: u64, applied: Option<LogId>) -> Self {
         ApplyBatch {
             tree,
             pending: BTreeMap::new(),
             replicas,
             datanodes_delta: 0,
-            applied: None,
+            applied,
             changes: Vec::new(),
         }
     }

@@ -40,6 +40,13 @@ pub(crate) struct Registry {
     pub(crate) fail_next_activation: std::sync::atomic::AtomicBool,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: the next [`Registry::open`] on this thread fails to redo the last commit, as a
+    /// full disk would.
+    pub(crate) static FAIL_NEXT_REDO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A registry being imported into a fresh generation; becomes active with
 /// [`Registry::finish_replace`], or is dropped with [`Registry::abort_replace`].
 pub(crate) struct Replacement {
@@ -146,6 +153,11 @@ impl Registry {
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
         let trust = TrustMarker::check(dir)?;
         let db = open_db(dir, cache_bytes)?;
+        // Open's own writes are writes like any other: one that fails distrusts the registry.
+        let written = |e: Error| {
+            trust.revoke();
+            e
+        };
         let number = match db.get(ACTIVE).map_err(|e| Error::registry("open", e))? {
             Some(v) => {
                 codec::decode::<u64>(&v).map_err(|e| Error::corrupt("active generation", e))?
@@ -153,7 +165,7 @@ impl Registry {
             None => {
                 let v = codec::encode(&0u64).map_err(|e| Error::corrupt("active generation", e))?;
                 db.insert(ACTIVE, v)
-                    .map_err(|e| Error::registry("open", e))?;
+                    .map_err(|e| written(Error::registry("open", e)))?;
                 0
             }
         };
@@ -162,14 +174,19 @@ impl Registry {
             let name_str = String::from_utf8_lossy(&name);
             if name_str.starts_with(GENERATION_PREFIX) && name_str != active {
                 db.drop_tree(&name)
-                    .map_err(|e| Error::registry("drop stale generation", e))?;
+                    .map_err(|e| written(Error::registry("drop stale generation", e)))?;
             }
         }
         let tree = db
             .open_tree(&active)
-            .map_err(|e| Error::registry("open", e))?;
+            .map_err(|e| written(Error::registry("open", e)))?;
         let generation = Generation::new(tree, number);
-        generation.redo_last_commit()?;
+        #[cfg(test)]
+        if FAIL_NEXT_REDO.with(|f| f.replace(false)) {
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(written(Error::registry("flush redone commit", full.into())));
+        }
+        generation.redo_last_commit().map_err(written)?;
         trust.set()?;
         Ok(Registry {
             db,
@@ -431,24 +448,17 @@ impl Registry {
             .map(|r| kv_entry(key, r)))
     }
 
-    /// Keys starting with `prefix`, in byte order, after the cursor.
+    /// Keys starting with `prefix`, in byte order, after the cursor. Values are dropped as
+    /// they are read: a page holds keys and revisions only.
     pub(crate) fn kv_list(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<KvKey>> {
-        let page = self.kv_scan(prefix, after, limit, usize::MAX)?;
-        Ok(Page {
-            items: page
-                .items
-                .into_iter()
-                .map(|e| KvKey {
-                    key: e.key,
-                    revision: e.revision,
-                })
-                .collect(),
-            next: page.next,
+        self.kv_walk(prefix, after, limit, usize::MAX, |key, r| KvKey {
+            key,
+            revision: r.revision,
         })
     }
 
@@ -462,6 +472,22 @@ impl Registry {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Page<KvEntry>> {
+        self.kv_walk(prefix, after, limit, max_bytes, |key, r| KvEntry {
+            key,
+            value: r.value,
+            revision: r.revision,
+        })
+    }
+
+    /// The page of [`Self::kv_scan`], each entry (its key and record) kept as `keep` makes it.
+    fn kv_walk<T>(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+        mut keep: impl FnMut(String, KvRecord) -> T,
+    ) -> Result<Page<T>> {
         let limit = check_limit(limit)?;
         let full_prefix = keys::kv(prefix);
         let mut start = full_prefix.clone();
@@ -476,7 +502,8 @@ impl Registry {
             }
         }
         let g = self.current();
-        let mut items: Vec<KvEntry> = Vec::new();
+        let mut items: Vec<T> = Vec::new();
+        let mut last: Option<sled::IVec> = None;
         let mut bytes = 0;
         let mut more = false;
         for item in g.tree.range(start..) {
@@ -492,21 +519,10 @@ impl Registry {
             let r: KvRecord =
                 codec::decode(&v).map_err(|e| Error::corrupt(format!("kv {key:?}"), e))?;
             bytes += r.value.len();
-            items.push(KvEntry {
-                key,
-                value: r.value,
-                revision: r.revision,
-            });
+            items.push(keep(key, r));
+            last = Some(k);
         }
-        let next = more.then(|| {
-            keys::to_hex(
-                items
-                    .last()
-                    .expect("a page ends after an entry")
-                    .key
-                    .as_bytes(),
-            )
-        });
+        let next = more.then(|| keys::to_hex(&last.expect("a page ends after an entry")[1..]));
         Ok(Page { items, next })
     }
 
@@ -661,5 +677,88 @@ mod tests {
         let listed = reg.kv_list("", None, 10).unwrap();
         assert_eq!(listed.items.len(), 5);
         assert_eq!(listed.next, None);
+    }
+
+    /// Commits one batch putting `puts` (key, value size) at indexes 1, 2, ...
+    fn put_all(reg: &Registry, puts: &[(&str, usize)]) {
+        use crate::apply_batch::ApplyBatch;
+        use crate::command::Command;
+
+        let g = reg.current();
+        let mut batch = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
+        for (i, (key, len)) in puts.iter().enumerate() {
+            let put = Command::Put {
+                key: key.to_string(),
+                value: vec![7; *len],
+                if_revision: None,
+            };
+            batch.execute(i as u64 + 1, &put).unwrap();
+        }
+        g.commit(batch.finish().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_listing_pages_keys_and_revisions_as_a_scan_pages_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        let puts = [
+            ("a", 3),
+            ("a/1", 100_000),
+            ("a/2", 0),
+            ("a/3", 5),
+            ("b", 1),
+            ("b/x", 70_000),
+        ];
+        put_all(&reg, &puts);
+        // Page after page, by count, the listing names what the scan returns: same keys,
+        // revisions and cursors.
+        for prefix in ["", "a", "a/", "b/", "c"] {
+            for limit in [1, 2, 3, 10] {
+                let mut after: Option<String> = None;
+                loop {
+                    let listed = reg.kv_list(prefix, after.as_deref(), limit).unwrap();
+                    let scanned = reg
+                        .kv_scan(prefix, after.as_deref(), limit, usize::MAX)
+                        .unwrap();
+                    let scanned_keys: Vec<(String, u64)> = scanned
+                        .items
+                        .into_iter()
+                        .map(|e| (e.key, e.revision))
+                        .collect();
+                    let listed_keys: Vec<(String, u64)> = listed
+                        .items
+                        .into_iter()
+                        .map(|k| (k.key, k.revision))
+                        .collect();
+                    assert_eq!(listed_keys, scanned_keys, "{prefix:?} {limit} {after:?}");
+                    assert_eq!(listed.next, scanned.next, "{prefix:?} {limit} {after:?}");
+                    match listed.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+            }
+        }
+        let all = reg.kv_list("a/", None, 2).unwrap();
+        let names: Vec<(&str, u64)> = all.items.iter().map(|k| (&k.key[..], k.revision)).collect();
+        assert_eq!(names, [("a/1", 2), ("a/2", 3)]);
+        let rest = reg.kv_list("a/", all.next.as_deref(), 2).unwrap();
+        assert_eq!(rest.items.len(), 1);
+        assert_eq!((&rest.items[0].key[..], rest.next), ("a/3", None));
+    }
+
+    #[test]
+    fn a_registry_whose_open_failed_a_write_is_not_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        put_all(&reg, &[("k", 1)]);
+        drop(reg);
+        FAIL_NEXT_REDO.with(|f| f.set(true));
+        assert!(Registry::open(dir.path(), 1 << 20).is_err());
+        // Space freed, the next start deletes the registry (the node rebuilds it from the
+        // snapshot and the log) instead of trusting what sled kept.
+        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+        assert!(reg.kv_get("k").unwrap().is_none());
+        assert!(dir.path().join("TRUSTED").exists());
     }
 }

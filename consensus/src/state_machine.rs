@@ -55,7 +55,9 @@ use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
 /// and then itself at once, on a blocking thread (a storm's 1,000-shard registrations).
 const HEAVY_ENTRY_OPS: usize = 64;
 /// An apply call of light entries touching more records than this in total runs on a blocking
-/// thread (but still joins the deferred batch), and so does any call that commits the batch.
+/// thread (but still joins the deferred batch), and so does any call that finds the batch due.
+/// A call on the async runtime never commits: a batch it makes due is committed by the next
+/// call (on a blocking thread) or by a reader.
 const INLINE_APPLY_OPS: usize = 1024;
 /// The deferred batch is committed once it is this old (checked when entries are applied)...
 pub(crate) const DEFER_MAX_AGE: Duration = Duration::from_millis(100);
@@ -247,6 +249,28 @@ fn is_heavy(entries: &[Entry]) -> bool {
 /// Records an apply call touches.
 fn work(entries: &[Entry]) -> usize {
     entries.iter().map(weight).sum()
+}
+
+/// How an apply call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// On the async runtime: joins the deferred batch and never commits it.
+    Inline,
+    /// On a blocking thread: joins the deferred batch and commits it when due.
+    Deferred,
+    /// On a blocking thread: commits the deferred batch, then executes and commits on its own.
+    Heavy,
+}
+
+/// How an apply call of `entries` runs; `due` is whether the deferred batch is due.
+fn mode(entries: &[Entry], due: bool) -> Mode {
+    if is_heavy(entries) {
+        Mode::Heavy
+    } else if due || work(entries) > INLINE_APPLY_OPS {
+        Mode::Deferred
+    } else {
+        Mode::Inline
+    }
 }
 
 impl SmShared {
@@ -457,21 +481,22 @@ impl SmShared {
             .is_some_and(|d| d.due(now, self.defer_max_age))
     }
 
-    /// Applies `entries` into the deferred batch, committing it when due; returns one result
-    /// per entry. A `heavy` call (much work, as in a registration storm) instead commits the
-    /// deferred batch and then executes and commits on its own, without holding the batch's
-    /// lock: point reads meanwhile read the registry (each key old or new) instead of waiting
-    /// for the whole execution. Blocking (sled).
-    fn apply_entries(&self, entries: &[Entry], heavy: bool) -> Result<Vec<CommandResult>> {
+    /// Applies `entries` into the deferred batch, committing it when due (not [`Mode::Inline`],
+    /// which leaves a due batch to the next call) or at a membership change; returns one result
+    /// per entry. A [`Mode::Heavy`] call (much work, as in a registration storm) instead
+    /// commits the deferred batch and then executes and commits on its own, without holding
+    /// the batch's lock: point reads meanwhile read the registry (each key old or new) instead
+    /// of waiting for the whole execution. Blocking (sled), but an inline call does no commit.
+    fn apply_entries(&self, entries: &[Entry], mode: Mode) -> Result<Vec<CommandResult>> {
         let started = Instant::now();
         let mut deferred = self.deferred.lock();
         self.check_failed()?;
         let (applied, _) = self.applied();
-        if heavy {
+        if mode == Mode::Heavy {
             self.commit_taken(deferred.take())?;
             drop(deferred);
             let generation = self.registry.current();
-            let mut batch = ApplyBatch::new(generation.tree.clone(), self.replicas());
+            let mut batch = ApplyBatch::resuming(generation.tree.clone(), self.replicas(), applied);
             let (results, last, membership) = self
                 .execute(&mut batch, applied, entries)
                 .inspect_err(|_| self.fail())?;
@@ -495,8 +520,10 @@ impl SmShared {
         let d = match deferred.as_mut() {
             Some(d) => d,
             None => {
+                // Seeded with last-applied: committed before it executes anything (every entry
+                // of this call was applied already), the batch keeps last-applied.
                 let generation = self.registry.current();
-                let batch = ApplyBatch::new(generation.tree.clone(), self.replicas());
+                let batch = ApplyBatch::resuming(generation.tree.clone(), self.replicas(), applied);
                 deferred.insert(Deferred {
                     generation,
                     batch,
@@ -522,7 +549,8 @@ impl SmShared {
         let changes = d.batch.take_changes();
         let replicas = d.batch.replicas();
         let added = d.batch.datanodes_delta() - datanodes_before;
-        if membership.is_some() || d.due(started, self.defer_max_age) {
+        let due = mode != Mode::Inline && d.due(started, self.defer_max_age);
+        if membership.is_some() || due {
             self.commit_taken(deferred.take())?;
         }
         self.publish(last, membership, replicas, added);
@@ -697,12 +725,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let (entries, responders): (Vec<_>, Vec<_>) = items.into_iter().unzip();
-        let heavy = is_heavy(&entries);
-        let results = if !heavy && work(&entries) <= INLINE_APPLY_OPS && !self.shared.commit_due() {
-            self.shared.apply_entries(&entries, false).map_err(to_io)?
+        let mode = mode(&entries, self.shared.commit_due());
+        let results = if mode == Mode::Inline {
+            self.shared.apply_entries(&entries, mode).map_err(to_io)?
         } else {
             let shared = self.shared.clone();
-            blocking(move || shared.apply_entries(&entries, heavy)).await?
+            blocking(move || shared.apply_entries(&entries, mode)).await?
         };
         for (responder, result) in responders.into_iter().zip(results) {
             if let Some(r) = responder {

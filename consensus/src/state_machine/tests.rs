@@ -76,7 +76,7 @@ fn applied_writes_wait_in_memory_until_a_reader_commits_them() {
     let shared = sm.shared();
     let mut results = Vec::new();
     for e in workload() {
-        results.extend(shared.apply_entries(&[e], false).unwrap());
+        results.extend(shared.apply_entries(&[e], Mode::Deferred).unwrap());
     }
     // Every entry was answered from the batch (each shard was new), and the counters moved.
     let accepted =
@@ -114,7 +114,7 @@ fn applied_writes_wait_in_memory_until_a_reader_commits_them() {
             },
         ),
     ];
-    shared.apply_entries(&gone, false).unwrap();
+    shared.apply_entries(&gone, Mode::Deferred).unwrap();
     assert!(shared.registry.shard(19).unwrap().is_some());
     assert!(shared.shard(19).unwrap().is_none());
     assert!(shared.kv_get("k").unwrap().is_none());
@@ -171,12 +171,12 @@ fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
     let entries = workload();
     for e in &entries[..5] {
         shared
-            .apply_entries(std::slice::from_ref(e), false)
+            .apply_entries(std::slice::from_ref(e), Mode::Deferred)
             .unwrap();
     }
     assert!(shared.registry.content().unwrap().is_empty());
     let heavy = register(23, 1000..1100);
-    shared.apply_entries(&[heavy], true).unwrap();
+    shared.apply_entries(&[heavy], Mode::Heavy).unwrap();
     // Both are in the registry without a reader committing anything.
     assert!(shared.deferred.lock().is_none());
     assert!(shared.registry.shard(3).unwrap().is_some());
@@ -190,7 +190,7 @@ fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
 async fn workload_snapshot(dir: &Path) -> (StateMachine, SnapshotOf<TypeConfig, SnapshotData>) {
     let mut sm = open(dir);
     for e in workload() {
-        sm.shared().apply_entries(&[e], false).unwrap();
+        sm.shared().apply_entries(&[e], Mode::Deferred).unwrap();
     }
     let snapshot = sm
         .get_snapshot_builder()
@@ -234,7 +234,7 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
     let mut entries = workload();
     entries.push(entry(23, Command::SetClusterVersion { version: 2 }));
     entries.push(entry(24, Command::SetClusterVersion { version: 1 }));
-    let results = shared.apply_entries(&entries, false).unwrap();
+    let results = shared.apply_entries(&entries, Mode::Deferred).unwrap();
     assert_eq!(results[22], CommandResult::ClusterVersion { version: 2 });
     assert_eq!(
         results[23],
@@ -285,7 +285,7 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
     let old = open(dirs[2].path());
     old.set_build_version(1);
     let raise = [entry(1, Command::SetClusterVersion { version: 2 })];
-    let refused = old.shared().apply_entries(&raise, false);
+    let refused = old.shared().apply_entries(&raise, Mode::Deferred);
     assert!(
         matches!(
             refused,
@@ -316,7 +316,7 @@ async fn the_current_snapshot_is_known_without_opening_a_file() {
     for e in &workload()[..10] {
         follower
             .shared()
-            .apply_entries(std::slice::from_ref(e), false)
+            .apply_entries(std::slice::from_ref(e), Mode::Deferred)
             .unwrap();
     }
     let mut stale = follower.get_snapshot_builder().await;
@@ -359,7 +359,7 @@ async fn an_install_that_fails_a_registry_write_distrusts_the_registry() {
     let follower = open(b.path());
     follower
         .shared()
-        .apply_entries(&workload()[..3], false)
+        .apply_entries(&workload()[..3], Mode::Deferred)
         .unwrap();
     let marker = b.path().join("registry").join("TRUSTED");
     assert!(marker.exists(), "a cleanly opened registry is trusted");
@@ -390,7 +390,7 @@ async fn an_install_that_fails_a_registry_write_distrusts_the_registry() {
             if_revision: None,
         },
     );
-    let refused = follower.shared().apply_entries(&[next], false);
+    let refused = follower.shared().apply_entries(&[next], Mode::Deferred);
     assert!(refused.is_err(), "{refused:?}");
 }
 
@@ -408,7 +408,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let entries = workload();
     for e in &entries[..10] {
         sm.shared()
-            .apply_entries(std::slice::from_ref(e), false)
+            .apply_entries(std::slice::from_ref(e), Mode::Deferred)
             .unwrap();
     }
     let older = sm
@@ -419,7 +419,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
         .unwrap();
     for e in &entries[10..] {
         sm.shared()
-            .apply_entries(std::slice::from_ref(e), false)
+            .apply_entries(std::slice::from_ref(e), Mode::Deferred)
             .unwrap();
     }
     break_snapshot_dir(dir.path());
@@ -459,7 +459,7 @@ async fn a_failed_first_build_answers_no_snapshot_and_pauses_automatic_builds() 
     let dir = tempfile::tempdir().unwrap();
     let mut sm = open(dir.path());
     for e in workload() {
-        sm.shared().apply_entries(&[e], false).unwrap();
+        sm.shared().apply_entries(&[e], Mode::Deferred).unwrap();
     }
     break_snapshot_dir(dir.path());
     let mut builder = sm.get_snapshot_builder().await;
@@ -504,4 +504,78 @@ fn entries_whose_work_is_not_in_the_entry_are_heavy() {
         },
     );
     assert!(!is_heavy(std::slice::from_ref(&put)));
+}
+
+/// Entries `first..first + n`: each puts a key of its own.
+fn puts(first: u64, n: u64) -> Vec<Entry> {
+    (first..first + n)
+        .map(|i| {
+            entry(
+                i,
+                Command::Put {
+                    key: format!("k{i}"),
+                    value: vec![1],
+                    if_revision: None,
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_inline_apply_never_commits_and_leaves_a_due_batch_to_a_blocking_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    let pending = || {
+        shared
+            .deferred
+            .lock()
+            .as_ref()
+            .map_or(0, |d| d.batch.keys())
+    };
+    // Light calls run inline while the batch is not due; the fifth makes it due.
+    for first in [1, 1001, 2001, 3001, 4001] {
+        let call = puts(first, 1000);
+        assert_eq!(mode(&call, shared.commit_due()), Mode::Inline);
+        shared.apply_entries(&call, Mode::Inline).unwrap();
+    }
+    // It did not commit the batch: that would be a commit of 4,096 keys on the async runtime.
+    assert!(pending() >= DEFER_MAX_KEYS);
+    assert!(shared.registry.content().unwrap().is_empty());
+    let next = 5001;
+    assert!(shared.commit_due());
+    // The next call, however light, runs on a blocking thread and commits the batch.
+    let call = puts(next, 1);
+    assert_eq!(mode(&call, shared.commit_due()), Mode::Deferred);
+    shared.apply_entries(&call, Mode::Deferred).unwrap();
+    assert!(shared.deferred.lock().is_none());
+    assert!(shared.registry.kv_get("k1").unwrap().is_some());
+    assert!(shared
+        .registry
+        .kv_get(&format!("k{next}"))
+        .unwrap()
+        .is_some());
+    // Heavy entries and much light work never run inline.
+    assert_eq!(mode(&[register(next + 1, 0..100)], false), Mode::Heavy);
+    assert_eq!(mode(&puts(next + 1, 2000), false), Mode::Deferred);
+}
+
+#[test]
+fn a_batch_opened_for_entries_applied_already_keeps_last_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    let entries = workload();
+    shared.apply_entries(&entries, Mode::Deferred).unwrap();
+    shared.commit_deferred().unwrap();
+    // Entries at or below last-applied are skipped; the batch their call opened still commits
+    // last-applied as it was.
+    shared.apply_entries(&entries[..3], Mode::Deferred).unwrap();
+    assert!(shared.deferred.lock().is_some());
+    shared.commit_deferred().unwrap();
+    drop(shared);
+    drop(sm);
+    let sm = open(dir.path());
+    assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(22));
 }
