@@ -257,7 +257,10 @@ impl ApplyBatch {
     }
 
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch
-    /// (epochs never go back, also after a restore raised them) and at least `min_epoch`.
+    /// (epochs never go back while it stays registered, also after a restore raised them) and at
+    /// least `min_epoch`. One removed and registered again starts again from the log index, which
+    /// may be below an epoch `min_epoch` raised: fencing compares epochs for equality, and
+    /// liveness orders incarnations by `registered_index`.
     fn register_datanode(
         &mut self,
         index: u64,
