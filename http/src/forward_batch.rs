@@ -557,6 +557,46 @@ mod tests {
         assert_eq!(answers[2].as_ref().unwrap().index, 114);
     }
 
+    /// A forwarded write under way.
+    type Pending<'a> =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Written, ApiError>> + Send + 'a>>;
+
+    /// Sends the writes `keys` to `target` one at a time, each once the previous one's batch
+    /// reached the stand-in leader (so each leaves in a batch of its own), and returns them.
+    async fn one_batch_each<'a>(
+        b: &'a Batcher,
+        target: &ForwardTo,
+        keys: std::ops::Range<u64>,
+        seen: &mut mpsc::UnboundedReceiver<Vec<String>>,
+    ) -> Vec<Pending<'a>> {
+        let mut out: Vec<Pending<'a>> = Vec::new();
+        for i in keys {
+            let mut w: Pending<'a> = Box::pin(b.send(target.clone(), write(i)));
+            assert!((&mut w).now_or_never().is_none());
+            let keys = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+                .await
+                .expect("a batch with a place goes");
+            assert_eq!(keys.unwrap(), vec![format!("w{i}")]);
+            out.push(w);
+        }
+        out
+    }
+
+    /// Waits until a batch waits for a place at the leader at `addr`, every place taken: its
+    /// semaphore is then held by the map, the places taken, the waiting batch and this.
+    async fn parked_at(b: &Batcher, addr: &str) {
+        let places = b.link.places_at(addr);
+        let parked = async {
+            while Arc::strong_count(&places) < 1 + MAX_OUT_PER_LEADER + 1 + 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), parked)
+            .await
+            .expect("the batch past the cap waits for a place");
+        assert_eq!(places.available_permits(), 0);
+    }
+
     #[tokio::test]
     async fn batches_stuck_at_a_silent_leader_do_not_hold_back_writes_for_another() {
         let (silent, mut seen, _never) = fake_leader().await;
@@ -568,13 +608,7 @@ mod tests {
             addr: addr.to_string(),
         };
         // Both slots go to batches the silent leader never answers.
-        let mut stuck: Vec<_> = (0..2)
-            .map(|i| Box::pin(b.send(to(&silent), write(i))))
-            .collect();
-        for f in &mut stuck {
-            assert!(f.now_or_never().is_none());
-            seen.recv().await.unwrap();
-        }
+        let _stuck = one_batch_each(&b, &to(&silent), 0..2, &mut seen).await;
         let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
             .await
             .expect("the write for the live leader is answered");
@@ -594,29 +628,11 @@ mod tests {
         // One write at a time, each once the previous batch has reached the leader: every one
         // leaves in a batch of its own, the first two in the slots, the rest without. (Keys from
         // w20: the stand-in refuses w13.)
-        let mut out = Vec::new();
-        for i in 20..20 + MAX_OUT_PER_LEADER as u64 {
-            let mut w = Box::pin(b.send(to(&silent), write(i)));
-            assert!((&mut w).now_or_never().is_none());
-            let keys = tokio::time::timeout(Duration::from_secs(10), seen.recv())
-                .await
-                .expect("a batch with a place goes");
-            assert_eq!(keys.unwrap(), vec![format!("w{i}")]);
-            out.push(w);
-        }
+        let cap = MAX_OUT_PER_LEADER as u64;
+        let out = one_batch_each(&b, &to(&silent), 20..20 + cap, &mut seen).await;
         let mut waiting = Box::pin(b.send(to(&silent), write(50)));
         assert!((&mut waiting).now_or_never().is_none());
-        // It waits for a place: the map's, the sixteen places taken, and the waiting batch's.
-        let places = b.link.places_at(&silent);
-        let parked = async {
-            while Arc::strong_count(&places) < 1 + MAX_OUT_PER_LEADER + 1 + 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), parked)
-            .await
-            .expect("the batch past the cap waits for a place");
-        assert_eq!(places.available_permits(), 0);
+        parked_at(&b, &silent).await;
         assert!(seen.try_recv().is_err(), "a batch past the cap went");
         // The cap is per leader: a write for another still goes.
         let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
@@ -647,13 +663,7 @@ mod tests {
             addr: addr.to_string(),
         };
         // Both slots go to batches the silent leader never answers.
-        let mut stuck: Vec<_> = (0..2)
-            .map(|i| Box::pin(b.send(to(&silent), write(i))))
-            .collect();
-        for f in &mut stuck {
-            assert!(f.now_or_never().is_none());
-            seen.recv().await.unwrap();
-        }
+        let _stuck = one_batch_each(&b, &to(&silent), 0..2, &mut seen).await;
         // Queued together while the slots are taken: one batch, a part for each leader.
         let mut old = Box::pin(b.send(to(&silent), write(5)));
         assert!((&mut old).now_or_never().is_none());
@@ -671,24 +681,11 @@ mod tests {
         let (addr, mut seen, release) = fake_leader().await;
         let target = ForwardTo { leader_id: 1, addr };
         let b = batcher(Duration::from_secs(300));
-        let mut out = Vec::new();
-        for i in 20..20 + MAX_OUT_PER_LEADER as u64 {
-            let mut w = Box::pin(b.send(target.clone(), write(i)));
-            assert!((&mut w).now_or_never().is_none());
-            seen.recv().await.unwrap();
-            out.push(w);
-        }
+        let cap = MAX_OUT_PER_LEADER as u64;
+        let out = one_batch_each(&b, &target, 20..20 + cap, &mut seen).await;
         let mut gone = Box::pin(b.send(target.clone(), write(60)));
         assert!((&mut gone).now_or_never().is_none());
-        let places = b.link.places_at(&target.addr);
-        let parked = async {
-            while Arc::strong_count(&places) < 1 + MAX_OUT_PER_LEADER + 1 + 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), parked)
-            .await
-            .expect("the batch past the cap waits for a place");
+        parked_at(&b, &target.addr).await;
         drop(gone);
         // The place freed goes to the abandoned write's batch first, which sends nothing; the
         // next batch is the next write's.
