@@ -557,6 +557,14 @@ mod tests {
         assert_eq!(answers[2].as_ref().unwrap().index, 114);
     }
 
+    /// The leader (node 1) at `addr`.
+    fn to(addr: &str) -> ForwardTo {
+        ForwardTo {
+            leader_id: 1,
+            addr: addr.to_string(),
+        }
+    }
+
     /// A forwarded write under way.
     type Pending<'a> =
         std::pin::Pin<Box<dyn std::future::Future<Output = Result<Written, ApiError>> + Send + 'a>>;
@@ -603,10 +611,6 @@ mod tests {
         let (live, _seen_live, release) = fake_leader().await;
         release.add_permits(1);
         let b = batcher(Duration::from_secs(300));
-        let to = |addr: &str| ForwardTo {
-            leader_id: 1,
-            addr: addr.to_string(),
-        };
         // Both slots go to batches the silent leader never answers.
         let _stuck = one_batch_each(&b, &to(&silent), 0..2, &mut seen).await;
         let answer = tokio::time::timeout(Duration::from_secs(10), b.send(to(&live), write(7)))
@@ -621,10 +625,6 @@ mod tests {
         let (live, _seen_live, live_release) = fake_leader().await;
         live_release.add_permits(1);
         let b = batcher(Duration::from_secs(300));
-        let to = |addr: &str| ForwardTo {
-            leader_id: 1,
-            addr: addr.to_string(),
-        };
         // One write at a time, each once the previous batch has reached the leader: every one
         // leaves in a batch of its own, the first two in the slots, the rest without. (Keys from
         // w20: the stand-in refuses w13.)
@@ -658,10 +658,6 @@ mod tests {
         let (live, mut seen_live, release) = fake_leader().await;
         release.add_permits(1);
         let b = batcher(Duration::from_secs(300));
-        let to = |addr: &str| ForwardTo {
-            leader_id: 1,
-            addr: addr.to_string(),
-        };
         // Both slots go to batches the silent leader never answers.
         let _stuck = one_batch_each(&b, &to(&silent), 0..2, &mut seen).await;
         // Queued together while the slots are taken: one batch, a part for each leader.
