@@ -288,6 +288,32 @@ fn callbacks_may_call_back_into_the_log() {
     assert_eq!(wal.durable_lsn(), 2);
 }
 
+#[test]
+fn a_purge_that_finds_no_descriptor_for_the_directory_fails_without_poisoning() {
+    let fs = FaultyFileSystem::new();
+    let opts = one_record_segments(Duration::from_millis(50));
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap();
+    let first = wal.append(&[1; 100]).unwrap();
+    let second = wal.append(&[2; 100]).unwrap();
+    wal.sync(second).unwrap();
+    // Opening the directory to sync the removal fails for longer than the wait: no fsync runs.
+    fs.run_out_of_descriptors(0, usize::MAX);
+    let err = wal.purge_to(first).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io { op, .. } if *op == "fsync log directory"),
+        "{err:?}"
+    );
+    fs.run_out_of_descriptors(0, 0);
+    // Not poisoned: the log goes on, and the next directory fsync covers the deletion.
+    let third = wal.append(&[3; 100]).unwrap();
+    wal.sync(third).unwrap();
+    drop(wal);
+    fs.crash(Default::default());
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
+    assert_eq!(wal.read(first).unwrap(), None, "purged");
+    assert_eq!(wal.read(third).unwrap(), Some(vec![3; 100]));
+}
+
 /// Options whose segments hold one 100-byte record each, so every append starts a segment.
 fn one_record_segments(descriptor_wait: Duration) -> WalOptions {
     WalOptions {

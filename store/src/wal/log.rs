@@ -20,7 +20,9 @@ use super::waiter::{Parker, Waiter};
 use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
 use crate::barrier::{BarrierBook, Job, Status};
 use crate::error::{Error, Result};
-use crate::fs::{DescriptorWait, FileSystem, OsFileSystem, SlowSyncFileSystem};
+use crate::fs::{
+    is_descriptor_shortage, DescriptorWait, FileSystem, OsFileSystem, SlowSyncFileSystem,
+};
 
 /// Largest single read `read_range` issues for a run of adjacent records.
 const MAX_READ_SPAN: u64 = 4 << 20;
@@ -329,8 +331,9 @@ impl Wal {
     /// records are never returned again, also after a restart; whole segments no longer needed
     /// are deleted and the deletion is durable. `lsn` must be between 1 and `last_lsn()`. A failed
     /// fsync of the log directory poisons the log (it is never retried: every later append, sync
-    /// and purge fails with [`Error::Poisoned`]); a failed delete is returned without poisoning,
-    /// and the next open deletes the segments left behind.
+    /// and purge fails with [`Error::Poisoned`]); a failed delete, or a directory that could not be
+    /// opened for want of descriptors (no fsync ran), is returned without poisoning, and the next
+    /// directory fsync or open covers the segments left behind.
     pub fn purge_to(&self, lsn: Lsn) -> Result<Lsn> {
         let marker = self.inner.with_writer(|w| {
             self.inner.check_writable()?;
@@ -357,14 +360,19 @@ impl Wal {
                 }
                 let dir = &self.inner.dir;
                 let fs = &self.inner.fs;
-                // Only the open of the directory is retried, never the fsync.
+                // Only the open of the directory is retried, never the fsync. An open that still
+                // found no descriptor ran no fsync: nothing to poison for, and the next directory
+                // fsync (a segment's creation, a purge) covers these deletions.
                 if let Err(e) = self
                     .inner
                     .descriptor_wait
                     .open("fsync log directory", dir, || fs.sync_dir(dir))
                 {
+                    let shortage = is_descriptor_shortage(&e);
                     let err = Error::io("fsync log directory", dir, e);
-                    self.inner.poison(err.to_string());
+                    if !shortage {
+                        self.inner.poison(err.to_string());
+                    }
                     return Err(err);
                 }
                 Ok(())
