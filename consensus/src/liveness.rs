@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// What the leader knows of one datanode's liveness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DatanodeState {
-    /// Heard from, with its current epoch, within the timeout.
+    /// Heard from, in its current incarnation, within the timeout.
     Alive,
     /// Not heard from within the timeout, by a leader that has collected heartbeats for at
     /// least that long.
@@ -62,9 +62,9 @@ pub struct Liveness {
 /// The heartbeat last heard of one datanode.
 #[derive(Clone, Copy, Debug)]
 struct Heard {
-    /// The log index of the incarnation's registration.
+    /// The log index of the incarnation's registration: it names the incarnation (each
+    /// registration has its own epoch too).
     registered_index: u64,
-    epoch: u64,
     at: Instant,
 }
 
@@ -93,20 +93,21 @@ impl Liveness {
     }
 
     /// Records a heartbeat of datanode `id`, of the incarnation registered at log index
-    /// `registered_index` with `epoch`, heard while leading `term`. A former incarnation's
-    /// heartbeat that arrives late never replaces a newer one's.
-    pub fn heard(&mut self, term: u64, id: u64, registered_index: u64, epoch: u64, now: Instant) {
+    /// `registered_index`, heard while leading `term`. A former incarnation's heartbeat that
+    /// arrives late never replaces a newer one's.
+    pub fn heard(&mut self, term: u64, id: u64, registered_index: u64, now: Instant) {
         self.lead(term, now);
-        let new = Heard {
-            registered_index,
-            epoch,
-            at: now,
-        };
         match self.heard.get_mut(&id) {
             Some(old) if old.registered_index > registered_index => {}
             Some(old) if old.registered_index == registered_index => old.at = old.at.max(now),
             _ => {
-                self.heard.insert(id, new);
+                self.heard.insert(
+                    id,
+                    Heard {
+                        registered_index,
+                        at: now,
+                    },
+                );
             }
         }
     }
@@ -133,18 +134,17 @@ impl Liveness {
     }
 
     /// The liveness of datanode `id`, whose current incarnation was registered at log index
-    /// `registered_index` with `epoch`, as of `now` in `term`.
+    /// `registered_index`, as of `now` in `term`.
     pub fn state(
         &mut self,
         term: u64,
         id: u64,
         registered_index: u64,
-        epoch: u64,
         now: Instant,
     ) -> DatanodeLiveness {
         let collecting = self.collecting(term, now);
         let heard_ago = match self.heard.get(&id) {
-            Some(h) if h.registered_index == registered_index && h.epoch == epoch => {
+            Some(h) if h.registered_index == registered_index => {
                 Some(now.saturating_duration_since(h.at))
             }
             _ => None,
@@ -202,21 +202,18 @@ mod tests {
     fn alive_then_down_after_the_timeout() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 100, 100, t0);
-        let s = l.state(3, 7, 100, 100, t0 + secs(4));
+        l.heard(3, 7, 100, t0);
+        let s = l.state(3, 7, 100, t0 + secs(4));
         assert_eq!(s.state, DatanodeState::Alive);
         assert_eq!(s.heard_ago, Some(secs(4)));
-        assert_eq!(
-            l.state(3, 7, 100, 100, t0 + TIMEOUT).state,
-            DatanodeState::Alive
-        );
-        let s = l.state(3, 7, 100, 100, t0 + secs(11));
+        assert_eq!(l.state(3, 7, 100, t0 + TIMEOUT).state, DatanodeState::Alive);
+        let s = l.state(3, 7, 100, t0 + secs(11));
         assert_eq!(s.state, DatanodeState::Down);
         assert_eq!(s.heard_ago, Some(secs(11)));
         // A heartbeat brings it back.
-        l.heard(3, 7, 100, 100, t0 + secs(12));
+        l.heard(3, 7, 100, t0 + secs(12));
         assert_eq!(
-            l.state(3, 7, 100, 100, t0 + secs(13)).state,
+            l.state(3, 7, 100, t0 + secs(13)).state,
             DatanodeState::Alive
         );
     }
@@ -225,7 +222,7 @@ mod tests {
     fn never_heard_is_unknown_for_one_timeout_then_down() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        let s = l.state(3, 7, 100, 100, t0);
+        let s = l.state(3, 7, 100, t0);
         assert_eq!(
             s,
             DatanodeLiveness {
@@ -234,13 +231,10 @@ mod tests {
             }
         );
         assert_eq!(
-            l.state(3, 7, 100, 100, t0 + secs(9)).state,
+            l.state(3, 7, 100, t0 + secs(9)).state,
             DatanodeState::Unknown
         );
-        assert_eq!(
-            l.state(3, 7, 100, 100, t0 + TIMEOUT).state,
-            DatanodeState::Down
-        );
+        assert_eq!(l.state(3, 7, 100, t0 + TIMEOUT).state, DatanodeState::Down);
         assert_eq!(l.collecting(3, t0 + secs(12)), secs(12));
     }
 
@@ -248,9 +242,9 @@ mod tests {
     fn heartbeats_of_a_former_incarnation_do_not_count() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 100, 100, t0);
-        // Registered again (epoch 150): not heard in this incarnation.
-        let s = l.state(3, 7, 150, 150, t0 + secs(1));
+        l.heard(3, 7, 100, t0);
+        // Registered again (at index 150): not heard in this incarnation.
+        let s = l.state(3, 7, 150, t0 + secs(1));
         assert_eq!(
             s,
             DatanodeLiveness {
@@ -258,13 +252,10 @@ mod tests {
                 heard_ago: None
             }
         );
+        assert_eq!(l.state(3, 7, 150, t0 + secs(10)).state, DatanodeState::Down);
+        l.heard(3, 7, 150, t0 + secs(10));
         assert_eq!(
-            l.state(3, 7, 150, 150, t0 + secs(10)).state,
-            DatanodeState::Down
-        );
-        l.heard(3, 7, 150, 150, t0 + secs(10));
-        assert_eq!(
-            l.state(3, 7, 150, 150, t0 + secs(11)).state,
+            l.state(3, 7, 150, t0 + secs(11)).state,
             DatanodeState::Alive
         );
     }
@@ -273,50 +264,44 @@ mod tests {
     fn a_late_heartbeat_of_a_former_incarnation_changes_nothing() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 150, 150, t0);
-        l.heard(3, 7, 100, 100, t0 + secs(1));
-        let s = l.state(3, 7, 150, 150, t0 + secs(2));
+        l.heard(3, 7, 150, t0);
+        l.heard(3, 7, 100, t0 + secs(1));
+        let s = l.state(3, 7, 150, t0 + secs(2));
         assert_eq!(s.state, DatanodeState::Alive);
         assert_eq!(s.heard_ago, Some(secs(2)));
         l.forget(7, 150);
-        assert_eq!(l.state(3, 7, 150, 150, t0 + secs(2)).heard_ago, None);
+        assert_eq!(l.state(3, 7, 150, t0 + secs(2)).heard_ago, None);
     }
 
     #[test]
     fn a_new_term_starts_from_nothing() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 100, 100, t0);
-        l.heard(3, 8, 101, 101, t0);
-        assert_eq!(
-            l.state(3, 7, 100, 100, t0 + secs(20)).state,
-            DatanodeState::Down
-        );
+        l.heard(3, 7, 100, t0);
+        l.heard(3, 8, 101, t0);
+        assert_eq!(l.state(3, 7, 100, t0 + secs(20)).state, DatanodeState::Down);
         // Leading again in term 5: what term 3 heard is gone, and the grace starts again.
-        let s = l.state(5, 7, 100, 100, t0 + secs(20));
+        let s = l.state(5, 7, 100, t0 + secs(20));
         assert_eq!(s.state, DatanodeState::Unknown);
         assert_eq!(l.len(), 0);
-        l.heard(5, 8, 101, 101, t0 + secs(21));
+        l.heard(5, 8, 101, t0 + secs(21));
         assert_eq!(
-            l.state(5, 8, 101, 101, t0 + secs(22)).state,
+            l.state(5, 8, 101, t0 + secs(22)).state,
             DatanodeState::Alive
         );
-        assert_eq!(
-            l.state(5, 7, 100, 100, t0 + secs(30)).state,
-            DatanodeState::Down
-        );
+        assert_eq!(l.state(5, 7, 100, t0 + secs(30)).state, DatanodeState::Down);
     }
 
     #[test]
     fn alive_counts_the_datanodes_heard_within_the_timeout() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 1, 1, 1, t0);
-        l.heard(3, 2, 1, 1, t0 + secs(5));
+        l.heard(3, 1, 1, t0);
+        l.heard(3, 2, 1, t0 + secs(5));
         assert_eq!(l.alive(3, t0 + secs(6)), 2);
         assert_eq!(l.alive(3, t0 + secs(12)), 1);
         assert_eq!(l.alive(3, t0 + secs(16)), 0);
-        l.heard(3, 1, 1, 1, t0 + secs(16));
+        l.heard(3, 1, 1, t0 + secs(16));
         assert_eq!(l.alive(4, t0 + secs(16)), 0, "a new term heard nobody yet");
     }
 
@@ -325,16 +310,13 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
         for id in 1..=5 {
-            l.heard(3, id, 1, 1, t0);
+            l.heard(3, id, 1, t0);
         }
         l.retain(1, |id| (id % 2 == 1).then_some(1));
         assert_eq!(l.len(), 3);
-        assert_eq!(l.state(3, 2, 1, 1, t0).state, DatanodeState::Unknown);
-        assert_eq!(l.state(3, 3, 1, 1, t0).state, DatanodeState::Alive);
+        assert_eq!(l.state(3, 2, 1, t0).state, DatanodeState::Unknown);
+        assert_eq!(l.state(3, 3, 1, t0).state, DatanodeState::Alive);
     }
-
-    /// Epoch 2^51 + 5, as a restore's `min_epoch` may leave it.
-    const RAISED_EPOCH: u64 = (1 << 51) + 5;
 
     #[test]
     fn a_new_incarnation_with_a_lower_epoch_replaces_the_old_one() {
@@ -342,42 +324,36 @@ mod tests {
         let mut l = Liveness::new(TIMEOUT);
         // Registered at index 40 with a raised epoch, then removed and registered again at
         // index 90, whose epoch (90) is far below.
-        l.heard(3, 7, 40, RAISED_EPOCH, t0);
-        l.heard(3, 7, 90, 90, t0 + secs(1));
-        let s = l.state(3, 7, 90, 90, t0 + secs(2));
+        l.heard(3, 7, 40, t0);
+        l.heard(3, 7, 90, t0 + secs(1));
+        let s = l.state(3, 7, 90, t0 + secs(2));
         assert_eq!(s.state, DatanodeState::Alive);
         assert_eq!(s.heard_ago, Some(secs(1)));
         // It stays alive while it beats, past the old heartbeat's timeout.
-        l.heard(3, 7, 90, 90, t0 + secs(15));
-        assert_eq!(
-            l.state(3, 7, 90, 90, t0 + secs(16)).state,
-            DatanodeState::Alive
-        );
+        l.heard(3, 7, 90, t0 + secs(15));
+        assert_eq!(l.state(3, 7, 90, t0 + secs(16)).state, DatanodeState::Alive);
     }
 
     #[test]
     fn a_late_heartbeat_of_the_old_incarnation_does_not_replace_the_new_one() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 90, 90, t0);
+        l.heard(3, 7, 90, t0);
         // The old incarnation's epoch is higher, its registration older.
-        l.heard(3, 7, 40, RAISED_EPOCH, t0 + secs(5));
-        let s = l.state(3, 7, 90, 90, t0 + secs(6));
+        l.heard(3, 7, 40, t0 + secs(5));
+        let s = l.state(3, 7, 90, t0 + secs(6));
         assert_eq!(s.state, DatanodeState::Alive);
         assert_eq!(s.heard_ago, Some(secs(6)));
-        assert_eq!(
-            l.state(3, 7, 40, RAISED_EPOCH, t0 + secs(6)).heard_ago,
-            None
-        );
+        assert_eq!(l.state(3, 7, 40, t0 + secs(6)).heard_ago, None);
     }
 
     #[test]
     fn a_heartbeat_of_the_same_incarnation_keeps_the_newest_time() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 7, 90, 90, t0 + secs(5));
-        l.heard(3, 7, 90, 90, t0);
-        assert_eq!(l.state(3, 7, 90, 90, t0 + secs(6)).heard_ago, Some(secs(1)));
+        l.heard(3, 7, 90, t0 + secs(5));
+        l.heard(3, 7, 90, t0);
+        assert_eq!(l.state(3, 7, 90, t0 + secs(6)).heard_ago, Some(secs(1)));
     }
 
     #[test]
@@ -386,15 +362,12 @@ mod tests {
         let mut l = Liveness::new(TIMEOUT);
         // A read that saw up to index 60 found datanode 7 gone; meanwhile it registered again
         // at 90 and was heard.
-        l.heard(3, 7, 90, 90, t0);
+        l.heard(3, 7, 90, t0);
         l.forget(7, 60);
-        assert_eq!(
-            l.state(3, 7, 90, 90, t0 + secs(1)).state,
-            DatanodeState::Alive
-        );
+        assert_eq!(l.state(3, 7, 90, t0 + secs(1)).state, DatanodeState::Alive);
         // A read that saw index 90 and found it gone forgets it.
         l.forget(7, 90);
-        assert_eq!(l.state(3, 7, 90, 90, t0 + secs(1)).heard_ago, None);
+        assert_eq!(l.state(3, 7, 90, t0 + secs(1)).heard_ago, None);
         assert_eq!(l.len(), 0);
     }
 
@@ -402,11 +375,11 @@ mod tests {
     fn retain_drops_former_incarnations_but_keeps_newer_ones() {
         let t0 = Instant::now();
         let mut l = Liveness::new(TIMEOUT);
-        l.heard(3, 1, 40, RAISED_EPOCH, t0); // Registered again at 90 since.
-        l.heard(3, 2, 90, 90, t0); // The read (up to 60) saw it at 40.
-        l.heard(3, 3, 50, 50, t0); // Removed before the read.
-        l.heard(3, 4, 95, 95, t0); // Registered after the read, which found it absent.
-        l.heard(3, 5, 30, 30, t0); // Current.
+        l.heard(3, 1, 40, t0); // Registered again at 90 since.
+        l.heard(3, 2, 90, t0); // The read (up to 60) saw it at 40.
+        l.heard(3, 3, 50, t0); // Removed before the read.
+        l.heard(3, 4, 95, t0); // Registered after the read, which found it absent.
+        l.heard(3, 5, 30, t0); // Current.
         let current = |id| match id {
             1 => Some(90),
             2 => Some(40),

@@ -277,25 +277,24 @@ impl Link {
     async fn send_part(&self, part: Vec<Queued>, slot: &Mutex<Option<OwnedSemaphorePermit>>) {
         let target = part[0].target.clone();
         let places = self.places_at(&target.addr);
-        let _place = match places.clone().try_acquire_owned() {
-            Ok(place) => place,
+        let place = match places.clone().try_acquire_owned() {
+            Ok(place) => Some(place),
             Err(_) => {
                 drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-                match tokio::time::timeout(self.timeout, places.acquire_owned()).await {
-                    Ok(place) => place.expect("the places' semaphore is never closed"),
-                    Err(_) => {
-                        let e = ApiError::NoLeader(format!(
-                            "the leader (node {} at {}) is slow: this member's batches took all \
-                             {MAX_OUT_PER_LEADER} places there for {:?}; this write was not sent",
-                            target.leader_id, target.addr, self.timeout
-                        ));
-                        for q in part {
-                            let _ = q.answer.send(Err(e.clone()));
-                        }
-                        return;
-                    }
-                }
+                let waited = tokio::time::timeout(self.timeout, places.acquire_owned()).await;
+                waited.ok().and_then(Result::ok)
             }
+        };
+        let Some(_place) = place else {
+            let e = ApiError::NoLeader(format!(
+                "the leader (node {} at {}) is slow: this member's batches took all \
+                 {MAX_OUT_PER_LEADER} places there for {:?}; this write was not sent",
+                target.leader_id, target.addr, self.timeout
+            ));
+            for q in part {
+                let _ = q.answer.send(Err(e.clone()));
+            }
+            return;
         };
         let part: Vec<Queued> = part.into_iter().filter(|q| !q.answer.is_closed()).collect();
         if !part.is_empty() {

@@ -27,7 +27,7 @@ impl MetaNode {
         }
         let term = self.term();
         let mut liveness = self.inner.liveness.lock();
-        liveness.heard(term, id, datanode.registered_index, epoch, Instant::now());
+        liveness.heard(term, id, datanode.registered_index, Instant::now());
         Ok(Heartbeat::Recorded {
             timeout: liveness.timeout(),
         })
@@ -62,7 +62,7 @@ impl MetaNode {
         let datanodes = datanodes
             .into_iter()
             .map(|d| {
-                let l = liveness.state(term, d.id, d.registered_index, d.epoch, now);
+                let l = liveness.state(term, d.id, d.registered_index, now);
                 (d, l)
             })
             .collect();

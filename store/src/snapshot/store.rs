@@ -11,6 +11,15 @@ use crate::fs::DescriptorWait;
 use crate::rate_limit::RateLimiter;
 use crate::{Error, Result};
 
+/// Fsyncs directory `dir`, so that its entries are durable; only its open waits out a shortage
+/// of descriptors, never the fsync. `op` names the step in the error.
+pub(super) fn sync_dir(op: &'static str, dir: &Path) -> Result<()> {
+    DescriptorWait::default()
+        .open(op, dir, || fs::File::open(dir))
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(op, dir, e))
+}
+
 /// How many snapshots a store keeps unless told otherwise.
 pub const DEFAULT_KEEP: usize = 2;
 /// The extension of complete snapshot files.
@@ -55,12 +64,7 @@ impl SnapshotStore {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        DescriptorWait::default()
-            .open("fsync the snapshot directory's parent", parent, || {
-                fs::File::open(parent)
-            })
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("fsync the snapshot directory's parent", parent, e))?;
+        sync_dir("fsync the snapshot directory's parent", parent)?;
         for entry in read_dir(&dir)? {
             if entry.starts_with(TEMP_PREFIX) {
                 let path = dir.join(&entry);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tempfile::NamedTempFile;
 
 use super::format::{Header, Trailer};
-use super::store::TEMP_PREFIX;
+use super::store::{sync_dir, TEMP_PREFIX};
 use super::{SnapshotFile, SnapshotStore};
 use crate::fs::DescriptorWait;
 use crate::rate_limit::{RateLimiter, ThrottledWriter};
@@ -120,12 +120,7 @@ impl SnapshotWriter {
         let path = store.path_of(&name);
         temp.persist(&path)
             .map_err(|e| Error::io("rename snapshot into place", &path, e.error))?;
-        DescriptorWait::default()
-            .open("sync snapshot directory", store.dir(), || {
-                File::open(store.dir())
-            })
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| Error::io("sync snapshot directory", store.dir(), e))?;
+        sync_dir("sync snapshot directory", store.dir())?;
         store.retire_old(&name);
         Ok(SnapshotFile {
             path,

@@ -222,26 +222,33 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
         if !is_last {
             return Err(corrupt(path, pos as u64, "invalid record"));
         }
-        if let Some(valid) = record::find_valid(bytes, pos + 1, first, next) {
-            if !lost_sector(bytes, pos, valid) {
-                return Err(corrupt(
-                    path,
-                    pos as u64,
-                    "invalid record followed by valid records (not a torn write: the bytes are not \
-                     zeros)",
-                ));
-            }
-            if let Some(flip) = damaged_bit(bytes, pos, first, next) {
-                return Err(corrupt(
-                    path,
-                    pos as u64,
-                    format!(
-                        "invalid record followed by valid records (not a torn write: one flipped \
-                         bit explains it, bit {} of the byte at offset {})",
-                        flip.bit, flip.offset
-                    ),
-                ));
-            }
+        let valid = record::find_valid(bytes, pos + 1, first, next);
+        if valid.is_some_and(|valid| !lost_sector(bytes, pos, valid)) {
+            return Err(corrupt(
+                path,
+                pos as u64,
+                "invalid record followed by valid records (not a torn write: the bytes are not \
+                 zeros)",
+            ));
+        }
+        // A record written whole (perhaps synced and acknowledged), then damaged: cutting it
+        // could lose an acknowledged write.
+        if let Some(flip) = damaged_bit(bytes, pos, first, next) {
+            let what = match valid {
+                Some(_) => "invalid record followed by valid records",
+                None => "invalid last record",
+            };
+            return Err(corrupt(
+                path,
+                pos as u64,
+                format!(
+                    "{what} (not a torn write: one flipped bit explains it, bit {} of the byte at \
+                     offset {})",
+                    flip.bit, flip.offset
+                ),
+            ));
+        }
+        if let Some(valid) = valid {
             let (count, lsns) = valid_records(bytes, valid, first, next);
             tracing::warn!(
                 path = %path.display(),
@@ -252,19 +259,6 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
                  it never reached the disk, so they were never acknowledged"
             );
         } else {
-            if let Some(flip) = damaged_bit(bytes, pos, first, next) {
-                // The last record was written whole (perhaps synced and acknowledged), then
-                // damaged: cutting it could lose an acknowledged write.
-                return Err(corrupt(
-                    path,
-                    pos as u64,
-                    format!(
-                        "invalid last record (not a torn write: one flipped bit explains it, bit \
-                         {} of the byte at offset {})",
-                        flip.bit, flip.offset
-                    ),
-                ));
-            }
             tracing::warn!(
                 path = %path.display(),
                 offset = pos,
