@@ -108,6 +108,10 @@ impl MetaNode {
         let (dir_lock, log, sm, incoming) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
+            // The data dir's entry is durable before anything in it is relied on: a power loss
+            // soon after a first start would otherwise lose the whole dir, votes included.
+            let parent = c.data_dir.parent().filter(|p| !p.as_os_str().is_empty());
+            sync_dir(parent.unwrap_or(Path::new(".")))?;
             // Before anything in the dir is touched: log recovery may cut a torn tail.
             let dir_lock = DataDirLock::acquire(&c.data_dir, c.id)?;
             c.cluster_id.load(&c.data_dir)?;
@@ -135,6 +139,8 @@ impl MetaNode {
                 c.snapshots_to_keep,
                 limiter,
             )?;
+            // The entries of the dirs made above (the log's and the snapshots' sync their own).
+            sync_dir(&c.data_dir)?;
             // A cluster's version never goes back: an older build must not replay its log.
             sm.set_build_version(c.build_version);
             sm.shared().check_build(sm.shared().cluster_version())?;

@@ -17,10 +17,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub async fn follow(node: MetaNode, token: Token, addr: String) {
     // A node listening on all interfaces without --advertise has no address to give (it warns
     // at start); asking to be moved to 0.0.0.0 would be refused for ever.
-    if addr
-        .parse::<std::net::SocketAddr>()
-        .is_ok_and(|a| a.ip().is_unspecified())
-    {
+    if crate::settings::unspecified(&addr) {
         return;
     }
     let id = node.id();

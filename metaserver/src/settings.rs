@@ -105,7 +105,7 @@ const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Whether `addr` (`host:port`) names the unspecified address (`0.0.0.0`, `[::]`): one to
 /// listen on, not one to be reached at.
-fn unspecified(addr: &str) -> bool {
+pub(crate) fn unspecified(addr: &str) -> bool {
     addr.parse::<std::net::SocketAddr>()
         .is_ok_and(|a| a.ip().is_unspecified())
 }
@@ -323,29 +323,17 @@ impl ServeSettings {
     }
 
     /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
-    /// or this node alone. Refused, before anything is initialized, when `--peers` names this
-    /// node at another address, or another node at this one: the membership would name an
-    /// address where nothing answers, or one process for two members.
+    /// or this node alone. Refused, before anything is initialized, as the init route refuses
+    /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
+    /// node at this one, would give the membership an address where nothing answers, or one
+    /// process for two members.
     pub fn initial_members(&self, addr: &str) -> Result<BTreeMap<u64, String>> {
         let mut members = self.peers.clone();
-        match members.get(&self.id) {
-            Some(given) if given != addr => bail!(
-                "--peers gives this node ({}) the address {given}, but it answers at {addr} \
-                 (--listen, or --advertise)",
-                self.id
-            ),
-            Some(_) => {}
-            None => {
-                if let Some((other, _)) = members.iter().find(|(_, a)| a.as_str() == addr) {
-                    bail!(
-                        "--peers gives node {other} this node's address {addr}: each member \
-                         needs its own"
-                    );
-                }
-                members.insert(self.id, addr.to_owned());
-            }
-        }
-        Ok(members)
+        members.entry(self.id).or_insert_with(|| addr.to_owned());
+        let body = meta_http::request::InitBody { members };
+        body.validate(self.id, addr)
+            .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
+        Ok(body.members)
     }
 }
 
