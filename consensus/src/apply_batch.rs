@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::change_feed::{Change, ChangeEvent};
-use crate::cluster_version::BASE_VERSION;
+use crate::cluster_version::{BASE_VERSION, PIECEWISE_REMOVAL};
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -149,14 +149,6 @@ impl ApplyBatch {
         decode_opt(bytes.as_deref(), what)
     }
 
-    fn exists(&self, key: &[u8]) -> Result<bool> {
-        match self.pending.get(key) {
-            Some(Pending::Raw(v)) => Ok(v.is_some()),
-            Some(_) => Ok(true),
-            None => Ok(self.tree_get(key)?.is_some()),
-        }
-    }
-
     fn put<T: serde::Serialize>(&mut self, key: &[u8], value: &T) -> Result<()> {
         let v = codec::encode(value).map_err(|e| Error::corrupt("encode record", e))?;
         self.pending.insert(key.to_vec(), Pending::Raw(Some(v)));
@@ -235,6 +227,7 @@ impl ApplyBatch {
             } => self.put_kv(index, key, value, *if_revision),
             Command::Delete { key, if_revision } => self.delete_kv(index, key, *if_revision),
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
+            Command::RemoveDatanodePiece { id } => self.remove_datanode_piece(index, *id),
         }
     }
 
@@ -257,10 +250,11 @@ impl ApplyBatch {
     }
 
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch
-    /// (epochs never go back while it stays registered, also after a restore raised them) and at
-    /// least `min_epoch`. One removed and registered again starts again from the log index, which
-    /// may be below an epoch `min_epoch` raised: fencing compares epochs for equality, and
-    /// liveness orders incarnations by `registered_index`.
+    /// (epochs never go back while it stays registered, also after a restore raised them), one
+    /// above the epoch it had when it was last removed, if that was kept (its epoch floor, kept
+    /// since cluster version 3), and at least `min_epoch`. Fencing compares epochs for
+    /// equality, so a zombie of a removed incarnation whose epoch `min_epoch` raised above the
+    /// log index stays fenced; liveness orders incarnations by `registered_index`.
     fn register_datanode(
         &mut self,
         index: u64,
@@ -273,7 +267,13 @@ impl ApplyBatch {
             Some(r) => (r.shards, index.max(r.epoch.saturating_add(1))),
             None => {
                 self.datanodes_delta += 1;
-                (0, index)
+                let floor_key = keys::epoch_floor(id);
+                let floor = self.get::<u64>(&floor_key, "epoch floor")?;
+                if floor.is_some() {
+                    // The record's epoch is above it from now on, and is kept at the next removal.
+                    self.remove(&floor_key);
+                }
+                (0, index.max(floor.map_or(0, |f| f.saturating_add(1))))
             }
         };
         let epoch = epoch.max(min_epoch);
@@ -513,14 +513,17 @@ impl ApplyBatch {
         Ok((buckets, bound))
     }
 
+    /// Removes a datanode and every replica it holds in one entry, however many (the removal
+    /// of a cluster whose version is below 3). In a cluster of version 3 (a raise may commit
+    /// between the leader's choice and this entry) its epoch is kept as a floor, as
+    /// [`ApplyBatch::remove_datanode_piece`] keeps it.
     fn remove_datanode(&mut self, index: u64, id: u64) -> Result<CommandResult> {
-        let dkey = keys::datanode(id);
-        if !self.exists(&dkey)? {
+        let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(id), "datanode")? else {
             return Ok(CommandResult::DatanodeRemoved {
                 existed: false,
                 replicas_removed: 0,
             });
-        }
+        };
         let mut n = 0u64;
         let (buckets, _) = self.buckets_from(id, 0, usize::MAX)?;
         for b in buckets {
@@ -530,20 +533,82 @@ impl ApplyBatch {
             n += (before - bucket.len()) as u64;
             self.remove(&keys::by_datanode(id, b));
         }
-        self.remove(&dkey);
-        self.datanodes_delta -= 1;
         self.replicas = self.replicas.saturating_sub(n);
-        self.changed(
-            index,
-            Change::DatanodeRemoved {
-                id,
-                replicas_removed: n,
-            },
-        );
+        let keep_floor = self.cluster_version()? >= PIECEWISE_REMOVAL;
+        self.drop_datanode(index, id, dn.epoch, n, keep_floor)?;
         Ok(CommandResult::DatanodeRemoved {
             existed: true,
             replicas_removed: n,
         })
+    }
+
+    /// One piece of a removal: drops the replicas of datanode `id` in its first buckets, until
+    /// the piece has looked at [`PRUNE_PIECE_REPLICAS`] replicas or [`PRUNE_PIECE_BUCKETS`]
+    /// buckets (the bound of a prune's piece). When it leaves the datanode none (also one that a
+    /// registration gave replicas since the removal began: the pieces start from its first
+    /// bucket every time), it drops the record too and keeps its epoch as the id's epoch floor.
+    fn remove_datanode_piece(&mut self, index: u64, id: u64) -> Result<CommandResult> {
+        let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(id), "datanode")? else {
+            return Ok(CommandResult::UnknownDatanode { id });
+        };
+        let (buckets, mut more) = self.buckets_from(id, 0, PRUNE_PIECE_BUCKETS)?;
+        let mut gone = Vec::new();
+        let mut looked = 0;
+        for b in buckets {
+            if looked >= PRUNE_PIECE_REPLICAS {
+                more = Some(b);
+                break;
+            }
+            let bucket = self.bucket(b)?;
+            looked += bucket.len();
+            bucket.retain(|e| {
+                let mine = e.datanode == id;
+                if mine {
+                    gone.push(e.shard);
+                }
+                !mine
+            });
+            self.remove(&keys::by_datanode(id, b));
+        }
+        if more.is_some() {
+            let removed = self.replicas_dropped(index, id, dn, gone)?;
+            return Ok(CommandResult::RemovalPiece {
+                removed,
+                gone: false,
+            });
+        }
+        let removed = gone.len() as u64;
+        self.replicas = self.replicas.saturating_sub(removed);
+        self.drop_datanode(index, id, dn.epoch, removed, true)?;
+        Ok(CommandResult::RemovalPiece {
+            removed,
+            gone: true,
+        })
+    }
+
+    /// Drops the record of datanode `id` (whose epoch was `epoch`; `replicas_removed` went with
+    /// it in the same entry), keeping its epoch as the id's floor if `keep_floor`.
+    fn drop_datanode(
+        &mut self,
+        index: u64,
+        id: u64,
+        epoch: u64,
+        replicas_removed: u64,
+        keep_floor: bool,
+    ) -> Result<()> {
+        self.remove(&keys::datanode(id));
+        if keep_floor {
+            self.put(&keys::epoch_floor(id), &epoch)?;
+        }
+        self.datanodes_delta -= 1;
+        self.changed(
+            index,
+            Change::DatanodeRemoved {
+                id,
+                replicas_removed,
+            },
+        );
+        Ok(())
     }
 
     /// The key's current revision (0 if absent), or the `RevisionMismatch` result when
@@ -656,5 +721,7 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod prune_tests;
+#[cfg(test)]
+mod removal_tests;
 #[cfg(test)]
 mod tests;

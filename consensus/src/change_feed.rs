@@ -33,7 +33,9 @@ pub enum Change {
     /// A datanode registered (or registered again) with this address, starting incarnation
     /// `epoch`.
     DatanodeRegistered { id: u64, addr: String, epoch: u64 },
-    /// A datanode was removed, and with it every replica it held.
+    /// A datanode was removed, and with it every replica it still held (`replicas_removed`).
+    /// A removal in pieces (cluster version 3) drops its replicas first, in `ReplicasRemoved`
+    /// events of its earlier entries.
     DatanodeRemoved { id: u64, replicas_removed: u64 },
     /// Replicas of these shards on `datanode` were added or changed (generation or size).
     ReplicasRegistered { datanode: u64, shards: Vec<u64> },

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster_version::BASE_VERSION;
+use crate::cluster_version::{BASE_VERSION, PIECEWISE_REMOVAL};
 
 /// What one piece of a prune weighs in the leader's admission window, in shards.
 const PRUNE_PIECE_WEIGHT: usize = 1_000;
@@ -71,6 +71,12 @@ pub enum Command {
     /// cannot decode (a build that predates versions cannot decode this one either, and stops
     /// at it too).
     SetClusterVersion { version: u32 },
+    /// One piece of removing a datanode: drops its replicas in its first buckets, as far as one
+    /// piece's bounded work goes; the piece that leaves it none also drops its record, and keeps
+    /// its epoch as the floor of the id's next registration (a zombie of the removed incarnation
+    /// stays fenced). The result (`RemovalPiece`) says whether the datanode is gone. The leader
+    /// proposes pieces for a removal once the cluster's version is 3, `RemoveDatanode` before.
+    RemoveDatanodePiece { id: u64 },
 }
 
 impl Command {
@@ -79,6 +85,7 @@ impl Command {
     pub fn required_version(&self) -> u32 {
         match self {
             Command::PruneReplicas { .. } => 2,
+            Command::RemoveDatanodePiece { .. } => PIECEWISE_REMOVAL,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -93,7 +100,9 @@ impl Command {
             // A piece looks at up to 4,096 replicas in whole buckets, as a batch of 1,000
             // shards does with three replicas each: it weighs as much, so the admission window
             // keeps the prunes of many datanodes from queueing up in front of reads.
-            Command::PruneReplicas { .. } => PRUNE_PIECE_WEIGHT,
+            Command::PruneReplicas { .. } | Command::RemoveDatanodePiece { .. } => {
+                PRUNE_PIECE_WEIGHT
+            }
             _ => 0,
         };
         u32::try_from(n).unwrap_or(u32::MAX)
@@ -124,6 +133,7 @@ impl fmt::Display for Command {
                 shards.len()
             ),
             Command::RemoveDatanode { id } => write!(f, "RemoveDatanode({id})"),
+            Command::RemoveDatanodePiece { id } => write!(f, "RemoveDatanodePiece({id})"),
             Command::PruneReplicas {
                 datanode,
                 epoch,
@@ -198,5 +208,11 @@ pub enum CommandResult {
     /// The cluster's version after a `SetClusterVersion`.
     ClusterVersion {
         version: u32,
+    },
+    /// A piece of a removal dropped `removed` replicas; `gone`: it also dropped the datanode's
+    /// record (it holds no replica any more).
+    RemovalPiece {
+        removed: u64,
+        gone: bool,
     },
 }

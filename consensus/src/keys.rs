@@ -7,6 +7,7 @@
 //! | `r`    | shard bucket (u64 BE)                 | `ReplicaBucket`: the replicas of the shards in the bucket |
 //! | `x`    | datanode id, shard bucket (u64 BE)    | present while the datanode holds a replica in the bucket; the value is not read |
 //! | `k`    | key bytes (UTF-8)                     | `KvRecord`                    |
+//! | `f`    | datanode id (u64 BE)                  | the epoch (`u64`) of a removed datanode: its id's next registration starts above it |
 //! | `s`    | name                                  | a cluster setting, in snapshots (the cluster's version) |
 //! | `m`    | name                                  | metadata                      |
 //!
@@ -24,6 +25,16 @@ pub const REPLICA: u8 = b'r';
 pub const BY_DATANODE: u8 = b'x';
 pub const KV: u8 = b'k';
 pub const SETTING: u8 = b's';
+pub const EPOCH_FLOOR: u8 = b'f';
+
+/// The prefixes of the registry's primary data: what a snapshot carries and what members must
+/// agree on (the index and the metadata are derived, or local).
+pub const PRIMARY: [u8; 5] = [DATANODE, KV, REPLICA, SETTING, EPOCH_FLOOR];
+
+/// Whether `key` is primary data ([`PRIMARY`]).
+pub fn is_primary(key: &[u8]) -> bool {
+    key.first().is_some_and(|p| PRIMARY.contains(p))
+}
 
 /// The cluster's version (`u32`, see `cluster_version.rs`); absent until first raised.
 pub const CLUSTER_VERSION: &[u8] = b"sversion";
@@ -40,6 +51,14 @@ pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 pub fn datanode(id: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = DATANODE;
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The key of a removed datanode's epoch floor.
+pub fn epoch_floor(id: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = EPOCH_FLOOR;
     k[1..].copy_from_slice(&id.to_be_bytes());
     k
 }

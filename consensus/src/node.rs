@@ -30,6 +30,7 @@ mod handover;
 mod heartbeats;
 mod membership;
 mod reads;
+mod removal;
 mod snapshots;
 mod validation;
 mod versions;

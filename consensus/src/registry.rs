@@ -526,16 +526,13 @@ impl Registry {
         Ok(Page { items, next })
     }
 
-    /// The primary data (datanodes, replicas, keys, settings) of the active generation as a
+    /// The primary data (datanodes, replicas, keys, settings, epoch floors) of the active generation as a
     /// map; the content two replicas of the registry must agree on.
     pub(crate) fn content(&self) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
         let mut out = BTreeMap::new();
         for item in self.current().tree.iter() {
             let (k, v) = item.map_err(|e| Error::registry("read all", e))?;
-            if matches!(
-                k.first(),
-                Some(&keys::DATANODE | &keys::REPLICA | &keys::KV | &keys::SETTING)
-            ) {
+            if keys::is_primary(&k) {
                 out.insert(k.to_vec(), v.to_vec());
             }
         }

@@ -90,7 +90,7 @@ pub(crate) fn export(
     let mut trailer = Trailer::default();
     let io_err = |e: io::Error| Error::io("write snapshot payload", "snapshot", e);
     let mut chunk: Vec<(IVec, IVec)> = Vec::with_capacity(EXPORT_CHUNK);
-    for prefix in [keys::DATANODE, keys::KV, keys::REPLICA, keys::SETTING] {
+    for prefix in keys::PRIMARY {
         let mut iter = tree.scan_prefix([prefix]);
         loop {
             chunk.clear();
@@ -111,10 +111,7 @@ pub(crate) fn export(
         }
     }
     for (k, v) in capture.leftovers() {
-        if matches!(
-            k.first(),
-            Some(&keys::DATANODE | &keys::REPLICA | &keys::KV | &keys::SETTING)
-        ) {
+        if keys::is_primary(&k) {
             write_frame(out, TAG_PAIR, &k, &v).map_err(io_err)?;
             trailer.count(&k, replicas_in(&k, &v));
         }
@@ -223,6 +220,11 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
             let _: KvRecord = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
+        Some(&keys::EPOCH_FLOOR) => {
+            keys::one_id(key).ok_or_else(|| bad("bad key"))?;
+            let _: u64 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            Ok(0)
+        }
         Some(&keys::SETTING) if key == keys::CLUSTER_VERSION => {
             let _: u32 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
@@ -319,7 +321,7 @@ pub(crate) fn import(
 mod tests {
     use super::*;
     use crate::apply_batch::ApplyBatch;
-    use crate::command::{Command, ShardReport};
+    use crate::command::{Command, CommandResult, ShardReport};
     use crate::registry::Registry;
 
     fn apply(reg: &Registry, index: u64, cmd: Command) {
@@ -460,6 +462,50 @@ mod tests {
         assert_eq!(
             other.datanode_shards(2, None, 1000).unwrap().items.len(),
             500
+        );
+    }
+
+    #[test]
+    fn an_epoch_floor_travels_in_a_snapshot() {
+        let (_d, reg) = registry();
+        apply(
+            &reg,
+            1,
+            Command::RegisterDatanodeAtLeast {
+                id: 1,
+                addr: "a".into(),
+                min_epoch: 50,
+            },
+        );
+        apply(&reg, 2, Command::RemoveDatanodePiece { id: 1 });
+        let g = reg.current();
+        let capture = g.start_capture();
+        let mut out = Vec::new();
+        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
+        g.end_capture(&capture);
+
+        let (_d2, other) = registry();
+        let r = other.begin_replace().unwrap();
+        import(
+            &mut out.as_slice(),
+            r.tree(),
+            &SnapshotMeta::default(),
+            None,
+        )
+        .unwrap();
+        other.finish_replace(r).unwrap();
+        assert_eq!(other.content().unwrap(), reg.content().unwrap());
+        // The id's next registration on the member that installed the snapshot starts above
+        // the removed datanode's epoch.
+        let g = other.current();
+        let mut b = ApplyBatch::new(g.tree.clone(), 0);
+        let again = Command::RegisterDatanode {
+            id: 1,
+            addr: "a".into(),
+        };
+        assert_eq!(
+            b.execute(3, &again).unwrap(),
+            CommandResult::DatanodeRegistered { id: 1, epoch: 51 }
         );
     }
 

@@ -227,11 +227,13 @@ fn weight(e: &Entry) -> usize {
     match &e.payload {
         EntryPayload::Normal(Command::RegisterShards { shards, .. }) => shards.len() * 2 + 1,
         EntryPayload::Normal(Command::DeregisterShards { shards, .. }) => shards.len() * 2 + 1,
-        // Their work is not in the entry: up to a datanode's every replica, or a prune piece's
-        // 1,024 buckets. Heavy: on a blocking thread, without holding the deferred batch.
-        EntryPayload::Normal(Command::RemoveDatanode { .. } | Command::PruneReplicas { .. }) => {
-            HEAVY_ENTRY_OPS + 1
-        }
+        // Their work is not in the entry: up to a datanode's every replica, or a piece's 1,024
+        // buckets. Heavy: on a blocking thread, without holding the deferred batch.
+        EntryPayload::Normal(
+            Command::RemoveDatanode { .. }
+            | Command::PruneReplicas { .. }
+            | Command::RemoveDatanodePiece { .. },
+        ) => HEAVY_ENTRY_OPS + 1,
         // Commits the deferred batch at once, however large: not on the async runtime.
         EntryPayload::Membership(_) => HEAVY_ENTRY_OPS + 1,
         _ => 1,

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use common::{addr, Cluster, WAIT};
 use meta_consensus::{
-    Behind, Command, CommandResult, Error, MetaNode, Node, NodeConfig, BASE_VERSION,
+    Behind, Command, CommandResult, Error, MetaNode, Node, NodeConfig, ShardReport, BASE_VERSION,
+    BUILD_VERSION,
 };
 
 /// Node 3 runs a build that predates `PruneReplicas`.
@@ -88,7 +89,7 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
     c.start(3).await?;
     let leader = c.leader().await?;
     // Until the leader hears the new build, it may still count the old one's last answer.
-    until_heard(&leader, 3, Some(2)).await?;
+    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
     let result = prune(&leader).await?;
     assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
     c.converged().await?;
@@ -109,6 +110,92 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
         .to_string();
     assert!(
         e.contains("applies cluster versions up to 1, but the cluster's version is 2"),
+        "{e}"
+    );
+    c.shutdown().await
+}
+
+/// Node 3 runs a build of version 2: it applies prunes, not a removal's pieces.
+fn second_version_third(cfg: &mut NodeConfig) {
+    if cfg.id == 3 {
+        cfg.build_version = 2;
+    }
+}
+
+/// Registers datanode `id` with 10,000 shards (157 buckets: three pieces of a removal) and
+/// removes it; returns the removal's result and how many log entries it took.
+async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(CommandResult, u64)> {
+    let w = leader.register_datanode(id, format!("dn-{id}")).await?;
+    let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
+        bail!("unexpected {:?}", w.result);
+    };
+    let mut last = w.index;
+    for chunk in 0..10 {
+        let shards = (chunk * 1_000..(chunk + 1) * 1_000)
+            .map(|s| ShardReport {
+                id: id * 1_000_000 + s,
+                generation: 1,
+                size: 1,
+            })
+            .collect();
+        last = leader.register_shards(id, epoch, shards).await?.index;
+    }
+    let w = leader.write(Command::RemoveDatanode { id }).await?;
+    Ok((w.result, w.index - last))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_them() -> Result<()> {
+    let removed_all = CommandResult::DatanodeRemoved {
+        existed: true,
+        replicas_removed: 10_000,
+    };
+    let mut c = Cluster::three_tuned(second_version_third).await?;
+    // With node 3 on version 2 the removal goes as one entry, without waiting or a refusal.
+    let leader = c.leader().await?;
+    let (result, entries) = register_and_remove(&leader, 7).await?;
+    assert_eq!((result, entries), (removed_all.clone(), 1));
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), BASE_VERSION, "node {}", n.id());
+    }
+
+    // Upgraded, node 3 lets the leader raise the version to 3, and the removal goes in pieces:
+    // the raise and three pieces.
+    c.stop(3).await?;
+    c.tune = current_build;
+    c.start(3).await?;
+    let leader = c.leader().await?;
+    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    let (result, entries) = register_and_remove(&leader, 8).await?;
+    assert_eq!((result, entries), (removed_all, 4));
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), 3, "node {}", n.id());
+        let gone = n.datanode(meta_consensus::Consistency::Local, 8).await?;
+        assert!(gone.is_none(), "node {}", n.id());
+    }
+    let unknown = leader.write(Command::RemoveDatanode { id: 9 }).await?;
+    assert_eq!(
+        unknown.result,
+        CommandResult::DatanodeRemoved {
+            existed: false,
+            replicas_removed: 0
+        }
+    );
+
+    // The build of version 2 no longer starts on node 3's data.
+    c.stop(3).await?;
+    c.tune = second_version_third;
+    let Err(e) = c.start(3).await else {
+        bail!("a build of version 2 started on a cluster of version 3");
+    };
+    let e = e
+        .downcast_ref::<Error>()
+        .context("a node error")?
+        .to_string();
+    assert!(
+        e.contains("applies cluster versions up to 2, but the cluster's version is 3"),
         "{e}"
     );
     c.shutdown().await

@@ -145,6 +145,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::RegisterShards { shards, .. } => shards.len() * 27,
         Command::DeregisterShards { shards, .. } => shards.len() * 9,
         Command::RemoveDatanode { .. } => 0,
+        Command::RemoveDatanodePiece { .. } => 9,
         Command::PruneReplicas { .. } => 18,
         Command::Put { key, value, .. } => key.len() + value.len(),
         Command::Delete { key, .. } => key.len(),

@@ -41,6 +41,7 @@ fn adds_data(cmd: &Command) -> bool {
         Command::Delete { .. }
             | Command::DeregisterShards { .. }
             | Command::RemoveDatanode { .. }
+            | Command::RemoveDatanodePiece { .. }
             | Command::PruneReplicas { .. }
             | Command::SetClusterVersion { .. }
     )

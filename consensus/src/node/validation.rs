@@ -40,7 +40,9 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         }
         Command::RegisterShards { shards, .. } => check_shards(shards.len())?,
         Command::DeregisterShards { shards, .. } => check_shards(shards.len())?,
-        Command::RemoveDatanode { .. } | Command::PruneReplicas { .. } => {}
+        Command::RemoveDatanode { .. }
+        | Command::PruneReplicas { .. }
+        | Command::RemoveDatanodePiece { .. } => {}
         Command::Put { key, value, .. } => {
             check_key(key)?;
             if value.len() > MAX_VALUE_BYTES {

@@ -74,20 +74,8 @@ impl MetaNode {
         }
         let deadline = tokio::time::Instant::now() + self.lease_wait();
         loop {
-            let behind = match self.raisable(needed) {
-                Ok(_) => {
-                    // One raise at a time, and none beside a learner's addition: with the lock
-                    // held, the members (and their versions) are looked at again.
-                    let _raising = self.inner.raising.lock().await;
-                    if self.cluster_version() >= needed {
-                        return Ok(());
-                    }
-                    match self.raisable(needed) {
-                        Ok(version) => return self.raise_version(version).await,
-                        Err(behind) => behind,
-                    }
-                }
-                Err(behind) => behind,
+            let Err(behind) = self.raise_if_raisable(needed).await? else {
+                return Ok(());
             };
             // A member that answered as an older build will not change by waiting; one that
             // did not answer recently may yet (a fresh leader hears from it within a heartbeat).
@@ -104,6 +92,39 @@ impl MetaNode {
             if self.cluster_version() >= needed {
                 return Ok(());
             }
+        }
+    }
+
+    /// Like [`MetaNode::ensure_version`] for a version the caller can do without: `Ok(true)`
+    /// when the cluster has `needed` (raised now if every member answered recently as a build of
+    /// at least that), `Ok(false)` at once when a member keeps it below (an older build, or one
+    /// that did not answer recently: nothing waits for it). A node that does not lead refuses as
+    /// `ensure_version` does.
+    pub(super) async fn try_version(&self, needed: u32) -> Result<bool> {
+        if self.cluster_version() >= needed {
+            return Ok(true);
+        }
+        if self.leader_view().is_none() {
+            return Err(self.not_leading());
+        }
+        Ok(self.raise_if_raisable(needed).await?.is_ok())
+    }
+
+    /// Raises the cluster's version for a command that needs `needed`, if the members allow it
+    /// now; else the members that keep it below.
+    async fn raise_if_raisable(&self, needed: u32) -> Result<std::result::Result<(), Vec<Behind>>> {
+        if let Err(behind) = self.raisable(needed) {
+            return Ok(Err(behind));
+        }
+        // One raise at a time, and none beside a learner's addition: with the lock held, the
+        // members (and their versions) are looked at again.
+        let _raising = self.inner.raising.lock().await;
+        if self.cluster_version() >= needed {
+            return Ok(Ok(()));
+        }
+        match self.raisable(needed) {
+            Ok(version) => self.raise_version(version).await.map(Ok),
+            Err(behind) => Ok(Err(behind)),
         }
     }
 

@@ -293,7 +293,17 @@ impl MetaNode {
     /// Writes wait for room in the admission window (`max_pending_shards`) before they are
     /// proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
     /// the request timeout again.
+    ///
+    /// A removal (`RemoveDatanode`) may go to the log as several entries (`removal.rs`).
     pub async fn write(&self, cmd: Command) -> Result<Written> {
+        match cmd {
+            Command::RemoveDatanode { id } => self.remove_datanode(id).await,
+            cmd => self.write_one(cmd).await,
+        }
+    }
+
+    /// [`MetaNode::write`] of one entry.
+    pub(super) async fn write_one(&self, cmd: Command) -> Result<Written> {
         self.check_open()?;
         validate(&cmd)?;
         if let Some(forward) = self.leader_elsewhere() {

@@ -25,7 +25,9 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::DeregisterShards { shards, .. } => {
             validate_shard_ids(shards.iter().copied(), shards.len())
         }
-        Command::RemoveDatanode { .. } | Command::PruneReplicas { .. } => Ok(()),
+        Command::RemoveDatanode { .. }
+        | Command::PruneReplicas { .. }
+        | Command::RemoveDatanodePiece { .. } => Ok(()),
         Command::Put { key, value, .. } => {
             validate_new_key(key)?;
             validate_value(value)

@@ -74,7 +74,7 @@ pub async fn populated() -> (TestNode, u64) {
     )
     .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
-    assert_eq!(t.node.cluster_version(), meta_consensus::BUILD_VERSION);
+    assert_eq!(t.node.cluster_version(), 2);
     let a = call(&t.app, Method::PUT, "/v1/kv/existing", "v", &[AUTH]).await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     (t, epoch)

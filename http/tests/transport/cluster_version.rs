@@ -111,7 +111,7 @@ async fn a_member_of_an_older_build_holds_new_commands_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_of_an_older_build_is_not_added() {
     let dir = tempfile::tempdir().unwrap();
-    // A build of this version, 2.
+    // A build of this version.
     let leader = start_alone(&dir).await;
     let epoch = register(&leader).await;
     let (status, _, answer) = prune(&leader, epoch).await;

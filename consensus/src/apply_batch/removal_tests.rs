@@ -1,0 +1,235 @@
+//! Tests of a removal in pieces (`RemoveDatanodePiece`) and of the epoch floor it keeps.
+
+use super::tests::{apply, contents, registry, report};
+use super::*;
+use crate::registry::Registry;
+
+fn dn(id: u64) -> Command {
+    Command::RegisterDatanode {
+        id,
+        addr: "a:1".into(),
+    }
+}
+
+/// `RegisterShards` commands of 10,000 shards at most each.
+fn register(datanode: u64, epoch: u64, ids: &[u64]) -> Vec<Command> {
+    ids.chunks(10_000)
+        .map(|c| Command::RegisterShards {
+            datanode,
+            epoch,
+            shards: c.iter().map(|&i| report(i, 1)).collect(),
+        })
+        .collect()
+}
+
+/// Removes `id` piece by piece at consecutive indexes from `first`, as the leader does;
+/// returns each piece's result.
+fn remove_in_pieces(reg: &Registry, first: u64, id: u64) -> Vec<CommandResult> {
+    let mut out = Vec::new();
+    loop {
+        let piece = Command::RemoveDatanodePiece { id };
+        let r = apply(reg, first + out.len() as u64, &[piece]).remove(0);
+        out.push(r.clone());
+        if !matches!(r, CommandResult::RemovalPiece { gone: false, .. }) {
+            return out;
+        }
+        assert!(out.len() < 1_000, "a removal makes progress");
+    }
+}
+
+fn removed(pieces: &[CommandResult]) -> u64 {
+    pieces
+        .iter()
+        .map(|r| match r {
+            CommandResult::RemovalPiece { removed, .. } => *removed,
+            other => panic!("unexpected {other:?}"),
+        })
+        .sum()
+}
+
+/// Whether any key of the tree names datanode `id`: its record, an index entry, a replica.
+fn anything_of(reg: &Registry, id: u64) -> bool {
+    contents(reg).iter().any(|(k, v)| match k[0] {
+        keys::DATANODE | keys::BY_DATANODE => keys::one_id(&k[..9]) == Some(id),
+        keys::REPLICA => codec::decode::<ReplicaBucket>(v)
+            .unwrap()
+            .iter()
+            .any(|e| e.datanode == id),
+        _ => false,
+    })
+}
+
+#[test]
+fn a_large_removal_goes_in_pieces_of_bounded_work_and_drops_the_record_last() {
+    let (_dir, reg) = registry();
+    // Datanode 1: 10,000 shards in full buckets. Datanode 2: 2,500 shards, one per bucket.
+    // Datanode 3 holds a replica of every shard of datanode 1.
+    let dense: Vec<u64> = (0..10_000).collect();
+    let scattered: Vec<u64> = (0..2_500).map(|b| 100_000 + b * 64).collect();
+    let mut cmds = vec![dn(1), dn(2), dn(3)];
+    cmds.extend(register(1, 1, &dense));
+    cmds.extend(register(2, 2, &scattered));
+    cmds.extend(register(3, 3, &dense));
+    apply(&reg, 1, &cmds);
+
+    let pieces = remove_in_pieces(&reg, 100, 1);
+    // 157 buckets of 64 replicas of datanode 1 (and 64 of datanode 3): 32 buckets (4,096
+    // replicas looked at) per piece.
+    assert_eq!(pieces.len(), 5, "{pieces:?}");
+    assert_eq!(removed(&pieces), 10_000);
+    let scattered_pieces = remove_in_pieces(&reg, 200, 2);
+    // 2,500 buckets of one replica: 1,024 buckets per piece.
+    assert_eq!(scattered_pieces.len(), 3, "{scattered_pieces:?}");
+    assert_eq!(removed(&scattered_pieces), 2_500);
+    // Only the last piece of each dropped the record.
+    for p in [&pieces, &scattered_pieces] {
+        let gone: Vec<bool> = p
+            .iter()
+            .map(|r| matches!(r, CommandResult::RemovalPiece { gone: true, .. }))
+            .collect();
+        assert_eq!(gone.iter().filter(|g| **g).count(), 1);
+        assert!(gone[gone.len() - 1]);
+    }
+
+    assert!(reg.datanode(1).unwrap().is_none());
+    assert!(reg.datanode(2).unwrap().is_none());
+    assert!(!anything_of(&reg, 1) && !anything_of(&reg, 2));
+    assert_eq!(reg.datanode(3).unwrap().unwrap().shards, 10_000);
+    assert_eq!(reg.current().replica_count().unwrap(), 10_000);
+    assert_eq!(
+        reg.shard(5).unwrap().unwrap().replicas.len(),
+        1,
+        "datanode 3's replica stays"
+    );
+    // Gone: a piece finds no datanode.
+    assert_eq!(
+        remove_in_pieces(&reg, 300, 1),
+        vec![CommandResult::UnknownDatanode { id: 1 }]
+    );
+}
+
+#[test]
+fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
+    let (_dir, reg) = registry();
+    let all: Vec<u64> = (0..10_000).collect();
+    let mut cmds = vec![dn(1)];
+    cmds.extend(register(1, 1, &all));
+    apply(&reg, 1, &cmds);
+    // The first piece empties the first buckets; then the datanode registers shards there
+    // again, and in a bucket far past its others.
+    let first = apply(&reg, 10, &[Command::RemoveDatanodePiece { id: 1 }]);
+    assert_eq!(
+        first,
+        vec![CommandResult::RemovalPiece {
+            removed: 4_096,
+            gone: false
+        }]
+    );
+    apply(&reg, 11, &register(1, 1, &[0, 1, 2, 1_000_000]));
+    let rest = remove_in_pieces(&reg, 12, 1);
+    assert_eq!(removed(&rest), 10_000 - 4_096 + 4);
+    assert!(!anything_of(&reg, 1), "no replica outlives its datanode");
+    assert_eq!(reg.current().replica_count().unwrap(), 0);
+}
+
+#[test]
+fn pieces_record_the_replicas_they_drop_and_the_last_the_removal() {
+    let (_dir, reg) = registry();
+    let all: Vec<u64> = (0..5_000).collect();
+    let mut cmds = vec![dn(1)];
+    cmds.extend(register(1, 1, &all));
+    apply(&reg, 1, &cmds);
+    let g = reg.current();
+    let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
+    let piece = Command::RemoveDatanodePiece { id: 1 };
+    b.execute(10, &piece).unwrap();
+    let first = b.take_changes();
+    b.execute(11, &piece).unwrap();
+    let last = b.take_changes();
+    assert_eq!(
+        first,
+        vec![ChangeEvent {
+            index: 10,
+            change: Change::ReplicasRemoved {
+                datanode: 1,
+                shards: (0..4_096).collect()
+            }
+        }]
+    );
+    assert_eq!(
+        last,
+        vec![ChangeEvent {
+            index: 11,
+            change: Change::DatanodeRemoved {
+                id: 1,
+                replicas_removed: 5_000 - 4_096
+            }
+        }]
+    );
+}
+
+fn epoch(r: &CommandResult) -> u64 {
+    match r {
+        CommandResult::DatanodeRegistered { epoch, .. } => *epoch,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_removed_datanode_comes_back_with_an_epoch_above_its_last() {
+    let (_dir, reg) = registry();
+    let raised = Command::RegisterDatanodeAtLeast {
+        id: 1,
+        addr: "a:1".into(),
+        min_epoch: 100,
+    };
+    let out = apply(&reg, 5, &[raised, Command::RemoveDatanodePiece { id: 1 }]);
+    assert_eq!(epoch(&out[0]), 100);
+    // Registered again when the log reaches the former epoch: one above it, so a zombie of
+    // the removed incarnation is fenced.
+    let out = apply(&reg, 100, &[dn(1)]);
+    assert_eq!(epoch(&out[0]), 101);
+    let zombie = register(1, 100, &[7]);
+    assert_eq!(
+        apply(&reg, 101, &zombie),
+        vec![CommandResult::Fenced { current_epoch: 101 }]
+    );
+    // The floor went with the registration (the record holds the epoch now); the next
+    // removal keeps the new one.
+    let floors = |reg: &Registry| -> Vec<(Vec<u8>, Vec<u8>)> {
+        contents(reg)
+            .into_iter()
+            .filter(|(k, _)| k[0] == keys::EPOCH_FLOOR)
+            .collect()
+    };
+    assert!(floors(&reg).is_empty());
+    apply(&reg, 102, &[Command::RemoveDatanodePiece { id: 1 }]);
+    assert_eq!(
+        floors(&reg),
+        vec![(
+            keys::epoch_floor(1).to_vec(),
+            codec::encode(&101u64).unwrap()
+        )]
+    );
+    // Below the log index the floor changes nothing.
+    assert_eq!(epoch(&apply(&reg, 200, &[dn(1)])[0]), 200);
+}
+
+#[test]
+fn a_removal_in_one_entry_keeps_the_floor_only_in_a_cluster_of_version_3() {
+    let raised = |id| Command::RegisterDatanodeAtLeast {
+        id,
+        addr: "a:1".into(),
+        min_epoch: 100,
+    };
+    // Version 2 (as every build of version 2 applies it): the epoch starts again at the index.
+    let (_dir, reg) = registry();
+    apply(&reg, 1, &[Command::SetClusterVersion { version: 2 }]);
+    apply(&reg, 5, &[raised(1), Command::RemoveDatanode { id: 1 }]);
+    assert_eq!(epoch(&apply(&reg, 100, &[dn(1)])[0]), 100);
+    // Version 3: it is kept.
+    let (_dir, reg) = registry();
+    apply(&reg, 1, &[Command::SetClusterVersion { version: 3 }]);
+    apply(&reg, 5, &[raised(1), Command::RemoveDatanode { id: 1 }]);
+    assert_eq!(epoch(&apply(&reg, 100, &[dn(1)])[0]), 101);
+}
