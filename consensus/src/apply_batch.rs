@@ -227,7 +227,10 @@ impl ApplyBatch {
             } => self.put_kv(index, key, value, *if_revision),
             Command::Delete { key, if_revision } => self.delete_kv(index, key, *if_revision),
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
-            Command::RemoveDatanodePiece { id } => self.remove_datanode_piece(index, *id),
+            Command::RemoveDatanodePiece {
+                id,
+                registered_index,
+            } => self.remove_datanode_piece(index, *id, *registered_index),
         }
     }
 
@@ -547,10 +550,23 @@ impl ApplyBatch {
     /// buckets (the bound of a prune's piece). When it leaves the datanode none (also one that a
     /// registration gave replicas since the removal began: the pieces start from its first
     /// bucket every time), it drops the record too and keeps its epoch as the id's epoch floor.
-    fn remove_datanode_piece(&mut self, index: u64, id: u64) -> Result<CommandResult> {
+    /// A piece for the incarnation registered at `incarnation` finds the datanode registered
+    /// again is refused (`Fenced`), and changes nothing.
+    fn remove_datanode_piece(
+        &mut self,
+        index: u64,
+        id: u64,
+        incarnation: Option<u64>,
+    ) -> Result<CommandResult> {
         let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(id), "datanode")? else {
             return Ok(CommandResult::UnknownDatanode { id });
         };
+        if incarnation.is_some_and(|i| i != dn.registered_index) {
+            return Ok(CommandResult::Fenced {
+                current_epoch: dn.epoch,
+            });
+        }
+        let registered_index = dn.registered_index;
         let (buckets, mut more) = self.buckets_from(id, 0, PRUNE_PIECE_BUCKETS)?;
         let mut gone = Vec::new();
         let mut looked = 0;
@@ -575,6 +591,7 @@ impl ApplyBatch {
             return Ok(CommandResult::RemovalPiece {
                 removed,
                 gone: false,
+                registered_index,
             });
         }
         let removed = gone.len() as u64;
@@ -583,6 +600,7 @@ impl ApplyBatch {
         Ok(CommandResult::RemovalPiece {
             removed,
             gone: true,
+            registered_index,
         })
     }
 

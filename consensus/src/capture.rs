@@ -75,6 +75,10 @@ impl Capture {
         };
         let mut inner = self.inner.lock();
         let Inner { pre, cursor } = &mut *inner;
+        debug_assert!(
+            cursor.as_deref().is_none_or(|c| chunk[0].0.as_ref() > c),
+            "an export reads the tree in ascending key order"
+        );
         if !pre.is_empty() {
             chunk.retain_mut(|(k, v)| match pre.get_mut(k.as_ref()) {
                 None => true,

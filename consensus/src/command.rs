@@ -23,8 +23,8 @@ pub struct ShardReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// Registers (or re-registers) a datanode; its new epoch is this command's log index (or
-    /// one above its current epoch, if that is higher: epochs never go back), which fences
-    /// every batch sent by a former incarnation.
+    /// one above its current epoch, or above the epoch it had when it was removed, if that is
+    /// higher: epochs never go back), which fences every batch sent by a former incarnation.
     RegisterDatanode { id: u64, addr: String },
     /// Registers a batch of replicas held by `datanode` under incarnation `epoch`.
     RegisterShards {
@@ -74,9 +74,14 @@ pub enum Command {
     /// One piece of removing a datanode: drops its replicas in its first buckets, as far as one
     /// piece's bounded work goes; the piece that leaves it none also drops its record, and keeps
     /// its epoch as the floor of the id's next registration (a zombie of the removed incarnation
-    /// stays fenced). The result (`RemovalPiece`) says whether the datanode is gone. The leader
-    /// proposes pieces for a removal once the cluster's version is 3, `RemoveDatanode` before.
-    RemoveDatanodePiece { id: u64 },
+    /// stays fenced). The result (`RemovalPiece`) says whether the datanode is gone, and names
+    /// the incarnation (`registered_index`) that the next pieces carry: a piece finding another
+    /// one (the datanode registered again meanwhile) is refused as `Fenced`. The leader proposes
+    /// the first piece for a `RemoveDatanode` once the cluster's version is 3.
+    RemoveDatanodePiece {
+        id: u64,
+        registered_index: Option<u64>,
+    },
 }
 
 impl Command {
@@ -133,7 +138,13 @@ impl fmt::Display for Command {
                 shards.len()
             ),
             Command::RemoveDatanode { id } => write!(f, "RemoveDatanode({id})"),
-            Command::RemoveDatanodePiece { id } => write!(f, "RemoveDatanodePiece({id})"),
+            Command::RemoveDatanodePiece {
+                id,
+                registered_index,
+            } => write!(
+                f,
+                "RemoveDatanodePiece({id}, registered at {registered_index:?})"
+            ),
             Command::PruneReplicas {
                 datanode,
                 epoch,
@@ -209,10 +220,12 @@ pub enum CommandResult {
     ClusterVersion {
         version: u32,
     },
-    /// A piece of a removal dropped `removed` replicas; `gone`: it also dropped the datanode's
-    /// record (it holds no replica any more).
+    /// A piece of a removal dropped `removed` replicas of the incarnation registered at
+    /// `registered_index`; `gone`: it also dropped the datanode's record (it holds no replica
+    /// any more).
     RemovalPiece {
         removed: u64,
         gone: bool,
+        registered_index: u64,
     },
 }

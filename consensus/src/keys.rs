@@ -28,8 +28,10 @@ pub const SETTING: u8 = b's';
 pub const EPOCH_FLOOR: u8 = b'f';
 
 /// The prefixes of the registry's primary data: what a snapshot carries and what members must
-/// agree on (the index and the metadata are derived, or local).
-pub const PRIMARY: [u8; 5] = [DATANODE, KV, REPLICA, SETTING, EPOCH_FLOOR];
+/// agree on (the index and the metadata are derived, or local). In byte order: a snapshot's
+/// export scans them in this order, and its capture (`capture.rs`) needs the keys it reads to
+/// ascend.
+pub const PRIMARY: [u8; 5] = [DATANODE, EPOCH_FLOOR, KV, REPLICA, SETTING];
 
 /// Whether `key` is primary data ([`PRIMARY`]).
 pub fn is_primary(key: &[u8]) -> bool {
@@ -160,6 +162,12 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_primary_prefixes_ascend() {
+        assert!(PRIMARY.windows(2).all(|w| w[0] < w[1]), "{PRIMARY:?}");
+        assert!(is_primary(&epoch_floor(1)) && !is_primary(&by_datanode(1, 2)));
+    }
 
     #[test]
     fn layout_and_cursors() {

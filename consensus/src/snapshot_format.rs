@@ -2,8 +2,8 @@
 //! registry generation and imported into a fresh one.
 //!
 //! A frame is `tag (u8) | key length (u32 LE) | key | value length (u32 LE) | value`. Pair
-//! frames carry the primary registry records (datanodes, replicas, keys, and the cluster's
-//! settings such as its version) exactly as stored;
+//! frames carry the primary registry records (datanodes, replicas, keys, removed datanodes' epoch
+//! floors, and the cluster's settings such as its version) exactly as stored, in key order;
 //! the last frame is an end frame whose value is the codec-encoded [`Trailer`] with the
 //! counts, so a truncated stream is detected even before the file checksum is. The datanode
 //! bucket index and the counters are derived data: the importer rebuilds and cross-checks them. The Raft
@@ -477,7 +477,14 @@ mod tests {
                 min_epoch: 50,
             },
         );
-        apply(&reg, 2, Command::RemoveDatanodePiece { id: 1 });
+        apply(
+            &reg,
+            2,
+            Command::RemoveDatanodePiece {
+                id: 1,
+                registered_index: None,
+            },
+        );
         let g = reg.current();
         let capture = g.start_capture();
         let mut out = Vec::new();

@@ -122,14 +122,45 @@ fn second_version_third(cfg: &mut NodeConfig) {
     }
 }
 
+/// Removes datanode `id` as the HTTP handler does: the removal, then the pieces it asks for.
+/// Returns the replicas removed and how many entries it took.
+async fn remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
+    let mut written = leader.write(Command::RemoveDatanode { id }).await?;
+    let (mut removed, mut entries) = (0, 1);
+    loop {
+        match written.result {
+            CommandResult::DatanodeRemoved {
+                existed: true,
+                replicas_removed,
+            } => return Ok((replicas_removed, entries)),
+            CommandResult::RemovalPiece {
+                removed: n,
+                gone,
+                registered_index,
+            } => {
+                removed += n;
+                if gone {
+                    return Ok((removed, entries));
+                }
+                let piece = Command::RemoveDatanodePiece {
+                    id,
+                    registered_index: Some(registered_index),
+                };
+                written = leader.write(piece).await?;
+                entries += 1;
+            }
+            other => bail!("unexpected {other:?}"),
+        }
+    }
+}
+
 /// Registers datanode `id` with 10,000 shards (157 buckets: three pieces of a removal) and
-/// removes it; returns the removal's result and how many log entries it took.
-async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(CommandResult, u64)> {
+/// removes it; returns the replicas removed and how many log entries the removal took.
+async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
     let w = leader.register_datanode(id, format!("dn-{id}")).await?;
     let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
         bail!("unexpected {:?}", w.result);
     };
-    let mut last = w.index;
     for chunk in 0..10 {
         let shards = (chunk * 1_000..(chunk + 1) * 1_000)
             .map(|s| ShardReport {
@@ -138,43 +169,25 @@ async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(CommandResul
                 size: 1,
             })
             .collect();
-        last = leader.register_shards(id, epoch, shards).await?.index;
+        leader.register_shards(id, epoch, shards).await?;
     }
-    let w = leader.write(Command::RemoveDatanode { id }).await?;
-    Ok((w.result, w.index - last))
+    let before = leader.status().last_log_index.context("a log")?;
+    let (removed, _) = remove(leader, id).await?;
+    let after = leader.status().last_log_index.context("a log")?;
+    Ok((removed, after - before))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_them() -> Result<()> {
-    let removed_all = CommandResult::DatanodeRemoved {
-        existed: true,
-        replicas_removed: 10_000,
-    };
     let mut c = Cluster::three_tuned(second_version_third).await?;
     // With node 3 on version 2 the removal goes as one entry, without waiting or a refusal.
     let leader = c.leader().await?;
-    let (result, entries) = register_and_remove(&leader, 7).await?;
-    assert_eq!((result, entries), (removed_all.clone(), 1));
+    assert_eq!(register_and_remove(&leader, 7).await?, (10_000, 1));
     c.converged().await?;
     for n in c.nodes.values() {
         assert_eq!(n.cluster_version(), BASE_VERSION, "node {}", n.id());
     }
-
-    // Upgraded, node 3 lets the leader raise the version to 3, and the removal goes in pieces:
-    // the raise and three pieces.
-    c.stop(3).await?;
-    c.tune = current_build;
-    c.start(3).await?;
-    let leader = c.leader().await?;
-    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
-    let (result, entries) = register_and_remove(&leader, 8).await?;
-    assert_eq!((result, entries), (removed_all, 4));
-    c.converged().await?;
-    for n in c.nodes.values() {
-        assert_eq!(n.cluster_version(), 3, "node {}", n.id());
-        let gone = n.datanode(meta_consensus::Consistency::Local, 8).await?;
-        assert!(gone.is_none(), "node {}", n.id());
-    }
+    // Removing an unknown datanode raises nothing either.
     let unknown = leader.write(Command::RemoveDatanode { id: 9 }).await?;
     assert_eq!(
         unknown.result,
@@ -183,6 +196,34 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
             replicas_removed: 0
         }
     );
+
+    // Upgraded, node 3 lets the leader raise the version to 3, and the removal goes in pieces:
+    // the raise and three pieces.
+    c.stop(3).await?;
+    c.tune = current_build;
+    c.start(3).await?;
+    let leader = c.leader().await?;
+    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    let unknown = leader.write(Command::RemoveDatanode { id: 9 }).await?;
+    assert!(
+        matches!(
+            unknown.result,
+            CommandResult::DatanodeRemoved { existed: false, .. }
+        ),
+        "{unknown:?}"
+    );
+    assert_eq!(
+        leader.cluster_version(),
+        BASE_VERSION,
+        "no raise for a typo"
+    );
+    assert_eq!(register_and_remove(&leader, 8).await?, (10_000, 4));
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), 3, "node {}", n.id());
+        let gone = n.datanode(meta_consensus::Consistency::Local, 8).await?;
+        assert!(gone.is_none(), "node {}", n.id());
+    }
 
     // The build of version 2 no longer starts on node 3's data.
     c.stop(3).await?;

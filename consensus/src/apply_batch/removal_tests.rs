@@ -22,17 +22,31 @@ fn register(datanode: u64, epoch: u64, ids: &[u64]) -> Vec<Command> {
         .collect()
 }
 
-/// Removes `id` piece by piece at consecutive indexes from `first`, as the leader does;
-/// returns each piece's result.
+fn piece(id: u64, registered_index: Option<u64>) -> Command {
+    Command::RemoveDatanodePiece {
+        id,
+        registered_index,
+    }
+}
+
+/// Removes `id` piece by piece at consecutive indexes from `first`, as the API does (each piece
+/// after the first names the incarnation the first found); returns each piece's result.
 fn remove_in_pieces(reg: &Registry, first: u64, id: u64) -> Vec<CommandResult> {
     let mut out = Vec::new();
+    let mut incarnation = None;
     loop {
-        let piece = Command::RemoveDatanodePiece { id };
-        let r = apply(reg, first + out.len() as u64, &[piece]).remove(0);
+        let r = apply(reg, first + out.len() as u64, &[piece(id, incarnation)]).remove(0);
         out.push(r.clone());
-        if !matches!(r, CommandResult::RemovalPiece { gone: false, .. }) {
+        let CommandResult::RemovalPiece {
+            gone: false,
+            registered_index,
+            ..
+        } = r
+        else {
             return out;
-        }
+        };
+        assert!(incarnation.is_none_or(|i| i == registered_index));
+        incarnation = Some(registered_index);
         assert!(out.len() < 1_000, "a removal makes progress");
     }
 }
@@ -117,12 +131,13 @@ fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
     apply(&reg, 1, &cmds);
     // The first piece empties the first buckets; then the datanode registers shards there
     // again, and in a bucket far past its others.
-    let first = apply(&reg, 10, &[Command::RemoveDatanodePiece { id: 1 }]);
+    let first = apply(&reg, 10, &[piece(1, None)]);
     assert_eq!(
         first,
         vec![CommandResult::RemovalPiece {
             removed: 4_096,
-            gone: false
+            gone: false,
+            registered_index: 1,
         }]
     );
     apply(&reg, 11, &register(1, 1, &[0, 1, 2, 1_000_000]));
@@ -130,6 +145,40 @@ fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
     assert_eq!(removed(&rest), 10_000 - 4_096 + 4);
     assert!(!anything_of(&reg, 1), "no replica outlives its datanode");
     assert_eq!(reg.current().replica_count().unwrap(), 0);
+}
+
+#[test]
+fn a_removal_stops_at_a_new_incarnation() {
+    let (_dir, reg) = registry();
+    let all: Vec<u64> = (0..5_000).collect();
+    let mut cmds = vec![dn(1)];
+    cmds.extend(register(1, 1, &all));
+    apply(&reg, 1, &cmds);
+    let r = apply(&reg, 10, &[piece(1, None)]);
+    assert!(
+        matches!(
+            r[0],
+            CommandResult::RemovalPiece {
+                gone: false,
+                registered_index: 1,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // The datanode registers again (epoch 11) and reports a shard: the removal's next piece,
+    // for the incarnation registered at index 1, is fenced and changes nothing.
+    let mut again = vec![dn(1)];
+    again.extend(register(1, 11, &[0]));
+    apply(&reg, 11, &again);
+    let before = reg.content().unwrap();
+    let r = apply(&reg, 13, &[piece(1, Some(1))]);
+    assert_eq!(r, vec![CommandResult::Fenced { current_epoch: 11 }]);
+    assert!(
+        reg.content().unwrap() == before,
+        "a fenced piece changes nothing"
+    );
+    assert_eq!(reg.datanode(1).unwrap().unwrap().shards, 5_000 - 4_096 + 1);
 }
 
 #[test]
@@ -141,10 +190,9 @@ fn pieces_record_the_replicas_they_drop_and_the_last_the_removal() {
     apply(&reg, 1, &cmds);
     let g = reg.current();
     let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
-    let piece = Command::RemoveDatanodePiece { id: 1 };
-    b.execute(10, &piece).unwrap();
+    b.execute(10, &piece(1, None)).unwrap();
     let first = b.take_changes();
-    b.execute(11, &piece).unwrap();
+    b.execute(11, &piece(1, Some(1))).unwrap();
     let last = b.take_changes();
     assert_eq!(
         first,
@@ -183,7 +231,7 @@ fn a_removed_datanode_comes_back_with_an_epoch_above_its_last() {
         addr: "a:1".into(),
         min_epoch: 100,
     };
-    let out = apply(&reg, 5, &[raised, Command::RemoveDatanodePiece { id: 1 }]);
+    let out = apply(&reg, 5, &[raised, piece(1, None)]);
     assert_eq!(epoch(&out[0]), 100);
     // Registered again when the log reaches the former epoch: one above it, so a zombie of
     // the removed incarnation is fenced.
@@ -203,7 +251,7 @@ fn a_removed_datanode_comes_back_with_an_epoch_above_its_last() {
             .collect()
     };
     assert!(floors(&reg).is_empty());
-    apply(&reg, 102, &[Command::RemoveDatanodePiece { id: 1 }]);
+    apply(&reg, 102, &[piece(1, None)]);
     assert_eq!(
         floors(&reg),
         vec![(

@@ -202,7 +202,8 @@ impl MetaNode {
         .await
     }
 
-    /// A digest of this node's registry content (datanodes, replicas, keys, settings): number
+    /// A digest of this node's registry content (its primary data: datanodes, replicas, keys,
+    /// epoch floors, settings): number
     /// of records and a 64-bit FNV-1a hash. Replicas that applied the same log agree on it.
     pub async fn registry_digest(&self) -> Result<(u64, u64)> {
         let sm = self.inner.sm.clone();

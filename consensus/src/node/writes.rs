@@ -294,7 +294,7 @@ impl MetaNode {
     /// proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
     /// the request timeout again.
     ///
-    /// A removal (`RemoveDatanode`) may go to the log as several entries (`removal.rs`).
+    /// A removal (`RemoveDatanode`) may be answered with its first piece only (`removal.rs`).
     pub async fn write(&self, cmd: Command) -> Result<Written> {
         match cmd {
             Command::RemoveDatanode { id } => self.remove_datanode(id).await,

@@ -83,23 +83,81 @@ pub async fn get(
 }
 
 /// `DELETE /v1/datanodes/{id}`: drops it and its replicas; 404 if unknown.
+///
+/// In a cluster of version 3 the leader answers the removal with its first piece, and the rest
+/// go to the log one piece after the other (`meta-consensus`'s `node/removal.rs`), each a write
+/// of its own: a removal holds up other writes and reads no more than a storm batch does. The
+/// pieces run in a task of their own, so a client that hangs up does not stop a removal half
+/// way. One that fails half way (no leader for too long) has dropped some of the datanode's
+/// replicas and leaves it registered with the rest: sending it again finishes it. A datanode
+/// that registers again while it is removed keeps its new incarnation, with the replicas not
+/// yet dropped: 409 `conflict`, and a removal sent again removes the new incarnation.
 pub async fn remove(
     _: NoQuery,
     writer: Writer,
     Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
-    let written = writer.write(Command::RemoveDatanode { id }).await?;
-    match written.result {
-        CommandResult::DatanodeRemoved {
-            existed: true,
-            replicas_removed,
-        } => Ok(axum::Json(DatanodeRemoved {
-            id,
-            replicas_removed,
-            index: written.index,
-        })),
-        CommandResult::DatanodeRemoved { existed: false, .. } => Err(unknown_datanode(id)),
-        other => Err(unexpected(other)),
+    tokio::spawn(remove_in_pieces(writer, id))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the removal of datanode {id} failed: {e}")))?
+}
+
+async fn remove_in_pieces(
+    writer: Writer,
+    id: u64,
+) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
+    let mut written = writer.write(Command::RemoveDatanode { id }).await?;
+    let mut replicas_removed = 0;
+    let mut first = true;
+    loop {
+        // The incarnation whose removal goes on, if it does.
+        let next = match written.result {
+            CommandResult::DatanodeRemoved {
+                existed: true,
+                replicas_removed: n,
+            } => {
+                replicas_removed += n;
+                None
+            }
+            CommandResult::RemovalPiece {
+                removed,
+                gone,
+                registered_index,
+            } => {
+                replicas_removed += removed;
+                (!gone).then_some(registered_index)
+            }
+            CommandResult::DatanodeRemoved { existed: false, .. }
+            | CommandResult::UnknownDatanode { .. }
+                if first =>
+            {
+                return Err(unknown_datanode(id))
+            }
+            // Removed by another removal since a piece of this one.
+            CommandResult::UnknownDatanode { .. } => None,
+            CommandResult::Fenced { current_epoch } => {
+                return Err(ApiError::Conflict(format!(
+                    "datanode {id} registered again (epoch {current_epoch}) while it was being \
+                     removed, after {replicas_removed} of its replicas were: it stays registered; \
+                     remove it again to remove the new incarnation"
+                )))
+            }
+            other => return Err(unexpected(other)),
+        };
+        let Some(registered_index) = next else {
+            return Ok(axum::Json(DatanodeRemoved {
+                id,
+                replicas_removed,
+                index: written.index,
+            }));
+        };
+        first = false;
+        written = writer
+            .write(Command::RemoveDatanodePiece {
+                id,
+                registered_index: Some(registered_index),
+            })
+            .await?;
     }
 }
 

@@ -163,7 +163,7 @@ impl TestNode {
         call(&self.app, method, uri, body, &[]).await
     }
 
-    /// A digest of the whole registry (datanodes, replicas, keys).
+    /// A digest of the whole registry (its primary data: datanodes, replicas, keys, ...).
     pub async fn digest(&self) -> (u64, u64) {
         self.node.registry_digest().await.expect("digest")
     }

@@ -1,7 +1,7 @@
 //! The cluster's version over HTTP: the leader learns each member's build version from its
 //! answers, a command the cluster cannot take yet is refused with 503 `cluster_version` (also
 //! when a follower forwards it), and a learner whose build is older than the cluster is refused
-//! with 409 `build_too_old`.
+//! with 409 `build_too_old`. A removal goes in pieces only once every member applies them.
 
 use std::collections::BTreeMap;
 
@@ -131,4 +131,51 @@ async fn a_learner_of_an_older_build_is_not_added() {
     let (status, _, answer) = send(reqwest::Method::POST, &leader, learners, add).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(leader.node.status().learners, vec![3]);
+}
+
+/// Registers datanode 7 at `leader` with 10,000 shards (three pieces of a removal), then
+/// removes it through `via`; answers the removal's status and body.
+async fn register_and_remove(leader: &Server, via: &Server) -> (u16, Value) {
+    let epoch = register(leader).await;
+    for chunk in 0..10u64 {
+        let shards: Vec<Value> = (chunk * 1_000..(chunk + 1) * 1_000)
+            .map(|id| json!({"id": id, "generation": 1, "size": 1}))
+            .collect();
+        let body = json!({"epoch": epoch, "shards": shards});
+        let path = "/v1/datanodes/7/shards";
+        let (status, _, answer) = send(reqwest::Method::POST, leader, path, body).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, _, answer) =
+        send(reqwest::Method::DELETE, via, "/v1/datanodes/7", Value::Null).await;
+    (status, answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_sent_to_a_follower_goes_in_pieces_once_every_member_applies_them() {
+    for (builds, version) in [([3, 3, 2], 1), ([3, 3, 3], 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = start_cluster(&dir, builds).await;
+        let leader = the_leader(&servers);
+        let follower = servers
+            .values()
+            .find(|s| s.node.id() != leader.node.id())
+            .unwrap();
+        let (status, answer) = register_and_remove(leader, follower).await;
+        assert_eq!(status, 200, "builds {builds:?}: {answer}");
+        assert_eq!(answer["replicas_removed"], 10_000, "{answer}");
+        let (status, _, answer) =
+            send(reqwest::Method::GET, leader, "/v1/datanodes/7", Value::Null).await;
+        assert_eq!(status, 404, "{answer}");
+        assert_eq!(leader.node.cluster_version(), version, "builds {builds:?}");
+        // Removed again: unknown.
+        let (status, _, answer) = send(
+            reqwest::Method::DELETE,
+            follower,
+            "/v1/datanodes/7",
+            Value::Null,
+        )
+        .await;
+        assert_eq!(status, 404, "{answer}");
+    }
 }
