@@ -13,10 +13,11 @@ mod server;
 mod settings;
 mod shutdown;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command, ServeArgs, SnapshotCommand};
 use crate::settings::ServeSettings;
@@ -63,8 +64,30 @@ fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
     runtime(settings.worker_threads)?.block_on(server::serve(settings))
 }
 
+/// The command line, parsed.
+fn parse_cli() -> Cli {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let matches = cli_command(&args).get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// The command line's definition for `args`. The command-less node's options sit at the top
+/// level and read `METASERVER_*` variables; with a command other than `serve` they are unused,
+/// and do not read them: a bad serve setting in the environment must not break `status`.
+fn cli_command(args: &[OsString]) -> clap::Command {
+    let command = Cli::command();
+    let other = args
+        .get(1)
+        .and_then(|a| command.find_subcommand(a))
+        .is_some_and(|c| c.get_name() != "serve");
+    match other {
+        true => command.mut_args(|a| a.env(None)),
+        false => command,
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     logging::init();
     for name in unknown_variables(std::env::vars_os().map(|(k, _)| k)) {
         tracing::warn!("{name} is not a setting of metaserver (a typo?): it is ignored");
@@ -148,6 +171,29 @@ mod tests {
             unknown_variables(names.into_iter()),
             vec!["METASERVER_STOP_DELAY".to_string()]
         );
+    }
+
+    #[test]
+    fn only_the_node_reads_the_nodes_variables() {
+        let reads_env = |args: &[&str]| {
+            let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+            let command = super::cli_command(&args);
+            let worker_threads = command
+                .get_arguments()
+                .find(|a| a.get_id() == "worker_threads")
+                .expect("a top-level serve option");
+            worker_threads.get_env().is_some()
+        };
+        assert!(reads_env(&["metaserver"]));
+        assert!(reads_env(&["metaserver", "--id", "2"]));
+        assert!(reads_env(&["metaserver", "serve"]));
+        assert!(!reads_env(&["metaserver", "status"]));
+        assert!(!reads_env(&[
+            "metaserver",
+            "snapshot",
+            "restore",
+            "backup.snap"
+        ]));
     }
 
     #[test]

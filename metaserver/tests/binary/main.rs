@@ -6,6 +6,7 @@ mod common;
 
 mod connections;
 mod default_node;
+mod environment;
 mod helpers;
 mod local_cluster;
 mod shutdown;
