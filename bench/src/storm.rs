@@ -15,6 +15,7 @@ mod cpu_usage;
 mod options;
 mod reads;
 mod reaper;
+mod removal;
 mod restart;
 mod results;
 mod server_build;
@@ -91,7 +92,9 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     } else {
         0
     } + usize::from(options.runs_storm());
-    let steps = if options.runs_reads() {
+    let steps = if options.runs_removal() {
+        options.rounds
+    } else if options.runs_reads() {
         options.rounds * ReadArm::ALL.len() * options.clients.len()
     } else {
         options.rounds * options.arms.len() * per_arm
@@ -122,6 +125,37 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
             &api,
         )
     };
+
+    if options.runs_removal() {
+        for round in 0..options.rounds {
+            let tag = format!("round {}", round + 1);
+            overall.set_message(format!("{tag}: starting a cluster"));
+            let mut cluster = start_cluster(Arm::Shared).await?;
+            overall.set_message(format!("{tag}: a removal"));
+            let p = removal::run(
+                &cluster,
+                &api,
+                round,
+                options.removal_replicas,
+                options.batch,
+                Duration::from_millis(options.admin_interval_ms),
+                &options.admin_consistency,
+            )
+            .await;
+            cluster.stop(STOP_GRACE);
+            let p = p?;
+            progress.suspend(|| {
+                eprintln!(
+                    "{tag}: removed {} replicas in {:.2} s, admin p99 {:.2} ms, max {:.2} ms",
+                    p.replicas, p.seconds, p.admin_p99_ms, p.admin_max_ms
+                )
+            });
+            results.removals.push(p);
+            overall.inc(1);
+        }
+        overall.finish_and_clear();
+        return Ok(());
+    }
 
     if options.runs_reads() {
         drive_reads(

@@ -66,6 +66,11 @@ struct DatanodeReply {
 }
 
 #[derive(Deserialize)]
+struct RemovalReply {
+    replicas_removed: u64,
+}
+
+#[derive(Deserialize)]
 struct PruneReply {
     removed: u64,
 }
@@ -125,6 +130,14 @@ impl Api {
             .send()
             .await;
         Self::json(&url, resp).await
+    }
+
+    /// `DELETE /v1/datanodes/{id}`: removes a datanode; returns how many replicas went with it.
+    pub async fn remove_datanode(&self, base: &str, datanode: u64) -> Result<u64, CallError> {
+        let url = format!("{base}/v1/datanodes/{datanode}");
+        let resp = self.http.delete(&url).send().await;
+        let reply: RemovalReply = Self::json(&url, resp).await?;
+        Ok(reply.replicas_removed)
     }
 
     /// `POST /v1/datanodes/{id}/prune`: ends a full report under `epoch`; returns how many

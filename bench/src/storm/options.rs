@@ -38,6 +38,9 @@ pub enum Workloads {
     /// Linearizable reads only, with followers answering them (`follower`) against replaying
     /// them at the leader (`replay`), interleaved; `--arms` does not apply.
     Reads,
+    /// One datanode with `--removal-replicas` replicas removed while admin reads run; `--arms`
+    /// does not apply (compare builds with `--server-binary`).
+    Removal,
 }
 
 /// `meta-bench storm`: the registration storm against a real three-node cluster of `metaserver` processes.
@@ -68,6 +71,9 @@ pub struct Options {
     /// Shards per registration request in the storm.
     #[arg(long, default_value_t = 1_000)]
     pub batch: u64,
+    /// Replicas of the datanode that `--workload removal` removes.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub removal_replicas: u64,
     /// Interval of each admin read probe during the storm, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub admin_interval_ms: u64,
@@ -134,6 +140,9 @@ impl Options {
         if self.batch == 0 || self.batch > 10_000 {
             bail!("--batch must be between 1 and 10000 (the API's limit)");
         }
+        if self.removal_replicas == 0 {
+            bail!("--removal-replicas must be positive");
+        }
         if self.admin_interval_ms == 0 {
             bail!("--admin-interval-ms must be positive");
         }
@@ -158,6 +167,11 @@ impl Options {
     /// Whether the restart storm runs.
     pub fn runs_storm(&self) -> bool {
         matches!(self.workload, Workloads::Storm | Workloads::Both)
+    }
+
+    /// Whether the removal workload runs.
+    pub fn runs_removal(&self) -> bool {
+        self.workload == Workloads::Removal
     }
 
     /// Whether the read workload runs.

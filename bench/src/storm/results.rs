@@ -19,6 +19,7 @@ pub struct Results {
     /// The storms again into the full registry, after each of `storm` (with prunes).
     pub again: Vec<StormPoint>,
     pub reads: Vec<ReadPoint>,
+    pub removals: Vec<super::removal::RemovalPoint>,
 }
 
 /// Formats a number with `digits` decimals.
@@ -257,6 +258,9 @@ impl Results {
         }
         if !self.reads.is_empty() {
             reads::print(&self.reads);
+        }
+        if !self.removals.is_empty() {
+            super::removal::print(&self.removals);
         }
         if !self.single.is_empty() || !self.storm.is_empty() {
             self.print_targets();
@@ -572,6 +576,7 @@ mod tests {
                 storm,
                 again: Vec::new(),
                 reads: Vec::new(),
+                removals: Vec::new(),
             };
             results
                 .targets()
@@ -613,6 +618,7 @@ mod tests {
             storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0)],
             again: Vec::new(),
             reads: Vec::new(),
+            removals: Vec::new(),
         };
         let json = results.json();
         let objects = json.as_array().unwrap();
