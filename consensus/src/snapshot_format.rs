@@ -3,7 +3,8 @@
 //!
 //! A frame is `tag (u8) | key length (u32 LE) | key | value length (u32 LE) | value`. Pair
 //! frames carry the primary registry records (datanodes, replicas, keys, removed datanodes' epoch
-//! floors, and the cluster's settings such as its version) exactly as stored, in key order;
+//! floors, and the cluster's settings such as its version) exactly as stored, in key order
+//! (keys deleted while the export ran, at their captured values, come last);
 //! the last frame is an end frame whose value is the codec-encoded [`Trailer`] with the
 //! counts, so a truncated stream is detected even before the file checksum is. The datanode
 //! bucket index and the counters are derived data: the importer rebuilds and cross-checks them. The Raft

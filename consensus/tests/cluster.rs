@@ -259,14 +259,7 @@ async fn fencing_stale_generations_and_idempotent_reregistration() -> Result<()>
         })
         .await?;
     assert_eq!(r.result, CommandResult::ShardsDeregistered { removed: 1 });
-    let r = l.write(Command::RemoveDatanode { id: 1 }).await?;
-    assert_eq!(
-        r.result,
-        CommandResult::DatanodeRemoved {
-            existed: true,
-            replicas_removed: 3
-        }
-    );
+    assert_eq!(common::remove_datanode(&l, 1).await?, 3);
     assert!(l.shard(Consistency::Linearizable, 11).await?.is_none());
     assert_eq!(l.status().replicas, 0);
     c.converged().await?;

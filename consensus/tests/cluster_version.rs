@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use common::{addr, Cluster, WAIT};
+use common::{addr, remove_datanode, Cluster, WAIT};
 use meta_consensus::{
     Behind, Command, CommandResult, Error, MetaNode, Node, NodeConfig, ShardReport, BASE_VERSION,
     BUILD_VERSION,
@@ -122,38 +122,6 @@ fn second_version_third(cfg: &mut NodeConfig) {
     }
 }
 
-/// Removes datanode `id` as the HTTP handler does: the removal, then the pieces it asks for.
-/// Returns the replicas removed and how many entries it took.
-async fn remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
-    let mut written = leader.write(Command::RemoveDatanode { id }).await?;
-    let (mut removed, mut entries) = (0, 1);
-    loop {
-        match written.result {
-            CommandResult::DatanodeRemoved {
-                existed: true,
-                replicas_removed,
-            } => return Ok((replicas_removed, entries)),
-            CommandResult::RemovalPiece {
-                removed: n,
-                gone,
-                registered_index,
-            } => {
-                removed += n;
-                if gone {
-                    return Ok((removed, entries));
-                }
-                let piece = Command::RemoveDatanodePiece {
-                    id,
-                    registered_index: Some(registered_index),
-                };
-                written = leader.write(piece).await?;
-                entries += 1;
-            }
-            other => bail!("unexpected {other:?}"),
-        }
-    }
-}
-
 /// Registers datanode `id` with 10,000 shards (157 buckets: three pieces of a removal) and
 /// removes it; returns the replicas removed and how many log entries the removal took.
 async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
@@ -172,7 +140,7 @@ async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
         leader.register_shards(id, epoch, shards).await?;
     }
     let before = leader.status().last_log_index.context("a log")?;
-    let (removed, _) = remove(leader, id).await?;
+    let removed = remove_datanode(leader, id).await?;
     let after = leader.status().last_log_index.context("a log")?;
     Ok((removed, after - before))
 }
@@ -218,6 +186,18 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
         "no raise for a typo"
     );
     assert_eq!(register_and_remove(&leader, 8).await?, (10_000, 4));
+    // Forwarded by a member whose build predates pieces, a removal goes as one entry.
+    leader.register_datanode(10, "dn-10").await?;
+    let one = leader
+        .write_forwarded(Command::RemoveDatanode { id: 10 }, 2)
+        .await?;
+    assert_eq!(
+        one.result,
+        CommandResult::DatanodeRemoved {
+            existed: true,
+            replicas_removed: 0
+        }
+    );
     c.converged().await?;
     for n in c.nodes.values() {
         assert_eq!(n.cluster_version(), 3, "node {}", n.id());

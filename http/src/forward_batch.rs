@@ -377,7 +377,7 @@ pub async fn serve(node: MetaNode, headers: HeaderMap, body: Bytes) -> Response 
         if let Err(e) = validate_command(&c) {
             return Err(Refusal::Invalid(e.to_string()));
         }
-        node.write(c)
+        node.write_forwarded(c, build)
             .await
             .map_err(|e| Refusal::of(e).for_build(build))
     }))

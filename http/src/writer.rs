@@ -68,7 +68,28 @@ impl Writer {
                     None => Err(ApiError::NoLeader(why)),
                 }
             }
-            _ => Ok(self.node.write(cmd).await?),
+            _ => {
+                // A removal's later piece must keep the incarnation it names: were this node's
+                // core to answer "forward to leader", the replayed request would start the
+                // removal again. It goes to that leader as a command instead.
+                let piece = matches!(cmd, Command::RemoveDatanodePiece { .. }).then(|| cmd.clone());
+                match (self.node.write(cmd).await, piece) {
+                    (
+                        Err(meta_consensus::Error::ForwardToLeader {
+                            leader_id,
+                            leader_addr,
+                        }),
+                        Some(piece),
+                    ) if !self.forwarded => {
+                        let to = ForwardTo {
+                            leader_id,
+                            addr: leader_addr,
+                        };
+                        self.batcher.send(to, piece).await
+                    }
+                    (written, _) => Ok(written?),
+                }
+            }
         }
     }
 }

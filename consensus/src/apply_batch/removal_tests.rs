@@ -30,10 +30,15 @@ fn piece(id: u64, registered_index: Option<u64>) -> Command {
 }
 
 /// Removes `id` piece by piece at consecutive indexes from `first`, as the API does (each piece
-/// after the first names the incarnation the first found); returns each piece's result.
-fn remove_in_pieces(reg: &Registry, first: u64, id: u64) -> Vec<CommandResult> {
+/// after the first names the incarnation the first found; `incarnation`: go on with a removal
+/// of that one); returns each piece's result.
+fn remove_in_pieces(
+    reg: &Registry,
+    first: u64,
+    id: u64,
+    mut incarnation: Option<u64>,
+) -> Vec<CommandResult> {
     let mut out = Vec::new();
-    let mut incarnation = None;
     loop {
         let r = apply(reg, first + out.len() as u64, &[piece(id, incarnation)]).remove(0);
         out.push(r.clone());
@@ -86,12 +91,12 @@ fn a_large_removal_goes_in_pieces_of_bounded_work_and_drops_the_record_last() {
     cmds.extend(register(3, 3, &dense));
     apply(&reg, 1, &cmds);
 
-    let pieces = remove_in_pieces(&reg, 100, 1);
+    let pieces = remove_in_pieces(&reg, 100, 1, None);
     // 157 buckets of 64 replicas of datanode 1 (and 64 of datanode 3): 32 buckets (4,096
     // replicas looked at) per piece.
     assert_eq!(pieces.len(), 5, "{pieces:?}");
     assert_eq!(removed(&pieces), 10_000);
-    let scattered_pieces = remove_in_pieces(&reg, 200, 2);
+    let scattered_pieces = remove_in_pieces(&reg, 200, 2, None);
     // 2,500 buckets of one replica: 1,024 buckets per piece.
     assert_eq!(scattered_pieces.len(), 3, "{scattered_pieces:?}");
     assert_eq!(removed(&scattered_pieces), 2_500);
@@ -117,7 +122,7 @@ fn a_large_removal_goes_in_pieces_of_bounded_work_and_drops_the_record_last() {
     );
     // Gone: a piece finds no datanode.
     assert_eq!(
-        remove_in_pieces(&reg, 300, 1),
+        remove_in_pieces(&reg, 300, 1, None),
         vec![CommandResult::UnknownDatanode { id: 1 }]
     );
 }
@@ -140,8 +145,9 @@ fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
             registered_index: 1,
         }]
     );
+    // Registered by the same incarnation: the removal goes on.
     apply(&reg, 11, &register(1, 1, &[0, 1, 2, 1_000_000]));
-    let rest = remove_in_pieces(&reg, 12, 1);
+    let rest = remove_in_pieces(&reg, 12, 1, Some(1));
     assert_eq!(removed(&rest), 10_000 - 4_096 + 4);
     assert!(!anything_of(&reg, 1), "no replica outlives its datanode");
     assert_eq!(reg.current().replica_count().unwrap(), 0);

@@ -5,10 +5,9 @@
 //! (a member runs an older build, or did not answer), it goes as one entry (`RemoveDatanode`),
 //! as before: a removal never waits for the cluster's version.
 //!
-//! The leader answers a `RemoveDatanode` with one entry: the first piece, or the whole removal.
-//! The caller proposes the next pieces itself, one write each (the HTTP handler does), so a
-//! forwarded removal holds up no other write of its batch, and each piece goes to whichever
-//! node leads when it is sent.
+//! The leader answers a `RemoveDatanode` with one entry (after raising the version, if it does):
+//! the first piece, or the whole removal. The caller proposes the next pieces itself, one write
+//! each (the HTTP handler does), so a forwarded removal holds up no other write of its batch.
 
 use super::MetaNode;
 use crate::cluster_version::PIECEWISE_REMOVAL;
@@ -29,7 +28,8 @@ impl MetaNode {
         if let Some(forward) = self.leader_elsewhere() {
             return Err(forward);
         }
-        let known = self.datanode(Consistency::Local, id).await?.is_some();
+        // As of the lease: a fresh leader may not have applied a recent registration yet.
+        let known = self.datanode(Consistency::Lease, id).await?.is_some();
         let pieces = known && self.try_version(PIECEWISE_REMOVAL).await.unwrap_or(false);
         let cmd = match pieces {
             true => Command::RemoveDatanodePiece {
@@ -39,5 +39,18 @@ impl MetaNode {
             false => Command::RemoveDatanode { id },
         };
         self.write_one(cmd).await
+    }
+
+    /// [`MetaNode::write`] of a command that a member whose build is of version `build`
+    /// forwarded: a removal from a build that predates pieces (it could neither decode the
+    /// first piece's answer nor send the rest) goes as one entry. Such a member can be in a
+    /// cluster of version 3 only until it applies the raise, at which it stops.
+    pub async fn write_forwarded(&self, cmd: Command, build: u32) -> Result<Written> {
+        match cmd {
+            Command::RemoveDatanode { .. } if build < PIECEWISE_REMOVAL => {
+                self.write_one(cmd).await
+            }
+            cmd => self.write(cmd).await,
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use meta_consensus::transport::LocalRouter;
-use meta_consensus::{MetaNode, Node, NodeConfig, NodeId, Role};
+use meta_consensus::{Command, CommandResult, MetaNode, Node, NodeConfig, NodeId, Role};
 use openraft::async_runtime::watch::WatchReceiver;
 use tempfile::TempDir;
 
@@ -159,5 +159,36 @@ impl Cluster {
             self.stop(id).await?;
         }
         Ok(())
+    }
+}
+
+/// Removes datanode `id` through `leader` as the HTTP handler does: the removal, then the pieces
+/// it asks for, each naming the incarnation the first found. Returns the replicas removed.
+pub async fn remove_datanode(leader: &MetaNode, id: u64) -> Result<u64> {
+    let mut written = leader.write(Command::RemoveDatanode { id }).await?;
+    let mut removed = 0;
+    loop {
+        match written.result {
+            CommandResult::DatanodeRemoved {
+                existed: true,
+                replicas_removed,
+            } => return Ok(replicas_removed),
+            CommandResult::RemovalPiece {
+                removed: n,
+                gone,
+                registered_index,
+            } => {
+                removed += n;
+                if gone {
+                    return Ok(removed);
+                }
+                let piece = Command::RemoveDatanodePiece {
+                    id,
+                    registered_index: Some(registered_index),
+                };
+                written = leader.write(piece).await?;
+            }
+            other => bail!("removing datanode {id}: unexpected {other:?}"),
+        }
     }
 }

@@ -88,10 +88,10 @@ pub async fn get(
 /// go to the log one piece after the other (`meta-consensus`'s `node/removal.rs`), each a write
 /// of its own: a removal holds up other writes and reads no more than a storm batch does. The
 /// pieces run in a task of their own, so a client that hangs up does not stop a removal half
-/// way. One that fails half way (no leader for too long) has dropped some of the datanode's
-/// replicas and leaves it registered with the rest: sending it again finishes it. A datanode
-/// that registers again while it is removed keeps its new incarnation, with the replicas not
-/// yet dropped: 409 `conflict`, and a removal sent again removes the new incarnation.
+/// way. One that fails half way (an error: no leader, a timeout) has dropped some of the
+/// datanode's replicas and leaves it registered with the rest: sending it again finishes it. A
+/// datanode that registers again while it is removed keeps its new incarnation, with the
+/// replicas not yet dropped: 409 `conflict`; a removal sent again removes the new incarnation.
 pub async fn remove(
     _: NoQuery,
     writer: Writer,
