@@ -440,6 +440,22 @@ impl ApplyBatch {
             Ok(dn) => dn,
             Err(refused) => return Ok(refused),
         };
+        let (gone, next) = self.drop_in_piece(datanode, from, Some(epoch))?;
+        let removed = self.replicas_dropped(index, datanode, dn, gone)?;
+        Ok(CommandResult::Pruned { removed, next })
+    }
+
+    /// One piece's walk: drops the replicas of `datanode` registered by an incarnation below
+    /// `epoch_below` (a prune), or all of them (`None`: a removal), in its buckets from `from` on,
+    /// until it has looked at [`PRUNE_PIECE_REPLICAS`] replicas (of any datanode) or walked
+    /// [`PRUNE_PIECE_BUCKETS`] buckets. Returns the shards whose replica it dropped and the bucket
+    /// the next piece starts from (`None`: it walked them all).
+    fn drop_in_piece(
+        &mut self,
+        datanode: u64,
+        from: u64,
+        epoch_below: Option<u64>,
+    ) -> Result<(Vec<u64>, Option<u64>)> {
         let (buckets, mut next) = self.buckets_from(datanode, from, PRUNE_PIECE_BUCKETS)?;
         let mut gone = Vec::new();
         let mut looked = 0;
@@ -452,18 +468,21 @@ impl ApplyBatch {
             looked += bucket.len();
             let before = gone.len();
             bucket.retain(|e| {
-                let old = e.datanode == datanode && e.replica.epoch < epoch;
-                if old {
+                let drop = e.datanode == datanode
+                    && epoch_below.is_none_or(|below| e.replica.epoch < below);
+                if drop {
                     gone.push(e.shard);
                 }
-                !old
+                !drop
             });
-            if gone.len() > before {
+            // A removal clears the bucket's index entry even where it dropped nothing (an entry
+            // out of step), so that no entry outlives the datanode; a prune writes it only where
+            // it dropped something, as builds before removals in pieces did.
+            if gone.len() > before || epoch_below.is_none() {
                 self.index(datanode, b, true)?;
             }
         }
-        let removed = self.replicas_dropped(index, datanode, dn, gone)?;
-        Ok(CommandResult::Pruned { removed, next })
+        Ok((gone, next))
     }
 
     /// Up to `limit` buckets holding replicas of `datanode`, from bucket `from` on, in order
@@ -567,25 +586,7 @@ impl ApplyBatch {
             });
         }
         let registered_index = dn.registered_index;
-        let (buckets, mut more) = self.buckets_from(id, 0, PRUNE_PIECE_BUCKETS)?;
-        let mut gone = Vec::new();
-        let mut looked = 0;
-        for b in buckets {
-            if looked >= PRUNE_PIECE_REPLICAS {
-                more = Some(b);
-                break;
-            }
-            let bucket = self.bucket(b)?;
-            looked += bucket.len();
-            bucket.retain(|e| {
-                let mine = e.datanode == id;
-                if mine {
-                    gone.push(e.shard);
-                }
-                !mine
-            });
-            self.remove(&keys::by_datanode(id, b));
-        }
+        let (gone, more) = self.drop_in_piece(id, 0, None)?;
         if more.is_some() {
             let removed = self.replicas_dropped(index, id, dn, gone)?;
             return Ok(CommandResult::RemovalPiece {

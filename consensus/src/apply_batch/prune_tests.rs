@@ -1,7 +1,7 @@
 //! Tests of full reports: a prune drops what the current incarnation did not report, in
 //! pieces of bounded work that every replica cuts the same way.
 
-use super::tests::{apply, contents, registry, report};
+use super::tests::{apply, contents, dn, register, registry, report};
 use super::*;
 use crate::change_feed::{Change, ChangeEvent};
 use crate::registry::Registry;
@@ -187,25 +187,12 @@ fn prune_in_pieces(reg: &Registry, first: u64, datanode: u64, epoch: u64) -> Vec
 #[test]
 fn a_large_prune_goes_in_pieces_of_bounded_work() {
     let (_dir, reg) = registry();
-    let dn = |id| Command::RegisterDatanode {
-        id,
-        addr: "a:1".into(),
-    };
-    let register = |datanode, epoch, ids: Vec<u64>| -> Vec<Command> {
-        ids.chunks(10_000)
-            .map(|c| Command::RegisterShards {
-                datanode,
-                epoch,
-                shards: c.iter().map(|&i| report(i, 1)).collect(),
-            })
-            .collect()
-    };
     // Datanode 1: 10,000 shards in full buckets. Datanode 2: 2,500 shards, one per bucket.
     let dense: Vec<u64> = (0..10_000).collect();
     let scattered: Vec<u64> = (0..2_500).map(|b| 100_000 + b * 64).collect();
     let mut cmds = vec![dn(1), dn(2)];
-    cmds.extend(register(1, 1, dense.clone()));
-    cmds.extend(register(2, 2, scattered.clone()));
+    cmds.extend(register(1, 1, &dense));
+    cmds.extend(register(2, 2, &scattered));
     apply(&reg, 1, &cmds);
     // Both come back (epochs 10 and 11) having lost every hundredth shard.
     let kept = |ids: &[u64]| -> Vec<u64> {
@@ -216,8 +203,8 @@ fn a_large_prune_goes_in_pieces_of_bounded_work() {
             .collect()
     };
     let mut cmds = vec![dn(1), dn(2)];
-    cmds.extend(register(1, 10, kept(&dense)));
-    cmds.extend(register(2, 11, kept(&scattered)));
+    cmds.extend(register(1, 10, &kept(&dense)));
+    cmds.extend(register(2, 11, &kept(&scattered)));
     apply(&reg, 10, &cmds);
 
     let dense_pieces = prune_in_pieces(&reg, 100, 1, 10);

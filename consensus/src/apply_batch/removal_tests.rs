@@ -1,26 +1,8 @@
 //! Tests of a removal in pieces (`RemoveDatanodePiece`) and of the epoch floor it keeps.
 
-use super::tests::{apply, contents, registry, report};
+use super::tests::{apply, contents, dn, register, registry};
 use super::*;
 use crate::registry::Registry;
-
-fn dn(id: u64) -> Command {
-    Command::RegisterDatanode {
-        id,
-        addr: "a:1".into(),
-    }
-}
-
-/// `RegisterShards` commands of 10,000 shards at most each.
-fn register(datanode: u64, epoch: u64, ids: &[u64]) -> Vec<Command> {
-    ids.chunks(10_000)
-        .map(|c| Command::RegisterShards {
-            datanode,
-            epoch,
-            shards: c.iter().map(|&i| report(i, 1)).collect(),
-        })
-        .collect()
-}
 
 fn piece(id: u64, registered_index: Option<u64>) -> Command {
     Command::RemoveDatanodePiece {
@@ -286,4 +268,19 @@ fn a_removal_in_one_entry_keeps_the_floor_only_in_a_cluster_of_version_3() {
     apply(&reg, 1, &[Command::SetClusterVersion { version: 3 }]);
     apply(&reg, 5, &[raised(1), Command::RemoveDatanode { id: 1 }]);
     assert_eq!(epoch(&apply(&reg, 100, &[dn(1)])[0]), 101);
+}
+
+#[test]
+fn a_removal_leaves_no_index_entry_behind_even_one_out_of_step() {
+    let (_dir, reg) = registry();
+    let mut cmds = vec![dn(1)];
+    cmds.extend(register(1, 1, &[1, 2, 3]));
+    apply(&reg, 1, &cmds);
+    // An index entry naming a bucket where the datanode holds nothing.
+    let tree = &reg.current().tree;
+    tree.insert(&keys::by_datanode(1, 999)[..], keys::PRESENT)
+        .unwrap();
+    let pieces = remove_in_pieces(&reg, 10, 1, None);
+    assert_eq!(removed(&pieces), 3);
+    assert!(!anything_of(&reg, 1), "{:?}", contents(&reg).len());
 }

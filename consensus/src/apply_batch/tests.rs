@@ -12,6 +12,24 @@ pub(super) fn report(id: u64, generation: u64) -> ShardReport {
     }
 }
 
+pub(super) fn dn(id: u64) -> Command {
+    Command::RegisterDatanode {
+        id,
+        addr: "a:1".into(),
+    }
+}
+
+/// `RegisterShards` commands of 10,000 shards at most each.
+pub(super) fn register(datanode: u64, epoch: u64, ids: &[u64]) -> Vec<Command> {
+    ids.chunks(10_000)
+        .map(|c| Command::RegisterShards {
+            datanode,
+            epoch,
+            shards: c.iter().map(|&i| report(i, 1)).collect(),
+        })
+        .collect()
+}
+
 /// Applies `cmds` as one batch at consecutive indexes from `first`.
 pub(super) fn apply(reg: &Registry, first: u64, cmds: &[Command]) -> Vec<CommandResult> {
     let g = reg.current();
