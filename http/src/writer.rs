@@ -4,7 +4,8 @@
 //!
 //! A write that reached a follower is thus parsed and validated once, on the follower, and the
 //! leader only proposes the command. When this node's core, asked directly, answers "forward
-//! to leader" (an election just ended), the forwarding middleware replays the request instead.
+//! to leader" (an election just ended), the forwarding middleware replays the request instead
+//! (a removal's later piece excepted: it goes to that leader as a command, see `Writer::write`).
 //! When the leader it was sent to refuses it without acting on it (it no longer leads, or
 //! cannot be reached), it is sent once more, to the next leader this node learns of.
 
