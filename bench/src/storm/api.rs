@@ -186,6 +186,20 @@ impl Api {
         Ok(status)
     }
 
+    /// `POST /v1/cluster/init` `{"members":{..}}`: forms the cluster of `members` (id to
+    /// address) on a fresh node.
+    pub async fn init(&self, base: &str, members: &serde_json::Value) -> Result<(), CallError> {
+        let url = format!("{base}/v1/cluster/init");
+        let resp = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "members": members }))
+            .send()
+            .await;
+        let _: serde_json::Value = Self::json(&url, resp).await?;
+        Ok(())
+    }
+
     /// `GET /v1/cluster` on one member.
     pub async fn cluster(&self, base: &str) -> Result<ClusterView, CallError> {
         let url = format!("{base}/v1/cluster");

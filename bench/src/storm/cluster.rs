@@ -3,7 +3,6 @@
 //! when dropped (also on panic).
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,7 +35,8 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts three `binary serve` processes with `arm`'s barrier mode (`--barrier`) under a fresh directory in
-    /// `parent`, member 1 with `--init`, and waits until all agree on a leader and report ready.
+    /// `parent`, each on a port the system picks, forms the cluster through member 1's init route, and
+    /// waits until all agree on a leader and report ready.
     ///
     /// Call this from the thread that drives the runtime (not a spawned task): the children's
     /// parent-death signal is tied to the thread that spawned them.
@@ -54,21 +54,16 @@ impl Cluster {
             .prefix(&format!("{}-", arm.name()))
             .tempdir_in(parent)
             .with_context(|| format!("create a run dir in {}", parent.display()))?;
-        let ports = free_ports(MEMBERS as usize)?;
-        let peers = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
         let mut cluster = Cluster {
             members: Vec::new(),
             leader: 0,
             dir: Some(dir),
             keep_data,
         };
-        for (i, port) in ports.iter().enumerate() {
-            let id = i as u64 + 1;
+        // Each server binds a port of the system's choosing and prints it; then the bench forms
+        // the cluster through node 1's init route. (Ports picked here and released would be a
+        // race with anything else that binds one meanwhile.)
+        for id in 1..=MEMBERS {
             let root = cluster.root().to_path_buf();
             let data = root.join(format!("node{id}"));
             let log = root.join(format!("node{id}.log"));
@@ -78,18 +73,14 @@ impl Cluster {
             command
                 .arg("serve")
                 .args(["--id", &id.to_string()])
-                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--listen", "127.0.0.1:0"])
                 .arg("--data-dir")
                 .arg(&data)
-                .args(["--peers", &peers])
                 .args(["--barrier", arm.name()])
                 .env("RUST_LOG", &server.log)
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err);
-            if id == 1 {
-                command.arg("--init");
-            }
             if server.worker_threads > 0 {
                 command.args(["--worker-threads", &server.worker_threads.to_string()]);
             }
@@ -107,11 +98,23 @@ impl Cluster {
             Reaper::register(child.id());
             cluster.members.push(Member {
                 id,
-                base: format!("http://127.0.0.1:{port}"),
+                base: String::new(),
                 child: Some(child),
                 log,
             });
         }
+        let deadline = Instant::now() + startup_timeout;
+        let mut members = serde_json::Map::new();
+        for i in 0..cluster.members.len() {
+            let addr = cluster.listening_address(i, deadline).await?;
+            let m = &mut cluster.members[i];
+            m.base = format!("http://{addr}");
+            members.insert(m.id.to_string(), addr.into());
+        }
+        let members = serde_json::Value::Object(members);
+        api.init(&cluster.members[0].base, &members)
+            .await
+            .context("initialize the cluster")?;
         cluster.wait_ready(api, startup_timeout).await?;
         Ok(cluster)
     }
@@ -227,6 +230,31 @@ impl Cluster {
         }
     }
 
+    /// The address member `i` printed as `listening on ADDR`, waited for until `deadline`.
+    async fn listening_address(&mut self, i: usize, deadline: Instant) -> Result<String> {
+        loop {
+            self.check_alive()?;
+            let log = &self.members[i].log;
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(addr) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("listening on "))
+                .map(str::trim)
+            {
+                return Ok(addr.to_string());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "metaserver {} printed no address in time; the end of its log {}:\n{}",
+                    self.members[i].id,
+                    log.display(),
+                    log_tail(log)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn wait_ready(&mut self, api: &Api, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut last = String::from("no member answered yet");
@@ -290,17 +318,6 @@ impl Drop for Cluster {
             }
         }
     }
-}
-
-/// Picks `n` distinct free ports on 127.0.0.1 (all bound at once, then released for the servers).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0"))
-        .collect::<Result<Vec<_>>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr().context("local addr")?.port()))
-        .collect()
 }
 
 /// The peak resident set size of `pid` in KiB, from `/proc/<pid>/status`.
