@@ -315,25 +315,14 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
     if shards.is_empty() && !args.prune {
         bail!("{} lists no shards", args.file.display());
     }
-    let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
-    for batch in shards.chunks(MAX_SHARDS_PER_BATCH) {
-        let body = serde_json::json!({ "epoch": epoch, "shards": batch.iter().map(|s| {
-            serde_json::json!({"id": s.id, "generation": s.generation, "size": s.size})
-        }).collect::<Vec<_>>() });
-        let response = op
-            .send(
-                op.request(
-                    reqwest::Method::POST,
-                    &format!("/v1/datanodes/{}/shards", args.datanode),
-                )
-                .json(&body),
-            )
-            .await?;
-        let result: ShardsRegistered = response.json().await.context("decoding the answer")?;
-        accepted += result.accepted;
-        unchanged += result.unchanged;
-        stale.extend(result.stale);
-    }
+    let (accepted, unchanged, stale) = register_batches(&op, args.datanode, epoch, &shards)
+        .await
+        .with_context(|| {
+        format!(
+            "registering the shards of {} (nothing was pruned)",
+            args.file.display()
+        )
+    })?;
     let mut out = serde_json::json!({
         "datanode": args.datanode,
         "epoch": epoch,
@@ -356,6 +345,44 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
     }
     println!("{out}");
     Ok(())
+}
+
+/// Registers `shards` of `datanode` under `epoch` in batches; returns the replicas accepted, those
+/// unchanged, and the stale shard ids. A batch that fails ends it, saying how many shards the
+/// batches before it registered: those stay registered.
+async fn register_batches(
+    op: &Operator,
+    datanode: u64,
+    epoch: u64,
+    shards: &[ShardBody],
+) -> Result<(u64, u64, Vec<u64>)> {
+    let (mut accepted, mut unchanged, mut stale) = (0u64, 0u64, Vec::new());
+    let mut sent = 0;
+    for batch in shards.chunks(MAX_SHARDS_PER_BATCH) {
+        let body = serde_json::json!({ "epoch": epoch, "shards": batch.iter().map(|s| {
+            serde_json::json!({"id": s.id, "generation": s.generation, "size": s.size})
+        }).collect::<Vec<_>>() });
+        let path = format!("/v1/datanodes/{datanode}/shards");
+        let result: Result<ShardsRegistered> = async {
+            let response = op
+                .send(op.request(reqwest::Method::POST, &path).json(&body))
+                .await?;
+            response.json().await.context("decoding the answer")
+        }
+        .await;
+        let result = result.with_context(|| {
+            format!(
+                "the batches before this one registered {sent} of {} shards ({accepted} \
+                 accepted, {unchanged} unchanged)",
+                shards.len()
+            )
+        })?;
+        sent += batch.len();
+        accepted += result.accepted;
+        unchanged += result.unchanged;
+        stale.extend(result.stale);
+    }
+    Ok((accepted, unchanged, stale))
 }
 
 /// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
@@ -412,11 +439,19 @@ mod tests {
 
     /// A server on loopback that answers the n-th request (from 0) with `status(n)`, counting.
     async fn server(status: fn(usize) -> StatusCode) -> (String, Arc<AtomicUsize>) {
+        answering(move |n| (status(n), "{}")).await
+    }
+
+    /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting.
+    async fn answering(
+        answer: impl Fn(usize) -> (StatusCode, &'static str) + Clone + Send + Sync + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
         let count = Arc::new(AtomicUsize::new(0));
         let seen = count.clone();
         let app = axum::Router::new().fallback(move || {
             let n = seen.fetch_add(1, Ordering::SeqCst);
-            async move { (status(n), "{}") }
+            let answer = answer(n);
+            async move { answer }
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -453,5 +488,33 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("409"), "{err}");
         assert_eq!(count.load(Ordering::SeqCst), 1, "a refusal is not retried");
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_says_how_far_the_registration_got() {
+        let (addr, count) = answering(|n| match n {
+            0 => (
+                StatusCode::OK,
+                r#"{"accepted":9000,"unchanged":1000,"stale":[],"index":7}"#,
+            ),
+            _ => (StatusCode::CONFLICT, r#"{"error":{"code":"fenced"}}"#),
+        })
+        .await;
+        let op = operator(addr);
+        let shards: Vec<ShardBody> = (0..MAX_SHARDS_PER_BATCH as u64 + 5)
+            .map(|id| ShardBody {
+                id,
+                generation: 1,
+                size: 1,
+            })
+            .collect();
+        let err = register_batches(&op, 7, 3, &shards).await.unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("registered 10000 of 10005 shards (9000 accepted, 1000 unchanged)"),
+            "{message}"
+        );
+        assert!(message.contains("409"), "{message}");
+        assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 }
