@@ -3,8 +3,8 @@
 //! Node N listens on base-port + N - 1 (or on a free port when the base port is 0), keeps its
 //! data in DIR/nodeN and knows every other node; node 1 initializes the cluster on its first
 //! start. Options after `--` go to every node's `serve`. SIGINT or SIGTERM stops every child
-//! with SIGTERM (each makes its log durable and exits); a child that dies on its own stops the
-//! others too. Children also get SIGTERM if this process dies, so none is left behind.
+//! with SIGTERM (each makes its log durable and exits), and a second one is passed on (it ends a
+//! node's stop delay); a child that dies on its own stops the others too. Children also get SIGTERM if this process dies, so none is left behind.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
@@ -143,7 +143,7 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
         let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
-                stop_all(&mut nodes).await;
+                stop_all(&mut nodes, &mut signals).await;
                 return Err(e).with_context(|| format!("starting node {id}"));
             }
         };
@@ -168,13 +168,22 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
             }
         }
     };
-    let clean = stop_all(&mut nodes).await;
+    let clean = stop_all(&mut nodes, &mut signals).await;
     outcome?;
     if !clean {
         bail!("not every node stopped cleanly");
     }
     println!("local cluster stopped");
     Ok(())
+}
+
+/// SIGTERM to every child still running.
+fn term_running(nodes: &mut [NodeProcess]) {
+    for node in nodes.iter_mut() {
+        if let Ok(None) = node.child.try_wait() {
+            node.signal(libc::SIGTERM);
+        }
+    }
 }
 
 /// The first child that has exited, if any.
@@ -185,18 +194,16 @@ fn exited(nodes: &mut [NodeProcess]) -> Option<(u64, ExitStatus)> {
     })
 }
 
-/// SIGTERM to every running child, then waits; kills those that do not stop in time.
-/// Returns whether every child exited with status 0 after the SIGTERM.
-async fn stop_all(nodes: &mut [NodeProcess]) -> bool {
-    for node in nodes.iter_mut() {
-        if let Ok(None) = node.child.try_wait() {
-            node.signal(libc::SIGTERM);
-        }
-    }
+/// SIGTERM to every running child, then waits; kills those that do not stop in time. A signal
+/// to this process meanwhile (a second Ctrl-C) is passed on as a second SIGTERM, which ends a
+/// node's stop delay (`--stop-delay-ms`). Returns whether every child exited with status 0.
+async fn stop_all(nodes: &mut [NodeProcess], signals: &mut Signals) -> bool {
+    term_running(nodes);
     let deadline = Instant::now() + STOP_TIMEOUT;
     let mut clean = true;
-    for node in nodes.iter_mut() {
+    for i in 0..nodes.len() {
         loop {
+            let node = &mut nodes[i];
             match node.child.try_wait() {
                 Ok(Some(status)) => {
                     if !status.success() {
@@ -206,7 +213,13 @@ async fn stop_all(nodes: &mut [NodeProcess]) -> bool {
                     break;
                 }
                 Ok(None) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::select! {
+                        signal = signals.recv() => {
+                            tracing::info!(signal, "passing the signal on to the nodes still running");
+                            term_running(nodes);
+                        }
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
                 }
                 _ => {
                     eprintln!("node {} did not stop in time; killing it", node.id);

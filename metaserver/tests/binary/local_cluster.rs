@@ -1,5 +1,5 @@
-//! `local-cluster`: it elects a leader and takes writes at a follower, and refuses the serve
-//! options it sets itself.
+//! `local-cluster`: it elects a leader and takes writes at a follower, refuses the serve
+//! options it sets itself, and passes a second signal on to its nodes.
 
 use std::collections::BTreeMap;
 
@@ -177,4 +177,58 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
         );
     }
     assert!(!std::path::Path::new(data).exists(), "nothing was started");
+}
+
+/// A second signal to `local-cluster` is passed on to the nodes: it ends their stop delay, and
+/// they stop cleanly instead of being killed when the wait runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_is_passed_on_to_the_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data = dir.path().join("cluster");
+    let mut cluster = spawn(
+        dir.path(),
+        dir.path(),
+        &[
+            "local-cluster",
+            "--nodes",
+            "1",
+            "--base-port",
+            "0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--",
+            // Longer than the test may take: only a second signal ends the wait.
+            "--stop-delay-ms",
+            "600000",
+        ],
+        &[],
+        true,
+    );
+    let line = cluster.wait_line("node 1 at ");
+    let base = format!("http://{}", line.split_whitespace().next().unwrap());
+    poll(&http, &format!("{base}/readyz"), None, |_| true).await;
+
+    // The first signal reaches the node: it reports that it is stopping, and waits.
+    cluster.signal(libc::SIGTERM);
+    poll_status(&http, &format!("{base}/readyz"), 503).await;
+    cluster.signal(libc::SIGTERM);
+    let exit = cluster.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+}
+
+/// Polls `url` until it answers `status`, for at most the test deadline.
+async fn poll_status(http: &reqwest::Client, url: &str, status: u16) {
+    let deadline = std::time::Instant::now() + crate::common::DEADLINE;
+    loop {
+        let (got, _) = send(http, Method::GET, url, None, None).await.unwrap();
+        if got == status {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{url} never answered {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
