@@ -399,3 +399,54 @@ fn a_restart_after_a_failed_sync_recovers_only_what_the_disk_holds() {
     assert_eq!(wal.last_lsn(), recovered);
     assert_eq!(wal.read(kept).unwrap().as_deref(), Some(&b"kept"[..]));
 }
+
+#[test]
+fn appends_go_on_while_a_purge_syncs_the_directory() {
+    let fs = FaultyFileSystem::new();
+    // Segments of a few 100-byte records each.
+    let opts = WalOptions {
+        segment_bytes: 1024,
+        ..WalOptions::default()
+    };
+    let wal = Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap());
+    let first = wal.append(&[1; 100]).unwrap();
+    let segments = wal.metrics().segments_created;
+    let mut last = first;
+    while wal.metrics().segments_created == segments {
+        last = wal.append(&[2; 100]).unwrap();
+    }
+    wal.sync(last).unwrap();
+
+    // The purge deletes the first segment, then waits in its directory fsync.
+    fs.dir_gate().close();
+    let purging = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.purge_to(last - 1))
+    };
+    let held = fs.dir_gate().wait_held(1, TIMEOUT);
+    // Meanwhile an append (in the current segment) and its barrier go through.
+    let appending = {
+        let wal = wal.clone();
+        thread::spawn(move || {
+            let lsn = wal.append(&[3; 100]).unwrap();
+            wal.sync(lsn).unwrap();
+            lsn
+        })
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    while !appending.is_finished() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let went_on = appending.is_finished();
+    fs.dir_gate().release();
+    assert!(held, "the purge reached its directory fsync");
+    assert!(went_on, "the append waited for the purge's directory fsync");
+    let third = appending.join().unwrap();
+    purging.join().unwrap().unwrap();
+    drop(wal);
+
+    fs.crash(Default::default());
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
+    assert_eq!(wal.read(first).unwrap(), None, "purged");
+    assert_eq!(wal.read(third).unwrap(), Some(vec![3; 100]));
+}

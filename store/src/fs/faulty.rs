@@ -31,6 +31,7 @@ pub struct CrashPoint {
 pub struct FaultyFileSystem {
     state: Arc<Mutex<State>>,
     gate: Arc<SyncGate>,
+    dir_gate: Arc<SyncGate>,
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +156,7 @@ impl FaultyFileSystem {
         st.generation += 1;
         drop(st);
         self.gate.release();
+        self.dir_gate.release();
     }
 
     /// How many operations are not yet durable (the range of [`CrashPoint::persist_ops`]).
@@ -205,6 +207,12 @@ impl FaultyFileSystem {
     /// The gate that `sync_data` calls pass through; close it to hold barriers.
     pub fn gate(&self) -> &SyncGate {
         &self.gate
+    }
+
+    /// The gate that directory syncs pass through (after opening the directory); close it to
+    /// hold one.
+    pub fn dir_gate(&self) -> &SyncGate {
+        &self.dir_gate
     }
 
     /// The current contents of a file, or `None` if it does not exist.
@@ -289,8 +297,9 @@ impl FileSystem for FaultyFileSystem {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.state.lock().open_descriptor()?;
+        self.dir_gate.pass();
         let mut st = self.state.lock();
-        st.open_descriptor()?;
         if st.fail_next_dir_syncs > 0 {
             st.fail_next_dir_syncs -= 1;
             return Err(io::Error::other("injected directory sync failure"));

@@ -63,8 +63,14 @@ struct Inner {
     /// for bytes that are lost: in effect a retried fsync. Taken after the write lock, before
     /// `book`.
     sync_lock: Mutex<()>,
+    /// Held around every fsync of the log directory (a segment's creation, a purge's deletions)
+    /// together with the poison check before it and the poisoning after a failure, for the same
+    /// reason as `sync_lock`. A purge takes it without the write lock, so appends go on while it
+    /// deletes segments; a segment's creation takes it after the write lock.
+    dir_lock: Mutex<()>,
     book: Mutex<BarrierBook<Waiter>>,
-    /// Waiters failed by a poisoning under the write lock, to complete once it is released.
+    /// Waiters failed by a poisoning under the write lock or the directory lock, to complete once
+    /// it is released.
     orphans: Mutex<Vec<(Waiter, Result<(), String>)>>,
     /// Wakes the barrier thread (paired with `book`).
     wake: Condvar,
@@ -140,6 +146,7 @@ impl Wal {
             closed: AtomicBool::new(false),
             tail: Mutex::new(rec.tail),
             sync_lock: Mutex::new(()),
+            dir_lock: Mutex::new(()),
             book: Mutex::new(BarrierBook::new(last)),
             orphans: Mutex::new(Vec::new()),
             wake: Condvar::new(),
@@ -348,9 +355,10 @@ impl Wal {
         self.inner.sync(marker)?;
         let obsolete = self.inner.index.write().take_obsolete_segments();
         if !obsolete.is_empty() {
-            // Under the write lock, like a segment's creation, so that no other fsync of the
-            // directory runs between a failed one and the poisoning.
-            self.inner.with_writer(|_| {
+            // Under the directory lock, like a segment's creation, so that no other fsync of the
+            // directory runs between a failed one and the poisoning; not under the write lock,
+            // so appends go on meanwhile.
+            self.inner.with_dir_lock(|| {
                 self.inner.check_writable()?;
                 for seg in &obsolete {
                     self.inner
@@ -600,6 +608,9 @@ impl Inner {
             }
         }
         let prealloc = self.preallocate.then_some(self.segment_bytes);
+        // A purge may have failed its directory fsync while this call waited for the lock.
+        let _dir = self.dir_lock.lock();
+        self.check_writable()?;
         let segment = match Segment::create(
             &*self.fs,
             &self.dir,
@@ -627,16 +638,35 @@ impl Inner {
     fn with_writer<T>(&self, f: impl FnOnce(&mut Writer) -> Result<T>) -> Result<T> {
         let result = f(&mut self.writer.lock());
         if result.is_err() {
-            let failed = std::mem::take(&mut *self.orphans.lock());
-            for (w, outcome) in failed {
-                w.complete(outcome);
-            }
+            self.complete_orphans();
         }
         result
     }
 
-    /// Poisons the log under the write lock: every waiter is failed (completed by
-    /// [`Inner::with_writer`] once the lock is released) and every later call fails.
+    /// Runs `f` under the directory lock (not the write lock), then completes the waiters a
+    /// poisoning inside `f` failed, as [`Inner::with_writer`] does.
+    fn with_dir_lock<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let result = {
+            let _dir = self.dir_lock.lock();
+            f()
+        };
+        if result.is_err() {
+            self.complete_orphans();
+        }
+        result
+    }
+
+    /// Completes the waiters that a poisoning failed.
+    fn complete_orphans(&self) {
+        let failed = std::mem::take(&mut *self.orphans.lock());
+        for (w, outcome) in failed {
+            w.complete(outcome);
+        }
+    }
+
+    /// Poisons the log under the write lock or the directory lock: every waiter is failed
+    /// (completed by [`Inner::with_writer`] or [`Inner::with_dir_lock`] once the lock is
+    /// released) and every later call fails.
     fn poison(&self, msg: String) {
         tracing::error!(error = %msg, "write-ahead log poisoned");
         let mut book = self.book.lock();
