@@ -309,9 +309,60 @@ fn a_purge_that_finds_no_descriptor_for_the_directory_fails_without_poisoning() 
     wal.sync(third).unwrap();
     drop(wal);
     fs.crash(Default::default());
+    let first_segment = std::path::Path::new("/log/00000000000000000001.wal");
+    assert!(
+        fs.contents(first_segment).is_none(),
+        "the deletion is durable"
+    );
     let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
     assert_eq!(wal.read(first).unwrap(), None, "purged");
     assert_eq!(wal.read(third).unwrap(), Some(vec![3; 100]));
+}
+
+#[test]
+fn a_segment_waiting_behind_a_failed_purge_fsync_is_not_created() {
+    let fs = FaultyFileSystem::new();
+    let opts = one_record_segments(TIMEOUT);
+    let wal = Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap());
+    let first = wal.append(&[1; 100]).unwrap();
+    let second = wal.append(&[2; 100]).unwrap();
+    wal.sync(second).unwrap();
+    // The purge (its marker starts a segment) deletes the first segment, then waits in its
+    // directory fsync; an append that starts a segment waits behind it.
+    fs.dir_gate().close();
+    let purging = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.purge_to(first))
+    };
+    let held = fs.dir_gate().wait_held(1, TIMEOUT);
+    let synced = fs.gate().passed();
+    let appending = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.append(&[3; 100]))
+    };
+    // The append synced the old segment: next it waits for the directory lock. (Should it get
+    // there only after the release, it finds the log poisoned all the same.)
+    wait_for("the append's sync of the old segment", || {
+        fs.gate().passed() > synced
+    });
+    let passed = fs.dir_gate().passed();
+    // The purge's directory fsync fails; the segment's creation must not fsync the directory
+    // after it (that would be a retried fsync).
+    fs.fail_next_dir_syncs(1);
+    fs.dir_gate().release();
+    assert!(held, "the purge reached its directory fsync");
+    let purged = purging.join().unwrap();
+    assert!(
+        matches!(&purged, Err(Error::Io { op, .. }) if *op == "fsync log directory"),
+        "{purged:?}"
+    );
+    let appended = appending.join().unwrap();
+    assert!(matches!(appended, Err(Error::Poisoned(_))), "{appended:?}");
+    assert_eq!(
+        fs.dir_gate().passed(),
+        passed + 1,
+        "one directory fsync ran"
+    );
 }
 
 /// Options whose segments hold one 100-byte record each, so every append starts a segment.

@@ -123,7 +123,7 @@ impl FaultyFileSystem {
 
     /// Simulates a power loss: every unsynced operation is lost except those `point` keeps, files
     /// whose directory entry was never synced vanish, and every handle opened before fails from
-    /// now on. Syncs held on the gate are released (they fail).
+    /// now on. Syncs held on the gates are released (they fail).
     pub fn crash(&self, point: CrashPoint) {
         let mut st = self.state.lock();
         let mut pending: Vec<(u64, u64, Op)> = Vec::new();
@@ -297,9 +297,17 @@ impl FileSystem for FaultyFileSystem {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.state.lock().open_descriptor()?;
+        let generation = {
+            let mut st = self.state.lock();
+            st.open_descriptor()?;
+            st.generation
+        };
         self.dir_gate.pass();
         let mut st = self.state.lock();
+        if st.generation != generation {
+            // A crash came while the sync was held (or under way): it syncs nothing.
+            return Err(crashed());
+        }
         if st.fail_next_dir_syncs > 0 {
             st.fail_next_dir_syncs -= 1;
             return Err(io::Error::other("injected directory sync failure"));
@@ -419,8 +427,8 @@ impl FileHandle for FaultyFile {
     }
 }
 
-/// A gate that `sync_data` calls wait at while it is closed, so a test can hold a barrier in
-/// flight at a known moment. Open unless [`SyncGate::close`] was called.
+/// A gate that syncs wait at while it is closed (`sync_data` calls at one, directory syncs at
+/// another), so a test can hold a barrier or a directory sync in flight at a known moment. Open unless [`SyncGate::close`] was called.
 #[derive(Debug, Default)]
 pub struct SyncGate {
     state: Mutex<GateState>,
@@ -435,7 +443,7 @@ struct GateState {
 }
 
 impl SyncGate {
-    /// Closes the gate: later `sync_data` calls wait until [`SyncGate::release`].
+    /// Closes the gate: later syncs that pass it wait until [`SyncGate::release`].
     pub fn close(&self) {
         self.state.lock().closed = true;
     }

@@ -65,8 +65,9 @@ struct Inner {
     sync_lock: Mutex<()>,
     /// Held around every fsync of the log directory (a segment's creation, a purge's deletions)
     /// together with the poison check before it and the poisoning after a failure, for the same
-    /// reason as `sync_lock`. A purge takes it without the write lock, so appends go on while it
-    /// deletes segments; a segment's creation takes it after the write lock.
+    /// reason as `sync_lock`. A purge takes it without the write lock, so appends that stay in
+    /// the current segment go on while it deletes segments; a segment's creation takes it after
+    /// the write lock (an append that moves to a new segment waits for a purge's deletions).
     dir_lock: Mutex<()>,
     book: Mutex<BarrierBook<Waiter>>,
     /// Waiters failed by a poisoning under the write lock or the directory lock, to complete once
@@ -460,6 +461,9 @@ impl Wal {
             let _w = self.inner.writer.lock();
             self.inner.written.load(Ordering::Acquire)
         };
+        // Taking the directory lock waits out a purge's deletions; none starts after `closed`.
+        // Whoever opens the log next may list a segment such a purge would delete.
+        drop(self.inner.dir_lock.lock());
         let outcome = self.inner.sync(last);
         self.stop_thread();
         outcome
