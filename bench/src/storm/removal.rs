@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use super::admin_probe::AdminProbe;
 use super::api::{Api, ShardSpec};
 use super::cluster::Cluster;
+use super::single::register_datanode;
 use crate::report::{median, percentile, print_table};
 
 /// The datanode that is registered and removed.
@@ -52,10 +53,7 @@ pub async fn run(
     let leader = cluster.base(cluster.leader()).to_string();
     let bases = cluster.bases_leader_first();
     let follower = bases.get(1).context("a follower")?.clone();
-    let epoch = api
-        .register_datanode(&leader, DATANODE, "10.0.0.1:9000")
-        .await
-        .context("register the datanode")?;
+    let epoch = register_datanode(api, &leader, DATANODE).await?;
     // IN_FLIGHT tasks, each taking the next batch until all are registered.
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();

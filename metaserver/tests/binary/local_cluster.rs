@@ -6,38 +6,44 @@ use std::collections::BTreeMap;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::common::{client, poll, run, send, spawn};
+use crate::common::{client, poll, poll_status, run, send, spawn, Proc};
 use crate::helpers::register_datanode;
+
+/// Starts `local-cluster` with `nodes` nodes on free ports under `dir`, passing `serve_options`
+/// on; returns it and each node's base URL by id.
+fn start(
+    dir: &tempfile::TempDir,
+    nodes: u64,
+    serve_options: &[&str],
+) -> (Proc, BTreeMap<u64, String>) {
+    let data = dir.path().join("cluster");
+    let nodes_arg = nodes.to_string();
+    let mut args = vec![
+        "local-cluster",
+        "--nodes",
+        &nodes_arg,
+        "--base-port",
+        "0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(serve_options);
+    let mut cluster = spawn(dir.path(), dir.path(), &args, &[], true);
+    let mut addrs = BTreeMap::new();
+    for id in 1..=nodes {
+        let line = cluster.wait_line(&format!("node {id} at "));
+        let addr = line.split_whitespace().next().unwrap().to_owned();
+        addrs.insert(id, format!("http://{addr}"));
+    }
+    (cluster, addrs)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();
-    let data = dir.path().join("cluster");
-    let mut cluster = spawn(
-        dir.path(),
-        dir.path(),
-        &[
-            "local-cluster",
-            "--nodes",
-            "3",
-            "--base-port",
-            "0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--",
-            "--snapshot-rate",
-            "12345",
-        ],
-        &[],
-        true,
-    );
-    let mut addrs = BTreeMap::new();
-    for id in 1..=3u64 {
-        let line = cluster.wait_line(&format!("node {id} at "));
-        let addr = line.split_whitespace().next().unwrap().to_owned();
-        addrs.insert(id, format!("http://{addr}"));
-    }
+    let (mut cluster, addrs) = start(&dir, 3, &["--snapshot-rate", "12345"]);
     // Every node reports the same leader.
     let mut leader = None;
     for base in addrs.values() {
@@ -185,28 +191,9 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
 async fn a_second_signal_is_passed_on_to_the_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();
-    let data = dir.path().join("cluster");
-    let mut cluster = spawn(
-        dir.path(),
-        dir.path(),
-        &[
-            "local-cluster",
-            "--nodes",
-            "1",
-            "--base-port",
-            "0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--",
-            // Longer than the test may take: only a second signal ends the wait.
-            "--stop-delay-ms",
-            "600000",
-        ],
-        &[],
-        true,
-    );
-    let line = cluster.wait_line("node 1 at ");
-    let base = format!("http://{}", line.split_whitespace().next().unwrap());
+    // Longer than the test may take: only a second signal ends the wait.
+    let (mut cluster, addrs) = start(&dir, 1, &["--stop-delay-ms", "600000"]);
+    let base = &addrs[&1];
     poll(&http, &format!("{base}/readyz"), None, |_| true).await;
 
     // The first signal reaches the node: it reports that it is stopping, and waits.
@@ -215,20 +202,4 @@ async fn a_second_signal_is_passed_on_to_the_nodes() {
     cluster.signal(libc::SIGTERM);
     let exit = cluster.wait_exit().await;
     assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
-}
-
-/// Polls `url` until it answers `status`, for at most the test deadline.
-async fn poll_status(http: &reqwest::Client, url: &str, status: u16) {
-    let deadline = std::time::Instant::now() + crate::common::DEADLINE;
-    loop {
-        let (got, _) = send(http, Method::GET, url, None, None).await.unwrap();
-        if got == status {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{url} never answered {status}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }

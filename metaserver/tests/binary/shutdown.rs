@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::{client, poll, send, spawn};
+use crate::common::{client, poll, poll_status, send, spawn};
 use crate::helpers::{default_server, register_datanode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,21 +131,8 @@ async fn a_stop_delay_reports_not_ready_while_still_serving() {
     poll(&http, &format!("{base}/readyz"), None, |_| true).await;
 
     server.signal(libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, v) = send(&http, Method::GET, &format!("{base}/readyz"), None, None)
-            .await
-            .unwrap();
-        if status == 503 {
-            assert!(v.to_string().contains("stopping"), "{v}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still ready after the signal: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let v = poll_status(&http, &format!("{base}/readyz"), 503).await;
+    assert!(v.to_string().contains("stopping"), "{v}");
     // Still serving.
     register_datanode(&http, &base, 3, None).await;
 

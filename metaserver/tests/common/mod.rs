@@ -237,6 +237,24 @@ pub async fn poll(
     }
 }
 
+/// Polls `url` (GET, no token) until it answers `status`; returns that answer's body.
+pub async fn poll_status(http: &reqwest::Client, url: &str, status: u16) -> Value {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (got, v) = send(http, reqwest::Method::GET, url, None, None)
+            .await
+            .unwrap();
+        if got == status {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} never answered {status}; last {got}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Runs an operator command to completion and returns (success, stdout, stderr).
 pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
