@@ -86,8 +86,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+    use meta_store::FileSystem;
+    meta_store::OsFileSystem
+        .sync_dir(dir)
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
