@@ -10,11 +10,20 @@ use crate::common::run;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_node_variable_fails_the_node_only() {
     let bad = [("METASERVER_WORKER_THREADS", "many")];
-    let (ok, _, err) = run(&["status", "--server", "127.0.0.1:1"], &bad).await;
-    assert!(!ok, "nothing listens on port 1");
-    assert!(!err.contains("worker-threads"), "{err}");
-    assert!(err.contains("127.0.0.1:1"), "{err}");
     let dir = tempfile::tempdir().unwrap();
+    // An operator command that fails on its own (it reads its file before it sends anything).
+    let missing = dir.path().join("missing.json");
+    let register = [
+        "register",
+        "--datanode",
+        "1",
+        "--file",
+        missing.to_str().unwrap(),
+    ];
+    let (ok, _, err) = run(&register, &bad).await;
+    assert!(!ok, "the file is missing");
+    assert!(!err.contains("worker-threads"), "{err}");
+    assert!(err.contains("missing.json"), "{err}");
     let data = dir.path().join("data");
     let args = ["serve", "--data-dir", data.to_str().unwrap()];
     let serve = run(&args, &bad);
