@@ -231,6 +231,7 @@ impl ApplyBatch {
                 id,
                 registered_index,
             } => self.remove_datanode_piece(index, *id, *registered_index),
+            Command::RaiseEpochFloor { at_least } => self.raise_epoch_floor(*at_least),
         }
     }
 
@@ -252,12 +253,32 @@ impl ApplyBatch {
         })
     }
 
+    /// The cluster's epoch floor (`keys::CLUSTER_EPOCH_FLOOR`), 0 until first raised.
+    fn cluster_epoch_floor(&self) -> Result<u64> {
+        Ok(self
+            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
+            .unwrap_or(0))
+    }
+
+    /// Raises the cluster's epoch floor to `at_least`; a lower one changes nothing.
+    fn raise_epoch_floor(&mut self, at_least: u64) -> Result<CommandResult> {
+        let current = self.cluster_epoch_floor()?;
+        if at_least > current {
+            self.put(keys::CLUSTER_EPOCH_FLOOR, &at_least)?;
+        }
+        Ok(CommandResult::EpochFloor {
+            floor: at_least.max(current),
+        })
+    }
+
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch
     /// (epochs never go back while it stays registered, also after a restore raised them), one
     /// above the epoch it had when it was last removed, if that was kept (its epoch floor, kept
-    /// since cluster version 3), and at least `min_epoch`. Fencing compares epochs for
-    /// equality, so a zombie of a removed incarnation whose epoch `min_epoch` raised above the
-    /// log index stays fenced; liveness orders incarnations by `registered_index`.
+    /// since cluster version 3), at least the cluster's epoch floor (since version 4), and at
+    /// least `min_epoch`. Fencing compares epochs for equality, so a zombie of a removed
+    /// incarnation, or of the cluster a restore replaced, whose epoch a floor or `min_epoch`
+    /// raised above the log index stays fenced; liveness orders incarnations by
+    /// `registered_index`.
     fn register_datanode(
         &mut self,
         index: u64,
@@ -279,7 +300,7 @@ impl ApplyBatch {
                 (0, index.max(floor.map_or(0, |f| f.saturating_add(1))))
             }
         };
-        let epoch = epoch.max(min_epoch);
+        let epoch = epoch.max(min_epoch).max(self.cluster_epoch_floor()?);
         let rec = DatanodeRecord {
             addr: addr.to_string(),
             epoch,
@@ -738,6 +759,8 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
     }
 }
 
+#[cfg(test)]
+mod epoch_floor_tests;
 #[cfg(test)]
 mod prune_tests;
 #[cfg(test)]

@@ -82,6 +82,13 @@ impl Backup {
         self.registry.datanodes()
     }
 
+    /// The highest epoch floor the backup holds (0: none): the old cluster's, and those it kept
+    /// for the ids of removed datanodes. A restore passes it, as it passes every datanode's
+    /// epoch.
+    pub fn highest_epoch_floor(&self) -> Result<u64> {
+        self.registry.highest_epoch_floor()
+    }
+
     /// One datanode's replicas by shard id, `limit` at a time (at most [`crate::MAX_PAGE`]);
     /// `after` is the previous page's `next`.
     pub fn datanode_shards(

@@ -25,12 +25,17 @@ use parking_lot::Mutex;
 use crate::types::NodeId;
 
 /// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`. 3:
-/// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes.
-pub const BUILD_VERSION: u32 = 3;
+/// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
+/// the cluster's epoch floor.
+pub const BUILD_VERSION: u32 = 4;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
 pub const PIECEWISE_REMOVAL: u32 = 3;
+
+/// The version from which the cluster keeps an epoch floor (`RaiseEpochFloor`) that every
+/// registration's epoch is at least.
+pub const CLUSTER_EPOCH_FLOOR: u32 = 4;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster_version::{BASE_VERSION, PIECEWISE_REMOVAL};
+use crate::cluster_version::{BASE_VERSION, CLUSTER_EPOCH_FLOOR, PIECEWISE_REMOVAL};
 
 /// What one piece of a prune weighs in the leader's admission window, in shards.
 const PRUNE_PIECE_WEIGHT: usize = 1_000;
@@ -82,6 +82,12 @@ pub enum Command {
         id: u64,
         registered_index: Option<u64>,
     },
+    /// Raises the cluster's epoch floor to `at_least` (never lowers it): every registration
+    /// from this entry on gets an epoch of at least the floor, whatever its id. A restore raises
+    /// it above every epoch the old cluster handed out, so that a datanode the backup does not
+    /// name, registering for the first time in the new cluster, cannot get an epoch a zombie of
+    /// the old cluster still sends with (the new cluster's log indexes start again from 1).
+    RaiseEpochFloor { at_least: u64 },
 }
 
 impl Command {
@@ -91,6 +97,7 @@ impl Command {
         match self {
             Command::PruneReplicas { .. } => 2,
             Command::RemoveDatanodePiece { .. } => PIECEWISE_REMOVAL,
+            Command::RaiseEpochFloor { .. } => CLUSTER_EPOCH_FLOOR,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -160,6 +167,7 @@ impl fmt::Display for Command {
                 write!(f, "Delete({key:?}, if {if_revision:?})")
             }
             Command::SetClusterVersion { version } => write!(f, "SetClusterVersion({version})"),
+            Command::RaiseEpochFloor { at_least } => write!(f, "RaiseEpochFloor({at_least})"),
         }
     }
 }
@@ -227,5 +235,9 @@ pub enum CommandResult {
         removed: u64,
         gone: bool,
         registered_index: u64,
+    },
+    /// The cluster's epoch floor after a `RaiseEpochFloor`.
+    EpochFloor {
+        floor: u64,
     },
 }

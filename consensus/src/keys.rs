@@ -8,7 +8,7 @@
 //! | `x`    | datanode id, shard bucket (u64 BE)    | present while the datanode holds a replica in the bucket; the value is not read |
 //! | `k`    | key bytes (UTF-8)                     | `KvRecord`                    |
 //! | `f`    | datanode id (u64 BE)                  | the epoch (`u64`) of a removed datanode: its id's next registration starts above it |
-//! | `s`    | name                                  | a cluster setting, in snapshots (the cluster's version) |
+//! | `s`    | name                                  | a cluster setting, in snapshots (the cluster's version, its epoch floor) |
 //! | `m`    | name                                  | metadata                      |
 //!
 //! Replicas are packed by shard bucket (`shard >> BUCKET_BITS`): a sled operation costs a few
@@ -40,6 +40,10 @@ pub fn is_primary(key: &[u8]) -> bool {
 
 /// The cluster's version (`u32`, see `cluster_version.rs`); absent until first raised.
 pub const CLUSTER_VERSION: &[u8] = b"sversion";
+
+/// The cluster's epoch floor (`u64`): every registration from when it was raised on gets an
+/// epoch of at least this; absent until first raised (`Command::RaiseEpochFloor`).
+pub const CLUSTER_EPOCH_FLOOR: &[u8] = b"sepochfloor";
 
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
 /// every apply writes one metadata record. Written through the redo record: current after

@@ -310,6 +310,23 @@ impl Registry {
         Ok(out)
     }
 
+    /// The highest epoch floor the registry keeps: the cluster's (`Command::RaiseEpochFloor`)
+    /// and those of removed datanodes' ids; 0 if none.
+    pub(crate) fn highest_epoch_floor(&self) -> Result<u64> {
+        let g = self.current();
+        let mut highest = g
+            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
+            .unwrap_or(0);
+        for item in g.tree.scan_prefix([keys::EPOCH_FLOOR]) {
+            let (k, v) = item.map_err(|e| Error::registry("list epoch floors", e))?;
+            let id = keys::one_id(&k).ok_or_else(|| bad_key("epoch floor", &k))?;
+            let floor: u64 = codec::decode(&v)
+                .map_err(|e| Error::corrupt(format!("epoch floor of datanode {id}"), e))?;
+            highest = highest.max(floor);
+        }
+        Ok(highest)
+    }
+
     pub(crate) fn datanode_count(&self) -> Result<u64> {
         Ok(self.current().tree.scan_prefix([keys::DATANODE]).count() as u64)
     }

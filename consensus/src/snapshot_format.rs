@@ -230,6 +230,10 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
             let _: u32 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
+        Some(&keys::SETTING) if key == keys::CLUSTER_EPOCH_FLOOR => {
+            let _: u64 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            Ok(0)
+        }
         _ => Err(Error::Snapshot(format!("unexpected {}", what()))),
     }
 }
@@ -467,8 +471,9 @@ mod tests {
     }
 
     #[test]
-    fn an_epoch_floor_travels_in_a_snapshot() {
+    fn epoch_floors_travel_in_a_snapshot() {
         let (_d, reg) = registry();
+        apply(&reg, 1, Command::RaiseEpochFloor { at_least: 40 });
         apply(
             &reg,
             1,
@@ -514,6 +519,15 @@ mod tests {
         assert_eq!(
             b.execute(3, &again).unwrap(),
             CommandResult::DatanodeRegistered { id: 1, epoch: 51 }
+        );
+        // Another id's starts at the cluster's floor.
+        let other_id = Command::RegisterDatanode {
+            id: 2,
+            addr: "a".into(),
+        };
+        assert_eq!(
+            b.execute(4, &other_id).unwrap(),
+            CommandResult::DatanodeRegistered { id: 2, epoch: 40 }
         );
     }
 

@@ -13,7 +13,9 @@ mod fields;
 mod object_only;
 mod query;
 
-pub use cluster::{AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, InitBody};
+pub use cluster::{
+    AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, EpochFloorBody, InitBody,
+};
 pub use command::validate_command;
 pub use datanodes::{
     EpochBody, RegisterDatanodeBody, RegisterShardsBody, ShardBody, MAX_MIN_EPOCH,

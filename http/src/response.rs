@@ -258,6 +258,13 @@ pub struct ReplicationView {
     pub heard_ms: Option<u64>,
 }
 
+/// `PUT /v1/cluster/epoch-floor`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochFloorView {
+    /// The cluster's epoch floor now: every registration gets an epoch of at least this.
+    pub epoch_floor: u64,
+}
+
 /// `POST /v1/cluster/init`, `POST /v1/cluster/learners`, `PUT /v1/cluster/voters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MembershipView {

@@ -8,6 +8,12 @@
 //! (a removal's later piece excepted: it goes to that leader as a command, see `Writer::write`).
 //! When the leader it was sent to refuses it without acting on it (it no longer leads, or
 //! cannot be reached), it is sent once more, to the next leader this node learns of.
+//!
+//! A command that needs a cluster version this node has not applied (`RaiseEpochFloor` before
+//! any member raised the version to 4) is never sent in a batch: a leader of an older build could
+//! not decode the batch, and would refuse every write in it. This node's core answers "forward
+//! to leader" for it, and the middleware replays the request; a leader of an older build answers
+//! that as it answers any route it does not know.
 
 use std::convert::Infallible;
 
@@ -47,8 +53,9 @@ impl Writer {
     /// node that proposed it (this one, or the leader it was forwarded to). Bad input is
     /// refused before anything is sent or proposed.
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
+        let decodable = self.node.cluster_version() >= cmd.required_version();
         match self.node.route(&cmd)? {
-            Some((leader_id, addr)) if !self.forwarded => {
+            Some((leader_id, addr)) if !self.forwarded && decodable => {
                 let term = self.node.term();
                 let sent = self
                     .batcher

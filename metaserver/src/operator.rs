@@ -26,6 +26,38 @@ pub struct Operator {
     http: reqwest::Client,
 }
 
+/// A member's non-2xx answer: its status, and the API's error code and message when the
+/// body is the API's JSON error (else the body).
+pub(crate) struct Refused {
+    pub status: reqwest::StatusCode,
+    error: Option<(String, String)>,
+    body: String,
+}
+
+impl Refused {
+    async fn read(response: reqwest::Response) -> Refused {
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        let error = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
+            let e = v.get("error")?;
+            Some((
+                e.get("code")?.as_str()?.to_owned(),
+                e.get("message")?.as_str()?.to_owned(),
+            ))
+        });
+        Refused {
+            status,
+            error,
+            body,
+        }
+    }
+
+    /// The API's error code, when the body is the API's JSON error.
+    pub fn code(&self) -> Option<&str> {
+        self.error.as_ref().map(|(code, _)| code.as_str())
+    }
+}
+
 /// The shards file: a bare list, or a batch with its epoch.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -83,44 +115,58 @@ impl Operator {
 
     /// The error for a non-2xx answer: its status, and the API's code and message.
     async fn refusal(&self, response: reqwest::Response) -> anyhow::Error {
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
-        let detail = serde_json::from_str::<Value>(&body)
-            .ok()
-            .and_then(|v| {
-                let e = v.get("error")?;
-                Some(format!(
-                    "{}: {}",
-                    e.get("code")?.as_str()?,
-                    e.get("message")?.as_str()?
-                ))
-            })
-            .unwrap_or(body);
-        anyhow::anyhow!("{} answered {status}: {detail}", self.base)
+        self.refused_error(Refused::read(response).await)
+    }
+
+    /// The error for `refused`: its status, and the API's code and message (or the body).
+    pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
+        let detail = match refused.error {
+            Some((code, message)) => format!("{code}: {message}"),
+            None => refused.body,
+        };
+        anyhow::anyhow!("{} answered {}: {detail}", self.base, refused.status)
     }
 
     /// Sends the request `build` makes, and again while the member cannot be reached or the
     /// cluster has no leader (503), every [`RETRY_PAUSE`] for at most [`RETRY_FOR`]: a
-    /// leader change or a member restarting does not end a long command. A request that may
-    /// have been applied before its answer was lost may so be sent twice: callers send only
-    /// requests that apply once (a replica registered again is `unchanged`) or check.
+    /// leader change or a member restarting does not end a long command. A 503 `cluster_version`
+    /// is not sent again: a member of an older build does not change by waiting. A request
+    /// that may have been applied before its answer was lost may so be sent twice: callers send
+    /// only requests that apply once (a replica registered again is `unchanged`) or check.
     pub(crate) async fn send_retrying(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
+        self.answer_retrying(build)
+            .await?
+            .map_err(|refused| self.refused_error(refused))
+    }
+
+    /// [`Operator::send_retrying`], which hands back the non-2xx answer it stops at rather than
+    /// an error, for callers that act on its status or code.
+    pub(crate) async fn answer_retrying(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<std::result::Result<reqwest::Response, Refused>> {
         let deadline = std::time::Instant::now() + RETRY_FOR;
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             match build().send().await {
-                Ok(r) if r.status().is_success() => return Ok(r),
-                Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
-                    return Err(self.refusal(r).await)
+                Ok(r) if r.status().is_success() => return Ok(Ok(r)),
+                Ok(r) => {
+                    let refused = Refused::read(r).await;
+                    let transient = refused.status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                        && refused.code() != Some("cluster_version");
+                    if !transient || last_try {
+                        return Ok(Err(refused));
+                    }
                 }
                 Err(e) if !e.is_connect() || last_try => {
                     return Err(e).with_context(|| format!("contacting {}", self.base))
                 }
-                Ok(_) | Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+                Err(_) => {}
             }
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 

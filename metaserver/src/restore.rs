@@ -3,10 +3,13 @@
 //!
 //! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key
 //! and value checked against what the cluster accepts, before anything is sent. The target must
-//! be empty (no datanode, no key): a restore never merges into live data. Every datanode is
-//! registered again with its address and a new epoch above any the old cluster handed out
-//! (the time in microseconds, or more: see [`epoch_floor`]), so a datanode's next request with
-//! its old epoch is fenced and it registers again, as after any epoch change; then its replicas, with
+//! be empty (no datanode, no key): a restore never merges into live data. It first raises the
+//! cluster's epoch floor above any epoch the old cluster handed out (the time in microseconds,
+//! or more: see [`epoch_floor`]), so that every registration in the new cluster, also of a
+//! datanode the backup does not name, gets an epoch no zombie of the old cluster sends with. Every
+//! datanode is registered again with its address and a new epoch above that floor, so a
+//! datanode's next request with its old epoch is fenced and it registers again, as after any
+//! epoch change; then its replicas, with
 //! their generations and sizes, in batches of 10,000 under that epoch. Every key is written with
 //! `if_revision=0` (it must not exist yet), 32 at a time, and gets a new revision. The writes go
 //! through Raft like any other: when the command returns, everything restored is durable on a
@@ -23,7 +26,9 @@ use futures::StreamExt;
 use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::{validate_new_key, validate_value, MAX_MIN_EPOCH};
-use meta_http::response::{DatanodeList, DatanodeRegistered, KvKeyPage, ShardsRegistered};
+use meta_http::response::{
+    DatanodeList, DatanodeRegistered, EpochFloorView, KvKeyPage, ShardsRegistered,
+};
 use serde_json::{json, Value};
 
 use crate::cli::ClientArgs;
@@ -38,6 +43,8 @@ const KEY_WRITES_IN_FLIGHT: usize = 32;
 /// What a restore wrote.
 #[derive(Debug, Default)]
 struct Restored {
+    /// The cluster's epoch floor, `None` when it could not be raised (an older build).
+    epoch_floor: Option<u64>,
     datanodes: u64,
     replicas: u64,
     keys: u64,
@@ -74,6 +81,7 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         json!({
             "file": file.display().to_string(),
             "index": index,
+            "epoch_floor": restored.epoch_floor,
             "datanodes": restored.datanodes,
             "replicas": restored.replicas,
             "keys": restored.keys,
@@ -86,7 +94,8 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
 async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
     let mut restored = Restored::default();
     let datanodes = read(backup, |b| b.datanodes()).await?;
-    let min_epoch = epoch_floor(now_micros(), &datanodes);
+    let floors = read(backup, |b| b.highest_epoch_floor()).await?;
+    let min_epoch = epoch_floor(now_micros(), &datanodes, floors);
     if min_epoch > MAX_MIN_EPOCH {
         bail!(
             "the backup holds epochs up to {}: a restore cannot give its datanodes epochs \
@@ -95,6 +104,7 @@ async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
             min_epoch - 1
         );
     }
+    restored.epoch_floor = raise_epoch_floor(op, min_epoch).await?;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
@@ -189,18 +199,57 @@ async fn check_empty(op: &Operator) -> Result<()> {
     Ok(())
 }
 
-/// The smallest epoch a restored datanode gets: the time now (`now_micros`, microseconds since
-/// 1970), and more than every epoch in the backup. Epochs are log indexes, raised past older
-/// epochs of the same datanode; a cluster appends far fewer than a million entries a second, so
-/// every epoch the old cluster (or an earlier restore) handed out since the backup is below the
-/// time, unless a registration asked for a higher floor, which the backup's epochs then show.
-/// A batch a datanode sends under an old epoch is fenced (it must register again) instead of
-/// landing on the restored registry.
-fn epoch_floor(now_micros: u64, datanodes: &[DatanodeInfo]) -> u64 {
+/// The restored cluster's epoch floor, and the smallest epoch a restored datanode gets: the
+/// time now (`now_micros`, microseconds since 1970), and more than every epoch in the backup
+/// (its datanodes' epochs, and `floors`, the highest epoch floor it keeps). Epochs are log
+/// indexes, raised past older epochs of the same datanode; a cluster appends far fewer than a
+/// million entries a second, so every epoch the old cluster (or an earlier restore) handed out
+/// since the backup is below the time, unless a registration asked for a higher floor, which
+/// the backup's epochs then show. A batch a datanode sends under an old epoch is fenced (it
+/// must register again) instead of landing on the restored registry.
+fn epoch_floor(now_micros: u64, datanodes: &[DatanodeInfo], floors: u64) -> u64 {
     datanodes
         .iter()
         .map(|d| d.epoch.saturating_add(1))
-        .fold(now_micros, u64::max)
+        .fold(now_micros.max(floors.saturating_add(1)), u64::max)
+}
+
+/// Raises the cluster's epoch floor to `floor`: every registration from now on, also of a
+/// datanode the backup does not name, gets an epoch of at least that. Answers the floor, or
+/// `None`, with a warning, when the cluster cannot keep one (a member runs a build older than
+/// version 4): the restore goes on, and the backup's datanodes still get epochs above `floor`.
+async fn raise_epoch_floor(op: &Operator, floor: u64) -> Result<Option<u64>> {
+    let body = json!({ "at_least": floor });
+    let answer = op
+        .answer_retrying(|| {
+            op.request(reqwest::Method::PUT, "/v1/cluster/epoch-floor")
+                .json(&body)
+        })
+        .await?;
+    match answer {
+        Ok(r) => {
+            let raised: EpochFloorView = r
+                .json()
+                .await
+                .context("decoding the answer to the epoch floor's raise")?;
+            Ok(Some(raised.epoch_floor))
+        }
+        Err(refused)
+            if refused.code() == Some("cluster_version")
+                || refused.status == reqwest::StatusCode::NOT_FOUND =>
+        {
+            eprintln!(
+                "warning: {}; the restored datanodes get epochs above every epoch of the \
+                 backup, but a datanode it does not name registers with a low epoch: keep the \
+                 old cluster's datanodes that the backup does not name away until they restart",
+                op.refused_error(refused)
+            );
+            Ok(None)
+        }
+        Err(refused) => Err(op
+            .refused_error(refused)
+            .context("raising the cluster's epoch floor")),
+    }
 }
 
 /// The time now in microseconds since 1970.
@@ -344,11 +393,13 @@ mod tests {
             shards: 0,
         };
         let now = 1_800_000_000_000_000;
-        assert_eq!(epoch_floor(now, &[]), now);
-        assert_eq!(epoch_floor(now, &[datanode(1, 5), datanode(2, 9)]), now);
+        assert_eq!(epoch_floor(now, &[], 0), now);
+        assert_eq!(epoch_floor(now, &[datanode(1, 5), datanode(2, 9)], 7), now);
         let raised = [datanode(1, 5), datanode(2, now + 41), datanode(3, now + 7)];
-        assert_eq!(epoch_floor(now, &raised), now + 42);
-        assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)]), u64::MAX);
+        assert_eq!(epoch_floor(now, &raised, 0), now + 42);
+        assert_eq!(epoch_floor(now, &raised, now + 50), now + 51);
+        assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)], 0), u64::MAX);
+        assert_eq!(epoch_floor(now, &[], u64::MAX), u64::MAX);
     }
 
     #[test]

@@ -133,6 +133,12 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
         )
         .await;
     }
+    // Datanode 11 registered far above the log index, then removed: its id's epoch floor is
+    // all the backup keeps of it.
+    const REMOVED_EPOCH: u64 = 4_000_000_000_000_000;
+    let body = json!({"addr": "10.0.0.11:9000", "min_epoch": REMOVED_EPOCH}).to_string();
+    ok(Method::PUT, &from, "/v1/datanodes/11", Some(body)).await;
+    ok(Method::DELETE, &from, "/v1/datanodes/11", None).await;
     let expected = content(&from).await;
     assert_eq!(
         expected["datanodes"][0]["replicas"]
@@ -156,6 +162,10 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
     )
     .await;
     assert!(saved, "{err}");
+    // Datanode 10 registers after the backup was taken: the backup does not name it.
+    let body = json!({"addr": "10.0.0.10:9000"}).to_string();
+    let v = ok(Method::PUT, &from, "/v1/datanodes/10", Some(body)).await;
+    old_epochs.push((10, v["epoch"].as_u64().unwrap()));
     source.stop().await;
 
     let (mut target, to) = start(&dir.path().join("target")).await;
@@ -179,7 +189,16 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
         "{out}"
     );
     assert_eq!(content(&to).await, expected);
-    // A batch under an epoch of the old cluster is fenced: the restored epochs are above every
+    // The restore raised the cluster's epoch floor above every epoch of the backup, the removed
+    // datanode's included; datanodes the backup does not name register above it.
+    let floor = summary["epoch_floor"].as_u64().unwrap();
+    assert!(floor > REMOVED_EPOCH, "{out}");
+    for id in [10, 11] {
+        let body = json!({"addr": format!("10.0.0.{id}:9000")}).to_string();
+        let v = ok(Method::PUT, &to, &format!("/v1/datanodes/{id}"), Some(body)).await;
+        assert!(v["epoch"].as_u64().unwrap() >= floor, "{v}");
+    }
+    // A batch under an epoch of the old cluster is fenced: the new epochs are above every
     // epoch it handed out (the fresh cluster's own log indexes are small, and would repeat
     // them).
     for (id, old) in old_epochs {

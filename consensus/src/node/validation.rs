@@ -42,7 +42,8 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         Command::DeregisterShards { shards, .. } => check_shards(shards.len())?,
         Command::RemoveDatanode { .. }
         | Command::PruneReplicas { .. }
-        | Command::RemoveDatanodePiece { .. } => {}
+        | Command::RemoveDatanodePiece { .. }
+        | Command::RaiseEpochFloor { .. } => {}
         Command::Put { key, value, .. } => {
             check_key(key)?;
             if value.len() > MAX_VALUE_BYTES {

@@ -6,20 +6,22 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use meta_consensus::{ClusterStatus, Node, Role};
+use meta_consensus::{ClusterStatus, Command, CommandResult, Node, Role};
 
+use super::unexpected;
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::raft_routes::PATH_REMOVED;
 use crate::request::{
-    validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, InitBody,
-    ReadQuery,
+    validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody,
+    EpochFloorBody, InitBody, ReadQuery,
 };
 use crate::response::{
-    ClusterView, ConfigView, MembershipView, ReplicationView, SnapshotView, WalView,
+    ClusterView, ConfigView, EpochFloorView, MembershipView, ReplicationView, SnapshotView, WalView,
 };
 use crate::state::AppState;
+use crate::writer::Writer;
 
 /// The role's name in the API.
 pub fn role_name(role: Role) -> &'static str {
@@ -193,6 +195,25 @@ pub async fn change_voters(
     state.node.change_voters(voters).await?;
     tell_the_removed(&state, before);
     Ok(axum::Json(membership(&state)))
+}
+
+/// `PUT /v1/cluster/epoch-floor` `{"at_least": N}`: raises the cluster's epoch floor to N
+/// (never lowers it); every registration from then on gets an epoch of at least the floor. A
+/// restore raises it above every epoch of the cluster it replaces. Needs cluster version 4:
+/// refused with 503 `cluster_version` while a member runs an older build.
+pub async fn raise_epoch_floor(
+    _: NoQuery,
+    writer: Writer,
+    Json(body): Json<EpochFloorBody>,
+) -> Result<axum::Json<EpochFloorView>, ApiError> {
+    let at_least = body.validate()?;
+    let written = writer.write(Command::RaiseEpochFloor { at_least }).await?;
+    match written.result {
+        CommandResult::EpochFloor { floor } => {
+            Ok(axum::Json(EpochFloorView { epoch_floor: floor }))
+        }
+        other => Err(unexpected(other)),
+    }
 }
 
 /// Sends each member of `before` that the committed membership now leaves out its removal

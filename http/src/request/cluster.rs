@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Deserializer};
 
+use super::datanodes::MAX_MIN_EPOCH;
 use super::fields::validate_addr;
 use crate::error::ApiError;
 
@@ -41,6 +42,31 @@ fn unique_members<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, Strin
         }
     }
     d.deserialize_map(Members)
+}
+
+/// Body of `PUT /v1/cluster/epoch-floor`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpochFloorBody {
+    /// The cluster's epoch floor is raised to this (at most [`MAX_MIN_EPOCH`]); a lower one
+    /// changes nothing.
+    pub at_least: u64,
+}
+
+impl EpochFloorBody {
+    /// The floor asked for, if it is one the API accepts.
+    pub fn validate(&self) -> Result<u64, ApiError> {
+        if self.at_least > MAX_MIN_EPOCH {
+            return Err(ApiError::invalid(
+                "invalid_epoch",
+                format!(
+                    "at_least must be at most {MAX_MIN_EPOCH}, not {}",
+                    self.at_least
+                ),
+            ));
+        }
+        Ok(self.at_least)
+    }
 }
 
 /// Body of `POST /v1/cluster/learners`.

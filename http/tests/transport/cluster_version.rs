@@ -1,7 +1,8 @@
 //! The cluster's version over HTTP: the leader learns each member's build version from its
 //! answers, a command the cluster cannot take yet is refused with 503 `cluster_version` (also
 //! when a follower forwards it), and a learner whose build is older than the cluster is refused
-//! with 409 `build_too_old`. A removal goes in pieces only once every member applies them.
+//! with 409 `build_too_old`. A removal goes in pieces only once every member applies them, and
+//! the cluster keeps an epoch floor only once every member does.
 
 use std::collections::BTreeMap;
 
@@ -177,5 +178,62 @@ async fn a_removal_sent_to_a_follower_goes_in_pieces_once_every_member_applies_t
         )
         .await;
         assert_eq!(status, 404, "{answer}");
+    }
+}
+
+/// Raises the cluster's epoch floor to `at_least` through `server`.
+async fn raise_floor(server: &Server, at_least: u64) -> (u16, Value) {
+    let body = json!({ "at_least": at_least });
+    let (status, _, answer) = send(
+        reqwest::Method::PUT,
+        server,
+        "/v1/cluster/epoch-floor",
+        body,
+    )
+    .await;
+    (status, answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registration() {
+    const FLOOR: u64 = 1 << 40;
+    for builds in [[4, 4, 3], [4, 4, 4]] {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = start_cluster(&dir, builds).await;
+        let leader = the_leader(&servers);
+        let follower = servers
+            .values()
+            .find(|s| s.node.id() != leader.node.id())
+            .unwrap();
+        let want: BTreeMap<u64, Option<u32>> = (1..=3)
+            .map(|id| (id, Some(builds[id as usize - 1])))
+            .collect();
+        wait_for(
+            || leader.node.status().member_versions == want,
+            "the leader knows every member's build",
+        )
+        .await;
+        // Through a follower first, which has not applied the version yet: the leader raises
+        // it, or refuses.
+        let (status, answer) = raise_floor(follower, FLOOR).await;
+        if builds[2] < 4 {
+            assert_eq!(status, 503, "{answer}");
+            assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");
+            let (status, answer) = raise_floor(leader, FLOOR).await;
+            assert_eq!(status, 503, "{answer}");
+            // Nothing changed: registrations start at the log index.
+            assert!(register(follower).await < FLOOR);
+            assert_eq!(leader.node.cluster_version(), 1);
+            continue;
+        }
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer, json!({ "epoch_floor": FLOOR }));
+        // A lower floor lowers nothing.
+        let (status, answer) = raise_floor(leader, 5).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer, json!({ "epoch_floor": FLOOR }));
+        assert_eq!(leader.node.cluster_version(), 4);
+        assert_eq!(register(follower).await, FLOOR);
+        assert_eq!(register(leader).await, FLOOR + 1);
     }
 }
