@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::change_feed::{Change, ChangeEvent};
-use crate::cluster_version::{BASE_VERSION, PIECEWISE_REMOVAL};
+use crate::cluster_version::{BASE_VERSION, FENCING_REMOVAL, PIECEWISE_REMOVAL};
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -557,7 +557,7 @@ impl ApplyBatch {
     }
 
     /// Removes a datanode and every replica it holds in one entry, however many (the removal
-    /// of a cluster whose version is below 3). In a cluster of version 3 (a raise may commit
+    /// of a cluster whose version is below 3). In a cluster of version 3 or more (a raise may commit
     /// between the leader's choice and this entry) its epoch is kept as a floor, as
     /// [`ApplyBatch::remove_datanode_piece`] keeps it.
     fn remove_datanode(&mut self, index: u64, id: u64) -> Result<CommandResult> {
@@ -592,6 +592,13 @@ impl ApplyBatch {
     /// bucket every time), it drops the record too and keeps its epoch as the id's epoch floor.
     /// A piece for the incarnation registered at `incarnation` finds the datanode registered
     /// again is refused (`Fenced`), and changes nothing.
+    ///
+    /// From cluster version 4 (decided by the applied version, so every member writes the same),
+    /// a first piece that leaves the datanode replicas also raises its epoch by one: the
+    /// incarnation's batches, prunes and heartbeats are fenced from then on, as they are once it
+    /// is gone, so a live datanode registering replicas cannot keep its removal going (a piece
+    /// drops at most 4,096 replicas, a batch adds up to 10,000). A datanode told so registers
+    /// again, and the removal's next piece ends it with `Fenced`, as for any registration.
     fn remove_datanode_piece(
         &mut self,
         index: u64,
@@ -609,6 +616,11 @@ impl ApplyBatch {
         let registered_index = dn.registered_index;
         let (gone, more) = self.drop_in_piece(id, 0, None)?;
         if more.is_some() {
+            let mut dn = dn;
+            if incarnation.is_none() && self.cluster_version()? >= FENCING_REMOVAL {
+                dn.epoch = dn.epoch.saturating_add(1);
+                self.put(&keys::datanode(id), &dn)?;
+            }
             let removed = self.replicas_dropped(index, id, dn, gone)?;
             return Ok(CommandResult::RemovalPiece {
                 removed,

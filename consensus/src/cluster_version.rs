@@ -26,7 +26,7 @@ use crate::types::NodeId;
 
 /// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`. 3:
 /// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
-/// the cluster's epoch floor.
+/// the cluster's epoch floor, and a removal's first piece fences the incarnation it removes.
 pub const BUILD_VERSION: u32 = 4;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
@@ -36,6 +36,10 @@ pub const PIECEWISE_REMOVAL: u32 = 3;
 /// The version from which the cluster keeps an epoch floor (`RaiseEpochFloor`) that every
 /// registration's epoch is at least.
 pub const CLUSTER_EPOCH_FLOOR: u32 = 4;
+
+/// The version from which a removal's first piece fences the incarnation it removes (its
+/// epoch goes up by one), so that the datanode's batches cannot keep a removal going.
+pub const FENCING_REMOVAL: u32 = 4;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

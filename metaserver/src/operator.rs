@@ -129,10 +129,9 @@ impl Operator {
 
     /// Sends the request `build` makes, and again while the member cannot be reached or the
     /// cluster has no leader (503), every [`RETRY_PAUSE`] for at most [`RETRY_FOR`]: a
-    /// leader change or a member restarting does not end a long command. A 503 `cluster_version`
-    /// is not sent again: a member of an older build does not change by waiting. A request
-    /// that may have been applied before its answer was lost may so be sent twice: callers send
-    /// only requests that apply once (a replica registered again is `unchanged`) or check.
+    /// leader change or a member restarting does not end a long command. A request that may
+    /// have been applied before its answer was lost may so be sent twice: callers send only
+    /// requests that apply once (a replica registered again is `unchanged`) or check.
     pub(crate) async fn send_retrying(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
@@ -153,14 +152,10 @@ impl Operator {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             match build().send().await {
                 Ok(r) if r.status().is_success() => return Ok(Ok(r)),
-                Ok(r) => {
-                    let refused = Refused::read(r).await;
-                    let transient = refused.status == reqwest::StatusCode::SERVICE_UNAVAILABLE
-                        && refused.code() != Some("cluster_version");
-                    if !transient || last_try {
-                        return Ok(Err(refused));
-                    }
+                Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
+                    return Ok(Err(Refused::read(r).await))
                 }
+                Ok(_) => {}
                 Err(e) if !e.is_connect() || last_try => {
                     return Err(e).with_context(|| format!("contacting {}", self.base))
                 }

@@ -136,6 +136,48 @@ fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
 }
 
 #[test]
+fn from_version_4_the_first_piece_fences_the_incarnation_it_removes() {
+    for version in [3, 4] {
+        let (_dir, reg) = registry();
+        let all: Vec<u64> = (0..10_000).collect();
+        let mut cmds = vec![Command::SetClusterVersion { version }, dn(1)];
+        cmds.extend(register(1, 2, &all));
+        apply(&reg, 1, &cmds);
+        let first = apply(&reg, 10, &[piece(1, None)]);
+        assert!(
+            matches!(first[..], [CommandResult::RemovalPiece { gone: false, .. }]),
+            "{first:?}"
+        );
+        let late = apply(&reg, 11, &register(1, 2, &[0, 1, 2, 1_000_000]));
+        let prune = Command::PruneReplicas {
+            datanode: 1,
+            epoch: 2,
+            from_bucket: 0,
+        };
+        let pruned = apply(&reg, 12, &[prune]);
+        let rest = remove_in_pieces(&reg, 13, 1, Some(2));
+        if version == 3 {
+            // The incarnation's batches still land, and go with it.
+            assert!(
+                matches!(late[..], [CommandResult::ShardsRegistered { .. }]),
+                "{late:?}"
+            );
+            assert_eq!(removed(&rest), 10_000 - 4_096 + 4);
+        } else {
+            // Its batch and its prune are fenced: the removal has only what was there left.
+            let fenced = vec![CommandResult::Fenced { current_epoch: 3 }];
+            assert_eq!((late, pruned), (fenced.clone(), fenced));
+            assert_eq!(removed(&rest), 10_000 - 4_096);
+        }
+        assert!(!anything_of(&reg, 1));
+        assert_eq!(reg.current().replica_count().unwrap(), 0);
+        // The floor kept is the fenced epoch: the id's next registration starts above it.
+        let floor = if version == 3 { 2 } else { 3 };
+        assert_eq!(epoch(&apply(&reg, 3, &[dn(1)])[0]), floor + 1);
+    }
+}
+
+#[test]
 fn a_removal_stops_at_a_new_incarnation() {
     let (_dir, reg) = registry();
     let all: Vec<u64> = (0..5_000).collect();

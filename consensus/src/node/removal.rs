@@ -1,16 +1,18 @@
 //! Removing a datanode. In a cluster of version 3 (`cluster_version.rs`) a removal goes to the
 //! log in pieces of bounded work (`RemoveDatanodePiece`), so that removing a datanode that holds
 //! a million replicas holds up other writes and reads no more than a storm batch does, and the
-//! removed datanode's epoch is kept as the floor of its id's next registration. Below version 3
-//! (a member runs an older build, or did not answer), it goes as one entry (`RemoveDatanode`),
-//! as before: a removal never waits for the cluster's version.
+//! removed datanode's epoch is kept as the floor of its id's next registration. From version 4
+//! the first piece also fences the incarnation it removes, so the datanode's batches cannot
+//! keep the removal going. The leader raises the version as far as every member allows (4, else
+//! 3); below 3 (a member runs an older build, or did not answer), a removal goes as one entry
+//! (`RemoveDatanode`), as before: a removal never waits for the cluster's version.
 //!
 //! The leader answers a `RemoveDatanode` with one entry (after raising the version, if it does):
 //! the first piece, or the whole removal. The caller proposes the next pieces itself, one write
 //! each (the HTTP handler does), so a forwarded removal holds up no other write of its batch.
 
 use super::MetaNode;
-use crate::cluster_version::PIECEWISE_REMOVAL;
+use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL};
 use crate::command::Command;
 use crate::error::Result;
 use crate::view::{Consistency, Written};
@@ -30,7 +32,11 @@ impl MetaNode {
         }
         // As of the lease: a fresh leader may not have applied a recent registration yet.
         let known = self.datanode(Consistency::Lease, id).await?.is_some();
-        let pieces = known && self.try_version(PIECEWISE_REMOVAL).await.unwrap_or(false);
+        // The newest way every member allows: pieces whose first fences the incarnation, else
+        // pieces, else one entry.
+        let pieces = known
+            && (self.try_version(FENCING_REMOVAL).await.unwrap_or(false)
+                || self.try_version(PIECEWISE_REMOVAL).await.unwrap_or(false));
         let cmd = match pieces {
             true => Command::RemoveDatanodePiece {
                 id,

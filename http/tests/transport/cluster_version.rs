@@ -154,7 +154,7 @@ async fn register_and_remove(leader: &Server, via: &Server) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_sent_to_a_follower_goes_in_pieces_once_every_member_applies_them() {
-    for (builds, version) in [([3, 3, 2], 1), ([3, 3, 3], 3)] {
+    for (builds, version) in [([3, 3, 2], 1), ([3, 3, 3], 3), ([4, 4, 4], 4)] {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
         let leader = the_leader(&servers);
