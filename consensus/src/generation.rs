@@ -186,6 +186,13 @@ impl Generation {
             .unwrap_or(crate::cluster_version::BASE_VERSION))
     }
 
+    /// The cluster's epoch floor stored in this generation (0: never raised).
+    pub(crate) fn epoch_floor(&self) -> Result<u64> {
+        Ok(self
+            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
+            .unwrap_or(0))
+    }
+
     pub(crate) fn replica_count(&self) -> Result<u64> {
         Ok(self.applied_record()?.map(|r| r.replicas).unwrap_or(0))
     }

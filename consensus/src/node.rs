@@ -461,6 +461,7 @@ impl MetaNode {
             watches_waiting: sm.feed.waiting() as u64,
             watch_floor: sm.feed.floor(),
             cluster_version: sm.cluster_version(),
+            epoch_floor: sm.epoch_floor(),
             build_version: self.inner.cfg.build_version,
             member_versions: if m.state == openraft::ServerState::Leader {
                 self.member_versions()

@@ -63,6 +63,11 @@ impl Replacement {
     pub(crate) fn cluster_version(&self) -> Result<u32> {
         self.generation.cluster_version()
     }
+
+    /// The cluster's epoch floor the imported registry holds.
+    pub(crate) fn epoch_floor(&self) -> Result<u64> {
+        self.generation.epoch_floor()
+    }
 }
 
 fn generation_name(n: u64) -> String {

@@ -92,6 +92,8 @@ pub(crate) struct SmShared {
     /// applies (`NodeConfig::build_version`).
     cluster_version: AtomicU32,
     build_version: AtomicU32,
+    /// The cluster's epoch floor as applied (for the status; the registry is the record).
+    epoch_floor: AtomicU64,
     /// The deferred batch (see the module comment). Held while entries execute and while a
     /// batch commits, so a read that commits it first sees every applied entry.
     deferred: Mutex<Option<Deferred>>,
@@ -184,6 +186,7 @@ impl StateMachine {
         let applied = gen.applied()?;
         let replicas = gen.replica_count()?;
         let cluster_version = gen.cluster_version()?;
+        let epoch_floor = gen.epoch_floor()?;
         drop(gen);
         let datanodes = registry.datanode_count()?;
         let feed = ChangeFeed::new(applied.0.map_or(0, |l| l.index), DEFAULT_HISTORY);
@@ -199,6 +202,7 @@ impl StateMachine {
                 datanodes: AtomicU64::new(datanodes),
                 cluster_version: AtomicU32::new(cluster_version),
                 build_version: AtomicU32::new(BUILD_VERSION),
+                epoch_floor: AtomicU64::new(epoch_floor),
                 deferred: Mutex::new(None),
                 failed: AtomicBool::new(false),
                 defer_max_age: DEFER_MAX_AGE,
@@ -279,6 +283,12 @@ impl SmShared {
     /// The cluster's version as applied here (`cluster_version.rs`).
     pub(crate) fn cluster_version(&self) -> u32 {
         self.cluster_version.load(Ordering::Acquire)
+    }
+
+    /// The cluster's epoch floor as applied here (`Command::RaiseEpochFloor`), 0 until first
+    /// raised.
+    pub(crate) fn epoch_floor(&self) -> u64 {
+        self.epoch_floor.load(Ordering::Acquire)
     }
 
     /// [`Error::BuildTooOld`] if this build cannot apply a log or registry of cluster version
@@ -611,6 +621,9 @@ impl SmShared {
                     if let Command::SetClusterVersion { version } = cmd {
                         self.cluster_version.fetch_max(*version, Ordering::AcqRel);
                     }
+                    if let CommandResult::EpochFloor { floor } = result {
+                        self.epoch_floor.fetch_max(floor, Ordering::AcqRel);
+                    }
                     result
                 }
                 EntryPayload::Membership(m) => {
@@ -674,9 +687,9 @@ impl SmShared {
         let checked = imported.and_then(|t| {
             let version = replacement.cluster_version()?;
             self.check_build(version)?;
-            Ok((t, version))
+            Ok((t, version, replacement.epoch_floor()?))
         });
-        let (trailer, cluster_version) = match checked {
+        let (trailer, cluster_version, epoch_floor) = match checked {
             Ok(x) => x,
             Err(e) => {
                 self.registry.abort_replace(replacement);
@@ -702,6 +715,7 @@ impl SmShared {
         self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
         self.cluster_version
             .store(cluster_version, Ordering::Release);
+        self.epoch_floor.store(epoch_floor, Ordering::Release);
         self.stats.installed(started.elapsed());
         tracing::info!(
             "installed snapshot {meta}: {} datanodes, {} replicas, {} keys",

@@ -90,6 +90,9 @@ pub struct ClusterStatus {
     /// applies (see `cluster_version.rs`).
     pub cluster_version: u32,
     pub build_version: u32,
+    /// The cluster's epoch floor as this node applied it (0: never raised): every
+    /// registration's epoch is at least this.
+    pub epoch_floor: u64,
     /// The version each member's build answered with recently (`None`: no recent answer);
     /// leader only.
     pub member_versions: BTreeMap<NodeId, Option<u32>>,

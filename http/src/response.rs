@@ -241,6 +241,11 @@ pub struct ClusterView {
     /// The highest cluster version this node's build applies.
     #[serde(default)]
     pub build_version: u32,
+    /// The cluster's epoch floor as this node applied it (0: never raised): every
+    /// registration's epoch is at least this (`PUT /v1/cluster/epoch-floor`; a restore raises
+    /// it).
+    #[serde(default)]
+    pub epoch_floor: u64,
     /// The build version each member answered the leader with recently, by id (`null`: no
     /// recent answer), on the leader only.
     #[serde(default)]

@@ -223,7 +223,8 @@ async fn a_snapshot_right_after_applies_holds_every_applied_entry() {
 }
 
 /// The cluster's version rises with `SetClusterVersion` and never falls, travels in snapshots
-/// and survives a reopen; a build older than it refuses the entry and the snapshot.
+/// and survives a reopen (as does the cluster's epoch floor); a build older than it refuses the
+/// entry and the snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
     use crate::cluster_version::BASE_VERSION;
@@ -234,7 +235,10 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
     let mut entries = workload();
     entries.push(entry(23, Command::SetClusterVersion { version: 2 }));
     entries.push(entry(24, Command::SetClusterVersion { version: 1 }));
+    entries.push(entry(25, Command::RaiseEpochFloor { at_least: 77 }));
     let results = shared.apply_entries(&entries, Mode::Deferred).unwrap();
+    assert_eq!(results[24], CommandResult::EpochFloor { floor: 77 });
+    assert_eq!(shared.epoch_floor(), 77);
     assert_eq!(results[22], CommandResult::ClusterVersion { version: 2 });
     assert_eq!(
         results[23],
@@ -272,10 +276,12 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
         "{refused:?}"
     );
     assert_eq!(other.shared().cluster_version(), BASE_VERSION);
+    assert_eq!(other.shared().epoch_floor(), 0);
     assert!(other.shared().registry.content().unwrap().is_empty());
     other.set_build_version(2);
     install(&other).await.unwrap().unwrap();
     assert_eq!(other.shared().cluster_version(), 2);
+    assert_eq!(other.shared().epoch_floor(), 77);
     assert_eq!(
         other.shared().registry.content().unwrap(),
         shared.registry.content().unwrap()
@@ -303,6 +309,7 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
     drop((shared, snapshot, sm));
     let reopened = open(dirs[0].path());
     assert_eq!(reopened.shared().cluster_version(), 2);
+    assert_eq!(reopened.shared().epoch_floor(), 77);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

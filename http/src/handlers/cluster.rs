@@ -83,6 +83,7 @@ impl From<ClusterStatus> for ClusterView {
                 .collect(),
             cluster_version: s.cluster_version,
             build_version: s.build_version,
+            epoch_floor: s.epoch_floor,
             member_versions: s.member_versions,
         }
     }

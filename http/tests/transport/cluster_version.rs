@@ -224,6 +224,7 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
             // Nothing changed: registrations start at the log index.
             assert!(register(follower).await < FLOOR);
             assert_eq!(leader.node.cluster_version(), 1);
+            assert_eq!(leader.node.status().epoch_floor, 0);
             continue;
         }
         assert_eq!(status, 200, "{answer}");
@@ -233,6 +234,9 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer, json!({ "epoch_floor": FLOOR }));
         assert_eq!(leader.node.cluster_version(), 4);
+        // The status shows it (the leader applied the raise before it answered).
+        let (_, _, cluster) = send(reqwest::Method::GET, leader, "/v1/cluster", Value::Null).await;
+        assert_eq!(cluster["epoch_floor"], FLOOR, "{cluster}");
         assert_eq!(register(follower).await, FLOOR);
         assert_eq!(register(leader).await, FLOOR + 1);
     }
