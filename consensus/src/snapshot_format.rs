@@ -234,6 +234,13 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
             let _: u64 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
+        // A setting this build does not know: a newer build's, in a snapshot of a cluster whose
+        // version is past this build (a downgrade), if the file is not damaged.
+        Some(&keys::SETTING) => Err(Error::Snapshot(format!(
+            "unknown setting in {}: the snapshot was written by a newer build (run a build of \
+             its cluster's version), or is damaged",
+            what()
+        ))),
         _ => Err(Error::Snapshot(format!("unexpected {}", what()))),
     }
 }
@@ -529,6 +536,25 @@ mod tests {
             b.execute(4, &other_id).unwrap(),
             CommandResult::DatanodeRegistered { id: 2, epoch: 40 }
         );
+    }
+
+    #[test]
+    fn a_setting_of_a_newer_build_is_refused_saying_so() {
+        let (_d, reg) = registry_with_datanode();
+        let g = reg.current();
+        g.tree
+            .insert(b"sfuture", codec::encode(&1u64).unwrap())
+            .unwrap();
+        let capture = g.start_capture();
+        let mut out = Vec::new();
+        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
+        g.end_capture(&capture);
+        let (_d2, other) = registry();
+        let r = other.begin_replace().unwrap();
+        let meta = SnapshotMeta::default();
+        let refused = import(&mut out.as_slice(), r.tree(), &meta, None).unwrap_err();
+        other.abort_replace(r);
+        assert!(refused.to_string().contains("newer build"), "{refused}");
     }
 
     #[test]
