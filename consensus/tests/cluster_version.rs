@@ -122,6 +122,14 @@ fn second_version_third(cfg: &mut NodeConfig) {
     }
 }
 
+/// Node 3 runs a build of version 3: it applies a removal's pieces, not the fencing first piece
+/// of version 4.
+fn third_version_third(cfg: &mut NodeConfig) {
+    if cfg.id == 3 {
+        cfg.build_version = 3;
+    }
+}
+
 /// Registers datanode `id` with 10,000 shards (157 buckets: three pieces of a removal) and
 /// removes it; returns the replicas removed and how many log entries the removal took.
 async fn register_and_remove(leader: &MetaNode, id: u64) -> Result<(u64, u64)> {
@@ -165,13 +173,14 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
         }
     );
 
-    // Upgraded, node 3 lets the leader raise the version to 3, and the removal goes in pieces:
-    // the raise and three pieces.
+    // Upgraded to a build of version 3, node 3 lets the leader raise the version to 3 (not to
+    // 4, which the others' builds allow), and the removal goes in pieces: the raise and three
+    // pieces.
     c.stop(3).await?;
-    c.tune = current_build;
+    c.tune = third_version_third;
     c.start(3).await?;
     let leader = c.leader().await?;
-    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    until_heard(&leader, 3, Some(3)).await?;
     let unknown = leader.write(Command::RemoveDatanode { id: 9 }).await?;
     assert!(
         matches!(
@@ -205,18 +214,31 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
         assert!(gone.is_none(), "node {}", n.id());
     }
 
+    // Upgraded to this build, node 3 lets the next removal raise the version to 4: the raise
+    // and three pieces again.
+    c.stop(3).await?;
+    c.tune = current_build;
+    c.start(3).await?;
+    let leader = c.leader().await?;
+    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    assert_eq!(register_and_remove(&leader, 11).await?, (10_000, 4));
+    c.converged().await?;
+    for n in c.nodes.values() {
+        assert_eq!(n.cluster_version(), 4, "node {}", n.id());
+    }
+
     // The build of version 2 no longer starts on node 3's data.
     c.stop(3).await?;
     c.tune = second_version_third;
     let Err(e) = c.start(3).await else {
-        bail!("a build of version 2 started on a cluster of version 3");
+        bail!("a build of version 2 started on a cluster of version 4");
     };
     let e = e
         .downcast_ref::<Error>()
         .context("a node error")?
         .to_string();
     assert!(
-        e.contains("applies cluster versions up to 2, but the cluster's version is 3"),
+        e.contains("applies cluster versions up to 2, but the cluster's version is 4"),
         "{e}"
     );
     c.shutdown().await
