@@ -12,9 +12,9 @@
 //!
 //! The leader raises the version when a command first needs it, not at once: a cluster whose
 //! members were all upgraded keeps the older version (and its members may still be swapped for
-//! older builds) until the first such command. A datanode's removal also raises it, to 3, when
-//! every member allows it at once (`node/removal.rs`): it goes in pieces from then on, and goes
-//! as one entry, without waiting, when a member does not allow it.
+//! older builds) until the first such command. A datanode's removal also raises it, to 4 or else
+//! 3, as far as every member allows it at once (`node/removal.rs`): it goes in pieces from then
+//! on, and goes as one entry, without waiting, while a member does not allow 3.
 
 use std::collections::HashMap;
 use std::sync::Arc;
