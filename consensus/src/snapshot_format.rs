@@ -515,27 +515,20 @@ mod tests {
         .unwrap();
         other.finish_replace(r).unwrap();
         assert_eq!(other.content().unwrap(), reg.content().unwrap());
-        // The id's next registration on the member that installed the snapshot starts above
-        // the removed datanode's epoch.
+        // On the member that installed the snapshot, the id's next registration starts above
+        // the removed datanode's epoch, and another id's at the cluster's floor.
         let g = other.current();
         let mut b = ApplyBatch::new(g.tree.clone(), 0);
-        let again = Command::RegisterDatanode {
-            id: 1,
-            addr: "a".into(),
-        };
-        assert_eq!(
-            b.execute(3, &again).unwrap(),
-            CommandResult::DatanodeRegistered { id: 1, epoch: 51 }
-        );
-        // Another id's starts at the cluster's floor.
-        let other_id = Command::RegisterDatanode {
-            id: 2,
-            addr: "a".into(),
-        };
-        assert_eq!(
-            b.execute(4, &other_id).unwrap(),
-            CommandResult::DatanodeRegistered { id: 2, epoch: 40 }
-        );
+        for (index, id, epoch) in [(3, 1, 51), (4, 2, 40)] {
+            let register = Command::RegisterDatanode {
+                id,
+                addr: "a".into(),
+            };
+            assert_eq!(
+                b.execute(index, &register).unwrap(),
+                CommandResult::DatanodeRegistered { id, epoch }
+            );
+        }
     }
 
     #[test]

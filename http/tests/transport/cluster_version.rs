@@ -30,6 +30,16 @@ async fn start_cluster(dir: &TempDir, builds: [u32; 3]) -> BTreeMap<u64, Server>
     .await
 }
 
+/// The leader of `servers`, and one of its followers.
+fn leader_and_follower(servers: &BTreeMap<u64, Server>) -> (&Server, &Server) {
+    let leader = the_leader(servers);
+    let follower = servers
+        .values()
+        .find(|s| s.node.id() != leader.node.id())
+        .unwrap();
+    (leader, follower)
+}
+
 /// Sends a request; answers the status, the `Retry-After` header and the JSON body.
 async fn send(
     method: reqwest::Method,
@@ -157,11 +167,7 @@ async fn a_removal_sent_to_a_follower_goes_in_pieces_once_every_member_applies_t
     for (builds, version) in [([3, 3, 2], 1), ([3, 3, 3], 3), ([4, 4, 4], 4)] {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
-        let leader = the_leader(&servers);
-        let follower = servers
-            .values()
-            .find(|s| s.node.id() != leader.node.id())
-            .unwrap();
+        let (leader, follower) = leader_and_follower(&servers);
         let (status, answer) = register_and_remove(leader, follower).await;
         assert_eq!(status, 200, "builds {builds:?}: {answer}");
         assert_eq!(answer["replicas_removed"], 10_000, "{answer}");
@@ -200,11 +206,7 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
     for builds in [[4, 4, 3], [4, 4, 4]] {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
-        let leader = the_leader(&servers);
-        let follower = servers
-            .values()
-            .find(|s| s.node.id() != leader.node.id())
-            .unwrap();
+        let (leader, follower) = leader_and_follower(&servers);
         let want: BTreeMap<u64, Option<u32>> = (1..=3)
             .map(|id| (id, Some(builds[id as usize - 1])))
             .collect();
