@@ -359,6 +359,16 @@ mod tests {
         (dir, reg)
     }
 
+    /// The registry's content as a snapshot payload.
+    fn exported(reg: &Registry) -> Vec<u8> {
+        let g = reg.current();
+        let capture = g.start_capture();
+        let mut out = Vec::new();
+        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
+        g.end_capture(&capture);
+        out
+    }
+
     /// A registry whose entry 1 registered datanode 1.
     fn registry_with_datanode() -> (tempfile::TempDir, Registry) {
         let (dir, reg) = registry();
@@ -498,11 +508,7 @@ mod tests {
                 registered_index: None,
             },
         );
-        let g = reg.current();
-        let capture = g.start_capture();
-        let mut out = Vec::new();
-        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
-        g.end_capture(&capture);
+        let out = exported(&reg);
 
         let (_d2, other) = registry();
         let r = other.begin_replace().unwrap();
@@ -538,10 +544,7 @@ mod tests {
         g.tree
             .insert(b"sfuture", codec::encode(&1u64).unwrap())
             .unwrap();
-        let capture = g.start_capture();
-        let mut out = Vec::new();
-        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
-        g.end_capture(&capture);
+        let out = exported(&reg);
         let (_d2, other) = registry();
         let r = other.begin_replace().unwrap();
         let meta = SnapshotMeta::default();
@@ -574,11 +577,7 @@ mod tests {
                 shards: shards(0..200, 1),
             },
         );
-        let g = reg.current();
-        let c = g.start_capture();
-        let mut out = Vec::new();
-        export(&g.tree, &c, &mut out, &AtomicBool::new(false)).unwrap();
-        g.end_capture(&c);
+        let out = exported(&reg);
 
         let (_d2, other) = registry();
         let meta = SnapshotMeta::default();
