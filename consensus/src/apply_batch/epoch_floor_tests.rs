@@ -1,18 +1,11 @@
 //! Tests of the cluster's epoch floor (`RaiseEpochFloor`): every registration from the raise on
 //! gets an epoch of at least the floor, and the floor never falls.
 
-use super::tests::{apply, dn, register, registry};
+use super::tests::{apply, dn, epoch, register, registry};
 use super::*;
 
 fn raise(at_least: u64) -> Command {
     Command::RaiseEpochFloor { at_least }
-}
-
-fn epoch(r: &CommandResult) -> u64 {
-    match r {
-        CommandResult::DatanodeRegistered { epoch, .. } => *epoch,
-        other => panic!("unexpected {other:?}"),
-    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Tests of a removal in pieces (`RemoveDatanodePiece`) and of the epoch floor it keeps.
 
-use super::tests::{apply, contents, dn, register, registry};
+use super::tests::{apply, contents, dn, epoch, register, registry};
 use super::*;
 use crate::registry::Registry;
 
@@ -244,13 +244,6 @@ fn pieces_record_the_replicas_they_drop_and_the_last_the_removal() {
             }
         }]
     );
-}
-
-fn epoch(r: &CommandResult) -> u64 {
-    match r {
-        CommandResult::DatanodeRegistered { epoch, .. } => *epoch,
-        other => panic!("unexpected {other:?}"),
-    }
 }
 
 #[test]

@@ -30,6 +30,14 @@ pub(super) fn register(datanode: u64, epoch: u64, ids: &[u64]) -> Vec<Command> {
         .collect()
 }
 
+/// The epoch a registration answered.
+pub(super) fn epoch(r: &CommandResult) -> u64 {
+    match r {
+        CommandResult::DatanodeRegistered { epoch, .. } => *epoch,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 /// Applies `cmds` as one batch at consecutive indexes from `first`.
 pub(super) fn apply(reg: &Registry, first: u64, cmds: &[Command]) -> Vec<CommandResult> {
     let g = reg.current();
