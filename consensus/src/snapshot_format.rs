@@ -493,7 +493,7 @@ mod tests {
         apply(&reg, 1, Command::RaiseEpochFloor { at_least: 40 });
         apply(
             &reg,
-            1,
+            2,
             Command::RegisterDatanodeAtLeast {
                 id: 1,
                 addr: "a".into(),
@@ -502,13 +502,27 @@ mod tests {
         );
         apply(
             &reg,
-            2,
+            3,
             Command::RemoveDatanodePiece {
                 id: 1,
                 registered_index: None,
             },
         );
-        let out = exported(&reg);
+        let before = reg.content().unwrap();
+        // Exported as of the capture: the id's registration after it deletes the id's floor, and
+        // a raise changes the cluster's.
+        let g = reg.current();
+        let capture = g.start_capture();
+        let register = Command::RegisterDatanode {
+            id: 1,
+            addr: "a".into(),
+        };
+        apply(&reg, 4, register);
+        apply(&reg, 5, Command::RaiseEpochFloor { at_least: 90 });
+        assert_ne!(reg.content().unwrap(), before);
+        let mut out = Vec::new();
+        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
+        g.end_capture(&capture);
 
         let (_d2, other) = registry();
         let r = other.begin_replace().unwrap();
@@ -520,7 +534,7 @@ mod tests {
         )
         .unwrap();
         other.finish_replace(r).unwrap();
-        assert_eq!(other.content().unwrap(), reg.content().unwrap());
+        assert_eq!(other.content().unwrap(), before);
         // On the member that installed the snapshot, the id's next registration starts above
         // the removed datanode's epoch, and another id's at the cluster's floor.
         let g = other.current();
