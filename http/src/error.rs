@@ -73,10 +73,11 @@ pub enum ApiError {
     #[error("{0}")]
     BuildTooOld(String),
     /// A command needs a cluster version the cluster cannot be raised to yet: some members run
-    /// older builds or do not answer (503, with `Retry-After`: it succeeds once they are
-    /// upgraded, or back).
-    #[error("{0}")]
-    ClusterVersion(String),
+    /// older builds or do not answer (503: it succeeds once they are upgraded, or back). With
+    /// `Retry-After` only when `retry`, when a member did not answer (it may be starting):
+    /// waiting does not upgrade a member that answered as an older build.
+    #[error("{message}")]
+    ClusterVersion { message: String, retry: bool },
     /// A watch asked for changes after an index this member no longer keeps the changes after
     /// (410): the client reads the state again and watches from a fresh index.
     #[error("{0}")]
@@ -166,7 +167,7 @@ impl ApiError {
             ApiError::NoLeader(_)
             | ApiError::Unavailable(_)
             | ApiError::Overloaded(_)
-            | ApiError::ClusterVersion(_)
+            | ApiError::ClusterVersion { .. }
             | ApiError::ForwardToLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) | ApiError::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -188,7 +189,7 @@ impl ApiError {
             ApiError::OtherCluster(_) => "other_cluster",
             ApiError::WrongNode(_) => "wrong_node",
             ApiError::BuildTooOld(_) => "build_too_old",
-            ApiError::ClusterVersion(_) => "cluster_version",
+            ApiError::ClusterVersion { .. } => "cluster_version",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
@@ -241,7 +242,10 @@ impl From<meta_consensus::Error> for ApiError {
             e @ (E::InsufficientStorage { .. } | E::NoRoomForSnapshot { .. }) => {
                 ApiError::InsufficientStorage(e.to_string())
             }
-            e @ E::ClusterVersionTooLow { .. } => ApiError::ClusterVersion(e.to_string()),
+            E::ClusterVersionTooLow { ref behind, .. } => ApiError::ClusterVersion {
+                retry: behind.iter().any(|b| b.version.is_none()),
+                message: e.to_string(),
+            },
             e @ E::LearnerTooOld { .. } => ApiError::BuildTooOld(e.to_string()),
             e @ E::LearnerNotHeard { .. } => ApiError::Conflict(e.to_string()),
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
@@ -336,6 +340,9 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert("x-revision", HeaderValue::from(current));
             }
+            ApiError::ClusterVersion { retry: false, .. } => {
+                response.headers_mut().remove(header::RETRY_AFTER);
+            }
             ApiError::BodyTimeout(_) => {
                 // The rest of the body may still come: the connection cannot be reused.
                 response
@@ -411,6 +418,38 @@ mod tests {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn a_version_refusal_says_to_retry_only_when_a_member_did_not_answer() {
+        use meta_consensus::Behind;
+        let refusal = |behind: Vec<Behind>| {
+            ApiError::from(meta_consensus::Error::ClusterVersionTooLow {
+                what: "RaiseEpochFloor(5)".into(),
+                needed: 4,
+                current: 1,
+                behind,
+            })
+            .into_response()
+        };
+        let older = Behind {
+            node: 3,
+            version: Some(3),
+        };
+        let silent = Behind {
+            node: 2,
+            version: None,
+        };
+        // Waiting does not upgrade a member that answered as an older build.
+        let response = refusal(vec![older]);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        // A member that did not answer may be starting.
+        for behind in [vec![silent], vec![older, silent]] {
+            let response = refusal(behind);
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        }
     }
 
     #[test]

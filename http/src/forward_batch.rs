@@ -99,7 +99,7 @@ impl Refusal {
             ApiError::Invalid { message, .. } => Refusal::Invalid(message),
             ApiError::NotFound(m) => Refusal::NotFound(m),
             ApiError::InsufficientStorage(m) => Refusal::InsufficientStorage(m),
-            ApiError::ClusterVersion(m) => Refusal::ClusterVersion(m),
+            ApiError::ClusterVersion { message, .. } => Refusal::ClusterVersion(message),
             other => Refusal::Internal(other.to_string()),
         }
     }
@@ -128,7 +128,11 @@ impl From<Refusal> for ApiError {
             Refusal::NotFound(m) => ApiError::NotFound(m),
             Refusal::Internal(m) => ApiError::Internal(m),
             Refusal::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
-            Refusal::ClusterVersion(m) => ApiError::ClusterVersion(m),
+            // A batch's refusal does not say whether waiting helps: the client may retry.
+            Refusal::ClusterVersion(message) => ApiError::ClusterVersion {
+                message,
+                retry: true,
+            },
         }
     }
 }

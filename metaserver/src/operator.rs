@@ -129,7 +129,10 @@ impl Operator {
 
     /// Sends the request `build` makes, and again while the member cannot be reached or the
     /// cluster has no leader (503), every [`RETRY_PAUSE`] for at most [`RETRY_FOR`]: a
-    /// leader change or a member restarting does not end a long command. A request that may
+    /// leader change or a member restarting does not end a long command. A 503
+    /// `cluster_version` without `Retry-After` is not sent again: the member says waiting does
+    /// not help (a member of the cluster runs an older build than the request needs). A request
+    /// that may
     /// have been applied before its answer was lost may so be sent twice: callers send only
     /// requests that apply once (a replica registered again is `unchanged`) or check.
     pub(crate) async fn send_retrying(
@@ -154,6 +157,12 @@ impl Operator {
                 Ok(r) if r.status().is_success() => return Ok(Ok(r)),
                 Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
                     return Ok(Err(Refused::read(r).await))
+                }
+                Ok(r) if !r.headers().contains_key(reqwest::header::RETRY_AFTER) => {
+                    let refused = Refused::read(r).await;
+                    if refused.code() == Some("cluster_version") {
+                        return Ok(Err(refused));
+                    }
                 }
                 Ok(_) => {}
                 Err(e) if !e.is_connect() || last_try => {

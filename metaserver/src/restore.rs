@@ -217,9 +217,9 @@ fn epoch_floor(now_micros: u64, datanodes: &[DatanodeInfo], floors: u64) -> u64 
 /// Raises the cluster's epoch floor to `floor`: every registration from now on, also of a
 /// datanode the backup does not name, gets an epoch of at least that. Answers the floor, or
 /// `None`, with a warning, when the cluster cannot keep one: a member runs a build older than
-/// version 4, or did not answer for the minute a refusal is sent again (a member still
-/// starting answers within it). The restore then goes on, and the backup's datanodes still get
-/// epochs above `floor`.
+/// version 4 (refused at once), or did not answer for the minute a refusal is sent again (a
+/// member still starting answers within it). The restore then goes on, and the backup's
+/// datanodes still get epochs above `floor`.
 async fn raise_epoch_floor(op: &Operator, floor: u64) -> Result<Option<u64>> {
     let body = json!({ "at_least": floor });
     let answer = op
