@@ -382,8 +382,70 @@ fn kv_path(key: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{epoch_floor, kv_path};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::{epoch_floor, kv_path, raise_epoch_floor};
+    use crate::cli::ClientArgs;
+    use crate::operator::Operator;
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
     use meta_consensus::DatanodeInfo;
+
+    /// A stand-in member on 127.0.0.1 that answers every request with `status` and `body` (and
+    /// `Retry-After` if `retry`); an operator of it, and how many requests it answered.
+    async fn answering(
+        status: u16,
+        retry: bool,
+        body: &'static str,
+    ) -> (Operator, Arc<AtomicUsize>) {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let app = axum::Router::new().fallback(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut r = (StatusCode::from_u16(status).unwrap(), body).into_response();
+                if retry {
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                }
+                r
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let args = ClientArgs {
+            server: addr.to_string(),
+            token: None,
+        };
+        (Operator::new(&args).unwrap(), asked)
+    }
+
+    #[tokio::test]
+    async fn a_floor_the_cluster_cannot_keep_is_given_up_at_once_and_other_refusals_fail() {
+        let older =
+            r#"{"error":{"code":"cluster_version","message":"node 3 runs a build of version 3"}}"#;
+        // A member of an older build: refused without Retry-After, asked once.
+        let (op, asked) = answering(503, false, older).await;
+        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), None);
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        // A leader whose build predates the route.
+        let (op, _) = answering(
+            404,
+            false,
+            r#"{"error":{"code":"not_found","message":"?"}}"#,
+        )
+        .await;
+        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), None);
+        // Anything else fails the restore.
+        let (op, _) = answering(500, false, r#"{"error":{"code":"internal","message":"x"}}"#).await;
+        let e = raise_epoch_floor(&op, 5).await.unwrap_err();
+        assert!(format!("{e:#}").contains("internal"), "{e:#}");
+        // Raised: the floor the member answers.
+        let (op, _) = answering(200, false, r#"{"epoch_floor":7}"#).await;
+        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), Some(7));
+    }
 
     #[test]
     fn restored_epochs_pass_the_time_and_every_epoch_of_the_backup() {
