@@ -77,7 +77,9 @@ pub enum Command {
     /// stays fenced). The result (`RemovalPiece`) says whether the datanode is gone, and names
     /// the incarnation (`registered_index`) that the next pieces carry: a piece finding another
     /// one (the datanode registered again meanwhile) is refused as `Fenced`. The leader proposes
-    /// the first piece for a `RemoveDatanode` once the cluster's version is 3.
+    /// the first piece for a `RemoveDatanode` once the cluster's version is 3. From version 4, a
+    /// first piece (`registered_index: None`) that leaves the datanode replicas also raises its
+    /// epoch by one, fencing the incarnation it removes.
     RemoveDatanodePiece {
         id: u64,
         registered_index: Option<u64>,

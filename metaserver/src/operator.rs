@@ -132,9 +132,8 @@ impl Operator {
     /// leader change or a member restarting does not end a long command. A 503
     /// `cluster_version` without `Retry-After` is not sent again: the member says waiting does
     /// not help (a member of the cluster runs an older build than the request needs). A request
-    /// that may
-    /// have been applied before its answer was lost may so be sent twice: callers send only
-    /// requests that apply once (a replica registered again is `unchanged`) or check.
+    /// that may have been applied before its answer was lost may so be sent twice: callers send
+    /// only requests that apply once (a replica registered again is `unchanged`) or check.
     pub(crate) async fn send_retrying(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,

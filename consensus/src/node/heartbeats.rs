@@ -11,7 +11,8 @@ impl MetaNode {
     /// Records a heartbeat of datanode `id`, incarnation `epoch`. Leader only: on a follower
     /// [`crate::Error::ForwardToLeader`]. The datanode is read with `Lease` consistency, so the
     /// answer knows every registration acknowledged before the call: a heartbeat is fenced
-    /// only when the datanode really registered again since (or was removed). Returns once the
+    /// only when the datanode really registered again since, or its removal began (from cluster
+    /// version 4 the first piece raises its epoch) or ended. Returns once the
     /// heartbeat is recorded; nothing is written to disk.
     pub async fn heartbeat(&self, id: u64, epoch: u64) -> Result<Heartbeat> {
         self.check_open()?;
