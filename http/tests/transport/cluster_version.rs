@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::common::wait_for;
-use crate::helpers::{start_alone, start_cluster_tuned, start_tuned, the_leader, Server, TOKEN};
+use crate::helpers::{
+    served_with, start_alone, start_cluster_tuned, start_tuned, the_leader, Client, Server, TOKEN,
+};
 
 /// Starts node `id` as a build of `build_version`.
 async fn start(id: u64, dir: &TempDir, build_version: u32) -> Server {
@@ -218,9 +220,19 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
             "the leader knows every member's build",
         )
         .await;
-        // Through a follower first, which has not applied the version yet: the leader raises
-        // it, or refuses.
+        // Through a follower first, which has not applied the version yet: the request, not a
+        // batch of commands (which a leader of an older build could not decode), goes to the
+        // leader, and the leader raises the version, or refuses.
         let (status, answer) = raise_floor(follower, FLOOR).await;
+        let replayed = served_with(
+            &Client::new(),
+            leader,
+            "PUT",
+            "/v1/cluster/epoch-floor",
+            status,
+        )
+        .await;
+        assert_eq!(replayed, 1, "the leader answered the request itself");
         if builds[2] < 4 {
             assert_eq!(status, 503, "{answer}");
             assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");

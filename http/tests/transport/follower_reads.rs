@@ -6,25 +6,7 @@ use std::time::Duration;
 use meta_http::follower_read::CatchUp;
 use serde_json::json;
 
-use crate::helpers::{start_cluster_with, Client, Server};
-
-/// The requests `route` (with `method`) that a node answered, from its `/metrics`.
-async fn served(client: &Client, server: &Server, method: &str, route: &str) -> u64 {
-    let (status, metrics) = client
-        .send(reqwest::Method::GET, server, "/metrics", None)
-        .await;
-    assert_eq!(status, 200);
-    let prefix = format!(
-        "metaserver_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"200\"}} "
-    );
-    metrics
-        .as_str()
-        .expect("metrics are text")
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
-}
+use crate::helpers::{served, start_cluster_with, Client, Server};
 
 /// Linearizable and lease reads at a follower see every write acknowledged before them (each
 /// read follows a write acknowledged by another member). With time to catch up and no backlog

@@ -72,6 +72,36 @@ pub async fn start_tuned(
     Server { node, addr, task }
 }
 
+/// The requests `route` (with `method`) that a node answered with `status`, from its
+/// `/metrics` (each node counts its own).
+pub async fn served_with(
+    client: &Client,
+    server: &Server,
+    method: &str,
+    route: &str,
+    status: u16,
+) -> u64 {
+    let (answered, metrics) = client
+        .send(reqwest::Method::GET, server, "/metrics", None)
+        .await;
+    assert_eq!(answered, 200);
+    let prefix = format!(
+        "metaserver_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"{status}\"}} "
+    );
+    metrics
+        .as_str()
+        .expect("metrics are text")
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The requests `route` (with `method`) that a node answered with 200.
+pub async fn served(client: &Client, server: &Server, method: &str, route: &str) -> u64 {
+    served_with(client, server, method, route, 200).await
+}
+
 pub struct Client {
     pub http: reqwest::Client,
 }
