@@ -144,6 +144,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?;
     gauge(
         &mut enc,
+        "metaserver_epoch_floor",
+        "The cluster's epoch floor as this node applied it: every registration's epoch is at least this",
+        count(status.epoch_floor),
+    )?;
+    gauge(
+        &mut enc,
         "metaserver_build_version",
         "The highest cluster version this node's build applies",
         i64::from(status.build_version),

@@ -251,9 +251,12 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer, json!({ "epoch_floor": FLOOR }));
         assert_eq!(leader.node.cluster_version(), 4);
-        // The status shows it (the leader applied the raise before it answered).
+        // The status and the metrics show it (the leader applied the raise before it answered).
         let (_, _, cluster) = send(reqwest::Method::GET, leader, "/v1/cluster", Value::Null).await;
         assert_eq!(cluster["epoch_floor"], FLOOR, "{cluster}");
+        let (_, _, metrics) = send(reqwest::Method::GET, leader, "/metrics", Value::Null).await;
+        let gauge = format!("\nmetaserver_epoch_floor {FLOOR}\n");
+        assert!(metrics.as_str().unwrap().contains(&gauge), "{metrics}");
         assert_eq!(register(follower).await, FLOOR);
         assert_eq!(register(leader).await, FLOOR + 1);
     }
