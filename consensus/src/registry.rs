@@ -319,9 +319,7 @@ impl Registry {
     /// and those of removed datanodes' ids; 0 if none.
     pub(crate) fn highest_epoch_floor(&self) -> Result<u64> {
         let g = self.current();
-        let mut highest = g
-            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
-            .unwrap_or(0);
+        let mut highest = g.epoch_floor()?;
         for item in g.tree.scan_prefix([keys::EPOCH_FLOOR]) {
             let (k, v) = item.map_err(|e| Error::registry("list epoch floors", e))?;
             let id = keys::one_id(&k).ok_or_else(|| bad_key("epoch floor", &k))?;

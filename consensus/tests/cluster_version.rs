@@ -39,6 +39,30 @@ async fn prune(leader: &MetaNode) -> meta_consensus::Result<CommandResult> {
 }
 
 /// Waits until what `leader` heard from member `id` recently is `version` (`None`: nothing).
+/// Restarts node 3 as the build `tune` gives it (of version `build`); answers the leader once
+/// it heard node 3 answer as that build (until then it may count the old build's last answer).
+async fn restart_third(c: &mut Cluster, tune: fn(&mut NodeConfig), build: u32) -> Result<MetaNode> {
+    c.stop(3).await?;
+    c.tune = tune;
+    c.start(3).await?;
+    let leader = c.leader().await?;
+    until_heard(&leader, 3, Some(build)).await?;
+    Ok(leader)
+}
+
+/// Restarts node 3 as the build `tune` gives it, which must refuse to start on the data of a
+/// cluster of a newer version; answers its error.
+async fn refused_restart_of_third(c: &mut Cluster, tune: fn(&mut NodeConfig)) -> Result<String> {
+    c.stop(3).await?;
+    c.tune = tune;
+    let Err(e) = c.start(3).await else {
+        bail!("an older build started on a cluster of a newer version");
+    };
+    Ok(e.downcast_ref::<Error>()
+        .context("a node error")?
+        .to_string())
+}
+
 async fn until_heard(leader: &MetaNode, id: u64, version: Option<u32>) -> Result<()> {
     let deadline = Instant::now() + WAIT;
     while leader.member_versions().get(&id).copied().flatten() != version {
@@ -84,12 +108,7 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
     }
 
     // Upgraded, node 3 lets the leader raise the version, and the prune goes through.
-    c.stop(3).await?;
-    c.tune = current_build;
-    c.start(3).await?;
-    let leader = c.leader().await?;
-    // Until the leader hears the new build, it may still count the old one's last answer.
-    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    let leader = restart_third(&mut c, current_build, BUILD_VERSION).await?;
     let result = prune(&leader).await?;
     assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
     c.converged().await?;
@@ -98,16 +117,7 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
     }
 
     // A cluster's version never goes back: the old build no longer starts on node 3's data.
-    c.stop(3).await?;
-    c.tune = old_third;
-    let refused = c.start(3).await;
-    let Err(e) = refused else {
-        bail!("an old build started on a cluster of a newer version");
-    };
-    let e = e
-        .downcast_ref::<Error>()
-        .context("a node error")?
-        .to_string();
+    let e = refused_restart_of_third(&mut c, old_third).await?;
     assert!(
         e.contains("applies cluster versions up to 1, but the cluster's version is 2"),
         "{e}"
@@ -176,11 +186,7 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
     // Upgraded to a build of version 3, node 3 lets the leader raise the version to 3 (not to
     // 4, which the others' builds allow), and the removal goes in pieces: the raise and three
     // pieces.
-    c.stop(3).await?;
-    c.tune = third_version_third;
-    c.start(3).await?;
-    let leader = c.leader().await?;
-    until_heard(&leader, 3, Some(3)).await?;
+    let leader = restart_third(&mut c, third_version_third, 3).await?;
     let unknown = leader.write(Command::RemoveDatanode { id: 9 }).await?;
     assert!(
         matches!(
@@ -216,11 +222,7 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
 
     // Upgraded to this build, node 3 lets the next removal raise the version to 4: the raise
     // and three pieces again.
-    c.stop(3).await?;
-    c.tune = current_build;
-    c.start(3).await?;
-    let leader = c.leader().await?;
-    until_heard(&leader, 3, Some(BUILD_VERSION)).await?;
+    let leader = restart_third(&mut c, current_build, BUILD_VERSION).await?;
     assert_eq!(register_and_remove(&leader, 11).await?, (10_000, 4));
     c.converged().await?;
     for n in c.nodes.values() {
@@ -228,15 +230,7 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
     }
 
     // The build of version 2 no longer starts on node 3's data.
-    c.stop(3).await?;
-    c.tune = second_version_third;
-    let Err(e) = c.start(3).await else {
-        bail!("a build of version 2 started on a cluster of version 4");
-    };
-    let e = e
-        .downcast_ref::<Error>()
-        .context("a node error")?
-        .to_string();
+    let e = refused_restart_of_third(&mut c, second_version_third).await?;
     assert!(
         e.contains("applies cluster versions up to 2, but the cluster's version is 4"),
         "{e}"

@@ -96,6 +96,16 @@ impl Api {
         Ok(Api { http })
     }
 
+    /// POSTs `body` as JSON to `url`; decodes the answer.
+    async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        url: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T, CallError> {
+        let resp = self.http.post(url).json(body).send().await;
+        Self::json(url, resp).await
+    }
+
     /// `PUT /v1/datanodes/{id}`: registers a datanode and returns its new epoch.
     pub async fn register_datanode(
         &self,
@@ -123,13 +133,7 @@ impl Api {
         shards: &[ShardSpec],
     ) -> Result<ShardsReply, CallError> {
         let url = format!("{base}/v1/datanodes/{datanode}/shards");
-        let resp = self
-            .http
-            .post(&url)
-            .json(&ShardsBody { epoch, shards })
-            .send()
-            .await;
-        Self::json(&url, resp).await
+        self.post(&url, &ShardsBody { epoch, shards }).await
     }
 
     /// `DELETE /v1/datanodes/{id}`: removes a datanode; returns how many replicas went with it.
@@ -162,13 +166,8 @@ impl Api {
         epoch: u64,
     ) -> Result<T, CallError> {
         let url = format!("{base}/v1/datanodes/{datanode}/{what}");
-        let resp = self
-            .http
-            .post(&url)
-            .json(&serde_json::json!({ "epoch": epoch }))
-            .send()
-            .await;
-        Self::json(&url, resp).await
+        self.post(&url, &serde_json::json!({ "epoch": epoch }))
+            .await
     }
 
     /// A GET whose body is read and dropped; returns the status. Used for the admin read probes.
@@ -190,13 +189,9 @@ impl Api {
     /// address) on a fresh node.
     pub async fn init(&self, base: &str, members: &serde_json::Value) -> Result<(), CallError> {
         let url = format!("{base}/v1/cluster/init");
-        let resp = self
-            .http
-            .post(&url)
-            .json(&serde_json::json!({ "members": members }))
-            .send()
-            .await;
-        let _: serde_json::Value = Self::json(&url, resp).await?;
+        let _: serde_json::Value = self
+            .post(&url, &serde_json::json!({ "members": members }))
+            .await?;
         Ok(())
     }
 

@@ -38,6 +38,13 @@ fn remove_in_pieces(
     }
 }
 
+/// Registers datanode 1 (entry 1, so epoch 1) with replicas of `shards`.
+fn register_datanode_1(reg: &Registry, shards: &[u64]) {
+    let mut cmds = vec![dn(1)];
+    cmds.extend(register(1, 1, shards));
+    apply(reg, 1, &cmds);
+}
+
 fn removed(pieces: &[CommandResult]) -> u64 {
     pieces
         .iter()
@@ -113,9 +120,7 @@ fn a_large_removal_goes_in_pieces_of_bounded_work_and_drops_the_record_last() {
 fn replicas_registered_while_a_removal_runs_go_with_the_datanode() {
     let (_dir, reg) = registry();
     let all: Vec<u64> = (0..10_000).collect();
-    let mut cmds = vec![dn(1)];
-    cmds.extend(register(1, 1, &all));
-    apply(&reg, 1, &cmds);
+    register_datanode_1(&reg, &all);
     // The first piece empties the first buckets; then the datanode registers shards there
     // again, and in a bucket far past its others.
     let first = apply(&reg, 10, &[piece(1, None)]);
@@ -182,9 +187,7 @@ fn from_version_4_the_first_piece_fences_the_incarnation_it_removes() {
 fn a_removal_stops_at_a_new_incarnation() {
     let (_dir, reg) = registry();
     let all: Vec<u64> = (0..5_000).collect();
-    let mut cmds = vec![dn(1)];
-    cmds.extend(register(1, 1, &all));
-    apply(&reg, 1, &cmds);
+    register_datanode_1(&reg, &all);
     let r = apply(&reg, 10, &[piece(1, None)]);
     assert!(
         matches!(
@@ -216,9 +219,7 @@ fn a_removal_stops_at_a_new_incarnation() {
 fn pieces_record_the_replicas_they_drop_and_the_last_the_removal() {
     let (_dir, reg) = registry();
     let all: Vec<u64> = (0..5_000).collect();
-    let mut cmds = vec![dn(1)];
-    cmds.extend(register(1, 1, &all));
-    apply(&reg, 1, &cmds);
+    register_datanode_1(&reg, &all);
     let g = reg.current();
     let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
     b.execute(10, &piece(1, None)).unwrap();
@@ -309,9 +310,7 @@ fn a_removal_in_one_entry_keeps_the_floor_only_in_a_cluster_of_version_3() {
 #[test]
 fn a_removal_leaves_no_index_entry_behind_even_one_out_of_step() {
     let (_dir, reg) = registry();
-    let mut cmds = vec![dn(1)];
-    cmds.extend(register(1, 1, &[1, 2, 3]));
-    apply(&reg, 1, &cmds);
+    register_datanode_1(&reg, &[1, 2, 3]);
     // An index entry naming a bucket where the datanode holds nothing.
     let tree = &reg.current().tree;
     tree.insert(&keys::by_datanode(1, 999)[..], keys::PRESENT)

@@ -428,7 +428,8 @@ impl FileHandle for FaultyFile {
 }
 
 /// A gate that syncs wait at while it is closed (`sync_data` calls at one, directory syncs at
-/// another), so a test can hold a barrier or a directory sync in flight at a known moment. Open unless [`SyncGate::close`] was called.
+/// another), so a test can hold a barrier or a directory sync in flight at a known moment.
+/// Open unless [`SyncGate::close`] was called.
 #[derive(Debug, Default)]
 pub struct SyncGate {
     state: Mutex<GateState>,
