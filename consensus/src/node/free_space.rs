@@ -34,7 +34,10 @@ fn install_room(bytes: u64, reserve: u64) -> u64 {
         .saturating_add(reserve)
 }
 
-/// Whether `cmd` adds data (refused when space is short) rather than removing it.
+/// Whether `cmd` adds data (refused when space is short) rather than removing it. The cluster's
+/// settings (its version, its epoch floor) overwrite one fixed key each and are safety
+/// actions an operator may need on a full disk (a restore raises the floor before anything
+/// else), so they pass too.
 fn adds_data(cmd: &Command) -> bool {
     !matches!(
         cmd,
@@ -44,6 +47,7 @@ fn adds_data(cmd: &Command) -> bool {
             | Command::RemoveDatanodePiece { .. }
             | Command::PruneReplicas { .. }
             | Command::SetClusterVersion { .. }
+            | Command::RaiseEpochFloor { .. }
     )
 }
 
@@ -199,5 +203,11 @@ mod tests {
             key: "k".into(),
             if_revision: None
         }));
+    }
+
+    #[test]
+    fn cluster_settings_pass_when_space_is_short() {
+        assert!(!adds_data(&Command::SetClusterVersion { version: 4 }));
+        assert!(!adds_data(&Command::RaiseEpochFloor { at_least: 1 }));
     }
 }
