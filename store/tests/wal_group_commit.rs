@@ -501,3 +501,90 @@ fn appends_go_on_while_a_purge_syncs_the_directory() {
     assert_eq!(wal.read(first).unwrap(), None, "purged");
     assert_eq!(wal.read(third).unwrap(), Some(vec![3; 100]));
 }
+
+/// A restart (without a power loss) after a segment's creation failed at its directory fsync
+/// finds the segment listed and appends to it: recovery must make its name durable before any
+/// append to it is acknowledged, or a later power loss takes the acknowledged records with it.
+#[test]
+fn a_segment_whose_directory_fsync_failed_is_made_durable_at_the_next_open() {
+    let fs = FaultyFileSystem::new();
+    let opts = one_record_segments(TIMEOUT);
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap();
+    let a = wal.append(&[1; 100]).unwrap();
+    wal.sync(a).unwrap();
+    // The next append starts a segment; its directory fsync fails and poisons the log.
+    fs.fail_next_dir_syncs(1);
+    assert!(wal.append(&[2; 100]).is_err());
+    drop(wal);
+
+    // The process restarts; the machine does not.
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap();
+    let b = wal.append(&[3; 100]).unwrap();
+    wal.sync(b).unwrap();
+    drop(wal);
+    fs.crash(CrashPoint::default());
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
+    assert_eq!(wal.read(a).unwrap(), Some(vec![1; 100]));
+    assert_eq!(
+        wal.read(b).unwrap(),
+        Some(vec![3; 100]),
+        "an acknowledged record survives the power loss"
+    );
+}
+
+/// Two purges at once: the first, once its marker is durable, deletes only the segments it
+/// purged itself, not those of the second, whose marker is written but not yet durable (a crash
+/// then loses that marker, and the records it would have purged must still be there).
+#[test]
+fn a_purge_deletes_only_what_its_own_durable_marker_purges() {
+    let fs = FaultyFileSystem::new();
+    let opts = one_record_segments(TIMEOUT);
+    let wal = Arc::new(Wal::open_with(Arc::new(fs.clone()), "/log", opts.clone()).unwrap());
+    let mut last = 0;
+    for i in 0..10u8 {
+        last = wal.append(&[i; 100]).unwrap();
+    }
+    wal.sync(last).unwrap();
+    // The first purge's marker (the next LSN) is held in its barrier.
+    fs.gate().close();
+    let first_purge = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.purge_to(3))
+    };
+    assert!(fs.gate().wait_held(1, TIMEOUT), "the first purge syncs");
+    // A callback on that marker runs on the first purge's thread after its barrier and before
+    // its deletions; it holds the thread there until the second purge has written its marker.
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    wal.on_durable(
+        last + 1,
+        Box::new(move |outcome| {
+            outcome.unwrap();
+            reached_tx.send(()).unwrap();
+            let _ = go_rx.recv_timeout(TIMEOUT);
+        }),
+    );
+    fs.gate().release();
+    reached_rx.recv_timeout(TIMEOUT).unwrap();
+    fs.gate().close();
+    let second_purge = {
+        let wal = wal.clone();
+        thread::spawn(move || wal.purge_to(8))
+    };
+    assert!(fs.gate().wait_held(1, TIMEOUT), "the second purge syncs");
+    go_tx.send(()).unwrap();
+    first_purge.join().unwrap().unwrap();
+    // Power fails while the second purge's marker is not durable.
+    fs.crash(CrashPoint::default());
+    assert!(second_purge.join().unwrap().is_err());
+    drop(wal);
+
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", opts).unwrap();
+    assert_eq!(wal.read(3).unwrap(), None, "the first purge is durable");
+    for lsn in 4..=last {
+        assert!(
+            wal.read(lsn).unwrap().is_some(),
+            "record {lsn} was purged only by the lost marker"
+        );
+    }
+}

@@ -173,6 +173,48 @@ fn corruption_in_an_older_segment_is_reported() {
     }
 }
 
+/// Every file of the log directory with its bytes.
+fn dir_contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Missing records make the open fail; it must not first cut the newest segment's garbage tail
+/// or remove a torn segment creation, which an operator examining the damage would want to see.
+#[test]
+fn an_open_that_finds_missing_records_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(true, 256);
+    write_records(dir.path(), &o, 40);
+    let all = segments(dir.path());
+    assert!(all.len() > 3);
+    std::fs::remove_file(&all[1]).unwrap();
+    let (newest, at) = find_record(dir.path(), "record-40");
+    patch(&newest, at + 26, b"garbage!");
+    std::fs::write(dir.path().join(format!("{:020}.wal", 41)), b"MSWAL").unwrap();
+    let before = dir_contents(dir.path());
+
+    match Wal::open(dir.path(), o) {
+        Err(Error::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, all[0], "{reason}");
+            assert!(reason.contains("missing"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(
+        dir_contents(dir.path()) == before,
+        "the failed open changed the log directory"
+    );
+}
+
 #[test]
 fn a_torn_segment_creation_is_removed() {
     let fs = FaultyFileSystem::new();

@@ -129,13 +129,16 @@ impl Index {
     }
 
     /// Removes and returns, oldest first, the segments (other than the newest) all of whose
-    /// records are purged.
-    pub fn take_obsolete_segments(&mut self) -> Vec<Arc<Segment>> {
+    /// records are purged and at or below `up_to`. A purge passes its own target, which its
+    /// durable marker covers: `purged_to` may already count a later purge whose marker is not
+    /// durable yet, and deleting what that one purges could lose records at a crash.
+    pub fn take_obsolete_segments(&mut self, up_to: Lsn) -> Vec<Arc<Segment>> {
+        let limit = self.purged_to.min(up_to);
         let firsts: Vec<Lsn> = self.segments.keys().copied().collect();
         let mut out = Vec::new();
         for pair in firsts.windows(2) {
             let (first, next) = (pair[0], pair[1]);
-            if next > self.purged_to + 1 {
+            if next > limit.saturating_add(1) {
                 break;
             }
             if let Some(seg) = self.segments.remove(&first) {
@@ -195,12 +198,26 @@ mod tests {
         assert!(index.locate(1).is_none());
         assert_eq!(index.purged_to(), 4);
         let gone: Vec<Lsn> = index
-            .take_obsolete_segments()
+            .take_obsolete_segments(Lsn::MAX)
             .iter()
             .map(|s| s.first_lsn)
             .collect();
         assert_eq!(gone, vec![1]);
         assert_eq!(index.next_lsn(), 8);
+    }
+
+    #[test]
+    fn obsolete_segments_stop_at_the_callers_purge() {
+        let mut index = index_with_segments(&[1, 3, 5]);
+        for lsn in 1..=5 {
+            let segment = [1, 3, 5][(lsn as usize - 1) / 2];
+            index.push(segment, &meta(lsn, Kind::Data, 0));
+        }
+        // A later purge's marker (to 4) is in the index; the caller's own purged to 2.
+        index.push(5, &meta(6, Kind::Purge, 4));
+        let firsts = |segs: Vec<Arc<Segment>>| segs.iter().map(|s| s.first_lsn).collect::<Vec<_>>();
+        assert_eq!(firsts(index.take_obsolete_segments(2)), vec![1]);
+        assert_eq!(firsts(index.take_obsolete_segments(Lsn::MAX)), vec![3]);
     }
 
     #[test]
@@ -211,11 +228,11 @@ mod tests {
         index.push(3, &meta(3, Kind::Data, 0));
         index.push(3, &meta(4, Kind::Purge, 3));
         let gone: Vec<Lsn> = index
-            .take_obsolete_segments()
+            .take_obsolete_segments(Lsn::MAX)
             .iter()
             .map(|s| s.first_lsn)
             .collect();
         assert_eq!(gone, vec![1]);
-        assert!(index.take_obsolete_segments().is_empty());
+        assert!(index.take_obsolete_segments(Lsn::MAX).is_empty());
     }
 }

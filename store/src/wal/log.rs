@@ -110,7 +110,8 @@ impl Wal {
     /// Contract: on return every record is verified; a torn or corrupt tail of the newest segment
     /// has been cut off physically, including valid records after a torn write (a zero sector
     /// before them shows that their sync never completed); everything recovered is durable
-    /// (`durable_lsn() == last_lsn()`); and no segment whose records are all purged is left. Any
+    /// (`durable_lsn() == last_lsn()`), the newest segment's directory entry included; and no
+    /// segment whose records are all purged is left. Any
     /// other invalid record followed by valid ones, an invalid record that one flipped bit (outside
     /// bytes a crash may have lost) would make valid, or missing records, fail with
     /// [`Error::Corrupt`] naming the file and offset, and nothing is changed.
@@ -354,7 +355,9 @@ impl Wal {
             self.inner.write(w, Batch::Marker(Kind::Purge, lsn))
         })?;
         self.inner.sync(marker)?;
-        let obsolete = self.inner.index.write().take_obsolete_segments();
+        // Only what this call's own marker, durable now, purges: a later purge may have written its
+        // marker (raising the index's purge point) without its barrier yet.
+        let obsolete = self.inner.index.write().take_obsolete_segments(lsn);
         if !obsolete.is_empty() {
             // Under the directory lock, like a segment's creation, so that no other fsync of the
             // directory runs between a failed one and the poisoning; not under the write lock,

@@ -7,7 +7,7 @@
 //! segment, it is corruption and the log refuses to open, naming the file and offset.
 
 use std::ops::RangeInclusive;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::bit_flip;
@@ -35,6 +35,21 @@ struct Scanned {
     end: u64,
     /// The LSN after the last valid record.
     next: Lsn,
+    /// What follows the last valid record of the newest segment and is to be cut off at `end`,
+    /// once every check has passed.
+    cut: Option<Cut>,
+}
+
+/// Bytes after the last valid record of the newest segment, to be cut off.
+enum Cut {
+    /// Valid-looking records after a sector that never reached the disk: `count` records with
+    /// these LSNs, never acknowledged.
+    TornWrite {
+        count: usize,
+        lsns: RangeInclusive<Lsn>,
+    },
+    /// A torn or corrupt last record, or garbage.
+    Tail,
 }
 
 fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> Error {
@@ -49,7 +64,9 @@ fn prealloc(opts: &WalOptions) -> Option<u64> {
     opts.preallocate.then_some(opts.segment_bytes)
 }
 
-/// Recovers the log in `dir` (creating it if needed). On success everything recovered is durable.
+/// Recovers the log in `dir` (creating it if needed). On success everything recovered is durable,
+/// the directory's entries included. Every check runs before any file is changed, so an open
+/// that fails on damage leaves the log as it found it.
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Result<Recovered> {
     fs.create_dir_all(dir)
         .map_err(|e| Error::io("create log directory", dir, e))?;
@@ -69,9 +86,11 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
     firsts.sort_unstable();
 
     // A newest segment without a valid header is a creation torn by a crash: nothing was ever
-    // written to it, so it goes (unless it holds valid records, which means damage).
+    // written to it, so it goes (unless it holds valid records, which means damage), but only
+    // once every check below has passed: a log that refuses to open is left as it was found.
     // The newest segment, opened and read here, is scanned below without opening it again.
     let mut tail = None;
+    let mut torn = Vec::new();
     while let Some(&first) = firsts.last() {
         let seg = Segment::open(fs, dir, first)?;
         let bytes = seg.read_all()?;
@@ -82,18 +101,14 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         if record::find_valid(&bytes, 0, first, first).is_some() {
             return Err(corrupt(&seg.path, 0, "invalid segment header"));
         }
-        tracing::warn!(path = %seg.path.display(), "removing a segment whose creation was torn");
-        fs.remove_file(&seg.path)
-            .map_err(|e| Error::io("remove torn segment", &seg.path, e))?;
-        fs.sync_dir(dir)
-            .map_err(|e| Error::io("fsync log directory", dir, e))?;
+        torn.push((first, seg.path.clone()));
         firsts.pop();
-        if firsts.is_empty() {
-            return fresh(fs, dir, first, opts);
-        }
     }
     if firsts.is_empty() {
-        return fresh(fs, dir, 1, opts);
+        // Nothing else to check: the torn creations go, and the log starts where the oldest did.
+        remove_torn(fs, dir, &torn)?;
+        let first = torn.last().map_or(1, |(first, _)| *first);
+        return fresh(fs, dir, first, opts);
     }
 
     let mut scanned: Vec<Scanned> = Vec::with_capacity(firsts.len());
@@ -126,7 +141,7 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
                 run_start = i;
             }
         }
-        let scan = scan(opts, segment, &bytes, is_last)?;
+        let scan = scan(segment, &bytes, is_last)?;
         scanned.push(scan);
     }
 
@@ -157,9 +172,14 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         .iter()
         .map(|s| s.segment.clone())
         .collect();
-    obsolete.extend(index.take_obsolete_segments());
+    obsolete.extend(index.take_obsolete_segments(Lsn::MAX));
 
+    // Every check passed: from here on recovery changes files.
+    remove_torn(fs, dir, &torn)?;
     let last = scanned.pop().expect("at least one segment");
+    if let Some(cut) = &last.cut {
+        cut_tail(opts, &last.segment, last.end, cut)?;
+    }
     // What recovery read may still sit only in the page cache (a process crash): make it durable
     // so that the log can start with everything durable. First: the newest segment may hold the
     // purge marker that makes the segments removed below obsolete, and it must not be lost
@@ -168,14 +188,16 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         .file
         .sync_data()
         .map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
-    if !obsolete.is_empty() {
-        for seg in &obsolete {
-            fs.remove_file(&seg.path)
-                .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
-        }
-        fs.sync_dir(dir)
-            .map_err(|e| Error::io("fsync log directory", dir, e))?;
+    for seg in &obsolete {
+        fs.remove_file(&seg.path)
+            .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
     }
+    // Always, also with nothing removed: the newest segment's directory entry may never have
+    // been made durable (its creation's directory fsync failed, or the process died before it,
+    // and the file is still listed after a restart without a power loss). Appends to it are
+    // acknowledged from now on, so its name must survive a power loss first.
+    fs.sync_dir(dir)
+        .map_err(|e| Error::io("fsync log directory", dir, e))?;
     Ok(Recovered {
         index,
         tail: last.segment,
@@ -203,12 +225,14 @@ fn fresh(fs: &dyn FileSystem, dir: &Path, first: Lsn, opts: &WalOptions) -> Resu
 
 /// Verifies the records of one segment in order, and deals with what follows the last valid one:
 /// zeros are the unused (preallocated) rest; anything else is either a torn tail of the newest
-/// segment (cut off) or corruption (an error).
-fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -> Result<Scanned> {
+/// segment (to be cut off by the caller, see [`Scanned::cut`]) or corruption (an error). Changes
+/// nothing.
+fn scan(segment: Arc<Segment>, bytes: &[u8], is_last: bool) -> Result<Scanned> {
     let first = segment.first_lsn;
     let mut pos = SEGMENT_HEADER_LEN as usize;
     let mut next = first;
     let mut records = Vec::new();
+    let mut cut = None;
     while let Some(meta) = record::decode(bytes, pos, first, next) {
         if meta.lsn != next {
             break;
@@ -248,38 +272,65 @@ fn scan(opts: &WalOptions, segment: Arc<Segment>, bytes: &[u8], is_last: bool) -
                 ),
             ));
         }
-        if let Some(valid) = valid {
-            let (count, lsns) = valid_records(bytes, valid, first, next);
-            tracing::warn!(
-                path = %path.display(),
-                offset = pos,
-                dropped_records = count,
-                dropped_lsns = %format!("{}..={}", lsns.start(), lsns.end()),
-                "cutting a torn write off the log: a sector before the valid-looking records after \
-                 it never reached the disk, so they were never acknowledged"
-            );
-        } else {
-            tracing::warn!(
-                path = %path.display(),
-                offset = pos,
-                "cutting a torn or corrupt tail off the log"
-            );
-        }
-        let file = &segment.file;
-        file.set_len(pos as u64)
-            .map_err(|e| Error::io("cut torn tail", path, e))?;
-        if let Some(len) = prealloc(opts) {
-            segment::preallocate(&**file, len, path)?;
-        }
-        file.sync_all()
-            .map_err(|e| Error::io("fsync after cutting tail", path, e))?;
+        cut = Some(match valid {
+            Some(valid) => {
+                let (count, lsns) = valid_records(bytes, valid, first, next);
+                Cut::TornWrite { count, lsns }
+            }
+            None => Cut::Tail,
+        });
     }
     Ok(Scanned {
         segment,
         records,
         end: pos as u64,
         next,
+        cut,
     })
+}
+
+/// Cuts what follows the last valid record (at `end`) off the newest segment, preallocates it
+/// again and syncs it.
+fn cut_tail(opts: &WalOptions, segment: &Segment, end: u64, cut: &Cut) -> Result<()> {
+    let path = &segment.path;
+    match cut {
+        Cut::TornWrite { count, lsns } => tracing::warn!(
+            path = %path.display(),
+            offset = end,
+            dropped_records = count,
+            dropped_lsns = %format!("{}..={}", lsns.start(), lsns.end()),
+            "cutting a torn write off the log: a sector before the valid-looking records after \
+             it never reached the disk, so they were never acknowledged"
+        ),
+        Cut::Tail => tracing::warn!(
+            path = %path.display(),
+            offset = end,
+            "cutting a torn or corrupt tail off the log"
+        ),
+    }
+    let file = &segment.file;
+    file.set_len(end)
+        .map_err(|e| Error::io("cut torn tail", path, e))?;
+    if let Some(len) = prealloc(opts) {
+        segment::preallocate(&**file, len, path)?;
+    }
+    file.sync_all()
+        .map_err(|e| Error::io("fsync after cutting tail", path, e))
+}
+
+/// Removes segments whose creation was torn (no valid header, no records), and makes the
+/// removal durable.
+fn remove_torn(fs: &dyn FileSystem, dir: &Path, torn: &[(Lsn, PathBuf)]) -> Result<()> {
+    if torn.is_empty() {
+        return Ok(());
+    }
+    for (_, path) in torn {
+        tracing::warn!(path = %path.display(), "removing a segment whose creation was torn");
+        fs.remove_file(path)
+            .map_err(|e| Error::io("remove torn segment", path, e))?;
+    }
+    fs.sync_dir(dir)
+        .map_err(|e| Error::io("fsync log directory", dir, e))
 }
 
 /// The smallest unit a disk writes: a crash may persist some sectors of a write and not others.
