@@ -45,7 +45,8 @@ impl SnapshotStore {
     /// being written). Finishing a snapshot keeps the newest `keep` snapshots (at least 1;
     /// [`DEFAULT_KEEP`] is the usual choice) and deletes older ones.
     ///
-    /// Contract: on return the directory exists and its entry in its parent is durable. The
+    /// Contract: on return the directory exists, its entry in its parent is durable, and so are
+    /// the entries in it (every snapshot it lists survives a power loss). The
     /// parent is fsynced at every open, not only when the directory is created: one found
     /// existing may come from an open that crashed before its fsync. The parent's own entry is
     /// the caller's to make durable.
@@ -73,6 +74,10 @@ impl SnapshotStore {
                     .map_err(|e| Error::io("remove leftover snapshot temp file", &path, e))?;
             }
         }
+        // A snapshot renamed into place by a process that died (or whose directory fsync failed)
+        // before the directory was synced is listed now and may be relied on (the log behind it
+        // purged): make its name durable first, and the removals above with it.
+        sync_dir("fsync the snapshot directory", &dir)?;
         Ok(SnapshotStore { dir, keep })
     }
 
