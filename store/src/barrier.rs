@@ -30,6 +30,17 @@ pub(crate) enum Job<W> {
     Own(W),
 }
 
+/// What the barrier thread does next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step<W> {
+    /// Run this barrier.
+    Run(Job<W>),
+    /// Sleep until woken: nothing to run yet, or a barrier runs on another thread.
+    Wait,
+    /// Exit: shut down, no barrier running, nobody left waiting for one.
+    Exit,
+}
+
 /// What a finished barrier settled.
 #[derive(Debug)]
 pub(crate) struct Finished<W> {
@@ -125,6 +136,23 @@ impl<W> BarrierBook<W> {
             Some(w) => Job::Own(w),
             None => Job::Shared,
         })
+    }
+
+    /// The barrier thread's next step. After shutdown it still runs what waiters need, and it
+    /// waits for a barrier running on another thread (a lone caller's), which may leave waiters
+    /// behind (own ones always need a barrier of their own): exiting then would strand them.
+    pub fn next_step(&mut self) -> Step<W> {
+        match self.next_job() {
+            Some(job) => Step::Run(job),
+            None if self.shutdown && !self.running => Step::Exit,
+            None => Step::Wait,
+        }
+    }
+
+    /// Whether the barrier thread should be woken after a barrier finished: there is work, or
+    /// the log is shut down and the thread may be waiting only to exit.
+    pub fn wake_thread(&self) -> bool {
+        self.has_work() || self.shutdown
     }
 
     /// Ends the running barrier, which read `target` as written before its sync, with `outcome`.
@@ -277,6 +305,27 @@ mod tests {
         // A later failure keeps the first message.
         book.fail_all("other".into());
         assert_eq!(book.poison(), Some("EIO"));
+    }
+
+    #[test]
+    fn the_thread_outlives_a_barrier_running_elsewhere_after_shutdown() {
+        let mut book = BarrierBook::new(0);
+        // A lone caller runs a barrier; an own waiter queues behind it; the log shuts down.
+        assert!(book.try_begin());
+        book.wait_own(1u32);
+        book.shut_down();
+        assert_eq!(
+            book.next_step(),
+            Step::Wait,
+            "the own waiter still needs a barrier"
+        );
+        let f = book.finish(3, Ok(()), None);
+        assert!(f.done.is_empty());
+        assert!(book.wake_thread());
+        assert_eq!(book.next_step(), Step::Run(Job::Own(1)));
+        book.finish(3, Ok(()), Some(1));
+        assert!(book.wake_thread(), "woken to exit");
+        assert_eq!(book.next_step(), Step::Exit);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::recovery;
 use super::segment::{Segment, SEGMENT_HEADER_LEN};
 use super::waiter::{Parker, Waiter};
 use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
-use crate::barrier::{BarrierBook, Job, Status};
+use crate::barrier::{BarrierBook, Job, Status, Step};
 use crate::error::{Error, Result};
 use crate::fs::{
     is_descriptor_shortage, DescriptorWait, FileSystem, OsFileSystem, SlowSyncFileSystem,
@@ -752,7 +752,7 @@ impl Inner {
             }
             Err(_) => {}
         }
-        let more = book.has_work();
+        let more = book.wake_thread();
         drop(book);
         if more {
             self.wake.notify_one();
@@ -767,8 +767,8 @@ impl Inner {
     fn barrier_loop(&self) {
         let mut book = self.book.lock();
         loop {
-            match book.next_job() {
-                Some(job) => {
+            match book.next_step() {
+                Step::Run(job) => {
                     drop(book);
                     let owner = match job {
                         Job::Own(w) => Some(w),
@@ -777,8 +777,8 @@ impl Inner {
                     let _ = self.run_barrier(owner);
                     book = self.book.lock();
                 }
-                None if book.is_shut_down() => return,
-                None => self.wake.wait(&mut book),
+                Step::Exit => return,
+                Step::Wait => self.wake.wait(&mut book),
             }
         }
     }
