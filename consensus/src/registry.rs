@@ -279,6 +279,12 @@ impl Registry {
         }
     }
 
+    /// Tests: how many retired generations are still kept (read by an export).
+    #[cfg(test)]
+    pub(crate) fn retired_count(&self) -> usize {
+        self.retired.lock().len()
+    }
+
     /// Drops retired generations that no export reads any more.
     pub(crate) fn collect_garbage(&self) {
         let mut retired = self.retired.lock();

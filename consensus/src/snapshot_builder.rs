@@ -34,7 +34,9 @@ use crate::types::{SnapshotMeta, TypeConfig};
 pub struct SnapshotBuilder {
     shared: Arc<SmShared>,
     meta: SnapshotMeta,
-    generation: Arc<Generation>,
+    /// The registry generation the capture reads; given up with the capture, so that a
+    /// generation retired meanwhile (by an install) can be dropped at once.
+    generation: Option<Arc<Generation>>,
     capture: Option<Arc<Capture>>,
     /// Why the state could not be captured (committing the deferred batch failed).
     failed: Option<String>,
@@ -56,7 +58,7 @@ impl SnapshotBuilder {
                 last_log_id,
                 last_membership,
             },
-            generation,
+            generation: Some(generation),
             capture: Some(capture),
             failed: failed.map(|e| e.to_string()),
         }
@@ -64,7 +66,9 @@ impl SnapshotBuilder {
 
     fn release(&mut self) {
         if let Some(c) = self.capture.take() {
-            self.generation.end_capture(&c);
+            if let Some(generation) = self.generation.take() {
+                generation.end_capture(&c);
+            }
             self.shared.building.fetch_sub(1, Ordering::AcqRel);
             self.shared.registry.collect_garbage();
         }
@@ -131,12 +135,12 @@ impl SnapshotBuilder {
                 self.shared.limiter.clone(),
             )
             .map_err(|e| Error::storage("create snapshot", e))?;
-        snapshot_format::export(
-            &self.generation.tree,
-            &capture,
-            &mut writer,
-            &self.shared.closing,
-        )?;
+        let tree = &self
+            .generation
+            .as_ref()
+            .expect("a builder builds once")
+            .tree;
+        snapshot_format::export(tree, &capture, &mut writer, &self.shared.closing)?;
         self.release();
         let file = writer
             .finish()
@@ -167,7 +171,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let mut this = SnapshotBuilder {
             shared: self.shared.clone(),
             meta: self.meta.clone(),
-            generation: self.generation.clone(),
+            generation: self.generation.take(),
             capture: self.capture.take(),
             failed: self.failed.take(),
         };

@@ -335,6 +335,11 @@ async fn the_current_snapshot_is_known_without_opening_a_file() {
         .unwrap();
     let built = stale.build_snapshot().await.unwrap();
     assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(10));
+    assert_eq!(
+        follower.shared().registry.retired_count(),
+        0,
+        "the generation the install retired is dropped once the export that read it ends"
+    );
 
     // With the snapshot directory gone, the current snapshot is still known: openraft's
     // request for it needs no descriptor, no listing and no read.
