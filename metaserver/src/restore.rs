@@ -1,8 +1,8 @@
 //! `metaserver snapshot restore FILE`: replays a backup into an empty cluster through the admin
 //! API, for a cluster that lost its data (or a copy of one elsewhere).
 //!
-//! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key
-//! and value checked against what the cluster accepts, before anything is sent. The target must
+//! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key,
+//! value and datanode address checked against what the cluster accepts, before anything is sent. The target must
 //! be empty (no datanode, no key): a restore never merges into live data. It first raises the
 //! cluster's epoch floor above any epoch the old cluster handed out (the time in microseconds,
 //! or more: see [`epoch_floor`]), so that every registration in the new cluster, also of a
@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
-use meta_http::request::{validate_new_key, validate_value, MAX_MIN_EPOCH};
+use meta_http::request::{validate_addr, validate_new_key, validate_value, MAX_MIN_EPOCH};
 use meta_http::response::{
     DatanodeList, DatanodeRegistered, EpochFloorView, KvKeyPage, ShardsRegistered,
 };
@@ -55,6 +55,7 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
     let backup = open(file).await?;
     check_keys(&backup).await?;
+    check_addrs(&read(&backup, |b| b.datanodes()).await?)?;
     check_empty(&op).await?;
     let replayed = replay(&op, &backup).await;
     let (index, replicas, keys) = (backup.index(), backup.replicas(), backup.keys());
@@ -151,6 +152,21 @@ async fn check_keys(backup: &Arc<Backup>) -> Result<()> {
                     entry.key
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// Fails, before anything is sent, if a datanode's address is one the cluster would refuse (an
+/// older version accepted addresses that are not `host:port`): a restore refused part way would
+/// be refused at the same datanode every time it ran again.
+fn check_addrs(datanodes: &[DatanodeInfo]) -> Result<()> {
+    for datanode in datanodes {
+        if let Err(e) = validate_addr(&datanode.addr) {
+            bail!(
+                "the backup's datanode {} cannot be restored: {e}; nothing was sent",
+                datanode.id
+            );
         }
     }
     Ok(())
@@ -385,7 +401,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::{epoch_floor, kv_path, raise_epoch_floor};
+    use super::{check_addrs, epoch_floor, kv_path, raise_epoch_floor};
     use crate::cli::ClientArgs;
     use crate::operator::Operator;
     use axum::http::{header, StatusCode};
@@ -464,6 +480,23 @@ mod tests {
         assert_eq!(epoch_floor(now, &raised, now + 50), now + 51);
         assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)], 0), u64::MAX);
         assert_eq!(epoch_floor(now, &[], u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn an_address_the_cluster_refuses_stops_the_restore_before_anything_is_sent() {
+        let datanode = |id, addr: &str| DatanodeInfo {
+            id,
+            addr: addr.into(),
+            epoch: 1,
+            registered_index: 1,
+            shards: 0,
+        };
+        check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "[::1]:7")]).unwrap();
+        let err = check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "h:1:2")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("datanode 2"), "{err}");
+        assert!(err.contains("nothing was sent"), "{err}");
     }
 
     #[test]
