@@ -29,6 +29,7 @@ use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
 use crate::network::peer_client;
+use crate::raw_path;
 use crate::state::AppState;
 
 /// Marks a request forwarded by another member; its value is that member's id.
@@ -130,7 +131,7 @@ impl Forwarder {
         read_index: Option<ReadIndexHint>,
         replay: Replay,
     ) -> Response {
-        let url = format!("http://{}{}", target.addr, replay.path());
+        let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
         let acts = !matches!(replay.method, Method::GET | Method::HEAD);
         let mut request = self
@@ -141,6 +142,9 @@ impl Forwarder {
             .body(replay.body);
         if let Some(ReadIndexHint(index)) = read_index {
             request = request.header(READ_INDEX, index);
+        }
+        if let Some(raw) = raw_path {
+            request = request.header(raw_path::RAW_PATH, raw);
         }
         if let Some(cluster) = cluster_identity::header_value(&self.cluster) {
             request = request.header(cluster_identity::CLUSTER, cluster);

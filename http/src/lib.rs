@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod network;
 pub mod node_metrics;
 pub mod raft_routes;
+pub mod raw_path;
 #[cfg(test)]
 mod refused_port;
 pub mod request;

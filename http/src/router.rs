@@ -3,7 +3,7 @@
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 
 use crate::auth::require_token;
@@ -17,6 +17,7 @@ use crate::handlers::{cluster, datanodes, kv, probes, shards, watch};
 use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES, MAX_SMALL_RAFT_BODY_BYTES};
 use crate::metrics::{record, tag_route};
 use crate::raft_routes::raft_routes;
+use crate::raw_path::{self, PATH_RAW_REPLAY};
 use crate::state::AppState;
 
 /// The admin API routes (`/v1/...`), forwarded to the leader when needed.
@@ -77,6 +78,18 @@ fn admin_routes() -> Router<AppState> {
 
 /// The complete router of a node.
 pub fn router(state: AppState) -> Router {
+    let app = routes(state);
+    // A replay whose path an HTTP client would have changed comes with the path in a header;
+    // it is routed through everything else, as if it had come so (`raw_path.rs`).
+    let inner = app.clone();
+    app.route(
+        PATH_RAW_REPLAY,
+        any(move |request| raw_path::serve(inner.clone(), request)),
+    )
+}
+
+/// Every route but [`PATH_RAW_REPLAY`].
+fn routes(state: AppState) -> Router {
     let node = state.node.clone();
     let reader = state.node.clone();
     Router::new()

@@ -31,6 +31,7 @@ fn matrix(epoch: u64) -> Vec<Case> {
     cases.extend(queries::cursors_and_consistency());
     cases.extend(datanodes::lifecycle(epoch));
     cases.extend(paths::wrong_methods_and_paths());
+    cases.extend(paths::raw_replays());
     cases.extend(tokens::missing_wrong_and_malformed());
     cases.extend(raft::garbled_bodies());
     cases

@@ -113,3 +113,68 @@ pub fn wrong_methods_and_paths() -> Vec<Case> {
         ),
     ]
 }
+
+/// Replays with a raw path (`/v1/raw-replay`) that name no admin API path, or that the path
+/// they name refuses.
+pub fn raw_replays() -> Vec<Case> {
+    let replay = |what, method, path: &'static str, body: &str, status, code| {
+        let mut c = case(what, method, "/v1/raw-replay", body, status, code);
+        if !path.is_empty() {
+            c.headers.push(("x-metaserver-raw-path", path));
+        }
+        c
+    };
+    vec![
+        replay(
+            "raw replay without its path",
+            M::GET,
+            "",
+            "",
+            400,
+            "invalid_replay",
+        ),
+        replay(
+            "raw replay of itself",
+            M::GET,
+            "/v1/raw-replay",
+            "",
+            400,
+            "invalid_replay",
+        ),
+        replay(
+            "raw replay of a Raft route",
+            M::POST,
+            "/raft/vote",
+            "",
+            400,
+            "invalid_replay",
+        ),
+        replay(
+            "raw replay that is not a path",
+            M::GET,
+            "v1/kv/a",
+            "",
+            400,
+            "invalid_replay",
+        ),
+        replay(
+            "raw replay writing a new key with a dot segment",
+            M::PUT,
+            "/v1/kv/a/../b",
+            r#"{"value":"x"}"#,
+            400,
+            "invalid_key",
+        ),
+        Case {
+            headers: vec![("x-metaserver-raw-path", "/v1/kv/k")],
+            ..case(
+                "raw replay without a token",
+                M::GET,
+                "/v1/raw-replay",
+                "",
+                401,
+                "unauthorized",
+            )
+        },
+    ]
+}

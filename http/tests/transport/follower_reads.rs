@@ -6,7 +6,9 @@ use std::time::Duration;
 use meta_http::follower_read::CatchUp;
 use serde_json::json;
 
-use crate::helpers::{served, start_cluster_with, Client, Server};
+use meta_consensus::Command;
+
+use crate::helpers::{served, start_cluster_with, the_leader, Client, Server, TOKEN};
 
 /// Linearizable and lease reads at a follower see every write acknowledged before them (each
 /// read follows a write acknowledged by another member). With time to catch up and no backlog
@@ -125,5 +127,76 @@ async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
         for server in servers.values() {
             server.node.shutdown().await.unwrap();
         }
+    }
+}
+
+/// Sends `GET path` to `server` over a plain connection, so that the path reaches it exactly as
+/// written (an HTTP client would resolve its `.` and `..` segments first), and returns the
+/// status and the body.
+async fn raw_get(server: &Server, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: \
+         close\r\n\r\n",
+        server.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let status = head[9..12].parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    if !chunked {
+        return (status, body.to_string());
+    }
+    let (mut rest, mut text) = (body, String::new());
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        if size == 0 {
+            return (status, text);
+        }
+        text.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+/// A key with a `..` segment (written before the rule against them) read through a follower
+/// that replays reads at the leader: the leader reads that key, not the one an HTTP client's
+/// URL parser makes of the path (`a/%2E%2E/b` is `b` to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_read_keeps_the_dot_segments_of_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster_with(&dir, None).await;
+    let leader = the_leader(&servers);
+    let follower = servers.values().find(|s| s.addr != leader.addr).unwrap();
+    for (key, value) in [("a/../b", "dotted"), ("b", "plain")] {
+        leader
+            .node
+            .write(Command::Put {
+                key: key.into(),
+                value: value.as_bytes().to_vec(),
+                if_revision: None,
+            })
+            .await
+            .unwrap();
+    }
+    for path in ["/v1/kv/a/%2E%2E/b", "/v1/kv/a/../b"] {
+        let (status, body) = raw_get(follower, path).await;
+        assert_eq!((status, body.as_str()), (200, "dotted"), "{path}");
+    }
+    assert_eq!(raw_get(follower, "/v1/kv/b").await, (200, "plain".into()));
+    let client = Client::new();
+    // The leader routed and counted the replays as the reads they are.
+    assert_eq!(served(&client, leader, "GET", "/v1/kv/{*key}").await, 3);
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
     }
 }
