@@ -12,8 +12,9 @@ use crate::types::NodeId;
 
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
-    /// from within the lease to take over, and waits at most `within` until another node leads.
-    /// Returns that node, or `None` if this node did not lead, had no such voter, or nobody took
+    /// from within the lease to take over, and waits at most `within` until another node leads
+    /// and this node applied every entry of its log (so the requests it took as leader are
+    /// answered before it closes). Returns that node, or `None` if this node did not lead, had no such voter, or nobody took
     /// over in time; the stop then goes ahead and the others elect a leader after the election
     /// timeout, as after a crash. Changes no data.
     pub async fn hand_over_leadership(&self, within: Duration) -> Result<Option<NodeId>> {
@@ -42,17 +43,37 @@ impl MetaNode {
             .await
             .map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + within;
-        loop {
+        let leader = loop {
             let m = self.inner.raft.metrics().borrow_watched().clone();
             if m.state != ServerState::Leader {
                 if let Some(leader) = m.current_leader.filter(|l| *l != me) {
-                    return Ok(Some(leader));
+                    break leader;
                 }
             }
             if self.await_metrics_change(deadline).await.is_err() {
                 return Ok(None);
             }
+        };
+        // Requests this node took as leader are answered when it applies their entries, and it
+        // learns that the new leader committed them only from the new leader's appends, which
+        // stop once this node begins to close: wait (within the same time) until it applied
+        // everything in its log, so that they are answered, not timed out.
+        loop {
+            let m = self.inner.raft.metrics().borrow_watched().clone();
+            let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
+            if applied >= m.last_log_index.unwrap_or(0) {
+                break;
+            }
+            if self.await_metrics_change(deadline).await.is_err() {
+                tracing::warn!(
+                    applied,
+                    last_log_index = m.last_log_index,
+                    "handed over, but not every entry of this node's log applied in time"
+                );
+                break;
+            }
         }
+        Ok(Some(leader))
     }
 
     /// This node stops: it no longer starts elections (a member whose port is closed hears no
