@@ -454,6 +454,14 @@ mod tests {
         (ForwardTo { leader_id: 1, addr }, seen_rx, release)
     }
 
+    /// The next thing the stand-in leader saw; fails the test if it saw nothing within 10 s.
+    async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the stand-in leader heard nothing in time")
+            .expect("the stand-in leader is gone")
+    }
+
     fn link() -> Arc<Link> {
         Arc::new(Link {
             leader: LeaderLink {
@@ -474,7 +482,7 @@ mod tests {
         let mut a = Box::pin(link.read_index(leader.clone(), false));
         assert!((&mut a).now_or_never().is_none());
         assert!(
-            !seen.recv().await.unwrap(),
+            !next(&mut seen).await,
             "a read index read asks for a quorum round"
         );
         // Reads that arrive while the first exchange is out wait for the next one: the leader
@@ -486,7 +494,7 @@ mod tests {
         release.add_permits(1);
         assert_eq!(a.await.unwrap(), 101);
         // One exchange carries both; one of them asked for a quorum round, so it does.
-        assert!(!seen.recv().await.unwrap());
+        assert!(!next(&mut seen).await);
         assert!(
             (&mut b).now_or_never().is_none(),
             "answered by its own exchange"
@@ -497,7 +505,7 @@ mod tests {
         // A lone lease read asks for the lease.
         let mut d = Box::pin(link.read_index(leader.clone(), true));
         assert!((&mut d).now_or_never().is_none());
-        assert!(seen.recv().await.unwrap());
+        assert!(next(&mut seen).await);
         release.add_permits(1);
         assert_eq!(d.await.unwrap(), 103);
         assert!(seen.try_recv().is_err(), "three exchanges in all");
@@ -510,7 +518,7 @@ mod tests {
         let link = link();
         let mut first = Box::pin(link.read_index(a_leader.clone(), false));
         assert!((&mut first).now_or_never().is_none());
-        a_seen.recv().await.unwrap();
+        next(&mut a_seen).await;
         // Both wait for the next exchange, A's first in the queue.
         let mut to_a = Box::pin(link.read_index(a_leader.clone(), false));
         let mut to_b = Box::pin(link.read_index(b_leader.clone(), false));
@@ -520,9 +528,9 @@ mod tests {
         a_release.add_permits(1);
         assert_eq!(first.await.unwrap(), 101);
         // A holds its second answer; B's read does not wait for it.
-        a_seen.recv().await.unwrap();
+        next(&mut a_seen).await;
         assert_eq!(to_b.await.unwrap(), 201);
-        assert!(b_seen.recv().await.is_some());
+        next(&mut b_seen).await;
         assert!((&mut to_a).now_or_never().is_none());
         a_release.add_permits(1);
         assert_eq!(to_a.await.unwrap(), 102);
@@ -543,7 +551,7 @@ mod tests {
                 .unwrap();
             rt.block_on(async {
                 let read = tokio::spawn(async move { l.read_index(t, false).await });
-                assert!(!seen.recv().await.unwrap());
+                assert!(!next(&mut seen).await);
                 assert!(!read.is_finished());
             });
             drop(rt);
@@ -556,7 +564,7 @@ mod tests {
             .await
             .expect("a read queued behind a task that no longer runs waits forever");
         assert_eq!(answer.unwrap(), 102);
-        assert!(!seen.recv().await.unwrap(), "a second exchange");
+        assert!(!next(&mut seen).await, "a second exchange");
     }
 
     #[tokio::test]

@@ -455,6 +455,14 @@ mod tests {
         (addr, seen_rx, release)
     }
 
+    /// The next thing the stand-in leader saw; fails the test if it saw nothing within 10 s.
+    async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the stand-in leader heard nothing in time")
+            .expect("the stand-in leader is gone")
+    }
+
     fn write(i: u64) -> Command {
         Command::Put {
             key: format!("w{i}"),
@@ -514,14 +522,14 @@ mod tests {
         assert!((&mut first).now_or_never().is_none());
         // The first write leaves alone; with one more batch allowed out, the next write leaves
         // at once too, and takes the writes queued behind it.
-        assert_eq!(seen.recv().await.unwrap(), vec!["w0".to_string()]);
+        assert_eq!(next(&mut seen).await, vec!["w0".to_string()]);
         let mut rest: Vec<_> = (1..5)
             .map(|i| Box::pin(b.send(target.clone(), write(i))))
             .collect();
         for f in &mut rest {
             assert!(f.now_or_never().is_none(), "queued, not answered");
         }
-        let second = seen.recv().await.unwrap();
+        let second = next(&mut seen).await;
         assert_eq!(second, (1..5).map(|i| format!("w{i}")).collect::<Vec<_>>());
         release.add_permits(2);
         assert_eq!(first.await.unwrap().index, 100);
@@ -541,7 +549,7 @@ mod tests {
             .collect();
         for f in &mut busy {
             assert!(f.now_or_never().is_none());
-            seen.recv().await.unwrap();
+            next(&mut seen).await;
         }
         let mut batch: Vec<_> = (12..15)
             .map(|i| Box::pin(b.send(target.clone(), write(i))))
@@ -550,7 +558,7 @@ mod tests {
             assert!(f.now_or_never().is_none());
         }
         release.add_permits(3);
-        assert_eq!(seen.recv().await.unwrap(), vec!["w12", "w13", "w14"]);
+        assert_eq!(next(&mut seen).await, vec!["w12", "w13", "w14"]);
         let answers = futures::future::join_all(batch).await;
         assert_eq!(answers[0].as_ref().unwrap().index, 112);
         let refused = answers[1].as_ref().unwrap_err();
@@ -673,8 +681,8 @@ mod tests {
             .await
             .expect("the part for the live leader does not wait for the silent one");
         assert_eq!(answer.unwrap().index, 107);
-        assert_eq!(seen.recv().await.unwrap(), vec!["w5".to_string()]);
-        assert_eq!(seen_live.recv().await.unwrap(), vec!["w7".to_string()]);
+        assert_eq!(next(&mut seen).await, vec!["w5".to_string()]);
+        assert_eq!(next(&mut seen_live).await, vec!["w7".to_string()]);
     }
 
     #[tokio::test]

@@ -1,10 +1,8 @@
-//! A follower stopped with SIGTERM exits at once: the leader's long-lived replication request
-//! must not hold its 15 s drain (an audit measured 15.5 s, with the follower campaigning
+//! A follower stopped with SIGTERM exits without waiting out its drain: the leader's long-lived
+//! replication request must not hold its 15 s drain (an audit measured 15.5 s, with the follower campaigning
 //! meanwhile and deposing the leader when it came back).
 
 mod common;
-
-use std::time::{Duration, Instant};
 
 use common::{client, poll, send, spawn};
 use reqwest::Method;
@@ -59,14 +57,8 @@ async fn a_stopped_follower_exits_at_once() {
     let leader = view["leader_id"].as_u64().unwrap() as usize;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
 
-    let stopping = Instant::now();
     nodes[follower - 1].stop().await;
-    let took = stopping.elapsed();
-    assert!(
-        took < Duration::from_secs(10),
-        "the follower took {took:?} to stop; stderr:\n{}",
-        nodes[follower - 1].logs()
-    );
+    nodes[follower - 1].assert_drained();
     for (i, node) in nodes.iter_mut().enumerate() {
         if i + 1 != follower {
             node.stop().await;

@@ -202,7 +202,10 @@ fn closed_log_refuses_calls() {
     assert!(matches!(wal.read(lsn), Err(Error::Closed)));
     let (tx, rx) = std::sync::mpsc::channel();
     wal.on_durable(lsn, Box::new(move |r| tx.send(r).unwrap()));
-    assert!(matches!(rx.recv().unwrap(), Err(Error::Closed)));
+    assert!(matches!(
+        rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap(),
+        Err(Error::Closed)
+    ));
     wal.close().unwrap();
 }
 

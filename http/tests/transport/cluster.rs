@@ -7,7 +7,7 @@ use meta_consensus::Role;
 use serde_json::{json, Value};
 
 use crate::common::{wait_for, DEADLINE};
-use crate::helpers::{start, start_cluster, Client, TOKEN};
+use crate::helpers::{http_client, start, start_cluster, Client, TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_over_http() {
@@ -16,7 +16,7 @@ async fn three_nodes_over_http() {
     let leader = servers[&1].node.status().leader_id.unwrap();
     let followers: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
     let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        http: http_client(),
     };
 
     // A write at a follower is forwarded to the leader.
@@ -174,7 +174,7 @@ async fn three_nodes_over_http() {
 async fn largest_values_commit_over_http() {
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster(&dir).await;
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = http_client();
     let value = vec![b'v'; meta_http::limits::MAX_VALUE_BYTES];
     for i in 0..3 {
         // Sent to node 1: forwarded when it does not lead. A 503 (no leader for a moment on a

@@ -12,7 +12,8 @@ use tempfile::TempDir;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    served_with, start_alone, start_cluster_tuned, start_tuned, the_leader, Client, Server, TOKEN,
+    http_client, served_with, start_alone, start_cluster_tuned, start_tuned, the_leader, Client,
+    Server, TOKEN,
 };
 
 /// Starts node `id` as a build of `build_version`.
@@ -49,10 +50,7 @@ async fn send(
     path: &str,
     body: Value,
 ) -> (u16, Option<String>, Value) {
-    let response = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
+    let response = http_client()
         .request(method, format!("http://{}{path}", server.addr))
         .bearer_auth(TOKEN)
         .body(body.to_string())

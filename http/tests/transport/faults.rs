@@ -7,7 +7,7 @@ use meta_consensus::Node;
 use tokio::net::TcpListener;
 
 use crate::common::wait_for;
-use crate::helpers::{start_alone, start_cluster, the_leader, TOKEN};
+use crate::helpers::{http_client, start_alone, start_cluster, the_leader, TOKEN};
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
 /// leader whose learner's address accepts connections and drops them at once makes at most a
@@ -76,7 +76,7 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     drop(old);
     assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
     let put = {
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let http = http_client();
         let url = format!("http://{}/v1/kv/after-the-leader", servers[&follower].addr);
         tokio::spawn(async move {
             let r = http

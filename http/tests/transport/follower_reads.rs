@@ -8,7 +8,7 @@ use serde_json::json;
 
 use meta_consensus::Command;
 
-use crate::helpers::{served, start_cluster_with, the_leader, Client, Server, TOKEN};
+use crate::helpers::{http_client, served, start_cluster_with, the_leader, Client, Server, TOKEN};
 
 /// Linearizable and lease reads at a follower see every write acknowledged before them (each
 /// read follows a write acknowledged by another member). With time to catch up and no backlog
@@ -20,7 +20,7 @@ use crate::helpers::{served, start_cluster_with, the_leader, Client, Server, TOK
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_answer_linearizable_reads_with_the_leaders_read_index() {
     let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        http: http_client(),
     };
     let patient = CatchUp {
         wait: Duration::from_secs(10),

@@ -106,10 +106,20 @@ pub struct Client {
     pub http: reqwest::Client,
 }
 
+/// An HTTP client for the tests: no proxy, and a request that gets no answer within 60 s fails
+/// (every request of these tests is answered in far less, or the node under test is broken).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 impl Client {
     pub fn new() -> Self {
         Client {
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: http_client(),
         }
     }
 

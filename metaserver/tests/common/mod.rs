@@ -148,6 +148,21 @@ impl Proc {
         String::from_utf8_lossy(&bytes[start..]).into_owned()
     }
 
+    /// Whether the process's stderr holds `text` anywhere.
+    pub fn logged(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&std::fs::read(&self.stderr).unwrap_or_default()).contains(text)
+    }
+
+    /// Fails unless the process's last stop drained its requests in time: a request that held
+    /// the drain makes the server give up on it after its drain timeout and log so.
+    pub fn assert_drained(&self) {
+        assert!(
+            !self.logged("requests still running after"),
+            "a request held the drain; stderr:\n{}",
+            self.logs()
+        );
+    }
+
     /// Sends a signal to the process.
     pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) has no memory-safety preconditions; the child is not reaped yet.
@@ -255,21 +270,18 @@ pub async fn poll_status(http: &reqwest::Client, url: &str, status: u16) -> Valu
     }
 }
 
-/// Runs an operator command to completion and returns (success, stdout, stderr).
-pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    tokio::task::spawn_blocking(move || run_blocking(&args, &env))
-        .await
-        .expect("operator command")
-}
+/// How long an operator command of the tests may run before it is killed and the test fails.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(120);
 
-fn run_blocking(args: &[String], env: &[(String, String)]) -> (bool, String, String) {
-    let mut command = Command::new(binary());
-    command.args(args).env("RUST_LOG", "warn");
+/// Runs an operator command to completion and returns (success, stdout, stderr). A command
+/// still running after [`COMMAND_DEADLINE`] is killed and fails the test.
+pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut command = tokio::process::Command::new(binary());
+    command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     for (key, _) in std::env::vars() {
         if key.starts_with("METASERVER_") {
             command.env_remove(key);
@@ -278,7 +290,10 @@ fn run_blocking(args: &[String], env: &[(String, String)]) -> (bool, String, Str
     for (key, value) in env {
         command.env(key, value);
     }
-    let out = command.output().expect("run metaserver");
+    let out = tokio::time::timeout(COMMAND_DEADLINE, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("metaserver {args:?} still ran after {COMMAND_DEADLINE:?}"))
+        .expect("run metaserver");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
