@@ -46,6 +46,7 @@ mod log_store;
 mod node;
 mod records;
 mod registry;
+mod rejoin_marker;
 mod removal_notice;
 pub mod rpc_bounds;
 mod sm_stats;

@@ -266,6 +266,13 @@ impl LogStore {
         self.shared.index.read().last_purged
     }
 
+    /// Whether the log holds no Raft state at all: no entry, none purged, no vote (a new member,
+    /// or one whose data dir was lost).
+    pub(crate) fn holds_no_state(&self) -> bool {
+        let idx = self.shared.index.read();
+        idx.last_log_id().is_none() && idx.last_purged.is_none() && idx.vote.is_none()
+    }
+
     /// The last log id and how many entries are held.
     pub fn summary(&self) -> (Option<LogId>, usize) {
         let idx = self.shared.index.read();

@@ -20,6 +20,7 @@ use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::log_store::LogStore;
+use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
 use crate::status::{ClusterStatus, ReplicationLag, Role};
@@ -71,6 +72,9 @@ struct Inner {
     changing: tokio::sync::Mutex<()>,
     /// The highest cluster version this node proposed a raise to (`node/versions.rs`).
     proposed_version: std::sync::atomic::AtomicU32,
+    /// This node started with no Raft state and does not hold an entry committed in its current
+    /// term yet (`rejoin_marker.rs`): it votes for no candidate with a log.
+    rejoining: AtomicBool,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -107,7 +111,7 @@ impl MetaNode {
         let datanode_timeout = cfg.datanode_timeout;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
-        let (dir_lock, log, sm, incoming) = blocking(move || {
+        let (dir_lock, log, sm, incoming, rejoining) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
@@ -133,6 +137,12 @@ impl MetaNode {
                     ..WalOptions::default()
                 },
             )?;
+            // Before Raft starts: its first message from a leader gives the node a term.
+            let marker = RejoinMarker::new(&c.data_dir);
+            if log.holds_no_state() {
+                marker.set()?;
+            }
+            let rejoining = marker.is_set();
             let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
             let sm = StateMachine::open(
                 &c.registry_dir(),
@@ -146,7 +156,7 @@ impl MetaNode {
             // A cluster's version never goes back: an older build must not replay its log.
             sm.set_build_version(c.build_version);
             sm.shared().check_build(sm.shared().cluster_version())?;
-            Ok((dir_lock, log, sm, incoming))
+            Ok((dir_lock, log, sm, incoming, rejoining))
         })
         .await?;
         let shared = sm.shared();
@@ -174,11 +184,15 @@ impl MetaNode {
                 raising: tokio::sync::Mutex::new(()),
                 changing: tokio::sync::Mutex::new(()),
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
+                rejoining: AtomicBool::new(rejoining),
             }),
         };
         node.check_not_behind_purge()?;
         node.await_loaded_metrics().await;
         node.follow_metrics();
+        if rejoining {
+            node.end_rejoin_when_caught_up();
+        }
         node.warn_if_short_of_space();
         Ok(node)
     }

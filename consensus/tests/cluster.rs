@@ -696,6 +696,81 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
     c.shutdown().await
 }
 
+/// A voter whose data dir was lost still refuses to vote for a candidate with a log after a
+/// leader's first message gave it a term (openraft saves the leader's vote before it looks at
+/// the log), until it holds the log again; then it votes, and the marker that kept the rule
+/// across restarts is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_votes_again_only_once_it_has_the_log() -> Result<()> {
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let (stale, wiped) = (others[0], others[1]);
+    c.converged().await?;
+    // The stale candidate's log ends before the write the other two acknowledge.
+    let stale_last = c.node(stale).raft().metrics().borrow_watched().last_applied;
+    c.stop(stale).await?;
+    let w = c
+        .node(leader)
+        .register_datanode(7, "dn-7".to_string())
+        .await?;
+    c.wait_applied(w.index).await?;
+    let lm = c.node(leader).raft().metrics().borrow_watched().clone();
+
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(leader).await?;
+    let empty = c.start(wiped).await?;
+    // The leader's first message (a heartbeat that finds no matching log) gives it a term.
+    let answer = empty
+        .raft()
+        .append_entries(AppendEntriesRequest {
+            vote: lm.vote,
+            prev_log_id: lm.last_applied,
+            entries: vec![],
+            leader_commit: lm.local_committed,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    // Its metrics show the term a moment after the answer.
+    let term = lm.current_term;
+    empty
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.current_term == term, "the heartbeat's term")
+        .await
+        .context("the heartbeat gave no term")?;
+    // The leader is gone: once the lease its heartbeat gave ends (an election timeout, at most
+    // 1.4 s here), openraft alone would grant the stale candidate's vote.
+    let window = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < window {
+        let rpc = VoteRequest::new(meta_consensus::Vote::new(term + 1, stale), stale_last);
+        match empty.vote(rpc).await {
+            Err(Error::NotVoting(_)) => {}
+            Ok(answer) if !answer.vote_granted => {}
+            other => anyhow::bail!("voted for a candidate without the write: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Once the leader fed it the log, it holds an entry of the current term: the rule ends.
+    c.start(leader).await?;
+    c.start(stale).await?;
+    c.converged().await?;
+    let marker = c.dir(wiped).join("REJOINING");
+    let deadline = std::time::Instant::now() + WAIT;
+    while marker.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await
+}
+
 /// A voter whose data dir was lost does not help elect a candidate that misses acknowledged
 /// writes. Nodes a, b, c: with a down, a write is acknowledged by b and c; then c loses its data
 /// dir and b stops. a and the empty c must not elect a (the write would be lost); once b is

@@ -1,13 +1,18 @@
 //! Answering vote requests. A node that holds no Raft state cannot tell a new member from one
 //! whose data dir was lost; it votes only in a cluster's first election, so that a voter that
 //! lost its log and its votes cannot help elect a candidate that misses acknowledged writes.
+//! That lasts until it holds an entry committed in its current term, also after restarts
+//! (`rejoin_marker.rs`): a leader's first message gives it a term long before it has the log.
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::vote::RaftLeaderId;
 
+use std::sync::atomic::Ordering;
+
 use super::MetaNode;
 use crate::error::{Error, Result};
+use crate::rejoin_marker::RejoinMarker;
 use crate::removal_notice::Removal;
 use crate::types::TypeConfig;
 
@@ -90,24 +95,67 @@ impl MetaNode {
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
-        let stateless = {
+        let (stateless, caught_up) = {
             let metrics = self.inner.raft.metrics();
             let m = metrics.borrow_watched();
-            m.last_log_index.is_none() && m.current_term == 0
+            (
+                m.last_log_index.is_none() && m.current_term == 0,
+                caught_up(&m),
+            )
         };
+        let rejoining = self.inner.rejoining.load(Ordering::Acquire) && !caught_up;
         // `initialize` writes the membership at index 0; a first leader's entries follow it.
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
-        if stateless && established {
+        if (stateless || rejoining) && established {
             tracing::warn!(
                 candidate = %rpc.vote,
-                "refusing to vote: this node holds no Raft state but the cluster has a log; if \
-                 it was a voter, its data dir was lost: remove it from the voters and add it back \
-                 as a learner"
+                "refusing to vote: this node started with no Raft state and does not hold the \
+                 cluster's log yet; if it was a voter and stays so, its data dir was lost: \
+                 remove it from the voters and add it back as a learner"
             );
             return Err(Error::NotVoting(
-                "this node holds no Raft state and votes only in a cluster's first election".into(),
+                "this node started with no Raft state and votes only in a cluster's first \
+                 election until it holds the cluster's log"
+                    .into(),
             ));
         }
         Ok(())
     }
+
+    /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds an entry committed in its
+    /// current term: clears the flag and removes the marker. Runs until then, or until Raft
+    /// stops.
+    pub(super) fn end_rejoin_when_caught_up(&self) {
+        let node = self.clone();
+        let mut metrics = self.inner.raft.metrics();
+        tokio::spawn(async move {
+            loop {
+                if caught_up(&metrics.borrow_watched()) {
+                    break;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+            let dir = node.inner.cfg.data_dir.clone();
+            let cleared =
+                tokio::task::spawn_blocking(move || RejoinMarker::new(&dir).clear()).await;
+            match cleared {
+                Ok(Ok(())) => {
+                    node.inner.rejoining.store(false, Ordering::Release);
+                    tracing::info!("this node holds the cluster's log again: it votes again");
+                }
+                Ok(Err(e)) => tracing::warn!("ending the rejoin: {e}"),
+                Err(e) => tracing::warn!("ending the rejoin: {e}"),
+            }
+        });
+    }
+}
+
+/// Whether the node holds an entry committed in its current term, and so every entry committed
+/// before it.
+fn caught_up(m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+    m.local_committed
+        .as_ref()
+        .is_some_and(|c| c.leader_id.term == m.current_term)
 }

@@ -1,0 +1,81 @@
+//! Whether this node is still getting the cluster's log back after starting with no Raft state:
+//! a marker file (`REJOINING`) in the data dir, written durably at an open that found no log and
+//! no vote, and removed once the node holds an entry committed in its current term.
+//!
+//! Why: a node with no Raft state cannot tell a new member from one whose data dir was lost,
+//! and a voter that lost its data dir may have helped commit writes it no longer holds. It must
+//! not vote for a candidate that lacks them until a leader has fed it the log again. Its first
+//! message from a leader gives it a term (openraft saves the leader's vote before it looks at
+//! the log), so "no term and no log" stops describing it within a heartbeat, long before it has
+//! the log back: the marker keeps the rule until then, across restarts too. Once the node holds
+//! an entry committed in its current term, it holds every entry committed before (the leader of
+//! that term held them all, and an entry of its own term comes after them in its log).
+
+use std::path::{Path, PathBuf};
+
+use crate::data_dir::write_durably;
+use crate::error::{Error, Result};
+
+/// Name of the marker file in the data dir.
+const REJOINING: &str = "REJOINING";
+
+/// The data dir's rejoin marker.
+#[derive(Debug)]
+pub(crate) struct RejoinMarker {
+    dir: PathBuf,
+}
+
+impl RejoinMarker {
+    /// The marker of the data dir `dir`.
+    pub(crate) fn new(dir: &Path) -> RejoinMarker {
+        RejoinMarker {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Whether the marker is there. Blocking (one `stat`).
+    pub(crate) fn is_set(&self) -> bool {
+        self.dir.join(REJOINING).exists()
+    }
+
+    /// Sets the marker. Blocking.
+    ///
+    /// Contract: on `Ok` the marker survives a crash (file and directory entry are fsynced).
+    pub(crate) fn set(&self) -> Result<()> {
+        write_durably(
+            &self.dir,
+            REJOINING,
+            "this node started with no Raft state: it votes for no candidate with a log until \
+             it holds an entry committed in its current term\n",
+        )
+    }
+
+    /// Removes the marker. Blocking. The removal is not fsynced: a marker that comes back after
+    /// a crash only keeps the rule until the node holds such an entry again.
+    pub(crate) fn clear(&self) -> Result<()> {
+        let path = self.dir.join(REJOINING);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove rejoin marker", &path, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_is_set_and_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = RejoinMarker::new(dir.path());
+        assert!(!marker.is_set());
+        marker.set().unwrap();
+        assert!(marker.is_set());
+        assert!(RejoinMarker::new(dir.path()).is_set(), "read from the disk");
+        marker.clear().unwrap();
+        assert!(!marker.is_set());
+        marker.clear().unwrap();
+    }
+}
