@@ -248,9 +248,11 @@ impl MetaNode {
             >,
         >,
     {
+        // A node whose metrics do not show it leading is refused rather than left unchecked:
+        // its core may have just won an election, and would take a change nobody checked.
         let recheck = || match self.leader_view() {
             Some(m) => check(&m),
-            None => Ok(()),
+            None => Err(self.not_leading()),
         };
         recheck()?;
         self.membership_call(call, recheck).await

@@ -146,7 +146,7 @@ impl MetaNode {
 
     /// Where a command that needs a raise must go when this node cannot raise it: the leader
     /// its metrics name, or nowhere yet.
-    fn not_leading(&self) -> Error {
+    pub(super) fn not_leading(&self) -> Error {
         self.leader_elsewhere().unwrap_or_else(|| self.no_leader())
     }
 
