@@ -6,7 +6,9 @@
 //! calls a datanode it has not heard from `unknown` until it has been collecting heartbeats
 //! for a whole timeout, and `down` only after that. A heartbeat counts for the incarnation
 //! that sent it: once a datanode registers again, the old incarnation's heartbeats no longer
-//! make it alive.
+//! make it alive. A registration the leader applied gives the new incarnation the same grace:
+//! `unknown` for a whole timeout before it is `down` without a heartbeat (a datanode that just
+//! started, or one a restore registered on its behalf, has not had the time to send one).
 //!
 //! Incarnations are ordered by their registration's log index (`registered_index`), not by
 //! epoch: a datanode removed and registered again gets an epoch that may be lower than its
@@ -25,7 +27,8 @@ pub enum DatanodeState {
     /// Not heard from within the timeout, by a leader that has collected heartbeats for at
     /// least that long.
     Down,
-    /// Not heard from yet, by a leader that has not collected heartbeats for a whole timeout.
+    /// Not heard from yet, by a leader that has not collected heartbeats for a whole timeout,
+    /// or in an incarnation this leader saw registered less than a timeout ago.
     Unknown,
 }
 
@@ -59,13 +62,16 @@ pub struct Liveness {
     heard: HashMap<u64, Heard>,
 }
 
-/// The heartbeat last heard of one datanode.
+/// The heartbeat last heard of one datanode, or its registration.
 #[derive(Clone, Copy, Debug)]
 struct Heard {
     /// The log index of the incarnation's registration: it names the incarnation (each
     /// registration has its own epoch too).
     registered_index: u64,
+    /// The last heartbeat; the registration's time while `beat` is false.
     at: Instant,
+    /// Whether a heartbeat of this incarnation was heard (else only its registration).
+    beat: bool,
 }
 
 impl Liveness {
@@ -99,17 +105,43 @@ impl Liveness {
         self.lead(term, now);
         match self.heard.get_mut(&id) {
             Some(old) if old.registered_index > registered_index => {}
-            Some(old) if old.registered_index == registered_index => old.at = old.at.max(now),
+            Some(old) if old.registered_index == registered_index && old.beat => {
+                old.at = old.at.max(now)
+            }
             _ => {
                 self.heard.insert(
                     id,
                     Heard {
                         registered_index,
                         at: now,
+                        beat: true,
                     },
                 );
             }
         }
+    }
+
+    /// Records that this leader applied the registration of datanode `id` at log index
+    /// `registered_index` while leading `term`: the incarnation is `unknown`, not `down`, for a
+    /// timeout from `now` unless a heartbeat comes. Changes nothing for an incarnation heard
+    /// from already, or a newer one.
+    pub fn registered(&mut self, term: u64, id: u64, registered_index: u64, now: Instant) {
+        self.lead(term, now);
+        if self
+            .heard
+            .get(&id)
+            .is_some_and(|h| h.registered_index >= registered_index)
+        {
+            return;
+        }
+        self.heard.insert(
+            id,
+            Heard {
+                registered_index,
+                at: now,
+                beat: false,
+            },
+        );
     }
 
     /// Forgets datanode `id`, which a read of the registry found unregistered, where the read
@@ -143,17 +175,22 @@ impl Liveness {
         now: Instant,
     ) -> DatanodeLiveness {
         let collecting = self.collecting(term, now);
-        let heard_ago = match self.heard.get(&id) {
-            Some(h) if h.registered_index == registered_index => {
-                Some(now.saturating_duration_since(h.at))
-            }
-            _ => None,
-        };
-        let state = match heard_ago {
-            Some(ago) if ago <= self.timeout => DatanodeState::Alive,
-            Some(_) => DatanodeState::Down,
-            None if collecting >= self.timeout => DatanodeState::Down,
-            None => DatanodeState::Unknown,
+        let current = self
+            .heard
+            .get(&id)
+            .filter(|h| h.registered_index == registered_index);
+        let heard_ago = current
+            .filter(|h| h.beat)
+            .map(|h| now.saturating_duration_since(h.at));
+        let registered_ago = current
+            .filter(|h| !h.beat)
+            .map(|h| now.saturating_duration_since(h.at));
+        let state = match (heard_ago, registered_ago) {
+            (Some(ago), _) if ago <= self.timeout => DatanodeState::Alive,
+            (Some(_), _) => DatanodeState::Down,
+            (None, Some(ago)) if ago <= self.timeout => DatanodeState::Unknown,
+            (None, _) if collecting >= self.timeout => DatanodeState::Down,
+            (None, _) => DatanodeState::Unknown,
         };
         DatanodeLiveness { state, heard_ago }
     }
@@ -165,7 +202,7 @@ impl Liveness {
         let timeout = self.timeout;
         self.heard
             .values()
-            .filter(|h| now.saturating_duration_since(h.at) <= timeout)
+            .filter(|h| h.beat && now.saturating_duration_since(h.at) <= timeout)
             .count()
     }
 
@@ -236,6 +273,37 @@ mod tests {
         );
         assert_eq!(l.state(3, 7, 100, t0 + TIMEOUT).state, DatanodeState::Down);
         assert_eq!(l.collecting(3, t0 + secs(12)), secs(12));
+    }
+
+    #[test]
+    fn a_registration_gives_its_incarnation_a_timeout_of_grace() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(3, 7, 100, t0);
+        // Collecting for long: datanode 7 registers again at index 150 and 8 for the first time.
+        let t1 = t0 + secs(60);
+        l.registered(3, 7, 150, t1);
+        l.registered(3, 8, 151, t1);
+        for id in [(7, 150), (8, 151)] {
+            let s = l.state(3, id.0, id.1, t1 + secs(9));
+            assert_eq!((s.state, s.heard_ago), (DatanodeState::Unknown, None));
+            assert_eq!(
+                l.state(3, id.0, id.1, t1 + secs(11)).state,
+                DatanodeState::Down
+            );
+        }
+        assert_eq!(l.alive(3, t1), 0, "a registration is no heartbeat");
+        // A heartbeat makes it alive; a registration seen late changes nothing then.
+        l.heard(3, 8, 151, t1 + secs(12));
+        l.registered(3, 8, 151, t1 + secs(13));
+        let s = l.state(3, 8, 151, t1 + secs(13));
+        assert_eq!(
+            (s.state, s.heard_ago),
+            (DatanodeState::Alive, Some(secs(1)))
+        );
+        // An older incarnation's registration changes nothing either.
+        l.registered(3, 7, 100, t1 + secs(13));
+        assert_eq!(l.state(3, 7, 150, t1 + secs(15)).state, DatanodeState::Down);
     }
 
     #[test]

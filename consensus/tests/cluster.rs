@@ -696,6 +696,34 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
     c.shutdown().await
 }
 
+/// A datanode that registers with a leader that has collected heartbeats for longer than the
+/// timeout is `unknown` until it has had a timeout to send its first heartbeat, not `down`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datanode_just_registered_is_not_reported_down() -> Result<()> {
+    let c = Cluster::three_tuned(|cfg| cfg.datanode_timeout = Duration::from_secs(1)).await?;
+    let leader = c.leader().await?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while leader.liveness().await?.collecting < Duration::from_secs(1) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "never collected a timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    leader.register_datanode(9, "dn-9".to_string()).await?;
+    let report = leader.liveness().await?;
+    let (_, state) = report
+        .datanodes
+        .iter()
+        .find(|(d, _)| d.id == 9)
+        .context("datanode 9 is listed")?;
+    ensure!(
+        state.state == meta_consensus::DatanodeState::Unknown,
+        "{state:?}"
+    );
+    c.shutdown().await
+}
+
 /// A voter whose data dir was lost still refuses to vote for a candidate with a log after a
 /// leader's first message gave it a term (openraft saves the leader's vote before it looks at
 /// the log), until it holds the log again; then it votes, and the marker that kept the rule

@@ -34,6 +34,16 @@ impl MetaNode {
         })
     }
 
+    /// Records, on the leader that wrote it in `term`, the registration of datanode `id` at log
+    /// index `index`: that incarnation is `unknown`, not `down`, for a timeout unless a
+    /// heartbeat comes.
+    pub(super) fn note_registration(&self, id: u64, index: u64, term: u64) {
+        self.inner
+            .liveness
+            .lock()
+            .registered(term, id, index, Instant::now());
+    }
+
     /// For metrics, while this node leads: how many datanodes it heard from within the
     /// timeout, and how long it has collected heartbeats. `None` on any other node.
     pub fn liveness_figures(&self) -> Option<(usize, std::time::Duration)> {

@@ -8,7 +8,7 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, ForwardToLeader, 
 
 use super::validation::validate;
 use super::MetaNode;
-use crate::command::{Command, ShardReport};
+use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
 use crate::types::{NodeId, TypeConfig};
 use crate::view::Written;
@@ -321,6 +321,9 @@ impl MetaNode {
         self.check_version(&cmd)?;
         let raft = &self.inner.raft;
         let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
+        if let CommandResult::DatanodeRegistered { id, .. } = r.data {
+            self.note_registration(id, r.log_id.index, r.log_id.leader_id.term);
+        }
         Ok(Written {
             index: r.log_id.index,
             result: r.data,
