@@ -167,7 +167,13 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     }
 
     for round in 0..options.rounds {
-        for &arm in &options.arms {
+        // A B, then B A: neither arm always runs first (right after the build, or while the
+        // last cluster's data dir is being deleted).
+        let mut arms = options.arms.clone();
+        if round % 2 == 1 {
+            arms.reverse();
+        }
+        for &arm in &arms {
             let tag = format!("round {} {}", round + 1, arm.name());
             if options.runs_single() {
                 overall.set_message(format!("{tag}: starting a cluster"));

@@ -210,7 +210,6 @@ impl StormWorkload<'_> {
                 }
             }
         };
-        let peak_rss_mib = self.cluster.peak_rss_mib()?;
         // Every member counts from its own registry (a follower answers a linearizable read
         // once it applied the leader's read index), so a member that applied differently shows.
         let mut verified = true;
@@ -224,6 +223,9 @@ impl StormWorkload<'_> {
                 eprintln!("storm: {base} holds {registered} replicas after the storm; {replicas} were acknowledged");
             }
         }
+        // After the counts: the followers apply the storm's tail before they answer them, and
+        // their peak may come then.
+        let peak_rss_mib = self.cluster.peak_rss_mib()?;
         if admin.errors > 0 {
             eprintln!(
                 "storm: {} admin read(s) failed; last: {}",

@@ -360,7 +360,8 @@ impl Results {
         let rows = self.targets();
         if !rows.is_empty() {
             println!(
-                "\n### Targets (shared arm: rates are medians; storm limits hold in every run)\n"
+                "\n### Targets (shared arm: rates are medians; storm limits hold in every run of \
+                 both passes)\n"
             );
             print_table(&["target", "measured", "verdict"], &rows);
         }
@@ -404,33 +405,42 @@ impl Results {
         }
         if let Some(s) = self.storm_summary(Arm::Shared) {
             // The limits hold in every run, not on average: the worst run and the worst server
-            // are judged, and a run whose members do not all hold what was acknowledged fails
-            // the storm target. An admin read that failed or was never sent is in its run's p99
-            // as slower than any.
-            let runs: Vec<&StormPoint> =
-                self.storm.iter().filter(|p| p.arm == Arm::Shared).collect();
-            let per_million = s.seconds * 1e6 / s.replicas as f64;
+            // are judged, of the fresh storm and of the storm again into the full registry, and
+            // a run whose members do not all hold what was acknowledged fails the storm target.
+            // An admin read that failed or was never sent is in its run's p99 as slower than any.
+            let runs: Vec<&StormPoint> = self
+                .storm
+                .iter()
+                .chain(&self.again)
+                .filter(|p| p.arm == Arm::Shared)
+                .collect();
+            let per_million = |p: &StormPoint| p.seconds * 1e6 / p.replicas.max(1) as f64;
+            let worst_time = runs.iter().map(|p| per_million(p)).fold(0.0, f64::max);
             let scaled = if s.replicas == 1_000_000 {
                 ""
             } else {
                 " (scaled)"
             };
             let unverified = runs.iter().filter(|p| !p.verified).count();
+            let held = if unverified == 0 {
+                "every member holds every replica".to_string()
+            } else {
+                format!("but {unverified} run(s) lost replicas")
+            };
             check(
                 &format!("storm: 1M replicas in <= 15 s{scaled}"),
-                if unverified == 0 {
-                    format!("{per_million:.2} s, every member holds every replica")
-                } else {
-                    format!("{per_million:.2} s, but {unverified} run(s) lost replicas")
-                },
-                per_million <= 15.0 && unverified == 0,
+                format!(
+                    "{:.2} s (worst run of either pass {worst_time:.2} s), {held}",
+                    s.seconds * 1e6 / s.replicas.max(1) as f64
+                ),
+                worst_time <= 15.0 && unverified == 0,
             );
             let worst_p99 = runs.iter().map(|p| p.admin_p99_ms).fold(0.0, f64::max);
             let unanswered: u64 = runs.iter().map(|p| p.admin_errors + p.admin_skipped).sum();
             check(
                 "storm: admin p99 <= 50 ms",
                 format!(
-                    "{} (worst run {}; {unanswered} read(s) failed or not sent)",
+                    "{} (worst run of either pass {}; {unanswered} read(s) failed or not sent)",
                     f(s.admin_p99_ms, 2),
                     f(worst_p99, 2)
                 ),
@@ -565,16 +575,17 @@ mod tests {
         }
     }
 
-    /// The storm's limits are judged in the worst run: a server over the RSS limit in one
-    /// round, a run that lost replicas, or one whose admin p99 is over the limit (failed reads
-    /// count as slower than any) misses the target however good the other round was.
+    /// The storm's limits are judged in the worst run of either pass: a server over the RSS
+    /// limit in one round, a run that lost replicas, one too slow, or one whose admin p99 is
+    /// over the limit (failed reads count as slower than any) misses the target however good
+    /// the other round was.
     #[test]
     fn storm_limits_are_judged_in_the_worst_run() {
-        let verdict = |storm: Vec<StormPoint>| {
+        let verdict_of = |storm: Vec<StormPoint>, again: Vec<StormPoint>| {
             let results = Results {
                 single: Vec::new(),
                 storm,
-                again: Vec::new(),
+                again,
                 reads: Vec::new(),
                 removals: Vec::new(),
             };
@@ -584,6 +595,7 @@ mod tests {
                 .map(|row| (row[0].clone(), row[2].clone()))
                 .collect::<Vec<_>>()
         };
+        let verdict = |storm: Vec<StormPoint>| verdict_of(storm, Vec::new());
         // 1,000 replicas in a millisecond: a second per million.
         let good = || storm(Arm::Shared, 0, 0.001);
         let all_met = verdict(vec![good(), good()]);
@@ -604,6 +616,21 @@ mod tests {
         let mut stalled = storm(Arm::Shared, 1, 0.001);
         stalled.admin_p99_ms = f64::INFINITY;
         assert_eq!(verdict(vec![good(), stalled])[1].1, "MISSED");
+
+        // 20 and 9 s per million: the median (14.5 s) is within the limit, one run is not.
+        let slow = verdict(vec![
+            storm(Arm::Shared, 0, 0.020),
+            storm(Arm::Shared, 1, 0.009),
+        ]);
+        assert_eq!(slow[0].1, "MISSED", "{slow:?}");
+
+        // The storm again into the full registry is judged too.
+        let mut lost_again = good();
+        lost_again.verified = false;
+        assert_eq!(verdict_of(vec![good()], vec![lost_again])[0].1, "MISSED");
+        let mut big_again = good();
+        big_again.peak_rss_mib = vec![(2, 600.0)];
+        assert_eq!(verdict_of(vec![good()], vec![big_again])[2].1, "MISSED");
     }
 
     #[test]
