@@ -157,9 +157,36 @@ impl History {
                     }
                 }
             }
+            // A value that comes back: an acknowledged `v` read after a read that began after
+            // `v`'s acknowledgement and returned another value. That value took effect after `v`
+            // (it was current once `v` had), so `v` cannot be current again. (A higher value read
+            // earlier is reported above; this finds a lower one, an unanswered write that took
+            // effect late.)
+            for read in &reads {
+                let v = read.value;
+                let Some(acked_at) = write(v).and_then(|w| match w.outcome {
+                    WriteOutcome::Acked(end) => Some(end),
+                    _ => None,
+                }) else {
+                    continue;
+                };
+                let earlier = &by_end[..by_end.partition_point(|r| r.end < read.start)];
+                if let Some(r) = earlier
+                    .iter()
+                    .find(|r| r.start > acked_at && r.value != 0 && r.value < v)
+                {
+                    out.push(format!(
+                        "key {key} read {v} from node {} ({:?}) after a read that began once {v} \
+                         was acknowledged returned {}",
+                        read.node, read.consistency, r.value
+                    ));
+                }
+            }
+            // Revisions follow the order writes took effect; only acknowledged writes have a
+            // known order (an unanswered one may take effect after later ones).
             let mut last = (0u64, 0u64);
-            for (v, rev) in revisions {
-                if v > 0 && last.0 > 0 && rev <= last.1 {
+            for (v, rev) in revisions.into_iter().filter(|(v, _)| *v > 0 && pinned(*v)) {
+                if last.0 > 0 && rev <= last.1 {
                     out.push(format!(
                         "key {key}: value {v} has revision {rev}, older value {} has {}",
                         last.0, last.1
@@ -381,6 +408,33 @@ mod tests {
     fn allows_an_unanswered_write_to_take_effect_late() {
         let base = Instant::now();
         let h = history(base, &[(1, 0, None), (2, 20, Some(30))], &[(35, 40, 1, 9)]);
+        assert!(h.violations().is_empty(), "{:?}", h.violations());
+    }
+
+    /// Write 1 is unanswered, write 2 acknowledged; a read after that returns 1 (write 1 took
+    /// effect late), so 2 can never be read again.
+    #[test]
+    fn reports_a_value_that_comes_back() {
+        let base = Instant::now();
+        let h = history(
+            base,
+            &[(1, 0, None), (2, 20, Some(30))],
+            &[(35, 40, 1, 9), (45, 50, 2, 5)],
+        );
+        assert_eq!(h.violations().len(), 1, "{:?}", h.violations());
+        // Reads that overlap may see either order.
+        let h = history(
+            base,
+            &[(1, 0, None), (2, 20, Some(30))],
+            &[(35, 50, 1, 9), (45, 55, 2, 5)],
+        );
+        assert!(h.violations().is_empty(), "{:?}", h.violations());
+        // A late unanswered write has a newer revision than the acknowledged one before it.
+        let h = history(
+            base,
+            &[(1, 0, None), (2, 20, Some(30))],
+            &[(25, 28, 0, 0), (31, 33, 2, 5), (35, 40, 1, 9)],
+        );
         assert!(h.violations().is_empty(), "{:?}", h.violations());
     }
 
