@@ -29,7 +29,14 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
 
     let all = cluster.ids();
     let old = cluster.wait_leader(&all, STEP).await?;
+    let reads_before = reads.reads();
     cluster.isolate(old.id);
+    // From the moment it is cut off, writes sent to the isolated leader are never acknowledged,
+    // whatever role it reports meanwhile.
+    let probes = tokio::spawn(probe_writes(
+        cluster.api(old.id)?.with_timeout(Duration::from_secs(15)),
+        PROBE_WINDOW,
+    ));
     let majority: Vec<u64> = all.iter().copied().filter(|id| *id != old.id).collect();
     let new = cluster.wait_leader(&majority, STEP).await?;
     anyhow::ensure!(
@@ -51,8 +58,14 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         Err(err) => note(format!("isolated node {}: {err:#}", old.id)),
     }
 
+    let refused = probes.await??;
+    note(format!(
+        "isolated node {}: refused {refused} write(s) sent to it in the first {PROBE_WINDOW:?}",
+        old.id
+    ));
+
     storm.wait_progress(1_000, STEP).await?;
-    let reads_in_partition = reads.reads();
+    let reads_in_partition = reads.reads() - reads_before;
 
     cluster.heal();
     let healed = cluster.wait_leader(&all, STEP).await?;
@@ -71,8 +84,8 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         &violations[..violations.len().min(10)]
     );
     anyhow::ensure!(
-        reads_in_partition > 0 && history.reads.len() > reads_in_partition,
-        "too few reads recorded"
+        reads_in_partition > 0 && history.reads.len() > reads_before + reads_in_partition,
+        "too few reads recorded: {reads_before} before the partition, {reads_in_partition} during"
     );
     let lease = history
         .reads
@@ -87,6 +100,36 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     let model = storm.stop().await?.lock().unwrap().clone();
     cluster.assert_converged(&all, &model, "storm/").await?;
     step_down.map(|_| ())
+}
+
+/// How long writes are sent to the isolated leader from the moment it is cut off: longer than
+/// its lease and the two election timeouts after which it gives writes up.
+const PROBE_WINDOW: Duration = Duration::from_secs(6);
+
+/// Sends writes to the isolated node, one after another, for `window`; fails if any is
+/// acknowledged. Returns how many got an answer refusing them (at least one must).
+async fn probe_writes(isolated: Api, window: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + window;
+    let (mut refused, mut unanswered) = (0u64, 0u64);
+    for probe in 0.. {
+        let key = format!("probe/cut-{probe}");
+        match isolated.kv_put(&key, b"from the minority", None).await {
+            Ok(revision) => {
+                anyhow::bail!("the isolated leader acknowledged {key} at revision {revision}")
+            }
+            Err(err) if err.status().is_some() => refused += 1,
+            Err(_) => unanswered += 1,
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::ensure!(
+        refused > 0,
+        "no write sent to the isolated leader was answered ({unanswered} got no answer)"
+    );
+    Ok(refused)
 }
 
 /// Waits until the isolated leader stops acting as leader; fails at once if it acknowledges a
