@@ -1,4 +1,5 @@
-//! The parts of `GET /v1/cluster` that the tests look at, read tolerantly from the JSON.
+//! The parts of `GET /v1/cluster` that the tests look at. The indexes the checks compare must be
+//! there (a renamed field fails the read rather than reading as 0).
 
 use serde_json::Value;
 
@@ -36,11 +37,11 @@ pub struct ClusterStatus {
 impl ClusterStatus {
     /// Reads the status from the JSON answer of `GET /v1/cluster`.
     pub fn from_json(raw: Value) -> anyhow::Result<ClusterStatus> {
-        let id =
-            first_u64(&raw, &["id", "node_id"]).ok_or_else(|| anyhow::anyhow!("no id in {raw}"))?;
-        let role = first(&raw, &["role", "state", "server_state"])
+        let id = required(&raw, "id")?;
+        let role = raw
+            .get("role")
             .and_then(Value::as_str)
-            .unwrap_or("unknown")
+            .ok_or_else(|| anyhow::anyhow!("no role in {raw}"))?
             .to_ascii_lowercase();
         let leader = first(&raw, &["leader_id", "leader", "current_leader"]).and_then(as_id);
         let snapshot = first(&raw, &["snapshot", "newest_snapshot", "last_snapshot"]);
@@ -48,11 +49,10 @@ impl ClusterStatus {
             id,
             role,
             leader,
-            term: first_u64(&raw, &["term", "current_term"]).unwrap_or(0),
-            last_log_index: first_u64(&raw, &["last_log_index", "last_log"]).unwrap_or(0),
-            committed: first_u64(&raw, &["committed", "commit_index", "committed_index"])
-                .unwrap_or(0),
-            applied: first_u64(&raw, &["applied", "last_applied", "applied_index"]).unwrap_or(0),
+            term: required(&raw, "term")?,
+            last_log_index: required(&raw, "last_log_index")?,
+            committed: required(&raw, "committed")?,
+            applied: required(&raw, "applied")?,
             voters: ids(first(&raw, &["voters"])),
             learners: ids(first(&raw, &["learners"])),
             snapshot_index: snapshot
@@ -69,6 +69,16 @@ impl ClusterStatus {
     /// Whether this node says it is the leader.
     pub fn is_leader(&self) -> bool {
         self.role == "leader"
+    }
+}
+
+/// A field the status always carries: a number, or `null` for none yet (read as 0). A missing
+/// field is an error, not a 0: checks that compare indexes would pass trivially on zeros.
+fn required(value: &Value, key: &str) -> anyhow::Result<u64> {
+    match value.get(key) {
+        None => anyhow::bail!("no {key} in {value}"),
+        Some(Value::Null) => Ok(0),
+        Some(v) => as_index(v).ok_or_else(|| anyhow::anyhow!("{key} is not an index in {value}")),
     }
 }
 

@@ -52,7 +52,7 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
     // the leader. A failure is kept for the end; the cluster is then repaired by restarting the
     // nodes that no longer agree, so the rest of the scenario still runs.
     storm.stop().await?;
-    cluster.wait_caught_up(&all, STEP).await?;
+    let committed_before = cluster.wait_caught_up(&all, STEP).await?;
     let torn = a_follower(cluster, &mut rng).await?;
     cluster.kill(torn);
     let (newest, last) = last_record(cluster, torn, |span| span.len >= 200)?;
@@ -77,8 +77,27 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         seed,
     );
     cluster.start_node(torn, &[]).await?;
-    let reverted = match cluster.wait_caught_up(&all, Duration::from_secs(20)).await {
-        Ok(_) => Ok(()),
+    // New entries after the restart: catching up means taking them, not only having applied
+    // (sled already held what the cut dropped from the log).
+    storm.wait_progress(200, STEP).await?;
+    let caught_up = async {
+        let target = cluster
+            .wait_caught_up(&all, Duration::from_secs(20))
+            .await?;
+        anyhow::ensure!(
+            target > committed_before,
+            "nothing was committed after the restart ({target} <= {committed_before})"
+        );
+        let status = cluster.status(torn).await?;
+        anyhow::ensure!(
+            status.last_log_index >= target,
+            "node {torn} applied {target} but its log ends at {}",
+            status.last_log_index
+        );
+        Ok(())
+    };
+    let reverted = match caught_up.await {
+        Ok(()) => Ok(()),
         Err(err) => {
             note(format!("after the cut: {err:#}"));
             restart_disagreeing(cluster).await?;
