@@ -16,6 +16,7 @@ use crate::cluster::Endpoints;
 use crate::model::Model;
 use crate::note::note;
 use crate::poll::poll_until;
+use crate::registry_state::RegistryState;
 
 /// How long one watch waits at a member: short, so the watcher notices a stop request soon.
 const WAIT_MS: u64 = 1_000;
@@ -162,25 +163,69 @@ async fn follow(
 }
 
 impl Watched {
-    /// What contradicts the model: an acknowledged replica or key that no event reported, and
-    /// the anomalies seen while watching.
-    pub fn violations(&self, model: &Model) -> Vec<String> {
+    /// What contradicts the model or the final registry `state` (read with the keys under
+    /// `kv_prefix`): an acknowledged replica or key that no event reported; a replica or key
+    /// that events report and no later event removes, but that the registry does not hold (an
+    /// event for an entry that never took effect); and the anomalies seen while watching.
+    pub fn violations(&self, model: &Model, state: &RegistryState, kv_prefix: &str) -> Vec<String> {
         let mut out = self.anomalies.clone();
         let mut replicas = BTreeSet::new();
         let mut keys = BTreeSet::new();
+        // What the events leave in place, in their order.
+        let mut standing = BTreeSet::new();
+        let mut standing_keys = BTreeSet::new();
         for e in &self.events {
+            let datanode = e["datanode"].as_u64().unwrap_or(0);
+            let shards = || {
+                e["shards"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| (s.as_u64().unwrap_or(0), datanode))
+            };
+            let key = || e["key"].as_str().unwrap_or_default().to_owned();
             match e["kind"].as_str() {
                 Some("replicas_registered") => {
-                    let datanode = e["datanode"].as_u64().unwrap_or(0);
-                    for s in e["shards"].as_array().into_iter().flatten() {
-                        replicas.insert((s.as_u64().unwrap_or(0), datanode));
+                    replicas.extend(shards());
+                    standing.extend(shards());
+                }
+                Some("replicas_removed") => {
+                    for r in shards() {
+                        standing.remove(&r);
                     }
                 }
+                Some("datanode_removed") => standing.retain(|(_, d)| *d != datanode),
                 Some("kv_put") => {
-                    keys.insert(e["key"].as_str().unwrap_or_default().to_owned());
+                    keys.insert(key());
+                    standing_keys.insert(key());
+                }
+                Some("kv_deleted") => {
+                    standing_keys.remove(&key());
                 }
                 _ => {}
             }
+        }
+        let false_replicas: Vec<_> = standing
+            .iter()
+            .filter(|r| !state.replicas.contains_key(r))
+            .collect();
+        if !false_replicas.is_empty() {
+            out.push(format!(
+                "{} replicas (shard, datanode) reported registered but not in the registry, e.g. {:?}",
+                false_replicas.len(),
+                &false_replicas[..false_replicas.len().min(5)]
+            ));
+        }
+        let false_keys: Vec<_> = standing_keys
+            .iter()
+            .filter(|k| k.starts_with(kv_prefix) && !state.kv.contains_key(*k))
+            .collect();
+        if !false_keys.is_empty() {
+            out.push(format!(
+                "{} keys reported written but not in the registry, e.g. {:?}",
+                false_keys.len(),
+                &false_keys[..false_keys.len().min(5)]
+            ));
         }
         let missing: Vec<_> = model
             .replicas()

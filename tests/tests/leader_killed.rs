@@ -6,8 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use meta_tests::registry_state::RegistryState;
 use meta_tests::run_scenario;
-use meta_tests::{note, Cluster, ClusterConfig, Model, Storm, StormConfig, Watcher};
+use meta_tests::{note, Cluster, ClusterConfig, Consistency, Model, Storm, StormConfig, Watcher};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -52,7 +53,13 @@ async fn scenario(cluster: &mut Cluster, seed: u64) -> anyhow::Result<()> {
         watched.events.len(),
         watched.compacted
     ));
-    let violations = watched.violations(&model);
+    let state = RegistryState::fetch(
+        &cluster.api(leader.id)?,
+        Consistency::Linearizable,
+        "storm/",
+    )
+    .await?;
+    let violations = watched.violations(&model, &state, "storm/");
     anyhow::ensure!(violations.is_empty(), "watch: {violations:#?}");
     Ok(())
 }
