@@ -261,15 +261,25 @@ impl Api {
         Ok(text)
     }
 
-    /// `GET /v1/datanodes?consistency=linearizable`: the total of the per-datanode shard counts.
-    pub async fn replica_count(&self, base: &str) -> Result<u64, CallError> {
+    /// `GET /v1/datanodes?consistency=linearizable`: each datanode's replica count, by id.
+    pub async fn replica_counts(
+        &self,
+        base: &str,
+    ) -> Result<std::collections::BTreeMap<u64, u64>, CallError> {
         let url = format!("{base}/v1/datanodes?consistency=linearizable");
         let resp = self.http.get(&url).send().await;
         let value: serde_json::Value = Self::json(&url, resp).await?;
         let list = value["datanodes"]
             .as_array()
             .ok_or_else(|| CallError::Fatal(format!("GET {url}: no \"datanodes\" array")))?;
-        Ok(list.iter().filter_map(|d| d["shards"].as_u64()).sum())
+        list.iter()
+            .map(|d| match (d["id"].as_u64(), d["shards"].as_u64()) {
+                (Some(id), Some(shards)) => Ok((id, shards)),
+                _ => Err(CallError::Fatal(format!(
+                    "GET {url}: a datanode without id or shards: {d}"
+                ))),
+            })
+            .collect()
     }
 
     async fn json<T: serde::de::DeserializeOwned>(

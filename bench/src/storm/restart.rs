@@ -213,14 +213,24 @@ impl StormWorkload<'_> {
         // Every member counts from its own registry (a follower answers a linearizable read
         // once it applied the leader's read index), so a member that applied differently shows.
         let mut verified = true;
+        // Each datanode holds what it reported, not only the total.
         for base in &bases {
-            let registered =
-                self.api.replica_count(base).await.map_err(|e| {
+            let counts =
+                self.api.replica_counts(base).await.map_err(|e| {
                     anyhow::anyhow!("count replicas at {base} after the storm: {e}")
                 })?;
-            if registered != replicas {
+            let registered: u64 = counts.values().sum();
+            let wrong: Vec<(u64, u64)> = (1..=self.datanodes)
+                .map(|d| (d, counts.get(&d).copied().unwrap_or(0)))
+                .filter(|(_, n)| *n != held)
+                .collect();
+            if registered != replicas || !wrong.is_empty() {
                 verified = false;
-                eprintln!("storm: {base} holds {registered} replicas after the storm; {replicas} were acknowledged");
+                eprintln!(
+                    "storm: {base} holds {registered} replicas after the storm; {replicas} were \
+                     acknowledged, {held} for each datanode; (datanode, count) off: {:?}",
+                    &wrong[..wrong.len().min(5)]
+                );
             }
         }
         // After the counts: the followers apply the storm's tail before they answer them, and
