@@ -93,7 +93,7 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
         0
     } + usize::from(options.runs_storm());
     let steps = if options.runs_removal() {
-        options.rounds
+        options.rounds * (1 + usize::from(options.compare_binary.is_some()))
     } else if options.runs_reads() {
         options.rounds * ReadArm::ALL.len() * options.clients.len()
     } else {
@@ -127,31 +127,49 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     };
 
     if options.runs_removal() {
+        // Build A, and build B if given: A B, then B A.
+        let mut builds = vec![binary.to_path_buf()];
+        builds.extend(options.compare_binary.clone());
         for round in 0..options.rounds {
-            let tag = format!("round {}", round + 1);
-            overall.set_message(format!("{tag}: starting a cluster"));
-            let mut cluster = start_cluster(Arm::Shared).await?;
-            overall.set_message(format!("{tag}: a removal"));
-            let p = removal::run(
-                &cluster,
-                &api,
-                round,
-                options.removal_replicas,
-                options.batch,
-                Duration::from_millis(options.admin_interval_ms),
-                &options.admin_consistency,
-            )
-            .await;
-            cluster.stop(STOP_GRACE);
-            let p = p?;
-            progress.suspend(|| {
-                eprintln!(
-                    "{tag}: removed {} replicas in {:.2} s, admin p99 {:.2} ms, max {:.2} ms",
-                    p.replicas, p.seconds, p.admin_p99_ms, p.admin_max_ms
+            let mut order: Vec<usize> = (0..builds.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for build in order {
+                let tag = format!("round {} build {}", round + 1, removal::BUILDS[build]);
+                overall.set_message(format!("{tag}: starting a cluster"));
+                let mut cluster = Cluster::start(
+                    &builds[build],
+                    Arm::Shared,
+                    &runs_dir,
+                    &server,
+                    options.keep_data,
+                    Duration::from_secs(options.startup_timeout),
+                    &api,
                 )
-            });
-            results.removals.push(p);
-            overall.inc(1);
+                .await?;
+                overall.set_message(format!("{tag}: a removal"));
+                let p = removal::run(
+                    &cluster,
+                    &api,
+                    round,
+                    options.removal_replicas,
+                    options.batch,
+                    Duration::from_millis(options.admin_interval_ms),
+                    &options.admin_consistency,
+                )
+                .await;
+                cluster.stop(STOP_GRACE);
+                let p = removal::RemovalPoint { build, ..p? };
+                progress.suspend(|| {
+                    eprintln!(
+                        "{tag}: removed {} replicas in {:.2} s, admin p99 {:.2} ms, max {:.2} ms",
+                        p.replicas, p.seconds, p.admin_p99_ms, p.admin_max_ms
+                    )
+                });
+                results.removals.push(p);
+                overall.inc(1);
+            }
         }
         overall.finish_and_clear();
         return Ok(());

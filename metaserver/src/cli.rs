@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7101].
     #[arg(long, env = "METASERVER_LISTEN")]
     pub listen: Option<String>,
+    /// A listening socket this process inherited (its descriptor number), served instead of
+    /// binding --listen; `local-cluster` hands each node the socket it bound for it.
+    #[arg(long, hide = true)]
+    pub listen_fd: Option<i32>,
     /// Address peers and clients reach this node at [default: its --peers entry, else the
     /// bound listen address].
     #[arg(long, env = "METASERVER_ADVERTISE")]

@@ -1,11 +1,13 @@
 //! `metaserver local-cluster`: a whole cluster on loopback, one child process per node.
 //!
-//! Node N listens on base-port + N - 1 (or on a free port when the base port is 0), keeps its
+//! Node N listens on base-port + N - 1 (or on a free port when the base port is 0: this process
+//! binds it and the node inherits the socket, so no other process can take it between), keeps its
 //! data in DIR/nodeN and knows every other node; node 1 initializes the cluster on its first
 //! start. Options after `--` go to every node's `serve`. SIGINT or SIGTERM stops every child
 //! with SIGTERM (each makes its log durable and exits), and a second one is passed on (it ends a
 //! node's stop delay); a child that dies on its own stops the others too. Children also get SIGTERM if this process dies, so none is left behind.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -35,23 +37,25 @@ impl NodeProcess {
     }
 }
 
-/// Picks `n` free loopback ports by binding port 0; the listeners are closed before the
-/// children bind them again (loopback ports are not handed out again that quickly).
-fn free_ports(n: u64) -> Result<Vec<u16>> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()
-        .context("picking free ports")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+/// Binds `n` listeners on free loopback ports (port 0). Each node serves the one bound for it
+/// (`serve --listen-fd`): a port picked, released and bound again by the child could be taken
+/// by another process in between.
+async fn free_listeners(n: u64) -> Result<Vec<std::net::TcpListener>> {
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        let listener = meta_http::connection_limit::bind("127.0.0.1:0")
+            .await
+            .context("binding a free port")?;
+        listeners.push(listener.into_std().context("binding a free port")?);
+    }
+    Ok(listeners)
 }
 
 /// `serve` options that `local-cluster` sets for each node itself.
-const OWN_OPTIONS: [&str; 7] = [
+const OWN_OPTIONS: [&str; 8] = [
     "--id",
     "--listen",
+    "--listen-fd",
     "--advertise",
     "--data-dir",
     "--peers",
@@ -81,8 +85,18 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
     }
     check_serve_options(&args.serve_options)?;
     let mut signals = Signals::install()?;
+    // With port 0, the listeners bound here, handed to the nodes.
+    let mut listeners = if args.base_port == 0 {
+        free_listeners(args.nodes).await?
+    } else {
+        Vec::new()
+    };
     let ports: Vec<u16> = if args.base_port == 0 {
-        free_ports(args.nodes)?
+        listeners
+            .iter()
+            .map(|l| Ok(l.local_addr()?.port()))
+            .collect::<std::io::Result<_>>()
+            .context("reading a bound port")?
     } else {
         (0..args.nodes)
             .map(|i| {
@@ -131,11 +145,22 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
             Some(token) => command.env("METASERVER_TOKEN", token),
             None => command.env_remove("METASERVER_TOKEN"),
         };
-        // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal.
+        // The node's own listener, if bound here: inherited under its descriptor number.
+        let inherited = listeners.get(i).map(|l| l.as_raw_fd());
+        if let Some(fd) = inherited {
+            command.arg("--listen-fd").arg(fd.to_string());
+        }
+        // SAFETY: prctl and fcntl are async-signal-safe; they only set this child's
+        // parent-death signal and let its own listener (only that one) stay open across exec.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = inherited {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -150,6 +175,8 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
         println!("node {id} at {addr} (data in {})", dir.display());
         nodes.push(NodeProcess { id, child });
     }
+    // Each node holds its own listener now.
+    listeners.clear();
     println!(
         "local cluster of {} nodes running; Ctrl-C stops it",
         args.nodes

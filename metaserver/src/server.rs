@@ -28,9 +28,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let mut signals = Signals::install()?;
     // Before anything opens files: the log, the registry and every connection count.
     let max_connections = open_files::connection_slots();
-    let listener = meta_http::connection_limit::bind(&settings.listen)
-        .await
-        .with_context(|| format!("binding {}", settings.listen))?;
+    let listener = match settings.listen_fd {
+        Some(fd) => inherited_listener(fd)?,
+        None => meta_http::connection_limit::bind(&settings.listen)
+            .await
+            .with_context(|| format!("binding {}", settings.listen))?,
+    };
     let bound = listener.local_addr().context("reading the bound address")?;
     // The address in the membership: --advertise, else this node's entry in --peers, else the
     // bound address.
@@ -228,6 +231,41 @@ fn disagreements(
         }
     }
     found
+}
+
+/// The listening TCP socket inherited as descriptor `fd` (`--listen-fd`). Refused unless `fd` is
+/// a socket that listens: a wrong number must not make this process adopt a descriptor it uses
+/// for something else.
+fn inherited_listener(fd: i32) -> Result<tokio::net::TcpListener> {
+    use std::os::fd::FromRawFd;
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`; any descriptor number is
+    // safe to ask about (a bad one fails with EBADF or ENOTSOCK).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut listening as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || listening == 0 {
+        let why = if rc != 0 {
+            std::io::Error::last_os_error().to_string()
+        } else {
+            "it does not listen".to_owned()
+        };
+        anyhow::bail!("--listen-fd {fd} is not a listening socket: {why}");
+    }
+    // SAFETY: `fd` is an open listening socket (checked above) that this process inherited to
+    // serve; nothing else here owns it.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    listener
+        .set_nonblocking(true)
+        .context("making the inherited socket non-blocking")?;
+    tokio::net::TcpListener::from_std(listener).context("serving the inherited socket")
 }
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub struct ServeSettings {
     pub id: u64,
     /// Where to listen.
     pub listen: String,
+    /// An inherited listening socket to serve instead of binding `listen`.
+    pub listen_fd: Option<i32>,
     /// Address given to peers and clients; `None` = the bound address.
     pub advertise: Option<String>,
     /// Data directory.
@@ -192,6 +194,7 @@ impl ServeSettings {
                 .clone()
                 .or(file.listen)
                 .unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
+            listen_fd: args.listen_fd,
             advertise: args.advertise.clone().or(file.advertise),
             data_dir: args
                 .data_dir

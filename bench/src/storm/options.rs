@@ -97,6 +97,10 @@ pub struct Options {
     /// Run this server binary instead of building `metaserver` with cargo (to compare two builds).
     #[arg(long)]
     pub server_binary: Option<std::path::PathBuf>,
+    /// With `--workload removal`: a second server binary (build B) to compare with the first
+    /// (build A) in the same run, rounds alternating A B, then B A.
+    #[arg(long)]
+    pub compare_binary: Option<std::path::PathBuf>,
     /// Keep the data dirs and server logs of every run (under `target/bench/storm-runs/`).
     #[arg(long)]
     pub keep_data: bool,
@@ -145,6 +149,9 @@ impl Options {
         }
         if self.admin_interval_ms == 0 {
             bail!("--admin-interval-ms must be positive");
+        }
+        if self.compare_binary.is_some() && !self.runs_removal() {
+            bail!("--compare-binary compares builds in the removal workload only (--workload removal)");
         }
         Ok(())
     }

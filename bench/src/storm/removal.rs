@@ -2,8 +2,9 @@
 //! then `DELETE /v1/datanodes/{id}`, sent to a follower, removes it while the admin probes read
 //! (`admin_probe.rs`). Measures how long the removal took and the admin reads' latency while it
 //! ran: a removal in one log entry holds up every entry behind it for its whole apply, one in
-//! pieces for a piece's. To compare two server builds, run this against each
-//! (`--server-binary`), alternately.
+//! pieces for a piece's. To compare two server builds, give the second as `--compare-binary`:
+//! rounds alternate A B, then B A, in one run, and the medians and the paired ratios of each
+//! round are printed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +28,9 @@ const IN_FLIGHT: usize = 8;
 #[derive(Clone, Debug)]
 pub struct RemovalPoint {
     pub round: usize,
+    /// Which server build ran: 0 for A (`--server-binary` or the cargo build), 1 for B
+    /// (`--compare-binary`).
+    pub build: usize,
     pub replicas: u64,
     /// From the DELETE's start to its answer.
     pub seconds: f64,
@@ -95,14 +99,19 @@ pub async fn run(
         removed == replicas,
         "the removal dropped {removed} replicas of {replicas}"
     );
+    let admin_reads = admin.shard_ms.len() + admin.cluster_ms.len();
+    // A read that failed or was never sent counts as slower than any, as in the storm: a build
+    // that stalls must not get a lower p99 for the samples it lost.
+    let unanswered = (admin.errors + admin.skipped) as usize;
     let mut all: Vec<f64> = admin
         .shard_ms
         .drain(..)
         .chain(admin.cluster_ms.drain(..))
+        .chain(std::iter::repeat_n(f64::INFINITY, unanswered))
         .collect();
-    let admin_reads = all.len();
     Ok(RemovalPoint {
         round,
+        build: 0,
         replicas,
         seconds,
         admin_p50_ms: percentile(&mut all, 0.50),
@@ -121,6 +130,7 @@ pub fn print(points: &[RemovalPoint]) {
         .map(|p| {
             vec![
                 (p.round + 1).to_string(),
+                BUILDS[p.build].to_string(),
                 p.replicas.to_string(),
                 format!("{:.2}", p.seconds),
                 format!("{:.2}", p.admin_p50_ms),
@@ -134,6 +144,7 @@ pub fn print(points: &[RemovalPoint]) {
     print_table(
         &[
             "round",
+            "build",
             "replicas",
             "removal s",
             "admin p50 ms",
@@ -144,11 +155,47 @@ pub fn print(points: &[RemovalPoint]) {
         ],
         &rows,
     );
-    let m = |g: fn(&RemovalPoint) -> f64| median(&points.iter().map(g).collect::<Vec<_>>());
-    println!(
-        "\nmedians: removal {:.2} s, admin p99 {:.2} ms, admin max {:.2} ms",
-        m(|p| p.seconds),
-        m(|p| p.admin_p99_ms),
-        m(|p| p.admin_max_ms)
-    );
+    for (build, name) in BUILDS.iter().enumerate() {
+        let runs: Vec<&RemovalPoint> = points.iter().filter(|p| p.build == build).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let m =
+            |g: fn(&RemovalPoint) -> f64| median(&runs.iter().map(|p| g(p)).collect::<Vec<_>>());
+        println!(
+            "\nbuild {name} medians: removal {:.2} s, admin p99 {:.2} ms, admin max {:.2} ms",
+            m(|p| p.seconds),
+            m(|p| p.admin_p99_ms),
+            m(|p| p.admin_max_ms)
+        );
+    }
+    let pairs = paired(points);
+    if !pairs.is_empty() {
+        let ratio = |g: fn(&RemovalPoint) -> f64| {
+            median(&pairs.iter().map(|(a, b)| g(b) / g(a)).collect::<Vec<_>>())
+        };
+        println!(
+            "B / A, median of the {} rounds' ratios: removal time {:.2}, admin p99 {:.2}",
+            pairs.len(),
+            ratio(|p| p.seconds),
+            ratio(|p| p.admin_p99_ms)
+        );
+    }
+}
+
+/// The names of the two builds.
+pub const BUILDS: [&str; 2] = ["A", "B"];
+
+/// Each round's run of build A with its run of build B.
+fn paired(points: &[RemovalPoint]) -> Vec<(&RemovalPoint, &RemovalPoint)> {
+    points
+        .iter()
+        .filter(|a| a.build == 0)
+        .filter_map(|a| {
+            points
+                .iter()
+                .find(|b| b.build == 1 && b.round == a.round)
+                .map(|b| (a, b))
+        })
+        .collect()
 }

@@ -1,5 +1,6 @@
-//! `local-cluster`: it elects a leader and takes writes at a follower, refuses the serve
-//! options it sets itself, and passes a second signal on to its nodes.
+//! `local-cluster`: it elects a leader and takes writes at a follower (each node serving the socket
+//! bound for it), refuses the serve options it sets itself, and passes a second signal on to its
+//! nodes.
 
 use std::collections::BTreeMap;
 
@@ -202,4 +203,26 @@ async fn a_second_signal_is_passed_on_to_the_nodes() {
     cluster.signal(libc::SIGTERM);
     let exit = cluster.wait_exit().await;
     assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+}
+
+/// `serve --listen-fd` (how `local-cluster` hands a node the socket it bound for it) serves only
+/// a listening socket: a descriptor that is none (here its standard input, `/dev/null`) is
+/// refused at once, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_an_inherited_descriptor_that_is_not_a_listening_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "serve",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--listen-fd",
+        "0",
+    ];
+    let (ok, _, err) = run(&args, &[]).await;
+    assert!(!ok, "served a descriptor that is not a listening socket");
+    assert!(
+        err.contains("--listen-fd 0 is not a listening socket"),
+        "{err}"
+    );
 }
