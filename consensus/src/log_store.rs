@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use meta_store::{BarrierMode, Lsn, Wal, WalMetrics, WalOptions};
+use meta_store::{BarrierMode, FileSystem, Lsn, OsFileSystem, Wal, WalMetrics, WalOptions};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use parking_lot::{Mutex, RwLock};
 
@@ -170,14 +170,33 @@ fn encode(rec: &LogRecordRef<'_>) -> io::Result<Vec<u8>> {
 impl LogStore {
     /// Opens the log in `dir` and rebuilds the index by replaying it. Blocking.
     pub fn open(dir: &Path, opts: WalOptions) -> Result<LogStore> {
-        let wal = Wal::open(dir, opts).map_err(|e| Error::storage("open log", e))?;
+        Self::open_with(Arc::new(OsFileSystem), dir, opts)
+    }
+
+    /// [`LogStore::open`] with the log's files accessed through `fs` (tests inject faults and
+    /// crashes that drop unsynced bytes). Blocking.
+    pub fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, opts: WalOptions) -> Result<LogStore> {
+        let wal = Wal::open_with(fs, dir, opts).map_err(|e| Error::storage("open log", e))?;
         let mut index = Index::default();
         let records = wal
             .read_range(..)
             .map_err(|e| Error::storage("replay log", e))?;
+        let decode = |lsn: Lsn, bytes: &[u8]| -> Result<LogRecord> {
+            codec::decode(bytes).map_err(|e| Error::corrupt(format!("log record {lsn}"), e))
+        };
+        // The purge point first: the newest purge's record may lie after entries an older
+        // purge's record precedes (a purge records the point, then drops the records up to
+        // it, which may leave an older purge's record in place after entries it dropped).
+        for (lsn, bytes) in &records {
+            if let LogRecord::State {
+                purged: Some(p), ..
+            } = decode(*lsn, bytes)?
+            {
+                index.purge(&p);
+            }
+        }
         for (lsn, bytes) in records {
-            let rec: LogRecord = codec::decode(&bytes)
-                .map_err(|e| Error::corrupt(format!("log record {lsn}"), e))?;
+            let rec = decode(lsn, &bytes)?;
             match rec {
                 LogRecord::Entry(e) => {
                     if index

@@ -182,3 +182,25 @@ async fn reapplying_after_reopen_changes_nothing() {
     apply(&mut sm, vec![entry(1, 6)]).await.unwrap();
     assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(1, 6)));
 }
+
+/// A purge to an index below entries already written, then a later purge of exactly those
+/// entries: the first purge's record is then the oldest record left, before entries past its
+/// purge point, and the reopened log still starts after the newest purge point (it refused to
+/// open: an entry "did not follow the log").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_below_written_entries_then_past_them_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = open(dir.path());
+        log.save_vote(&vote(1)).await.unwrap();
+        append(&mut log, (1..=10).map(|i| entry(1, i)).collect()).await;
+        log.purge(log_id(1, 6)).await.unwrap();
+        append(&mut log, (11..=12).map(|i| entry(1, i)).collect()).await;
+        log.purge(log_id(1, 10)).await.unwrap();
+        append(&mut log, vec![entry(1, 13)]).await;
+    }
+    let mut log = open(dir.path());
+    assert_eq!(indexes(&mut log).await, vec![11, 12, 13]);
+    let st = log.get_log_state().await.unwrap();
+    assert_eq!(st.last_purged_log_id, Some(log_id(1, 10)));
+}
