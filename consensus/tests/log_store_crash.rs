@@ -1,8 +1,8 @@
 //! The log store's contract under power loss: random appends, votes, truncations and purges
 //! over a file system that loses every unsynced byte (and may persist part of the last write)
 //! at a crash. After the crash every entry whose flush was reported, every saved vote and every
-//! purge is there, and nothing else is but entries of an append in flight, in order. Seeded:
-//! a failure names its seed.
+//! purge is there, and nothing else is but entries of an append in flight, in order, or all the
+//! entries a truncation with nothing flushed after it dropped. Seeded: a failure names its seed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +38,9 @@ struct Model {
     durable: BTreeMap<u64, u64>,
     /// Entries of the append in flight at the crash (they may or may not be there).
     in_flight: BTreeMap<u64, u64>,
+    /// Flushed entries a truncation with nothing flushed after it dropped: after the crash
+    /// they are there, all of them, or none is.
+    truncated: BTreeMap<u64, u64>,
     vote: Option<Vote>,
     purged: Option<LogId>,
 }
@@ -122,6 +125,22 @@ async fn history(seed: u64, ops: usize) {
             }
         }
     }
+    // Sometimes a truncation with nothing flushed after it (a new leader's entries conflict):
+    // the crash may keep it or not, but all or nothing of it.
+    let floor = m.purged.map_or(0, |p| p.index);
+    if last > floor + 1 && rng.u8(0..3) == 0 {
+        let keep = rng.u64(floor..last);
+        let kept = match m.durable.get(&keep) {
+            Some(&t) => Some(log_id(t, keep)),
+            None => m.purged,
+        };
+        log.truncate_after(kept).await.unwrap();
+        m.truncated = m.durable.split_off(&(keep + 1));
+        last = keep;
+        // The new leader's entries, of a newer term (no vote saved: that would wait for a
+        // barrier, which makes the truncation durable).
+        term += 1;
+    }
     // An append in flight: written, its flush not waited for.
     let n = rng.u64(0..4);
     let (tx, mut rx) = TypeConfig::oneshot();
@@ -160,13 +179,19 @@ async fn history(seed: u64, ops: usize) {
         assert_eq!(held.get(i), Some(t), "{at}: flushed entry {i} of term {t}");
     }
     let durable_end = m.durable.keys().next_back().copied().unwrap_or(0);
-    for (i, t) in held.range(durable_end + 1..) {
-        assert_eq!(
-            m.in_flight.get(i),
-            Some(t),
-            "{at}: entry {i} of term {t} was never flushed nor in flight"
-        );
-    }
+    let tail: BTreeMap<u64, u64> = held
+        .range(durable_end + 1..)
+        .map(|(i, t)| (*i, *t))
+        .collect();
+    let truncation_lost = !m.truncated.is_empty() && tail == m.truncated;
+    let in_flight = tail.iter().all(|(i, t)| m.in_flight.get(i) == Some(t));
+    assert!(
+        truncation_lost || in_flight,
+        "{at}: entries {tail:?} after the flushed ones are neither the ones a lost truncation \
+         dropped ({:?}) nor the append in flight ({:?})",
+        m.truncated,
+        m.in_flight
+    );
     let first = m.purged.map_or(1, |p| p.index + 1);
     let indexes: Vec<u64> = held.keys().copied().collect();
     let expected: Vec<u64> = (first..first + indexes.len() as u64).collect();
