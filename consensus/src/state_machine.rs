@@ -806,4 +806,6 @@ impl Drop for SmShared {
 }
 
 #[cfg(test)]
+mod batching_tests;
+#[cfg(test)]
 mod tests;

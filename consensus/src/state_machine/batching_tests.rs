@@ -1,0 +1,215 @@
+//! Applying is deterministic whatever the batching: random command sequences applied entry by
+//! entry with a commit after each, in deferred batches cut at random points, and as heavy
+//! entries give the same result for every command and the same registry. (Members apply the
+//! same log with different timing, so their batches are cut in different places.) Seeded: a
+//! failure names its seed.
+
+use openraft::vote::leader_id_adv::LeaderId;
+
+use super::*;
+use crate::command::ShardReport;
+
+fn open(dir: &Path) -> StateMachine {
+    let mut sm = StateMachine::open(
+        &dir.join("registry"),
+        &dir.join("snapshots"),
+        1 << 20,
+        2,
+        Arc::new(RateLimiter::unlimited()),
+    )
+    .unwrap();
+    // Commits happen only where the test says.
+    Arc::get_mut(&mut sm.shared).unwrap().defer_max_age = Duration::from_secs(3600);
+    sm
+}
+
+fn entry(index: u64, cmd: Command) -> Entry {
+    Entry {
+        log_id: LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ),
+        payload: EntryPayload::Normal(cmd),
+    }
+}
+
+/// A random command sequence over a few datanodes, shards in several buckets and a few keys.
+/// Epochs are mostly the datanode's latest registration index (its epoch unless a floor
+/// raised it), sometimes another: fenced batches are part of the test.
+fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
+    let mut out = Vec::with_capacity(n);
+    let mut registered: [u64; 4] = [0; 4];
+    for i in 0..n {
+        let index = i as u64 + 1;
+        let dn = rng.u64(1..=4);
+        let epoch = if rng.u8(0..5) == 0 {
+            rng.u64(0..index + 2)
+        } else {
+            registered[(dn - 1) as usize]
+        };
+        let shards = |rng: &mut fastrand::Rng| -> Vec<u64> {
+            let mut s: Vec<u64> = (0..rng.usize(1..20)).map(|_| rng.u64(0..300)).collect();
+            s.sort_unstable();
+            s.dedup();
+            s
+        };
+        let key = format!("k{}", rng.u8(0..5));
+        let cmd = match rng.u8(0..20) {
+            0..=2 => {
+                registered[(dn - 1) as usize] = index;
+                Command::RegisterDatanode {
+                    id: dn,
+                    addr: format!("dn{dn}:1"),
+                }
+            }
+            3..=8 => Command::RegisterShards {
+                datanode: dn,
+                epoch,
+                shards: shards(rng)
+                    .into_iter()
+                    .map(|id| ShardReport {
+                        id,
+                        generation: rng.u64(1..4),
+                        size: rng.u64(0..100),
+                    })
+                    .collect(),
+            },
+            9 => Command::DeregisterShards {
+                datanode: dn,
+                shards: shards(rng),
+            },
+            10 => Command::PruneReplicas {
+                datanode: dn,
+                epoch,
+                from_bucket: rng.u64(0..3),
+            },
+            11 => Command::RemoveDatanode { id: dn },
+            12 => Command::RemoveDatanodePiece {
+                id: dn,
+                registered_index: if rng.bool() {
+                    None
+                } else {
+                    Some(registered[(dn - 1) as usize])
+                },
+            },
+            13 => Command::SetClusterVersion {
+                version: rng.u32(1..=4),
+            },
+            14 => Command::RaiseEpochFloor {
+                at_least: rng.u64(0..index + 5),
+            },
+            15 => Command::RegisterDatanodeAtLeast {
+                id: dn,
+                addr: format!("dn{dn}:2"),
+                min_epoch: rng.u64(0..index + 5),
+            },
+            16 | 17 => Command::Put {
+                key,
+                value: vec![rng.u8(..)],
+                if_revision: match rng.u8(0..3) {
+                    0 => None,
+                    1 => Some(0),
+                    _ => Some(rng.u64(0..index + 1)),
+                },
+            },
+            _ => Command::Delete {
+                key,
+                if_revision: if rng.bool() {
+                    None
+                } else {
+                    Some(rng.u64(0..index + 1))
+                },
+            },
+        };
+        out.push(cmd);
+    }
+    out
+}
+
+/// Every key and value of the registry's active generation, but the last commit's redo record
+/// (which holds that commit's writes, so it depends on where the last batch was cut).
+fn contents(sm: &StateMachine) -> Vec<(Vec<u8>, Vec<u8>)> {
+    sm.shared().commit_deferred().unwrap();
+    sm.shared()
+        .registry
+        .current()
+        .tree
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            (k.to_vec(), v.to_vec())
+        })
+        .filter(|(k, _)| k.as_slice() != crate::keys::META_REDO)
+        .collect()
+}
+
+/// How an arm feeds the entries to the state machine.
+#[derive(Clone, Copy, Debug)]
+enum Feed {
+    /// One entry per call, a commit after each.
+    EachCommitted,
+    /// Deferred calls of random sizes, committed at random points.
+    RandomCuts,
+    /// Heavy calls of random sizes.
+    Heavy,
+}
+
+fn run(seed: u64, entries: &[Entry], feed: Feed) -> (Vec<CommandResult>, Vec<(Vec<u8>, Vec<u8>)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    let mut results = Vec::new();
+    let mut at = 0;
+    while at < entries.len() {
+        let size = match feed {
+            Feed::EachCommitted => 1,
+            _ => rng.usize(1..8).min(entries.len() - at),
+        };
+        let chunk = &entries[at..at + size];
+        let mode = match feed {
+            Feed::Heavy => Mode::Heavy,
+            _ => Mode::Deferred,
+        };
+        results.extend(shared.apply_entries(chunk, mode).unwrap());
+        if matches!(feed, Feed::EachCommitted) || rng.u8(0..4) == 0 {
+            shared.commit_deferred().unwrap();
+        }
+        at += size;
+    }
+    (results, contents(&sm))
+}
+
+#[test]
+fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
+    for seed in 0..40u64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let cmds = commands(&mut rng, 60 + (seed as usize % 5) * 30);
+        let entries: Vec<Entry> = cmds
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| entry(i as u64 + 1, c))
+            .collect();
+        let (results, registry) = run(seed, &entries, Feed::EachCommitted);
+        for feed in [Feed::RandomCuts, Feed::Heavy] {
+            let (other_results, other_registry) = run(seed, &entries, feed);
+            for (i, (a, b)) in results.iter().zip(&other_results).enumerate() {
+                assert_eq!(
+                    a,
+                    b,
+                    "seed {seed}: entry {} ({:?}) answered differently fed {feed:?}",
+                    i + 1,
+                    entries[i].payload
+                );
+            }
+            assert_eq!(results.len(), other_results.len(), "seed {seed}");
+            assert!(
+                registry == other_registry,
+                "seed {seed}: the registry differs fed {feed:?}"
+            );
+        }
+    }
+}
