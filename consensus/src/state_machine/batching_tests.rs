@@ -129,9 +129,12 @@ fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
     out
 }
 
+/// A registry's keys and values, in order.
+type Contents = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Every key and value of the registry's active generation, but the last commit's redo record
 /// (which holds that commit's writes, so it depends on where the last batch was cut).
-fn contents(sm: &StateMachine) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn contents(sm: &StateMachine) -> Contents {
     sm.shared().commit_deferred().unwrap();
     sm.shared()
         .registry
@@ -157,7 +160,7 @@ enum Feed {
     Heavy,
 }
 
-fn run(seed: u64, entries: &[Entry], feed: Feed) -> (Vec<CommandResult>, Vec<(Vec<u8>, Vec<u8>)>) {
+fn run(seed: u64, entries: &[Entry], feed: Feed) -> (Vec<CommandResult>, Contents) {
     let dir = tempfile::tempdir().unwrap();
     let sm = open(dir.path());
     let shared = sm.shared();
