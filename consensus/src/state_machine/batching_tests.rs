@@ -1,10 +1,13 @@
 //! Applying is deterministic whatever the batching: random command sequences applied entry by
 //! entry with a commit after each, in deferred batches cut at random points, and as heavy
-//! entries give the same result for every command and the same registry. (Members apply the
-//! same log with different timing, so their batches are cut in different places.) Seeded: a
-//! failure names its seed.
+//! entries give the same result for every command and the same registry (members apply the
+//! same log with different timing, so their batches are cut in different places), and a
+//! snapshot of it installed elsewhere holds the same registry. Seeded: a failure names its
+//! seed.
 
 use openraft::vote::leader_id_adv::LeaderId;
+
+use openraft::storage::RaftSnapshotBuilder;
 
 use super::*;
 use crate::command::ShardReport;
@@ -160,7 +163,15 @@ enum Feed {
     Heavy,
 }
 
-fn run(seed: u64, entries: &[Entry], feed: Feed) -> (Vec<CommandResult>, Contents) {
+/// One arm: the results, the registry, and the state machine with its dir.
+type Arm = (
+    Vec<CommandResult>,
+    Contents,
+    StateMachine,
+    tempfile::TempDir,
+);
+
+fn run(seed: u64, entries: &[Entry], feed: Feed) -> Arm {
     let dir = tempfile::tempdir().unwrap();
     let sm = open(dir.path());
     let shared = sm.shared();
@@ -183,11 +194,12 @@ fn run(seed: u64, entries: &[Entry], feed: Feed) -> (Vec<CommandResult>, Content
         }
         at += size;
     }
-    (results, contents(&sm))
+    let registry = contents(&sm);
+    (results, registry, sm, dir)
 }
 
-#[test]
-fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
     for seed in 0..40u64 {
         let mut rng = fastrand::Rng::with_seed(seed);
         let cmds = commands(&mut rng, 60 + (seed as usize % 5) * 30);
@@ -196,9 +208,9 @@ fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
             .enumerate()
             .map(|(i, c)| entry(i as u64 + 1, c))
             .collect();
-        let (results, registry) = run(seed, &entries, Feed::EachCommitted);
+        let (results, registry, mut sm, _dir) = run(seed, &entries, Feed::EachCommitted);
         for feed in [Feed::RandomCuts, Feed::Heavy] {
-            let (other_results, other_registry) = run(seed, &entries, feed);
+            let (other_results, other_registry, _, _) = run(seed, &entries, feed);
             for (i, (a, b)) in results.iter().zip(&other_results).enumerate() {
                 assert_eq!(
                     a,
@@ -214,5 +226,28 @@ fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
                 "seed {seed}: the registry differs fed {feed:?}"
             );
         }
+        // A snapshot of it, installed elsewhere, holds the same registry.
+        let snapshot = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = open(other_dir.path());
+        let shared = other.shared();
+        tokio::task::spawn_blocking(move || shared.install(&snapshot.meta, &snapshot.snapshot))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            other.shared().registry.content().unwrap() == sm.shared().registry.content().unwrap(),
+            "seed {seed}: the installed snapshot holds another registry"
+        );
+        assert_eq!(
+            (other.shared().replicas(), other.shared().datanodes()),
+            (sm.shared().replicas(), sm.shared().datanodes()),
+            "seed {seed}: the installed snapshot counts otherwise"
+        );
     }
 }
