@@ -39,7 +39,7 @@ fn entry(index: u64, cmd: Command) -> Entry {
     }
 }
 
-/// A random command sequence over a few datanodes, shards in several buckets and a few keys.
+/// A random command sequence over a few datanodes, shards in many buckets and a few keys.
 /// Epochs are mostly the datanode's latest registration index (its epoch unless a floor
 /// raised it), sometimes another: fenced batches are part of the test.
 fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
@@ -53,8 +53,14 @@ fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
         } else {
             registered[(dn - 1) as usize]
         };
+        // Now and then a large batch, so that prunes and removals take several pieces.
         let shards = |rng: &mut fastrand::Rng| -> Vec<u64> {
-            let mut s: Vec<u64> = (0..rng.usize(1..20)).map(|_| rng.u64(0..300)).collect();
+            let (count, range) = if rng.u8(0..12) == 0 {
+                (rng.usize(2000..6000), 0..20_000)
+            } else {
+                (rng.usize(1..20), 0..300)
+            };
+            let mut s: Vec<u64> = (0..count).map(|_| rng.u64(range.clone())).collect();
             s.sort_unstable();
             s.dedup();
             s
