@@ -64,6 +64,18 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     }
 }
 
+/// The variant index of an enum value written by [`encode`], read without decoding the rest
+/// (bincode writes it first); `None` for bytes of another format version or too short.
+pub fn variant_index(bytes: &[u8]) -> Option<u32> {
+    let (&version, body) = bytes.split_first()?;
+    if version != FORMAT_VERSION {
+        return None;
+    }
+    bincode::serde::decode_from_slice::<u32, _>(body, config())
+        .ok()
+        .map(|(index, _)| index)
+}
+
 impl From<CodecError> for std::io::Error {
     fn from(e: CodecError) -> Self {
         std::io::Error::new(std::io::ErrorKind::InvalidData, e)
@@ -96,5 +108,20 @@ mod tests {
             Err(CodecError::Trailing(1))
         ));
         assert!(decode::<(u64, String, Vec<u8>)>(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn the_variant_index_is_read_without_the_rest() {
+        #[derive(Serialize)]
+        enum E {
+            A(u64),
+            B { x: String },
+        }
+        assert_eq!(variant_index(&encode(&E::A(7)).unwrap()), Some(0));
+        let b = encode(&E::B { x: "y".into() }).unwrap();
+        assert_eq!(variant_index(&b), Some(1));
+        assert_eq!(variant_index(&b[..2]), Some(1), "the rest is not read");
+        assert_eq!(variant_index(&[]), None);
+        assert_eq!(variant_index(&[99, 1]), None);
     }
 }

@@ -48,3 +48,28 @@ pub(crate) enum LogRecordRef<'a> {
         committed: &'a Option<LogId>,
     },
 }
+
+impl LogRecord {
+    /// The variant index of `State` in the encoding (the variants' order above), so that a
+    /// replay can find the purge points without decoding every entry.
+    pub(crate) const STATE_VARIANT: u32 = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec;
+
+    #[test]
+    fn state_records_are_known_by_their_variant_index() {
+        let state = codec::encode(&LogRecordRef::State {
+            vote: &None,
+            committed: &None,
+            purged: &None,
+        })
+        .unwrap();
+        assert_eq!(codec::variant_index(&state), Some(LogRecord::STATE_VARIANT));
+        let vote = codec::encode(&LogRecordRef::Committed(&None)).unwrap();
+        assert_ne!(codec::variant_index(&vote), Some(LogRecord::STATE_VARIANT));
+    }
+}

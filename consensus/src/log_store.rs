@@ -188,6 +188,9 @@ impl LogStore {
         // purge's record precedes (a purge records the point, then drops the records up to
         // it, which may leave an older purge's record in place after entries it dropped).
         for (lsn, bytes) in &records {
+            if codec::variant_index(bytes) != Some(LogRecord::STATE_VARIANT) {
+                continue;
+            }
             if let LogRecord::State {
                 purged: Some(p), ..
             } = decode(*lsn, bytes)?
