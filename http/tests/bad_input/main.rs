@@ -6,6 +6,7 @@ mod common;
 
 mod bodies;
 mod datanodes;
+mod fuzz;
 mod helpers;
 mod keys;
 mod members;
