@@ -808,4 +808,6 @@ impl Drop for SmShared {
 #[cfg(test)]
 mod batching_tests;
 #[cfg(test)]
+mod capture_tests;
+#[cfg(test)]
 mod tests;

@@ -12,7 +12,7 @@ use openraft::storage::RaftSnapshotBuilder;
 use super::*;
 use crate::command::ShardReport;
 
-fn open(dir: &Path) -> StateMachine {
+pub(super) fn open(dir: &Path) -> StateMachine {
     let mut sm = StateMachine::open(
         &dir.join("registry"),
         &dir.join("snapshots"),
@@ -26,7 +26,7 @@ fn open(dir: &Path) -> StateMachine {
     sm
 }
 
-fn entry(index: u64, cmd: Command) -> Entry {
+pub(super) fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
         log_id: LogId::new(
             LeaderId {
@@ -42,7 +42,7 @@ fn entry(index: u64, cmd: Command) -> Entry {
 /// A random command sequence over a few datanodes, shards in many buckets and a few keys.
 /// Epochs are mostly the datanode's latest registration index (its epoch unless a floor
 /// raised it), sometimes another: fenced batches are part of the test.
-fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
+pub(super) fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
     let mut out = Vec::with_capacity(n);
     let mut registered: [u64; 4] = [0; 4];
     for i in 0..n {
