@@ -2,6 +2,7 @@
 //! sled cache size and Raft timing.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use meta_store::BarrierMode;
@@ -87,6 +88,9 @@ pub struct NodeConfig {
     pub build_version: u32,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
+    /// The file system the log's files go through; `None` is the operating system's. Tests
+    /// give one that loses unsynced bytes at a simulated power loss.
+    pub wal_fs: Option<Arc<dyn meta_store::FileSystem>>,
 }
 
 impl NodeConfig {
@@ -119,6 +123,7 @@ impl NodeConfig {
             free_space: FreeSpace::default(),
             datanode_timeout: Duration::from_secs(10),
             emulated_sync_latency: Duration::ZERO,
+            wal_fs: None,
         }
     }
 

@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use meta_store::{BarrierMode, FileSystem, Lsn, OsFileSystem, Wal, WalMetrics, WalOptions};
+use meta_store::{BarrierMode, FileSystem, Lsn, Wal, WalMetrics, WalOptions};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use parking_lot::{Mutex, RwLock};
 
@@ -170,13 +170,19 @@ fn encode(rec: &LogRecordRef<'_>) -> io::Result<Vec<u8>> {
 impl LogStore {
     /// Opens the log in `dir` and rebuilds the index by replaying it. Blocking.
     pub fn open(dir: &Path, opts: WalOptions) -> Result<LogStore> {
-        Self::open_with(Arc::new(OsFileSystem), dir, opts)
+        let wal = Wal::open(dir, opts).map_err(|e| Error::storage("open log", e))?;
+        Self::replay(wal, dir)
     }
 
     /// [`LogStore::open`] with the log's files accessed through `fs` (tests inject faults and
     /// crashes that drop unsynced bytes). Blocking.
     pub fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, opts: WalOptions) -> Result<LogStore> {
         let wal = Wal::open_with(fs, dir, opts).map_err(|e| Error::storage("open log", e))?;
+        Self::replay(wal, dir)
+    }
+
+    /// Rebuilds the index of `wal` (in `dir`) by replaying it.
+    fn replay(wal: Wal, dir: &Path) -> Result<LogStore> {
         let mut index = Index::default();
         let records = wal
             .read_range(..)

@@ -128,15 +128,16 @@ impl MetaNode {
             }
             std::fs::create_dir_all(&incoming)
                 .map_err(|e| Error::io("create incoming snapshots dir", &incoming, e))?;
-            let log = LogStore::open(
-                &c.wal_dir(),
-                WalOptions {
-                    segment_bytes: c.wal_segment_bytes,
-                    barrier: c.barrier,
-                    extra_sync_latency: c.emulated_sync_latency,
-                    ..WalOptions::default()
-                },
-            )?;
+            let wal_opts = WalOptions {
+                segment_bytes: c.wal_segment_bytes,
+                barrier: c.barrier,
+                extra_sync_latency: c.emulated_sync_latency,
+                ..WalOptions::default()
+            };
+            let log = match &c.wal_fs {
+                Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
+                None => LogStore::open(&c.wal_dir(), wal_opts)?,
+            };
             // Before Raft starts: its first message from a leader gives the node a term.
             let marker = RejoinMarker::new(&c.data_dir);
             if log.holds_no_state() {

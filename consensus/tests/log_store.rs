@@ -204,3 +204,18 @@ async fn a_purge_below_written_entries_then_past_them_survives_reopen() {
     let st = log.get_log_state().await.unwrap();
     assert_eq!(st.last_purged_log_id, Some(log_id(1, 10)));
 }
+
+/// The emulated sync latency (benchmarks only) slows the log store's barriers too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emulated_sync_latency_slows_the_log_stores_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let latency = std::time::Duration::from_millis(30);
+    let opts = WalOptions {
+        extra_sync_latency: latency,
+        ..WalOptions::default()
+    };
+    let mut log = LogStore::open(dir.path(), opts).unwrap();
+    let started = std::time::Instant::now();
+    append(&mut log, vec![entry(1, 1)]).await;
+    assert!(started.elapsed() >= latency, "{:?}", started.elapsed());
+}
