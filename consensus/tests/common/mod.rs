@@ -23,6 +23,8 @@ pub struct Cluster {
     pub nodes: BTreeMap<NodeId, MetaNode>,
     /// Applied to each node's configuration before it opens.
     pub tune: fn(&mut NodeConfig),
+    /// The file system of each node's log, if not the operating system's.
+    pub wal_fs: BTreeMap<NodeId, std::sync::Arc<dyn meta_store::FileSystem>>,
 }
 
 pub fn addr(id: NodeId) -> String {
@@ -39,6 +41,7 @@ impl Cluster {
             base: tempfile::tempdir()?,
             nodes: BTreeMap::new(),
             tune: no_tuning,
+            wal_fs: BTreeMap::new(),
         })
     }
 
@@ -72,6 +75,7 @@ impl Cluster {
         cfg.wal_segment_bytes = 1 << 20;
         cfg.snapshot_logs_since_last = 0;
         cfg.request_timeout = Duration::from_secs(20);
+        cfg.wal_fs = self.wal_fs.get(&id).cloned();
         (self.tune)(&mut cfg);
         cfg
     }
