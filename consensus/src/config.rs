@@ -218,6 +218,11 @@ impl NodeConfig {
             // member stopping with its port closed) asks first whether it could win, and does
             // not raise its term when it could not: it cannot depose a healthy leader.
             enable_pre_vote: Some(true),
+            // A restarted leader stands for election like any node. Restored at once, a leader
+            // whose own log lost entries in a power loss (it commits once a quorum of followers
+            // holds them durably, before its own barrier) led with a shorter log than the
+            // quorum's and overwrote acknowledged writes on the followers.
+            enable_leader_restore: Some(false),
             ..Default::default()
         };
         cfg.validate()

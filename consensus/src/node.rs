@@ -96,6 +96,21 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
+/// The registry's applied index and the highest index the log or the newest snapshot holds,
+/// if the registry is ahead of both. A member applies entries a quorum holds durably, also
+/// before its own log's barrier covered them; after a power loss its registry (whose writes
+/// reach the disk on their own schedule) may keep some whose log records were lost. openraft
+/// cannot start from that state (it refuses a purge point past the snapshot), and the log
+/// cannot give those entries back: the registry is rebuilt from the snapshot and the log, and
+/// the leader sends the rest again.
+fn registry_ahead_of_log(sm: &StateMachine, log: &LogStore) -> Option<(u64, u64)> {
+    let applied = sm.shared().applied().0.map_or(0, |l| l.index);
+    let logged = log.summary().0.map_or(0, |l| l.index);
+    let snapshot = sm.shared().last_snapshot().map_or(0, |s| s.index);
+    let held = logged.max(snapshot);
+    (applied > held).then_some((applied, held))
+}
+
 impl MetaNode {
     /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
     /// Recovers the log, the registry and, when the registry is behind the log's purge point,
@@ -145,13 +160,28 @@ impl MetaNode {
             }
             let rejoining = marker.is_set();
             let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
-            let sm = StateMachine::open(
-                &c.registry_dir(),
-                &c.snapshot_dir(),
-                c.sled_cache_bytes,
-                c.snapshots_to_keep,
-                limiter,
-            )?;
+            let open_sm = || {
+                StateMachine::open(
+                    &c.registry_dir(),
+                    &c.snapshot_dir(),
+                    c.sled_cache_bytes,
+                    c.snapshots_to_keep,
+                    limiter.clone(),
+                )
+            };
+            let mut sm = open_sm()?;
+            if let Some((applied, held)) = registry_ahead_of_log(&sm, &log) {
+                tracing::warn!(
+                    applied,
+                    held,
+                    "the registry applied entries that neither the log nor a snapshot holds (a \
+                     power loss kept registry writes whose log records it lost): rebuilding it \
+                     from the newest snapshot and the log"
+                );
+                sm.shared().registry.distrust();
+                drop(sm);
+                sm = open_sm()?;
+            }
             // The entries of the dirs made above (the log's and the snapshots' sync their own).
             sync_dir(&c.data_dir)?;
             // A cluster's version never goes back: an older build must not replay its log.
