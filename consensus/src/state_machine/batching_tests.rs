@@ -5,39 +5,11 @@
 //! snapshot of it installed elsewhere holds the same registry, and the change feed's events,
 //! replayed, give it too. Seeded: a failure names its seed.
 
-use openraft::vote::leader_id_adv::LeaderId;
-
 use openraft::storage::RaftSnapshotBuilder;
 
+use super::tests::{entry, open};
 use super::*;
 use crate::command::ShardReport;
-
-pub(super) fn open(dir: &Path) -> StateMachine {
-    let mut sm = StateMachine::open(
-        &dir.join("registry"),
-        &dir.join("snapshots"),
-        1 << 20,
-        2,
-        Arc::new(RateLimiter::unlimited()),
-    )
-    .unwrap();
-    // Commits happen only where the test says.
-    Arc::get_mut(&mut sm.shared).unwrap().defer_max_age = Duration::from_secs(3600);
-    sm
-}
-
-pub(super) fn entry(index: u64, cmd: Command) -> Entry {
-    Entry {
-        log_id: LogId::new(
-            LeaderId {
-                term: 1,
-                node_id: 1,
-            },
-            index,
-        ),
-        payload: EntryPayload::Normal(cmd),
-    }
-}
 
 /// A random command sequence over a few datanodes, shards in many buckets and a few keys.
 /// Epochs are mostly the datanode's latest registration index (its epoch unless a floor

@@ -5,7 +5,8 @@
 
 use openraft::storage::RaftSnapshotBuilder;
 
-use super::batching_tests::{commands, entry, open};
+use super::batching_tests::commands;
+use super::tests::{entry, open};
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

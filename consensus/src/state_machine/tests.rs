@@ -9,7 +9,7 @@ use openraft::storage::RaftSnapshotBuilder;
 
 /// A state machine whose deferred batch waits for an hour (or a reader), however slow the
 /// machine running the test.
-fn open(dir: &Path) -> StateMachine {
+pub(super) fn open(dir: &Path) -> StateMachine {
     let mut sm = StateMachine::open(
         &dir.join("registry"),
         &dir.join("snapshots"),
@@ -22,7 +22,7 @@ fn open(dir: &Path) -> StateMachine {
     sm
 }
 
-fn entry(index: u64, cmd: Command) -> Entry {
+pub(super) fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
         log_id: LogId::new(
             LeaderId {
