@@ -7,7 +7,7 @@
 
 use openraft::storage::RaftSnapshotBuilder;
 
-use super::tests::{entry, open};
+use super::tests::{entry, installed, open};
 use super::*;
 use crate::command::ShardReport;
 
@@ -214,13 +214,7 @@ async fn applying_gives_the_same_results_and_registry_however_entries_are_batche
             .build_snapshot()
             .await
             .unwrap();
-        let other_dir = tempfile::tempdir().unwrap();
-        let other = open(other_dir.path());
-        let shared = other.shared();
-        tokio::task::spawn_blocking(move || shared.install(&snapshot.meta, &snapshot.snapshot))
-            .await
-            .unwrap()
-            .unwrap();
+        let (_other_dir, other) = installed(snapshot).await;
         assert!(
             other.shared().registry.content().unwrap() == sm.shared().registry.content().unwrap(),
             "seed {seed}: the installed snapshot holds another registry"

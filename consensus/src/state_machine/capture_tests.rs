@@ -6,7 +6,7 @@
 use openraft::storage::RaftSnapshotBuilder;
 
 use super::batching_tests::commands;
-use super::tests::{entry, open};
+use super::tests::{entry, installed, open};
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,13 +57,7 @@ async fn a_snapshot_holds_the_registry_as_of_its_capture() {
             "seed {seed}: the snapshot's last entry"
         );
 
-        let installed_dir = tempfile::tempdir().unwrap();
-        let installed = open(installed_dir.path());
-        let target = installed.shared();
-        tokio::task::spawn_blocking(move || target.install(&snapshot.meta, &snapshot.snapshot))
-            .await
-            .unwrap()
-            .unwrap();
+        let (_installed_dir, installed) = installed(snapshot).await;
         let reference_dir = tempfile::tempdir().unwrap();
         let reference = open(reference_dir.path());
         reference

@@ -187,6 +187,20 @@ fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
 
 /// A state machine in `dir` that applied [`workload`] one entry at a time, and the snapshot
 /// it builds right after (at index 22).
+/// A state machine in a fresh dir that installed `snapshot`, and its dir.
+pub(super) async fn installed(
+    snapshot: SnapshotOf<TypeConfig, SnapshotData>,
+) -> (tempfile::TempDir, StateMachine) {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = open(dir.path());
+    let shared = sm.shared();
+    tokio::task::spawn_blocking(move || shared.install(&snapshot.meta, &snapshot.snapshot))
+        .await
+        .unwrap()
+        .unwrap();
+    (dir, sm)
+}
+
 async fn workload_snapshot(dir: &Path) -> (StateMachine, SnapshotOf<TypeConfig, SnapshotData>) {
     let mut sm = open(dir);
     for e in workload() {
