@@ -34,10 +34,9 @@ use crate::types::{SnapshotMeta, TypeConfig};
 pub struct SnapshotBuilder {
     shared: Arc<SmShared>,
     meta: SnapshotMeta,
-    /// The registry generation the capture reads; given up with the capture, so that a
-    /// generation retired meanwhile (by an install) can be dropped at once.
-    generation: Option<Arc<Generation>>,
-    capture: Option<Arc<Capture>>,
+    /// The registry generation the capture reads, and the capture; given up together, so that
+    /// a generation retired meanwhile (by an install) can be dropped at once.
+    captured: Option<(Arc<Generation>, Arc<Capture>)>,
     /// Why the state could not be captured (committing the deferred batch failed).
     failed: Option<String>,
 }
@@ -58,17 +57,16 @@ impl SnapshotBuilder {
                 last_log_id,
                 last_membership,
             },
-            generation: Some(generation),
-            capture: Some(capture),
+            captured: Some((generation, capture)),
             failed: failed.map(|e| e.to_string()),
         }
     }
 
     fn release(&mut self) {
-        if let Some(c) = self.capture.take() {
-            if let Some(generation) = self.generation.take() {
-                generation.end_capture(&c);
-            }
+        if let Some((generation, capture)) = self.captured.take() {
+            generation.end_capture(&capture);
+            // Let go of the generation before collecting: it may be a retired one.
+            drop(generation);
             self.shared.building.fetch_sub(1, Ordering::AcqRel);
             self.shared.registry.collect_garbage();
         }
@@ -123,7 +121,7 @@ impl SnapshotBuilder {
 
     /// Writes the captured state to a new snapshot file. Blocking.
     fn export(&mut self, started: Instant) -> Result<(SnapshotMeta, SnapshotData)> {
-        let capture = self.capture.clone().expect("a builder builds once");
+        let (generation, capture) = self.captured.clone().expect("a builder builds once");
         let meta_bytes =
             codec::encode(&self.meta).map_err(|e| Error::corrupt("snapshot meta", e))?;
         let mut writer = self
@@ -135,12 +133,13 @@ impl SnapshotBuilder {
                 self.shared.limiter.clone(),
             )
             .map_err(|e| Error::storage("create snapshot", e))?;
-        let tree = &self
-            .generation
-            .as_ref()
-            .expect("a builder builds once")
-            .tree;
-        snapshot_format::export(tree, &capture, &mut writer, &self.shared.closing)?;
+        snapshot_format::export(
+            &generation.tree,
+            &capture,
+            &mut writer,
+            &self.shared.closing,
+        )?;
+        drop((generation, capture));
         self.release();
         let file = writer
             .finish()
@@ -171,8 +170,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let mut this = SnapshotBuilder {
             shared: self.shared.clone(),
             meta: self.meta.clone(),
-            generation: self.generation.take(),
-            capture: self.capture.take(),
+            captured: self.captured.take(),
             failed: self.failed.take(),
         };
         let (meta, snapshot) = tokio::task::spawn_blocking(move || this.build())

@@ -14,9 +14,9 @@ impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
     /// from within the lease to take over, and waits at most `within` until another node leads
     /// and this node applied every entry of its log (so the requests it took as leader are
-    /// answered before it closes). Returns that node, or `None` if this node did not lead, had no such voter, or nobody took
-    /// over in time; the stop then goes ahead and the others elect a leader after the election
-    /// timeout, as after a crash. Changes no data.
+    /// answered before it closes). Returns that node, or `None` if this node did not lead, had
+    /// no such voter, or nobody took over in time; the stop then goes ahead and the others
+    /// elect a leader after the election timeout, as after a crash. Changes no data.
     pub async fn hand_over_leadership(&self, within: Duration) -> Result<Option<NodeId>> {
         self.check_open()?;
         let Some(m) = self.leader_view() else {

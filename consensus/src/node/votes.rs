@@ -18,9 +18,10 @@ use crate::types::TypeConfig;
 
 impl MetaNode {
     /// Answers a vote request. Refused with [`Error::NotVoting`] (the candidate counts it as no
-    /// answer) while this node holds no Raft state (no log, never voted) and the candidate's
-    /// log holds more than the cluster's initial membership: a member that lost its data dir
-    /// must not count toward a quorum until a leader has fed it the log again.
+    /// answer) from when this node opened with no Raft state (no log, never voted) until it
+    /// holds an entry committed in its current term, if the candidate's log holds more than the
+    /// cluster's initial membership: a member that lost its data dir must not count toward a
+    /// quorum until a leader has fed it the log again.
     pub async fn vote(&self, rpc: VoteRequest<TypeConfig>) -> Result<VoteResponse<TypeConfig>> {
         self.check_vote(&rpc)?;
         self.inner
@@ -95,18 +96,12 @@ impl MetaNode {
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
-        let (stateless, caught_up) = {
-            let metrics = self.inner.raft.metrics();
-            let m = metrics.borrow_watched();
-            (
-                m.last_log_index.is_none() && m.current_term == 0,
-                caught_up(&m),
-            )
-        };
-        let rejoining = self.inner.rejoining.load(Ordering::Acquire) && !caught_up;
+        // A node with no Raft state at open set the marker (`rejoining`), so this covers it too.
+        let rejoining = self.inner.rejoining.load(Ordering::Acquire)
+            && !caught_up(&self.inner.raft.metrics().borrow_watched());
         // `initialize` writes the membership at index 0; a first leader's entries follow it.
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
-        if (stateless || rejoining) && established {
+        if rejoining && established {
             tracing::warn!(
                 candidate = %rpc.vote,
                 "refusing to vote: this node started with no Raft state and does not hold the \
