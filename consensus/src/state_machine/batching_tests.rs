@@ -5,16 +5,14 @@
 //! snapshot of it installed elsewhere holds the same registry, and the change feed's events,
 //! replayed, give it too. Seeded: a failure names its seed.
 
-use openraft::storage::RaftSnapshotBuilder;
-
-use super::tests::{entry, installed, open};
+use super::tests::{entry, installed, open, snapshot_now};
 use super::*;
 use crate::command::ShardReport;
 
 /// A random command sequence over a few datanodes, shards in many buckets and a few keys.
 /// Epochs are mostly the datanode's latest registration index (its epoch unless a floor
 /// raised it), sometimes another: fenced batches are part of the test.
-pub(super) fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
+fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
     let mut out = Vec::with_capacity(n);
     let mut registered: [u64; 4] = [0; 4];
     for i in 0..n {
@@ -110,6 +108,15 @@ pub(super) fn commands(rng: &mut fastrand::Rng, n: usize) -> Vec<Command> {
     out
 }
 
+/// [`commands`] as entries at indexes from 1.
+pub(super) fn random_entries(rng: &mut fastrand::Rng, n: usize) -> Vec<Entry> {
+    commands(rng, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| entry(i as u64 + 1, c))
+        .collect()
+}
+
 /// A registry's keys and values, in order.
 type Contents = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -182,12 +189,7 @@ fn run(seed: u64, entries: &[Entry], feed: Feed) -> Arm {
 async fn applying_gives_the_same_results_and_registry_however_entries_are_batched() {
     for seed in 0..40u64 {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let cmds = commands(&mut rng, 60 + (seed as usize % 5) * 30);
-        let entries: Vec<Entry> = cmds
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| entry(i as u64 + 1, c))
-            .collect();
+        let entries = random_entries(&mut rng, 60 + (seed as usize % 5) * 30);
         let (results, registry, mut sm, _dir) = run(seed, &entries, Feed::EachCommitted);
         for feed in [Feed::RandomCuts, Feed::Heavy] {
             let (other_results, other_registry, _, _) = run(seed, &entries, feed);
@@ -208,12 +210,7 @@ async fn applying_gives_the_same_results_and_registry_however_entries_are_batche
         }
         check_change_feed(seed, &sm);
         // A snapshot of it, installed elsewhere, holds the same registry.
-        let snapshot = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let snapshot = snapshot_now(&mut sm).await;
         let (_other_dir, other) = installed(snapshot).await;
         assert!(
             other.shared().registry.content().unwrap() == sm.shared().registry.content().unwrap(),

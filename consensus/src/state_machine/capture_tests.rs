@@ -5,20 +5,15 @@
 
 use openraft::storage::RaftSnapshotBuilder;
 
-use super::batching_tests::commands;
-use super::tests::{entry, installed, open};
+use super::batching_tests::random_entries;
+use super::tests::{installed, open};
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_holds_the_registry_as_of_its_capture() {
     for seed in 0..30u64 {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0xcafe);
-        let cmds = commands(&mut rng, 80 + (seed as usize % 4) * 40);
-        let entries: Vec<Entry> = cmds
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| entry(i as u64 + 1, c))
-            .collect();
+        let entries = random_entries(&mut rng, 80 + (seed as usize % 4) * 40);
         let split = rng.usize(1..entries.len());
         let (before, after) = entries.split_at(split);
 

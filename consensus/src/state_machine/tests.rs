@@ -187,6 +187,15 @@ fn a_heavy_apply_commits_the_deferred_batch_and_then_itself() {
 
 /// A state machine in `dir` that applied [`workload`] one entry at a time, and the snapshot
 /// it builds right after (at index 22).
+/// A snapshot `sm` builds now.
+pub(super) async fn snapshot_now(sm: &mut StateMachine) -> SnapshotOf<TypeConfig, SnapshotData> {
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+}
+
 /// A state machine in a fresh dir that installed `snapshot`, and its dir.
 pub(super) async fn installed(
     snapshot: SnapshotOf<TypeConfig, SnapshotData>,
@@ -206,12 +215,7 @@ async fn workload_snapshot(dir: &Path) -> (StateMachine, SnapshotOf<TypeConfig, 
     for e in workload() {
         sm.shared().apply_entries(&[e], Mode::Deferred).unwrap();
     }
-    let snapshot = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snapshot = snapshot_now(&mut sm).await;
     assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(22));
     (sm, snapshot)
 }
@@ -260,12 +264,7 @@ async fn the_cluster_version_is_kept_and_older_builds_refuse_it() {
         "never lowered"
     );
     assert_eq!(shared.cluster_version(), 2);
-    let snapshot = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snapshot = snapshot_now(&mut sm).await;
 
     // A build older than the snapshot's cluster version refuses it and keeps its registry.
     let other = open(dirs[1].path());
@@ -437,12 +436,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
             .apply_entries(std::slice::from_ref(e), Mode::Deferred)
             .unwrap();
     }
-    let older = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let older = snapshot_now(&mut sm).await;
     for e in &entries[10..] {
         sm.shared()
             .apply_entries(std::slice::from_ref(e), Mode::Deferred)
