@@ -700,10 +700,13 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
 /// timeout is `unknown` until it has had a timeout to send its first heartbeat, not `down`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_datanode_just_registered_is_not_reported_down() -> Result<()> {
-    let c = Cluster::three_tuned(|cfg| cfg.datanode_timeout = Duration::from_secs(1)).await?;
+    // Long enough that the read right after the registration falls within the grace even on
+    // a loaded machine.
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let c = Cluster::three_tuned(|cfg| cfg.datanode_timeout = TIMEOUT).await?;
     let leader = c.leader().await?;
     let deadline = std::time::Instant::now() + WAIT;
-    while leader.liveness().await?.collecting < Duration::from_secs(1) {
+    while leader.liveness().await?.collecting < TIMEOUT {
         ensure!(
             std::time::Instant::now() < deadline,
             "never collected a timeout"
