@@ -301,6 +301,17 @@ impl LogStore {
         idx.last_log_id().is_none() && idx.last_purged.is_none() && idx.vote.is_none()
     }
 
+    /// Whether the stored vote is committed to another node: this node acknowledged that
+    /// node as its term's leader, and may have given it a lease (see `node/votes.rs`).
+    pub(crate) fn follows_another_leader(&self, me: crate::types::NodeId) -> bool {
+        use openraft::vote::RaftLeaderId;
+        self.shared
+            .index
+            .read()
+            .vote
+            .is_some_and(|v| v.is_committed() && *v.leader_id().node_id() != me)
+    }
+
     /// The last log id and how many entries are held.
     pub fn summary(&self) -> (Option<LogId>, usize) {
         let idx = self.shared.index.read();

@@ -75,6 +75,9 @@ struct Inner {
     /// This node started with no Raft state and does not hold an entry committed in its current
     /// term yet (`rejoin_marker.rs`): it votes for no candidate with a log.
     rejoining: AtomicBool,
+    /// Until when this node votes for no candidate, because before it opened it may have
+    /// given a leader a lease that lasts until then (`node/votes.rs`).
+    lease_given_until: Option<std::time::Instant>,
 }
 
 /// A metaserver node. Cheap to clone (an `Arc` inside).
@@ -126,7 +129,7 @@ impl MetaNode {
         let datanode_timeout = cfg.datanode_timeout;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
-        let (dir_lock, log, sm, incoming, rejoining) = blocking(move || {
+        let (dir_lock, log, sm, incoming, rejoining, followed) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
@@ -187,9 +190,13 @@ impl MetaNode {
             // A cluster's version never goes back: an older build must not replay its log.
             sm.set_build_version(c.build_version);
             sm.shared().check_build(sm.shared().cluster_version())?;
-            Ok((dir_lock, log, sm, incoming, rejoining))
+            let followed = log.follows_another_leader(c.id);
+            Ok((dir_lock, log, sm, incoming, rejoining, followed))
         })
         .await?;
+        // Counted from now, after the log was read: any lease this node gave ended earlier.
+        let lease_given_until =
+            followed.then(|| std::time::Instant::now() + cfg.election_timeout());
         let shared = sm.shared();
         shared.feed.set_capacity(cfg.watch_history);
         // Openraft's startup reloads the registry from the newest snapshot when it is behind,
@@ -216,6 +223,7 @@ impl MetaNode {
                 changing: tokio::sync::Mutex::new(()),
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
                 rejoining: AtomicBool::new(rejoining),
+                lease_given_until,
             }),
         };
         node.check_not_behind_purge()?;

@@ -3,6 +3,14 @@
 //! lost its log and its votes cannot help elect a candidate that misses acknowledged writes.
 //! That lasts until it holds an entry committed in its current term, also after restarts
 //! (`rejoin_marker.rs`): a leader's first message gives it a term long before it has the log.
+//!
+//! A leader serves lease reads (`Consistency::Lease`) without asking a quorum while a quorum
+//! acknowledged it within the lease, because a node that acknowledged a leader votes for no
+//! other until that lease has passed. openraft keeps that promise in memory only: a node it
+//! restarts votes at once. So a node whose stored vote names another node as its term's leader
+//! votes for no candidate for one lease after it opened (a leadership transfer excepted, as
+//! openraft excepts it): a follower that restarted fast cannot help elect a new leader while
+//! the old one still serves lease reads that would miss the new leader's writes.
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
@@ -96,6 +104,7 @@ impl MetaNode {
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
+        self.check_lease_given(rpc)?;
         // A node with no Raft state at open set the marker (`rejoining`), so this covers it too.
         let rejoining = self.inner.rejoining.load(Ordering::Acquire)
             && !caught_up(&self.inner.raft.metrics().borrow_watched());
@@ -115,6 +124,27 @@ impl MetaNode {
             ));
         }
         Ok(())
+    }
+
+    /// Refuses a vote while a lease this node may have given before it opened could still run
+    /// (see the module's comment).
+    fn check_lease_given(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
+        let Some(until) = self.inner.lease_given_until else {
+            return Ok(());
+        };
+        if rpc.leadership_transfer || std::time::Instant::now() >= until {
+            return Ok(());
+        }
+        tracing::info!(
+            candidate = %rpc.vote,
+            "refusing to vote: this node followed a leader before it restarted, and votes for \
+             no other until that leader's lease has passed"
+        );
+        Err(Error::NotVoting(
+            "this node followed a leader before it restarted and votes for no other until that \
+             leader's lease has passed"
+                .into(),
+        ))
     }
 
     /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds an entry committed in its
