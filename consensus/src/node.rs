@@ -92,6 +92,23 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::Raft(format!("blocking task failed: {e}")))?
 }
 
+/// Runs `call`, a call into openraft, on a task of its own, so that a caller who gives up (a
+/// timeout, a dropped request) never cancels it halfway. openraft 0.10.0-alpha.37 records why
+/// its core stopped in a step that the first call to find the core stopped runs for every
+/// caller; cancelled in that step, it left the record half made, and every later call panicked
+/// ("RaftCore should have already quit"), the shutdown included (`tests/core_stop.rs`).
+/// A panic in `call` is passed on; a task the runtime dropped (it is shutting down) answers
+/// [`Error::Shutdown`].
+async fn uncancelled<T: Send + 'static>(
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T> {
+    match tokio::spawn(call).await {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Error::Shutdown),
+    }
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     use meta_store::FileSystem;
     meta_store::OsFileSystem
@@ -347,11 +364,76 @@ impl MetaNode {
         }
     }
 
-    /// The Raft handle: the HTTP `/raft` router calls `append_entries` and
-    /// `handle_transfer_leader` on it (votes go through [`MetaNode::vote`], snapshots through
-    /// [`MetaNode::install_received_snapshot`]).
+    /// The Raft handle, for its metrics and its triggers. Raft messages from the leader go
+    /// through [`MetaNode::append_entries`], [`MetaNode::stream_append`],
+    /// [`MetaNode::handle_transfer_leader`], [`MetaNode::vote`] and
+    /// [`MetaNode::install_received_snapshot`], which a caller that gives up cannot cancel
+    /// halfway (`uncancelled`).
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// Hands the leader's AppendEntries request to openraft.
+    pub async fn append_entries(
+        &self,
+        rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
+    ) -> std::result::Result<
+        openraft::raft::AppendEntriesResponse<TypeConfig>,
+        openraft::error::RaftError<TypeConfig>,
+    > {
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.append_entries(rpc).await })
+            .await
+            .unwrap_or(Err(openraft::error::RaftError::Fatal(
+                openraft::error::Fatal::Stopped,
+            )))
+    }
+
+    /// Hands the leader's request to take over leadership to openraft.
+    pub async fn handle_transfer_leader(
+        &self,
+        rpc: openraft::raft::TransferLeaderRequest<TypeConfig>,
+    ) -> std::result::Result<
+        openraft::raft::TransferLeaderResponse<TypeConfig>,
+        openraft::error::Fatal<TypeConfig>,
+    > {
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.handle_transfer_leader(rpc).await })
+            .await
+            .unwrap_or(Err(openraft::error::Fatal::Stopped))
+    }
+
+    /// Hands a stream of the leader's AppendEntries requests to openraft's pipelined
+    /// `stream_append` and returns its answers, in order. A task of its own drives openraft's
+    /// answers (a caller that drops the returned stream stops receiving them, never stops that
+    /// task halfway); it ends when the requests end or an answer ends the exchange.
+    pub fn stream_append<S>(
+        &self,
+        requests: S,
+    ) -> impl futures::Stream<
+        Item = std::result::Result<
+            openraft::raft::StreamAppendResult<TypeConfig>,
+            openraft::error::Fatal<TypeConfig>,
+        >,
+    > + Send
+           + 'static
+    where
+        S: futures::Stream<Item = openraft::raft::AppendEntriesRequest<TypeConfig>>
+            + Send
+            + 'static,
+    {
+        use futures::StreamExt as _;
+        let answers = self.inner.raft.stream_append(requests);
+        // A few answers in flight are enough: openraft pipelines behind them.
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut answers = std::pin::pin!(answers);
+            while let Some(answer) = answers.next().await {
+                // A receiver gone only means nobody reads the answers: go on to the end.
+                let _ = tx.send(answer).await;
+            }
+        });
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) })
     }
 
     fn check_open(&self) -> Result<()> {
@@ -560,8 +642,13 @@ impl MetaNode {
         self.inner.sm.limiter.set_rate(0);
         // A core that already stopped (a fatal error) cannot be shut down, but the log and the
         // registry below still close and flush.
-        if let Err(e) = self.inner.raft.shutdown().await {
-            tracing::warn!("shutting the Raft core down: {e}");
+        // On a task of its own (see `uncancelled`); a panic there is reported, not passed on:
+        // the log and the registry still close.
+        let raft = self.inner.raft.clone();
+        match tokio::spawn(async move { raft.shutdown().await }).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("shutting the Raft core down: {e}"),
+            Err(e) => tracing::error!("shutting the Raft core down: {e}"),
         }
         let inner = self.inner.clone();
         blocking(move || {

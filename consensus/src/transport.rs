@@ -184,7 +184,6 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.target()?;
         target
-            .raft()
             .append_entries(rpc)
             .await
             .map_err(|e| RPCError::Unreachable(unreachable(e)))
@@ -246,7 +245,6 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.target()?;
         target
-            .raft()
             .handle_transfer_leader(req)
             .await
             .map_err(|e| RPCError::Unreachable(unreachable(e)))

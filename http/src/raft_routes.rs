@@ -141,12 +141,7 @@ async fn append(State(node): State<MetaNode>, body: Bytes) -> Response {
         Ok(rpc) => rpc,
         Err(refused) => return refused.into_response(),
     };
-    reply(
-        node.raft()
-            .append_entries(rpc)
-            .await
-            .map_err(|e| e.to_string()),
-    )
+    reply(node.append_entries(rpc).await.map_err(|e| e.to_string()))
 }
 
 /// The follower's end of a streamed AppendEntries exchange: every request frame goes to
@@ -174,7 +169,6 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
             async move { node.closing().await }
         });
     let answers = node
-        .raft()
         .stream_append(Box::pin(requests))
         .map(|r| r.map_err(|fatal| fatal.to_string()));
     let trailer =
@@ -256,8 +250,7 @@ async fn transfer_leader(State(node): State<MetaNode>, body: Bytes) -> Response 
         Err(refused) => return refused.into_response(),
     };
     reply(
-        node.raft()
-            .handle_transfer_leader(rpc)
+        node.handle_transfer_leader(rpc)
             .await
             .map_err(|e| e.to_string()),
     )

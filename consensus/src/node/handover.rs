@@ -6,7 +6,7 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
-use super::MetaNode;
+use super::{uncancelled, MetaNode};
 use crate::error::Result;
 use crate::types::NodeId;
 
@@ -36,11 +36,9 @@ impl MetaNode {
             return Ok(None);
         };
         tracing::info!(to, "handing leadership over before stopping");
-        self.inner
-            .raft
-            .trigger()
-            .transfer_leader(to)
-            .await
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.trigger().transfer_leader(to).await })
+            .await?
             .map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + within;
         let leader = loop {

@@ -14,7 +14,7 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 
-use super::{blocking, sync_dir, MetaNode, INITIALIZED};
+use super::{blocking, sync_dir, uncancelled, MetaNode, INITIALIZED};
 use crate::error::{Error, Result};
 use crate::types::{Node, NodeId};
 
@@ -59,7 +59,8 @@ impl MetaNode {
             .unwrap_or_else(crate::cluster_id::ClusterId::fresh);
         let dir = self.inner.cfg.data_dir.clone();
         blocking(move || cluster.adopt(&dir, id)).await?;
-        match self.inner.raft.initialize(members).await {
+        let raft = self.inner.raft.clone();
+        match uncancelled(async move { raft.initialize(members).await }).await? {
             Ok(()) => {}
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
                 return Err(Error::AlreadyInitialized)
@@ -104,11 +105,13 @@ impl MetaNode {
             check_address_free(membership, id, &node.addr)
         };
         let _one = self.one_change().await?;
-        let raft = &self.inner.raft;
         let add = async {
-            self.checked_change(check, || raft.add_learner(id, node.clone(), false))
-                .await
-                .map(|_| ())
+            self.checked_change(check, |raft| {
+                let node = node.clone();
+                async move { raft.add_learner(id, node, false).await }
+            })
+            .await
+            .map(|_| ())
         };
         self.unless_too_old(id, add).await
     }
@@ -129,9 +132,9 @@ impl MetaNode {
             Ok(())
         };
         let _one = self.one_change().await?;
-        let raft = &self.inner.raft;
-        self.checked_change(check, || {
-            raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+        self.checked_change(check, |raft| {
+            let change = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+            async move { raft.change_membership(change, false).await }
         })
         .await
         .map(|_| ())
@@ -155,10 +158,10 @@ impl MetaNode {
             return Ok(());
         }
         let check = |m: &Metrics| address_in(m, id).map(|_| ());
-        let raft = &self.inner.raft;
         let nodes = BTreeMap::from([(id, Node::new(addr.clone()))]);
-        self.checked_change(check, || {
-            raft.change_membership(ChangeMembers::SetNodes(nodes.clone()), false)
+        self.checked_change(check, |raft| {
+            let change = ChangeMembers::SetNodes(nodes.clone());
+            async move { raft.change_membership(change, false).await }
         })
         .await
         .map(|_| ())
@@ -188,10 +191,12 @@ impl MetaNode {
             ));
         }
         let _one = self.one_change().await?;
-        let raft = &self.inner.raft;
         self.checked_change(
             |m| self.check_promotable(m, &voters),
-            || raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false),
+            |raft| {
+                let change = ChangeMembers::ReplaceAllVoters(voters.clone());
+                async move { raft.change_membership(change, false).await }
+            },
         )
         .await
         .map(|_| ())
@@ -219,9 +224,11 @@ impl MetaNode {
             return Ok(());
         }
         tracing::warn!("finishing a voter change that was left half done (joint membership)");
-        let raft = &self.inner.raft;
         self.membership_call(
-            || raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::new()), false),
+            |raft| async move {
+                let change = ChangeMembers::AddVoterIds(BTreeSet::new());
+                raft.change_membership(change, false).await
+            },
             || Ok(()),
         )
         .await
@@ -237,16 +244,18 @@ impl MetaNode {
         call: F,
     ) -> Result<T>
     where
-        F: FnMut() -> Fut,
+        T: Send + 'static,
+        F: FnMut(crate::types::Raft) -> Fut,
         Fut: std::future::Future<
-            Output = std::result::Result<
-                T,
-                RaftError<
-                    crate::types::TypeConfig,
-                    openraft::error::ClientWriteError<crate::types::TypeConfig>,
+                Output = std::result::Result<
+                    T,
+                    RaftError<
+                        crate::types::TypeConfig,
+                        openraft::error::ClientWriteError<crate::types::TypeConfig>,
+                    >,
                 >,
-            >,
-        >,
+            > + Send
+            + 'static,
     {
         // A node whose metrics do not show it leading is refused rather than left unchecked:
         // its core may have just won an election, and would take a change nobody checked.

@@ -9,7 +9,7 @@ use openraft::raft::linearizable_read::Linearizer;
 use openraft::{LinearizerOption, ReadPolicy};
 
 use super::validation::{check_key, MAX_KEY_BYTES};
-use super::{blocking, MetaNode};
+use super::{blocking, uncancelled, MetaNode};
 use crate::error::{Error, Result};
 use crate::state_machine::SmShared;
 use crate::types::TypeConfig;
@@ -24,11 +24,9 @@ impl MetaNode {
         let Some(lin) = self.linearizer(c).await? else {
             return Ok(());
         };
-        let raft = &self.inner.raft;
-        match lin
-            .try_await_ready(raft, Some(self.inner.cfg.request_timeout))
-            .await
-        {
+        let raft = self.inner.raft.clone();
+        let timeout = Some(self.inner.cfg.request_timeout);
+        match uncancelled(async move { lin.try_await_ready(&raft, timeout).await }).await? {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(Error::Timeout),
             Err(f) => Err(self.fatal(f)),
@@ -91,10 +89,12 @@ impl MetaNode {
             return Err(forward);
         }
         use openraft::error::LinearizableReadError as L;
-        let raft = &self.inner.raft;
         let lin = self
             .retry_lease_refusal(
-                || raft.get_read_linearizer(option.clone()),
+                |raft| {
+                    let option = option.clone();
+                    async move { raft.get_read_linearizer(option).await }
+                },
                 |e| {
                     matches!(e, RaftError::APIError(L::ForwardToLeader(f))
                         if f.reason == openraft::error::ForwardReason::LeaseExpired

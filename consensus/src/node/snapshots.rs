@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::SnapshotResponse;
 
-use super::{blocking, MetaNode};
+use super::{blocking, uncancelled, MetaNode};
 use crate::error::{Error, Result};
 use crate::snapshot_data::SnapshotData;
 use crate::types::{TypeConfig, Vote};
@@ -44,7 +44,10 @@ impl MetaNode {
             // nothing).
             if triggered.is_none_or(|at| at.elapsed() >= RETRIGGER) {
                 self.inner.sm.request_build();
-                raft.trigger().snapshot().await.map_err(|e| self.fatal(e))?;
+                let raft = raft.clone();
+                uncancelled(async move { raft.trigger().snapshot().await })
+                    .await?
+                    .map_err(|e| self.fatal(e))?;
                 triggered = Some(tokio::time::Instant::now());
             }
             self.await_metrics_change(deadline).await?;
@@ -96,16 +99,13 @@ impl MetaNode {
             SnapshotData::open_received(file)
         })
         .await?;
-        self.inner
-            .raft
-            .install_full_snapshot(
-                vote,
-                openraft::storage::Snapshot {
-                    meta,
-                    snapshot: data,
-                },
-            )
-            .await
+        let raft = self.inner.raft.clone();
+        let snapshot = openraft::storage::Snapshot {
+            meta,
+            snapshot: data,
+        };
+        uncancelled(async move { raft.install_full_snapshot(vote, snapshot).await })
+            .await?
             .map_err(|e| self.fatal(e))
     }
 }

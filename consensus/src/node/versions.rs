@@ -154,13 +154,15 @@ impl MetaNode {
     /// as proposed from before the proposal (`proposed_version`): if the caller gives up, the
     /// entry may still commit.
     async fn raise_version(&self, version: u32) -> Result<()> {
-        let raft = &self.inner.raft;
         self.inner
             .proposed_version
             .fetch_max(version, Ordering::AcqRel);
         let raise = Command::SetClusterVersion { version };
         let r = self
-            .leader_call(|| raft.client_write(raise.clone()))
+            .leader_call(|raft| {
+                let raise = raise.clone();
+                async move { raft.client_write(raise).await }
+            })
             .await?;
         if let CommandResult::ClusterVersion { version } = r.data {
             tracing::info!("the cluster's version is {version} now");

@@ -18,7 +18,7 @@ use openraft::vote::RaftLeaderId;
 
 use std::sync::atomic::Ordering;
 
-use super::MetaNode;
+use super::{uncancelled, MetaNode};
 use crate::error::{Error, Result};
 use crate::rejoin_marker::RejoinMarker;
 use crate::removal_notice::Removal;
@@ -32,20 +32,18 @@ impl MetaNode {
     /// quorum until a leader has fed it the log again.
     pub async fn vote(&self, rpc: VoteRequest<TypeConfig>) -> Result<VoteResponse<TypeConfig>> {
         self.check_vote(&rpc)?;
-        self.inner
-            .raft
-            .vote(rpc)
-            .await
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.vote(rpc).await })
+            .await?
             .map_err(|e| Error::Raft(e.to_string()))
     }
 
     /// Answers a pre-vote request, under the rule of [`MetaNode::vote`].
     pub async fn pre_vote(&self, rpc: VoteRequest<TypeConfig>) -> Result<VoteResponse<TypeConfig>> {
         self.check_vote(&rpc)?;
-        self.inner
-            .raft
-            .pre_vote(rpc)
-            .await
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.pre_vote(rpc).await })
+            .await?
             .map_err(|e| Error::Raft(e.to_string()))
     }
 

@@ -7,10 +7,10 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{ChangeMembershipError, ClientWriteError, ForwardToLeader, RaftError};
 
 use super::validation::validate;
-use super::MetaNode;
+use super::{uncancelled, MetaNode};
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
-use crate::types::{NodeId, TypeConfig};
+use crate::types::{NodeId, Raft, TypeConfig};
 use crate::view::Written;
 
 impl MetaNode {
@@ -205,23 +205,27 @@ impl MetaNode {
     /// Runs `call` until it answers something other than openraft's lease refusal (a fresh
     /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`), for at most
     /// [`MetaNode::lease_wait`] (then [`Error::NoLeader`]) and at most the request timeout (then
-    /// [`Error::Timeout`]). Returns that other answer.
+    /// [`Error::Timeout`]). Returns that other answer. Each call runs on a task of its own
+    /// (`uncancelled`): a caller that gives up stops waiting for it, never stops it.
     pub(super) async fn retry_lease_refusal<T, E, F, Fut>(
         &self,
         mut call: F,
         is_lease_refusal: impl Fn(&E) -> bool,
     ) -> Result<std::result::Result<T, E>>
     where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, E>>,
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnMut(Raft) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
         let now = tokio::time::Instant::now();
         let deadline = now + self.inner.cfg.request_timeout;
         let lease_deadline = deadline.min(now + self.lease_wait());
         loop {
-            let res = tokio::time::timeout_at(deadline, call())
+            let attempt = uncancelled(call(self.inner.raft.clone()));
+            let res = tokio::time::timeout_at(deadline, attempt)
                 .await
-                .map_err(|_| Error::Timeout)?;
+                .map_err(|_| Error::Timeout)??;
             match res {
                 Err(e) if is_lease_refusal(&e) => {
                     // No election makes a node that is not a member lead: say so at once.
@@ -241,10 +245,15 @@ impl MetaNode {
     /// Runs a client-write-like call through [`MetaNode::retry_lease_refusal`].
     pub(super) async fn leader_call<T, F, Fut>(&self, call: F) -> Result<T>
     where
-        F: FnMut() -> Fut,
+        T: Send + 'static,
+        F: FnMut(Raft) -> Fut,
         Fut: std::future::Future<
-            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
-        >,
+                Output = std::result::Result<
+                    T,
+                    RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+                >,
+            > + Send
+            + 'static,
     {
         self.retry_lease_refusal(call, Self::lease_refusal)
             .await?
@@ -264,10 +273,15 @@ impl MetaNode {
         recheck: impl Fn() -> Result<()>,
     ) -> Result<T>
     where
-        F: FnMut() -> Fut,
+        T: Send + 'static,
+        F: FnMut(Raft) -> Fut,
         Fut: std::future::Future<
-            Output = std::result::Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
-        >,
+                Output = std::result::Result<
+                    T,
+                    RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+                >,
+            > + Send
+            + 'static,
     {
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
         loop {
@@ -319,8 +333,12 @@ impl MetaNode {
             .map_err(|_| Error::Timeout)?
             .map_err(|_| Error::Shutdown)?;
         self.check_version(&cmd)?;
-        let raft = &self.inner.raft;
-        let r = self.leader_call(|| raft.client_write(cmd.clone())).await?;
+        let r = self
+            .leader_call(|raft| {
+                let cmd = cmd.clone();
+                async move { raft.client_write(cmd).await }
+            })
+            .await?;
         if let CommandResult::DatanodeRegistered { id, .. } = r.data {
             self.note_registration(id, r.log_id.index, r.log_id.leader_id.term);
         }

@@ -1,0 +1,98 @@
+//! A node whose Raft core stopped (here: its log failed a sync, which the log never retries)
+//! answers every later call with an error, also while callers give up on calls in flight.
+//! openraft 0.10.0-alpha.37 records why its core stopped in a step that a call which found
+//! the core stopped runs for everyone; a caller cancelled in that step (a timeout, a dropped
+//! request) left it half done, and every later call panicked ("RaftCore should have already
+//! quit"), the node's shutdown included.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use common::{addr, Cluster};
+use meta_consensus::{Command, Consistency, Node};
+use meta_store::fs::FaultyFileSystem;
+
+fn put(key: String) -> Command {
+    Command::Put {
+        key,
+        value: vec![7; 16],
+        if_revision: None,
+    }
+}
+
+/// One single-node cluster whose log fails while callers keep writing and reading, each giving
+/// up after a random short time; afterwards no caller panicked and the node shuts down.
+async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
+    let disk = FaultyFileSystem::new();
+    let mut c = Cluster::new()?;
+    c.wal_fs.insert(1, Arc::new(disk.clone()));
+    let node = c.start(1).await?;
+    node.initialize([(1, Node::new(addr(1)))].into()).await?;
+    c.leader().await?;
+
+    let mut callers = tokio::task::JoinSet::new();
+    for w in 0..16u64 {
+        let node = node.clone();
+        let mut rng = fastrand::Rng::with_seed(seed * 100 + w);
+        callers.spawn(async move {
+            // Until the node answers that it stopped: the core is gone for good then.
+            for n in 0.. {
+                let patience = Duration::from_micros(rng.u64(50..5_000));
+                let answer = if rng.bool() {
+                    tokio::time::timeout(patience, node.write(put(format!("{w}/{n}"))))
+                        .await
+                        .map(|r| r.map(|_| ()))
+                } else {
+                    tokio::time::timeout(patience, node.kv_get(Consistency::Linearizable, "k"))
+                        .await
+                        .map(|r| r.map(|_| ()))
+                };
+                if let Ok(Err(meta_consensus::Error::Shutdown)) = answer {
+                    return n;
+                }
+                if n > 100_000 {
+                    return n;
+                }
+            }
+            unreachable!()
+        });
+    }
+    // Some writes go through first; then every sync fails, and the core stops.
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while node.status().committed.unwrap_or(0) < 50 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "seed {seed}: no progress"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    disk.set_fail_syncs(true);
+    while let Some(joined) = callers.join_next().await {
+        if let Err(e) = joined {
+            anyhow::bail!("seed {seed}: a caller failed: {e}");
+        }
+    }
+    // The node shuts down without a panic.
+    c.router.unregister(1);
+    let stopping = tokio::spawn(async move { node.shutdown().await });
+    match tokio::time::timeout(Duration::from_secs(30), stopping).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => anyhow::bail!("seed {seed}: the shutdown failed: {e}"),
+        Err(_) => anyhow::bail!("seed {seed}: the shutdown hung"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_core_answers_errors_while_callers_give_up() -> Result<()> {
+    let seeds = std::env::var("CORE_STOP_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    for seed in 0..seeds {
+        core_stops_under_impatient_callers(seed).await?;
+    }
+    Ok(())
+}
