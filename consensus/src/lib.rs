@@ -58,6 +58,7 @@ mod status;
 pub mod transport;
 mod trust_marker;
 mod types;
+mod uncancelled;
 mod view;
 
 pub use addresses::Addresses;

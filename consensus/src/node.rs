@@ -25,6 +25,7 @@ use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
 use crate::status::{ClusterStatus, ReplicationLag, Role};
 use crate::types::{NodeId, Raft, TypeConfig};
+use crate::uncancelled::{uncancelled, uncancelled_stream};
 
 mod free_space;
 mod handover;
@@ -80,6 +81,18 @@ struct Inner {
     lease_given_until: Option<std::time::Instant>,
 }
 
+/// The answers of [`MetaNode::stream_append`], in order.
+pub type AppendAnswers = std::pin::Pin<
+    Box<
+        dyn futures::Stream<
+                Item = std::result::Result<
+                    openraft::raft::StreamAppendResult<TypeConfig>,
+                    openraft::error::Fatal<TypeConfig>,
+                >,
+            > + Send,
+    >,
+>;
+
 /// A metaserver node. Cheap to clone (an `Arc` inside).
 #[derive(Clone)]
 pub struct MetaNode {
@@ -90,23 +103,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Raft(format!("blocking task failed: {e}")))?
-}
-
-/// Runs `call`, a call into openraft, on a task of its own, so that a caller who gives up (a
-/// timeout, a dropped request) never cancels it halfway. openraft 0.10.0-alpha.37 records why
-/// its core stopped in a step that the first call to find the core stopped runs for every
-/// caller; cancelled in that step, it left the record half made, and every later call panicked
-/// ("RaftCore should have already quit"), the shutdown included (`tests/core_stop.rs`).
-/// A panic in `call` is passed on; a task the runtime dropped (it is shutting down) answers
-/// [`Error::Shutdown`].
-async fn uncancelled<T: Send + 'static>(
-    call: impl std::future::Future<Output = T> + Send + 'static,
-) -> Result<T> {
-    match tokio::spawn(call).await {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Err(Error::Shutdown),
-    }
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -368,7 +364,7 @@ impl MetaNode {
     /// through [`MetaNode::append_entries`], [`MetaNode::stream_append`],
     /// [`MetaNode::handle_transfer_leader`], [`MetaNode::vote`] and
     /// [`MetaNode::install_received_snapshot`], which a caller that gives up cannot cancel
-    /// halfway (`uncancelled`).
+    /// halfway (`uncancelled.rs`).
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
     }
@@ -382,11 +378,7 @@ impl MetaNode {
         openraft::error::RaftError<TypeConfig>,
     > {
         let raft = self.inner.raft.clone();
-        uncancelled(async move { raft.append_entries(rpc).await })
-            .await
-            .unwrap_or(Err(openraft::error::RaftError::Fatal(
-                openraft::error::Fatal::Stopped,
-            )))
+        uncancelled(async move { raft.append_entries(rpc).await }).await
     }
 
     /// Hands the leader's request to take over leadership to openraft.
@@ -398,42 +390,20 @@ impl MetaNode {
         openraft::error::Fatal<TypeConfig>,
     > {
         let raft = self.inner.raft.clone();
-        uncancelled(async move { raft.handle_transfer_leader(rpc).await })
-            .await
-            .unwrap_or(Err(openraft::error::Fatal::Stopped))
+        uncancelled(async move { raft.handle_transfer_leader(rpc).await }).await
     }
 
     /// Hands a stream of the leader's AppendEntries requests to openraft's pipelined
-    /// `stream_append` and returns its answers, in order. A task of its own drives openraft's
-    /// answers (a caller that drops the returned stream stops receiving them, never stops that
-    /// task halfway); it ends when the requests end or an answer ends the exchange.
-    pub fn stream_append<S>(
-        &self,
-        requests: S,
-    ) -> impl futures::Stream<
-        Item = std::result::Result<
-            openraft::raft::StreamAppendResult<TypeConfig>,
-            openraft::error::Fatal<TypeConfig>,
-        >,
-    > + Send
-           + 'static
+    /// `stream_append` and returns its answers, in order. Dropped before its end, the answers
+    /// are drained to their end on a task of their own (`uncancelled.rs`); they end when the
+    /// requests end or an answer ends the exchange.
+    pub fn stream_append<S>(&self, requests: S) -> AppendAnswers
     where
         S: futures::Stream<Item = openraft::raft::AppendEntriesRequest<TypeConfig>>
             + Send
             + 'static,
     {
-        use futures::StreamExt as _;
-        let answers = self.inner.raft.stream_append(requests);
-        // A few answers in flight are enough: openraft pipelines behind them.
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
-            let mut answers = std::pin::pin!(answers);
-            while let Some(answer) = answers.next().await {
-                // A receiver gone only means nobody reads the answers: go on to the end.
-                let _ = tx.send(answer).await;
-            }
-        });
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) })
+        Box::pin(uncancelled_stream(self.inner.raft.stream_append(requests)))
     }
 
     fn check_open(&self) -> Result<()> {
@@ -642,8 +612,8 @@ impl MetaNode {
         self.inner.sm.limiter.set_rate(0);
         // A core that already stopped (a fatal error) cannot be shut down, but the log and the
         // registry below still close and flush.
-        // On a task of its own (see `uncancelled`); a panic there is reported, not passed on:
-        // the log and the registry still close.
+        // On a task of its own (see `uncancelled.rs`); a panic there is reported, not passed
+        // on: the log and the registry still close.
         let raft = self.inner.raft.clone();
         match tokio::spawn(async move { raft.shutdown().await }).await {
             Ok(Ok(())) => {}

@@ -6,9 +6,10 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
-use super::{uncancelled, MetaNode};
+use super::MetaNode;
 use crate::error::Result;
 use crate::types::NodeId;
+use crate::uncancelled::uncancelled;
 
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
@@ -38,7 +39,7 @@ impl MetaNode {
         tracing::info!(to, "handing leadership over before stopping");
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.trigger().transfer_leader(to).await })
-            .await?
+            .await
             .map_err(|e| self.fatal(e))?;
         let deadline = tokio::time::Instant::now() + within;
         let leader = loop {

@@ -14,9 +14,10 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 
-use super::{blocking, sync_dir, uncancelled, MetaNode, INITIALIZED};
+use super::{blocking, sync_dir, MetaNode, INITIALIZED};
 use crate::error::{Error, Result};
 use crate::types::{Node, NodeId};
+use crate::uncancelled::uncancelled;
 
 impl MetaNode {
     fn marker(&self) -> PathBuf {
@@ -60,7 +61,7 @@ impl MetaNode {
         let dir = self.inner.cfg.data_dir.clone();
         blocking(move || cluster.adopt(&dir, id)).await?;
         let raft = self.inner.raft.clone();
-        match uncancelled(async move { raft.initialize(members).await }).await? {
+        match uncancelled(async move { raft.initialize(members).await }).await {
             Ok(()) => {}
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
                 return Err(Error::AlreadyInitialized)

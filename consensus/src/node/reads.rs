@@ -9,10 +9,11 @@ use openraft::raft::linearizable_read::Linearizer;
 use openraft::{LinearizerOption, ReadPolicy};
 
 use super::validation::{check_key, MAX_KEY_BYTES};
-use super::{blocking, uncancelled, MetaNode};
+use super::{blocking, MetaNode};
 use crate::error::{Error, Result};
 use crate::state_machine::SmShared;
 use crate::types::TypeConfig;
+use crate::uncancelled::uncancelled;
 use crate::view::{Consistency, DatanodeInfo, KvEntry, KvKey, Page, ShardEntry, ShardInfo};
 
 impl MetaNode {
@@ -26,7 +27,7 @@ impl MetaNode {
         };
         let raft = self.inner.raft.clone();
         let timeout = Some(self.inner.cfg.request_timeout);
-        match uncancelled(async move { lin.try_await_ready(&raft, timeout).await }).await? {
+        match uncancelled(async move { lin.try_await_ready(&raft, timeout).await }).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(Error::Timeout),
             Err(f) => Err(self.fatal(f)),

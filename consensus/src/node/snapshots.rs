@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::SnapshotResponse;
 
-use super::{blocking, uncancelled, MetaNode};
+use super::{blocking, MetaNode};
 use crate::error::{Error, Result};
 use crate::snapshot_data::SnapshotData;
 use crate::types::{TypeConfig, Vote};
+use crate::uncancelled::uncancelled;
 use crate::view::SnapshotInfo;
 
 /// How often [`MetaNode::snapshot_now`] asks again for a build while none covers what it waits
@@ -46,7 +47,7 @@ impl MetaNode {
                 self.inner.sm.request_build();
                 let raft = raft.clone();
                 uncancelled(async move { raft.trigger().snapshot().await })
-                    .await?
+                    .await
                     .map_err(|e| self.fatal(e))?;
                 triggered = Some(tokio::time::Instant::now());
             }
@@ -105,7 +106,7 @@ impl MetaNode {
             snapshot: data,
         };
         uncancelled(async move { raft.install_full_snapshot(vote, snapshot).await })
-            .await?
+            .await
             .map_err(|e| self.fatal(e))
     }
 }

@@ -18,11 +18,12 @@ use openraft::vote::RaftLeaderId;
 
 use std::sync::atomic::Ordering;
 
-use super::{uncancelled, MetaNode};
+use super::MetaNode;
 use crate::error::{Error, Result};
 use crate::rejoin_marker::RejoinMarker;
 use crate::removal_notice::Removal;
 use crate::types::TypeConfig;
+use crate::uncancelled::uncancelled;
 
 impl MetaNode {
     /// Answers a vote request. Refused with [`Error::NotVoting`] (the candidate counts it as no
@@ -34,7 +35,7 @@ impl MetaNode {
         self.check_vote(&rpc)?;
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.vote(rpc).await })
-            .await?
+            .await
             .map_err(|e| Error::Raft(e.to_string()))
     }
 
@@ -43,7 +44,7 @@ impl MetaNode {
         self.check_vote(&rpc)?;
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.pre_vote(rpc).await })
-            .await?
+            .await
             .map_err(|e| Error::Raft(e.to_string()))
     }
 

@@ -7,10 +7,11 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{ChangeMembershipError, ClientWriteError, ForwardToLeader, RaftError};
 
 use super::validation::validate;
-use super::{uncancelled, MetaNode};
+use super::MetaNode;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
 use crate::types::{NodeId, Raft, TypeConfig};
+use crate::uncancelled::uncancelled;
 use crate::view::Written;
 
 impl MetaNode {
@@ -205,8 +206,8 @@ impl MetaNode {
     /// Runs `call` until it answers something other than openraft's lease refusal (a fresh
     /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`), for at most
     /// [`MetaNode::lease_wait`] (then [`Error::NoLeader`]) and at most the request timeout (then
-    /// [`Error::Timeout`]). Returns that other answer. Each call runs on a task of its own
-    /// (`uncancelled`): a caller that gives up stops waiting for it, never stops it.
+    /// [`Error::Timeout`]). Returns that other answer. A call the caller gives up on runs to
+    /// its end (`uncancelled.rs`).
     pub(super) async fn retry_lease_refusal<T, E, F, Fut>(
         &self,
         mut call: F,
@@ -225,7 +226,7 @@ impl MetaNode {
             let attempt = uncancelled(call(self.inner.raft.clone()));
             let res = tokio::time::timeout_at(deadline, attempt)
                 .await
-                .map_err(|_| Error::Timeout)??;
+                .map_err(|_| Error::Timeout)?;
             match res {
                 Err(e) if is_lease_refusal(&e) => {
                     // No election makes a node that is not a member lead: say so at once.
