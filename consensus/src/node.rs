@@ -622,22 +622,29 @@ impl MetaNode {
         }
         let inner = self.inner.clone();
         blocking(move || {
-            inner.log.flush_committed()?;
-            inner
+            // Every step runs even after one failed (a log whose disk failed): the close
+            // stops the log's thread whatever its last barrier did, and a closed log writes
+            // nothing more, so the dir may be opened again once it is closed.
+            let flushed = inner.log.flush_committed();
+            let closed = inner
                 .log
                 .wal()
                 .close()
-                .map_err(|e| Error::storage("close log", e))?;
+                .map_err(|e| Error::storage("close log", e));
             // Applied writes still deferred are committed; if that fails, the log still holds
             // their entries and the next start applies them again.
             if let Err(e) = inner.sm.commit_deferred() {
                 tracing::warn!("applied writes not committed at shutdown: {e}");
             }
-            inner.sm.registry.flush()?;
-            // The log is closed and the registry flushed: another open of the dir may start
-            // (sled releases its own lock when the last handle to this node is dropped).
+            let registry = inner.sm.registry.flush();
+            // The log is closed and the registry flushed (or failed): another open of the dir
+            // may start (sled releases its own lock when the last handle to this node is
+            // dropped, and an open waits for that). Before, a failed log kept the dir locked
+            // until the last handle to this node was dropped, however long a caller held one.
             inner.dir_lock.lock().take();
-            Ok(())
+            flushed?;
+            closed?;
+            registry
         })
         .await
     }
