@@ -79,6 +79,8 @@ struct Inner {
     /// Until when this node votes for no candidate, because before it opened it may have
     /// given a leader a lease that lasts until then (`node/votes.rs`).
     lease_given_until: Option<std::time::Instant>,
+    /// Set by [`MetaNode::stop_elections`]: nothing turns elections back on.
+    elections_stopped: AtomicBool,
 }
 
 /// The answers of [`MetaNode::stream_append`], in order.
@@ -237,8 +239,12 @@ impl MetaNode {
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
                 rejoining: AtomicBool::new(rejoining),
                 lease_given_until,
+                elections_stopped: AtomicBool::new(false),
             }),
         };
+        if let Some(until) = lease_given_until {
+            node.hold_elections_until(until);
+        }
         node.check_not_behind_purge()?;
         node.await_loaded_metrics().await;
         node.follow_metrics();

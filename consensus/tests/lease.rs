@@ -2,7 +2,8 @@
 //! asking a quorum while one acknowledged it within the lease, because a node that acknowledged
 //! a leader votes for no other until that lease has passed. openraft keeps that promise in
 //! memory only: a restarted node would vote at once, and help elect a new leader while the old
-//! one still served lease reads that miss the new leader's writes.
+//! one still served lease reads that miss the new leader's writes, or campaign and become that
+//! leader itself.
 
 mod common;
 
@@ -10,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::{Cluster, WAIT};
-use meta_consensus::{Command, Consistency, MetaNode, Role};
+use meta_consensus::{Command, Consistency, MetaNode, NodeId, Role};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::raft::VoteRequest;
 
 fn put(key: &str, value: u8) -> Command {
     Command::Put {
@@ -47,14 +50,24 @@ async fn a_restarted_follower_votes_for_no_new_leader_within_the_old_leaders_lea
     let candidate: MetaNode = c.node(candidate).clone();
     candidate.raft().trigger().elect(false).await?;
 
-    // Write through whichever of the two leads, until one acknowledges.
+    no_stale_lease_read(&old, &[candidate.id(), restarted], &c).await?;
+    c.router.heal_all();
+    c.converged().await.context("after healing")?;
+    c.shutdown().await
+}
+
+/// Writes through whichever of `others` leads, until one acknowledges; then a lease read on
+/// the cut-off `old` leader must not answer the value that write replaced.
+async fn no_stale_lease_read(old: &MetaNode, others: &[NodeId], c: &Cluster) -> Result<()> {
     let deadline = std::time::Instant::now() + WAIT;
     let new_write = loop {
-        let two = [candidate.clone(), c.node(restarted).clone()];
-        if let Some(leader) = two.iter().find(|n| n.status().role == Role::Leader) {
-            if let Ok(Ok(w)) =
-                tokio::time::timeout(Duration::from_secs(2), leader.write(put("k", 2))).await
-            {
+        let leader = others
+            .iter()
+            .map(|id| c.node(*id))
+            .find(|n| n.status().role == Role::Leader);
+        if let Some(leader) = leader {
+            let write = tokio::time::timeout(Duration::from_secs(2), leader.write(put("k", 2)));
+            if let Ok(Ok(w)) = write.await {
                 break w;
             }
         }
@@ -62,7 +75,7 @@ async fn a_restarted_follower_votes_for_no_new_leader_within_the_old_leaders_lea
             std::time::Instant::now() < deadline,
             "no new leader took a write"
         );
-        candidate
+        c.node(others[0])
             .raft()
             .wait(Some(Duration::from_millis(100)))
             .metrics(
@@ -72,7 +85,6 @@ async fn a_restarted_follower_votes_for_no_new_leader_within_the_old_leaders_lea
             .await
             .ok();
     };
-    // A lease read on the old leader now must not answer the value the new leader replaced.
     let read =
         tokio::time::timeout(Duration::from_secs(2), old.kv_get(Consistency::Lease, "k")).await;
     if let Ok(Ok(Some(e))) = &read {
@@ -84,6 +96,57 @@ async fn a_restarted_follower_votes_for_no_new_leader_within_the_old_leaders_lea
             new_write.index
         );
     }
+    Ok(())
+}
+
+/// The other way a restarted follower could break the lease: by campaigning itself. The
+/// leader is cut off from one follower until that follower's lease has run out (it would grant
+/// a vote); the other follower restarts and the leader is cut off from it too. The restarted
+/// follower acknowledged the leader just before, so it stands for no election until that
+/// lease has passed. Before, it campaigned at its first election timeout (from 0.5 s after it
+/// opened here), won the vote of the follower whose lease had run out, and acknowledged a
+/// write while the old leader still served lease reads (a failure at most seeds: the timeout
+/// is random, and one drawn near its maximum falls after the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_stands_for_no_election_within_the_old_leaders_lease() -> Result<()> {
+    let mut c = Cluster::three_tuned(|cfg| {
+        cfg.election_min_ms = 500;
+        cfg.election_max_ms = 6000;
+    })
+    .await?;
+    let old = c.leader().await?;
+    let w = old.write(put("k", 1)).await?;
+    c.wait_applied(w.index).await?;
+    let followers: Vec<u64> = c.nodes.keys().copied().filter(|i| *i != old.id()).collect();
+    let (restarted, lapsed) = (followers[0], followers[1]);
+
+    // Cut off from the leader, `lapsed` would grant a vote once its lease ran out: ask it
+    // (a pre-vote changes nothing) until it would.
+    c.router.cut(old.id(), lapsed);
+    let probe_of = |n: &MetaNode| {
+        let m = n.raft().metrics().borrow_watched().clone();
+        VoteRequest::new(
+            meta_consensus::Vote::new(m.current_term + 1, restarted),
+            m.last_applied,
+        )
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let node = c.node(lapsed).clone();
+        if node.pre_vote(probe_of(&node)).await?.vote_granted {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "node {lapsed} kept its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    c.stop(restarted).await?;
+    c.start(restarted).await?;
+    c.router.isolate(old.id());
+    no_stale_lease_read(&old, &[lapsed, restarted], &c).await?;
     c.router.heal_all();
     c.converged().await.context("after healing")?;
     c.shutdown().await

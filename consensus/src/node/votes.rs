@@ -8,9 +8,10 @@
 //! acknowledged it within the lease, because a node that acknowledged a leader votes for no
 //! other until that lease has passed. openraft keeps that promise in memory only: a node it
 //! restarts votes at once. So a node whose stored vote names another node as its term's leader
-//! votes for no candidate for one lease after it opened (a leadership transfer excepted, as
-//! openraft excepts it): a follower that restarted fast cannot help elect a new leader while
-//! the old one still serves lease reads that would miss the new leader's writes.
+//! votes for no candidate, and stands for no election itself, for one lease after it opened (a
+//! leadership transfer excepted, as openraft excepts it): a follower that restarted fast can
+//! neither help elect a new leader nor become one while the old one still serves lease reads
+//! that would miss the new leader's writes.
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
@@ -144,6 +145,29 @@ impl MetaNode {
              leader's lease has passed"
                 .into(),
         ))
+    }
+
+    /// Keeps this node from standing for election until `until` (see the module's comment),
+    /// then lets it, unless [`MetaNode::stop_elections`] was called meanwhile. openraft's
+    /// elections are turned off, not its answers: it still follows a leader that reaches it.
+    pub(super) fn hold_elections_until(&self, until: std::time::Instant) {
+        self.inner.raft.runtime_config().elect(false);
+        // A weak handle: a node shut down meanwhile is not kept alive for this.
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(until.into()).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if inner.elections_stopped.load(Ordering::Acquire) {
+                return;
+            }
+            inner.raft.runtime_config().elect(true);
+            // `stop_elections` may have run between the check and the call: it wins.
+            if inner.elections_stopped.load(Ordering::Acquire) {
+                inner.raft.runtime_config().elect(false);
+            }
+        });
     }
 
     /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds an entry committed in its
