@@ -610,6 +610,19 @@ impl MetaNode {
         if self.inner.shut.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // On a task of its own: a caller that gives up (a timeout) must not leave the node
+        // half closed, its log open and its dir locked, with every later call answering that
+        // it is shut down.
+        let node = self.clone();
+        match tokio::spawn(async move { node.close().await }).await {
+            Ok(done) => done,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Error::Shutdown),
+        }
+    }
+
+    /// The steps of [`MetaNode::shutdown`].
+    async fn close(&self) -> Result<()> {
         self.begin_close();
         // A snapshot export openraft runs detached stops at its next chunk (its temp file
         // is discarded) instead of running on after the node is gone. Lifting the rate ends

@@ -36,12 +36,13 @@ where
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(call) = self.0.as_mut() else {
+        // Out while it is polled: a call that panics is dropped, not finished on a task.
+        let Some(mut call) = self.0.take() else {
             panic!("an uncancelled call was polled after it finished");
         };
         let out = call.as_mut().poll(cx);
-        if out.is_ready() {
-            self.0 = None;
+        if out.is_pending() {
+            self.0 = Some(call);
         }
         out
     }
@@ -85,12 +86,13 @@ where
     type Item = S::Item;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let Some(stream) = self.0.as_mut() else {
+        // Out while it is polled: a stream that panics is dropped, not drained on a task.
+        let Some(mut stream) = self.0.take() else {
             return Poll::Ready(None);
         };
         let next = stream.as_mut().poll_next(cx);
-        if let Poll::Ready(None) = next {
-            self.0 = None;
+        if !matches!(next, Poll::Ready(None)) {
+            self.0 = Some(stream);
         }
         next
     }

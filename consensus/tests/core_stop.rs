@@ -96,3 +96,39 @@ async fn a_stopped_core_answers_errors_while_callers_give_up() -> Result<()> {
     }
     Ok(())
 }
+
+/// A shutdown whose caller gives up at once still closes the node: its data dir's lock is
+/// released while a handle to the node is still held. Before, the steps after the caller's
+/// first wait never ran, and the lock stayed until the last handle was dropped.
+// One thread: the shutdown's first poll ends at its first wait, before any task it started ran.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shutdown_whose_caller_gives_up_still_closes_the_node() -> Result<()> {
+    let mut c = Cluster::new()?;
+    let node = c.start(1).await?;
+    node.initialize([(1, Node::new(addr(1)))].into()).await?;
+    c.leader().await?;
+    c.router.unregister(1);
+    c.nodes.remove(&1);
+    let held = node.clone();
+    // Polled once, then given up.
+    let _ = futures::FutureExt::now_or_never(node.shutdown());
+    drop(node);
+
+    let lock = std::fs::File::open(c.dir(1).join("LOCK"))?;
+    let deadline = std::time::Instant::now() + common::WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the data dir is still locked by a node whose shutdown was given up"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+    drop(held);
+    Ok(())
+}

@@ -31,9 +31,8 @@ impl MetaNode {
         if self.marker().exists() {
             return Ok(true);
         }
-        self.inner
-            .raft
-            .is_initialized()
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.is_initialized().await })
             .await
             .map_err(|e| self.fatal(e))
     }
