@@ -23,6 +23,15 @@ fn put(key: &str, value: u8) -> Command {
     }
 }
 
+/// The leader, once every member applied its write of 1 to `k`, and the two followers.
+async fn leader_with_a_write(c: &Cluster) -> Result<(MetaNode, NodeId, NodeId)> {
+    let old = c.leader().await?;
+    let w = old.write(put("k", 1)).await?;
+    c.wait_applied(w.index).await?;
+    let followers: Vec<NodeId> = c.nodes.keys().copied().filter(|i| *i != old.id()).collect();
+    Ok((old, followers[0], followers[1]))
+}
+
 /// The leader is cut off and one follower restarts at once; the other follower then campaigns.
 /// The restarted follower acknowledged the old leader within its lease, so it votes for no new
 /// leader until that lease has passed: no write is acknowledged by a new leader while the old
@@ -37,11 +46,7 @@ async fn a_restarted_follower_votes_for_no_new_leader_within_the_old_leaders_lea
         cfg.election_max_ms = 6000;
     })
     .await?;
-    let old = c.leader().await?;
-    let w = old.write(put("k", 1)).await?;
-    c.wait_applied(w.index).await?;
-    let followers: Vec<u64> = c.nodes.keys().copied().filter(|i| *i != old.id()).collect();
-    let (restarted, candidate) = (followers[0], followers[1]);
+    let (old, restarted, candidate) = leader_with_a_write(&c).await?;
 
     c.router.isolate(old.id());
     c.stop(restarted).await?;
@@ -114,11 +119,7 @@ async fn a_restarted_follower_stands_for_no_election_within_the_old_leaders_leas
         cfg.election_max_ms = 6000;
     })
     .await?;
-    let old = c.leader().await?;
-    let w = old.write(put("k", 1)).await?;
-    c.wait_applied(w.index).await?;
-    let followers: Vec<u64> = c.nodes.keys().copied().filter(|i| *i != old.id()).collect();
-    let (restarted, lapsed) = (followers[0], followers[1]);
+    let (old, restarted, lapsed) = leader_with_a_write(&c).await?;
 
     // Cut off from the leader, `lapsed` would grant a vote once its lease ran out: ask it
     // (a pre-vote changes nothing) until it would.
