@@ -61,7 +61,7 @@ struct Inner {
     /// When a refused snapshot was last logged as a warning (`free_space.rs`).
     room_warned: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
-    write_window: tokio::sync::Semaphore,
+    write_window: Arc<tokio::sync::Semaphore>,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
     dir_lock: parking_lot::Mutex<Option<DataDirLock>>,
     /// The datanodes' heartbeats, while this node leads (`node/heartbeats.rs`).
@@ -231,7 +231,7 @@ impl MetaNode {
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
-                write_window: tokio::sync::Semaphore::new(window as usize),
+                write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
                 raising: tokio::sync::Mutex::new(()),

@@ -329,24 +329,46 @@ impl MetaNode {
         let window = self.inner.cfg.max_pending_shards;
         let weight = cmd.weight().clamp(1, window);
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
-        let _room = tokio::time::timeout_at(deadline, self.inner.write_window.acquire_many(weight))
+        let room = self.inner.write_window.clone().acquire_many_owned(weight);
+        let room = tokio::time::timeout_at(deadline, room)
             .await
             .map_err(|_| Error::Timeout)?
             .map_err(|_| Error::Shutdown)?;
         self.check_version(&cmd)?;
+        // The room and the liveness record go with the proposal, which runs to its end even
+        // when this caller gives up (`uncancelled.rs`): a write that timed out holds its room
+        // until openraft answers it (else retries let unbounded work in exactly when the
+        // window matters), and a registration that commits after its caller gave up is still
+        // recorded (else the datanode read as down).
+        let room = std::sync::Arc::new(room);
         let r = self
             .leader_call(|raft| {
                 let cmd = cmd.clone();
-                async move { raft.client_write(cmd).await }
+                let room = room.clone();
+                let node = self.clone();
+                async move {
+                    let answer = raft.client_write(cmd).await;
+                    if let Ok(r) = &answer {
+                        if let CommandResult::DatanodeRegistered { id, .. } = r.data {
+                            node.note_registration(id, r.log_id.index, r.log_id.leader_id.term);
+                        }
+                    }
+                    drop(room);
+                    answer
+                }
             })
             .await?;
-        if let CommandResult::DatanodeRegistered { id, .. } = r.data {
-            self.note_registration(id, r.log_id.index, r.log_id.leader_id.term);
-        }
         Ok(Written {
             index: r.log_id.index,
             result: r.data,
         })
+    }
+
+    /// Shards that proposed writes hold in the admission window (`max_pending_shards`): those
+    /// of writes openraft has not answered yet, including writes whose callers gave up.
+    pub fn pending_shards(&self) -> u64 {
+        let window = u64::from(self.inner.cfg.max_pending_shards);
+        window.saturating_sub(self.inner.write_window.available_permits() as u64)
     }
 
     /// Registers (or re-registers) a datanode; the result carries its new epoch.
