@@ -631,8 +631,8 @@ impl MetaNode {
         self.inner.sm.limiter.set_rate(0);
         // A core that already stopped (a fatal error) cannot be shut down, but the log and the
         // registry below still close and flush.
-        // On a task of its own (see `uncancelled.rs`); a panic there is reported, not passed
-        // on: the log and the registry still close.
+        // On a task of its own so that a panic there (openraft's, see `uncancelled.rs`) is
+        // reported, not passed on: the log and the registry still close.
         let raft = self.inner.raft.clone();
         match tokio::spawn(async move { raft.shutdown().await }).await {
             Ok(Ok(())) => {}

@@ -38,8 +38,12 @@ async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
         let node = node.clone();
         let mut rng = fastrand::Rng::with_seed(seed * 100 + w);
         callers.spawn(async move {
-            // Until the node answers that it stopped: the core is gone for good then.
-            for n in 0.. {
+            // Until the node answers that it stopped (the core is gone for good then), for at
+            // most `WAIT`; answers whether it did.
+            let deadline = std::time::Instant::now() + common::WAIT;
+            let mut n = 0u64;
+            while std::time::Instant::now() < deadline {
+                n += 1;
                 let patience = Duration::from_micros(rng.u64(50..5_000));
                 let answer = if rng.bool() {
                     tokio::time::timeout(patience, node.write(put(format!("{w}/{n}"))))
@@ -51,13 +55,10 @@ async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
                         .map(|r| r.map(|_| ()))
                 };
                 if let Ok(Err(meta_consensus::Error::Shutdown)) = answer {
-                    return n;
-                }
-                if n > 100_000 {
-                    return n;
+                    return true;
                 }
             }
-            unreachable!()
+            false
         });
     }
     // Some writes go through first; then every sync fails, and the core stops.
@@ -71,8 +72,10 @@ async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
     }
     disk.set_fail_syncs(true);
     while let Some(joined) = callers.join_next().await {
-        if let Err(e) = joined {
-            anyhow::bail!("seed {seed}: a caller failed: {e}");
+        match joined {
+            Ok(true) => {}
+            Ok(false) => anyhow::bail!("seed {seed}: a caller never heard that the node stopped"),
+            Err(e) => anyhow::bail!("seed {seed}: a caller failed: {e}"),
         }
     }
     // The node shuts down without a panic.
