@@ -90,10 +90,7 @@ async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_core_answers_errors_while_callers_give_up() -> Result<()> {
-    let seeds = std::env::var("CORE_STOP_SEEDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(300);
+    let seeds = common::seed_count("CORE_STOP_SEEDS", 300);
     for seed in 0..seeds {
         core_stops_under_impatient_callers(seed).await?;
     }

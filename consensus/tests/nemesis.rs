@@ -312,10 +312,7 @@ fn check(events: &[Event], finals: &[u64]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_stay_consistent_under_cuts_restarts_and_power_losses() -> Result<()> {
-    let seeds = std::env::var("NEMESIS_SEEDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2);
+    let seeds = common::seed_count("NEMESIS_SEEDS", 2);
     for seed in 0..seeds {
         nemesis(seed).await?;
     }

@@ -299,11 +299,7 @@ async fn set_voters(c: &Cluster, voters: BTreeSet<NodeId>) -> Result<()> {
 
 /// Seeds from `first`: 6 of them, or `POWER_LOSS_SEEDS=N` for a longer search.
 fn seeds(first: u64) -> std::ops::Range<u64> {
-    let n = std::env::var("POWER_LOSS_SEEDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(6);
-    first..first + n
+    first..first + common::seed_count("POWER_LOSS_SEEDS", 6)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

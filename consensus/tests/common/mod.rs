@@ -27,6 +27,15 @@ pub struct Cluster {
     pub wal_fs: BTreeMap<NodeId, std::sync::Arc<dyn meta_store::FileSystem>>,
 }
 
+/// How many seeds a seeded test runs: `default`, or the number in the environment variable
+/// `var` (for a longer search).
+pub fn seed_count(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn addr(id: NodeId) -> String {
     format!("local-{id}")
 }
