@@ -25,6 +25,7 @@ pub mod raft_routes;
 pub mod raw_path;
 #[cfg(test)]
 mod refused_port;
+pub mod removal_notices;
 pub mod request;
 pub mod response;
 pub mod router;

@@ -85,6 +85,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         .with_follower_reads(settings.follower_reads)
         .with_watch_slots((max_connections / 2).max(1));
     let readiness = state.readiness.clone();
+    // While this node leads, the nodes a membership change removes are told so.
+    tokio::spawn(meta_http::removal_notices::run(state.clone()));
     let app = meta_http::router(state);
     // Tests and scripts read the bound address (port 0 picks a free one) from this line.
     println!("listening on {bound}");

@@ -63,15 +63,19 @@ impl MetaNode {
     }
 
     /// The notice for node `id` if this node's committed membership (of a cluster) leaves it
-    /// out: the leader sends it to the members a membership change removed, since it stops
-    /// replicating to them before they could learn it from the log.
+    /// out, and so does its newest membership (a change not yet known committed may name the
+    /// node again): the leader sends it to the members a membership change removed, since it
+    /// stops replicating to them before they could learn it from the log.
     pub fn removal_for(&self, id: crate::types::NodeId) -> Option<Removal> {
         let metrics = self.inner.raft.metrics();
         let m = metrics.borrow_watched();
         let committed = &m.committed_membership_config;
         let index = committed.log_id().as_ref()?.index;
         let membership = committed.membership();
-        if membership.voter_ids().next().is_none() || membership.get_node(&id).is_some() {
+        if membership.voter_ids().next().is_none()
+            || membership.get_node(&id).is_some()
+            || m.membership_config.membership().get_node(&id).is_some()
+        {
             return None;
         }
         Some(Removal {

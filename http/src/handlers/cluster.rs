@@ -12,7 +12,6 @@ use super::unexpected;
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
-use crate::raft_routes::PATH_REMOVED;
 use crate::request::{
     validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody,
     EpochFloorBody, InitBody, ReadQuery,
@@ -150,9 +149,8 @@ pub async fn remove_learner(
     State(state): State<AppState>,
     Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
-    let before = state.node.status().nodes;
+    // The removed learner is told by the leader (`removal_notices.rs`).
     state.node.remove_learner(id).await?;
-    tell_the_removed(&state, before);
     Ok(axum::Json(membership(&state)))
 }
 
@@ -192,9 +190,8 @@ pub async fn change_voters(
     Json(body): Json<ChangeVotersBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     let voters = body.validate()?;
-    let before = state.node.status().nodes;
+    // The nodes left out are told by the leader (`removal_notices.rs`).
     state.node.change_voters(voters).await?;
-    tell_the_removed(&state, before);
     Ok(axum::Json(membership(&state)))
 }
 
@@ -214,32 +211,6 @@ pub async fn raise_epoch_floor(
             Ok(axum::Json(EpochFloorView { epoch_floor: floor }))
         }
         other => Err(unexpected(other)),
-    }
-}
-
-/// Sends each member of `before` that the committed membership now leaves out its removal
-/// notice ([`PATH_REMOVED`]), without waiting: the leader stops replicating to it at once, so
-/// it would not learn of its removal from the log. Best effort: a node that misses it still
-/// learns it from the members' answers to its vote requests, except a learner.
-fn tell_the_removed(state: &AppState, before: BTreeMap<u64, String>) {
-    let link = state.member_link();
-    for (id, addr) in before {
-        let Some(removal) = state.node.removal_for(id) else {
-            continue;
-        };
-        let Some(request) = link.post(id, &addr, PATH_REMOVED) else {
-            return;
-        };
-        let request = request.body(removal.encode());
-        tokio::spawn(async move {
-            match request.send().await {
-                Ok(r) if r.status().is_success() => tracing::info!(id, "told node it was removed"),
-                Ok(r) => {
-                    tracing::info!(id, status = %r.status(), "node refused its removal notice")
-                }
-                Err(e) => tracing::info!(id, "could not tell node it was removed: {e}"),
-            }
-        });
     }
 }
 

@@ -10,9 +10,10 @@ use meta_http::{AppState, HttpNetwork, Token};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::common::{test_config, wait_for};
+use crate::common::{test_config, wait_for, DEADLINE};
 
 pub const TOKEN: &str = "transport-token";
 
@@ -20,6 +21,22 @@ pub struct Server {
     pub node: MetaNode,
     pub addr: String,
     pub task: JoinHandle<()>,
+    /// Tells the HTTP server to close its connections and stop ([`Server::stop`]).
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Server {
+    /// Stops the node, then its HTTP server, closing every connection to it (a client's pooled
+    /// connection would otherwise still reach the stopped node), so that another process can
+    /// serve at its address.
+    pub async fn stop(mut self) {
+        self.node.shutdown().await.unwrap();
+        let _ = self.stop.take().expect("stopped once").send(());
+        tokio::time::timeout(DEADLINE, &mut self.task)
+            .await
+            .expect("the HTTP server closes its connections")
+            .unwrap();
+    }
 }
 
 impl Drop for Server {
@@ -46,6 +63,39 @@ pub async fn start_tuned(
     tune: impl FnOnce(&mut NodeConfig),
 ) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    launch(id, dir, listener, follower_reads, tune, Notices::Sent).await
+}
+
+/// Starts node `id` at `addr` (where it served before it was stopped).
+pub async fn start_at(id: u64, dir: &TempDir, addr: &str) -> Server {
+    let listener = TcpListener::bind(addr).await.unwrap();
+    launch(
+        id,
+        dir,
+        listener,
+        Some(meta_http::follower_read::CATCH_UP),
+        |_| {},
+        Notices::Sent,
+    )
+    .await
+}
+
+/// Whether a leader tells the nodes a membership change removed (as the binary's leader
+/// does), or leaves them to learn it from the answers to their vote requests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Notices {
+    Sent,
+    NotSent,
+}
+
+async fn launch(
+    id: u64,
+    dir: &TempDir,
+    listener: TcpListener,
+    follower_reads: Option<CatchUp>,
+    tune: impl FnOnce(&mut NodeConfig),
+    notices: Notices,
+) -> Server {
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
     // Three nodes over real HTTP in a debug build on a shared machine: elections slower than
@@ -63,13 +113,25 @@ pub async fn start_tuned(
     if let Some(catch_up) = follower_reads {
         state = state.with_follower_read_catch_up(catch_up);
     }
+    if notices == Notices::Sent {
+        tokio::spawn(meta_http::removal_notices::run(state.clone()));
+    }
     let app = meta_http::router(state);
+    let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         axum::serve(meta_http::LimitedListener::new(listener, 10_000), app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
             .await
             .unwrap();
     });
-    Server { node, addr, task }
+    Server {
+        node,
+        addr,
+        task,
+        stop: Some(stop),
+    }
 }
 
 /// The requests `route` (with `method`) that a node answered with `status`, from its
@@ -194,9 +256,27 @@ pub async fn start_cluster_tuned(
     follower_reads: Option<CatchUp>,
     tune: impl Fn(u64, &mut NodeConfig),
 ) -> BTreeMap<u64, Server> {
+    cluster(dir, follower_reads, tune, Notices::Sent).await
+}
+
+/// [`start_cluster`], but a leader sends no removal notices: a removed node learns it only from
+/// the answers to its vote requests.
+pub async fn start_cluster_without_notices(dir: &TempDir) -> BTreeMap<u64, Server> {
+    let catch_up = Some(meta_http::follower_read::CATCH_UP);
+    cluster(dir, catch_up, |_, _| {}, Notices::NotSent).await
+}
+
+async fn cluster(
+    dir: &TempDir,
+    follower_reads: Option<CatchUp>,
+    tune: impl Fn(u64, &mut NodeConfig),
+    notices: Notices,
+) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
-        let server = start_tuned(id, dir, follower_reads, |cfg| tune(id, cfg)).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tune = |cfg: &mut NodeConfig| tune(id, cfg);
+        let server = launch(id, dir, listener, follower_reads, tune, notices).await;
         servers.insert(id, server);
     }
     let members = servers

@@ -6,16 +6,18 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::common::wait_for;
-use crate::helpers::{start, start_alone, start_cluster, the_leader, Client};
+use crate::helpers::{
+    start, start_alone, start_at, start_cluster, start_cluster_without_notices, the_leader, Client,
+};
 
 /// A follower removed from the voters learns it from the members' answers to its vote
-/// requests, carried over HTTP (the change is made on the node, so the leader's notice, sent by
-/// the HTTP handler, is not what tells it): its `/v1/cluster` says `removed`, and a write sent
-/// to it is refused with 503 naming the members, not forwarded to a leader it no longer follows.
+/// requests, carried over HTTP (the leader sends no notices here, so they are not what tells
+/// it): its `/v1/cluster` says `removed`, and a write sent to it is refused with 503 naming the
+/// members, not forwarded to a leader it no longer follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_follower_is_told_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let servers = start_cluster(&dir).await;
+    let servers = start_cluster_without_notices(&dir).await;
     let client = Client::new();
     let leader = the_leader(&servers);
     let removed_id = *servers.keys().find(|id| **id != leader.node.id()).unwrap();
@@ -117,6 +119,41 @@ async fn a_removed_learner_is_told_by_the_leader() {
         .await;
     assert_eq!(status, 503, "{v}");
     for server in servers.values().chain([&learner]) {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// A learner that is down when it is removed is told once it is back at its address: the
+/// leader keeps trying, instead of leaving it to report itself a learner for ever. The change
+/// is made on the node, so no request handler is what tells it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_down_when_removed_is_told_once_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let learner = start(4, &dir).await;
+    let addr = learner.addr.clone();
+    let leader = the_leader(&servers);
+    leader
+        .node
+        .add_learner(4, Node::new(addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+    learner.stop().await;
+
+    leader.node.remove_learner(4).await.unwrap();
+    let back = start_at(4, &dir, &addr).await;
+    assert_eq!(back.node.status().role, Role::Learner);
+    wait_for(
+        || back.node.status().role == Role::Removed,
+        "the learner is told once back",
+    )
+    .await;
+    for server in servers.values().chain([&back]) {
         server.node.shutdown().await.unwrap();
     }
 }

@@ -1,0 +1,287 @@
+//! Tells the nodes that a committed membership change removed that they were removed. The
+//! leader stops replicating to a node once the membership without it is appended, so the node
+//! cannot learn it from the log; a removed voter learns it from the answers to its vote
+//! requests, but a removed learner never asks for votes, and would report itself a learner for
+//! ever.
+//!
+//! Every node follows its committed membership from when it starts ([`run`]); the leader sends
+//! each node the last change left out a notice ([`PATH_REMOVED`]) until one is delivered, the
+//! node refuses it (4xx: another process answers there), or a newer membership names the node
+//! again. A node that is down when it is removed is told once it is back, and a change whose
+//! request timed out, or that a leader committed just before it lost its leadership, is told
+//! too. Best effort: the nodes still to be told live in memory, so a leader that restarts
+//! forgets them.
+//!
+//! [`RemovalNotices`] is the bookkeeping, plain code that tests drive with their own clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use meta_consensus::MetaNode;
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::ServerState;
+use tokio::time::Instant;
+
+use crate::raft_routes::PATH_REMOVED;
+use crate::state::AppState;
+
+/// The pause before the second attempt to tell a node; it doubles per failed attempt.
+pub const FIRST_RETRY: Duration = Duration::from_millis(250);
+/// The longest pause between two attempts: a removed node that comes back is told within it.
+pub const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// The nodes a committed membership change removed that are still to be told, and when to try
+/// each next.
+#[derive(Debug, Default)]
+pub struct RemovalNotices {
+    /// The committed membership last seen: node id to address.
+    members: BTreeMap<u64, String>,
+    untold: BTreeMap<u64, Untold>,
+}
+
+#[derive(Debug)]
+struct Untold {
+    addr: String,
+    failures: u32,
+    next: Instant,
+}
+
+impl RemovalNotices {
+    /// Starts from the committed membership `members`: the nodes earlier changes removed are
+    /// not known, so none is to be told.
+    pub fn new(members: BTreeMap<u64, String>) -> Self {
+        RemovalNotices {
+            members,
+            untold: BTreeMap::new(),
+        }
+    }
+
+    /// The committed membership is now `members`: each node of the previous one that it leaves
+    /// out is to be told at once, and a node it names (again) is not to be told.
+    pub fn saw(&mut self, members: BTreeMap<u64, String>, now: Instant) {
+        if members == self.members {
+            return;
+        }
+        // An uninitialized node's empty membership removes nobody.
+        if !members.is_empty() {
+            for (id, addr) in &self.members {
+                if !members.contains_key(id) {
+                    self.untold.insert(
+                        *id,
+                        Untold {
+                            addr: addr.clone(),
+                            failures: 0,
+                            next: now,
+                        },
+                    );
+                }
+            }
+        }
+        self.untold.retain(|id, _| !members.contains_key(id));
+        self.members = members;
+    }
+
+    /// The nodes (id, address) whose next attempt is due at `now`.
+    pub fn due(&self, now: Instant) -> Vec<(u64, String)> {
+        self.untold
+            .iter()
+            .filter(|(_, u)| u.next <= now)
+            .map(|(id, u)| (*id, u.addr.clone()))
+            .collect()
+    }
+
+    /// When the next attempt is due, if any node is still to be told.
+    pub fn next_attempt(&self) -> Option<Instant> {
+        self.untold.values().map(|u| u.next).min()
+    }
+
+    /// Node `id` was told, refused the notice, or no longer needs it: it is not tried again.
+    pub fn done(&mut self, id: u64) {
+        self.untold.remove(&id);
+    }
+
+    /// The attempt to tell node `id` failed at `now`: the next is due after a pause that
+    /// doubles per failure, from [`FIRST_RETRY`] up to [`MAX_RETRY`]. Returns the failures so
+    /// far.
+    pub fn failed(&mut self, id: u64, now: Instant) -> u32 {
+        let Some(untold) = self.untold.get_mut(&id) else {
+            return 0;
+        };
+        let pause = FIRST_RETRY
+            .saturating_mul(1 << untold.failures.min(16))
+            .min(MAX_RETRY);
+        untold.failures += 1;
+        untold.next = now + pause;
+        untold.failures
+    }
+
+    /// Whether any node is still to be told.
+    pub fn is_empty(&self) -> bool {
+        self.untold.is_empty()
+    }
+}
+
+/// Follows `state`'s node's committed membership and, while the node leads, tells the nodes
+/// it removes, until the node begins to close or Raft stops. Spawn it once per node, next to
+/// its HTTP server.
+pub async fn run(state: AppState) {
+    let node = state.node.clone();
+    let closing = node.closing();
+    tokio::pin!(closing);
+    let mut metrics = node.raft().server_metrics();
+    let (_, members) = observe(&metrics.borrow_watched());
+    let mut notices = RemovalNotices::new(members);
+    loop {
+        let wake = notices.next_attempt();
+        tokio::select! {
+            _ = &mut closing => return,
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
+        }
+        let (leads, members) = observe(&metrics.borrow_watched());
+        notices.saw(members, Instant::now());
+        if !leads || notices.is_empty() {
+            continue;
+        }
+        let attempts = notices
+            .due(Instant::now())
+            .into_iter()
+            .map(|(id, addr)| tell(&state, &node, id, addr));
+        let outcomes = tokio::select! {
+            _ = &mut closing => return,
+            outcomes = futures::future::join_all(attempts) => outcomes,
+        };
+        for (id, outcome) in outcomes {
+            match outcome {
+                Outcome::Done => notices.done(id),
+                Outcome::Failed(e) => {
+                    // The first failure is worth a line; a node that stays down is not.
+                    if notices.failed(id, Instant::now()) == 1 {
+                        tracing::info!(id, "could not tell node it was removed (will retry): {e}");
+                    } else {
+                        tracing::debug!(id, "could not tell node it was removed: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the node leads, and its committed membership (id to address).
+fn observe(
+    m: &openraft::metrics::RaftServerMetrics<meta_consensus::TypeConfig>,
+) -> (bool, BTreeMap<u64, String>) {
+    let members = m
+        .committed_membership_config
+        .membership()
+        .nodes()
+        .map(|(id, n)| (*id, n.addr.clone()))
+        .collect();
+    (m.state == ServerState::Leader, members)
+}
+
+enum Outcome {
+    Done,
+    Failed(String),
+}
+
+/// One attempt to tell node `id` at `addr` that it was removed.
+async fn tell(state: &AppState, node: &MetaNode, id: u64, addr: String) -> (u64, Outcome) {
+    // The node's own committed membership decides: a notice is only ever given for one that
+    // leaves the node out (a newer one may name it again before this follower of the metrics
+    // sees it).
+    let Some(removal) = node.removal_for(id) else {
+        return (id, Outcome::Done);
+    };
+    let Some(request) = state.member_link().post(id, &addr, PATH_REMOVED) else {
+        return (
+            id,
+            Outcome::Failed("this node knows no cluster id yet".into()),
+        );
+    };
+    let outcome = match request.body(removal.encode()).send().await {
+        Ok(r) if r.status().is_success() => {
+            tracing::info!(id, "told node it was removed");
+            Outcome::Done
+        }
+        Ok(r) if r.status().is_client_error() => {
+            tracing::info!(id, status = %r.status(), "node refused its removal notice");
+            Outcome::Done
+        }
+        Ok(r) => Outcome::Failed(format!("answered {}", r.status())),
+        Err(e) => Outcome::Failed(e.to_string()),
+    };
+    (id, outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(ids: &[u64]) -> BTreeMap<u64, String> {
+        ids.iter().map(|id| (*id, format!("n{id}:1"))).collect()
+    }
+
+    #[test]
+    fn a_removed_node_is_due_at_once_and_a_readded_one_is_not() {
+        let now = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2, 3, 4]));
+        assert!(notices.due(now).is_empty());
+        notices.saw(members(&[1, 2, 3]), now);
+        assert_eq!(notices.due(now), vec![(4, "n4:1".to_string())]);
+        // Added back before it was told: nothing to tell.
+        notices.saw(members(&[1, 2, 3, 4]), now);
+        assert!(notices.is_empty());
+        // Two changes seen as one: only what the last leaves out counts.
+        notices.saw(members(&[1, 2, 5]), now);
+        assert_eq!(
+            notices
+                .due(now)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+    }
+
+    #[test]
+    fn an_uninitialized_membership_removes_nobody() {
+        let now = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2]));
+        notices.saw(BTreeMap::new(), now);
+        assert!(notices.is_empty());
+        notices.saw(members(&[1, 2]), now);
+        assert!(notices.is_empty());
+    }
+
+    #[test]
+    fn failures_back_off_up_to_the_cap_and_done_ends_the_attempts() {
+        let start = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2]));
+        notices.saw(members(&[1]), start);
+        assert_eq!(notices.next_attempt(), Some(start));
+        let mut pauses = Vec::new();
+        let mut now = start;
+        for _ in 0..10 {
+            notices.failed(2, now);
+            let next = notices.next_attempt().unwrap();
+            assert!(notices.due(now).is_empty());
+            assert_eq!(notices.due(next).len(), 1);
+            pauses.push(next - now);
+            now = next;
+        }
+        assert_eq!(pauses[0], FIRST_RETRY);
+        assert_eq!(pauses[1], FIRST_RETRY * 2);
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*pauses.last().unwrap(), MAX_RETRY);
+        notices.done(2);
+        assert_eq!(notices.next_attempt(), None);
+        // A failure reported for a node no longer to be told changes nothing.
+        assert_eq!(notices.failed(2, now), 0);
+        assert!(notices.is_empty());
+    }
+}
