@@ -1,7 +1,9 @@
-//! The admission window (`max_pending_shards`) counts every write openraft has not answered,
-//! also one whose caller gave up: a write that timed out is still in flight, and letting its
-//! room go let retries pile unbounded work onto an overloaded leader, exactly when the window
-//! matters.
+//! A write whose caller gave up still runs to its end. The admission window
+//! (`max_pending_shards`) counts every write openraft has not answered, also one whose caller
+//! gave up: a write that timed out is still in flight, and letting its room go let retries pile
+//! unbounded work onto an overloaded leader, exactly when the window matters. And a datanode's
+//! registration that commits after its caller gave up gives the new incarnation its grace
+//! (`unknown`, not `down`, for a timeout), as one answered in time does.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use common::{addr, Cluster, WAIT};
-use meta_consensus::{Command, Error, Node};
+use meta_consensus::{Command, DatanodeState, Error, Node};
 use meta_store::fs::FaultyFileSystem;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,5 +57,62 @@ async fn a_write_that_timed_out_keeps_its_room_until_openraft_answers_it() -> Re
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_commits_after_its_caller_gave_up_gets_its_grace() -> Result<()> {
+    // Long enough that the check below, which follows the registration's commit at once,
+    // comes well within the grace even on a starved machine.
+    const TIMEOUT: Duration = Duration::from_secs(8);
+    let disk = FaultyFileSystem::new();
+    let mut c = Cluster::new()?;
+    c.tune = |cfg| {
+        cfg.request_timeout = Duration::from_millis(500);
+        cfg.datanode_timeout = TIMEOUT;
+    };
+    c.wal_fs.insert(1, Arc::new(disk.clone()));
+    let node = c.start(1).await?;
+    node.initialize([(1, Node::new(addr(1)))].into()).await?;
+    c.leader().await?;
+
+    // The leader has collected heartbeats for a whole timeout: a datanode it has no record of
+    // is `down`.
+    let deadline = std::time::Instant::now() + TIMEOUT + WAIT;
+    while node.liveness().await?.collecting < TIMEOUT {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the leader never collected heartbeats for a timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // No sync completes: the registration cannot commit, and its caller gives up.
+    disk.gate().close();
+    let answer = node.register_datanode(7, "10.0.0.7:7000").await;
+    disk.gate().release();
+    ensure!(
+        matches!(answer, Err(Error::Timeout)),
+        "a registration that cannot commit answered {answer:?}"
+    );
+
+    // Once it commits, the new incarnation is `unknown` for a timeout, not `down`.
+    let deadline = std::time::Instant::now() + WAIT;
+    let liveness = loop {
+        let report = node.liveness().await?;
+        if let Some((_, l)) = report.datanodes.iter().find(|(d, _)| d.id == 7) {
+            break *l;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the registration never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    ensure!(
+        liveness.state == DatanodeState::Unknown,
+        "a datanode registered a moment ago is {:?}",
+        liveness.state
+    );
     c.shutdown().await
 }
