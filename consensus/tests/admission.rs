@@ -96,8 +96,17 @@ async fn a_registration_that_commits_after_its_caller_gave_up_gets_its_grace() -
         "a registration that cannot commit answered {answer:?}"
     );
 
-    // Once it commits, the new incarnation is `unknown` for a timeout, not `down`.
+    // Once openraft answers it (its room in the window is free again: the answer came after
+    // the registration was applied), the new incarnation is `unknown` for a timeout, not
+    // `down`.
     let deadline = std::time::Instant::now() + WAIT;
+    while node.pending_shards() != 0 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the registration was never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let liveness = loop {
         let report = node.liveness().await?;
         if let Some((_, l)) = report.datanodes.iter().find(|(d, _)| d.id == 7) {

@@ -6,8 +6,8 @@
 //!
 //! Every node follows its committed membership from when it starts ([`run`]); the leader sends
 //! each node the last change left out a notice ([`PATH_REMOVED`]) until one is delivered, the
-//! node refuses it (4xx: another process answers there), or a newer membership names the node
-//! again. A node that is down when it is removed is told once it is back, and a change whose
+//! node refuses it (another node, or one that holds no cluster's data, answers there), or a
+//! newer membership names the node again. A node that is down when it is removed is told once it is back, and a change whose
 //! request timed out, or that a leader committed just before it lost its leadership, is told
 //! too. Best effort: the nodes still to be told live in memory, so a leader that restarts
 //! forgets them.
@@ -17,11 +17,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use meta_consensus::MetaNode;
+use futures::stream::{FuturesUnordered, StreamExt};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 use tokio::time::Instant;
 
+use crate::cluster_identity::MEMBER_ONLY;
 use crate::raft_routes::PATH_REMOVED;
 use crate::state::AppState;
 
@@ -44,6 +45,8 @@ struct Untold {
     addr: String,
     failures: u32,
     next: Instant,
+    /// An attempt is under way: the node is not due again until it ends.
+    sending: bool,
 }
 
 impl RemovalNotices {
@@ -72,6 +75,7 @@ impl RemovalNotices {
                             addr: addr.clone(),
                             failures: 0,
                             next: now,
+                            sending: false,
                         },
                     );
                 }
@@ -81,18 +85,27 @@ impl RemovalNotices {
         self.members = members;
     }
 
-    /// The nodes (id, address) whose next attempt is due at `now`.
-    pub fn due(&self, now: Instant) -> Vec<(u64, String)> {
+    /// The nodes (id, address) whose next attempt is due at `now`, now under way: none is due
+    /// again until [`RemovalNotices::done`] or [`RemovalNotices::failed`] says how it ended.
+    pub fn take_due(&mut self, now: Instant) -> Vec<(u64, String)> {
         self.untold
-            .iter()
-            .filter(|(_, u)| u.next <= now)
-            .map(|(id, u)| (*id, u.addr.clone()))
+            .iter_mut()
+            .filter(|(_, u)| !u.sending && u.next <= now)
+            .map(|(id, u)| {
+                u.sending = true;
+                (*id, u.addr.clone())
+            })
             .collect()
     }
 
-    /// When the next attempt is due, if any node is still to be told.
+    /// When the next attempt is due, if a node is still to be told and no attempt to tell it
+    /// is under way.
     pub fn next_attempt(&self) -> Option<Instant> {
-        self.untold.values().map(|u| u.next).min()
+        self.untold
+            .values()
+            .filter(|u| !u.sending)
+            .map(|u| u.next)
+            .min()
     }
 
     /// Node `id` was told, refused the notice, or no longer needs it: it is not tried again.
@@ -112,6 +125,7 @@ impl RemovalNotices {
             .min(MAX_RETRY);
         untold.failures += 1;
         untold.next = now + pause;
+        untold.sending = false;
         untold.failures
     }
 
@@ -123,16 +137,19 @@ impl RemovalNotices {
 
 /// Follows `state`'s node's committed membership and, while the node leads, tells the nodes
 /// it removes, until the node begins to close or Raft stops. Spawn it once per node, next to
-/// its HTTP server.
+/// its HTTP server. Attempts run side by side: a node that does not answer holds up no other.
 pub async fn run(state: AppState) {
     let node = state.node.clone();
     let closing = node.closing();
     tokio::pin!(closing);
     let mut metrics = node.raft().server_metrics();
-    let (_, members) = observe(&metrics.borrow_watched());
+    let (mut leads, members) = observe(&metrics.borrow_watched());
     let mut notices = RemovalNotices::new(members);
+    let mut sending = FuturesUnordered::new();
     loop {
-        let wake = notices.next_attempt();
+        // A follower keeps its list (it may lead next) but tries nobody: becoming the leader
+        // changes the server metrics, which wakes this loop.
+        let wake = if leads { notices.next_attempt() } else { None };
         tokio::select! {
             _ = &mut closing => return,
             changed = metrics.changed() => {
@@ -140,32 +157,32 @@ pub async fn run(state: AppState) {
                     return;
                 }
             }
+            Some((id, outcome)) = sending.next(), if !sending.is_empty() => {
+                record(&mut notices, id, outcome);
+            }
             _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
         }
-        let (leads, members) = observe(&metrics.borrow_watched());
+        let (now_leads, members) = observe(&metrics.borrow_watched());
+        leads = now_leads;
         notices.saw(members, Instant::now());
-        if !leads || notices.is_empty() {
-            continue;
+        if leads {
+            for (id, addr) in notices.take_due(Instant::now()) {
+                sending.push(tell(state.clone(), id, addr));
+            }
         }
-        let attempts = notices
-            .due(Instant::now())
-            .into_iter()
-            .map(|(id, addr)| tell(&state, &node, id, addr));
-        let outcomes = tokio::select! {
-            _ = &mut closing => return,
-            outcomes = futures::future::join_all(attempts) => outcomes,
-        };
-        for (id, outcome) in outcomes {
-            match outcome {
-                Outcome::Done => notices.done(id),
-                Outcome::Failed(e) => {
-                    // The first failure is worth a line; a node that stays down is not.
-                    if notices.failed(id, Instant::now()) == 1 {
-                        tracing::info!(id, "could not tell node it was removed (will retry): {e}");
-                    } else {
-                        tracing::debug!(id, "could not tell node it was removed: {e}");
-                    }
-                }
+    }
+}
+
+/// Records how an attempt to tell node `id` ended.
+fn record(notices: &mut RemovalNotices, id: u64, outcome: Outcome) {
+    match outcome {
+        Outcome::Done => notices.done(id),
+        Outcome::Failed(e) => {
+            // The first failure is worth a line; a node that stays down is not.
+            if notices.failed(id, Instant::now()) == 1 {
+                tracing::info!(id, "could not tell node it was removed (will retry): {e}");
+            } else {
+                tracing::debug!(id, "could not tell node it was removed: {e}");
             }
         }
     }
@@ -190,25 +207,30 @@ enum Outcome {
 }
 
 /// One attempt to tell node `id` at `addr` that it was removed.
-async fn tell(state: &AppState, node: &MetaNode, id: u64, addr: String) -> (u64, Outcome) {
+async fn tell(state: AppState, id: u64, addr: String) -> (u64, Outcome) {
     // The node's own committed membership decides: a notice is only ever given for one that
     // leaves the node out (a newer one may name it again before this follower of the metrics
     // sees it).
-    let Some(removal) = node.removal_for(id) else {
+    let Some(removal) = state.node.removal_for(id) else {
         return (id, Outcome::Done);
     };
     let Some(request) = state.member_link().post(id, &addr, PATH_REMOVED) else {
-        return (
-            id,
-            Outcome::Failed("this node knows no cluster id yet".into()),
-        );
+        let why = "this node knows no cluster id yet";
+        return (id, Outcome::Failed(why.into()));
     };
-    let outcome = match request.body(removal.encode()).send().await {
+    // Only for the member itself: a process there that holds no cluster's data (a new node
+    // with that id, or one whose data dir was wiped) refuses it, rather than taking this
+    // cluster's id from it and calling itself removed.
+    let request = request.header(MEMBER_ONLY, "1").body(removal.encode());
+    let outcome = match request.send().await {
         Ok(r) if r.status().is_success() => {
             tracing::info!(id, "told node it was removed");
             Outcome::Done
         }
-        Ok(r) if r.status().is_client_error() => {
+        // Refused for good: a malformed notice, a build without the route, another node or
+        // one of no cluster. Anything else (a timeout, an overloaded node, a token being
+        // rotated) may pass.
+        Ok(r) if matches!(r.status().as_u16(), 400 | 404 | 409) => {
             tracing::info!(id, status = %r.status(), "node refused its removal notice");
             Outcome::Done
         }
@@ -226,26 +248,25 @@ mod tests {
         ids.iter().map(|id| (*id, format!("n{id}:1"))).collect()
     }
 
+    fn ids(due: Vec<(u64, String)>) -> Vec<u64> {
+        due.into_iter().map(|(id, _)| id).collect()
+    }
+
     #[test]
     fn a_removed_node_is_due_at_once_and_a_readded_one_is_not() {
         let now = Instant::now();
         let mut notices = RemovalNotices::new(members(&[1, 2, 3, 4]));
-        assert!(notices.due(now).is_empty());
+        assert!(notices.take_due(now).is_empty());
         notices.saw(members(&[1, 2, 3]), now);
-        assert_eq!(notices.due(now), vec![(4, "n4:1".to_string())]);
-        // Added back before it was told: nothing to tell.
+        assert_eq!(notices.take_due(now), vec![(4, "n4:1".to_string())]);
+        // Added back while the attempt ran: nothing to tell, and its outcome changes nothing.
         notices.saw(members(&[1, 2, 3, 4]), now);
+        assert!(notices.is_empty());
+        assert_eq!(notices.failed(4, now), 0);
         assert!(notices.is_empty());
         // Two changes seen as one: only what the last leaves out counts.
         notices.saw(members(&[1, 2, 5]), now);
-        assert_eq!(
-            notices
-                .due(now)
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect::<Vec<_>>(),
-            vec![3, 4]
-        );
+        assert_eq!(ids(notices.take_due(now)), vec![3, 4]);
     }
 
     #[test]
@@ -259,6 +280,25 @@ mod tests {
     }
 
     #[test]
+    fn a_node_is_not_due_again_while_an_attempt_to_tell_it_runs() {
+        let now = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2, 3]));
+        notices.saw(members(&[1]), now);
+        assert_eq!(ids(notices.take_due(now)), vec![2, 3]);
+        let later = now + MAX_RETRY * 10;
+        assert!(notices.take_due(later).is_empty());
+        assert_eq!(notices.next_attempt(), None);
+        // One attempt fails: that node alone is due again, after its pause.
+        notices.failed(2, now);
+        assert_eq!(notices.next_attempt(), Some(now + FIRST_RETRY));
+        assert!(notices.take_due(now).is_empty());
+        assert_eq!(ids(notices.take_due(now + FIRST_RETRY)), vec![2]);
+        notices.done(3);
+        notices.done(2);
+        assert!(notices.is_empty());
+    }
+
+    #[test]
     fn failures_back_off_up_to_the_cap_and_done_ends_the_attempts() {
         let start = Instant::now();
         let mut notices = RemovalNotices::new(members(&[1, 2]));
@@ -267,10 +307,10 @@ mod tests {
         let mut pauses = Vec::new();
         let mut now = start;
         for _ in 0..10 {
+            assert_eq!(notices.take_due(now).len(), 1);
             notices.failed(2, now);
             let next = notices.next_attempt().unwrap();
-            assert!(notices.due(now).is_empty());
-            assert_eq!(notices.due(next).len(), 1);
+            assert!(notices.take_due(now).is_empty());
             pauses.push(next - now);
             now = next;
         }

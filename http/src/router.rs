@@ -76,7 +76,8 @@ fn admin_routes() -> Router<AppState> {
         .route_layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
-/// The complete router of a node.
+/// The complete router of a node. It answers requests only: the leader's notices to the nodes
+/// a membership change removed come from [`crate::removal_notices::run`], spawned beside it.
 pub fn router(state: AppState) -> Router {
     let app = routes(state);
     // A replay whose path an HTTP client would have changed comes with the path in a header;

@@ -5,9 +5,10 @@ use meta_consensus::{Node, Role};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use crate::common::wait_for;
+use crate::common::{wait_for, DEADLINE};
 use crate::helpers::{
-    start, start_alone, start_at, start_cluster, start_cluster_without_notices, the_leader, Client,
+    served_with, start, start_alone, start_at, start_cluster, start_cluster_without_notices,
+    the_leader, Client,
 };
 
 /// A follower removed from the voters learns it from the members' answers to its vote
@@ -147,13 +148,56 @@ async fn a_learner_down_when_removed_is_told_once_back() {
 
     leader.node.remove_learner(4).await.unwrap();
     let back = start_at(4, &dir, &addr).await;
-    assert_eq!(back.node.status().role, Role::Learner);
     wait_for(
         || back.node.status().role == Role::Removed,
         "the learner is told once back",
     )
     .await;
     for server in servers.values().chain([&back]) {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// A process that holds no cluster's data, started at a removed node's address with its id
+/// (its data dir was wiped), refuses the notice meant for the member that was there: it
+/// neither takes this cluster's id from it nor calls itself removed, and may still join
+/// another cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_at_a_removed_address_refuses_the_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let learner = start(4, &dir).await;
+    let addr = learner.addr.clone();
+    let leader = the_leader(&servers);
+    leader
+        .node
+        .add_learner(4, Node::new(addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+    learner.stop().await;
+    leader.node.remove_learner(4).await.unwrap();
+
+    let wiped = tempfile::tempdir().unwrap();
+    let fresh = start_at(4, &wiped, &addr).await;
+    let client = Client::new();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    // Answered either way: refused (409), or taken (204).
+    let notices = |status| served_with(&client, &fresh, "POST", "/raft/removed", status);
+    while notices(409).await + notices(204).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never sent its notice"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(fresh.node.cluster_id(), None);
+    assert_ne!(fresh.node.status().role, Role::Removed);
+    for server in servers.values().chain([&fresh]) {
         server.node.shutdown().await.unwrap();
     }
 }
