@@ -60,6 +60,11 @@ pub struct Liveness {
     term: Option<(u64, Instant)>,
     /// Datanode id -> the newest incarnation heard.
     heard: HashMap<u64, Heard>,
+    /// Datanode id -> how many registrations of it this leader proposed and openraft has not
+    /// answered yet. A registration is applied, and so read, a moment before its proposer
+    /// hears of it and records it ([`Liveness::registered`]); meanwhile the datanode is
+    /// `unknown`, not `down`.
+    proposing: HashMap<u64, usize>,
 }
 
 /// The heartbeat last heard of one datanode, or its registration.
@@ -81,6 +86,7 @@ impl Liveness {
             timeout,
             term: None,
             heard: HashMap::new(),
+            proposing: HashMap::new(),
         }
     }
 
@@ -95,6 +101,7 @@ impl Liveness {
         if self.term.map(|(t, _)| t) != Some(term) {
             self.term = Some((term, now));
             self.heard.clear();
+            self.proposing.clear();
         }
     }
 
@@ -144,6 +151,28 @@ impl Liveness {
         );
     }
 
+    /// This leader proposes a registration of datanode `id` in `term`: until
+    /// [`Liveness::proposed`], a datanode whose current incarnation it has no record of is
+    /// `unknown`, not `down` (the registration may be applied before it is recorded).
+    pub fn proposing(&mut self, term: u64, id: u64, now: Instant) {
+        self.lead(term, now);
+        *self.proposing.entry(id).or_default() += 1;
+    }
+
+    /// openraft answered a registration of datanode `id` that this leader proposed in `term`
+    /// (and, if it committed, the proposer recorded it). A term that ended meanwhile forgot it.
+    pub fn proposed(&mut self, term: u64, id: u64) {
+        if self.term.map(|(t, _)| t) != Some(term) {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.proposing.entry(id) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
     /// Forgets datanode `id`, which a read of the registry found unregistered, where the read
     /// saw every entry up to log index `seen_upto`. Only incarnations registered at or below
     /// it are forgotten: one registered later is not the one the read found gone.
@@ -189,6 +218,7 @@ impl Liveness {
             (Some(ago), _) if ago <= self.timeout => DatanodeState::Alive,
             (Some(_), _) => DatanodeState::Down,
             (None, Some(ago)) if ago <= self.timeout => DatanodeState::Unknown,
+            (None, _) if self.proposing.contains_key(&id) => DatanodeState::Unknown,
             (None, _) if collecting >= self.timeout => DatanodeState::Down,
             (None, _) => DatanodeState::Unknown,
         };
@@ -437,6 +467,39 @@ mod tests {
         l.forget(7, 90);
         assert_eq!(l.state(3, 7, 90, t0 + secs(1)).heard_ago, None);
         assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn a_registration_being_proposed_is_unknown_until_answered() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(3, 7, 100, t0);
+        let later = t0 + secs(30);
+        // Registered again at 200, applied, not yet recorded by its proposer: without the
+        // proposal it would read as down (no record of incarnation 200, collected long enough).
+        assert_eq!(l.state(3, 7, 200, later).state, DatanodeState::Down);
+        l.proposing(3, 7, later);
+        l.proposing(3, 7, later);
+        assert_eq!(l.state(3, 7, 200, later).state, DatanodeState::Unknown);
+        // Another datanode is not covered.
+        assert_eq!(l.state(3, 8, 150, later).state, DatanodeState::Down);
+        l.proposed(3, 7);
+        assert_eq!(l.state(3, 7, 200, later).state, DatanodeState::Unknown);
+        l.registered(3, 7, 200, later);
+        l.proposed(3, 7);
+        assert!(l.proposing.is_empty());
+        assert_eq!(l.state(3, 7, 200, later).state, DatanodeState::Unknown);
+        assert_eq!(
+            l.state(3, 7, 200, later + secs(11)).state,
+            DatanodeState::Down
+        );
+        // An answer from a term that ended changes nothing in the new one.
+        l.proposing(3, 9, later);
+        l.collecting(4, later);
+        assert!(l.proposing.is_empty());
+        l.proposing(4, 9, later);
+        l.proposed(3, 9);
+        assert_eq!(l.proposing.get(&9), Some(&1));
     }
 
     #[test]

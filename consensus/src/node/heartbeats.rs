@@ -34,6 +34,23 @@ impl MetaNode {
         })
     }
 
+    /// Marks a registration of datanode `id` as proposed by this node, if it leads: until the
+    /// returned guard is dropped (once openraft answered it, after
+    /// [`MetaNode::note_registration`]), the liveness report calls the datanode `unknown`
+    /// rather than `down` when it has no record of its current incarnation.
+    pub(super) fn proposing_registration(&self, id: u64) -> Option<ProposedRegistration> {
+        let term = self.leader_view()?.current_term;
+        self.inner
+            .liveness
+            .lock()
+            .proposing(term, id, Instant::now());
+        Some(ProposedRegistration {
+            node: self.clone(),
+            term,
+            id,
+        })
+    }
+
     /// Records, on the leader that wrote it in `term`, the registration of datanode `id` at log
     /// index `index`: that incarnation is `unknown`, not `down`, for a timeout unless a
     /// heartbeat comes.
@@ -90,5 +107,19 @@ impl MetaNode {
     /// finds unregistered has no incarnation registered at or below it.
     fn applied_before_read(&self) -> u64 {
         self.inner.sm.applied().0.map_or(0, |l| l.index)
+    }
+}
+
+/// A registration a leader proposed and openraft has not answered yet
+/// ([`MetaNode::proposing_registration`]).
+pub(super) struct ProposedRegistration {
+    node: MetaNode,
+    term: u64,
+    id: u64,
+}
+
+impl Drop for ProposedRegistration {
+    fn drop(&mut self) {
+        self.node.inner.liveness.lock().proposed(self.term, self.id);
     }
 }

@@ -339,8 +339,15 @@ impl MetaNode {
         // when this caller gives up (`uncancelled.rs`): a write that timed out holds its room
         // until openraft answers it (else retries let unbounded work in exactly when the
         // window matters), and a registration that commits after its caller gave up is still
-        // recorded (else the datanode read as down).
-        let room = std::sync::Arc::new(room);
+        // recorded (else the datanode read as down). A registration is marked proposed until
+        // then: it is applied, and read, a moment before it is recorded.
+        let proposed = match &cmd {
+            Command::RegisterDatanode { id, .. } | Command::RegisterDatanodeAtLeast { id, .. } => {
+                self.proposing_registration(*id)
+            }
+            _ => None,
+        };
+        let room = std::sync::Arc::new((room, proposed));
         let r = self
             .leader_call(|raft| {
                 let cmd = cmd.clone();
