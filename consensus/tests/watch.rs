@@ -1,7 +1,8 @@
 //! Watching the registry on a three-node in-process cluster: every member reports the same
 //! changes under the same log indexes, a long poll wakes on a write, a linearizable start
-//! covers every write before it, and a member that restarted refuses an index it no longer
-//! knows the changes after.
+//! covers every write before it, a member that restarted refuses an index it no longer
+//! knows the changes after, and a member that cannot catch up neither makes a long poll
+//! outlast its wait nor holds a closing node's watches.
 
 mod common;
 
@@ -226,5 +227,70 @@ async fn a_restarted_member_refuses_an_index_it_no_longer_knows_the_changes_afte
         got.events.iter().any(|e| e.index == w2.index),
         "{got:?} misses {w2:?}"
     );
+    c.shutdown().await
+}
+
+/// A member cut off from the leader, with a read index it cannot reach, and the index its
+/// own feed is at.
+async fn cut_off_member(c: &Cluster, l: &MetaNode) -> Result<(MetaNode, u64, u64)> {
+    let f = follower(c, l);
+    let at = f
+        .watch(None, 0, ChangeFilter::All, 100, Duration::ZERO)
+        .await?
+        .index;
+    c.router.isolate(f.id());
+    l.write(put("unseen")).await?;
+    let read_index = l.read_index(Consistency::Linearizable).await?;
+    ensure!(read_index > at, "the write did not move the read index");
+    Ok((f, at, read_index))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_a_member_that_cannot_catch_up_answers_within_its_wait() -> Result<()> {
+    // The request timeout, which bounds the wait to apply, is far longer than the test's bound.
+    let c = Cluster::three_tuned(|cfg| cfg.request_timeout = Duration::from_secs(600)).await?;
+    let l = c.leader().await?;
+    let (f, at, read_index) = cut_off_member(&c, &l).await?;
+    let poll = f.watch(
+        Some(at),
+        read_index,
+        ChangeFilter::All,
+        100,
+        Duration::from_millis(200),
+    );
+    let page = tokio::time::timeout(WAIT, poll)
+        .await
+        .context("a long poll outlasted its wait by far")??;
+    ensure!(
+        page.events.is_empty() && page.index >= at && page.index < read_index,
+        "a member behind the read index answered {page:?}"
+    );
+    c.router.heal_all();
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_member_answers_a_watch_that_waits_to_catch_up_at_once() -> Result<()> {
+    let c = Cluster::three_tuned(|cfg| cfg.request_timeout = Duration::from_secs(600)).await?;
+    let l = c.leader().await?;
+    let (f, at, read_index) = cut_off_member(&c, &l).await?;
+    let parked = {
+        let f = f.clone();
+        // No wait of its own: it waits to apply for the whole request timeout.
+        tokio::spawn(async move {
+            f.watch(Some(at), read_index, ChangeFilter::All, 100, Duration::ZERO)
+                .await
+        })
+    };
+    // The closing is what ends its wait: a node that stops drains its requests first.
+    f.begin_close();
+    let answered = tokio::time::timeout(WAIT, parked)
+        .await
+        .context("a closing node kept a watch waiting to catch up")??;
+    ensure!(
+        matches!(answered, Err(Error::Shutdown)),
+        "a closing node answered {answered:?}"
+    );
+    c.router.heal_all();
     c.shutdown().await
 }

@@ -18,12 +18,16 @@ impl MetaNode {
     /// Contract: when `read_index` is above 0 (a read index from [`MetaNode::read_index`],
     /// possibly the leader's), it first waits until this node applied it, so the answer
     /// covers every change committed before the read index was taken ([`Error::Timeout`] if
-    /// that takes longer than the request timeout). Every change after `after` up to the
+    /// that takes longer than the request timeout). A long poll (`after` given, `wait` not
+    /// zero) is the exception: `wait` bounds the whole call, the wait to apply included, and a
+    /// member still behind the read index when it runs out answers what it has applied (its
+    /// answer's index then says how far it covers). Every change after `after` up to the
     /// returned index that `filter` wants is in the answer or in those after it. The events
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
     /// (or never kept: a restart, a snapshot install) the changes after `after`;
     /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to
-    /// close ([`MetaNode::begin_close`]) it answers at once.
+    /// close ([`MetaNode::begin_close`]) it answers at once, [`Error::Shutdown`] while it
+    /// still waits to apply.
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -33,10 +37,23 @@ impl MetaNode {
         wait: Duration,
     ) -> Result<ChangeBatch> {
         self.check_open()?;
+        // The wait counts from the call: a member that must first catch up does not make a
+        // long poll outlast what its client (or a proxy in between) waits for.
+        let deadline = Instant::now() + wait;
         let feed = &self.inner.sm.feed;
         if read_index > feed.applied() {
-            self.wait_applied(read_index, self.inner.cfg.request_timeout)
-                .await?;
+            let timeout = self.inner.cfg.request_timeout;
+            let long_poll = after.is_some() && !wait.is_zero() && wait < timeout;
+            let applied = tokio::select! {
+                applied = self.wait_applied(read_index, if long_poll { wait } else { timeout }) => applied,
+                _ = self.closing() => Err(Error::Shutdown),
+            };
+            match applied {
+                Ok(()) => {}
+                // Out of time: answer what this member applied.
+                Err(Error::Timeout) if long_poll => {}
+                Err(e) => return Err(e),
+            }
         }
         let Some(mut after) = after else {
             return Ok(ChangeBatch {
@@ -54,7 +71,6 @@ impl MetaNode {
                  again); read the state again and watch from a fresh index"
             )));
         }
-        let deadline = Instant::now() + wait;
         loop {
             let batch = feed
                 .read(after, &filter, limit)

@@ -19,6 +19,9 @@ pub async fn watch(
     State(state): State<AppState>,
     Query(query): Query<WatchQuery>,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
+    // The wait counts from the request's arrival: asking the leader for its read index is part
+    // of it, so that a long poll never outlasts what its client (or a proxy) waits for.
+    let arrived = std::time::Instant::now();
     let req = query.validate()?;
     // Only a watch that may wait holds a slot; one that answers at once needs none.
     let _slot = if req.wait.is_zero() || req.after.is_none() {
@@ -33,15 +36,29 @@ pub async fn watch(
         })?;
         Some(slot)
     };
-    let read_index = state
-        .follower_reads
-        // Watches are never replayed at the leader: a read index in the request's headers is
-        // not ours, and is not trusted.
-        .read_index_for(&state.node, req.consistency.into(), ReplayedReadIndex(None))
-        .await?;
+    // Watches are never replayed at the leader: a read index in the request's headers is not
+    // ours, and is not trusted. A node that begins to close answers at once.
+    let read_index = state.follower_reads.read_index_for(
+        &state.node,
+        req.consistency.into(),
+        ReplayedReadIndex(None),
+    );
+    let read_index = tokio::select! {
+        read_index = read_index => read_index?,
+        _ = state.node.closing() => return Err(meta_consensus::Error::Shutdown.into()),
+    };
+    // A long poll stays one (at least a moment's wait), so a member behind the read index
+    // answers what it has rather than taking the whole request timeout to catch up.
+    let wait = match req.wait.is_zero() {
+        true => req.wait,
+        false => req
+            .wait
+            .saturating_sub(arrived.elapsed())
+            .max(std::time::Duration::from_millis(1)),
+    };
     let batch = state
         .node
-        .watch(req.after, read_index, req.filter, req.limit, req.wait)
+        .watch(req.after, read_index, req.filter, req.limit, wait)
         .await?;
     Ok(axum::Json(WatchPage {
         index: batch.index,
