@@ -26,8 +26,8 @@ impl MetaNode {
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
     /// (or never kept: a restart, a snapshot install) the changes after `after`;
     /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to
-    /// close ([`MetaNode::begin_close`]) it answers at once, [`Error::Shutdown`] while it
-    /// still waits to apply.
+    /// close ([`MetaNode::begin_close`]) it answers at once, with what it applied if it was
+    /// still waiting to apply (without `after`: [`Error::Shutdown`]).
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -50,8 +50,9 @@ impl MetaNode {
             };
             match applied {
                 Ok(()) => {}
-                // Out of time: answer what this member applied.
+                // Out of time, or closing: answer what this member applied.
                 Err(Error::Timeout) if long_poll => {}
+                Err(Error::Shutdown) if after.is_some() && feed.closed() => {}
                 Err(e) => return Err(e),
             }
         }

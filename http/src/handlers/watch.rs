@@ -37,7 +37,8 @@ pub async fn watch(
         Some(slot)
     };
     // Watches are never replayed at the leader: a read index in the request's headers is not
-    // ours, and is not trusted. A node that begins to close answers at once.
+    // ours, and is not trusted. A node that begins to close answers at once: a long poll with
+    // what this member applied (the page's index says how far that covers), a start with 503.
     let read_index = state.follower_reads.read_index_for(
         &state.node,
         req.consistency.into(),
@@ -45,7 +46,10 @@ pub async fn watch(
     );
     let read_index = tokio::select! {
         read_index = read_index => read_index?,
-        _ = state.node.closing() => return Err(meta_consensus::Error::Shutdown.into()),
+        _ = state.node.closing() => match req.after {
+            Some(_) => 0,
+            None => return Err(meta_consensus::Error::Shutdown.into()),
+        },
     };
     // A long poll stays one (at least a moment's wait), so a member behind the read index
     // answers what it has rather than taking the whole request timeout to catch up.
