@@ -57,6 +57,7 @@ impl Writer {
         let decodable = self.node.cluster_version() >= cmd.required_version();
         match self.node.route(&cmd)? {
             Some((leader_id, addr)) if !self.forwarded && decodable => {
+                let started = tokio::time::Instant::now();
                 let term = self.node.term();
                 let sent = self
                     .batcher
@@ -67,8 +68,15 @@ impl Writer {
                 };
                 // The leader this node knew did nothing with the write (it no longer leads, or
                 // could not be reached: a hand-over, a crash): it goes once more, to the leader
-                // this node learns of next, within two election timeouts.
-                let within = self.node.config().election_timeout() * 2;
+                // this node learns of next, within what is left of the request timeout (at
+                // least two election timeouts): a failover that ends in time costs the client
+                // a slower answer, not an error. A crashed leader is noticed only after an
+                // election timeout, and a split vote takes another.
+                let cfg = self.node.config();
+                let within = cfg
+                    .request_timeout
+                    .saturating_sub(started.elapsed())
+                    .max(cfg.election_timeout() * 2);
                 match self.node.next_leader(leader_id, term, within).await {
                     Some(Some((leader_id, addr))) => {
                         self.batcher.send(ForwardTo { leader_id, addr }, cmd).await

@@ -58,7 +58,7 @@ async fn an_unreachable_peer_is_retried_with_backoff() {
 
 /// A write sent to a follower whose leader just stopped is not refused: the stopped leader did
 /// nothing with it (its port is closed), so the follower sends it on to the leader elected
-/// next, within two election timeouts, and the client gets its answer.
+/// next, within what is left of the request timeout, and the client gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     let dir = tempfile::tempdir().unwrap();
