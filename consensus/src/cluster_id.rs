@@ -32,6 +32,19 @@ struct Inner {
     recording: Mutex<()>,
 }
 
+/// The name of cluster `id`'s history that the API shows (a watch page carries it, and a
+/// watcher that resumes gives it back): 16 hex digits of a digest, which do not give the id
+/// away. Indexes of another cluster's history (one restored from a backup counts from 1 again)
+/// mean nothing here.
+pub fn history_name(id: u64) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new()
+        .chain_update(b"metaserver change history\0")
+        .chain_update(id.to_be_bytes())
+        .finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl ClusterId {
     /// The id, or `None` while the node belongs to no cluster it knows of.
     pub fn get(&self) -> Option<u64> {
@@ -102,6 +115,21 @@ impl ClusterId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_history_name_is_fixed_per_cluster_and_hides_the_id() {
+        let name = history_name(0x1234_5678_9abc_def0);
+        assert_eq!(name, history_name(0x1234_5678_9abc_def0));
+        assert_eq!(name.len(), 16);
+        assert!(name
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(name, history_name(0x1234_5678_9abc_def1));
+        assert!(!name.contains("123456789abcdef0"));
+        // A fixed value: members of different builds must name one history alike, and a
+        // watcher keeps the name across upgrades.
+        assert_eq!(history_name(1), "303e6f2145f7fb2f");
+    }
 
     #[test]
     fn an_id_is_adopted_once_and_kept_across_opens() {

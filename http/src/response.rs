@@ -298,6 +298,11 @@ pub struct HealthView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WatchPage {
     pub index: u64,
+    /// The name of the history `index` counts in: give it back with the next watch
+    /// (`history=`), so that an index of another cluster (one restored from a backup) is
+    /// refused rather than taken as this one's. `None` on a node of no cluster.
+    #[serde(default)]
+    pub history: Option<String>,
     pub events: Vec<EventView>,
 }
 

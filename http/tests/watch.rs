@@ -1,6 +1,7 @@
 //! `GET /v1/watch` against a real single-node `MetaNode`: the starting index, the events of
 //! every kind with their JSON shape, filters, paging, a long poll woken by a write, the
-//! compacted answer, and a stopping node answering its waiting watches.
+//! compacted answer, the history a page names, and a stopping node answering its waiting
+//! watches.
 
 mod common;
 
@@ -258,4 +259,53 @@ async fn watches_past_the_waiting_slots_are_refused_and_the_rest_pass() {
     .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.json()["index"].as_u64(), Some(index));
+}
+
+/// A page names the history its index counts in; a watch that gives it back goes on, one that
+/// names another history (an index of another cluster, or of one restored from a backup) is
+/// told its index means nothing here, and a name that is none is refused.
+#[tokio::test]
+async fn a_watch_from_another_history_is_told_its_index_means_nothing_here() {
+    let t = leader_node(None).await;
+    let a = t.get("/v1/watch").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let page = a.json();
+    let history = page["history"].as_str().expect("a page names its history");
+    assert_eq!(Some(history.to_string()), t.node.history_name());
+    let from = page["index"].as_u64().unwrap();
+
+    let same = t
+        .get(&format!(
+            "/v1/watch?after={from}&history={history}&wait_ms=0"
+        ))
+        .await;
+    assert_eq!(same.status, StatusCode::OK, "{same:?}");
+    assert_eq!(same.json()["history"], history);
+
+    let other = meta_consensus::history_name(t.node.cluster_id().unwrap() ^ 1);
+    let gone = t
+        .get(&format!("/v1/watch?after={from}&history={other}&wait_ms=0"))
+        .await;
+    assert_eq!(gone.status, StatusCode::GONE, "{gone:?}");
+    assert_eq!(gone.json()["error"]["code"], "compacted");
+    assert!(
+        gone.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not this cluster's history"),
+        "{gone:?}"
+    );
+
+    for bad in [
+        "xyz",
+        "303E6F2145F7FB2F",
+        "303e6f2145f7fb2",
+        "303e6f2145f7fb2f0",
+    ] {
+        let a = t
+            .get(&format!("/v1/watch?after={from}&history={bad}&wait_ms=0"))
+            .await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{bad}: {a:?}");
+        assert_eq!(a.json()["error"]["code"], "invalid_argument", "{bad}");
+    }
 }

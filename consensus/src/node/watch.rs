@@ -97,6 +97,12 @@ impl MetaNode {
         self.inner.closing.send_replace(true);
     }
 
+    /// The name of the history this node's log indexes count ([`crate::history_name`] of its
+    /// cluster id); `None` while it belongs to no cluster.
+    pub fn history_name(&self) -> Option<String> {
+        self.cluster_id().map(crate::history_name)
+    }
+
     /// Resolves once [`MetaNode::begin_close`] was called (at once if it was).
     pub async fn closing(&self) {
         let mut rx = self.inner.closing.subscribe();

@@ -14,7 +14,7 @@ use crate::request::WatchQuery;
 use crate::response::{ChangeView, EventView, WatchPage};
 use crate::state::AppState;
 
-/// `GET /v1/watch?after=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
+/// `GET /v1/watch?after=&history=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
 pub async fn watch(
     State(state): State<AppState>,
     Query(query): Query<WatchQuery>,
@@ -23,6 +23,19 @@ pub async fn watch(
     // of it, so that a long poll never outlasts what its client (or a proxy) waits for.
     let arrived = std::time::Instant::now();
     let req = query.validate()?;
+    let history = state.node.history_name();
+    if let Some(theirs) = &req.history {
+        if history.as_ref() != Some(theirs) {
+            return Err(ApiError::Compacted(format!(
+                "history={theirs} is not this cluster's history ({}): its indexes mean nothing \
+                 here (a cluster restored from a backup counts them again); read the state \
+                 again and watch from a fresh index",
+                history
+                    .as_deref()
+                    .unwrap_or("none: this node belongs to no cluster")
+            )));
+        }
+    }
     // Only a watch that may wait holds a slot; one that answers at once needs none.
     let _slot = if req.wait.is_zero() || req.after.is_none() {
         None
@@ -66,6 +79,7 @@ pub async fn watch(
         .await?;
     Ok(axum::Json(WatchPage {
         index: batch.index,
+        history,
         events: batch.events.into_iter().map(view).collect(),
     }))
 }

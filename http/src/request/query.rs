@@ -107,12 +107,18 @@ pub struct WatchQuery {
     pub wait_ms: Option<u64>,
     /// `linearizable` (default), `lease` or `local`.
     pub consistency: Option<String>,
+    /// The history `after` counts in (the `history` of the page it came from): refused with
+    /// 410 if this cluster's is another (a cluster restored from a backup counts from 1
+    /// again, so an old index would skip its changes silently).
+    pub history: Option<String>,
 }
 
 /// A validated watch request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchRequest {
     pub after: Option<u64>,
+    /// The history `after` counts in, 16 lowercase hex digits, if the client said.
+    pub history: Option<String>,
     pub filter: ChangeFilter,
     pub limit: usize,
     pub wait: std::time::Duration,
@@ -281,8 +287,24 @@ impl WatchQuery {
                 format!("wait_ms must be at most {MAX_WATCH_WAIT_MS}, not {wait_ms}"),
             ));
         }
+        if let Some(history) = &self.history {
+            let valid = history.len() == 16
+                && history
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !valid {
+                return Err(ApiError::invalid(
+                    "invalid_argument",
+                    format!(
+                        "history={history:?} is not a history name (16 lowercase hex digits, \
+                         the `history` of a watch page)"
+                    ),
+                ));
+            }
+        }
         Ok(WatchRequest {
             after: self.after,
+            history: self.history,
             filter,
             limit,
             wait: std::time::Duration::from_millis(wait_ms),
