@@ -10,10 +10,20 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use common::{addr, Cluster, WAIT};
-use meta_consensus::{Command, DatanodeState, Error, Node};
+use meta_consensus::{Command, DatanodeState, Error, MetaNode, Node};
 use meta_store::fs::FaultyFileSystem;
+
+/// Waits until no write holds room in `node`'s admission window: openraft answered them all.
+async fn window_empties(node: &MetaNode, what: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + WAIT;
+    while node.pending_shards() != 0 {
+        ensure!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_timed_out_keeps_its_room_until_openraft_answers_it() -> Result<()> {
@@ -49,14 +59,7 @@ async fn a_write_that_timed_out_keeps_its_room_until_openraft_answers_it() -> Re
     );
 
     // Once it commits, openraft answers it and its room is free again.
-    let deadline = std::time::Instant::now() + WAIT;
-    while node.pending_shards() != 0 {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the committed write still holds its room"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    window_empties(&node, "the committed write still holds its room").await?;
     c.shutdown().await
 }
 
@@ -99,25 +102,13 @@ async fn a_registration_that_commits_after_its_caller_gave_up_gets_its_grace() -
     // Once openraft answers it (its room in the window is free again: the answer came after
     // the registration was applied), the new incarnation is `unknown` for a timeout, not
     // `down`.
-    let deadline = std::time::Instant::now() + WAIT;
-    while node.pending_shards() != 0 {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the registration was never answered"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let liveness = loop {
-        let report = node.liveness().await?;
-        if let Some((_, l)) = report.datanodes.iter().find(|(d, _)| d.id == 7) {
-            break *l;
-        }
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the registration never committed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    window_empties(&node, "the registration was never answered").await?;
+    let report = node.liveness().await?;
+    let (_, liveness) = report
+        .datanodes
+        .iter()
+        .find(|(d, _)| d.id == 7)
+        .context("the registration never committed")?;
     ensure!(
         liveness.state == DatanodeState::Unknown,
         "a datanode registered a moment ago is {:?}",

@@ -229,6 +229,22 @@ pub async fn start_alone(dir: &TempDir) -> Server {
     leader
 }
 
+/// Adds `learner` to `leader`'s cluster as a learner (on the node, past the HTTP handler), and
+/// waits until it knows it is one.
+pub async fn join_as_learner(leader: &Server, learner: &Server) {
+    let node = Node::new(learner.addr.clone());
+    leader
+        .node
+        .add_learner(learner.node.id(), node)
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().role == Role::Learner,
+        "the learner joins",
+    )
+    .await;
+}
+
 /// The server whose node leads.
 pub fn the_leader(servers: &BTreeMap<u64, Server>) -> &Server {
     servers

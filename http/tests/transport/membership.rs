@@ -7,8 +7,8 @@ use tokio::net::TcpListener;
 
 use crate::common::{wait_for, DEADLINE};
 use crate::helpers::{
-    served_with, start, start_alone, start_at, start_cluster, start_cluster_without_notices,
-    the_leader, Client,
+    join_as_learner, served_with, start, start_alone, start_at, start_cluster,
+    start_cluster_without_notices, the_leader, Client, Server,
 };
 
 /// A follower removed from the voters learns it from the members' answers to its vote
@@ -124,29 +124,27 @@ async fn a_removed_learner_is_told_by_the_leader() {
     }
 }
 
+/// Starts a three-node cluster and learner 4, stops the learner, and removes it (on the node,
+/// so no request handler tells it). Returns the cluster and the learner's address.
+async fn remove_a_learner_while_it_is_down(
+    dir: &tempfile::TempDir,
+) -> (std::collections::BTreeMap<u64, Server>, String) {
+    let servers = start_cluster(dir).await;
+    let learner = start(4, dir).await;
+    let addr = learner.addr.clone();
+    let leader = the_leader(&servers);
+    join_as_learner(leader, &learner).await;
+    learner.stop().await;
+    leader.node.remove_learner(4).await.unwrap();
+    (servers, addr)
+}
+
 /// A learner that is down when it is removed is told once it is back at its address: the
-/// leader keeps trying, instead of leaving it to report itself a learner for ever. The change
-/// is made on the node, so no request handler is what tells it.
+/// leader keeps trying, instead of leaving it to report itself a learner for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_down_when_removed_is_told_once_back() {
     let dir = tempfile::tempdir().unwrap();
-    let servers = start_cluster(&dir).await;
-    let learner = start(4, &dir).await;
-    let addr = learner.addr.clone();
-    let leader = the_leader(&servers);
-    leader
-        .node
-        .add_learner(4, Node::new(addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || learner.node.status().role == Role::Learner,
-        "the learner joins",
-    )
-    .await;
-    learner.stop().await;
-
-    leader.node.remove_learner(4).await.unwrap();
+    let (servers, addr) = remove_a_learner_while_it_is_down(&dir).await;
     let back = start_at(4, &dir, &addr).await;
     wait_for(
         || back.node.status().role == Role::Removed,
@@ -165,23 +163,7 @@ async fn a_learner_down_when_removed_is_told_once_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_process_at_a_removed_address_refuses_the_notice() {
     let dir = tempfile::tempdir().unwrap();
-    let servers = start_cluster(&dir).await;
-    let learner = start(4, &dir).await;
-    let addr = learner.addr.clone();
-    let leader = the_leader(&servers);
-    leader
-        .node
-        .add_learner(4, Node::new(addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || learner.node.status().role == Role::Learner,
-        "the learner joins",
-    )
-    .await;
-    learner.stop().await;
-    leader.node.remove_learner(4).await.unwrap();
-
+    let (servers, addr) = remove_a_learner_while_it_is_down(&dir).await;
     let wiped = tempfile::tempdir().unwrap();
     let fresh = start_at(4, &wiped, &addr).await;
     let client = Client::new();
@@ -277,16 +259,7 @@ async fn a_member_moves_to_a_new_address() {
     let dir = tempfile::tempdir().unwrap();
     let leader = start_alone(&dir).await;
     let learner = start(2, &dir).await;
-    leader
-        .node
-        .add_learner(2, Node::new(learner.addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || learner.node.status().role == Role::Learner,
-        "the learner joins",
-    )
-    .await;
+    join_as_learner(&leader, &learner).await;
     let client = Client::new();
 
     // While node 2 still answers at its old address, no other process is taken for it, even
