@@ -12,7 +12,7 @@ use anyhow::{bail, ensure, Context, Result};
 use common::{Cluster, WAIT};
 use meta_consensus::{
     Change, ChangeBatch, ChangeFilter, Command, CommandResult, Consistency, Error, MetaNode,
-    ShardReport,
+    NodeConfig, ShardReport,
 };
 
 fn shard(id: u64) -> ShardReport {
@@ -245,19 +245,13 @@ async fn cut_off_member(c: &Cluster, l: &MetaNode) -> Result<(MetaNode, u64, u64
     Ok((f, at, read_index))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_poll_on_a_member_that_cannot_catch_up_answers_within_its_wait() -> Result<()> {
-    // The request timeout, which bounds the wait to apply, is far longer than the test's bound.
-    let c = Cluster::three_tuned(|cfg| cfg.request_timeout = Duration::from_secs(600)).await?;
+/// A long poll of `wait` on a member that cannot apply the read index, in a cluster `tune`d:
+/// it answers in time, with what the member applied.
+async fn long_poll_on_a_cut_off_member(tune: fn(&mut NodeConfig), wait: Duration) -> Result<()> {
+    let c = Cluster::three_tuned(tune).await?;
     let l = c.leader().await?;
     let (f, at, read_index) = cut_off_member(&c, &l).await?;
-    let poll = f.watch(
-        Some(at),
-        read_index,
-        ChangeFilter::All,
-        100,
-        Duration::from_millis(200),
-    );
+    let poll = f.watch(Some(at), read_index, ChangeFilter::All, 100, wait);
     let page = tokio::time::timeout(WAIT, poll)
         .await
         .context("a long poll outlasted its wait by far")??;
@@ -267,6 +261,21 @@ async fn a_long_poll_on_a_member_that_cannot_catch_up_answers_within_its_wait() 
     );
     c.router.heal_all();
     c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_a_member_that_cannot_catch_up_answers_within_its_wait() -> Result<()> {
+    // The request timeout, which bounds the wait to apply, is far longer than the test's bound.
+    let tune = |cfg: &mut NodeConfig| cfg.request_timeout = Duration::from_secs(600);
+    long_poll_on_a_cut_off_member(tune, Duration::from_millis(200)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_longer_than_the_request_timeout_answers_what_the_member_applied() -> Result<()>
+{
+    // The wait to apply ends with the request timeout; the poll goes on with what it has.
+    let tune = |cfg: &mut NodeConfig| cfg.request_timeout = Duration::from_secs(1);
+    long_poll_on_a_cut_off_member(tune, Duration::from_millis(2500)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

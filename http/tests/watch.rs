@@ -309,3 +309,17 @@ async fn a_watch_from_another_history_is_told_its_index_means_nothing_here() {
         assert_eq!(a.json()["error"]["code"], "invalid_argument", "{bad}");
     }
 }
+
+/// A node that knows no cluster yet (a member added a moment ago learns its id from the
+/// leader's first message) does not call a watcher's history another one: it answers 503, and
+/// the watcher keeps its state and retries.
+#[tokio::test]
+async fn a_node_of_no_cluster_yet_asks_a_watcher_to_retry() {
+    let t = common::open_node(None).await;
+    assert_eq!(t.node.history_name(), None);
+    let a = t
+        .get("/v1/watch?after=5&history=303e6f2145f7fb2f&wait_ms=0")
+        .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert!(a.headers.contains_key("retry-after"), "{a:?}");
+}

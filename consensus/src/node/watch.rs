@@ -20,8 +20,8 @@ impl MetaNode {
     /// covers every change committed before the read index was taken ([`Error::Timeout`] if
     /// that takes longer than the request timeout). A long poll (`after` given, `wait` not
     /// zero) is the exception: `wait` bounds the whole call, the wait to apply included, and a
-    /// member still behind the read index when it runs out answers what it has applied (its
-    /// answer's index then says how far it covers). Every change after `after` up to the
+    /// member still behind the read index when it runs out (or after the request timeout)
+    /// answers what it has applied (its answer's index then says how far it covers). Every change after `after` up to the
     /// returned index that `filter` wants is in the answer or in those after it. The events
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
     /// (or never kept: a restart, a snapshot install) the changes after `after`;
@@ -43,14 +43,20 @@ impl MetaNode {
         let feed = &self.inner.sm.feed;
         if read_index > feed.applied() {
             let timeout = self.inner.cfg.request_timeout;
-            let long_poll = after.is_some() && !wait.is_zero() && wait < timeout;
+            let long_poll = after.is_some() && !wait.is_zero();
+            let patience = if long_poll {
+                wait.min(timeout)
+            } else {
+                timeout
+            };
             let applied = tokio::select! {
-                applied = self.wait_applied(read_index, if long_poll { wait } else { timeout }) => applied,
+                applied = self.wait_applied(read_index, patience) => applied,
                 _ = self.closing() => Err(Error::Shutdown),
             };
             match applied {
                 Ok(()) => {}
-                // Out of time, or closing: answer what this member applied.
+                // Out of time, or closing: answer what this member applied (a long poll
+                // longer than the request timeout waits on this member's feed for the rest).
                 Err(Error::Timeout) if long_poll => {}
                 Err(Error::Shutdown) if after.is_some() && feed.closed() => {}
                 Err(e) => return Err(e),

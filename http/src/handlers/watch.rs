@@ -21,18 +21,25 @@ pub async fn watch(
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     // The wait counts from the request's arrival: asking the leader for its read index is part
     // of it, so that a long poll never outlasts what its client (or a proxy) waits for.
-    let arrived = std::time::Instant::now();
+    let arrived = tokio::time::Instant::now();
     let req = query.validate()?;
     let history = state.node.history_name();
     if let Some(theirs) = &req.history {
-        if history.as_ref() != Some(theirs) {
+        let Some(ours) = &history else {
+            // Not ready (a member added a moment ago learns the cluster's id from the leader's
+            // first message), not another history: the watcher keeps its state and retries.
+            return Err(ApiError::Unavailable(
+                "this node does not know its cluster yet; retry in a moment, or at another \
+                 member"
+                    .into(),
+            ));
+        };
+        if ours != theirs {
             return Err(ApiError::Compacted(format!(
                 "history={theirs} is not this cluster's history ({}): its indexes mean nothing \
                  here (a cluster restored from a backup counts them again); read the state \
                  again and watch from a fresh index",
-                history
-                    .as_deref()
-                    .unwrap_or("none: this node belongs to no cluster")
+                ours
             )));
         }
     }
@@ -52,13 +59,22 @@ pub async fn watch(
     // Watches are never replayed at the leader: a read index in the request's headers is not
     // ours, and is not trusted. A node that begins to close answers at once: a long poll with
     // what this member applied (the page's index says how far that covers), a start with 503.
+    // A long poll whose wait runs out before the leader answers does the same.
     let read_index = state.follower_reads.read_index_for(
         &state.node,
         req.consistency.into(),
         ReplayedReadIndex(None),
     );
+    let long_poll = req.after.is_some() && !req.wait.is_zero();
+    let patience = async {
+        match long_poll {
+            true => tokio::time::sleep_until(arrived + req.wait).await,
+            false => std::future::pending().await,
+        }
+    };
     let read_index = tokio::select! {
         read_index = read_index => read_index?,
+        _ = patience => 0,
         _ = state.node.closing() => match req.after {
             Some(_) => 0,
             None => return Err(meta_consensus::Error::Shutdown.into()),
@@ -66,9 +82,9 @@ pub async fn watch(
     };
     // A long poll stays one (at least a moment's wait), so a member behind the read index
     // answers what it has rather than taking the whole request timeout to catch up.
-    let wait = match req.wait.is_zero() {
-        true => req.wait,
-        false => req
+    let wait = match long_poll {
+        false => req.wait,
+        true => req
             .wait
             .saturating_sub(arrived.elapsed())
             .max(std::time::Duration::from_millis(1)),
