@@ -95,10 +95,11 @@ impl Liveness {
         self.timeout
     }
 
-    /// Starts collecting afresh when `term` is not the term the record was collected in: a
-    /// leader of a new term (even this node again) knows nothing of the heartbeats before.
+    /// Starts collecting afresh when `term` is newer than the term the record was collected in:
+    /// a leader of a new term (even this node again) knows nothing of the heartbeats before. An
+    /// older term (a caller that read it just before the term changed) wipes nothing.
     fn lead(&mut self, term: u64, now: Instant) {
-        if self.term.map(|(t, _)| t) != Some(term) {
+        if self.term.is_none_or(|(t, _)| t < term) {
             self.term = Some((term, now));
             self.heard.clear();
             self.proposing.clear();
@@ -156,7 +157,10 @@ impl Liveness {
     /// `unknown`, not `down` (the registration may be applied before it is recorded).
     pub fn proposing(&mut self, term: u64, id: u64, now: Instant) {
         self.lead(term, now);
-        *self.proposing.entry(id).or_default() += 1;
+        // One of an older term would never be answered in this one (`proposed`).
+        if self.term.map(|(t, _)| t) == Some(term) {
+            *self.proposing.entry(id).or_default() += 1;
+        }
     }
 
     /// openraft answered a registration of datanode `id` that this leader proposed in `term`
@@ -500,6 +504,19 @@ mod tests {
         l.proposing(4, 9, later);
         l.proposed(3, 9);
         assert_eq!(l.proposing.get(&9), Some(&1));
+    }
+
+    #[test]
+    fn a_call_with_an_older_term_wipes_nothing() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(5, 7, 100, t0);
+        l.proposing(4, 8, t0 + secs(1));
+        l.heard(4, 9, 100, t0 + secs(1));
+        assert_eq!(l.collecting(5, t0 + secs(2)), secs(2));
+        assert_eq!(l.state(5, 7, 100, t0 + secs(2)).state, DatanodeState::Alive);
+        // Its answer, in term 4, would not count in term 5: it was never counted.
+        assert!(l.proposing.is_empty());
     }
 
     #[test]
