@@ -54,8 +54,10 @@ impl Watcher {
                     let url = format!("http://{addr}/v1/watch");
                     if let Ok(r) = http.get(&url).send().await {
                         if let Ok(v) = r.json::<Value>().await {
-                            if let Some(index) = v["index"].as_u64() {
-                                return Ok(Some(index));
+                            if let (Some(index), Some(history)) =
+                                (v["index"].as_u64(), v["history"].as_str())
+                            {
+                                return Ok(Some((index, history.to_string())));
                             }
                         }
                     }
@@ -64,12 +66,13 @@ impl Watcher {
             }
         })
         .await?;
+        let (start, history) = start;
         let stop = Arc::new(AtomicBool::new(false));
         let reached = Arc::new(AtomicU64::new(start));
         let task = tokio::spawn(follow(
             endpoints,
             http,
-            start,
+            (start, history),
             stop.clone(),
             reached.clone(),
         ));
@@ -104,7 +107,7 @@ impl Watcher {
 async fn follow(
     endpoints: Endpoints,
     http: reqwest::Client,
-    mut after: u64,
+    (mut after, history): (u64, String),
     stop: Arc<AtomicBool>,
     reached: Arc<AtomicU64>,
 ) -> Watched {
@@ -117,13 +120,21 @@ async fn follow(
             continue;
         }
         let (id, addr) = live[member % live.len()];
-        let url = format!("http://{addr}/v1/watch?after={after}&wait_ms={WAIT_MS}");
+        // The history the indexes count in goes along: every member names the same one.
+        let url =
+            format!("http://{addr}/v1/watch?after={after}&history={history}&wait_ms={WAIT_MS}");
         let answer = match http.get(&url).send().await {
             Ok(r) => (r.status().as_u16(), r.json::<Value>().await.ok()),
             Err(_) => (0, None),
         };
         match answer {
             (200, Some(v)) => {
+                if v["history"] != history.as_str() {
+                    watched.anomalies.push(format!(
+                        "node {id}: a page of history {} in history {history}",
+                        v["history"]
+                    ));
+                }
                 let events = v["events"].as_array().cloned().unwrap_or_default();
                 let mut last = after;
                 for e in events {
