@@ -95,11 +95,16 @@ impl Liveness {
         self.timeout
     }
 
+    /// The term the record is collected in, if any.
+    fn term_collected(&self) -> Option<u64> {
+        self.term.map(|(t, _)| t)
+    }
+
     /// Starts collecting afresh when `term` is newer than the term the record was collected in:
     /// a leader of a new term (even this node again) knows nothing of the heartbeats before. An
     /// older term (a caller that read it just before the term changed) wipes nothing.
     fn lead(&mut self, term: u64, now: Instant) {
-        if self.term.is_none_or(|(t, _)| t < term) {
+        if self.term_collected().is_none_or(|t| t < term) {
             self.term = Some((term, now));
             self.heard.clear();
             self.proposing.clear();
@@ -158,7 +163,7 @@ impl Liveness {
     pub fn proposing(&mut self, term: u64, id: u64, now: Instant) {
         self.lead(term, now);
         // One of an older term would never be answered in this one (`proposed`).
-        if self.term.map(|(t, _)| t) == Some(term) {
+        if self.term_collected() == Some(term) {
             *self.proposing.entry(id).or_default() += 1;
         }
     }
@@ -166,7 +171,7 @@ impl Liveness {
     /// openraft answered a registration of datanode `id` that this leader proposed in `term`
     /// (and, if it committed, the proposer recorded it). A term that ended meanwhile forgot it.
     pub fn proposed(&mut self, term: u64, id: u64) {
-        if self.term.map(|(t, _)| t) != Some(term) {
+        if self.term_collected() != Some(term) {
             return;
         }
         if let std::collections::hash_map::Entry::Occupied(mut e) = self.proposing.entry(id) {

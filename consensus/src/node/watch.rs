@@ -21,8 +21,9 @@ impl MetaNode {
     /// that takes longer than the request timeout). A long poll (`after` given, `wait` not
     /// zero) is the exception: `wait` bounds the whole call, the wait to apply included, and a
     /// member still behind the read index when it runs out (or after the request timeout)
-    /// answers what it has applied (its answer's index then says how far it covers). Every change after `after` up to the
-    /// returned index that `filter` wants is in the answer or in those after it. The events
+    /// answers what it has applied (its answer's index then says how far it covers). Every
+    /// change after `after` up to the returned index that `filter` wants is in the answer or
+    /// in those after it. The events
     /// are committed: they are never undone. [`Error::Compacted`] if this node no longer keeps
     /// (or never kept: a restart, a snapshot install) the changes after `after`;
     /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to

@@ -36,10 +36,9 @@ pub async fn watch(
         };
         if ours != theirs {
             return Err(ApiError::Compacted(format!(
-                "history={theirs} is not this cluster's history ({}): its indexes mean nothing \
+                "history={theirs} is not this cluster's history ({ours}): its indexes mean nothing \
                  here (a cluster restored from a backup counts them again); read the state \
-                 again and watch from a fresh index",
-                ours
+                 again and watch from a fresh index"
             )));
         }
     }
@@ -66,15 +65,9 @@ pub async fn watch(
         ReplayedReadIndex(None),
     );
     let long_poll = req.after.is_some() && !req.wait.is_zero();
-    let patience = async {
-        match long_poll {
-            true => tokio::time::sleep_until(arrived + req.wait).await,
-            false => std::future::pending().await,
-        }
-    };
     let read_index = tokio::select! {
         read_index = read_index => read_index?,
-        _ = patience => 0,
+        _ = tokio::time::sleep_until(arrived + req.wait), if long_poll => 0,
         _ = state.node.closing() => match req.after {
             Some(_) => 0,
             None => return Err(meta_consensus::Error::Shutdown.into()),
