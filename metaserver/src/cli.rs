@@ -218,7 +218,8 @@ pub struct RegisterArgs {
 /// `snapshot` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Build a snapshot on the member and download it to FILE (a backup).
+    /// Build a snapshot on the member and download it to FILE (a backup), verified before it
+    /// replaces FILE.
     Save {
         #[command(flatten)]
         client: ClientArgs,

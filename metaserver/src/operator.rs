@@ -435,7 +435,11 @@ async fn register_batches(
 }
 
 /// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
-/// file next to FILE, fsyncs it and renames it into place.
+/// file next to FILE, fsyncs it, verifies it as a restore would read it (every record, the
+/// counts and the checksum), and only then renames it into place and fsyncs the directory.
+///
+/// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
+/// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
 pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
     let built: Value = op
@@ -461,16 +465,41 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
         temp.write_all(&chunk)?;
     }
     temp.as_file().sync_all().context("syncing the snapshot")?;
+    // A download that is not a usable backup (a damaged snapshot on the member, or another
+    // server's page at the address) must not replace the last good one.
+    let path = temp.path().to_path_buf();
+    let scratch = dir.clone();
+    let verified =
+        tokio::task::spawn_blocking(move || meta_consensus::Backup::open(&path, &scratch))
+            .await
+            .context("the backup reader stopped")?
+            .with_context(|| {
+                format!(
+                    "the downloaded snapshot is not a usable backup; {} was left as it was",
+                    file.display()
+                )
+            })?;
+    let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
+    drop(verified);
     temp.persist(file)
         .with_context(|| format!("renaming the snapshot to {}", file.display()))?;
-    if let Ok(d) = std::fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| {
+            format!(
+                "syncing the directory {} after the rename: {} may not survive a power loss",
+                dir.display(),
+                file.display()
+            )
+        })?;
     println!(
         "{}",
         serde_json::json!({
             "file": file.display().to_string(),
             "bytes": bytes,
+            "index": index,
+            "replicas": replicas,
+            "keys": keys,
             "snapshot": built,
         })
     );
@@ -565,5 +594,42 @@ mod tests {
         );
         assert!(message.contains("409"), "{message}");
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
+        // The member answers the build, then serves bytes that are no snapshot (a damaged
+        // file, or another server at the address).
+        let (addr, _) = answering(|n| match n {
+            0 => (StatusCode::OK, "{}"),
+            _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("meta.snap");
+        std::fs::write(&file, b"the earlier backup").unwrap();
+        let err = snapshot_save(
+            ClientArgs {
+                server: addr,
+                token: None,
+            },
+            &file,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a usable backup"),
+            "{err:#}"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"the earlier backup");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("meta.snap")],
+            "no temp file is left"
+        );
     }
 }
