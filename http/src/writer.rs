@@ -81,32 +81,36 @@ impl Writer {
                     Some(Some((leader_id, addr))) => {
                         self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
                     }
-                    Some(None) => Ok(self.node.write(cmd).await?),
+                    // This node leads now: proposed here, as below (a removal's later piece
+                    // must not become a replay of its request here either).
+                    Some(None) => self.propose_here(cmd).await,
                     None => Err(ApiError::NoLeader(why)),
                 }
             }
-            _ => {
-                // A removal's later piece must keep the incarnation it names: were this node's
-                // core to answer "forward to leader", the replayed request would start the
-                // removal again. It goes to that leader as a command instead.
-                let piece = matches!(cmd, Command::RemoveDatanodePiece { .. }).then(|| cmd.clone());
-                match (self.node.write(cmd).await, piece) {
-                    (
-                        Err(meta_consensus::Error::ForwardToLeader {
-                            leader_id,
-                            leader_addr,
-                        }),
-                        Some(piece),
-                    ) if !self.forwarded => {
-                        let to = ForwardTo {
-                            leader_id,
-                            addr: leader_addr,
-                        };
-                        self.batcher.send(to, piece).await
-                    }
-                    (written, _) => Ok(written?),
-                }
+            _ => self.propose_here(cmd).await,
+        }
+    }
+
+    /// Proposes `cmd` on this node. A removal's later piece must keep the incarnation it names:
+    /// were this node's core to answer "forward to leader", the replayed request would start
+    /// the removal again. It goes to that leader as a command instead.
+    async fn propose_here(&self, cmd: Command) -> Result<Written, ApiError> {
+        let piece = matches!(cmd, Command::RemoveDatanodePiece { .. }).then(|| cmd.clone());
+        match (self.node.write(cmd).await, piece) {
+            (
+                Err(meta_consensus::Error::ForwardToLeader {
+                    leader_id,
+                    leader_addr,
+                }),
+                Some(piece),
+            ) if !self.forwarded => {
+                let to = ForwardTo {
+                    leader_id,
+                    addr: leader_addr,
+                };
+                self.batcher.send(to, piece).await
             }
+            (written, _) => Ok(written?),
         }
     }
 }
