@@ -26,10 +26,15 @@ use crate::types::SnapshotMeta;
 
 const TAG_PAIR: u8 = 1;
 const TAG_END: u8 = 0xFE;
-/// Pairs read from the live tree before their pre-images are checked.
+/// Pairs read from the live tree before their pre-images are checked...
 const EXPORT_CHUNK: usize = 1024;
-/// Pairs per sled batch when importing.
-const IMPORT_CHUNK: usize = 8192;
+/// ...or fewer, once they hold this many bytes (keys' values may be 1 MiB each).
+const EXPORT_CHUNK_BYTES: usize = 16 << 20;
+/// How many pairs, and bytes, an import holds in memory before it writes them to the tree.
+const IMPORT_LIMITS: ImportLimits = ImportLimits {
+    pairs: 8192,
+    bytes: 32 << 20,
+};
 /// Largest key or value a frame may carry.
 const MAX_FIELD: u32 = 64 << 20;
 
@@ -95,8 +100,14 @@ pub(crate) fn export(
         let mut iter = tree.scan_prefix([prefix]);
         loop {
             chunk.clear();
-            for item in iter.by_ref().take(EXPORT_CHUNK) {
-                chunk.push(item.map_err(|e| Error::registry("export", e))?);
+            let mut bytes = 0;
+            for item in iter.by_ref() {
+                let (k, v) = item.map_err(|e| Error::registry("export", e))?;
+                bytes += k.len() + v.len();
+                chunk.push((k, v));
+                if chunk.len() >= EXPORT_CHUNK || bytes >= EXPORT_CHUNK_BYTES {
+                    break;
+                }
             }
             if chunk.is_empty() {
                 break;
@@ -245,23 +256,116 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
     }
 }
 
-/// Imports a payload into the empty `tree`, verifying every record, the trailer counts and
-/// each datanode's replica count, then writes the metadata from `meta`. Every pair read is
-/// also handed to `tee` (to keep a local copy of a received snapshot). Blocking.
+/// When an import writes the pairs it holds in memory to the tree.
+#[derive(Clone, Copy, Debug)]
+struct ImportLimits {
+    pairs: usize,
+    bytes: usize,
+}
+
+/// The pairs an import holds in memory, and the keys it has seen: a key the payload carries
+/// twice is refused (the tree would keep one value while the counts checked both).
+struct Pending<'a> {
+    tree: &'a sled::Tree,
+    limits: ImportLimits,
+    batch: sled::Batch,
+    pairs: usize,
+    bytes: usize,
+    /// The greatest key so far, while every key ascended (an export's scan does): a key above
+    /// it is new.
+    ascending: Option<Vec<u8>>,
+    /// Whether a key did not ascend (an export's leftovers come last): from then on every key
+    /// is looked up in the tree and in `unordered`.
+    unordered_seen: bool,
+    /// The keys in `batch` that came after the ascending run.
+    unordered: std::collections::HashSet<Vec<u8>>,
+}
+
+impl<'a> Pending<'a> {
+    fn new(tree: &'a sled::Tree, limits: ImportLimits) -> Self {
+        Pending {
+            tree,
+            limits,
+            batch: sled::Batch::default(),
+            pairs: 0,
+            bytes: 0,
+            ascending: None,
+            unordered_seen: false,
+            unordered: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Adds a pair of the payload; fails if its key came before.
+    fn pair(&mut self, k: Vec<u8>, v: Vec<u8>) -> Result<()> {
+        let ascends = !self.unordered_seen && self.ascending.as_ref().is_none_or(|l| &k > l);
+        if ascends {
+            self.ascending = Some(k.clone());
+        } else {
+            if !self.unordered_seen {
+                // Every key so far goes to the tree, where the lookups below find it.
+                self.unordered_seen = true;
+                self.flush()?;
+            }
+            let known = self
+                .tree
+                .contains_key(&k)
+                .map_err(|e| Error::registry("import snapshot", e))?;
+            if known || !self.unordered.insert(k.clone()) {
+                return Err(Error::Snapshot(format!(
+                    "snapshot record {} appears twice",
+                    keys::to_hex(&k)
+                )));
+            }
+        }
+        self.insert(k, v)
+    }
+
+    /// Adds a pair the import derived (the index, the metadata).
+    fn insert(&mut self, k: impl Into<IVec>, v: impl Into<IVec>) -> Result<()> {
+        let (k, v) = (k.into(), v.into());
+        self.bytes += k.len() + v.len();
+        self.pairs += 1;
+        self.batch.insert(k, v);
+        if self.pairs >= self.limits.pairs || self.bytes >= self.limits.bytes {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.tree
+            .apply_batch(std::mem::take(&mut self.batch))
+            .map_err(|e| Error::registry("import snapshot", e))?;
+        self.pairs = 0;
+        self.bytes = 0;
+        self.unordered.clear();
+        Ok(())
+    }
+}
+
+/// Imports a payload into the empty `tree`, verifying every record (each key once), the trailer
+/// counts and each datanode's replica count, then writes the metadata from `meta`. Every pair
+/// read is also handed to `tee` (to keep a local copy of a received snapshot). Memory stays
+/// bounded: pairs go to the tree in batches of [`IMPORT_LIMITS`]. Blocking.
 pub(crate) fn import(
     input: &mut impl Read,
     tree: &sled::Tree,
     meta: &SnapshotMeta,
+    tee: Option<&mut dyn Write>,
+) -> Result<Trailer> {
+    import_with(input, tree, meta, tee, IMPORT_LIMITS)
+}
+
+fn import_with(
+    input: &mut impl Read,
+    tree: &sled::Tree,
+    meta: &SnapshotMeta,
     mut tee: Option<&mut dyn Write>,
+    limits: ImportLimits,
 ) -> Result<Trailer> {
     let mut counted = Trailer::default();
     let mut derived = Derived::default();
-    let mut batch = sled::Batch::default();
-    let mut in_batch = 0usize;
-    let flush = |batch: &mut sled::Batch| -> Result<()> {
-        tree.apply_batch(std::mem::take(batch))
-            .map_err(|e| Error::registry("import snapshot", e))
-    };
+    let mut pending = Pending::new(tree, limits);
     let tee_err = |e: io::Error| Error::io("copy snapshot", "snapshot", e);
     let trailer = loop {
         match read_frame(input)? {
@@ -280,12 +384,7 @@ pub(crate) fn import(
                     write_frame(out, TAG_PAIR, &k, &v).map_err(tee_err)?;
                 }
                 counted.count(&k, replicas);
-                batch.insert(k, v);
-                in_batch += 1;
-                if in_batch >= IMPORT_CHUNK {
-                    flush(&mut batch)?;
-                    in_batch = 0;
-                }
+                pending.pair(k, v)?;
             }
         }
     };
@@ -306,313 +405,23 @@ pub(crate) fn import(
     }
     let enc = |what: &'static str, e| Error::corrupt(what, e);
     for (dn, b) in &derived.index {
-        batch.insert(&keys::by_datanode(*dn, *b)[..], keys::PRESENT);
-        in_batch += 1;
-        if in_batch >= IMPORT_CHUNK {
-            flush(&mut batch)?;
-            in_batch = 0;
-        }
+        pending.insert(&keys::by_datanode(*dn, *b)[..], keys::PRESENT)?;
     }
     let applied = AppliedRecord {
         applied: meta.last_log_id,
         replicas: counted.replicas,
     };
-    batch.insert(
+    pending.insert(
         keys::META_APPLIED,
         codec::encode(&applied).map_err(|e| enc("applied", e))?,
-    );
-    batch.insert(
+    )?;
+    pending.insert(
         keys::META_MEMBERSHIP,
         codec::encode(&meta.last_membership).map_err(|e| enc("membership", e))?,
-    );
-    flush(&mut batch)?;
+    )?;
+    pending.flush()?;
     Ok(counted)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::apply_batch::ApplyBatch;
-    use crate::command::{Command, CommandResult, ShardReport};
-    use crate::registry::Registry;
-
-    fn apply(reg: &Registry, index: u64, cmd: Command) {
-        let g = reg.current();
-        let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
-        b.execute(index, &cmd).unwrap();
-        g.commit(b.finish().unwrap()).unwrap();
-    }
-
-    fn shards(range: std::ops::Range<u64>, generation: u64) -> Vec<ShardReport> {
-        range
-            .map(|id| ShardReport {
-                id,
-                generation,
-                size: id,
-            })
-            .collect()
-    }
-
-    fn registry() -> (tempfile::TempDir, Registry) {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-        (dir, reg)
-    }
-
-    /// The registry's content as a snapshot payload.
-    fn exported(reg: &Registry) -> Vec<u8> {
-        let g = reg.current();
-        let capture = g.start_capture();
-        let mut out = Vec::new();
-        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
-        g.end_capture(&capture);
-        out
-    }
-
-    /// A registry whose entry 1 registered datanode 1.
-    fn registry_with_datanode() -> (tempfile::TempDir, Registry) {
-        let (dir, reg) = registry();
-        apply(
-            &reg,
-            1,
-            Command::RegisterDatanode {
-                id: 1,
-                addr: "a".into(),
-            },
-        );
-        (dir, reg)
-    }
-
-    #[test]
-    fn export_during_writes_imports_the_captured_point() {
-        let (_d, reg) = registry_with_datanode();
-        apply(
-            &reg,
-            2,
-            Command::RegisterDatanode {
-                id: 2,
-                addr: "b".into(),
-            },
-        );
-        apply(
-            &reg,
-            3,
-            Command::RegisterShards {
-                datanode: 1,
-                epoch: 1,
-                shards: shards(0..3000, 1),
-            },
-        );
-        apply(
-            &reg,
-            4,
-            Command::RegisterShards {
-                datanode: 2,
-                epoch: 2,
-                shards: shards(1000..1500, 1),
-            },
-        );
-        apply(
-            &reg,
-            5,
-            Command::Put {
-                key: "k".into(),
-                value: vec![1],
-                if_revision: None,
-            },
-        );
-        let before = reg.content().unwrap();
-
-        let g = reg.current();
-        let capture = g.start_capture();
-        // Export the first part of the tree, then write, then export the rest.
-        let mut out = Vec::new();
-        let trailer = {
-            // Writes that land before, inside and after the exporter's position.
-            apply(
-                &reg,
-                6,
-                Command::RegisterShards {
-                    datanode: 1,
-                    epoch: 1,
-                    shards: shards(0..10, 2),
-                },
-            );
-            apply(&reg, 7, Command::RemoveDatanode { id: 2 });
-            apply(
-                &reg,
-                8,
-                Command::RegisterShards {
-                    datanode: 1,
-                    epoch: 1,
-                    shards: shards(5000..5100, 1),
-                },
-            );
-            apply(
-                &reg,
-                9,
-                Command::Delete {
-                    key: "k".into(),
-                    if_revision: None,
-                },
-            );
-            apply(
-                &reg,
-                10,
-                Command::RegisterDatanode {
-                    id: 3,
-                    addr: "c".into(),
-                },
-            );
-            export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap()
-        };
-        g.end_capture(&capture);
-        assert_eq!(trailer.replicas, 3500);
-        assert_eq!(trailer.datanodes, 2);
-        assert_eq!(trailer.kvs, 1);
-        assert_ne!(reg.content().unwrap(), before, "the live registry moved on");
-
-        let (_d2, other) = registry();
-        let r = other.begin_replace().unwrap();
-        let meta = SnapshotMeta::default();
-        let imported = import(&mut out.as_slice(), r.tree(), &meta, None).unwrap();
-        assert_eq!(imported, trailer);
-        other.finish_replace(r).unwrap();
-        assert_eq!(other.content().unwrap(), before);
-        assert_eq!(other.current().replica_count().unwrap(), 3500);
-        // The rebuilt index lists each datanode's replicas.
-        assert_eq!(
-            other.datanode_shards(2, None, 1000).unwrap().items.len(),
-            500
-        );
-    }
-
-    #[test]
-    fn epoch_floors_travel_in_a_snapshot() {
-        let (_d, reg) = registry();
-        apply(&reg, 1, Command::RaiseEpochFloor { at_least: 40 });
-        apply(
-            &reg,
-            2,
-            Command::RegisterDatanodeAtLeast {
-                id: 1,
-                addr: "a".into(),
-                min_epoch: 50,
-            },
-        );
-        apply(
-            &reg,
-            3,
-            Command::RemoveDatanodePiece {
-                id: 1,
-                registered_index: None,
-            },
-        );
-        let before = reg.content().unwrap();
-        // Exported as of the capture: the id's registration after it deletes the id's floor, and
-        // a raise changes the cluster's.
-        let g = reg.current();
-        let capture = g.start_capture();
-        let register = Command::RegisterDatanode {
-            id: 1,
-            addr: "a".into(),
-        };
-        apply(&reg, 4, register);
-        apply(&reg, 5, Command::RaiseEpochFloor { at_least: 90 });
-        assert_ne!(reg.content().unwrap(), before);
-        let mut out = Vec::new();
-        export(&g.tree, &capture, &mut out, &AtomicBool::new(false)).unwrap();
-        g.end_capture(&capture);
-
-        let (_d2, other) = registry();
-        let r = other.begin_replace().unwrap();
-        import(
-            &mut out.as_slice(),
-            r.tree(),
-            &SnapshotMeta::default(),
-            None,
-        )
-        .unwrap();
-        other.finish_replace(r).unwrap();
-        assert_eq!(other.content().unwrap(), before);
-        // On the member that installed the snapshot, the id's next registration starts above
-        // the removed datanode's epoch, and another id's at the cluster's floor.
-        let g = other.current();
-        let mut b = ApplyBatch::new(g.tree.clone(), 0);
-        for (index, id, epoch) in [(3, 1, 51), (4, 2, 40)] {
-            let register = Command::RegisterDatanode {
-                id,
-                addr: "a".into(),
-            };
-            assert_eq!(
-                b.execute(index, &register).unwrap(),
-                CommandResult::DatanodeRegistered { id, epoch }
-            );
-        }
-    }
-
-    #[test]
-    fn a_setting_of_a_newer_build_is_refused_saying_so() {
-        let (_d, reg) = registry_with_datanode();
-        let g = reg.current();
-        g.tree
-            .insert(b"sfuture", codec::encode(&1u64).unwrap())
-            .unwrap();
-        let out = exported(&reg);
-        let (_d2, other) = registry();
-        let r = other.begin_replace().unwrap();
-        let meta = SnapshotMeta::default();
-        let refused = import(&mut out.as_slice(), r.tree(), &meta, None).unwrap_err();
-        other.abort_replace(r);
-        assert!(refused.to_string().contains("newer build"), "{refused}");
-    }
-
-    #[test]
-    fn export_stops_when_the_node_closes() {
-        let (_d, reg) = registry_with_datanode();
-        let g = reg.current();
-        let c = g.start_capture();
-        let mut out = Vec::new();
-        let e = export(&g.tree, &c, &mut out, &AtomicBool::new(true)).unwrap_err();
-        assert!(matches!(e, Error::Shutdown), "{e}");
-        assert!(out.is_empty(), "nothing written after the stop");
-        g.end_capture(&c);
-    }
-
-    #[test]
-    fn damaged_payloads_are_refused_and_change_nothing() {
-        let (_d, reg) = registry_with_datanode();
-        apply(
-            &reg,
-            2,
-            Command::RegisterShards {
-                datanode: 1,
-                epoch: 1,
-                shards: shards(0..200, 1),
-            },
-        );
-        let out = exported(&reg);
-
-        let (_d2, other) = registry();
-        let meta = SnapshotMeta::default();
-        for bad in [
-            out[..out.len() - 3].to_vec(),
-            out[..out.len() / 2].to_vec(),
-            {
-                let mut v = out.clone();
-                let n = v.len();
-                v[n / 2] ^= 0xff;
-                v
-            },
-            [out.clone(), out.clone()].concat(),
-        ] {
-            let r = other.begin_replace().unwrap();
-            assert!(import(&mut bad.as_slice(), r.tree(), &meta, None).is_err());
-            other.abort_replace(r);
-            assert!(
-                other.content().unwrap().is_empty(),
-                "the registry is unchanged"
-            );
-        }
-    }
-}
+mod tests;
