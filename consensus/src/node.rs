@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::status::{ClusterStatus, ReplicationLag, Role};
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::uncancelled::{uncancelled, uncancelled_stream};
 
+mod election_holds;
 mod free_space;
 mod handover;
 mod heartbeats;
@@ -73,14 +74,24 @@ struct Inner {
     changing: tokio::sync::Mutex<()>,
     /// The highest cluster version this node proposed a raise to (`node/versions.rs`).
     proposed_version: std::sync::atomic::AtomicU32,
-    /// This node started with no Raft state and does not hold an entry committed in its current
-    /// term yet (`rejoin_marker.rs`): it votes for no candidate with a log.
+    /// This node started with no Raft state and does not hold the cluster's log yet
+    /// (`rejoin_marker.rs`): it votes for no candidate with a log, and stands for no election.
     rejoining: AtomicBool,
+    /// While rejoining: the commit index the first leader that reached this node had then
+    /// (`u64::MAX` until one did). The rejoin ends once this node has committed up to it.
+    rejoin_target: AtomicU64,
     /// Until when this node votes for no candidate, because before it opened it may have
     /// given a leader a lease that lasts until then (`node/votes.rs`).
     lease_given_until: Option<std::time::Instant>,
-    /// Set by [`MetaNode::stop_elections`]: nothing turns elections back on.
-    elections_stopped: AtomicBool,
+    /// Why this node may not start elections now (`node/election_holds.rs`).
+    election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
+}
+
+/// Changes `inner`'s election holds with `change` and sets openraft's switch to match.
+fn set_election_holds(inner: &Inner, change: impl FnOnce(&mut election_holds::ElectionHolds)) {
+    let mut holds = inner.election_holds.lock();
+    change(&mut holds);
+    inner.raft.runtime_config().elect(holds.may_elect());
 }
 
 /// The answers of [`MetaNode::stream_append`], in order.
@@ -239,7 +250,8 @@ impl MetaNode {
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
                 rejoining: AtomicBool::new(rejoining),
                 lease_given_until,
-                elections_stopped: AtomicBool::new(false),
+                rejoin_target: AtomicU64::new(u64::MAX),
+                election_holds: Default::default(),
             }),
         };
         if let Some(until) = lease_given_until {
@@ -383,6 +395,7 @@ impl MetaNode {
         openraft::raft::AppendEntriesResponse<TypeConfig>,
         openraft::error::RaftError<TypeConfig>,
     > {
+        self.note_leader_commit(&rpc);
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.append_entries(rpc).await }).await
     }
@@ -409,6 +422,14 @@ impl MetaNode {
             + Send
             + 'static,
     {
+        use futures::StreamExt as _;
+        // A weak handle: the stream must not keep a node that shut down alive.
+        let inner = Arc::downgrade(&self.inner);
+        let requests = requests.inspect(move |rpc| {
+            if let Some(inner) = inner.upgrade() {
+                (MetaNode { inner }).note_leader_commit(rpc);
+            }
+        });
         Box::pin(uncancelled_stream(self.inner.raft.stream_append(requests)))
     }
 

@@ -1,15 +1,18 @@
 //! Whether this node is still getting the cluster's log back after starting with no Raft state:
 //! a marker file (`REJOINING`) in the data dir, written durably at an open that found no log and
-//! no vote, and removed once the node holds an entry committed in its current term.
+//! no vote, and removed once the node holds the log again (below).
 //!
 //! Why: a node with no Raft state cannot tell a new member from one whose data dir was lost,
 //! and a voter that lost its data dir may have helped commit writes it no longer holds. It must
 //! not vote for a candidate that lacks them until a leader has fed it the log again. Its first
 //! message from a leader gives it a term (openraft saves the leader's vote before it looks at
 //! the log), so "no term and no log" stops describing it within a heartbeat, long before it has
-//! the log back: the marker keeps the rule until then, across restarts too. Once the node holds
-//! an entry committed in its current term, it holds every entry committed before (the leader of
-//! that term held them all, and an entry of its own term comes after them in its log).
+//! the log back: the marker keeps the rule until then, across restarts too. The node has the log
+//! back once it holds an entry committed in its current term (so every entry committed before
+//! it: the leader of that term held them all, and an entry of its own term comes after them) and
+//! has committed up to the commit index of the first leader's message that reached it (entries
+//! committed later in that same term, which its former self may have acknowledged, are at or
+//! below it); see `node/votes.rs`.
 
 use std::path::{Path, PathBuf};
 

@@ -6,8 +6,6 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
-use std::sync::atomic::Ordering;
-
 use super::MetaNode;
 use crate::error::Result;
 use crate::types::NodeId;
@@ -80,7 +78,6 @@ impl MetaNode {
     /// This node stops: it no longer starts elections (a member whose port is closed hears no
     /// leader, and would otherwise campaign while its requests drain). Changes no data.
     pub fn stop_elections(&self) {
-        self.inner.elections_stopped.store(true, Ordering::Release);
-        self.inner.raft.runtime_config().elect(false);
+        self.set_election_holds(|h| h.stopped = true);
     }
 }

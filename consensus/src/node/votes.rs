@@ -1,8 +1,9 @@
 //! Answering vote requests. A node that holds no Raft state cannot tell a new member from one
 //! whose data dir was lost; it votes only in a cluster's first election, so that a voter that
-//! lost its log and its votes cannot help elect a candidate that misses acknowledged writes.
-//! That lasts until it holds an entry committed in its current term, also after restarts
-//! (`rejoin_marker.rs`): a leader's first message gives it a term long before it has the log.
+//! lost its log and its votes cannot help elect a candidate that misses acknowledged writes;
+//! once it holds part of the log it does not stand for election either. That lasts until it
+//! holds the log again, also after restarts (`rejoin_marker.rs`): a leader's first message
+//! gives it a term long before it has the log.
 //!
 //! A leader serves lease reads (`Consistency::Lease`) without asking a quorum while a quorum
 //! acknowledged it within the lease, because a node that acknowledged a leader votes for no
@@ -111,7 +112,7 @@ impl MetaNode {
         self.check_lease_given(rpc)?;
         // A node with no Raft state at open set the marker (`rejoining`), so this covers it too.
         let rejoining = self.inner.rejoining.load(Ordering::Acquire)
-            && !caught_up(&self.inner.raft.metrics().borrow_watched());
+            && !self.rejoined(&self.inner.raft.metrics().borrow_watched());
         // `initialize` writes the membership at index 0; a first leader's entries follow it.
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
         if rejoining && established {
@@ -151,39 +152,66 @@ impl MetaNode {
         ))
     }
 
-    /// Keeps this node from standing for election until `until` (see the module's comment),
-    /// then lets it, unless [`MetaNode::stop_elections`] was called meanwhile. openraft's
-    /// elections are turned off, not its answers: it still follows a leader that reaches it.
+    /// Keeps this node from standing for election until `until` (see the module's comment).
+    /// openraft's elections are turned off, not its answers: it still follows a leader that
+    /// reaches it.
     pub(super) fn hold_elections_until(&self, until: std::time::Instant) {
-        self.inner.raft.runtime_config().elect(false);
+        self.set_election_holds(|h| h.lease = true);
         // A weak handle: a node shut down meanwhile is not kept alive for this.
         let inner = std::sync::Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             tokio::time::sleep_until(until.into()).await;
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            if inner.elections_stopped.load(Ordering::Acquire) {
-                return;
-            }
-            inner.raft.runtime_config().elect(true);
-            // `stop_elections` may have run between the check and the call: it wins.
-            if inner.elections_stopped.load(Ordering::Acquire) {
-                inner.raft.runtime_config().elect(false);
+            if let Some(inner) = inner.upgrade() {
+                super::set_election_holds(&inner, |h| h.lease = false);
             }
         });
     }
 
-    /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds an entry committed in its
-    /// current term: clears the flag and removes the marker. Runs until then, or until Raft
-    /// stops.
+    /// Records, while this node rejoins, the commit index of the first leader's message that
+    /// reaches it (called for every AppendEntries request, before openraft sees it). Every entry this node's former self may have helped commit is at or below it:
+    /// the leader committed them before, or they precede its term's first entry.
+    pub(super) fn note_leader_commit(
+        &self,
+        rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>,
+    ) {
+        if !self.inner.rejoining.load(Ordering::Acquire) {
+            return;
+        }
+        let index = rpc.leader_commit.as_ref().map_or(0, |l| l.index);
+        let _ = self.inner.rejoin_target.compare_exchange(
+            u64::MAX,
+            index,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Whether this node, rejoining, holds the cluster's log again (see [`caught_up`]).
+    fn rejoined(&self, m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+        caught_up(m, self.inner.rejoin_target.load(Ordering::Acquire))
+    }
+
+    /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds the cluster's log again:
+    /// clears the flag and removes the marker. Until then, once it holds entries past the
+    /// cluster's initial membership, it stands for no election: its log may lack entries its
+    /// former self helped commit, and another stale node would vote for it. Runs until the
+    /// rejoin ends, or until Raft stops.
     pub(super) fn end_rejoin_when_caught_up(&self) {
         let node = self.clone();
         let mut metrics = self.inner.raft.metrics();
         tokio::spawn(async move {
+            let mut held = false;
             loop {
-                if caught_up(&metrics.borrow_watched()) {
+                let (done, hold) = {
+                    let m = metrics.borrow_watched();
+                    (node.rejoined(&m), rejoin_holds_elections(&m))
+                };
+                if done {
                     break;
+                }
+                if hold != held {
+                    node.set_election_holds(|h| h.rejoin = hold);
+                    held = hold;
                 }
                 if metrics.changed().await.is_err() {
                     return;
@@ -195,7 +223,11 @@ impl MetaNode {
             match cleared {
                 Ok(Ok(())) => {
                     node.inner.rejoining.store(false, Ordering::Release);
-                    tracing::info!("this node holds the cluster's log again: it votes again");
+                    node.set_election_holds(|h| h.rejoin = false);
+                    tracing::info!(
+                        "this node holds the cluster's log again: it votes and stands for \
+                         election again"
+                    );
                 }
                 Ok(Err(e)) => tracing::warn!("ending the rejoin: {e}"),
                 Err(e) => tracing::warn!("ending the rejoin: {e}"),
@@ -204,10 +236,28 @@ impl MetaNode {
     }
 }
 
-/// Whether the node holds an entry committed in its current term, and so every entry committed
-/// before it.
-fn caught_up(m: &openraft::RaftMetrics<TypeConfig>) -> bool {
-    m.local_committed
-        .as_ref()
-        .is_some_and(|c| c.leader_id.term == m.current_term)
+/// Whether a rejoining node stands for no election: its log holds entries past the cluster's
+/// initial membership (index 0; a log of that alone wins only a cluster's first election,
+/// which a node that never held more may stand for), it has other voters, and it does not lead.
+fn rejoin_holds_elections(m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+    m.last_log_index.is_some_and(|i| i > 0)
+        && m.membership_config
+            .membership()
+            .voter_ids()
+            .nth(1)
+            .is_some()
+        && m.state != openraft::ServerState::Leader
+}
+
+/// Whether a rejoining node holds the cluster's log again: it holds an entry committed in its
+/// current term, and so every entry committed before that one; and it has committed up to
+/// `target` (see [`MetaNode::note_leader_commit`]), or leads (its own log then decides what is
+/// committed). The first alone is not enough: an entry committed later in the same term, with
+/// its former self's acknowledgement, may still be missing.
+fn caught_up(m: &openraft::RaftMetrics<TypeConfig>, target: u64) -> bool {
+    m.local_committed.as_ref().is_some_and(|c| {
+        c.leader_id.term == m.current_term
+            && (m.state == openraft::ServerState::Leader
+                || (target != u64::MAX && c.index >= target))
+    })
 }

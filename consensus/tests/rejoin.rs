@@ -1,0 +1,222 @@
+//! A voter whose data dir was lost, back at its address: it cannot tell itself from a new
+//! member, and its former self may have helped commit writes it no longer holds. Until a leader
+//! has fed it the log again, it neither votes for a candidate with a log nor stands for
+//! election itself.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{Cluster, WAIT};
+use meta_consensus::{Consistency, Error, LogStore, Role};
+use meta_store::WalOptions;
+use openraft::async_runtime::watch::WatchReceiver as _;
+
+/// A voter whose data dir was lost still refuses to vote for a candidate with a log after a
+/// leader's first message gave it a term (openraft saves the leader's vote before it looks at
+/// the log), until it holds the log again; then it votes, and the marker that kept the rule
+/// across restarts is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_votes_again_only_once_it_has_the_log() -> Result<()> {
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let (stale, wiped) = (others[0], others[1]);
+    c.converged().await?;
+    // The stale candidate's log ends before the write the other two acknowledge.
+    let stale_last = c.node(stale).raft().metrics().borrow_watched().last_applied;
+    c.stop(stale).await?;
+    let w = c
+        .node(leader)
+        .register_datanode(7, "dn-7".to_string())
+        .await?;
+    c.wait_applied(w.index).await?;
+    let lm = c.node(leader).raft().metrics().borrow_watched().clone();
+
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(leader).await?;
+    let empty = c.start(wiped).await?;
+    // The leader's first message (a heartbeat that finds no matching log) gives it a term.
+    let answer = empty
+        .raft()
+        .append_entries(AppendEntriesRequest {
+            vote: lm.vote,
+            prev_log_id: lm.last_applied,
+            entries: vec![],
+            leader_commit: lm.local_committed,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    // Its metrics show the term a moment after the answer.
+    let term = lm.current_term;
+    empty
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.current_term == term, "the heartbeat's term")
+        .await
+        .context("the heartbeat gave no term")?;
+    // The leader is gone: once the lease its heartbeat gave ends (an election timeout, at most
+    // 1.4 s here), openraft alone would grant the stale candidate's vote.
+    let window = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < window {
+        let rpc = VoteRequest::new(meta_consensus::Vote::new(term + 1, stale), stale_last);
+        match empty.vote(rpc).await {
+            Err(Error::NotVoting(_)) => {}
+            Ok(answer) if !answer.vote_granted => {}
+            other => anyhow::bail!("voted for a candidate without the write: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Once the leader fed it the log, it holds an entry of the current term: the rule ends.
+    c.start(leader).await?;
+    c.start(stale).await?;
+    c.converged().await?;
+    let marker = c.dir(wiped).join("REJOINING");
+    let deadline = std::time::Instant::now() + WAIT;
+    while marker.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await
+}
+
+/// A voter whose data dir was lost does not help elect a candidate that misses acknowledged
+/// writes. Nodes a, b, c: with a down, a write is acknowledged by b and c; then c loses its data
+/// dir and b stops. a and the empty c must not elect a (the write would be lost); once b is
+/// back, the cluster elects a leader that holds the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let (a, b, wiped) = (others[0], leader, others[1]);
+    c.stop(a).await?;
+    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
+    c.wait_applied(w.index).await?;
+
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(b).await?;
+    let stale = c.start(a).await?;
+    c.start(wiped).await?;
+    // Without the rule the empty node votes for a within an election timeout or two.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut metrics = stale.raft().metrics();
+    while std::time::Instant::now() < deadline {
+        ensure!(
+            stale.status().role != Role::Leader,
+            "node {a} leads without the write acknowledged at index {}",
+            w.index
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+
+    c.start(b).await?;
+    let leader = c.leader().await?;
+    ensure!(
+        leader
+            .datanode(Consistency::Linearizable, 7)
+            .await?
+            .is_some(),
+        "the acknowledged registration is lost"
+    );
+    c.converged().await?;
+    c.shutdown().await
+}
+
+/// A voter whose data dir was lost stands for no election until it holds the cluster's log
+/// again. Nodes a, b, c: with a down, a write is acknowledged by b and c; c loses its data dir,
+/// and b, leading, gives it the part of the log a holds (entries of b's term, committed) before
+/// b stops. c's log is then as long as a's, and a would vote for it: c would lead without the
+/// write, and b's copy would be overwritten once b is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_does_not_lead_before_it_has_the_log() -> Result<()> {
+    use openraft::raft::AppendEntriesRequest;
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+
+    let mut c = Cluster::three().await?;
+    let b = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != b).collect();
+    let (a, wiped) = (others[0], others[1]);
+    c.converged().await?;
+    let a_last = c
+        .node(a)
+        .raft()
+        .metrics()
+        .borrow_watched()
+        .last_log_index
+        .context("a holds a log")?;
+    c.stop(a).await?;
+    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
+    c.wait_applied(w.index).await?;
+    let lm = c.node(b).raft().metrics().borrow_watched().clone();
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(b).await?;
+    // The entries a holds too, from b's log while b is down.
+    let entries = {
+        let mut log = LogStore::open(&c.dir(b).join("wal"), WalOptions::default())?;
+        let mut reader = log.get_log_reader().await;
+        reader.try_get_log_entries(0..=a_last).await?
+    };
+    ensure!(
+        entries.last().map(|e| e.log_id.leader_id.term) == Some(lm.current_term),
+        "a's last entry is of b's term"
+    );
+
+    let empty = c.start(wiped).await?;
+    let answer = empty
+        .append_entries(AppendEntriesRequest {
+            vote: lm.vote,
+            prev_log_id: None,
+            entries,
+            leader_commit: lm.local_committed,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    empty
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.local_committed.is_some_and(|l| l.index == a_last),
+            "the entries committed",
+        )
+        .await
+        .context("the entries were not committed")?;
+    let stale = c.start(a).await?;
+    // a votes once the lease it gave b has passed (an election timeout, at most 1.4 s here);
+    // the empty node stands within another.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut metrics = empty.raft().metrics();
+    while std::time::Instant::now() < deadline {
+        for node in [&empty, &stale] {
+            ensure!(
+                node.status().role != Role::Leader,
+                "node {} leads without the write acknowledged at index {}",
+                node.id(),
+                w.index
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+
+    c.start(b).await?;
+    let leader = c.leader().await?;
+    ensure!(
+        leader
+            .datanode(Consistency::Linearizable, 7)
+            .await?
+            .is_some(),
+        "the acknowledged registration is lost"
+    );
+    c.converged().await?;
+    c.shutdown().await
+}
