@@ -282,12 +282,19 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     }
     // Without --after, the first answer is the index to start from.
     let mut after = args.after;
+    // The history the indexes count in, given back with each request: a cluster restored from
+    // a backup counts again, and its member refuses an index of the old one (410) rather than
+    // answer from it, which would skip changes.
+    let mut history: Option<String> = None;
     let stdout = std::io::stdout();
     let mut retrying = Outage::default();
     loop {
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
         if let Some(after) = after {
             request = request.query(&[("after", after.to_string())]);
+        }
+        if let Some(history) = &history {
+            request = request.query(&[("history", history)]);
         }
         let page: WatchPage = match request.send().await {
             Ok(r) if r.status().is_success() => {
@@ -327,6 +334,9 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
         out.flush()?;
         let started = after.is_some();
         after = Some(page.index);
+        if page.history.is_some() {
+            history = page.history;
+        }
         if args.once && started && !page.events.is_empty() {
             return Ok(());
         }
@@ -631,5 +641,41 @@ mod tests {
             vec![std::ffi::OsString::from("meta.snap")],
             "no temp file is left"
         );
+    }
+
+    #[tokio::test]
+    async fn a_watch_gives_back_the_history_its_index_counts_in() {
+        // A member that counts in history "aaaa" refuses an index given without it (as a
+        // restored cluster's member refuses the old cluster's), and answers one given with it.
+        let app = axum::Router::new().fallback(|uri: axum::http::Uri| async move {
+            let query = uri.query().unwrap_or_default().to_owned();
+            if !query.contains("after=") {
+                (StatusCode::OK, r#"{"index":5,"history":"aaaa","events":[]}"#)
+            } else if query.contains("history=aaaa") {
+                (
+                    StatusCode::OK,
+                    r#"{"index":6,"history":"aaaa","events":[{"index":6,"kind":"kv_put","key":"k"}]}"#,
+                )
+            } else {
+                (
+                    StatusCode::GONE,
+                    r#"{"error":{"code":"compacted","message":"no history given"}}"#,
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let args = WatchArgs {
+            client: ClientArgs {
+                server: addr,
+                token: None,
+            },
+            after: None,
+            datanode: None,
+            prefix: None,
+            once: true,
+        };
+        watch(args).await.unwrap();
     }
 }
