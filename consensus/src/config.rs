@@ -164,10 +164,13 @@ impl NodeConfig {
         if self.datanode_timeout.is_zero() {
             return bad("datanode_timeout must be more than zero".into());
         }
-        if self.wal_segment_bytes < meta_store::MIN_SEGMENT_BYTES {
+        if !(meta_store::MIN_SEGMENT_BYTES..=meta_store::MAX_SEGMENT_BYTES)
+            .contains(&self.wal_segment_bytes)
+        {
             return bad(format!(
-                "wal_segment_bytes must be at least {}",
-                meta_store::MIN_SEGMENT_BYTES
+                "wal_segment_bytes must be between {} and {}",
+                meta_store::MIN_SEGMENT_BYTES,
+                meta_store::MAX_SEGMENT_BYTES
             ));
         }
         Ok(())

@@ -72,7 +72,7 @@ pub use error::{Error, Result};
 pub use free_space::FreeSpace;
 pub use liveness::{DatanodeLiveness, DatanodeState};
 pub use log_store::LogStore;
-pub use meta_store::{BarrierMode, WalMetrics};
+pub use meta_store::{BarrierMode, WalMetrics, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
 pub use node::MetaNode;
 pub use registry::MAX_PAGE;
 pub use removal_notice::{Removal, RemovalNotice};

@@ -89,7 +89,7 @@ pub struct ServeArgs {
     /// Registry (sled) cache size in bytes [default: 67108864].
     #[arg(long, env = "METASERVER_SLED_CACHE_BYTES")]
     pub sled_cache_bytes: Option<u64>,
-    /// Size of a write-ahead log segment file in bytes, at least 256 [default: 67108864].
+    /// Size of a write-ahead log segment file in bytes, from 256 to 1 GiB [default: 67108864].
     #[arg(long, env = "METASERVER_WAL_SEGMENT_BYTES")]
     pub wal_segment_bytes: Option<u64>,
     /// Shards that writes in flight on the leader may hold between them; further writes wait
@@ -130,7 +130,7 @@ pub struct ServeArgs {
     /// rotation first (a second signal ends the wait) [default: 0].
     #[arg(long, env = "METASERVER_STOP_DELAY_MS")]
     pub stop_delay_ms: Option<u64>,
-    /// Async runtime worker threads [default: one per CPU core]. When several nodes share a
+    /// Async runtime worker threads, at most 1024 [default: one per CPU core]. When several nodes share a
     /// machine, give each its share of the cores: every extra thread costs wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]
     pub worker_threads: Option<usize>,

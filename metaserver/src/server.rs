@@ -35,13 +35,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             .with_context(|| format!("binding {}", settings.listen))?,
     };
     let bound = listener.local_addr().context("reading the bound address")?;
-    // The address in the membership: --advertise, else this node's entry in --peers, else the
-    // bound address.
-    let addr = settings
-        .advertise
-        .clone()
-        .or_else(|| settings.peers.get(&settings.id).cloned())
-        .unwrap_or_else(|| bound.to_string());
+    let addr = settings.advertised(bound)?;
     if bound.ip().is_unspecified() && addr == bound.to_string() {
         tracing::warn!(
             %bound,

@@ -104,6 +104,9 @@ const MIN_SLED_CACHE_BYTES: u64 = 1 << 20;
 
 /// The longest idle timeout accepted: longer ones overflow the clock's arithmetic.
 const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The most runtime worker threads a node starts: more is a typo, and the OS refuses to
+/// spawn them long before a number that large.
+const MAX_WORKER_THREADS: usize = 1024;
 
 /// Whether `addr` (`host:port`) names the unspecified address (`0.0.0.0`, `[::]`): one to
 /// listen on, not one to be reached at.
@@ -243,8 +246,23 @@ impl ServeSettings {
         if self.id == 0 {
             bail!("--id must be at least 1 (0 means \"no node\" in metrics and status)");
         }
-        if self.worker_threads == Some(0) {
-            bail!("--worker-threads must be at least 1");
+        if self
+            .worker_threads
+            .is_some_and(|n| !(1..=MAX_WORKER_THREADS).contains(&n))
+        {
+            bail!("--worker-threads must be at least 1 and at most {MAX_WORKER_THREADS}");
+        }
+        if let Some(n) = self.wal_segment_bytes {
+            let (min, max) = (
+                meta_consensus::MIN_SEGMENT_BYTES,
+                meta_consensus::MAX_SEGMENT_BYTES,
+            );
+            if !(min..=max).contains(&n) {
+                bail!(
+                    "--wal-segment-bytes must be between {min} and {max} (1 GiB): a restart reads \
+                     a segment into memory whole"
+                );
+            }
         }
         if self.max_pending_shards == Some(0) {
             bail!("--max-pending-shards must be at least 1");
@@ -330,6 +348,26 @@ impl ServeSettings {
     /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
     /// node at this one, would give the membership an address where nothing answers, or one
     /// process for two members.
+    /// The address this node gives the members, listening at `bound`: --advertise, else its
+    /// entry in --peers, else the bound address. A node that forms a cluster (--init) must give
+    /// one the members can reach: the membership keeps it, and a learner added later would
+    /// send its writes to an unspecified address (its own host).
+    pub fn advertised(&self, bound: std::net::SocketAddr) -> Result<String> {
+        let addr = self
+            .advertise
+            .clone()
+            .or_else(|| self.peers.get(&self.id).cloned())
+            .unwrap_or_else(|| bound.to_string());
+        if self.init && unspecified(&addr) {
+            bail!(
+                "listening on all interfaces ({bound}) without --advertise: the cluster this \
+                 node forms would name it at {addr}, where no other member can reach it; give \
+                 --advertise HOST:PORT (an address the members can reach)"
+            );
+        }
+        Ok(addr)
+    }
+
     pub fn initial_members(&self, addr: &str) -> Result<BTreeMap<u64, String>> {
         let mut members = self.peers.clone();
         members.entry(self.id).or_insert_with(|| addr.to_owned());
@@ -486,6 +524,27 @@ mod tests {
                 },
                 "unspecified",
             ),
+            (
+                ServeArgs {
+                    wal_segment_bytes: Some(64 << 30),
+                    ..d()
+                },
+                "--wal-segment-bytes",
+            ),
+            (
+                ServeArgs {
+                    wal_segment_bytes: Some(1),
+                    ..d()
+                },
+                "--wal-segment-bytes",
+            ),
+            (
+                ServeArgs {
+                    worker_threads: Some(1_000_000),
+                    ..d()
+                },
+                "--worker-threads",
+            ),
         ];
         for (args, what) in cases {
             let err = ServeSettings::resolve(&args, false).unwrap_err();
@@ -497,6 +556,25 @@ mod tests {
         };
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.token.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn a_node_that_forms_a_cluster_must_give_an_address_members_can_reach() {
+        let all: std::net::SocketAddr = "0.0.0.0:7101".parse().unwrap();
+        let init = ServeSettings::resolve(&ServeArgs::default(), true).unwrap();
+        let err = init.advertised(all).unwrap_err();
+        assert!(format!("{err:#}").contains("--advertise"), "{err:#}");
+        let args = ServeArgs {
+            advertise: Some("10.0.0.7:7101".into()),
+            ..ServeArgs::default()
+        };
+        let advertised = ServeSettings::resolve(&args, true).unwrap();
+        assert_eq!(advertised.advertised(all).unwrap(), "10.0.0.7:7101");
+        // A node that joins an existing cluster is given its address by the member that adds it.
+        let join = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
+        assert_eq!(join.advertised(all).unwrap(), "0.0.0.0:7101");
+        let loopback = "127.0.0.1:7101".parse().unwrap();
+        assert_eq!(init.advertised(loopback).unwrap(), "127.0.0.1:7101");
     }
 
     #[test]

@@ -16,4 +16,6 @@ pub use error::{Error, Result};
 pub use fs::{FileSystem, OsFileSystem};
 pub use rate_limit::{AsyncThrottledWriter, RateLimiter, ThrottledWriter};
 pub use snapshot::{SnapshotFile, SnapshotReader, SnapshotStore, SnapshotWriter};
-pub use wal::{BarrierMode, Lsn, Wal, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
+pub use wal::{
+    BarrierMode, Lsn, Wal, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+};

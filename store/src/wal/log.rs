@@ -17,7 +17,7 @@ use super::record::{self, Kind, RecordMeta, HEADER_LEN, MAX_PAYLOAD};
 use super::recovery;
 use super::segment::{Segment, SEGMENT_HEADER_LEN};
 use super::waiter::{Parker, Waiter};
-use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MIN_SEGMENT_BYTES};
+use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
 use crate::barrier::{BarrierBook, Job, Status, Step};
 use crate::error::{Error, Result};
 use crate::fs::{
@@ -120,10 +120,12 @@ impl Wal {
         dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<Wal> {
-        if opts.segment_bytes < MIN_SEGMENT_BYTES {
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&opts.segment_bytes) {
             return Err(Error::InvalidArgument {
                 op: "open",
-                reason: format!("segment_bytes must be at least {MIN_SEGMENT_BYTES}"),
+                reason: format!(
+                    "segment_bytes must be between {MIN_SEGMENT_BYTES} and {MAX_SEGMENT_BYTES}"
+                ),
             });
         }
         let dir = dir.as_ref().to_path_buf();

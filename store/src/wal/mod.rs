@@ -61,6 +61,9 @@ pub struct WalOptions {
 
 /// Smallest accepted [`WalOptions::segment_bytes`].
 pub const MIN_SEGMENT_BYTES: u64 = 256;
+/// Largest accepted [`WalOptions::segment_bytes`]: recovery reads a segment into memory whole,
+/// and a preallocated segment takes its full size on disk.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
 impl Default for WalOptions {
     fn default() -> Self {
