@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::apply_batch::{writes_bytes, Writes};
 use crate::capture::Capture;
@@ -25,6 +25,11 @@ pub(crate) struct Generation {
     pub(crate) tree: sled::Tree,
     pub(crate) number: u64,
     captures: Mutex<Vec<Arc<Capture>>>,
+    /// Held for writing through a commit's writes, and for reading through a read of the
+    /// registry ([`Generation::reading`]). sled makes one operation atomic, not a commit of
+    /// several, and its iterators are no snapshot: a listing would otherwise show keys it
+    /// reaches after a commit as the commit left them, and the keys before as they were.
+    view: RwLock<()>,
 }
 
 impl Generation {
@@ -33,6 +38,7 @@ impl Generation {
             tree,
             number,
             captures: Mutex::new(Vec::new()),
+            view: RwLock::new(()),
         }
     }
 
@@ -41,8 +47,9 @@ impl Generation {
     /// batch at a time).
     ///
     /// Contract: when this returns, every write is visible to readers (not yet durable: sled
-    /// flushes in the background). After a crash at any point, reopening the registry yields
-    /// either none or all of `writes`.
+    /// flushes in the background); a reader that holds [`Generation::reading`] sees none of
+    /// them or all. After a crash at any point, reopening the registry yields either none or
+    /// all of `writes`.
     ///
     /// How: every commit first inserts its whole write list under [`keys::META_REDO`] (replacing
     /// the previous commit's), then performs the writes as plain inserts. sled recovers a prefix
@@ -67,11 +74,20 @@ impl Generation {
                     .map_err(|e| Error::registry("record pre-images", e))?;
             }
         }
+        let _view = self.view.write();
         if writes_bytes(&writes) > REDO_MAX_BYTES {
             return self.write_batch(writes);
         }
         self.write_redo(&writes)?;
         write_data(&self.tree, writes)
+    }
+
+    /// A consistent view for a read of several keys (a listing, or a point read that must not
+    /// see part of a commit): commits wait until the guard is dropped, so the read sees each
+    /// one whole or not at all. Hold it only for the read: commits, and so `apply`, wait.
+    /// Not while a commit runs on this thread (it would wait for itself).
+    pub(crate) fn reading(&self) -> RwLockReadGuard<'_, ()> {
+        self.view.read()
     }
 
     /// Writes `writes`, the last-applied record among them, as one atomic sled batch that also

@@ -304,12 +304,14 @@ impl Registry {
 
     pub(crate) fn datanode(&self, id: u64) -> Result<Option<DatanodeInfo>> {
         let g = self.current();
+        let _view = g.reading();
         Ok(g.get::<DatanodeRecord>(&keys::datanode(id), "datanode")?
             .map(|r| datanode_info(id, r)))
     }
 
     pub(crate) fn datanodes(&self) -> Result<Vec<DatanodeInfo>> {
         let g = self.current();
+        let _view = g.reading();
         let mut out = Vec::new();
         for item in g.tree.scan_prefix([keys::DATANODE]) {
             let (k, v) = item.map_err(|e| Error::registry("list datanodes", e))?;
@@ -325,6 +327,7 @@ impl Registry {
     /// and those of removed datanodes' ids; 0 if none.
     pub(crate) fn highest_epoch_floor(&self) -> Result<u64> {
         let g = self.current();
+        let _view = g.reading();
         let mut highest = g.epoch_floor()?;
         for item in g.tree.scan_prefix([keys::EPOCH_FLOOR]) {
             let (k, v) = item.map_err(|e| Error::registry("list epoch floors", e))?;
@@ -337,7 +340,9 @@ impl Registry {
     }
 
     pub(crate) fn datanode_count(&self) -> Result<u64> {
-        Ok(self.current().tree.scan_prefix([keys::DATANODE]).count() as u64)
+        let g = self.current();
+        let _view = g.reading();
+        Ok(g.tree.scan_prefix([keys::DATANODE]).count() as u64)
     }
 
     fn replica_bucket(g: &Generation, b: u64) -> Result<ReplicaBucket> {
@@ -349,6 +354,7 @@ impl Registry {
 
     pub(crate) fn shard(&self, id: u64) -> Result<Option<ShardInfo>> {
         let g = self.current();
+        let _view = g.reading();
         Ok(Self::shard_in(
             id,
             Self::replica_bucket(&g, keys::bucket_of(id))?,
@@ -384,6 +390,7 @@ impl Registry {
         };
         let start = keys::replica_bucket(after.map(|(s, _)| keys::bucket_of(s)).unwrap_or(0));
         let g = self.current();
+        let _view = g.reading();
         let mut items = Vec::new();
         let mut more = false;
         'buckets: for item in g.tree.range(start..) {
@@ -435,6 +442,7 @@ impl Registry {
         let prefix = keys::by_datanode_prefix(datanode);
         let start = keys::by_datanode(datanode, after.map(keys::bucket_of).unwrap_or(0));
         let g = self.current();
+        let _view = g.reading();
         let mut items = Vec::new();
         let mut more = false;
         'buckets: for item in g.tree.range(start..) {
@@ -470,6 +478,7 @@ impl Registry {
 
     pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>> {
         let g = self.current();
+        let _view = g.reading();
         Ok(g.get::<KvRecord>(&keys::kv(key), "kv")?
             .map(|r| kv_entry(key, r)))
     }
@@ -528,6 +537,7 @@ impl Registry {
             }
         }
         let g = self.current();
+        let _view = g.reading();
         let mut items: Vec<T> = Vec::new();
         let mut last: Option<sled::IVec> = None;
         let mut bytes = 0;
@@ -556,7 +566,9 @@ impl Registry {
     /// map; the content two replicas of the registry must agree on.
     pub(crate) fn content(&self) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
         let mut out = BTreeMap::new();
-        for item in self.current().tree.iter() {
+        let g = self.current();
+        let _view = g.reading();
+        for item in g.tree.iter() {
             let (k, v) = item.map_err(|e| Error::registry("read all", e))?;
             if keys::is_primary(&k) {
                 out.insert(k.to_vec(), v.to_vec());
@@ -606,182 +618,4 @@ fn cursor_bytes(c: &str, len: usize) -> Result<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_held_lock_is_reported_as_contention_and_other_errors_are_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let held = open_db(dir.path(), 1 << 20).unwrap();
-        let err = sled::Config::new().path(dir.path()).open().unwrap_err();
-        assert!(is_lock_contention(&err), "{err}");
-        let e = open_db_waiting(dir.path(), 1 << 20, Duration::ZERO, || {}).unwrap_err();
-        assert!(e.to_string().contains("could not acquire lock"), "{e}");
-        drop(held);
-
-        // A path that is a file is not a lock problem: reported at once.
-        let file = dir.path().join("plain-file");
-        std::fs::write(&file, b"x").unwrap();
-        let err = sled::Config::new().path(&file).open().unwrap_err();
-        assert!(!is_lock_contention(&err), "{err}");
-    }
-
-    #[test]
-    fn open_waits_for_a_closing_handle_to_release_the_lock() {
-        let dir = tempfile::tempdir().unwrap();
-        let held = Registry::open(dir.path(), 1 << 20).unwrap();
-        let (refused_tx, refused_rx) = std::sync::mpsc::channel();
-        let path = dir.path().to_path_buf();
-        let opener = std::thread::spawn(move || {
-            let on_contention = move || {
-                let _ = refused_tx.send(());
-            };
-            open_db_waiting(&path, 1 << 20, Duration::from_secs(60), on_contention).map(|_| ())
-        });
-        // Released only once the opener has found the lock held at least once.
-        refused_rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the opener meets the held lock");
-        drop(held);
-        opener.join().unwrap().unwrap();
-    }
-
-    /// Every page of the key-value space's entries, as keys, following `next` from the start.
-    fn kv_pages(reg: &Registry, limit: usize, max_bytes: usize) -> Vec<Vec<String>> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = reg.kv_scan("", after.as_deref(), limit, max_bytes).unwrap();
-            out.push(page.items.into_iter().map(|e| e.key).collect());
-            match page.next {
-                Some(next) => after = Some(next),
-                None => return out,
-            }
-        }
-    }
-
-    #[test]
-    fn key_pages_end_at_their_byte_budget_and_the_next_starts_after_them() {
-        use crate::apply_batch::ApplyBatch;
-        use crate::command::Command;
-
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-        let g = reg.current();
-        let mut batch = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
-        for (i, key) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
-            let put = Command::Put {
-                key: key.into(),
-                value: vec![0; 10],
-                if_revision: None,
-            };
-            batch.execute(i as u64 + 1, &put).unwrap();
-        }
-        g.commit(batch.finish().unwrap()).unwrap();
-        let keys = |pages: &[&[&str]]| -> Vec<Vec<String>> {
-            pages
-                .iter()
-                .map(|p| p.iter().map(|k| k.to_string()).collect())
-                .collect()
-        };
-        // The budget ends a page once its values reach it.
-        assert_eq!(
-            kv_pages(&reg, 4, 25),
-            keys(&[&["a", "b", "c"], &["d", "e"]])
-        );
-        // The count ends it first.
-        assert_eq!(
-            kv_pages(&reg, 2, 1000),
-            keys(&[&["a", "b"], &["c", "d"], &["e"]])
-        );
-        // A page holds at least one entry, however small the budget.
-        assert_eq!(kv_pages(&reg, 4, 0).len(), 5);
-        // Listings page by count alone.
-        let listed = reg.kv_list("", None, 10).unwrap();
-        assert_eq!(listed.items.len(), 5);
-        assert_eq!(listed.next, None);
-    }
-
-    /// Commits one batch putting `puts` (key, value size) at indexes 1, 2, ...
-    fn put_all(reg: &Registry, puts: &[(&str, usize)]) {
-        use crate::apply_batch::ApplyBatch;
-        use crate::command::Command;
-
-        let g = reg.current();
-        let mut batch = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
-        for (i, (key, len)) in puts.iter().enumerate() {
-            let put = Command::Put {
-                key: key.to_string(),
-                value: vec![7; *len],
-                if_revision: None,
-            };
-            batch.execute(i as u64 + 1, &put).unwrap();
-        }
-        g.commit(batch.finish().unwrap()).unwrap();
-    }
-
-    #[test]
-    fn a_listing_pages_keys_and_revisions_as_a_scan_pages_entries() {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-        let puts = [
-            ("a", 3),
-            ("a/1", 100_000),
-            ("a/2", 0),
-            ("a/3", 5),
-            ("b", 1),
-            ("b/x", 70_000),
-        ];
-        put_all(&reg, &puts);
-        // Page after page, by count, the listing names what the scan returns: same keys,
-        // revisions and cursors.
-        for prefix in ["", "a", "a/", "b/", "c"] {
-            for limit in [1, 2, 3, 10] {
-                let mut after: Option<String> = None;
-                loop {
-                    let listed = reg.kv_list(prefix, after.as_deref(), limit).unwrap();
-                    let scanned = reg
-                        .kv_scan(prefix, after.as_deref(), limit, usize::MAX)
-                        .unwrap();
-                    let scanned_keys: Vec<(String, u64)> = scanned
-                        .items
-                        .into_iter()
-                        .map(|e| (e.key, e.revision))
-                        .collect();
-                    let listed_keys: Vec<(String, u64)> = listed
-                        .items
-                        .into_iter()
-                        .map(|k| (k.key, k.revision))
-                        .collect();
-                    assert_eq!(listed_keys, scanned_keys, "{prefix:?} {limit} {after:?}");
-                    assert_eq!(listed.next, scanned.next, "{prefix:?} {limit} {after:?}");
-                    match listed.next {
-                        Some(next) => after = Some(next),
-                        None => break,
-                    }
-                }
-            }
-        }
-        let all = reg.kv_list("a/", None, 2).unwrap();
-        let names: Vec<(&str, u64)> = all.items.iter().map(|k| (&k.key[..], k.revision)).collect();
-        assert_eq!(names, [("a/1", 2), ("a/2", 3)]);
-        let rest = reg.kv_list("a/", all.next.as_deref(), 2).unwrap();
-        assert_eq!(rest.items.len(), 1);
-        assert_eq!((&rest.items[0].key[..], rest.next), ("a/3", None));
-    }
-
-    #[test]
-    fn a_registry_whose_open_failed_a_write_is_not_reopened() {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-        put_all(&reg, &[("k", 1)]);
-        drop(reg);
-        FAIL_NEXT_REDO.with(|f| f.set(true));
-        assert!(Registry::open(dir.path(), 1 << 20).is_err());
-        // Space freed, the next start deletes the registry (the node rebuilds it from the
-        // snapshot and the log) instead of trusting what sled kept.
-        let reg = Registry::open(dir.path(), 1 << 20).unwrap();
-        assert!(reg.kv_get("k").unwrap().is_none());
-        assert!(dir.path().join("TRUSTED").exists());
-    }
-}
+mod tests;
