@@ -83,6 +83,9 @@ struct Inner {
     /// Until when this node votes for no candidate, because before it opened it may have
     /// given a leader a lease that lasts until then (`node/votes.rs`).
     lease_given_until: Option<std::time::Instant>,
+    /// The term this node last led in, and when it took office then (as its metrics showed it):
+    /// a member it has never heard from has been silent at least that long.
+    led_since: parking_lot::Mutex<Option<(u64, std::time::Instant)>>,
     /// Why this node may not start elections now (`node/election_holds.rs`).
     election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
 }
@@ -252,6 +255,7 @@ impl MetaNode {
                 lease_given_until,
                 rejoin_target: AtomicU64::new(u64::MAX),
                 election_holds: Default::default(),
+                led_since: parking_lot::Mutex::new(None),
             }),
         };
         if let Some(until) = lease_given_until {
@@ -274,12 +278,24 @@ impl MetaNode {
         // The server metrics change with the role, leader and membership only, not with every
         // write as the full metrics do.
         let mut metrics = self.inner.raft.server_metrics();
+        // A weak handle: the task must not keep a node that shut down alive.
+        let inner = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut seen = None;
             let mut leader = None;
             loop {
                 {
                     let m = metrics.borrow_watched();
+                    if m.state == openraft::ServerState::Leader {
+                        let term = m.vote.leader_id().term;
+                        let Some(inner) = inner.upgrade() else {
+                            return;
+                        };
+                        let mut led = inner.led_since.lock();
+                        if led.is_none_or(|(t, _)| t != term) {
+                            *led = Some((term, std::time::Instant::now()));
+                        }
+                    }
                     if m.current_leader != leader {
                         leader = m.current_leader;
                         let term = m.vote.leader_id().term;
@@ -542,7 +558,16 @@ impl MetaNode {
                             (Some(l), None) => l + 1,
                             _ => 0,
                         };
+                        // A member this leader never heard from (down since before it took
+                        // office) has been silent at least since then.
                         let (_, heard) = Self::progress_of(&m, *node);
+                        let heard = heard.or_else(|| {
+                            self.inner
+                                .led_since
+                                .lock()
+                                .filter(|(term, _)| *term == m.current_term)
+                                .map(|(_, since)| since.elapsed())
+                        });
                         ReplicationLag {
                             node: *node,
                             matched,

@@ -48,7 +48,8 @@ pub struct ReplicationLag {
     pub matched: Option<u64>,
     /// Leader's last log index minus `matched`.
     pub lag: u64,
-    /// Milliseconds since the leader last heard from it (`None`: never).
+    /// Milliseconds since the leader last heard from it, or since it took office if it never
+    /// has (`None` only in the moment before the leader notes when it took office).
     pub heard_ms: Option<u64>,
 }
 

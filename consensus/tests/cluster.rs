@@ -696,6 +696,57 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
     c.shutdown().await
 }
 
+/// A member that is down when leadership changes hands is still reported silent by the new
+/// leader, which never heard from it: from when it took office, growing (a "member down"
+/// alert on that figure must not clear because the leader changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_reports_a_member_it_never_heard_from_as_silent() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.converged().await?;
+    let down = (1..=3).find(|i| *i != old.id()).context("a follower")?;
+    c.stop(down).await?;
+    let mut new = None;
+    let mut metrics = old.raft().metrics();
+    for _ in 0..100 {
+        new = old.hand_over_leadership(Duration::from_secs(5)).await?;
+        if new.is_some() {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+    let new = c.node(new.context("no voter took over")?).clone();
+    let heard = |n: &MetaNode| {
+        n.status()
+            .replication
+            .iter()
+            .find(|r| r.node == down)
+            .and_then(|r| r.heard_ms)
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        if let Some(ms) = heard(&new) {
+            break ms;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the new leader never reported node {down}: {:?}",
+            new.status().replication
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    };
+    let mut later = first;
+    while later <= first {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the silence never grew"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(20), metrics.changed()).await;
+        later = heard(&new).context("the report went away")?;
+    }
+    c.shutdown().await
+}
+
 /// A datanode that registers with a leader that has collected heartbeats for longer than the
 /// timeout is `unknown` until it has had a timeout to send its first heartbeat, not `down`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,7 +206,7 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
         // Unlike the lag, this grows while a member is down even when nothing is written.
         let mut metric = enc.encode_descriptor(
             "metaserver_raft_peer_heard_seconds",
-            "Seconds since the leader last heard from each member (leader only; absent: never)",
+            "Seconds since the leader last heard from each member, or since it took office if it never has (leader only)",
             None,
             MetricType::Gauge,
         )?;

@@ -259,7 +259,8 @@ pub struct ReplicationView {
     pub matched: Option<u64>,
     /// How many entries it is behind the leader's last.
     pub lag: u64,
-    /// Milliseconds since it last answered the leader (`None`: never).
+    /// Milliseconds since it last answered the leader, or since the leader took office if it
+    /// never has (`None` only in the moment before the leader notes when it took office).
     pub heard_ms: Option<u64>,
 }
 
