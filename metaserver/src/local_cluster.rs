@@ -145,6 +145,10 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
             Some(token) => command.env("METASERVER_TOKEN", token),
             None => command.env_remove("METASERVER_TOKEN"),
         };
+        // A group of its own: a terminal's Ctrl-C signals the foreground group, and the node
+        // must hear it once, from this process, not also directly (a second signal cuts its
+        // stop short). The parent-death signal below still stops it if this process dies.
+        command.process_group(0);
         // The node's own listener, if bound here: inherited under its descriptor number.
         let inherited = listeners.get(i).map(|l| l.as_raw_fd());
         if let Some(fd) = inherited {

@@ -3,6 +3,7 @@
 //! nodes.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -200,6 +201,28 @@ async fn a_second_signal_is_passed_on_to_the_nodes() {
     // The first signal reaches the node: it reports that it is stopping, and waits.
     cluster.signal(libc::SIGTERM);
     poll_status(&http, &format!("{base}/readyz"), 503).await;
+    cluster.signal(libc::SIGTERM);
+    let exit = cluster.wait_exit().await;
+    assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+}
+
+/// A Ctrl-C at a terminal signals the whole process group. The nodes hear it from their parent
+/// alone, once: it starts their stop, and their stop delay runs, rather than counting as the
+/// second signal that cuts the stop short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ctrl_c_to_the_process_group_reaches_each_node_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let (mut cluster, addrs) = start(&dir, 1, &["--stop-delay-ms", "600000"]);
+    let ready = format!("{}/readyz", addrs[&1]);
+    poll(&http, &ready, None, |_| true).await;
+    cluster.signal_group(libc::SIGINT);
+    poll_status(&http, &ready, 503).await;
+    // It stays stopping (a second signal would have ended the delay, and the node, at once).
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_status(&http, &ready, 503).await;
+    }
     cluster.signal(libc::SIGTERM);
     let exit = cluster.wait_exit().await;
     assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());

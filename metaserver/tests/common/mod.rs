@@ -171,6 +171,16 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` to its whole process group, as a terminal's Ctrl-C does. Only for a
+    /// process spawned in a group of its own.
+    pub fn signal_group(&self, signal: libc::c_int) {
+        assert!(self.group, "not in a group of its own");
+        // SAFETY: kill(2) has no memory-safety preconditions; the group leader is not reaped.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), signal);
+        }
+    }
+
     /// Stops it with SIGTERM and asserts that it exits cleanly.
     pub async fn stop(&mut self) {
         self.signal(libc::SIGTERM);
