@@ -3,9 +3,10 @@
 //! node of another cluster (one started with `--init` by mistake, then added as a learner) is
 //! refused instead of taking part: its higher term would depose the real leader.
 //!
-//! Contracts: a node that initializes a cluster records a fresh id before it forms the cluster;
-//! a node without one adopts the id of the first member message that carries one (a leader
-//! adding it); once recorded, the id never changes, and messages carrying another are refused.
+//! Contracts: a node that initializes a cluster records a fresh id before it forms the cluster
+//! (in place of one it adopted without joining); a node without one adopts the id of the first
+//! member message that carries one (a leader adding it); once the node holds Raft state, the id
+//! never changes, and messages carrying another are refused.
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -92,6 +93,27 @@ impl ClusterId {
                 Ok(())
             }
         }
+    }
+
+    /// Records `id`, the fresh id of a cluster this node is about to form, in `dir`, in place of
+    /// any id recorded before (the node holds no Raft state, so no cluster counts on it).
+    /// Blocking (writes and syncs a file).
+    ///
+    /// Contract: when this returns `Ok`, the dir durably records `id`.
+    pub(crate) fn record_new(&self, dir: &Path, id: u64) -> Result<()> {
+        if id == 0 {
+            return Err(Error::InvalidArgument("cluster id 0".into()));
+        }
+        let _recording = self.0.recording.lock();
+        if let Some(old) = self.get().filter(|old| *old != id) {
+            tracing::warn!(
+                "this node had recorded cluster {old:016x} without joining it; it forms cluster \
+                 {id:016x} instead"
+            );
+        }
+        write_durably(dir, FILE, &format!("{id:016x}\n"))?;
+        self.0.id.store(id, Ordering::Release);
+        Ok(())
     }
 
     /// A fresh random id for a new cluster (never 0).

@@ -71,6 +71,39 @@ async fn a_node_refuses_messages_of_another_cluster_and_adopts_the_first_it_know
     );
 }
 
+/// A node that adopted a cluster's id without joining it (the probe of an add that then failed)
+/// and is then initialized forms a cluster of its own id: under the other's, its messages would
+/// pass that cluster's checks, and an add of it would mix two histories.
+#[tokio::test]
+async fn a_node_that_adopted_an_id_without_joining_forms_its_cluster_under_a_fresh_one() {
+    let fresh = open_node(None).await;
+    let ab = Some("00000000000000ab");
+    assert_eq!(
+        status_of(&fresh.app, "/raft/identity", "", ab).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(fresh.node.cluster_id(), Some(0xab));
+    let init = call(
+        &fresh.app,
+        Method::POST,
+        "/v1/cluster/init",
+        r#"{"members":{"1":"127.0.0.1:1"}}"#,
+        &[],
+    )
+    .await;
+    assert!(init.status.is_success(), "{init:?}");
+    let id = fresh.node.cluster_id().expect("a cluster id");
+    assert_ne!(id, 0xab, "formed a cluster under the adopted id");
+    assert_eq!(
+        status_of(&fresh.app, "/raft/identity", "", ab).await,
+        StatusCode::CONFLICT,
+        "the other cluster's messages are refused"
+    );
+    // It is durable: a restart reads the new id.
+    let recorded = std::fs::read_to_string(fresh.dir.path().join("cluster-id")).unwrap();
+    assert_eq!(recorded.trim(), format!("{id:016x}"));
+}
+
 /// A message names its addressee: a node refuses one for another id (409 `wrong_node`) before
 /// anything else, so a membership that names this node's address for another node never gets
 /// answers from it.

@@ -41,6 +41,9 @@ impl MetaNode {
     /// node that was initialized, or that holds any Raft state, answers
     /// [`Error::AlreadyInitialized`]; the fact is persisted in the data dir.
     pub async fn initialize(&self, members: BTreeMap<NodeId, Node>) -> Result<()> {
+        // One initialize at a time: the id recorded below must be the one the cluster forms
+        // with.
+        let _changing = self.inner.changing.lock().await;
         if self.is_initialized().await? {
             return Err(Error::AlreadyInitialized);
         }
@@ -52,13 +55,14 @@ impl MetaNode {
             )));
         }
         // The cluster's id is recorded before the cluster exists, so every message it sends
-        // carries it (a node that adopted one from a member keeps it).
+        // carries it. Always a fresh one: an id recorded by a node without Raft state was
+        // adopted from another cluster's message (the probe of an add that then failed), or
+        // recorded by an initialize that stopped before it formed its cluster (no member has
+        // that one). A new cluster under another cluster's id would pass its checks.
         let cluster = self.inner.cfg.cluster_id.clone();
-        let id = cluster
-            .get()
-            .unwrap_or_else(crate::cluster_id::ClusterId::fresh);
+        let id = crate::cluster_id::ClusterId::fresh();
         let dir = self.inner.cfg.data_dir.clone();
-        blocking(move || cluster.adopt(&dir, id)).await?;
+        blocking(move || cluster.record_new(&dir, id)).await?;
         let raft = self.inner.raft.clone();
         match uncancelled(async move { raft.initialize(members).await }).await {
             Ok(()) => {}
