@@ -213,6 +213,24 @@ impl Liveness {
         now: Instant,
     ) -> DatanodeLiveness {
         let collecting = self.collecting(term, now);
+        // The datanode registered again after the caller's read of the registry: what was
+        // heard of that newer incarnation decides (a registration a moment ago is not down).
+        if let Some(h) = self
+            .heard
+            .get(&id)
+            .filter(|h| h.registered_index > registered_index)
+        {
+            let ago = now.saturating_duration_since(h.at);
+            let alive = h.beat && ago <= self.timeout;
+            return DatanodeLiveness {
+                state: if alive {
+                    DatanodeState::Alive
+                } else {
+                    DatanodeState::Unknown
+                },
+                heard_ago: h.beat.then_some(ago),
+            };
+        }
         let current = self
             .heard
             .get(&id)
@@ -312,6 +330,24 @@ mod tests {
         );
         assert_eq!(l.state(3, 7, 100, t0 + TIMEOUT).state, DatanodeState::Down);
         assert_eq!(l.collecting(3, t0 + secs(12)), secs(12));
+    }
+
+    #[test]
+    fn a_datanode_that_registered_again_after_the_read_is_not_down() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(TIMEOUT);
+        l.heard(3, 7, 50, t0);
+        // Collecting for long; the read saw incarnation 50, and meanwhile 7 registered again
+        // at 120 (and, in the second case, sent its first heartbeat).
+        let t1 = t0 + secs(30);
+        l.registered(3, 7, 120, t1);
+        assert_eq!(l.state(3, 7, 50, t1).state, DatanodeState::Unknown);
+        l.heard(3, 7, 120, t1);
+        let s = l.state(3, 7, 50, t1 + secs(1));
+        assert_eq!(
+            (s.state, s.heard_ago),
+            (DatanodeState::Alive, Some(secs(1)))
+        );
     }
 
     #[test]
@@ -451,7 +487,8 @@ mod tests {
         let s = l.state(3, 7, 90, t0 + secs(6));
         assert_eq!(s.state, DatanodeState::Alive);
         assert_eq!(s.heard_ago, Some(secs(6)));
-        assert_eq!(l.state(3, 7, 40, t0 + secs(6)).heard_ago, None);
+        // A caller whose read still showed incarnation 40 is told of 90, heard at t0.
+        assert_eq!(l.state(3, 7, 40, t0 + secs(6)), s);
     }
 
     #[test]
