@@ -241,6 +241,11 @@ async fn nemesis(seed: u64) -> Result<()> {
     println!(
         "seed {seed}: {acked} increments acknowledged, {reads} reads, finals {finals:?}; {done:?}"
     );
+    // A history of no acknowledged increment or no read checks nothing.
+    ensure!(
+        acked > 0 && reads > 0,
+        "seed {seed}: no progress ({acked} increments acknowledged, {reads} reads); {done:?}"
+    );
     c.shutdown().await
 }
 

@@ -152,6 +152,12 @@ async fn power_loss(seed: u64, v: Variant) -> Result<()> {
     }
 
     let context = || format!("seed {seed} ({v:?}): crash points {points:?}, changes {changes:?}");
+    // Without an acknowledged write there is nothing to lose, and the check below checks nothing.
+    ensure!(
+        !acked.is_empty(),
+        "no write was acknowledged; {}",
+        context()
+    );
     for id in &ids {
         c.start(*id)
             .await

@@ -53,6 +53,11 @@ async fn all_after(
             return Ok(out);
         }
         out.extend(events.into_iter().map(|e| (e.index, e.change)));
+        // A page whose index does not advance would be read for ever.
+        ensure!(
+            index > at,
+            "a page of events ends at {index}, not past {at}"
+        );
         at = index;
     }
 }

@@ -110,7 +110,12 @@ async fn reports_every_kind_of_change_with_filters_and_pages() {
             break;
         }
         seen.extend(changes(&v));
-        at = v["index"].as_u64().unwrap();
+        let index = v["index"].as_u64().unwrap();
+        assert!(
+            index > at,
+            "a page of events ends at {index}, not past {at}"
+        );
+        at = index;
     }
     assert_eq!(seen, changes(&all));
 }

@@ -70,7 +70,11 @@ async fn content(addr: &str) -> Value {
                 replicas.push(json!([s["id"], s["generation"], s["size"]]));
             }
             match page["next"].as_str() {
-                Some(next) => after = format!("&after={next}"),
+                Some(next) => {
+                    let next = format!("&after={next}");
+                    assert_ne!(next, after, "the cursor does not advance");
+                    after = next;
+                }
                 None => break,
             }
         }

@@ -253,12 +253,18 @@ mod tests {
         addr
     }
 
+    /// One ping through `addr`; a proxy that neither forwards nor closes fails it after 10 s.
     async fn round_trip(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
-        let mut stream = TcpStream::connect(addr).await?;
-        stream.write_all(b"ping").await?;
-        let mut buf = [0u8; 4];
-        stream.read_exact(&mut buf).await?;
-        Ok(buf.to_vec())
+        let exchange = async {
+            let mut stream = TcpStream::connect(addr).await?;
+            stream.write_all(b"ping").await?;
+            let mut buf = [0u8; 4];
+            stream.read_exact(&mut buf).await?;
+            Ok(buf.to_vec())
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), exchange)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 10 s"))?
     }
 
     #[tokio::test]

@@ -8,6 +8,21 @@ use serde_json::json;
 
 use crate::common::{leader_node, open_node, wait_for};
 
+/// A loopback address nothing answers at (connections are refused at once): a bound socket
+/// that does not listen, which keeps its port from anyone else while it lives.
+fn refusing() -> (socket2::Socket, String) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    let addr = socket
+        .local_addr()
+        .unwrap()
+        .as_socket()
+        .unwrap()
+        .to_string();
+    (socket, addr)
+}
+
 #[tokio::test]
 async fn cluster_membership_and_config() {
     let t = leader_node(None).await;
@@ -44,12 +59,11 @@ async fn cluster_membership_and_config() {
     assert_eq!(a.error_code(), "already_initialized");
 
     // A learner that is never reachable still joins the membership.
+    let (_four, four) = refusing();
+    let (_other, other) = refusing();
+    let learner = json!({"id": 4, "addr": four}).to_string();
     let a = t
-        .send(
-            Method::POST,
-            "/v1/cluster/learners",
-            r#"{"id":4,"addr":"127.0.0.1:9"}"#,
-        )
+        .send(Method::POST, "/v1/cluster/learners", learner.clone())
         .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.json()["learners"], json!([4]));
@@ -76,11 +90,19 @@ async fn cluster_membership_and_config() {
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     // A learner again at its address is a no-op; at another address, or a voter, a conflict.
     for (body, status) in [
-        (r#"{"id":4,"addr":"127.0.0.1:9"}"#, StatusCode::OK),
-        (r#"{"id":4,"addr":"127.0.0.1:10"}"#, StatusCode::CONFLICT),
-        (r#"{"id":1,"addr":"127.0.0.1:11"}"#, StatusCode::CONFLICT),
+        (learner.clone(), StatusCode::OK),
+        (
+            json!({"id": 4, "addr": other}).to_string(),
+            StatusCode::CONFLICT,
+        ),
+        (
+            json!({"id": 1, "addr": other}).to_string(),
+            StatusCode::CONFLICT,
+        ),
     ] {
-        let a = t.send(Method::POST, "/v1/cluster/learners", body).await;
+        let a = t
+            .send(Method::POST, "/v1/cluster/learners", body.clone())
+            .await;
         assert_eq!(a.status, status, "{body}: {a:?}");
     }
     // Learners can be removed; voters and strangers cannot.
