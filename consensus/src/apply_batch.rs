@@ -212,8 +212,13 @@ impl ApplyBatch {
                 shards,
             } => self.register_shards(index, *datanode, *epoch, shards),
             Command::DeregisterShards { datanode, shards } => {
-                self.deregister_shards(index, *datanode, shards)
+                self.deregister_shards(index, *datanode, None, shards)
             }
+            Command::DeregisterShardsOf {
+                datanode,
+                epoch,
+                shards,
+            } => self.deregister_shards(index, *datanode, Some(*epoch), shards),
             Command::RemoveDatanode { id } => self.remove_datanode(index, *id),
             Command::PruneReplicas {
                 datanode,
@@ -402,14 +407,24 @@ impl ApplyBatch {
         })
     }
 
+    /// Drops `datanode`'s replicas of `shards`; with `epoch`, only for that incarnation (else
+    /// `Fenced`).
     fn deregister_shards(
         &mut self,
         index: u64,
         datanode: u64,
+        epoch: Option<u64>,
         shards: &[u64],
     ) -> Result<CommandResult> {
-        let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? else {
-            return Ok(CommandResult::UnknownDatanode { id: datanode });
+        let dn = match epoch {
+            Some(epoch) => match self.current_incarnation(datanode, epoch)? {
+                Ok(dn) => dn,
+                Err(refused) => return Ok(refused),
+            },
+            None => match self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? {
+                Some(dn) => dn,
+                None => return Ok(CommandResult::UnknownDatanode { id: datanode }),
+            },
         };
         let mut gone = Vec::new();
         for &shard in shards {

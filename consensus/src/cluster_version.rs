@@ -27,7 +27,8 @@ use crate::types::NodeId;
 /// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`. 3:
 /// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
 /// the cluster's epoch floor, and a removal's first piece fences the incarnation it removes.
-pub const BUILD_VERSION: u32 = 4;
+/// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch.
+pub const BUILD_VERSION: u32 = 5;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
@@ -40,6 +41,11 @@ pub const CLUSTER_EPOCH_FLOOR: u32 = 4;
 /// The version from which a removal's first piece fences the incarnation it removes (its
 /// epoch goes up by one), so that the datanode's batches cannot keep a removal going.
 pub const FENCING_REMOVAL: u32 = 4;
+
+/// The version from which a datanode's deregistration can name its incarnation
+/// (`DeregisterShardsOf`): a former incarnation's late deregistration is fenced rather than
+/// drop a replica the current one registered.
+pub const FENCED_DEREGISTRATION: u32 = 5;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

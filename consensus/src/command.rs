@@ -5,7 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster_version::{BASE_VERSION, CLUSTER_EPOCH_FLOOR, PIECEWISE_REMOVAL};
+use crate::cluster_version::{
+    BASE_VERSION, CLUSTER_EPOCH_FLOOR, FENCED_DEREGISTRATION, PIECEWISE_REMOVAL,
+};
 
 /// What one piece of a prune weighs in the leader's admission window, in shards.
 const PRUNE_PIECE_WEIGHT: usize = 1_000;
@@ -90,6 +92,15 @@ pub enum Command {
     /// name, registering for the first time in the new cluster, cannot get an epoch a zombie of
     /// the old cluster still sends with (the new cluster's log indexes start again from 1).
     RaiseEpochFloor { at_least: u64 },
+    /// Drops the given replicas of `datanode`, sent by its incarnation `epoch`: fenced like a
+    /// batch when `epoch` is not the datanode's current epoch, so that a former incarnation's
+    /// late deregistration cannot drop a replica the current one registered. Proposed once the
+    /// cluster's version is 5.
+    DeregisterShardsOf {
+        datanode: u64,
+        epoch: u64,
+        shards: Vec<u64>,
+    },
 }
 
 impl Command {
@@ -100,6 +111,7 @@ impl Command {
             Command::PruneReplicas { .. } => 2,
             Command::RemoveDatanodePiece { .. } => PIECEWISE_REMOVAL,
             Command::RaiseEpochFloor { .. } => CLUSTER_EPOCH_FLOOR,
+            Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -110,7 +122,8 @@ impl Command {
     pub fn weight(&self) -> u32 {
         let n = match self {
             Command::RegisterShards { shards, .. } => shards.len(),
-            Command::DeregisterShards { shards, .. } => shards.len(),
+            Command::DeregisterShards { shards, .. }
+            | Command::DeregisterShardsOf { shards, .. } => shards.len(),
             // A piece looks at up to 4,096 replicas in whole buckets, as a batch of 1,000
             // shards does with three replicas each: it weighs as much, so the admission window
             // keeps the prunes of many datanodes from queueing up in front of reads.
@@ -170,6 +183,15 @@ impl fmt::Display for Command {
             }
             Command::SetClusterVersion { version } => write!(f, "SetClusterVersion({version})"),
             Command::RaiseEpochFloor { at_least } => write!(f, "RaiseEpochFloor({at_least})"),
+            Command::DeregisterShardsOf {
+                datanode,
+                epoch,
+                shards,
+            } => write!(
+                f,
+                "DeregisterShards(datanode {datanode}, epoch {epoch}, {} shards)",
+                shards.len()
+            ),
         }
     }
 }

@@ -230,7 +230,9 @@ impl StateMachine {
 fn weight(e: &Entry) -> usize {
     match &e.payload {
         EntryPayload::Normal(Command::RegisterShards { shards, .. }) => shards.len() * 2 + 1,
-        EntryPayload::Normal(Command::DeregisterShards { shards, .. }) => shards.len() * 2 + 1,
+        EntryPayload::Normal(
+            Command::DeregisterShards { shards, .. } | Command::DeregisterShardsOf { shards, .. },
+        ) => shards.len() * 2 + 1,
         // Their work is not in the entry: up to a datanode's every replica, or a piece's 1,024
         // buckets. Heavy: on a blocking thread, without holding the deferred batch.
         EntryPayload::Normal(

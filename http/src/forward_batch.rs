@@ -148,6 +148,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::RegisterDatanodeAtLeast { addr, .. } => addr.len() + 9,
         Command::RegisterShards { shards, .. } => shards.len() * 27,
         Command::DeregisterShards { shards, .. } => shards.len() * 9,
+        Command::DeregisterShardsOf { shards, .. } => shards.len() * 9 + 9,
         Command::RemoveDatanode { .. } => 0,
         Command::RemoveDatanodePiece { .. } => 9,
         Command::PruneReplicas { .. } => 18,

@@ -561,3 +561,52 @@ fn a_bucket_that_did_not_change_is_not_written() {
     );
     assert_eq!(buckets(&w), 1, "{w:?}");
 }
+
+/// A deregistration that names its incarnation is fenced once the datanode registered again:
+/// a former incarnation's late delete cannot drop the replica the current one registered. One
+/// without an epoch drops it, whichever incarnation asks.
+#[test]
+fn a_deregistration_of_a_former_incarnation_is_fenced() {
+    let (_d, reg) = registry();
+    let e1 = epoch(&apply(&reg, 1, &[dn(1)])[0]);
+    apply(&reg, 2, &register(1, e1, &[5, 6]));
+    let e2 = epoch(&apply(&reg, 3, &[dn(1)])[0]);
+    assert!(e2 > e1);
+    apply(&reg, 4, &register(1, e2, &[5, 6]));
+    let of = |epoch, shard| Command::DeregisterShardsOf {
+        datanode: 1,
+        epoch,
+        shards: vec![shard],
+    };
+    assert_eq!(
+        apply(&reg, 5, &[of(e1, 5)]),
+        vec![CommandResult::Fenced { current_epoch: e2 }]
+    );
+    assert!(reg.shard(5).unwrap().is_some(), "the replica is kept");
+    assert_eq!(
+        apply(&reg, 6, &[of(e2, 5)]),
+        vec![CommandResult::ShardsDeregistered { removed: 1 }]
+    );
+    assert!(reg.shard(5).unwrap().is_none());
+    assert_eq!(reg.datanode(1).unwrap().unwrap().shards, 1);
+    let unfenced = Command::DeregisterShards {
+        datanode: 1,
+        shards: vec![6],
+    };
+    assert_eq!(
+        apply(&reg, 7, &[unfenced]),
+        vec![CommandResult::ShardsDeregistered { removed: 1 }]
+    );
+    assert_eq!(
+        apply(
+            &reg,
+            8,
+            &[Command::DeregisterShardsOf {
+                datanode: 9,
+                epoch: 1,
+                shards: vec![1],
+            }]
+        ),
+        vec![CommandResult::UnknownDatanode { id: 9 }]
+    );
+}

@@ -43,6 +43,7 @@ fn adds_data(cmd: &Command) -> bool {
         cmd,
         Command::Delete { .. }
             | Command::DeregisterShards { .. }
+            | Command::DeregisterShardsOf { .. }
             | Command::RemoveDatanode { .. }
             | Command::RemoveDatanodePiece { .. }
             | Command::PruneReplicas { .. }

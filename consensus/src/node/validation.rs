@@ -39,7 +39,9 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
             }
         }
         Command::RegisterShards { shards, .. } => check_shards(shards.len())?,
-        Command::DeregisterShards { shards, .. } => check_shards(shards.len())?,
+        Command::DeregisterShards { shards, .. } | Command::DeregisterShardsOf { shards, .. } => {
+            check_shards(shards.len())?
+        }
         Command::RemoveDatanode { .. }
         | Command::PruneReplicas { .. }
         | Command::RemoveDatanodePiece { .. }

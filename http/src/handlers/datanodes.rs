@@ -10,7 +10,8 @@ use crate::error::ApiError;
 use crate::extract::{Id, Json, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
-    EpochBody, LivenessQuery, PageQuery, ReadQuery, RegisterDatanodeBody, RegisterShardsBody,
+    DeregisterQuery, EpochBody, LivenessQuery, PageQuery, ReadQuery, RegisterDatanodeBody,
+    RegisterShardsBody,
 };
 use crate::response::{
     DatanodeList, DatanodeLivenessView, DatanodeRegistered, DatanodeRemoved, DatanodeView,
@@ -214,18 +215,28 @@ fn refused(id: u64, epoch: u64, result: CommandResult) -> ApiError {
     }
 }
 
-/// `DELETE /v1/datanodes/{id}/shards/{shard}`; 404 if the replica is not registered.
+/// `DELETE /v1/datanodes/{id}/shards/{shard}?epoch=E`; 404 if the replica is not registered.
+/// With `epoch`, 409 `fenced` when `E` is not the datanode's current epoch: a former
+/// incarnation's late (or retried) deregistration cannot drop a replica the current one
+/// registered. A datanode should always send it; without it the replica is dropped whichever
+/// incarnation asks.
 pub async fn deregister_shard(
-    _: NoQuery,
+    Query(query): Query<DeregisterQuery>,
     writer: Writer,
     Path((Id(id), Id(shard))): Path<(Id, Id)>,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
-    let written = writer
-        .write(Command::DeregisterShards {
+    let command = match query.epoch {
+        Some(epoch) => Command::DeregisterShardsOf {
+            datanode: id,
+            epoch,
+            shards: vec![shard],
+        },
+        None => Command::DeregisterShards {
             datanode: id,
             shards: vec![shard],
-        })
-        .await?;
+        },
+    };
+    let written = writer.write(command).await?;
     match written.result {
         CommandResult::ShardsDeregistered { removed: 0 } => Err(ApiError::NotFound(format!(
             "datanode {id} holds no replica of shard {shard}"
@@ -234,8 +245,7 @@ pub async fn deregister_shard(
             removed,
             index: written.index,
         })),
-        CommandResult::UnknownDatanode { id } => Err(unknown_datanode(id)),
-        other => Err(unexpected(other)),
+        other => Err(refused(id, query.epoch.unwrap_or_default(), other)),
     }
 }
 

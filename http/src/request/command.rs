@@ -22,7 +22,7 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::RegisterShards { shards, .. } => {
             validate_shard_ids(shards.iter().map(|s| s.id), shards.len())
         }
-        Command::DeregisterShards { shards, .. } => {
+        Command::DeregisterShards { shards, .. } | Command::DeregisterShardsOf { shards, .. } => {
             validate_shard_ids(shards.iter().copied(), shards.len())
         }
         Command::RemoveDatanode { .. }

@@ -134,6 +134,15 @@ pub struct KvWriteQuery {
     pub if_revision: Option<u64>,
 }
 
+/// Query of `DELETE /v1/datanodes/{id}/shards/{shard}`: `?epoch=` names the incarnation that
+/// deregisters (fenced when it is not the current one).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeregisterQuery {
+    #[serde(default, deserialize_with = "canonical_number")]
+    pub epoch: Option<u64>,
+}
+
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadConsistency {

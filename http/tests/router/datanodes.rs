@@ -102,10 +102,27 @@ async fn datanodes_and_shards() {
     // The datanode's count follows.
     assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 3);
 
-    // Deregister one replica; again is 404.
-    let a = t
-        .send(Method::DELETE, "/v1/datanodes/7/shards/3", Body::empty())
-        .await;
+    // A former incarnation's deregistration is fenced, and a bad epoch refused: neither changes
+    // anything.
+    // (The first drop with an epoch raises the cluster's version to 5, which the digest counts.)
+    let stale = format!("/v1/datanodes/7/shards/3?epoch={}", epoch - 1);
+    let a = t.send(Method::DELETE, &stale, Body::empty()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "fenced");
+    let held = t.get("/v1/shards/3").await.json();
+    assert_eq!(held["replicas"][0]["datanode"], 7, "{held}");
+    assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 3);
+    let before = t.digest().await;
+    for bad in ["epoch=x", "epoch=01", "epoch=1&other=2", "epoch=-1"] {
+        let uri = format!("/v1/datanodes/7/shards/3?{bad}");
+        let a = t.send(Method::DELETE, &uri, Body::empty()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{bad}: {a:?}");
+    }
+    assert_eq!(t.digest().await, before);
+
+    // Deregister one replica (its current incarnation); again is 404.
+    let current = format!("/v1/datanodes/7/shards/3?epoch={epoch}");
+    let a = t.send(Method::DELETE, &current, Body::empty()).await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.json()["removed"], 1);
     let a = t
