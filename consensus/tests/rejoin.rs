@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::{Cluster, WAIT};
-use meta_consensus::{Consistency, Error, LogStore, Role};
+use meta_consensus::{Consistency, Error, LogStore, MetaNode, Role};
 use meta_store::WalOptions;
 use openraft::async_runtime::watch::WatchReceiver as _;
 
@@ -108,28 +108,8 @@ async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Re
     let stale = c.start(a).await?;
     c.start(wiped).await?;
     // Without the rule the empty node votes for a within an election timeout or two.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let mut metrics = stale.raft().metrics();
-    while std::time::Instant::now() < deadline {
-        ensure!(
-            stale.status().role != Role::Leader,
-            "node {a} leads without the write acknowledged at index {}",
-            w.index
-        );
-        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
-    }
-
-    c.start(b).await?;
-    let leader = c.leader().await?;
-    ensure!(
-        leader
-            .datanode(Consistency::Linearizable, 7)
-            .await?
-            .is_some(),
-        "the acknowledged registration is lost"
-    );
-    c.converged().await?;
-    c.shutdown().await
+    none_leads(&[&stale], w.index).await?;
+    the_write_survives(c, b).await
 }
 
 /// A voter whose data dir was lost stands for no election until it holds the cluster's log
@@ -194,20 +174,30 @@ async fn a_voter_that_lost_its_data_dir_does_not_lead_before_it_has_the_log() ->
     let stale = c.start(a).await?;
     // a votes once the lease it gave b has passed (an election timeout, at most 1.4 s here);
     // the empty node stands within another.
+    none_leads(&[&empty, &stale], w.index).await?;
+    the_write_survives(c, b).await
+}
+
+/// For 5 s, none of `nodes` leads (each would, without the write at `index`).
+async fn none_leads(nodes: &[&MetaNode], index: u64) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let mut metrics = empty.raft().metrics();
+    let mut metrics = nodes[0].raft().metrics();
     while std::time::Instant::now() < deadline {
-        for node in [&empty, &stale] {
+        for node in nodes {
             ensure!(
                 node.status().role != Role::Leader,
-                "node {} leads without the write acknowledged at index {}",
-                node.id(),
-                w.index
+                "node {} leads without the write acknowledged at index {index}",
+                node.id()
             );
         }
         let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
     }
+    Ok(())
+}
 
+/// Once node `b` (which holds it) is back, the cluster elects a leader that holds datanode 7's
+/// acknowledged registration, and the members converge.
+async fn the_write_survives(mut c: Cluster, b: u64) -> Result<()> {
     c.start(b).await?;
     let leader = c.leader().await?;
     ensure!(

@@ -181,3 +181,18 @@ impl TestNode {
         a.json()["epoch"].as_u64().expect("epoch")
     }
 }
+
+/// A loopback address nothing answers at (connections are refused at once): a bound socket
+/// that does not listen, which keeps its port from anyone else while it lives.
+pub fn refusing() -> (socket2::Socket, String) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    let addr = socket
+        .local_addr()
+        .unwrap()
+        .as_socket()
+        .unwrap()
+        .to_string();
+    (socket, addr)
+}

@@ -6,22 +6,7 @@ use axum::http::{Method, StatusCode};
 use meta_consensus::Role;
 use serde_json::json;
 
-use crate::common::{leader_node, open_node, wait_for};
-
-/// A loopback address nothing answers at (connections are refused at once): a bound socket
-/// that does not listen, which keeps its port from anyone else while it lives.
-fn refusing() -> (socket2::Socket, String) {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    socket.bind(&any.into()).unwrap();
-    let addr = socket
-        .local_addr()
-        .unwrap()
-        .as_socket()
-        .unwrap()
-        .to_string();
-    (socket, addr)
-}
+use crate::common::{leader_node, open_node, refusing, wait_for};
 
 #[tokio::test]
 async fn cluster_membership_and_config() {

@@ -300,15 +300,7 @@ async fn a_member_moves_to_a_new_address() {
     assert_eq!(status, 409, "{v}");
     plain_task.abort();
     // A bound socket that does not listen: connections to its port are refused.
-    let refused = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    refused.bind(&any.into()).unwrap();
-    let refused_addr = refused
-        .local_addr()
-        .unwrap()
-        .as_socket()
-        .unwrap()
-        .to_string();
+    let (_refused, refused_addr) = crate::common::refusing();
     let (status, v) = client.move_member(&leader, 2, &refused_addr).await;
     assert_eq!(status, 409, "{v}");
     assert!(
