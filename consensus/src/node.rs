@@ -90,13 +90,6 @@ struct Inner {
     election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
 }
 
-/// Changes `inner`'s election holds with `change` and sets openraft's switch to match.
-fn set_election_holds(inner: &Inner, change: impl FnOnce(&mut election_holds::ElectionHolds)) {
-    let mut holds = inner.election_holds.lock();
-    change(&mut holds);
-    inner.raft.runtime_config().elect(holds.may_elect());
-}
-
 /// The answers of [`MetaNode::stream_append`], in order.
 pub type AppendAnswers = std::pin::Pin<
     Box<

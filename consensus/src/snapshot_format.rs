@@ -273,12 +273,12 @@ struct Pending<'a> {
     bytes: usize,
     /// The greatest key so far, while every key ascended (an export's scan does): a key above
     /// it is new.
-    ascending: Option<Vec<u8>>,
+    ascending: Option<IVec>,
     /// Whether a key did not ascend (an export's leftovers come last): from then on every key
     /// is looked up in the tree and in `unordered`.
     unordered_seen: bool,
     /// The keys in `batch` that came after the ascending run.
-    unordered: std::collections::HashSet<Vec<u8>>,
+    unordered: std::collections::HashSet<IVec>,
 }
 
 impl<'a> Pending<'a> {
@@ -297,6 +297,8 @@ impl<'a> Pending<'a> {
 
     /// Adds a pair of the payload; fails if its key came before.
     fn pair(&mut self, k: Vec<u8>, v: Vec<u8>) -> Result<()> {
+        // Shared, not copied, by the checks and the batch.
+        let k = IVec::from(k);
         let ascends = !self.unordered_seen && self.ascending.as_ref().is_none_or(|l| &k > l);
         if ascends {
             self.ascending = Some(k.clone());

@@ -7,10 +7,10 @@
 //! Every node follows its committed membership from when it starts ([`run`]); the leader sends
 //! each node the last change left out a notice ([`PATH_REMOVED`]) until one is delivered, the
 //! node refuses it (another node, or one that holds no cluster's data, answers there), or a
-//! newer membership names the node again. A node that is down when it is removed is told once it is back, and a change whose
-//! request timed out, or that a leader committed just before it lost its leadership, is told
-//! too. Best effort: the nodes still to be told live in memory, so a leader that restarts
-//! forgets them.
+//! newer membership names the node again. A node that is down when it is removed is told once
+//! it is back, and a change whose request timed out, or that a leader committed just before it
+//! lost its leadership, is told too. Best effort: the nodes still to be told live in memory, so
+//! a leader that restarts forgets them.
 //!
 //! [`RemovalNotices`] is the bookkeeping, plain code that tests drive with their own clock.
 

@@ -130,8 +130,9 @@ pub struct ServeArgs {
     /// rotation first (a second signal ends the wait) [default: 0].
     #[arg(long, env = "METASERVER_STOP_DELAY_MS")]
     pub stop_delay_ms: Option<u64>,
-    /// Async runtime worker threads, at most 1024 [default: one per CPU core]. When several nodes share a
-    /// machine, give each its share of the cores: every extra thread costs wake-ups.
+    /// Async runtime worker threads, at most 1024 [default: one per CPU core]. When several
+    /// nodes share a machine, give each its share of the cores: every extra thread costs
+    /// wake-ups.
     #[arg(long, env = "METASERVER_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
 }

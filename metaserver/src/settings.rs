@@ -343,11 +343,6 @@ impl ServeSettings {
         cfg
     }
 
-    /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
-    /// or this node alone. Refused, before anything is initialized, as the init route refuses
-    /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
-    /// node at this one, would give the membership an address where nothing answers, or one
-    /// process for two members.
     /// The address this node gives the members, listening at `bound`: --advertise, else its
     /// entry in --peers, else the bound address. A node that forms a cluster (--init) must give
     /// one the members can reach: the membership keeps it, and a learner added later would
@@ -368,6 +363,11 @@ impl ServeSettings {
         Ok(addr)
     }
 
+    /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
+    /// or this node alone. Refused, before anything is initialized, as the init route refuses
+    /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
+    /// node at this one, would give the membership an address where nothing answers, or one
+    /// process for two members.
     pub fn initial_members(&self, addr: &str) -> Result<BTreeMap<u64, String>> {
         let mut members = self.peers.clone();
         members.entry(self.id).or_insert_with(|| addr.to_owned());

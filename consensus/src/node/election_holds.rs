@@ -29,7 +29,9 @@ impl MetaNode {
     /// Changes the holds with `change`, then sets openraft's switch to match, under one lock:
     /// two rules that change their holds at once cannot leave the switch as only one saw it.
     pub(super) fn set_election_holds(&self, change: impl FnOnce(&mut ElectionHolds)) {
-        super::set_election_holds(&self.inner, change);
+        let mut holds = self.inner.election_holds.lock();
+        change(&mut holds);
+        self.inner.raft.runtime_config().elect(holds.may_elect());
     }
 }
 

@@ -162,14 +162,15 @@ impl MetaNode {
         tokio::spawn(async move {
             tokio::time::sleep_until(until.into()).await;
             if let Some(inner) = inner.upgrade() {
-                super::set_election_holds(&inner, |h| h.lease = false);
+                MetaNode { inner }.set_election_holds(|h| h.lease = false);
             }
         });
     }
 
     /// Records, while this node rejoins, the commit index of the first leader's message that
-    /// reaches it (called for every AppendEntries request, before openraft sees it). Every entry this node's former self may have helped commit is at or below it:
-    /// the leader committed them before, or they precede its term's first entry.
+    /// reaches it (called for every AppendEntries request, before openraft sees it). Every
+    /// entry this node's former self may have helped commit is at or below it: the leader
+    /// committed them before, or they precede its term's first entry.
     pub(super) fn note_leader_commit(
         &self,
         rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>,
