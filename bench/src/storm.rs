@@ -36,7 +36,7 @@ use self::reaper::Reaper;
 use self::restart::{Pass, StormWorkload};
 use self::results::Results;
 use self::server_build::ServerBuild;
-use self::single::SingleWorkload;
+use self::single::{Route, SingleWorkload};
 use crate::report::out_dir;
 
 /// How long a stopping server may take to exit after SIGTERM before it is killed.
@@ -82,13 +82,27 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// The single-shard points to measure, in order: every client count spread over the members
+/// (one client talks to the leader), and right after one client, one client at a follower, so
+/// that the forwarded path is measured alone too.
+fn single_points(clients: &[usize]) -> Vec<(usize, Route)> {
+    let mut points = Vec::new();
+    for &c in clients {
+        points.push((c, Route::Spread));
+        if c == 1 {
+            points.push((c, Route::Follower));
+        }
+    }
+    points
+}
+
 /// Runs every round and arm, each on a fresh cluster, collecting into `results`.
 async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Result<()> {
     Reaper::install();
     let api = Api::new()?;
     let runs_dir = out_dir()?.join("storm-runs");
     let per_arm = if options.runs_single() {
-        options.clients.len()
+        single_points(&options.clients).len()
     } else {
         0
     } + usize::from(options.runs_storm());
@@ -205,12 +219,13 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
                     measure: options.measure(),
                 };
                 let mut next_datanode = 1;
-                for &clients in &options.clients {
-                    overall.set_message(format!("{tag}: single-shard writes, {clients} client(s)"));
-                    let p = workload.run(clients, next_datanode).await?;
+                for (clients, route) in single_points(&options.clients) {
+                    let label = route.label(clients);
+                    overall.set_message(format!("{tag}: single-shard writes, {label} client(s)"));
+                    let p = workload.run(clients, next_datanode, route).await?;
                     next_datanode += clients as u64;
                     progress.suspend(|| eprintln!(
-                        "{tag}: single {clients:>3} clients: {:>8.0} reg/s  p50 {:.2} ms  p99 {:.2} ms",
+                        "{tag}: single {label:>3} clients: {:>8.0} reg/s  p50 {:.2} ms  p99 {:.2} ms",
                         p.per_sec, p.p50_ms, p.p99_ms
                     ));
                     results.single.push(p);

@@ -90,17 +90,21 @@ impl AdminProbe {
         Ok(AdminProbe { stop, done })
     }
 
-    /// Stops issuing reads, waits for the outstanding ones, and merges the measurements.
-    pub async fn stop(self) -> AdminLatencies {
+    /// Stops issuing reads, waits for the outstanding ones, and merges the measurements. Fails
+    /// if the probes' thread died (no measurement is not a fast one).
+    pub async fn stop(self) -> Result<AdminLatencies> {
         let _ = self.stop.send(true);
-        let (shard, cluster) = self.done.await.unwrap_or_default();
-        AdminLatencies {
+        let (shard, cluster) = self
+            .done
+            .await
+            .context("the admin probes' thread died before it reported")?;
+        Ok(AdminLatencies {
             shard_ms: shard.latencies_ms,
             cluster_ms: cluster.latencies_ms,
             errors: shard.errors + cluster.errors,
             skipped: shard.skipped + cluster.skipped,
             last_error: cluster.last_error.or(shard.last_error),
-        }
+        })
     }
 }
 
@@ -119,14 +123,16 @@ async fn probe(
     let started = Instant::now();
     let mut n = 0u64;
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
+        // A read is timed from when it was due, not from when it was sent: a probe that runs
+        // late must not hide the delay.
+        let due = tokio::select! {
+            due = ticker.tick() => due.into_std(),
             Some(done) = reads.join_next(), if !reads.is_empty() => {
                 record(&mut out, done);
                 continue;
             }
             _ = stopped.changed() => break,
-        }
+        };
         if reads.len() >= MAX_IN_FLIGHT {
             out.skipped += 1;
             continue;
@@ -135,9 +141,8 @@ async fn probe(
         n += 1;
         let api = api.clone();
         reads.spawn(async move {
-            let sent = Instant::now();
             let status = api.get_status(&url).await;
-            (url, status, sent.elapsed())
+            (url, status, due.elapsed())
         });
     }
     // Ticks the timer skipped (this task was not run in time) count as reads not sent, as

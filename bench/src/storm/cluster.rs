@@ -54,6 +54,9 @@ impl Cluster {
             .prefix(&format!("{}-", arm.name()))
             .tempdir_in(parent)
             .with_context(|| format!("create a run dir in {}", parent.display()))?;
+        if !keep_data {
+            Reaper::register_dir(dir.path());
+        }
         let mut cluster = Cluster {
             members: Vec::new(),
             leader: 0,
@@ -311,8 +314,9 @@ impl Drop for Cluster {
                 Reaper::unregister(child.id());
             }
         }
-        if self.keep_data {
-            if let Some(dir) = self.dir.take() {
+        if let Some(dir) = self.dir.take() {
+            Reaper::unregister_dir(dir.path());
+            if self.keep_data {
                 let kept = dir.keep();
                 eprintln!("storm: kept {}", kept.display());
             }

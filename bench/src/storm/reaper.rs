@@ -1,11 +1,17 @@
 //! Makes sure no server process outlives the benchmark: a registry of live child pids that a Ctrl-C
-//! handler kills, and a parent-death signal set in every child.
+//! handler kills, and a parent-death signal set in every child. The handler also removes the
+//! clusters' data dirs (a storm's holds about a gigabyte), which no destructor would.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// Pids of the server processes that are running now.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Data dirs of the running clusters, to remove at an interruption.
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// The process-wide registry of running children. Drop of a cluster handles the ordinary and the
 /// panic paths; this covers Ctrl-C and SIGTERM, where no destructor runs.
@@ -13,7 +19,7 @@ pub struct Reaper;
 
 impl Reaper {
     /// Installs the Ctrl-C / SIGTERM handler on the current tokio runtime: it kills every registered
-    /// child and exits with status 130.
+    /// child, removes every registered dir and exits with status 130.
     pub fn install() {
         tokio::spawn(async {
             let mut term =
@@ -30,6 +36,7 @@ impl Reaper {
             }
             let killed = Reaper::kill_all();
             eprintln!("\nstorm: interrupted; killed {killed} server process(es)");
+            Reaper::remove_dirs();
             std::process::exit(130);
         });
     }
@@ -59,6 +66,40 @@ impl Reaper {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|p| *p != pid);
+    }
+
+    /// Records the data dir of a cluster, to remove if the benchmark is interrupted.
+    pub fn register_dir(dir: &Path) {
+        DIRS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(dir.to_path_buf());
+    }
+
+    /// Forgets a dir that its owner removes (or keeps).
+    pub fn unregister_dir(dir: &Path) {
+        DIRS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|d| d != dir);
+    }
+
+    /// Removes every registered dir. A killed server may still be exiting, its files open: a
+    /// removal that fails is tried again for a while, then reported.
+    fn remove_dirs() {
+        let dirs = std::mem::take(&mut *DIRS.lock().unwrap_or_else(|e| e.into_inner()));
+        for dir in dirs {
+            let mut tries = 0;
+            while let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    break;
+                }
+                tries += 1;
+                if tries == 50 {
+                    eprintln!("storm: could not remove {}: {e}", dir.display());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 
     /// Sends SIGKILL to every registered child; returns how many there were.

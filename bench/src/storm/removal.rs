@@ -93,8 +93,9 @@ pub async fn run(
     let removed = api.remove_datanode(&follower, DATANODE).await;
     let seconds = start.elapsed().as_secs_f64();
     tokio::time::sleep(admin_interval * 10).await;
-    let mut admin = probe.stop().await;
+    let admin = probe.stop().await;
     let removed = removed.context("remove the datanode")?;
+    let mut admin = admin?;
     anyhow::ensure!(
         removed == replicas,
         "the removal dropped {removed} replicas of {replicas}"

@@ -194,6 +194,7 @@ impl StormWorkload<'_> {
         if let Some(e) = failure {
             return Err(e);
         }
+        let admin = admin?;
         let seconds = (finished - start).as_secs_f64();
 
         let after_leader = self.cluster.refresh_leader(self.api).await;

@@ -8,7 +8,7 @@ use super::chart::{self, Series};
 use super::options::Arm;
 use super::reads::{self, ReadPoint};
 use super::restart::{Pass, StormPoint, LOST_EVERY};
-use super::single::SinglePoint;
+use super::single::{Route, SinglePoint};
 use crate::report::{median, out_dir, print_table, write_json};
 
 /// Everything one invocation measured.
@@ -126,12 +126,14 @@ fn print_storm_runs(points: &[StormPoint]) {
     );
 }
 
-/// Medians of the single-shard workload for one arm and client count.
+/// Medians of the single-shard workload for one arm, client count and route.
 struct SingleSummary {
     per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
     records_per_barrier: Option<f64>,
+    /// Failed requests over every run (they are in neither the rate nor the latencies).
+    errors: u64,
 }
 
 /// Medians of the storm for one arm.
@@ -145,7 +147,29 @@ struct StormSummary {
     admin_p50_ms: f64,
     admin_p99_ms: f64,
     peak_rss_mib: f64,
+    /// The largest peak RSS of each member over the runs, by member id.
+    peak_rss_mib_by_node: Vec<(u64, f64)>,
     records_per_barrier: Option<f64>,
+    /// Admin reads that failed or were never sent, over every run (each counts in its run's p99
+    /// as slower than any answer; enough of them make it infinite).
+    admin_unanswered: u64,
+    /// Whether every member held every acknowledged replica after every run.
+    verified: bool,
+}
+
+/// Formats a rate, naming the failed requests that it leaves out, if any.
+fn rate_and_errors(per_sec: f64, errors: u64) -> String {
+    if errors == 0 {
+        f(per_sec, 0)
+    } else {
+        format!("{} ({errors} failed)", f(per_sec, 0))
+    }
+}
+
+/// A number for the JSON output: `null` for a value that is not finite (an infinite p99 means
+/// that too many reads were never answered; `admin_unanswered` says how many).
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 impl Results {
@@ -164,18 +188,37 @@ impl Results {
         arms
     }
 
+    /// The client counts spread over the members, in order.
     fn client_counts(&self) -> Vec<usize> {
-        let mut c: Vec<usize> = self.single.iter().map(|p| p.clients).collect();
+        let mut c: Vec<usize> = self
+            .single
+            .iter()
+            .filter(|p| p.route == Route::Spread)
+            .map(|p| p.clients)
+            .collect();
         c.sort_unstable();
         c.dedup();
         c
     }
 
+    /// Every measured client count and route, in order: a count's follower point after it.
+    fn single_points(&self) -> Vec<(usize, Route)> {
+        let mut points: Vec<(usize, Route)> =
+            self.single.iter().map(|p| (p.clients, p.route)).collect();
+        points.sort_unstable_by_key(|(c, r)| (*c, *r == Route::Follower));
+        points.dedup();
+        points
+    }
+
     fn single_summary(&self, arm: Arm, clients: usize) -> Option<SingleSummary> {
+        self.single_summary_via(arm, clients, Route::Spread)
+    }
+
+    fn single_summary_via(&self, arm: Arm, clients: usize, route: Route) -> Option<SingleSummary> {
         let runs: Vec<&SinglePoint> = self
             .single
             .iter()
-            .filter(|p| p.arm == arm && p.clients == clients)
+            .filter(|p| p.arm == arm && p.clients == clients && p.route == route)
             .collect();
         if runs.is_empty() {
             return None;
@@ -186,6 +229,7 @@ impl Results {
             p50_ms: m(|p| p.p50_ms),
             p99_ms: m(|p| p.p99_ms),
             records_per_barrier: median_of(runs.iter().map(|p| p.records_per_barrier)),
+            errors: runs.iter().map(|p| p.errors).sum(),
         })
     }
 
@@ -203,7 +247,20 @@ impl Results {
             admin_p50_ms: m(|p| p.admin_p50_ms),
             admin_p99_ms: m(|p| p.admin_p99_ms),
             peak_rss_mib: m(max_rss),
+            peak_rss_mib_by_node: {
+                let mut by_node: Vec<(u64, f64)> = Vec::new();
+                for &(id, rss) in runs.iter().flat_map(|p| &p.peak_rss_mib) {
+                    match by_node.iter_mut().find(|(n, _)| *n == id) {
+                        Some((_, max)) => *max = max.max(rss),
+                        None => by_node.push((id, rss)),
+                    }
+                }
+                by_node.sort_by_key(|(id, _)| *id);
+                by_node
+            },
             records_per_barrier: median_of(runs.iter().map(|p| p.records_per_barrier)),
+            admin_unanswered: runs.iter().map(|p| p.admin_errors + p.admin_skipped).sum(),
+            verified: runs.iter().all(|p| p.verified),
         })
     }
 
@@ -218,7 +275,7 @@ impl Results {
                     vec![
                         (p.round + 1).to_string(),
                         p.arm.name().into(),
-                        p.clients.to_string(),
+                        p.route.label(p.clients),
                         f(p.per_sec, 0),
                         f(p.p50_ms, 2),
                         f(p.p99_ms, 2),
@@ -281,14 +338,14 @@ impl Results {
             header.push("shared/own".into());
         }
         let rows: Vec<Vec<String>> = self
-            .client_counts()
+            .single_points()
             .into_iter()
-            .map(|c| {
-                let mut row = vec![c.to_string()];
+            .map(|(c, route)| {
+                let mut row = vec![route.label(c)];
                 for a in &arms {
-                    match self.single_summary(*a, c) {
+                    match self.single_summary_via(*a, c, route) {
                         Some(s) => {
-                            row.push(f(s.per_sec, 0));
+                            row.push(rate_and_errors(s.per_sec, s.errors));
                             row.push(format!("{} / {}", f(s.p50_ms, 2), f(s.p99_ms, 2)));
                             row.push(opt(s.records_per_barrier, 2));
                         }
@@ -297,8 +354,8 @@ impl Results {
                 }
                 if ratio {
                     let r = self
-                        .single_summary(Arm::Shared, c)
-                        .zip(self.single_summary(Arm::Own, c))
+                        .single_summary_via(Arm::Shared, c, route)
+                        .zip(self.single_summary_via(Arm::Own, c, route))
                         .map(|(s, o)| s.per_sec / o.per_sec);
                     row.push(opt(r, 2));
                 }
@@ -377,17 +434,23 @@ impl Results {
                 if ok { "met" } else { "MISSED" }.into(),
             ]);
         };
-        if let Some(s) = self.single_summary(Arm::Shared, 1) {
-            check(
-                "shared, 1 client: >= 1200/s",
-                f(s.per_sec, 0),
-                s.per_sec >= 1200.0,
-            );
-            check(
-                "shared, 1 client: p50 <= 0.8 ms",
-                f(s.p50_ms, 2),
-                s.p50_ms <= 0.8,
-            );
+        // One client is judged at the leader and at a follower (every write forwarded).
+        for (route, at) in [
+            (Route::Spread, "at the leader"),
+            (Route::Follower, "via a follower"),
+        ] {
+            if let Some(s) = self.single_summary_via(Arm::Shared, 1, route) {
+                check(
+                    &format!("shared, 1 client {at}: >= 1200/s"),
+                    f(s.per_sec, 0),
+                    s.per_sec >= 1200.0,
+                );
+                check(
+                    &format!("shared, 1 client {at}: p50 <= 0.8 ms"),
+                    f(s.p50_ms, 2),
+                    s.p50_ms <= 0.8,
+                );
+            }
         }
         if let Some(s) = self.single_summary(Arm::Shared, 64) {
             check(
@@ -456,20 +519,32 @@ impl Results {
         rows
     }
 
-    /// The JSON output: one object of medians per workload, arm and client count.
+    /// The JSON output: one object of medians per workload, arm and client count, with the
+    /// issue's keys and a few more: `errors` (failed requests, over the runs), for one client
+    /// the figures at a follower (`follower_per_sec`, `follower_p50_ms`, `follower_p99_ms`,
+    /// `follower_errors`), and
+    /// for the storm `admin_unanswered`, `verified` and `peak_rss_mib_by_node`.
     pub fn json(&self) -> serde_json::Value {
         let mut out = Vec::new();
         for arm in self.arms() {
             for c in self.client_counts() {
                 if let Some(s) = self.single_summary(arm, c) {
-                    out.push(json!({
+                    let mut o = json!({
                         "workload": "single",
                         "arm": arm.name(),
                         "clients": c,
                         "per_sec": s.per_sec,
                         "p50_ms": s.p50_ms,
                         "p99_ms": s.p99_ms,
-                    }));
+                        "errors": s.errors,
+                    });
+                    if let Some(v) = self.single_summary_via(arm, c, Route::Follower) {
+                        o["follower_per_sec"] = json!(v.per_sec);
+                        o["follower_p50_ms"] = json!(v.p50_ms);
+                        o["follower_p99_ms"] = json!(v.p99_ms);
+                        o["follower_errors"] = json!(v.errors);
+                    }
+                    out.push(o);
                 }
             }
         }
@@ -483,10 +558,17 @@ impl Results {
                     "p50_ms": s.p50_ms,
                     "p99_ms": s.p99_ms,
                     "seconds": s.seconds,
-                    "admin_p50_ms": s.admin_p50_ms,
-                    "admin_p99_ms": s.admin_p99_ms,
+                    "admin_p50_ms": finite(s.admin_p50_ms),
+                    "admin_p99_ms": finite(s.admin_p99_ms),
+                    "admin_unanswered": s.admin_unanswered,
                     "peak_rss_mib": s.peak_rss_mib,
+                    "peak_rss_mib_by_node": s
+                        .peak_rss_mib_by_node
+                        .iter()
+                        .map(|(id, rss)| (id.to_string(), json!(rss)))
+                        .collect::<serde_json::Map<_, _>>(),
                     "records_per_barrier": s.records_per_barrier,
+                    "verified": s.verified,
                 }));
             }
         }
@@ -532,6 +614,7 @@ mod tests {
             arm,
             round,
             clients,
+            route: Route::Spread,
             per_sec,
             p50_ms: 1.0,
             p99_ms: 2.0,
@@ -634,15 +717,28 @@ mod tests {
     }
 
     #[test]
-    fn json_has_exactly_the_documented_keys_and_medians() {
+    fn json_has_the_documented_keys_and_medians() {
+        let via_follower = |arm, round, per_sec, errors| SinglePoint {
+            route: Route::Follower,
+            errors,
+            ..single(arm, round, 1, per_sec)
+        };
+        let mut stalled = storm(Arm::Own, 1, 4.0);
+        stalled.admin_p99_ms = f64::INFINITY;
+        stalled.admin_errors = 7;
+        stalled.admin_skipped = 2;
+        stalled.verified = false;
+        stalled.peak_rss_mib = vec![(1, 50.0), (2, 130.0), (3, 90.0)];
         let results = Results {
             single: vec![
                 single(Arm::Shared, 0, 1, 100.0),
+                via_follower(Arm::Shared, 0, 80.0, 1),
                 single(Arm::Own, 0, 1, 50.0),
                 single(Arm::Shared, 1, 1, 300.0),
+                via_follower(Arm::Shared, 1, 60.0, 2),
                 single(Arm::Own, 1, 1, 70.0),
             ],
-            storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0)],
+            storm: vec![storm(Arm::Shared, 0, 1.0), storm(Arm::Own, 0, 4.0), stalled],
             again: Vec::new(),
             reads: Vec::new(),
             removals: Vec::new(),
@@ -655,25 +751,86 @@ mod tests {
             k.sort();
             k
         };
-        let mut single_keys = vec!["workload", "arm", "clients", "per_sec", "p50_ms", "p99_ms"];
+        // The issue's keys, then the documented extras.
+        let issue_keys = ["workload", "arm", "clients", "per_sec", "p50_ms", "p99_ms"];
+        let mut single_keys: Vec<&str> = issue_keys.into();
+        single_keys.push("errors");
         single_keys.sort_unstable();
-        assert_eq!(keys(&objects[0]), single_keys);
-        let mut storm_keys = single_keys.clone();
+        assert_eq!(keys(&objects[1]), single_keys, "own: no follower point");
+        let mut with_follower = single_keys.clone();
+        with_follower.extend([
+            "follower_per_sec",
+            "follower_p50_ms",
+            "follower_p99_ms",
+            "follower_errors",
+        ]);
+        with_follower.sort_unstable();
+        assert_eq!(keys(&objects[0]), with_follower);
+        let mut storm_keys: Vec<&str> = issue_keys.into();
         storm_keys.extend([
             "seconds",
             "admin_p50_ms",
             "admin_p99_ms",
             "peak_rss_mib",
             "records_per_barrier",
+            "admin_unanswered",
+            "peak_rss_mib_by_node",
+            "verified",
         ]);
         storm_keys.sort_unstable();
         assert_eq!(keys(&objects[2]), storm_keys);
-        // The median of two rounds is their mean; the storm's RSS is the largest member's.
+        // The median of two rounds is their mean; the follower point is reported apart from
+        // the point at the leader; the storm's RSS is the largest member's.
         assert_eq!(objects[0]["workload"], "single");
         assert_eq!(objects[0]["arm"], "shared");
         assert_eq!(objects[0]["per_sec"], 200.0);
+        assert_eq!(objects[0]["follower_per_sec"], 70.0);
+        assert_eq!(objects[0]["errors"], 0);
+        assert_eq!(objects[0]["follower_errors"], 3);
         assert_eq!(objects[2]["workload"], "storm");
         assert_eq!(objects[2]["peak_rss_mib"], 120.0);
+        assert_eq!(objects[2]["verified"], true);
+        assert_eq!(objects[2]["admin_unanswered"], 0);
+        // The own storm: one run lost replicas and left reads unanswered; its members' peaks
+        // are the largest of either run.
         assert_eq!(objects[3]["arm"], "own");
+        assert_eq!(objects[3]["verified"], false);
+        assert_eq!(objects[3]["admin_unanswered"], 9);
+        assert_eq!(
+            objects[3]["peak_rss_mib_by_node"],
+            json!({"1": 100.0, "2": 130.0, "3": 90.0})
+        );
+        // The median of a finite and an infinite p99 is infinite: no number, not a made-up one.
+        assert!(objects[3]["admin_p99_ms"].is_null());
+        assert_eq!(objects[2]["admin_p99_ms"], 0.9);
+    }
+
+    /// One client is judged both at the leader and through a follower.
+    #[test]
+    fn one_client_is_judged_at_the_leader_and_via_a_follower() {
+        let mut slow = single(Arm::Shared, 0, 1, 900.0);
+        slow.route = Route::Follower;
+        slow.p50_ms = 0.9;
+        let mut fast = single(Arm::Shared, 0, 1, 2000.0);
+        fast.p50_ms = 0.5;
+        let results = Results {
+            single: vec![fast, slow],
+            ..Results::default()
+        };
+        let verdicts: Vec<(String, String)> = results
+            .targets()
+            .into_iter()
+            .map(|row| (row[0].clone(), row[2].clone()))
+            .collect();
+        let expect = |what: &str, verdict: &str| {
+            assert!(
+                verdicts.contains(&(what.to_string(), verdict.to_string())),
+                "{what}: {verdicts:?}"
+            )
+        };
+        expect("shared, 1 client at the leader: >= 1200/s", "met");
+        expect("shared, 1 client at the leader: p50 <= 0.8 ms", "met");
+        expect("shared, 1 client via a follower: >= 1200/s", "MISSED");
+        expect("shared, 1 client via a follower: p50 <= 0.8 ms", "MISSED");
     }
 }

@@ -17,19 +17,41 @@ use crate::report::percentile;
 /// would fail a storm whose connections wait for the servers' slots.
 const REGISTER_DEADLINE: Duration = super::restart::BATCH_DEADLINE;
 
+/// Which members the clients of one point talk to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Spread over all members, the leader first: one client talks to the leader, more clients
+    /// spread evenly, so that most of them are forwarded.
+    Spread,
+    /// Every client talks to a follower, so every write is forwarded to the leader.
+    Follower,
+}
+
+impl Route {
+    /// How the tables name the point's client count.
+    pub fn label(self, clients: usize) -> String {
+        match self {
+            Route::Spread => clients.to_string(),
+            Route::Follower => format!("{clients} via a follower"),
+        }
+    }
+}
+
 /// One measured point of the single-shard workload.
 #[derive(Clone, Debug)]
 pub struct SinglePoint {
     pub arm: Arm,
     pub round: usize,
     pub clients: usize,
+    pub route: Route,
     /// Registrations acknowledged per second in the measured window.
     pub per_sec: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
-    /// Requests that failed in the measured window.
+    /// Requests that failed in the measured window (not in the latencies, nor in `per_sec`).
     pub errors: u64,
-    /// Leader WAL records per barrier in the window, when the metrics could be read.
+    /// Leader WAL records per barrier in the window, when the metrics could be read and the
+    /// leader did not change.
     pub records_per_barrier: Option<f64>,
     /// Cores used by the client and the servers in the window.
     pub cores: Cores,
@@ -87,8 +109,16 @@ pub struct SingleWorkload<'a> {
 impl SingleWorkload<'_> {
     /// Registers one datanode per client (datanode ids from `first_datanode`), then runs `clients`
     /// closed-loop writers for the warm-up plus the measured window and returns the point.
-    pub async fn run(&mut self, clients: usize, first_datanode: u64) -> Result<SinglePoint> {
-        let bases = self.cluster.bases_leader_first();
+    pub async fn run(
+        &mut self,
+        clients: usize,
+        first_datanode: u64,
+        route: Route,
+    ) -> Result<SinglePoint> {
+        let mut bases = self.cluster.bases_leader_first();
+        if route == Route::Follower {
+            bases.remove(0);
+        }
         let mut targets = Vec::with_capacity(clients);
         for c in 0..clients {
             let base = bases[c % bases.len()].clone();
@@ -96,7 +126,8 @@ impl SingleWorkload<'_> {
             let epoch = register_datanode(self.api, &base, datanode).await?;
             targets.push((base, datanode, epoch));
         }
-        let leader_base = self.cluster.base(self.cluster.leader()).to_string();
+        let leader = self.cluster.leader();
+        let leader_base = self.cluster.base(leader).to_string();
         let start = Instant::now();
         let measure_from = start + self.warmup;
         let end = measure_from + self.measure;
@@ -130,7 +161,16 @@ impl SingleWorkload<'_> {
             ..
         } = ClientTally::gather(workers, "registration").await?;
         self.cluster.check_alive()?;
+        // Figures of a member that stopped leading in the window are not the leader's.
+        let after_leader = self.cluster.refresh_leader(self.api).await;
         let records_per_barrier = match (before, after) {
+            _ if after_leader != leader => {
+                eprintln!(
+                    "storm: the leader changed in the window ({leader} -> {after_leader}); no \
+                     records per barrier"
+                );
+                None
+            }
             (Ok(b), Ok(a)) => Some(b.records_per_barrier(&a)),
             (Err(e), _) | (_, Err(e)) => {
                 eprintln!("storm: leader WAL figures: {e}");
@@ -142,6 +182,7 @@ impl SingleWorkload<'_> {
             arm: self.arm,
             round: self.round,
             clients,
+            route,
             per_sec,
             p50_ms: percentile(&mut latencies, 0.50),
             p99_ms: percentile(&mut latencies, 0.99),
