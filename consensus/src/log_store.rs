@@ -17,11 +17,14 @@
 //!   or at close, and is durable with the barrier after that (a vote does not carry it).
 //!   Losing the newest value in a crash is tolerated: openraft recovers it from the cluster, and
 //!   the state machine never loses what it applied (sled) beyond what the log re-applies.
-//! - `truncate_after`: entries after the given id are gone for readers. When the latest vote
+//! - `truncate_after`: entries after the given id are gone, durably. When the latest vote
 //!   record lies before them, the WAL drops their records (a durable marker); otherwise a
-//!   logical truncation record carrying the vote is written (durable with the next barrier,
-//!   which any later durable append implies), because dropping the records would drop the vote
-//!   too, and a marker plus a re-written vote cannot become durable atomically.
+//!   logical truncation record carrying the vote is written and waited for, because dropping
+//!   the records would drop the vote too, and a marker plus a re-written vote cannot become
+//!   durable atomically. Durable on return, not with the next barrier: openraft installs a
+//!   snapshot right after a truncation without waiting for any flush, and a registry made
+//!   durable at the snapshot's newer log id beside a log whose truncated entries came back at a
+//!   crash is a store openraft refuses to start from ("inverted log order").
 //! - `purge`: entries up to the id are gone; the last purged id, vote and committed id were
 //!   re-written and made durable first, so dropping old WAL records never loses them.
 //!
@@ -623,13 +626,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.shared.index.write().committed_dirty = false;
         } else {
             // Dropping the records from `first_gone` would drop the current vote: truncate
-            // logically, with the vote in the same record.
-            self.append_record(&LogRecordRef::Truncated {
-                after: &last_log_id,
-                vote: &vote,
-                committed: &committed,
-            })
-            .await?;
+            // logically, with the vote in the same record, and wait for it (see the module's
+            // comment: nothing applied or installed after this may outlive it in a crash).
+            let lsn = self
+                .append_record(&LogRecordRef::Truncated {
+                    after: &last_log_id,
+                    vote: &vote,
+                    committed: &committed,
+                })
+                .await?;
+            self.sync(lsn).await?;
             let mut idx = self.shared.index.write();
             idx.truncate_after(after);
             idx.committed_dirty = false;
