@@ -694,7 +694,7 @@ impl MetaNode {
             if let Err(e) = inner.sm.commit_deferred() {
                 tracing::warn!("applied writes not committed at shutdown: {e}");
             }
-            let registry = inner.sm.registry.flush();
+            let registry = inner.sm.registry.close();
             // The log is closed and the registry flushed (or failed): another open of the dir
             // may start (sled releases its own lock when the last handle to this node is
             // dropped, and an open waits for that). Before, a failed log kept the dir locked

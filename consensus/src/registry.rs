@@ -158,6 +158,7 @@ impl Registry {
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
         let trust = TrustMarker::check(dir)?;
         let db = open_db(dir, cache_bytes)?;
+        trust.opened()?;
         // Open's own writes are writes like any other: one that fails distrusts the registry.
         let written = |e: Error| {
             trust.revoke();
@@ -214,6 +215,17 @@ impl Registry {
             self.distrust();
             Error::registry("flush", e)
         })
+    }
+
+    /// Flushes the registry, and once that succeeded records that it was closed cleanly (see
+    /// `trust_marker.rs`): call it last, when nothing writes to the registry any more. Blocking.
+    ///
+    /// Contract: when this returns `Ok`, every write is durable and a later boot of the machine
+    /// reopens the registry; when it fails, a later boot rebuilds it.
+    pub(crate) fn close(&self) -> Result<()> {
+        self.flush()?;
+        self.trust.closed();
+        Ok(())
     }
 
     /// The registry failed a write: the next start rebuilds it instead of reopening it.
