@@ -10,11 +10,12 @@
 //!
 //! Reads share exchanges as the log's writers share barriers: a read joins the next exchange,
 //! never one already under way (the leader may have fixed that one's index before the read
-//! arrived, so before a write the reader already saw acknowledged). One exchange is out at a
-//! time and carries every read that arrived while the previous one was out (one per leader the
-//! reads name, side by side: right after a leader change, reads for the new leader do not wait
-//! on an old one that no longer answers). An exchange asks for a round to a quorum if any of its
-//! reads asked for `linearizable`, else for the lease.
+//! arrived, so before a write the reader already saw acknowledged). One exchange per leader is
+//! out at a time and carries every read for that leader that arrived while the previous one was
+//! out. Exchanges to different leaders are independent: right after a leader change, reads for
+//! the new leader go out at once, not after an exchange with the old one that may not answer
+//! for seconds. An exchange asks for a round to a quorum if any of its reads asked for
+//! `linearizable`, else for the lease.
 //!
 //! Under a write storm followers apply a few milliseconds behind the leader, and waiting for
 //! that costs more than a replay ([`CATCH_UP`]). A follower still applying committed entries
@@ -25,6 +26,7 @@
 //! the read fail as a replayed read would: 503 `no_leader` (the client retries), or 504
 //! `timeout`.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,10 +96,11 @@ pub struct FollowerReads {
     metrics: Metrics,
 }
 
-/// Clears the running mark of a [`Link`] whose exchange task ends without doing so itself,
-/// failing the reads still queued (their answers are dropped).
+/// Clears the running mark of a leader's exchange task that ends without doing so itself,
+/// failing the reads still queued for that leader (their answers are dropped).
 struct RunGuard<'a> {
     link: &'a Link,
+    addr: &'a str,
     armed: bool,
 }
 
@@ -105,8 +108,8 @@ impl Drop for RunGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             let mut pending = self.link.pending.lock().unwrap_or_else(|e| e.into_inner());
-            pending.running = false;
-            pending.waiting.clear();
+            pending.running.remove(self.addr);
+            pending.waiting.retain(|w| w.target.addr != self.addr);
         }
     }
 }
@@ -122,8 +125,9 @@ struct Link {
 #[derive(Debug, Default)]
 struct Pending {
     waiting: Vec<Waiter>,
-    /// A task is sending exchanges; it takes the waiting reads after each one.
-    running: bool,
+    /// The leaders (by address) that a task is sending exchanges to; each task takes the reads
+    /// waiting for its leader after each exchange.
+    running: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -308,15 +312,16 @@ impl Link {
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let addr = target.addr.clone();
             pending.waiting.push(Waiter {
                 target,
                 lease,
                 answer,
             });
-            !std::mem::replace(&mut pending.running, true)
+            pending.running.insert(addr.clone()).then_some(addr)
         };
-        if start {
-            tokio::spawn(self.clone().run());
+        if let Some(addr) = start {
+            tokio::spawn(self.clone().run(addr));
         }
         answered.await.unwrap_or_else(|_| {
             Err(ApiError::Internal(
@@ -325,36 +330,35 @@ impl Link {
         })
     }
 
-    /// Sends exchanges while reads wait: each carries every read that was waiting when it
-    /// started (one per leader they name, side by side: one, unless the leader just changed).
-    async fn run(self: Arc<Self>) {
+    /// Sends exchanges to the leader at `addr` while reads wait for it: each carries every read
+    /// for it that was waiting when it started.
+    async fn run(self: Arc<Self>, addr: String) {
         // Should this task end early (a panic, or the runtime shutting down), the reads still
-        // queued fail instead of waiting for a task that no longer runs.
+        // queued for this leader fail instead of waiting for a task that no longer runs.
         let mut guard = RunGuard {
             link: &self,
+            addr: &addr,
             armed: true,
         };
         loop {
             let mut batch = {
                 let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if pending.waiting.is_empty() {
-                    pending.running = false;
+                let (same, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut pending.waiting)
+                    .into_iter()
+                    .partition(|w| w.target.addr == addr);
+                pending.waiting = rest;
+                if same.is_empty() {
+                    pending.running.remove(&addr);
                     guard.armed = false;
                     return;
                 }
-                std::mem::take(&mut pending.waiting)
+                same
             };
             // A read whose request went away needs no index; an exchange for none is skipped.
             batch.retain(|w| !w.answer.is_closed());
-            let mut exchanges = Vec::new();
-            while let Some(first) = batch.first() {
-                let addr = first.target.addr.clone();
-                let (same, rest): (Vec<_>, Vec<_>) =
-                    batch.into_iter().partition(|w| w.target.addr == addr);
-                batch = rest;
-                exchanges.push(self.exchange_for(same));
+            if !batch.is_empty() {
+                self.exchange_for(batch).await;
             }
-            futures::future::join_all(exchanges).await;
         }
     }
 
@@ -534,6 +538,26 @@ mod tests {
         assert!((&mut to_a).now_or_never().is_none());
         a_release.add_permits(1);
         assert_eq!(to_a.await.unwrap(), 102);
+    }
+
+    /// A leader whose exchange hangs (the old leader, cut off) holds up no read for another.
+    #[tokio::test]
+    async fn a_read_for_a_new_leader_does_not_wait_for_an_exchange_with_the_old_one() {
+        let (old, mut old_seen, _never) = fake_leader(|n| Ok(100 + n)).await;
+        let (new, _new_seen, release) = fake_leader(|n| Ok(200 + n)).await;
+        release.add_permits(1);
+        let link = link();
+        let mut stuck = Box::pin(link.read_index(old, false));
+        assert!((&mut stuck).now_or_never().is_none());
+        next(&mut old_seen).await;
+        let answer = tokio::time::timeout(Duration::from_secs(3), link.read_index(new, false))
+            .await
+            .expect("the read waited for the old leader's exchange");
+        assert_eq!(answer.unwrap(), 201);
+        assert!(
+            (&mut stuck).now_or_never().is_none(),
+            "the old one still hangs"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
