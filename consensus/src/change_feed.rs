@@ -11,7 +11,8 @@
 //!
 //! Contracts:
 //! - Every change applied after [`ChangeFeed::floor`] is kept, in log order. The history holds
-//!   at most `capacity` units (an event costs one unit plus one per shard id it names), or
+//!   at most `capacity` units (an event costs one unit, plus one per shard id it names and one
+//!   per 8 bytes of the key or address it names), or
 //!   the newest event alone if that is larger; the oldest events go first, and the floor rises
 //!   to the newest index they held.
 //! - The feed starts at the applied index found at open, and starts again at a snapshot's
@@ -66,13 +67,18 @@ impl Change {
         }
     }
 
-    /// What the event costs in the history: one unit, plus one per shard id it names.
+    /// What the event costs in the history: one unit, plus one per shard id it names (8
+    /// bytes each) and one per 8 bytes of the key or address it names, so that a unit stands
+    /// for about the same memory whatever the events are: a key of 1,024 bytes costs 129 units,
+    /// not one, like a registration of 128 shards.
     fn units(&self) -> usize {
         1 + match self {
             Change::ReplicasRegistered { shards, .. } | Change::ReplicasRemoved { shards, .. } => {
                 shards.len()
             }
-            _ => 0,
+            Change::KvPut { key } | Change::KvDeleted { key } => key.len() / 8,
+            Change::DatanodeRegistered { addr, .. } => addr.len() / 8,
+            Change::DatanodeRemoved { .. } => 0,
         }
     }
 }
@@ -131,7 +137,9 @@ pub const MAX_READ_UNITS: usize = 65_536;
 pub const MAX_READ_SCAN: usize = 65_536;
 
 /// The default history: a million units, about a whole registration storm of the size
-/// (a million replicas) and some 30 MB of memory at most.
+/// (a million replicas, some 10 MB of memory). An event's own record is about 60 bytes, so
+/// a million events of one unit each (short keys) take about 70 MB; longer keys and addresses
+/// cost units by their length, so no event is cheaper per byte than that.
 pub const DEFAULT_HISTORY: usize = 1_000_000;
 
 #[derive(Debug)]

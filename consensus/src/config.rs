@@ -58,8 +58,9 @@ pub struct NodeConfig {
     /// work, even during a registration storm.
     pub max_pending_shards: u32,
     /// How much history of changes the node keeps for watchers, in units: an event costs one
-    /// unit plus one per shard id it names (see `change_feed.rs`). 0 keeps none: every watch
-    /// from an index before the newest applied one is told the history is compacted.
+    /// unit plus one per shard id it names and one per 8 bytes of its key or address (see
+    /// `change_feed.rs`). 0 keeps none: every watch from an index before the newest event is
+    /// told the history is compacted.
     pub watch_history: usize,
     /// The leader refuses writes that add data (507) while the data dir's file system has
     /// less free than this; 0 turns the guard off (see `node/free_space.rs`).

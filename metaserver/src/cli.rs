@@ -108,8 +108,8 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_DATANODE_TIMEOUT_MS")]
     pub datanode_timeout_ms: Option<u64>,
     /// How much history of changes the node keeps for watchers (`GET /v1/watch`), in units: a
-    /// change costs one unit plus one per shard id it names; a watcher further behind is told
-    /// to read the state again [default: 1000000].
+    /// change costs one unit plus one per shard id it names and one per 8 bytes of its key or
+    /// address; a watcher further behind is told to read the state again [default: 1000000].
     #[arg(long, env = "METASERVER_WATCH_HISTORY")]
     pub watch_history: Option<usize>,
     /// Benchmarks only: add this many microseconds to every WAL sync, to see how the node

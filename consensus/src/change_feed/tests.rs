@@ -256,3 +256,17 @@ fn a_read_looks_at_no_more_than_max_read_scan_events() {
     let all = feed.read(0, &ChangeFilter::All, 3).unwrap();
     assert_eq!((indexes(&all), all.index), (vec![1, 2, 3], 3));
 }
+
+/// A long key costs the history its length, as shard ids do: a million puts of 1 KiB keys
+/// must not fit a history meant for a million shard ids.
+#[test]
+fn a_long_key_costs_its_length_in_the_history() {
+    let key = "k".repeat(1024);
+    let feed = ChangeFeed::new(0, 10_000);
+    feed.record((1..=1_000).map(|i| put(i, &key)).collect(), 1_000);
+    // Each costs 129 units: the newest 77 fit.
+    assert_eq!(feed.floor(), 1_000 - 77);
+    let short = ChangeFeed::new(0, 10_000);
+    short.record((1..=1_000).map(|i| put(i, "short")).collect(), 1_000);
+    assert_eq!(short.floor(), 0, "a short key costs one unit");
+}
