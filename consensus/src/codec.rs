@@ -18,6 +18,11 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
+/// The configuration with a decode limit of `LIMIT` bytes.
+fn config_limited<const LIMIT: usize>() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<LIMIT>()
+}
+
 /// Why a value could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -50,10 +55,26 @@ pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Resul
 
 /// Decodes a value written by [`encode`]; the whole input must be consumed.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    decode_with(bytes, config())
+}
+
+/// [`decode`], allocating for at most `LIMIT` bytes of the lengths the input claims (bincode
+/// allocates for a length before it reads the bytes it announces): for input from the network,
+/// so that a short body cannot make the decoder allocate hundreds of megabytes.
+pub fn decode_bounded<T: DeserializeOwned, const LIMIT: usize>(
+    bytes: &[u8],
+) -> Result<T, CodecError> {
+    decode_with(bytes, config_limited::<LIMIT>())
+}
+
+fn decode_with<T: DeserializeOwned>(
+    bytes: &[u8],
+    config: impl bincode::config::Config,
+) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     match version {
         FORMAT_VERSION => {
-            let (value, used) = bincode::serde::decode_from_slice::<T, _>(body, config())
+            let (value, used) = bincode::serde::decode_from_slice::<T, _>(body, config)
                 .map_err(|e| CodecError::Decode(e.to_string()))?;
             if used != body.len() {
                 return Err(CodecError::Trailing(body.len() - used));
@@ -62,6 +83,18 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
         }
         other => Err(CodecError::UnknownVersion(other)),
     }
+}
+
+/// The number of elements of a sequence (a `Vec`) written by [`encode`], read without decoding
+/// them (bincode writes it first); `None` for bytes of another format version or too short.
+pub fn sequence_len(bytes: &[u8]) -> Option<u64> {
+    let (&version, body) = bytes.split_first()?;
+    if version != FORMAT_VERSION {
+        return None;
+    }
+    bincode::serde::decode_from_slice::<u64, _>(body, config())
+        .ok()
+        .map(|(len, _)| len)
 }
 
 /// The variant index of an enum value written by [`encode`], read without decoding the rest

@@ -45,8 +45,13 @@ const SLOT_WAIT: Duration = Duration::from_millis(20);
 /// Batches one follower may have out at one leader at once, with a slot or without: each holds
 /// a connection there. Past it, a batch waits (and holds back no batch for another leader).
 const MAX_OUT_PER_LEADER: usize = 16;
-/// Most writes in one batch.
+/// Most writes in one batch (the leader refuses a longer one).
 const MAX_BATCH: usize = 256;
+/// Most bytes the leader's decoder allocates for the lengths a batch claims. A batch is at most
+/// 8 MiB, and a value takes at most about 8 times its encoded bytes in memory (a shard report
+/// of 3 bytes takes 24); without a bound below the codec's own, a body of a few bytes claiming
+/// a 250 MiB key had the leader allocate and zero that much before the decode failed.
+const SERVE_DECODE_LIMIT: usize = 64 << 20;
 /// A batch stops growing at this many (estimated) encoded bytes; a larger write still goes,
 /// alone.
 const MAX_BATCH_BYTES: usize = 4 << 20;
@@ -372,7 +377,20 @@ impl Link {
 pub async fn serve(node: MetaNode, headers: HeaderMap, body: Bytes) -> Response {
     // The forwarding member's build (none named: one that predates versions).
     let build = version_of(&headers);
-    let commands: Vec<Command> = match codec::decode(&body) {
+    // A sender batches at most `MAX_BATCH` commands: refused before anything is decoded or
+    // proposed, a longer batch (a token holder's, not a member's) cannot make the leader hold
+    // millions of proposals at once.
+    match codec::sequence_len(&body) {
+        Some(n) if n > MAX_BATCH as u64 => {
+            return ApiError::invalid(
+                "bad_batch",
+                format!("a forwarded batch of {n} commands: at most {MAX_BATCH}"),
+            )
+            .into_response()
+        }
+        _ => {}
+    }
+    let commands: Vec<Command> = match codec::decode_bounded::<_, SERVE_DECODE_LIMIT>(&body) {
         Ok(c) => c,
         Err(e) => {
             return ApiError::invalid("bad_batch", format!("undecodable forwarded batch: {e}"))

@@ -29,6 +29,24 @@ pub fn garbled_bodies() -> Vec<Case> {
             400,
             "bad_batch",
         ),
+        // A member batches at most 256 commands; a longer batch is refused whole.
+        case(
+            "forwarded batch of too many commands",
+            M::POST,
+            "/raft/forward-commands",
+            meta_consensus::codec::encode(
+                &(0..257)
+                    .map(|i| meta_consensus::Command::Put {
+                        key: format!("many/{i}"),
+                        value: b"x".to_vec(),
+                        if_revision: None,
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+            400,
+            "bad_batch",
+        ),
     ]
 }
 
