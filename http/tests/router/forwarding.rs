@@ -79,6 +79,51 @@ async fn forwarded_once_and_timeouts() {
     }
 }
 
+/// A request that a member of another cluster replays here (its membership names this
+/// address as its leader's) is refused, and changes nothing; one of this cluster, or from a
+/// build that sends no cluster id, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_from_another_cluster_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, nodes, leader) = three_nodes(dir.path()).await;
+    let app = meta_http::router(AppState::new(nodes[&leader].clone(), Token::new(None)));
+    // The node that initialized the cluster recorded its id.
+    let ours = nodes[&leader].config().cluster_id.get().unwrap();
+    let (ours, theirs) = (format!("{ours:016x}"), format!("{:016x}", ours ^ 1));
+    let forwarded = ("x-metaserver-forwarded-by", "3");
+    let before = nodes[&leader].registry_digest().await.unwrap();
+    for (method, uri, body) in [
+        (Method::PUT, "/v1/kv/x", "1"),
+        (Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#),
+        (Method::GET, "/v1/kv/k", ""),
+    ] {
+        let a = call(
+            &app,
+            method.clone(),
+            uri,
+            body,
+            &[forwarded, ("x-metaserver-cluster", theirs.as_str())],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{method} {uri}: {a:?}");
+        assert_eq!(a.error_code(), "other_cluster");
+    }
+    assert_eq!(
+        nodes[&leader].registry_digest().await.unwrap(),
+        before,
+        "a refused replay changed the registry"
+    );
+    for cluster in [vec![("x-metaserver-cluster", ours.as_str())], vec![]] {
+        let mut headers = vec![forwarded];
+        headers.extend(cluster);
+        let a = call(&app, Method::PUT, "/v1/kv/x", "1", &headers).await;
+        assert_eq!(a.status, StatusCode::OK, "{headers:?}: {a:?}");
+    }
+    for node in nodes.values() {
+        node.shutdown().await.unwrap();
+    }
+}
+
 /// A read that a member replays with the leader's read index (a follower that did not catch up
 /// in time) is answered by the receiver from its own registry once it applied that index, even
 /// by a follower, which would otherwise refuse a replayed read; an index it never reaches ends
@@ -121,19 +166,26 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
     assert_eq!(&a.body[..], b"v1");
 
     // Only a member's replay is trusted with a read index: without the cluster's id (which
-    // clients never see) the headers are a client's claim, and the read is not answered here.
-    for claim in [
-        vec![forwarded, ("x-metaserver-read-index", index.as_str())],
-        vec![
-            forwarded,
-            ("x-metaserver-cluster", "00000000000000cd"),
-            ("x-metaserver-read-index", index.as_str()),
-        ],
+    // clients never see) the headers are a client's claim, and the read is not answered here;
+    // with another cluster's id it is refused as that cluster's.
+    for (claim, refused) in [
+        (
+            vec![forwarded, ("x-metaserver-read-index", index.as_str())],
+            (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+        ),
+        (
+            vec![
+                forwarded,
+                ("x-metaserver-cluster", "00000000000000cd"),
+                ("x-metaserver-read-index", index.as_str()),
+            ],
+            (StatusCode::CONFLICT, "other_cluster"),
+        ),
     ] {
         let a = call(&app, Method::GET, "/v1/kv/k", "", &claim).await;
         assert_eq!(
-            a.status,
-            StatusCode::SERVICE_UNAVAILABLE,
+            (a.status, a.error_code().as_str()),
+            refused,
             "{claim:?}: {a:?}"
         );
     }
