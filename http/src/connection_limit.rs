@@ -148,9 +148,16 @@ impl axum::serve::Listener for LimitedListener {
 
     async fn accept(&mut self) -> (LimitedStream, SocketAddr) {
         loop {
-            let (slot, members_only) = self.slot().await;
+            let (mut slot, mut members_only) = self.slot().await;
             match self.listener.accept().await {
                 Ok((tcp, addr)) => {
+                    // A reserve place was taken while every slot was busy; a connection that
+                    // closed while this waited for the next one freed a slot, which goes first.
+                    if members_only {
+                        if let Ok(freed) = self.slots.clone().try_acquire_owned() {
+                            (slot, members_only) = (freed, false);
+                        }
+                    }
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::debug!("could not set TCP_NODELAY on an accepted connection: {e}");
                     }
@@ -338,6 +345,30 @@ mod tests {
         assert_eq!(listener.open_connections(), 2 + MEMBER_CONNECTIONS);
         drop((first, last, reserve));
         assert_eq!(listener.open_connections(), 0);
+    }
+
+    /// Every slot busy, the listener waits for the next connection with a reserve place in
+    /// hand; a slot freed meanwhile still goes to that connection, which is not a member's.
+    #[tokio::test]
+    async fn a_slot_freed_while_the_listener_waits_goes_to_the_next_connection() {
+        let tcp = bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut listener = LimitedListener::new(tcp, 1);
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (first, _) = listener.accept().await;
+        assert!(!first.members_only());
+        let mut next = Box::pin(listener.accept());
+        assert!((&mut next).now_or_never().is_none(), "no connection yet");
+        drop(first);
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let (second, _) = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the queued connection is accepted");
+        assert!(
+            !second.members_only(),
+            "it took the reserve though a slot was free"
+        );
+        assert_eq!(listener.open_connections(), 1);
     }
 
     #[tokio::test]
