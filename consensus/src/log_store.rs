@@ -25,8 +25,11 @@
 //!   snapshot right after a truncation without waiting for any flush, and a registry made
 //!   durable at the snapshot's newer log id beside a log whose truncated entries came back at a
 //!   crash is a store openraft refuses to start from ("inverted log order").
-//! - `purge`: entries up to the id are gone; the last purged id, vote and committed id were
-//!   re-written and made durable first, so dropping old WAL records never loses them.
+//! - `purge`: entries up to the id are gone, durably; the last purged id, vote and committed id
+//!   were re-written and made durable first, so dropping old WAL records never loses them. A
+//!   failure to remove the segments it emptied, once its marker is durable (the log not
+//!   poisoned), is logged rather than returned: openraft would stop the node for it, and the
+//!   next open removes them.
 //!
 //! Nothing here waits for a barrier on the async runtime's threads: appends only write
 //! (microseconds, into the page cache) and waiting is an async wait on the barrier thread.
@@ -675,10 +678,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some(lsn) = upto_lsn {
             // `purge_to` waits for a barrier and deletes files: run it off the runtime.
             let shared = self.shared.clone();
-            tokio::task::spawn_blocking(move || shared.wal.purge_to(lsn))
+            let purged = tokio::task::spawn_blocking(move || shared.wal.purge_to(lsn))
                 .await
-                .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?
-                .map_err(store_err("purge log"))?;
+                .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?;
+            match purged {
+                Ok(_) => {}
+                // The purge is durable; only removing the segments it emptied failed, and the
+                // next open (or directory fsync) does that. openraft takes a failed purge for a
+                // failed disk and stops the node: this one is not.
+                Err(e @ meta_store::Error::Io { .. }) if self.shared.wal.is_writable() => {
+                    tracing::warn!(
+                        "purged the log up to {log_id}, but removing its old segments failed \
+                         ({e}); they are removed later"
+                    );
+                }
+                Err(e) => return Err(store_err("purge log")(e)),
+            }
         }
         Ok(())
     }

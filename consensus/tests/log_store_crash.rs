@@ -235,3 +235,41 @@ async fn a_truncation_survives_a_power_loss_with_nothing_flushed_after_it() {
         "the truncated entries came back"
     );
 }
+
+/// A purge whose marker is durable but whose old segments cannot be removed yet (no file
+/// descriptor to sync the directory with) succeeds: openraft would stop the node for a failed
+/// purge. The segments go later, and the purge holds after a crash.
+#[tokio::test]
+async fn a_purge_that_cannot_remove_its_segments_yet_succeeds() {
+    let fs = FaultyFileSystem::new();
+    let opts = WalOptions {
+        segment_bytes: 4096,
+        descriptor_wait: std::time::Duration::from_millis(50),
+        ..WalOptions::default()
+    };
+    let open = |fs: &FaultyFileSystem| {
+        LogStore::open_with(Arc::new(fs.clone()), Path::new("/wal"), opts.clone()).unwrap()
+    };
+    let mut log = open(&fs);
+    // Some 20 KB of entries: several segments.
+    for i in 1..=200 {
+        append_flushed(&mut log, vec![entry(1, i)]).await;
+    }
+    fs.run_out_of_descriptors(0, usize::MAX);
+    log.purge(log_id(1, 190))
+        .await
+        .expect("the purge is durable");
+    fs.run_out_of_descriptors(0, 0);
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 190)));
+    append_flushed(&mut log, vec![entry(1, 201)]).await;
+    fs.crash(CrashPoint::default());
+    drop(log);
+
+    let mut log = open(&fs);
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 190)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 201)));
+    let held = log.try_get_log_entries(..).await.unwrap();
+    assert_eq!(held.first().map(|e| e.log_id.index), Some(191));
+}

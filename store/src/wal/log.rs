@@ -395,6 +395,14 @@ impl Wal {
         Ok(marker)
     }
 
+    /// Whether the log takes writes: it is open and no failure poisoned it. Every failure of an
+    /// append, a barrier or a marker before it is durable poisons the log, so an IO error from
+    /// [`Wal::purge_to`] while this holds came after its marker was durable (a segment's
+    /// deletion, or the directory's open for its fsync).
+    pub fn is_writable(&self) -> bool {
+        self.inner.check_writable().is_ok()
+    }
+
     /// Whether record `lsn` lies in the segment being written, the one most recently written and
     /// so the most likely to be in the page cache. Reading an older segment may wait for the
     /// disk: async callers keep such reads off their runtime.
