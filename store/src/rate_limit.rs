@@ -23,7 +23,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use clock::{Clock, SystemClock};
-pub use pacer::{Pacer, Pause, CHUNK_TIME, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+pub use pacer::{Pacer, Pause, CHUNK_TIME, IDLE_CREDIT, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use throttled::ThrottledWriter;
 pub use throttled_async::AsyncThrottledWriter;
 
@@ -75,9 +75,13 @@ impl RateLimiter {
     }
 
     /// Sets the rate in bytes per second (0 = unlimited). Bytes already accumulated by a writer
-    /// are charged at the rate in force at that writer's next pause.
+    /// are charged at the rate in force at that writer's next pause. A new rate starts a new
+    /// schedule, also one set back to an earlier rate (through unlimited, say): what was charged
+    /// before is not owed after.
     pub fn set_rate(&self, bytes_per_sec: u64) {
-        self.rate.store(bytes_per_sec, Ordering::Relaxed);
+        if self.rate.swap(bytes_per_sec, Ordering::Relaxed) != bytes_per_sec {
+            self.pacer.lock().reset();
+        }
     }
 
     /// The rate in bytes per second; 0 means unlimited.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meta_store::rate_limit::{
-    AsyncThrottledWriter, Clock, Pacer, RateLimiter, ThrottledWriter, THREAD_TIMER, TOKIO_TIMER,
+    AsyncThrottledWriter, Clock, Pacer, RateLimiter, ThrottledWriter, IDLE_CREDIT, THREAD_TIMER,
+    TOKIO_TIMER,
 };
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -178,19 +179,83 @@ fn pacer_bounds_the_credit_earned_while_idle() {
     for _ in 0..10 {
         now += pacer.pause(chunk, rate, THREAD_TIMER, || now).wait;
     }
-    // Idle for ten seconds, then write ten more chunks as fast as allowed.
+    // Idle for ten seconds, then write a hundred more chunks as fast as allowed.
     now += Duration::from_secs(10);
     let resumed = now;
     let mut waits = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..100 {
         let wait = pacer.pause(chunk, rate, THREAD_TIMER, || now).wait;
         waits.push(wait);
         now += wait;
     }
-    // Exactly one chunk rides on the idle credit; the rest are paced.
-    assert_eq!(waits[0], Duration::ZERO);
-    assert!(waits[1..].iter().all(|w| *w == cost), "{waits:?}");
-    assert_eq!(now - resumed, cost * 9);
+    // The idle credit's worth of chunks (50 ms: 50 chunks) goes at once; the rest are paced.
+    let credited = (IDLE_CREDIT.as_nanos() / cost.as_nanos()) as usize;
+    assert_eq!(credited, 50);
+    assert!(waits[..credited].iter().all(|w| w.is_zero()), "{waits:?}");
+    assert!(waits[credited..].iter().all(|w| *w == cost), "{waits:?}");
+    assert_eq!(now - resumed, cost * (100 - credited as u32));
+}
+
+/// A job that pauses between its writes (an export reading its next records) for less than
+/// the idle credit takes max(its own time, bytes / rate): here a producer that computes for
+/// 4 ms, then writes 4 ms worth at once, takes 4 ms a round, not 7 (when a gap earned 1 ms).
+#[test]
+fn pacer_gaps_within_a_job_cost_it_nothing() {
+    let rate = 64 * MB; // 1 ms chunks
+    let chunk = Pacer::chunk_bytes(rate);
+    let mut pacer = Pacer::new();
+    let mut now = Duration::ZERO;
+    for _ in 0..100 {
+        now += Duration::from_millis(4);
+        for _ in 0..4 {
+            now += pacer.pause(chunk, rate, THREAD_TIMER, || now).wait;
+        }
+    }
+    let ideal = Duration::from_millis(400);
+    assert!(
+        now <= ideal + ideal / 50,
+        "{now:?} for {ideal:?} of work and of bytes"
+    );
+}
+
+/// A sleep that ended very late (a stalled process) is credited only up to the idle credit:
+/// the stream does not burst an hour's worth of bytes afterwards.
+#[test]
+fn pacer_bounds_the_credit_of_a_late_wake_up() {
+    let rate = 16 * MB;
+    let chunk = Pacer::chunk_bytes(rate);
+    let mut pacer = Pacer::new();
+    let first = pacer.pause(chunk * 10, rate, THREAD_TIMER, || Duration::ZERO);
+    assert!(!first.is_zero());
+    let now = Duration::from_secs(3600);
+    pacer.woke(first, now);
+    let free = (0..200)
+        .take_while(|_| pacer.pause(chunk, rate, THREAD_TIMER, || now).is_zero())
+        .count();
+    // The idle credit (50 ms) and the oversleep credited (at most 50 ms more): 100 chunks.
+    assert!(
+        free <= 100,
+        "{free} chunks went unpaced after a late wake-up"
+    );
+}
+
+/// A rate set back to an earlier value (through unlimited, say) starts a new schedule: what
+/// was charged at it before is not owed.
+#[test]
+fn a_rate_set_again_starts_a_new_schedule() {
+    let clock = FakeClock::new();
+    let limiter = limiter(1_000, &clock);
+    assert_eq!(
+        limiter.charge(1_000_000, THREAD_TIMER).wait,
+        Duration::from_secs(1_000)
+    );
+    limiter.set_rate(0);
+    limiter.set_rate(1_000);
+    assert_eq!(
+        limiter.charge(1_000, THREAD_TIMER).wait,
+        Duration::from_secs(1),
+        "the forgiven pause is owed again"
+    );
 }
 
 #[test]
@@ -350,8 +415,8 @@ fn idle_credit_is_bounded_for_a_writer() {
     let total = 4 << 20;
     write_pattern(&mut out, total);
     out.finish().unwrap();
-    // A minute of idleness bought at most one chunk (1 ms here) of unpaced writing.
-    let floor = Pacer::cost(total as u64 - Pacer::chunk_bytes(rate), rate);
+    // A minute of idleness bought at most the idle credit (50 ms) of unpaced writing.
+    let floor = Pacer::cost(total as u64, rate).saturating_sub(IDLE_CREDIT);
     assert!(clock.elapsed() - resumed >= floor);
 }
 

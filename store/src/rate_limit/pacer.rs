@@ -5,13 +5,21 @@
 //! `bytes / rate`; the caller sleeps until that time. A sleep that is skipped because the timer
 //! cannot honour it leaves the virtual finish time where it was, and so does a sleep that wakes
 //! late (the caller reports its wake-up with [`Pacer::woke`]): the following pauses make up the
-//! difference and the long-run rate does not drift. Idle time, on the other hand, earns at most
-//! one pause window of credit, so a stream that resumes after a break does not burst.
+//! difference and the long-run rate does not drift. Idle time earns credit too, up to
+//! [`IDLE_CREDIT`] (or one chunk's time, if longer): a job that pauses between its writes (an
+//! export reading the next records, a write held up by the disk) for less than that loses
+//! nothing, and takes about max(its unthrottled time, bytes / rate); a stream that resumes after
+//! a long break bursts at most that much. Oversleep is credited up to the same bound: a sleep
+//! that ended very late (a stalled process) is no licence for a burst.
 
 use std::time::Duration;
 
 /// About this much time's worth of bytes accumulates before the pause logic runs.
 pub const CHUNK_TIME: Duration = Duration::from_millis(1);
+/// The most credit idle time (or a late wake-up) earns: gaps between a job's writes up to this
+/// long cost it nothing. Before, a gap earned one chunk's time (1 ms): a job that computed for
+/// 4 ms and then wrote 4 ms worth took 7 ms per round instead of 4.
+pub const IDLE_CREDIT: Duration = Duration::from_millis(50);
 /// The smallest number of bytes that accumulates before a pause, whatever the rate.
 pub const MIN_CHUNK_BYTES: u64 = 4 * 1024;
 /// The largest number of bytes that accumulates before a pause, whatever the rate. Also the
@@ -81,10 +89,17 @@ impl Pacer {
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    /// The most credit idle time can earn at `rate`: one chunk's time, or two timer ticks when
-    /// that is longer (a coarse timer's sleeps come in whole ticks).
+    /// The most credit idle time can earn at `rate`: [`IDLE_CREDIT`], or one chunk's time or
+    /// two timer ticks when that is longer (a coarse timer's sleeps come in whole ticks).
     pub fn credit_window(rate: u64, timer: Duration) -> Duration {
-        Self::cost(Self::chunk_bytes(rate), rate).max(timer.saturating_mul(2))
+        Self::cost(Self::chunk_bytes(rate), rate)
+            .max(timer.saturating_mul(2))
+            .max(IDLE_CREDIT)
+    }
+
+    /// Forgets the schedule: the next charge starts a new one (the rate was set anew).
+    pub fn reset(&mut self) {
+        *self = Pacer::new();
     }
 
     /// The virtual finish time of everything charged so far, if anything was.
@@ -136,9 +151,11 @@ impl Pacer {
     }
 
     /// Records that a sleep asked for by `pause` ended at `now`: time past `pause.until` is the
-    /// timer's oversleep, which the following pauses make up (beyond the idle window).
+    /// timer's oversleep, which the following pauses make up (beyond the idle window), up to
+    /// [`IDLE_CREDIT`] in all.
     pub fn woke(&mut self, pause: Pause, now: Duration) {
-        self.owed = self.owed.saturating_add(now.saturating_sub(pause.until));
+        let late = now.saturating_sub(pause.until);
+        self.owed = self.owed.saturating_add(late).min(IDLE_CREDIT);
     }
 }
 
