@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,9 +77,10 @@ struct Inner {
     /// This node started with no Raft state and does not hold the cluster's log yet
     /// (`rejoin_marker.rs`): it votes for no candidate with a log, and stands for no election.
     rejoining: AtomicBool,
-    /// While rejoining: the commit index the first leader that reached this node had then
-    /// (`u64::MAX` until one did). The rejoin ends once this node has committed up to it.
-    rejoin_target: AtomicU64,
+    /// While rejoining: the term of the newest leader that reached this node, and the commit
+    /// index of that leader's first message (`None` until one did). The rejoin ends once this
+    /// node has committed up to it in that term.
+    rejoin_target: parking_lot::Mutex<Option<votes::RejoinTarget>>,
     /// Until when this node votes for no candidate, because before it opened it may have
     /// given a leader a lease that lasts until then (`node/votes.rs`).
     lease_given_until: Option<std::time::Instant>,
@@ -246,7 +247,7 @@ impl MetaNode {
                 proposed_version: std::sync::atomic::AtomicU32::new(0),
                 rejoining: AtomicBool::new(rejoining),
                 lease_given_until,
-                rejoin_target: AtomicU64::new(u64::MAX),
+                rejoin_target: parking_lot::Mutex::new(None),
                 election_holds: Default::default(),
                 led_since: parking_lot::Mutex::new(None),
             }),

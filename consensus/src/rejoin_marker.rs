@@ -10,9 +10,10 @@
 //! the log back: the marker keeps the rule until then, across restarts too. The node has the log
 //! back once it holds an entry committed in its current term (so every entry committed before
 //! it: the leader of that term held them all, and an entry of its own term comes after them) and
-//! has committed up to the commit index of the first leader's message that reached it (entries
-//! committed later in that same term, which its former self may have acknowledged, are at or
-//! below it); see `node/votes.rs`.
+//! has committed up to the commit index of the first message that reached it from the leader of
+//! its current term (entries committed later in that same term, which its former self may have
+//! acknowledged, are at or below it; a deposed leader of an older term, cut off, may reach it
+//! first, and its commit index says nothing of them); see `node/votes.rs`.
 
 use std::path::{Path, PathBuf};
 

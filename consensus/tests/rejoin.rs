@@ -178,6 +178,85 @@ async fn a_voter_that_lost_its_data_dir_does_not_lead_before_it_has_the_log() ->
     the_write_survives(c, b).await
 }
 
+/// A voter whose data dir was lost takes what it must commit from its current term's leader,
+/// not from a deposed leader (cut off, it does not know) whose message reached it first. As in
+/// the test above, but a message of the term before, with an old commit index, comes first:
+/// taking its commit index, the node would end its rejoin once it committed the entries a
+/// holds, and lead without the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_heeds_the_newest_leader_not_the_first() -> Result<()> {
+    use openraft::raft::AppendEntriesRequest;
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+
+    let mut c = Cluster::three().await?;
+    // A second term, so that a deposed leader of an earlier one can speak.
+    let first = c.leader().await?.id();
+    c.stop(first).await?;
+    c.start(first).await?;
+    let b = c.leader().await?.id();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != b).collect();
+    let (a, wiped) = (others[0], others[1]);
+    c.converged().await?;
+    let a_last = c
+        .node(a)
+        .raft()
+        .metrics()
+        .borrow_watched()
+        .last_log_index
+        .context("a holds a log")?;
+    c.stop(a).await?;
+    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
+    c.wait_applied(w.index).await?;
+    let lm = c.node(b).raft().metrics().borrow_watched().clone();
+    ensure!(lm.current_term >= 2, "a term before the leader's");
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.stop(b).await?;
+    let entries = {
+        let mut log = LogStore::open(&c.dir(b).join("wal"), WalOptions::default())?;
+        let mut reader = log.get_log_reader().await;
+        reader.try_get_log_entries(0..=a_last).await?
+    };
+    ensure!(
+        entries.last().map(|e| e.log_id.leader_id.term) == Some(lm.current_term),
+        "a's last entry is of b's term"
+    );
+
+    let empty = c.start(wiped).await?;
+    // The deposed leader's heartbeat: the term before, and the commit index of its day.
+    let deposed = meta_consensus::Vote::new_committed(lm.current_term - 1, a);
+    let answer = empty
+        .append_entries(AppendEntriesRequest {
+            vote: deposed,
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: entries.first().map(|e| e.log_id),
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    let answer = empty
+        .append_entries(AppendEntriesRequest {
+            vote: lm.vote,
+            prev_log_id: None,
+            entries,
+            leader_commit: lm.local_committed,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    empty
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.local_committed.is_some_and(|l| l.index == a_last),
+            "the entries committed",
+        )
+        .await
+        .context("the entries were not committed")?;
+    let stale = c.start(a).await?;
+    none_leads(&[&empty, &stale], w.index).await?;
+    the_write_survives(c, b).await
+}
+
 /// For 5 s, none of `nodes` leads (each would, without the write at `index`).
 async fn none_leads(nodes: &[&MetaNode], index: u64) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

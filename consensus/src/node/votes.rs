@@ -167,10 +167,13 @@ impl MetaNode {
         });
     }
 
-    /// Records, while this node rejoins, the commit index of the first leader's message that
-    /// reaches it (called for every AppendEntries request, before openraft sees it). Every
-    /// entry this node's former self may have helped commit is at or below it: the leader
-    /// committed them before, or they precede its term's first entry.
+    /// Records, while this node rejoins, the commit index of the first message that reaches it
+    /// from the leader of each newer term (called for every AppendEntries request, before
+    /// openraft sees it). Every entry this node's former self may have helped commit is at or
+    /// below the one of the current term's leader: that leader committed them before, or they
+    /// precede its term's first entry. A deposed leader's message (an older term: it was cut
+    /// off and does not know) may arrive first; its commit index says nothing of what the
+    /// newer leader committed, so the newer term's first message replaces it.
     pub(super) fn note_leader_commit(
         &self,
         rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>,
@@ -178,18 +181,19 @@ impl MetaNode {
         if !self.inner.rejoining.load(Ordering::Acquire) {
             return;
         }
-        let index = rpc.leader_commit.as_ref().map_or(0, |l| l.index);
-        let _ = self.inner.rejoin_target.compare_exchange(
-            u64::MAX,
-            index,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        let seen = RejoinTarget {
+            term: rpc.vote.leader_id().term,
+            commit: rpc.leader_commit.as_ref().map_or(0, |l| l.index),
+        };
+        let mut target = self.inner.rejoin_target.lock();
+        if target.is_none_or(|t| seen.term > t.term) {
+            *target = Some(seen);
+        }
     }
 
     /// Whether this node, rejoining, holds the cluster's log again (see [`caught_up`]).
     fn rejoined(&self, m: &openraft::RaftMetrics<TypeConfig>) -> bool {
-        caught_up(m, self.inner.rejoin_target.load(Ordering::Acquire))
+        caught_up(m, *self.inner.rejoin_target.lock())
     }
 
     /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds the cluster's log again:
@@ -250,15 +254,25 @@ fn rejoin_holds_elections(m: &openraft::RaftMetrics<TypeConfig>) -> bool {
         && m.state != openraft::ServerState::Leader
 }
 
+/// What a rejoining node must have committed (see [`MetaNode::note_leader_commit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RejoinTarget {
+    /// The term of the leader whose first message set it.
+    pub term: u64,
+    /// That message's commit index.
+    pub commit: u64,
+}
+
 /// Whether a rejoining node holds the cluster's log again: it holds an entry committed in its
-/// current term, and so every entry committed before that one; and it has committed up to
-/// `target` (see [`MetaNode::note_leader_commit`]), or leads (its own log then decides what is
-/// committed). The first alone is not enough: an entry committed later in the same term, with
-/// its former self's acknowledgement, may still be missing.
-fn caught_up(m: &openraft::RaftMetrics<TypeConfig>, target: u64) -> bool {
+/// current term, and so every entry committed before that one; and it has committed up to the
+/// `target` its current term's leader set (see [`MetaNode::note_leader_commit`]), or leads (its
+/// own log then decides what is committed). The first alone is not enough: an entry committed
+/// later in the same term, with its former self's acknowledgement, may still be missing; nor is
+/// a target an older term's leader set.
+fn caught_up(m: &openraft::RaftMetrics<TypeConfig>, target: Option<RejoinTarget>) -> bool {
     m.local_committed.as_ref().is_some_and(|c| {
         c.leader_id.term == m.current_term
             && (m.state == openraft::ServerState::Leader
-                || (target != u64::MAX && c.index >= target))
+                || target.is_some_and(|t| t.term == m.current_term && c.index >= t.commit))
     })
 }
