@@ -131,9 +131,12 @@ pub async fn add_learner(
     body.validate()?;
     // A node of another cluster, or another node at that address, would refuse every message
     // once added: say so now.
-    if let Some(version) = state.member_link().probe(body.id, &body.addr).await? {
-        // A build older than the cluster's version is not added (`MetaNode::add_learner`).
-        state.node.config().peer_versions.note(body.id, version);
+    // A build older than the cluster's version is not added (`MetaNode::add_learner`). What
+    // was heard of this id before is not this node's answer (another process with the id, at
+    // another address, may have answered a moment ago): forgotten when this one did not say.
+    match state.member_link().probe(body.id, &body.addr).await? {
+        Some(version) => state.node.config().peer_versions.note(body.id, version),
+        None => state.node.config().peer_versions.forget(body.id),
     }
     state
         .node

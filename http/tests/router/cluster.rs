@@ -178,3 +178,40 @@ async fn snapshots_build_and_download() {
         index
     );
 }
+
+/// Once the cluster's version was raised, a learner is added only if its build answered
+/// lately. What another process with the learner's id answered a moment ago (a learner just
+/// removed, at its old address) does not count for the node at the new address, which did not
+/// answer.
+#[tokio::test]
+async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id() {
+    let t = leader_node(None).await;
+    // A prune raises the cluster's version past the base one.
+    let epoch = t.register_datanode(7).await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/datanodes/7/prune",
+            json!({ "epoch": epoch }).to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert!(t.node.cluster_version() >= 2);
+    // Node 4, of a current build, answered at its old address just now.
+    t.node
+        .config()
+        .peer_versions
+        .note(4, meta_consensus::BUILD_VERSION);
+    let (_new, new) = refusing();
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/cluster/learners",
+            json!({"id": 4, "addr": new}).to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("node 4 has not answered"), "{message}");
+    assert_eq!(t.get("/v1/cluster").await.json()["learners"], json!([]));
+}
