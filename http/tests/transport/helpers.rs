@@ -39,6 +39,31 @@ impl Server {
     }
 }
 
+/// The address of a stopped server, kept bound (not listening: connections to it are refused,
+/// as to a stopped process) so that no other test's ephemeral port takes it before a node
+/// starts there again ([`start_at`]).
+pub struct KeptPort {
+    socket: socket2::Socket,
+    pub addr: String,
+}
+
+impl Server {
+    /// [`Server::stop`], keeping its address for a later [`start_at`].
+    pub async fn stop_keeping_port(self) -> KeptPort {
+        let addr = self.addr.clone();
+        self.stop().await;
+        let at: std::net::SocketAddr = addr.parse().unwrap();
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // The closed server's connections may linger in TIME_WAIT on the port.
+        socket.set_reuse_address(true).unwrap();
+        socket
+            .bind(&at.into())
+            .expect("the stopped server's port was taken before it could be kept");
+        KeptPort { socket, addr }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
@@ -66,9 +91,12 @@ pub async fn start_tuned(
     launch(id, dir, listener, follower_reads, tune, Notices::Sent).await
 }
 
-/// Starts node `id` at `addr` (where it served before it was stopped).
-pub async fn start_at(id: u64, dir: &TempDir, addr: &str) -> Server {
-    let listener = TcpListener::bind(addr).await.unwrap();
+/// Starts node `id` at the address `port` kept (where a node served before it was stopped),
+/// listening on the very socket that kept it.
+pub async fn start_at(id: u64, dir: &TempDir, port: KeptPort) -> Server {
+    port.socket.listen(1024).unwrap();
+    port.socket.set_nonblocking(true).unwrap();
+    let listener = TcpListener::from_std(port.socket.into()).unwrap();
     launch(
         id,
         dir,

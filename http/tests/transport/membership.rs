@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use crate::common::{wait_for, DEADLINE};
 use crate::helpers::{
     join_as_learner, served_with, start, start_alone, start_at, start_cluster,
-    start_cluster_without_notices, the_leader, Client, Server,
+    start_cluster_without_notices, the_leader, Client, KeptPort, Server,
 };
 
 /// A follower removed from the voters learns it from the members' answers to its vote
@@ -125,18 +125,17 @@ async fn a_removed_learner_is_told_by_the_leader() {
 }
 
 /// Starts a three-node cluster and learner 4, stops the learner, and removes it (on the node,
-/// so no request handler tells it). Returns the cluster and the learner's address.
+/// so no request handler tells it). Returns the cluster and the learner's address, kept.
 async fn remove_a_learner_while_it_is_down(
     dir: &tempfile::TempDir,
-) -> (std::collections::BTreeMap<u64, Server>, String) {
+) -> (std::collections::BTreeMap<u64, Server>, KeptPort) {
     let servers = start_cluster(dir).await;
     let learner = start(4, dir).await;
-    let addr = learner.addr.clone();
     let leader = the_leader(&servers);
     join_as_learner(leader, &learner).await;
-    learner.stop().await;
+    let port = learner.stop_keeping_port().await;
     leader.node.remove_learner(4).await.unwrap();
-    (servers, addr)
+    (servers, port)
 }
 
 /// A learner that is down when it is removed is told once it is back at its address: the
@@ -144,8 +143,8 @@ async fn remove_a_learner_while_it_is_down(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_down_when_removed_is_told_once_back() {
     let dir = tempfile::tempdir().unwrap();
-    let (servers, addr) = remove_a_learner_while_it_is_down(&dir).await;
-    let back = start_at(4, &dir, &addr).await;
+    let (servers, port) = remove_a_learner_while_it_is_down(&dir).await;
+    let back = start_at(4, &dir, port).await;
     wait_for(
         || back.node.status().role == Role::Removed,
         "the learner is told once back",
@@ -163,9 +162,9 @@ async fn a_learner_down_when_removed_is_told_once_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_process_at_a_removed_address_refuses_the_notice() {
     let dir = tempfile::tempdir().unwrap();
-    let (servers, addr) = remove_a_learner_while_it_is_down(&dir).await;
+    let (servers, port) = remove_a_learner_while_it_is_down(&dir).await;
     let wiped = tempfile::tempdir().unwrap();
-    let fresh = start_at(4, &wiped, &addr).await;
+    let fresh = start_at(4, &wiped, port).await;
     let client = Client::new();
     let deadline = std::time::Instant::now() + DEADLINE;
     // Answered either way: refused (409), or taken (204).
