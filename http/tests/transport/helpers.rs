@@ -44,7 +44,6 @@ impl Server {
 /// starts there again ([`start_at`]).
 pub struct KeptPort {
     socket: socket2::Socket,
-    pub addr: String,
 }
 
 impl Server {
@@ -60,7 +59,7 @@ impl Server {
         socket
             .bind(&at.into())
             .expect("the stopped server's port was taken before it could be kept");
-        KeptPort { socket, addr }
+        KeptPort { socket }
     }
 }
 
