@@ -498,6 +498,25 @@ fn writers_sharing_a_limiter_share_its_budget() {
     assert_eq!(clock.elapsed(), Pacer::cost(2 * 256 * 8192, rate));
 }
 
+/// A pause of the async writer charged at a mistaken tiny rate ends once the rate is lifted,
+/// as a thread's does: it does not sleep out the hour the old rate asked for.
+#[tokio::test]
+async fn async_writer_pause_ends_when_the_rate_changes() {
+    let limiter = Arc::new(RateLimiter::new(1));
+    let mut out = AsyncThrottledWriter::new(tokio::io::sink(), limiter.clone());
+    // 4 KiB at 1 byte a second: a pause of over an hour, owed before the next write.
+    out.write_all(&[0u8; 4096]).await.unwrap();
+    limiter.set_rate(0);
+    tokio::time::timeout(Duration::from_secs(10), out.write_all(&[0]))
+        .await
+        .expect("the pause outlived the rate it was charged at")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), out.finish())
+        .await
+        .expect("finish waited for the old pause")
+        .unwrap();
+}
+
 #[tokio::test]
 async fn async_writer_accumulates_and_shutdown_settles() {
     // The fake clock stands still, so the waits the limiter asks for are exact; the writer

@@ -8,16 +8,18 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
-use super::{Pause, RateLimiter, TOKIO_TIMER};
+use super::{Pause, RateLimiter, PAUSE_SLICE, TOKIO_TIMER};
 
 /// Writes through to `W`, counting the bytes; once about 1 ms worth (at the limiter's rate) has
 /// accumulated it charges them, and the next write (or shutdown) waits out the pause first.
 /// Tokio's timer is millisecond-grained: waits under [`TOKIO_TIMER`] are skipped and made up at a
 /// later pause, which keeps the average rate exact. A zero-byte write never reads the clock.
 /// `poll_flush` is forwarded; `poll_shutdown` (and [`AsyncThrottledWriter::finish`]) settle the
-/// bytes still accumulated before they complete.
+/// bytes still accumulated before they complete. A pause is slept in slices of at most
+/// [`PAUSE_SLICE`] and ends early once the limiter's rate changes, as a thread's does: a pause
+/// charged at a mistaken tiny rate is undone by raising or lifting it.
 ///
 /// Must be polled inside a tokio runtime with the time driver enabled.
 #[derive(Debug)]
@@ -35,7 +37,12 @@ pub struct AsyncThrottledWriter<W> {
 /// A pause the writer owes, and whether a caller has been kept waiting on it.
 #[derive(Debug)]
 struct PendingPause {
+    /// The current slice of the pause.
     sleep: Pin<Box<Sleep>>,
+    /// When the whole pause ends.
+    end: Instant,
+    /// The rate it was charged at: another one ends it.
+    rate: u64,
     pause: Pause,
     /// Set once a poll found the sleep unfinished. Only then does its end measure the timer's
     /// lateness; a sleep found finished at its first poll ended while the caller was elsewhere,
@@ -76,22 +83,22 @@ impl<W: AsyncWrite + Unpin> AsyncThrottledWriter<W> {
     pub async fn finish(mut self) -> io::Result<W> {
         self.inner.flush().await?;
         self.charge_pending();
-        if let Some(pending) = self.sleep.take() {
-            if !pending.sleep.is_elapsed() {
-                pending.sleep.await;
-                self.limiter.woke(pending.pause);
-            }
-        }
+        std::future::poll_fn(|cx| self.poll_pause(cx)).await;
         Ok(self.inner)
     }
 
     fn charge_pending(&mut self) {
         let bytes = std::mem::take(&mut self.pending);
         if bytes > 0 {
+            let rate = self.limiter.rate();
             let pause = self.limiter.charge(bytes, TOKIO_TIMER);
             if !pause.is_zero() {
+                let now = Instant::now();
+                let end = now + pause.wait;
                 self.sleep = Some(PendingPause {
-                    sleep: Box::pin(tokio::time::sleep(pause.wait)),
+                    sleep: Box::pin(tokio::time::sleep_until(end.min(now + PAUSE_SLICE))),
+                    end,
+                    rate,
                     pause,
                     waited: false,
                 });
@@ -100,11 +107,23 @@ impl<W: AsyncWrite + Unpin> AsyncThrottledWriter<W> {
         self.threshold = self.limiter.chunk_bytes();
     }
 
+    /// Waits out the pause owed, slice by slice; a rate change ends it.
     fn poll_pause(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(pending) = self.sleep.as_mut() {
+        while let Some(pending) = self.sleep.as_mut() {
             if pending.sleep.as_mut().poll(cx).is_pending() {
                 pending.waited = true;
                 return Poll::Pending;
+            }
+            if self.limiter.rate() != pending.rate {
+                // The new rate started a new schedule: nothing charged before is owed.
+                self.sleep = None;
+                break;
+            }
+            let now = Instant::now();
+            if now < pending.end {
+                let next = pending.end.min(now + PAUSE_SLICE);
+                pending.sleep.as_mut().reset(next);
+                continue;
             }
             if pending.waited {
                 self.limiter.woke(pending.pause);
