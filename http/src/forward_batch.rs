@@ -285,16 +285,24 @@ impl Link {
 
     /// Sends `part` (writes for one leader) once it has a place there, waiting at most the
     /// exchange's timeout: past it, every write of the part is refused unsent (`no_leader`).
-    /// Writes whose callers went away meanwhile are not sent.
-    async fn send_part(&self, part: Vec<Queued>, slot: &Mutex<Option<OwnedSemaphorePermit>>) {
+    /// Writes whose callers went away meanwhile are not sent; a part whose callers all went
+    /// away stops waiting at once, so that callers who give up and retry against a stalled
+    /// leader do not pile up parts (and their commands) for the whole timeout.
+    async fn send_part(&self, mut part: Vec<Queued>, slot: &Mutex<Option<OwnedSemaphorePermit>>) {
         let target = part[0].target.clone();
         let places = self.places_at(&target.addr);
         let place = match places.clone().try_acquire_owned() {
             Ok(place) => Some(place),
             Err(_) => {
                 drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-                let waited = tokio::time::timeout(self.timeout, places.acquire_owned()).await;
-                waited.ok().and_then(Result::ok)
+                let all_gone =
+                    futures::future::join_all(part.iter_mut().map(|q| q.answer.closed()));
+                tokio::select! {
+                    waited = tokio::time::timeout(self.timeout, places.acquire_owned()) => {
+                        waited.ok().and_then(Result::ok)
+                    }
+                    _ = all_gone => return,
+                }
             }
         };
         let Some(_place) = place else {
@@ -711,12 +719,35 @@ mod tests {
         let b = batcher(Duration::from_secs(300));
         let cap = MAX_OUT_PER_LEADER as u64;
         let out = one_batch_each(&b, &target, 20..20 + cap, &mut seen).await;
+        // Every place is taken: the handles to the places are those of the batches out.
+        let places = b.link.places_at(&target.addr);
+        let out_only = Arc::strong_count(&places);
         let mut gone = Box::pin(b.send(target.clone(), write(60)));
         assert!((&mut gone).now_or_never().is_none());
         parked_at(&b, &target.addr).await;
+        let count_until = |what: &'static str, done: fn(usize, usize) -> bool| {
+            let places = places.clone();
+            async move {
+                let reached = async {
+                    while !done(Arc::strong_count(&places) - 1, out_only) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                };
+                tokio::time::timeout(Duration::from_secs(10), reached)
+                    .await
+                    .expect(what);
+            }
+        };
+        count_until("the write's batch waits for a place", |now, out| now > out).await;
         drop(gone);
-        // The place freed goes to the abandoned write's batch first, which sends nothing; the
-        // next batch is the next write's.
+        // The abandoned write's batch stops waiting at once, no place freed: it holds nothing
+        // (a handle to the places, its command) for the rest of the timeout.
+        count_until("the abandoned batch still waits for a place", |now, out| {
+            now == out
+        })
+        .await;
+        drop(places);
+        // The next batch is the next write's.
         release.add_permits(1);
         let next = b.send(target.clone(), write(61));
         let mut next = Box::pin(next);
