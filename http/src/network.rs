@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,7 +80,11 @@ fn patience(timeouts: u32) -> u32 {
 const MAX_PATIENCE: u32 = 8;
 
 /// Counts the AppendEntries exchanges with one peer that ran out of time in a row (see
-/// [`patience`]); kept by the network factory, so it outlives a connection.
+/// [`patience`]); kept by the network factory, so it outlives a connection. Only exchanges
+/// that carried entries count: openraft sends heartbeats (entry-less, on a connection of their
+/// own) every heartbeat interval, and a starved peer answers them in time while a large append
+/// misses its deadline; counting their answers reset the patience before the resend could use
+/// it, so such an append never got more than twice its deadline.
 #[derive(Debug, Default)]
 struct Patience(AtomicU32);
 
@@ -410,7 +414,17 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let Some(first) = input.next().await else {
                 return Ok(futures::stream::empty().boxed());
             };
-            let input = futures::stream::iter([first]).chain(input);
+            // Whether this exchange carried entries yet: only then do its answers say how much
+            // time appends to this peer need (see `Patience`).
+            let carried = Arc::new(AtomicBool::new(false));
+            let input = futures::stream::iter([first]).chain(input).inspect({
+                let carried = carried.clone();
+                move |rpc: &AppendEntriesRequest<TypeConfig>| {
+                    if !rpc.entries.is_empty() {
+                        carried.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
             let outstanding = Arc::new(Outstanding::default());
             let body = requests(input, outstanding.clone(), APPEND_WINDOW);
             let timed_out = {
@@ -478,7 +492,9 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let (patience, versions) = (self.patience.clone(), self.versions.clone());
             Ok(answers(Box::pin(connecting), outstanding, policy)
                 .inspect(move |answer| {
-                    patience.record(answer);
+                    if carried.load(Ordering::Relaxed) {
+                        patience.record(answer);
+                    }
                     let v = version.load(Ordering::Relaxed);
                     if answer.is_err() {
                         // The member may be restarting, perhaps as another build.
@@ -591,6 +607,110 @@ mod tests {
             target: 2,
             timeout: Duration::from_millis(1),
         })
+    }
+
+    /// A peer's heartbeat answers (in time, on a connection of their own) leave the patience
+    /// that an append which ran out of time earned alone: the resend gets twice the time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_leave_an_appends_patience_alone() {
+        use axum::body::Body;
+        use axum::routing::post;
+        use meta_consensus::{Command, Entry, LogId, Node, NodeConfig, Vote};
+        use openraft::vote::leader_id_adv::LeaderId;
+
+        // A peer that answers an entry-less request at once and one with entries after
+        // 1.5 s: more than a deadline of 1 s, less than twice that.
+        const SLOW: Duration = Duration::from_millis(1500);
+        let app = axum::Router::new().route(
+            PATH_APPEND_STREAM,
+            post(|body: Body| async move {
+                let answers =
+                    frames(body.into_data_stream(), MAX_RAFT_BODY_BYTES).then(|frame| async move {
+                        let rpc: AppendEntriesRequest<TypeConfig> =
+                            codec::decode(&frame.unwrap()).unwrap();
+                        if !rpc.entries.is_empty() {
+                            tokio::time::sleep(SLOW).await;
+                        }
+                        let last = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+                        let answer: Result<StreamAppendResult<TypeConfig>, String> = Ok(Ok(last));
+                        crate::frame::encode_frame(&answer).map_err(std::io::Error::other)
+                    });
+                Body::from_stream(answers)
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut network = HttpNetwork::new(
+            &NodeConfig::new(1, "127.0.0.1:1", dir.path()),
+            Token::new(None),
+        );
+        let peer = Node::new(addr);
+        let mut replication = network.new_client(2, &peer).await;
+        let mut heartbeats = network.new_client(2, &peer).await;
+        // A soft deadline of a second.
+        let option = RPCOption::new(Duration::from_millis(1334));
+        let vote = Vote::new_committed(1, 1);
+        let id = |index| {
+            LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            )
+        };
+        let append = || AppendEntriesRequest {
+            vote,
+            prev_log_id: None,
+            entries: vec![Entry {
+                log_id: id(1),
+                payload: openraft::EntryPayload::Normal(Command::Delete {
+                    key: "k".into(),
+                    if_revision: None,
+                }),
+            }],
+            leader_commit: None,
+        };
+        async fn first(mut stream: BoxStream<'_, StreamAnswer>) -> StreamAnswer {
+            stream.next().await.expect("an answer")
+        }
+
+        let answer = first(
+            replication
+                .stream_append(futures::stream::iter([append()]), option.clone())
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(matches!(answer, Err(RPCError::Timeout(_))), "{answer:?}");
+        let heartbeat = AppendEntriesRequest {
+            vote,
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: None,
+        };
+        let answer = first(
+            heartbeats
+                .stream_append(futures::stream::iter([heartbeat]), option.clone())
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(answer.is_ok(), "{answer:?}");
+        let answer = first(
+            replication
+                .stream_append(futures::stream::iter([append()]), option)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(
+            answer.is_ok(),
+            "the resend had no more time than the first attempt: {answer:?}"
+        );
     }
 
     #[test]
