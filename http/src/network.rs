@@ -271,8 +271,11 @@ impl HttpConnection {
         rpc_error(self.from, self.target, &self.base, action, timeout, e)
     }
 
-    /// Decodes a peer's answer: a non-2xx status or an undecodable body is a network error;
-    /// an error the peer reports (it is shutting down, its storage failed) is `Unreachable`.
+    /// Decodes a peer's answer: a refusal of the request (4xx: another cluster, another
+    /// node, another token) is `Unreachable`, as for a streamed append, so that openraft backs
+    /// off at once rather than resend what will be refused again; another non-2xx status or an
+    /// undecodable body is a network error; an error the peer reports (it is shutting down, its
+    /// storage failed) is `Unreachable`.
     fn answer<T: DeserializeOwned>(
         &self,
         status: reqwest::StatusCode,
@@ -280,10 +283,12 @@ impl HttpConnection {
     ) -> Result<T, RemoteFailure> {
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-            return Err(RemoteFailure::Network(format!(
-                "node {} answered {status}: {text}",
-                self.target
-            )));
+            let message = format!("node {} answered {status}: {text}", self.target);
+            return Err(if status.is_client_error() {
+                RemoteFailure::Unreachable(message)
+            } else {
+                RemoteFailure::Network(message)
+            });
         }
         let result: RemoteResult<T> = codec::decode(body)
             .map_err(|e| RemoteFailure::Network(format!("node {}: {e}", self.target)))?;
@@ -711,6 +716,42 @@ mod tests {
             answer.is_ok(),
             "the resend had no more time than the first attempt: {answer:?}"
         );
+    }
+
+    /// A peer that refuses a vote request (another cluster, another node, another token) is
+    /// unreachable to openraft, which backs off; a failure of the peer's own is a network error.
+    #[tokio::test]
+    async fn a_refused_request_is_unreachable_and_a_failed_one_a_network_error() {
+        use axum::routing::post;
+        use meta_consensus::{Node, NodeConfig, Vote};
+
+        let app = axum::Router::new()
+            .route(
+                PATH_VOTE,
+                post(|| async { (axum::http::StatusCode::CONFLICT, "other_cluster") }),
+            )
+            .route(
+                PATH_PRE_VOTE,
+                post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "broken") }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let dir = tempfile::tempdir().unwrap();
+        let mut network = HttpNetwork::new(
+            &NodeConfig::new(1, "127.0.0.1:1", dir.path()),
+            Token::new(None),
+        );
+        let mut peer = network.new_client(2, &Node::new(addr)).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        let rpc = VoteRequest::new(Vote::new(2, 1), None);
+        let refused = peer.vote(rpc.clone(), option.clone()).await;
+        assert!(
+            matches!(refused, Err(RPCError::Unreachable(_))),
+            "{refused:?}"
+        );
+        let failed = peer.pre_vote(rpc, option).await;
+        assert!(matches!(failed, Err(RPCError::Network(_))), "{failed:?}");
     }
 
     #[test]
