@@ -119,10 +119,99 @@ async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Re
 /// write, and b's copy would be overwritten once b is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_that_lost_its_data_dir_does_not_lead_before_it_has_the_log() -> Result<()> {
+    fed_the_log_a_holds_it_does_not_lead(false).await
+}
+
+/// A voter whose data dir was lost takes what it must commit from its current term's leader,
+/// not from a deposed leader (cut off, it does not know) whose message reached it first. As in
+/// the test above, but a message of the term before, with an old commit index, comes first:
+/// taking its commit index, the node would end its rejoin once it committed the entries a
+/// holds, and lead without the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_heeds_the_newest_leader_not_the_first() -> Result<()> {
+    fed_the_log_a_holds_it_does_not_lead(true).await
+}
+
+/// The node that lost its data dir is fed the entries a holds (committed, the last of b's
+/// term) by b, then a comes back: neither may lead without the write a missed. With
+/// `deposed_first`, a heartbeat of a deposed leader of the term before, with an old commit
+/// index, reaches the node first.
+async fn fed_the_log_a_holds_it_does_not_lead(deposed_first: bool) -> Result<()> {
     use openraft::raft::AppendEntriesRequest;
+
+    let Lost {
+        mut c,
+        a,
+        b,
+        wiped,
+        a_last,
+        written,
+        lm,
+        entries,
+    } = lost_after_a_write_a_missed(deposed_first).await?;
+    let empty = c.start(wiped).await?;
+    if deposed_first {
+        ensure!(lm.current_term >= 2, "a term before the leader's");
+        let answer = empty
+            .append_entries(AppendEntriesRequest {
+                vote: meta_consensus::Vote::new_committed(lm.current_term - 1, a),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: entries.first().map(|e| e.log_id),
+            })
+            .await;
+        ensure!(answer.is_ok(), "{answer:?}");
+    }
+    let answer = empty
+        .append_entries(AppendEntriesRequest {
+            vote: lm.vote,
+            prev_log_id: None,
+            entries,
+            leader_commit: lm.local_committed,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+    empty
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.local_committed.is_some_and(|l| l.index == a_last),
+            "the entries committed",
+        )
+        .await
+        .context("the entries were not committed")?;
+    let stale = c.start(a).await?;
+    // a votes once the lease it gave b has passed (an election timeout, at most 1.4 s here);
+    // the empty node stands within another.
+    none_leads(&[&empty, &stale], written).await?;
+    the_write_survives(c, b).await
+}
+
+/// Nodes a, b (the leader) and `wiped`, after: a stopped; a write acknowledged by b and
+/// `wiped` (at index `written`); `wiped` lost its data dir; b stopped. With the entries a
+/// holds too (up to `a_last`), read from b's log, the last of them of b's term, and b's
+/// metrics before it stopped. With `second_term`, b leads a second term (its leader stopped
+/// and started again first).
+struct Lost {
+    c: Cluster,
+    a: u64,
+    b: u64,
+    wiped: u64,
+    a_last: u64,
+    written: u64,
+    lm: openraft::RaftMetrics<meta_consensus::TypeConfig>,
+    entries: Vec<meta_consensus::Entry>,
+}
+
+async fn lost_after_a_write_a_missed(second_term: bool) -> Result<Lost> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
 
     let mut c = Cluster::three().await?;
+    if second_term {
+        let first = c.leader().await?.id();
+        c.stop(first).await?;
+        c.start(first).await?;
+    }
     let b = c.leader().await?.id();
     let others: Vec<u64> = (1..=3).filter(|i| *i != b).collect();
     let (a, wiped) = (others[0], others[1]);
@@ -151,110 +240,16 @@ async fn a_voter_that_lost_its_data_dir_does_not_lead_before_it_has_the_log() ->
         entries.last().map(|e| e.log_id.leader_id.term) == Some(lm.current_term),
         "a's last entry is of b's term"
     );
-
-    let empty = c.start(wiped).await?;
-    let answer = empty
-        .append_entries(AppendEntriesRequest {
-            vote: lm.vote,
-            prev_log_id: None,
-            entries,
-            leader_commit: lm.local_committed,
-        })
-        .await;
-    ensure!(answer.is_ok(), "{answer:?}");
-    empty
-        .raft()
-        .wait(Some(WAIT))
-        .metrics(
-            |m| m.local_committed.is_some_and(|l| l.index == a_last),
-            "the entries committed",
-        )
-        .await
-        .context("the entries were not committed")?;
-    let stale = c.start(a).await?;
-    // a votes once the lease it gave b has passed (an election timeout, at most 1.4 s here);
-    // the empty node stands within another.
-    none_leads(&[&empty, &stale], w.index).await?;
-    the_write_survives(c, b).await
-}
-
-/// A voter whose data dir was lost takes what it must commit from its current term's leader,
-/// not from a deposed leader (cut off, it does not know) whose message reached it first. As in
-/// the test above, but a message of the term before, with an old commit index, comes first:
-/// taking its commit index, the node would end its rejoin once it committed the entries a
-/// holds, and lead without the write.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_voter_that_lost_its_data_dir_heeds_the_newest_leader_not_the_first() -> Result<()> {
-    use openraft::raft::AppendEntriesRequest;
-    use openraft::storage::{RaftLogReader, RaftLogStorage};
-
-    let mut c = Cluster::three().await?;
-    // A second term, so that a deposed leader of an earlier one can speak.
-    let first = c.leader().await?.id();
-    c.stop(first).await?;
-    c.start(first).await?;
-    let b = c.leader().await?.id();
-    let others: Vec<u64> = (1..=3).filter(|i| *i != b).collect();
-    let (a, wiped) = (others[0], others[1]);
-    c.converged().await?;
-    let a_last = c
-        .node(a)
-        .raft()
-        .metrics()
-        .borrow_watched()
-        .last_log_index
-        .context("a holds a log")?;
-    c.stop(a).await?;
-    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
-    c.wait_applied(w.index).await?;
-    let lm = c.node(b).raft().metrics().borrow_watched().clone();
-    ensure!(lm.current_term >= 2, "a term before the leader's");
-    c.stop(wiped).await?;
-    std::fs::remove_dir_all(c.dir(wiped))?;
-    c.stop(b).await?;
-    let entries = {
-        let mut log = LogStore::open(&c.dir(b).join("wal"), WalOptions::default())?;
-        let mut reader = log.get_log_reader().await;
-        reader.try_get_log_entries(0..=a_last).await?
-    };
-    ensure!(
-        entries.last().map(|e| e.log_id.leader_id.term) == Some(lm.current_term),
-        "a's last entry is of b's term"
-    );
-
-    let empty = c.start(wiped).await?;
-    // The deposed leader's heartbeat: the term before, and the commit index of its day.
-    let deposed = meta_consensus::Vote::new_committed(lm.current_term - 1, a);
-    let answer = empty
-        .append_entries(AppendEntriesRequest {
-            vote: deposed,
-            prev_log_id: None,
-            entries: vec![],
-            leader_commit: entries.first().map(|e| e.log_id),
-        })
-        .await;
-    ensure!(answer.is_ok(), "{answer:?}");
-    let answer = empty
-        .append_entries(AppendEntriesRequest {
-            vote: lm.vote,
-            prev_log_id: None,
-            entries,
-            leader_commit: lm.local_committed,
-        })
-        .await;
-    ensure!(answer.is_ok(), "{answer:?}");
-    empty
-        .raft()
-        .wait(Some(WAIT))
-        .metrics(
-            |m| m.local_committed.is_some_and(|l| l.index == a_last),
-            "the entries committed",
-        )
-        .await
-        .context("the entries were not committed")?;
-    let stale = c.start(a).await?;
-    none_leads(&[&empty, &stale], w.index).await?;
-    the_write_survives(c, b).await
+    Ok(Lost {
+        c,
+        a,
+        b,
+        wiped,
+        a_last,
+        written: w.index,
+        lm,
+        entries,
+    })
 }
 
 /// For 5 s, none of `nodes` leads (each would, without the write at `index`).

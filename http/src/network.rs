@@ -614,13 +614,28 @@ mod tests {
         })
     }
 
+    /// Serves `app` on a loopback port; returns its address.
+    async fn serve(app: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+
+    /// The network of node 1, and the data dir its config names.
+    fn network_of_node_1() -> (tempfile::TempDir, HttpNetwork) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = meta_consensus::NodeConfig::new(1, "127.0.0.1:1", dir.path());
+        (dir, HttpNetwork::new(&cfg, Token::new(None)))
+    }
+
     /// A peer's heartbeat answers (in time, on a connection of their own) leave the patience
     /// that an append which ran out of time earned alone: the resend gets twice the time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn heartbeats_leave_an_appends_patience_alone() {
         use axum::body::Body;
         use axum::routing::post;
-        use meta_consensus::{Command, Entry, LogId, Node, NodeConfig, Vote};
+        use meta_consensus::{Command, Entry, LogId, Node, Vote};
         use openraft::vote::leader_id_adv::LeaderId;
 
         // A peer that answers an entry-less request at once and one with entries after
@@ -643,16 +658,8 @@ mod tests {
                 Body::from_stream(answers)
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
-        let dir = tempfile::tempdir().unwrap();
-        let mut network = HttpNetwork::new(
-            &NodeConfig::new(1, "127.0.0.1:1", dir.path()),
-            Token::new(None),
-        );
-        let peer = Node::new(addr);
+        let (_dir, mut network) = network_of_node_1();
+        let peer = Node::new(serve(app).await);
         let mut replication = network.new_client(2, &peer).await;
         let mut heartbeats = network.new_client(2, &peer).await;
         // A soft deadline of a second.
@@ -723,7 +730,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_request_is_unreachable_and_a_failed_one_a_network_error() {
         use axum::routing::post;
-        use meta_consensus::{Node, NodeConfig, Vote};
+        use meta_consensus::{Node, Vote};
 
         let app = axum::Router::new()
             .route(
@@ -734,15 +741,8 @@ mod tests {
                 PATH_PRE_VOTE,
                 post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "broken") }),
             );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        let dir = tempfile::tempdir().unwrap();
-        let mut network = HttpNetwork::new(
-            &NodeConfig::new(1, "127.0.0.1:1", dir.path()),
-            Token::new(None),
-        );
-        let mut peer = network.new_client(2, &Node::new(addr)).await;
+        let (_dir, mut network) = network_of_node_1();
+        let mut peer = network.new_client(2, &Node::new(serve(app).await)).await;
         let option = RPCOption::new(Duration::from_secs(5));
         let rpc = VoteRequest::new(Vote::new(2, 1), None);
         let refused = peer.vote(rpc.clone(), option.clone()).await;
