@@ -7,7 +7,7 @@ use meta_consensus::Node;
 use tokio::net::TcpListener;
 
 use crate::common::wait_for;
-use crate::helpers::{http_client, start_alone, start_cluster, the_leader, TOKEN};
+use crate::helpers::{http_client, start_alone, start_cluster_tuned, the_leader, TOKEN};
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
 /// leader whose learner's address accepts connections and drops them at once makes at most a
@@ -62,7 +62,14 @@ async fn an_unreachable_peer_is_retried_with_backoff() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = start_cluster(&dir).await;
+    // The write waits for the next leader within what is left of its request timeout: on a
+    // starved machine an election after the leader stops (and a split vote) may take longer
+    // than the default 10 s, and the client would be told to retry (503) instead.
+    let mut servers =
+        start_cluster_tuned(&dir, Some(meta_http::follower_read::CATCH_UP), |_, cfg| {
+            cfg.request_timeout = std::time::Duration::from_secs(60)
+        })
+        .await;
     let leader = the_leader(&servers).node.id();
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
     let old = servers.remove(&leader).unwrap();
