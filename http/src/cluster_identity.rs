@@ -103,20 +103,8 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
             }
         },
     };
-    let other_cluster = |e: meta_consensus::Error| {
-        if let meta_consensus::Error::OtherCluster { ours, theirs } = &e {
-            tracing::warn!(
-                ours = format!("{ours:016x}"),
-                theirs = format!("{theirs:016x}"),
-                "refused a message from another cluster"
-            );
-        }
-        ApiError::OtherCluster(e.to_string()).into_response()
-    };
-    if let (Some(theirs), Some(ours)) = (theirs, node.cluster_id()) {
-        if theirs != ours {
-            return other_cluster(meta_consensus::Error::OtherCluster { ours, theirs });
-        }
+    if let Some(refused) = refuse_other_cluster(&node, theirs) {
+        return refused;
     }
     if request.headers().contains_key(MEMBER_ONLY) && node.cluster_id().is_none() {
         return ApiError::WrongNode(format!(
@@ -157,9 +145,28 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
     }
     match node.accept_cluster(theirs).await {
         Ok(()) => next.run(request).await,
-        Err(e @ meta_consensus::Error::OtherCluster { .. }) => other_cluster(e),
+        Err(meta_consensus::Error::OtherCluster { ours, theirs }) => other_cluster(ours, theirs),
         Err(e) => ApiError::from(e).into_response(),
     }
+}
+
+/// The refusal (409 `other_cluster`, logged) of a message whose sender names cluster `theirs`
+/// while `node` belongs to another; `None` when they agree, or either is not known.
+pub fn refuse_other_cluster(node: &MetaNode, theirs: Option<u64>) -> Option<Response> {
+    match (theirs, node.cluster_id()) {
+        (Some(theirs), Some(ours)) if theirs != ours => Some(other_cluster(ours, theirs)),
+        _ => None,
+    }
+}
+
+fn other_cluster(ours: u64, theirs: u64) -> Response {
+    tracing::warn!(
+        ours = format!("{ours:016x}"),
+        theirs = format!("{theirs:016x}"),
+        "refused a message from another cluster"
+    );
+    ApiError::OtherCluster(meta_consensus::Error::OtherCluster { ours, theirs }.to_string())
+        .into_response()
 }
 
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.

@@ -182,28 +182,6 @@ impl Forwarder {
     }
 }
 
-/// Refuses a request that a member of another cluster replayed here (its [`CLUSTER`] header
-/// names another id than this node's): that member's view names this node's address as its
-/// leader's, and the request (a write, a membership change) is meant for that cluster. A
-/// replay without the header (a build that predates cluster ids), or to a node that knows no
-/// cluster yet, passes.
-///
-/// [`CLUSTER`]: cluster_identity::CLUSTER
-fn same_cluster(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let theirs = headers
-        .get(cluster_identity::CLUSTER)
-        .and_then(cluster_identity::parse);
-    match (theirs, state.node.config().cluster_id.get()) {
-        (Some(theirs), Some(mine)) if theirs != mine => Err(ApiError::OtherCluster(
-            "a member of another cluster replayed this request here: this address is not its \
-             cluster's leader; its membership may name an address that another cluster's member \
-             now serves"
-                .into(),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Route layer of the admin API: buffers the body, runs the handler, forwards if told to.
 pub async fn forward_to_leader(
     State(state): State<AppState>,
@@ -224,9 +202,16 @@ pub async fn forward_to_leader(
         Err(e) => return e.into_response(),
     };
     let forwarded = parts.headers.contains_key(&FORWARDED_BY);
+    // A replay from a member of another cluster (its membership names this address as its
+    // leader's) is refused before the handler runs; one without the header (a build that
+    // predates cluster ids), or to a node that knows no cluster yet, passes.
     if forwarded {
-        if let Err(e) = same_cluster(&state, &parts.headers) {
-            return e.into_response();
+        let theirs = parts
+            .headers
+            .get(cluster_identity::CLUSTER)
+            .and_then(cluster_identity::parse);
+        if let Some(refused) = cluster_identity::refuse_other_cluster(&state.node, theirs) {
+            return refused;
         }
     }
     let replay = Replay {

@@ -639,8 +639,9 @@ mod tests {
         use openraft::vote::leader_id_adv::LeaderId;
 
         // A peer that answers an entry-less request at once and one with entries after
-        // 1.5 s: more than a deadline of 1 s, less than twice that.
-        const SLOW: Duration = Duration::from_millis(1500);
+        // 3 s: more than a deadline of 2 s, less than twice that (a second of margin either
+        // way for a loaded machine).
+        const SLOW: Duration = Duration::from_secs(3);
         let app = axum::Router::new().route(
             PATH_APPEND_STREAM,
             post(|body: Body| async move {
@@ -662,8 +663,8 @@ mod tests {
         let peer = Node::new(serve(app).await);
         let mut replication = network.new_client(2, &peer).await;
         let mut heartbeats = network.new_client(2, &peer).await;
-        // A soft deadline of a second.
-        let option = RPCOption::new(Duration::from_millis(1334));
+        // A soft deadline of two seconds.
+        let option = RPCOption::new(Duration::from_millis(2667));
         let vote = Vote::new_committed(1, 1);
         let id = |index| {
             LogId::new(
