@@ -100,6 +100,48 @@ async fn a_leader_that_removed_itself_reports_it_and_refuses_requests() -> Resul
     c.shutdown().await
 }
 
+/// A leader that removed itself leads on for a while (openraft steps it down 150 ms after the
+/// removal commits). A membership change asked of it in that time is refused with the members
+/// to go to; it used to be proposed there, and a debug build's Raft core panicked on it (a
+/// membership entry from a leader its own membership does not name), which stopped the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_removed_itself_refuses_membership_changes_before_it_steps_down() -> Result<()>
+{
+    let mut c = Cluster::three().await?;
+    c.start(4).await?;
+    let leader = c.leader().await?;
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    let others: BTreeSet<_> = (1..=4).filter(|i| *i != leader.id()).collect();
+    c.converged().await?;
+    leader.change_voters(others.clone()).await?;
+
+    let members: Vec<_> = others.iter().copied().collect();
+    let asks = [
+        leader.change_voters(others.clone()).await,
+        leader
+            .add_learner(leader.id(), Node::new(addr(leader.id())))
+            .await,
+        leader.remove_learner(4).await,
+    ];
+    for r in asks {
+        match r {
+            Err(Error::Removed { members: m }) => assert_eq!(m, members),
+            other => panic!("expected removed, got {other:?}"),
+        }
+    }
+    // Its core still runs: it steps down as it should.
+    leader
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.state != ServerState::Leader, "old leader steps down")
+        .await?;
+    c.stop(leader.id()).await?;
+    let next = c.leader().await?;
+    assert!(others.contains(&next.id()));
+    next.register_datanode(8, "dn-8").await?;
+    c.shutdown().await
+}
+
 /// A follower removed from the voters never receives the membership without it (the leader
 /// stops replicating to it first), so its own log still names it. The members it then asks for
 /// votes tell it, and it reports `Removed` and refuses requests, where it used to report itself

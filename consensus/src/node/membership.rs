@@ -222,8 +222,8 @@ impl MetaNode {
     /// (the step openraft would have taken: to the newer voter set alone).
     async fn finish_joint(&self) -> Result<()> {
         let joint = self
-            .leader_view()
-            .is_some_and(|m| m.membership_config.membership().get_joint_config().len() > 1);
+            .change_view()
+            .is_ok_and(|m| m.membership_config.membership().get_joint_config().len() > 1);
         if !joint {
             return Ok(());
         }
@@ -261,14 +261,28 @@ impl MetaNode {
             > + Send
             + 'static,
     {
-        // A node whose metrics do not show it leading is refused rather than left unchecked:
-        // its core may have just won an election, and would take a change nobody checked.
-        let recheck = || match self.leader_view() {
-            Some(m) => check(&m),
-            None => Err(self.not_leading()),
-        };
+        let recheck = || check(&self.change_view()?);
         recheck()?;
         self.membership_call(call, recheck).await
+    }
+}
+
+impl MetaNode {
+    /// The leader's view, for a membership change to be checked against and proposed on.
+    /// Refused on a node whose metrics do not show it leading rather than left unchecked: its
+    /// core may have just won an election, and would take a change nobody checked. Refused with
+    /// [`Error::Removed`] on a leader whose membership no longer names it: openraft lets a
+    /// leader that removed itself lead on until it steps down (150 ms after the removal
+    /// commits, so the followers learn of it), and a membership change proposed there meant a
+    /// membership entry from a leader of no cluster (a debug build's core panics on it).
+    fn change_view(&self) -> Result<Metrics> {
+        let Some(m) = self.leader_view() else {
+            return Err(self.not_leading());
+        };
+        match self.removed(&m) {
+            Some(members) => Err(Error::Removed { members }),
+            None => Ok(m),
+        }
     }
 }
 
