@@ -8,12 +8,12 @@
 //! message from a leader gives it a term (openraft saves the leader's vote before it looks at
 //! the log), so "no term and no log" stops describing it within a heartbeat, long before it has
 //! the log back: the marker keeps the rule until then, across restarts too. The node has the log
-//! back once it holds an entry committed in its current term (so every entry committed before
-//! it: the leader of that term held them all, and an entry of its own term comes after them) and
-//! has committed up to the commit index of the first message that reached it from the leader of
-//! its current term (entries committed later in that same term, which its former self may have
-//! acknowledged, are at or below it; a deposed leader of an older term, cut off, may reach it
-//! first, and its commit index says nothing of them); see `node/votes.rs`.
+//! back once its log durably holds an entry of its current term (so the leader of that term's
+//! log up to it: every entry committed before that term, which that leader held when elected)
+//! at or past the commit index of the first message that reached it from that leader (entries
+//! committed in that same term, which its former self may have acknowledged, are at or below
+//! it; a deposed leader of an older term, cut off, may reach it first, and its commit index
+//! says nothing of them); see `node/votes.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -50,7 +50,7 @@ impl RejoinMarker {
             &self.dir,
             REJOINING,
             "this node started with no Raft state: it votes for no candidate with a log until \
-             it holds an entry committed in its current term\n",
+             it holds the cluster's log again\n",
         )
     }
 

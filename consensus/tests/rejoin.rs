@@ -88,6 +88,87 @@ async fn a_voter_that_lost_its_data_dir_votes_again_only_once_it_has_the_log() -
     c.shutdown().await
 }
 
+/// A new member of a new cluster whose first leader stops right after its first entry reached
+/// the member, before the commit index did. The member durably holds an entry of the leader's
+/// term, at or past the commit index the leader's message carried (none yet): it holds the
+/// log, and votes for the other survivor. It used to wait to learn an entry of its term
+/// committed, which no leader was left to tell it, so the two survivors elected no leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_member_whose_first_leader_stopped_early_votes_for_the_other_survivor() -> Result<()>
+{
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use meta_consensus::{Entry, LogId, Node, Vote};
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+    use openraft::vote::leader_id_adv::LeaderId;
+    use openraft::{EntryPayload, Membership};
+
+    let mut c = Cluster::new()?;
+    let new = c.start(3).await?;
+    let members: BTreeMap<u64, Node> = (1..=3).map(|i| (i, Node::new(common::addr(i)))).collect();
+    let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], members)?;
+    // What node 1's `initialize` wrote, and the entry it appended once elected in term 1.
+    let first = LogId::new(
+        LeaderId {
+            term: 1,
+            node_id: 1,
+        },
+        1,
+    );
+    let entries = vec![
+        Entry {
+            log_id: LogId::new(
+                LeaderId {
+                    term: 0,
+                    node_id: 1,
+                },
+                0,
+            ),
+            payload: EntryPayload::Membership(membership),
+        },
+        Entry {
+            log_id: first,
+            payload: EntryPayload::Blank,
+        },
+    ];
+    let answer = new
+        .append_entries(AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries,
+            leader_commit: None,
+        })
+        .await;
+    ensure!(answer.is_ok(), "{answer:?}");
+
+    // Node 1 is gone. Once the lease its message gave has passed (an election timeout, at most
+    // 1.4 s here), node 2, holding the same log, gets the vote.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let rpc = VoteRequest::new(Vote::new(2, 2), Some(first));
+        match new.vote(rpc).await {
+            Ok(answer) if answer.vote_granted => break,
+            Ok(_) | Err(Error::NotVoting(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no vote for the other survivor after {WAIT:?}: {:?}",
+            new.status().role
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let marker = c.dir(3).join("REJOINING");
+    while marker.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await
+}
+
 /// A voter whose data dir was lost does not help elect a candidate that misses acknowledged
 /// writes. Nodes a, b, c: with a down, a write is acknowledged by b and c; then c loses its data
 /// dir and b stops. a and the empty c must not elect a (the write would be lost); once b is

@@ -193,7 +193,9 @@ impl MetaNode {
 
     /// Whether this node, rejoining, holds the cluster's log again (see [`caught_up`]).
     fn rejoined(&self, m: &openraft::RaftMetrics<TypeConfig>) -> bool {
-        caught_up(m, *self.inner.rejoin_target.lock())
+        let durable = self.inner.raft.watch_log_progress().get();
+        let durable = durable.and_then(|f| f.last_log_id);
+        caught_up(m, durable.as_ref(), *self.inner.rejoin_target.lock())
     }
 
     /// Ends the rejoin (see `rejoin_marker.rs`) once this node holds the cluster's log again:
@@ -204,6 +206,7 @@ impl MetaNode {
     pub(super) fn end_rejoin_when_caught_up(&self) {
         let node = self.clone();
         let mut metrics = self.inner.raft.metrics();
+        let mut durable = self.inner.raft.watch_log_progress();
         tokio::spawn(async move {
             let mut held = false;
             loop {
@@ -218,7 +221,12 @@ impl MetaNode {
                     node.set_election_holds(|h| h.rejoin = hold);
                     held = hold;
                 }
-                if metrics.changed().await.is_err() {
+                // A flush may complete without any change to the metrics.
+                let changed = tokio::select! {
+                    m = metrics.changed() => m.is_ok(),
+                    d = durable.changed() => d.is_ok(),
+                };
+                if !changed {
                     return;
                 }
             }
@@ -263,16 +271,35 @@ pub(crate) struct RejoinTarget {
     pub commit: u64,
 }
 
-/// Whether a rejoining node holds the cluster's log again: it holds an entry committed in its
-/// current term, and so every entry committed before that one; and it has committed up to the
-/// `target` its current term's leader set (see [`MetaNode::note_leader_commit`]), or leads (its
-/// own log then decides what is committed). The first alone is not enough: an entry committed
-/// later in the same term, with its former self's acknowledgement, may still be missing; nor is
-/// a target an older term's leader set.
-fn caught_up(m: &openraft::RaftMetrics<TypeConfig>, target: Option<RejoinTarget>) -> bool {
-    m.local_committed.as_ref().is_some_and(|c| {
-        c.leader_id.term == m.current_term
-            && (m.state == openraft::ServerState::Leader
-                || target.is_some_and(|t| t.term == m.current_term && c.index >= t.commit))
-    })
+/// Whether a rejoining node holds the cluster's log again: its log, durably (`durable` is its
+/// last entry on disk), holds an entry of its current term at or past the commit index the
+/// first message of that term's leader carried (the `target`, see
+/// [`MetaNode::note_leader_commit`]); or it leads (its own log then decides what is
+/// committed). An entry of term T comes from T's leader, and the log up to it is that leader's
+/// log up to it: every entry committed before T (T's leader held them all when it was elected,
+/// and its entries of T follow them), and every entry of T committed up to the target (entries
+/// its former self may have acknowledged). Nor is an older term's target enough: a deposed
+/// leader's commit index says nothing of what the newer one committed.
+///
+/// Knowing the entry committed is not needed, and waiting for it could keep the node from ever
+/// voting: in a new cluster whose first leader stops right after its first entry reached this
+/// node but before the commit index did, this node's vote is the other survivor's only way to
+/// a quorum.
+fn caught_up(
+    m: &openraft::RaftMetrics<TypeConfig>,
+    durable: Option<&crate::types::LogId>,
+    target: Option<RejoinTarget>,
+) -> bool {
+    if m.state == openraft::ServerState::Leader {
+        return m
+            .local_committed
+            .as_ref()
+            .is_some_and(|c| c.leader_id.term == m.current_term);
+    }
+    let (Some(last), Some(target)) = (durable, target) else {
+        return false;
+    };
+    target.term == m.current_term
+        && last.leader_id.term == target.term
+        && last.index >= target.commit
 }
