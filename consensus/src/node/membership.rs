@@ -115,7 +115,6 @@ impl MetaNode {
                 async move { raft.add_learner(id, node, false).await }
             })
             .await
-            .map(|_| ())
         };
         self.unless_too_old(id, add).await
     }
@@ -141,7 +140,6 @@ impl MetaNode {
             async move { raft.change_membership(change, false).await }
         })
         .await
-        .map(|_| ())
     }
 
     /// Moves member `id` to `addr` (it was restarted there): the members send it their messages
@@ -168,7 +166,6 @@ impl MetaNode {
             async move { raft.change_membership(change, false).await }
         })
         .await
-        .map(|_| ())
     }
 
     /// The address the membership names for member `id` (a voter or a learner), as the leader
@@ -203,7 +200,6 @@ impl MetaNode {
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// Takes the membership lock for one change (refused on a node that is closed or knows
@@ -228,31 +224,32 @@ impl MetaNode {
             return Ok(());
         }
         tracing::warn!("finishing a voter change that was left half done (joint membership)");
-        self.membership_call(
-            |raft| async move {
-                let change = ChangeMembers::AddVoterIds(BTreeSet::new());
-                raft.change_membership(change, false).await
-            },
-            || Ok(()),
-        )
-        .await
-        .map(|_| ())
+        let written = self
+            .membership_call(
+                |raft| async move {
+                    let change = ChangeMembers::AddVoterIds(BTreeSet::new());
+                    raft.change_membership(change, false).await
+                },
+                || Ok(()),
+            )
+            .await?;
+        self.until_shown(&written).await;
+        Ok(())
     }
 
     /// Runs `call`, a membership change, once `check` passes on the leader's view, and checks
     /// again after any wait for an uncommitted change (a learner may have fallen behind
     /// meanwhile). Call with the membership lock held ([`MetaNode::one_change`]).
-    async fn checked_change<T, F, Fut>(
+    async fn checked_change<F, Fut>(
         &self,
         check: impl Fn(&Metrics) -> Result<()>,
         call: F,
-    ) -> Result<T>
+    ) -> Result<()>
     where
-        T: Send + 'static,
         F: FnMut(crate::types::Raft) -> Fut,
         Fut: std::future::Future<
                 Output = std::result::Result<
-                    T,
+                    Written,
                     RaftError<
                         crate::types::TypeConfig,
                         openraft::error::ClientWriteError<crate::types::TypeConfig>,
@@ -263,9 +260,39 @@ impl MetaNode {
     {
         let recheck = || check(&self.change_view()?);
         recheck()?;
-        self.membership_call(call, recheck).await
+        let written = self.membership_call(call, recheck).await?;
+        self.until_shown(&written).await;
+        Ok(())
+    }
+
+    /// Waits, at most the request timeout, until this node's metrics show the membership that
+    /// `written` set. openraft answers a change once its entry is applied, and may publish its
+    /// metrics only after: the caller's next status (the answer to an HTTP change shows the
+    /// members), or the next change's checks, would see the membership from before.
+    async fn until_shown(&self, written: &Written) {
+        let index = written.log_id.index;
+        let shown = self
+            .inner
+            .raft
+            .wait(Some(self.inner.cfg.request_timeout))
+            .metrics(
+                |m| {
+                    m.membership_config
+                        .log_id()
+                        .as_ref()
+                        .is_some_and(|l| l.index >= index)
+                },
+                "the metrics show the new membership",
+            )
+            .await;
+        if let Err(e) = shown {
+            tracing::warn!("a membership change committed, but {e}");
+        }
     }
 }
+
+/// What openraft answers a membership change with: its entry's log id, and the membership.
+type Written = openraft::raft::ClientWriteResponse<crate::types::TypeConfig>;
 
 impl MetaNode {
     /// The leader's view, for a membership change to be checked against and proposed on.
