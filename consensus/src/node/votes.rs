@@ -67,8 +67,12 @@ impl MetaNode {
     /// out, and so does its newest membership (a change not yet known committed may name the
     /// node again): the leader sends it to the members a membership change removed, since it
     /// stops replicating to them before they could learn it from the log.
+    ///
+    /// Read from openraft's server metrics, which it publishes before the full metrics: a
+    /// caller woken by a change of the server metrics (the leader's notices are) finds that
+    /// change here, where the full metrics may not show it yet.
     pub fn removal_for(&self, id: crate::types::NodeId) -> Option<Removal> {
-        let metrics = self.inner.raft.metrics();
+        let metrics = self.inner.raft.server_metrics();
         let m = metrics.borrow_watched();
         let committed = &m.committed_membership_config;
         let index = committed.log_id().as_ref()?.index;
