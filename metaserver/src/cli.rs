@@ -117,7 +117,8 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_EMULATED_SYNC_LATENCY_US")]
     pub emulated_sync_latency_us: Option<u64>,
     /// Seconds a client connection may wait for its next request's headers before the server
-    /// closes it; 0 never closes idle connections [default: 120].
+    /// closes it; at least 5 (the members keep idle connections to each other for 4 s), or 0
+    /// never to close idle connections [default: 120].
     #[arg(long, env = "METASERVER_IDLE_TIMEOUT_SECS")]
     pub idle_timeout_secs: Option<u64>,
     /// Whether a follower answers linearizable and lease reads from its own registry once it

@@ -282,6 +282,18 @@ impl ServeSettings {
                 MAX_IDLE_TIMEOUT.as_secs()
             );
         }
+        // The members keep an idle connection to each other for a second less than this: a
+        // server that closed it sooner could cut the next Raft message sent on it.
+        let min = meta_http::server::MEMBERS_IDLE_TIMEOUT;
+        if self.idle_timeout.is_some_and(|t| t < min) {
+            bail!(
+                "--idle-timeout-secs must be 0 (never close) or at least {}: the members keep \
+                 idle connections to each other open for {} s, and a server that closes them \
+                 sooner could cut a Raft message sent on one",
+                min.as_secs(),
+                min.as_secs() - 1
+            );
+        }
         if self.watch_history == Some(0) {
             bail!(
                 "--watch-history must be at least 1 (with none, every watch would be answered 410)"
@@ -502,6 +514,13 @@ mod tests {
                     ..d()
                 },
                 "--idle-timeout-secs",
+            ),
+            (
+                ServeArgs {
+                    idle_timeout_secs: Some(4),
+                    ..d()
+                },
+                "at least 5",
             ),
             (
                 ServeArgs {
