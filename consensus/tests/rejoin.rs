@@ -169,6 +169,30 @@ async fn a_new_member_whose_first_leader_stopped_early_votes_for_the_other_survi
     c.shutdown().await
 }
 
+/// A member whose rejoin marker came back (its removal is not fsynced: a crash may undo it)
+/// holds the log already: it ends the rejoin in an idle cluster too, where nothing is appended
+/// (after a restart openraft counts what is on disk as flushed only once a leader's heartbeat
+/// matched it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_rejoin_marker_came_back_ends_it_in_an_idle_cluster() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let member = (1..=3).find(|i| *i != leader).context("a follower")?;
+    c.stop(member).await?;
+    let marker = c.dir(member).join("REJOINING");
+    std::fs::write(&marker, "this node started with no Raft state\n")?;
+    c.start(member).await?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while marker.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended in an idle cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await
+}
+
 /// A voter whose data dir was lost does not help elect a candidate that misses acknowledged
 /// writes. Nodes a, b, c: with a down, a write is acknowledged by b and c; then c loses its data
 /// dir and b stops. a and the empty c must not elect a (the write would be lost); once b is

@@ -275,9 +275,9 @@ pub(crate) struct RejoinTarget {
     pub commit: u64,
 }
 
-/// Whether a rejoining node holds the cluster's log again: its log, durably (`durable` is its
-/// last entry on disk), holds an entry of its current term at or past the commit index the
-/// first message of that term's leader carried (the `target`, see
+/// Whether a rejoining node holds the cluster's log again: its log durably holds an entry of
+/// its current term (`durable` is its last entry on disk, as openraft counts it flushed) at or
+/// past the commit index the first message of that term's leader carried (the `target`, see
 /// [`MetaNode::note_leader_commit`]); or it leads (its own log then decides what is
 /// committed). An entry of term T comes from T's leader, and the log up to it is that leader's
 /// log up to it: every entry committed before T (T's leader held them all when it was elected,
@@ -285,25 +285,21 @@ pub(crate) struct RejoinTarget {
 /// its former self may have acknowledged). Nor is an older term's target enough: a deposed
 /// leader's commit index says nothing of what the newer one committed.
 ///
-/// Knowing the entry committed is not needed, and waiting for it could keep the node from ever
-/// voting: in a new cluster whose first leader stops right after its first entry reached this
-/// node but before the commit index did, this node's vote is the other survivor's only way to
-/// a quorum.
+/// Knowing the entry committed is not needed, and waiting for that could keep the node from
+/// ever voting: in a new cluster whose first leader stops right after its first entry reached
+/// this node but before the commit index did, nobody is left to tell it, and the other
+/// survivor needs its vote.
 fn caught_up(
     m: &openraft::RaftMetrics<TypeConfig>,
     durable: Option<&crate::types::LogId>,
     target: Option<RejoinTarget>,
 ) -> bool {
+    let of_term = |l: &crate::types::LogId| l.leader_id.term == m.current_term;
     if m.state == openraft::ServerState::Leader {
-        return m
-            .local_committed
-            .as_ref()
-            .is_some_and(|c| c.leader_id.term == m.current_term);
+        return m.local_committed.as_ref().is_some_and(of_term);
     }
-    let (Some(last), Some(target)) = (durable, target) else {
+    let Some(target) = target.filter(|t| t.term == m.current_term) else {
         return false;
     };
-    target.term == m.current_term
-        && last.leader_id.term == target.term
-        && last.index >= target.commit
+    durable.is_some_and(|l| of_term(l) && l.index >= target.commit)
 }
