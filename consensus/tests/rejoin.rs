@@ -76,15 +76,7 @@ async fn a_voter_that_lost_its_data_dir_votes_again_only_once_it_has_the_log() -
     c.start(leader).await?;
     c.start(stale).await?;
     c.converged().await?;
-    let marker = c.dir(wiped).join("REJOINING");
-    let deadline = std::time::Instant::now() + WAIT;
-    while marker.exists() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the rejoin never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    rejoin_ends(&c.dir(wiped).join("REJOINING")).await?;
     c.shutdown().await
 }
 
@@ -158,14 +150,7 @@ async fn a_new_member_whose_first_leader_stopped_early_votes_for_the_other_survi
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let marker = c.dir(3).join("REJOINING");
-    while marker.exists() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the rejoin never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    rejoin_ends(&c.dir(3).join("REJOINING")).await?;
     c.shutdown().await
 }
 
@@ -182,14 +167,7 @@ async fn a_member_whose_rejoin_marker_came_back_ends_it_in_an_idle_cluster() -> 
     let marker = c.dir(member).join("REJOINING");
     std::fs::write(&marker, "this node started with no Raft state\n")?;
     c.start(member).await?;
-    let deadline = std::time::Instant::now() + WAIT;
-    while marker.exists() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the rejoin never ended in an idle cluster"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    rejoin_ends(&marker).await?;
     c.shutdown().await
 }
 
@@ -388,4 +366,17 @@ async fn the_write_survives(mut c: Cluster, b: u64) -> Result<()> {
     );
     c.converged().await?;
     c.shutdown().await
+}
+
+/// Waits (at most [`WAIT`]) until the rejoin marker at `marker` is gone: the rejoin ended.
+async fn rejoin_ends(marker: &std::path::Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + WAIT;
+    while marker.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
