@@ -41,6 +41,9 @@ mod votes;
 mod watch;
 mod writes;
 
+#[cfg(test)]
+mod close_tests;
+
 /// Marker file written once the cluster was initialized from this node.
 const INITIALIZED: &str = "initialized";
 /// Sub-directory where snapshots streamed from a leader land before they are installed.
@@ -681,6 +684,11 @@ impl MetaNode {
         }
         let inner = self.inner.clone();
         blocking(move || {
+            // Snapshot builds openraft runs detached outlive its core: an export stops at its
+            // next chunk (above), but one already finishing renames its file and retires older
+            // ones. Wait for those, and refuse new ones, so that no snapshot file changes once
+            // the dir is released below (a later open of it may rely on the snapshots it finds).
+            inner.sm.snapshots.seal();
             // Every step runs even after one failed (a log whose disk failed): the close
             // stops the log's thread whatever its last barrier did, and a closed log writes
             // nothing more, so the dir may be opened again once it is closed.

@@ -345,3 +345,40 @@ fn a_snapshot_of_the_same_name_is_replaced() {
     assert_eq!(read_all(&path), (b"second".to_vec(), b"two".to_vec()));
     assert_eq!(store.list().unwrap().len(), 1);
 }
+
+#[test]
+fn a_sealed_store_takes_no_new_writer_and_its_seal_waits_for_the_one_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SnapshotStore::open(dir.path(), DEFAULT_KEEP).unwrap();
+    let mut writer = store.create(&name(1), b"meta", unlimited()).unwrap();
+    writer.write_all(&payload(4096, 1)).unwrap();
+    let (listed, listing) = std::sync::mpsc::channel();
+    let sealer = {
+        let store = store.clone();
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            store.seal();
+            // What the directory holds once the seal returned: it must not change any more.
+            listed.send(dir_entries(&dir)).unwrap();
+        })
+    };
+    // A clone shares the seal: wait (bounded, no sleep) until it refuses new writers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match store.create(&name(2), b"meta", unlimited()) {
+            Err(Error::Closed) => break,
+            Ok(refused_too_late) => drop(refused_too_late),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "the seal never began");
+        std::thread::yield_now();
+    }
+    // The writer created before the seal still finishes, and the seal returns only after it.
+    writer.finish().unwrap();
+    let after_seal = listing
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the seal returns once the writer in flight finished");
+    sealer.join().unwrap();
+    assert_eq!(after_seal, vec![format!("{}.snap", name(1))]);
+    assert_eq!(dir_entries(dir.path()), after_seal);
+}

@@ -16,6 +16,7 @@
 
 mod file;
 mod format;
+mod gate;
 mod reader;
 mod store;
 mod writer;

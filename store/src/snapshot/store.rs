@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::format::MAX_META_BYTES;
+use super::gate::WriterGate;
 use super::reader::inspect;
 use super::{SnapshotFile, SnapshotReader, SnapshotWriter};
 use crate::fs::DescriptorWait;
@@ -32,11 +33,13 @@ const MAX_NAME_LEN: usize = 200;
 /// zero-padded log index and term), so the newest snapshot is the last name.
 ///
 /// All methods do blocking file IO: call them from a blocking thread, never on an async runtime
-/// worker. The store is a cheap handle (a path); clones refer to the same directory.
+/// worker. The store is a cheap handle (a path and a gate); clones refer to the same directory
+/// and share the gate, so [`SnapshotStore::seal`] through any of them seals them all.
 #[derive(Debug, Clone)]
 pub struct SnapshotStore {
     dir: PathBuf,
     keep: usize,
+    gate: Arc<WriterGate>,
 }
 
 impl SnapshotStore {
@@ -78,7 +81,11 @@ impl SnapshotStore {
         // before the directory was synced is listed now and may be relied on (the log behind it
         // purged): make its name durable first, and the removals above with it.
         sync_dir("fsync the snapshot directory", &dir)?;
-        Ok(SnapshotStore { dir, keep })
+        Ok(SnapshotStore {
+            dir,
+            keep,
+            gate: Arc::default(),
+        })
     }
 
     /// Starts a snapshot named `name` (final file `<name>.snap`) with the caller's metadata `meta`
@@ -86,7 +93,7 @@ impl SnapshotStore {
     /// payload is written through the returned [`SnapshotWriter`]; nothing appears under the final
     /// name until [`SnapshotWriter::finish`] returns. A name may use ASCII letters, digits, `-`,
     /// `_` and `.` (not first), up to 200 characters. An existing snapshot of the same name is
-    /// replaced when the new one finishes.
+    /// replaced when the new one finishes. Fails with [`Error::Closed`] once the store is sealed.
     pub fn create(
         &self,
         name: &str,
@@ -103,7 +110,19 @@ impl SnapshotStore {
                 ),
             });
         }
-        SnapshotWriter::create(self.clone(), name, meta, limiter)
+        let passage = WriterGate::enter(&self.gate)?;
+        SnapshotWriter::create(self.clone(), name, meta, limiter, passage)
+    }
+
+    /// Refuses new writers ([`SnapshotStore::create`] fails with [`Error::Closed`]) and waits
+    /// until every writer in flight has finished or been dropped. Blocking: as long as the
+    /// slowest writer takes to end, so stop their producers first.
+    ///
+    /// Contract: once it returns, nothing done through this store or its clones creates,
+    /// renames or deletes a file in the directory any more, so it may be handed to a later open
+    /// (in this process or another). Reads are not affected.
+    pub fn seal(&self) {
+        self.gate.seal();
     }
 
     /// The newest complete snapshot (the last by name), if any. Reads its header and trailer;

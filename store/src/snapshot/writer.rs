@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tempfile::NamedTempFile;
 
 use super::format::{Header, Trailer};
+use super::gate::Passage;
 use super::store::{sync_dir, TEMP_PREFIX};
 use super::{SnapshotFile, SnapshotStore};
 use crate::fs::DescriptorWait;
@@ -39,6 +40,9 @@ pub struct SnapshotWriter {
     crc: u32,
     /// File offset from which writeback has not been started yet.
     writeback_from: u64,
+    /// Held until the writer is done with the directory; last, so that a dropped writer's temp
+    /// file is gone before its passage ends.
+    _passage: Passage,
 }
 
 impl SnapshotWriter {
@@ -47,6 +51,7 @@ impl SnapshotWriter {
         name: &str,
         meta: &[u8],
         limiter: Arc<RateLimiter>,
+        passage: Passage,
     ) -> Result<SnapshotWriter> {
         let prefix = format!("{TEMP_PREFIX}{name}.");
         let mut temp = DescriptorWait::default()
@@ -69,6 +74,7 @@ impl SnapshotWriter {
             payload_len: 0,
             crc: 0,
             writeback_from: 0,
+            _passage: passage,
         })
     }
 
@@ -103,7 +109,11 @@ impl SnapshotWriter {
             payload_len,
             crc,
             writeback_from: _,
+            _passage: passage,
         } = self;
+        // Bound before the temp file below, `passage` is dropped after it on every path: the
+        // store's seal waits until the file is renamed, or gone.
+        let _passage = passage;
         let buffered = out
             .finish()
             .map_err(|e| Error::io("write snapshot", store.dir(), e))?;
