@@ -67,6 +67,16 @@ impl SnapshotData {
     }
 }
 
+/// Whether `file` and the directory `dir` are on the same file system (a rename can move one
+/// into the other); `false` when either cannot be read. Blocking.
+pub(crate) fn same_file_system(file: &Path, dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(file), std::fs::metadata(dir)) {
+        (Ok(f), Ok(d)) => f.dev() == d.dev(),
+        _ => false,
+    }
+}
+
 /// Verifies the snapshot file at `path` and decodes its Raft metadata. Blocking.
 pub(crate) fn read_meta(path: &Path) -> Result<(SnapshotMeta, u64)> {
     let (meta, reader) = open_verified(path)?;

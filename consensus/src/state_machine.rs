@@ -18,8 +18,9 @@
 //!   export runs on a blocking thread, paced by the node's rate limiter, and is durable (temp
 //!   file, fsync, rename) when `build_snapshot` returns.
 //! - `install_snapshot` verifies the file and every record, imports into a fresh registry
-//!   generation, keeps a local copy in the snapshot store, and then switches to the new
-//!   registry atomically; when it returns the switch is flushed to disk.
+//!   generation, keeps the file in the snapshot store (moved in, or copied from another file
+//!   system; unpaced either way), and then switches to the new registry atomically; when it
+//!   returns the switch is flushed to disk.
 
 use std::io;
 use std::path::Path;
@@ -46,7 +47,7 @@ use crate::records::{DatanodeRecord, KvRecord};
 use crate::registry::{datanode_info, kv_entry, Registry};
 use crate::sm_stats::SmStats;
 use crate::snapshot_builder::SnapshotBuilder;
-use crate::snapshot_data::{open_verified, snapshot_name, SnapshotData};
+use crate::snapshot_data::{open_verified, same_file_system, snapshot_name, SnapshotData};
 use crate::snapshot_format;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
@@ -668,14 +669,20 @@ impl SmShared {
                 "metadata mismatch: file says {file_meta}, installer was told {meta}"
             )));
         }
+        // A snapshot from elsewhere (received from the leader) is kept in the snapshot store:
+        // taken in by rename once imported when it is on the store's file system, else copied
+        // as it is read. Neither is paced: the limiter paces exports, and a member installing
+        // a snapshot is catching up, which it should do as fast as its disk allows.
         let own = data.path().parent() == Some(self.snapshots.dir());
-        let mut copy = if own {
+        let adopt = !own && same_file_system(data.path(), self.snapshots.dir());
+        let mut copy = if own || adopt {
             None
         } else {
             let meta_bytes = codec::encode(meta).map_err(|e| Error::corrupt("snapshot meta", e))?;
+            let unpaced = Arc::new(RateLimiter::unlimited());
             Some(
                 self.snapshots
-                    .create(&snapshot_name(meta), &meta_bytes, self.limiter.clone())
+                    .create(&snapshot_name(meta), &meta_bytes, unpaced)
                     .map_err(|e| Error::storage("create snapshot copy", e))?,
             )
         };
@@ -699,6 +706,13 @@ impl SmShared {
             }
         };
         let stored = match copy {
+            None if adopt => match self.snapshots.adopt(data.path(), &snapshot_name(meta)) {
+                Ok(file) => SnapshotData::stored(file.path, file.bytes),
+                Err(e) => {
+                    self.registry.abort_replace(replacement);
+                    return Err(Error::storage("keep received snapshot", e));
+                }
+            },
             None => data.clone(),
             Some(w) => match w.finish() {
                 Ok(file) => SnapshotData::stored(file.path, file.bytes),

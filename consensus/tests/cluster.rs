@@ -517,6 +517,61 @@ async fn far_behind_learner_catches_up_by_snapshot_then_log() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_installs_a_snapshot_at_disk_speed_and_keeps_the_file_it_received() -> Result<()> {
+    let mut c = Cluster::three_tuned(snapshot_friendly).await?;
+    let l = c.leader().await?;
+    register(&l, 5, 0..3000).await?;
+    let snap = l.snapshot_now().await?;
+    l.raft()
+        .wait(Some(WAIT))
+        .metrics(
+            move |m| m.purged.as_ref().map(|p| p.index) >= Some(snap.index),
+            "purged",
+        )
+        .await?;
+    let learner = c.start(4).await?;
+    // At this export rate a copy of the snapshot would take minutes: an install must not be
+    // paced by it (a member catching up should do so as fast as its disk allows).
+    let rate = 256;
+    ensure!(
+        snap.bytes / rate > 2 * WAIT.as_secs(),
+        "snapshot {snap:?} too small for the check"
+    );
+    learner.set_snapshot_rate(rate);
+    l.add_learner(4, Node::new(addr(4))).await?;
+    learner.wait_applied(snap.index, WAIT).await?;
+    let st = learner.status();
+    assert!(
+        st.state_machine.snapshot_installs >= 1,
+        "{:?}",
+        st.state_machine
+    );
+    assert_eq!(st.snapshot_throttle_pauses, 0);
+    // The received file became the member's snapshot: nothing is left in the incoming dir,
+    // and its snapshot dir holds the one file, verified.
+    let listed = |dir: &str| -> Result<Vec<std::path::PathBuf>> {
+        Ok(std::fs::read_dir(c.dir(4).join(dir))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?)
+    };
+    ensure!(
+        listed("snapshots-incoming")?.is_empty(),
+        "{:?}",
+        listed("snapshots-incoming")
+    );
+    let kept = listed("snapshots")?;
+    ensure!(kept.len() == 1, "{kept:?}");
+    let reader = meta_store::SnapshotStore::open_reader(&kept[0])?;
+    ensure!(
+        reader.payload_len() == snap.bytes,
+        "{kept:?} against {snap:?}"
+    );
+    learner.set_snapshot_rate(0);
+    drop(learner);
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_restart_keeps_registry_and_membership() -> Result<()> {
     let mut c = Cluster::three().await?;
     let l = c.leader().await?;

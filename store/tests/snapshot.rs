@@ -382,3 +382,44 @@ fn a_sealed_store_takes_no_new_writer_and_its_seal_waits_for_the_one_in_flight()
     assert_eq!(after_seal, vec![format!("{}.snap", name(1))]);
     assert_eq!(dir_entries(dir.path()), after_seal);
 }
+
+#[test]
+fn adopting_a_file_moves_it_in_whole_and_a_damaged_or_late_one_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SnapshotStore::open(dir.path().join("store"), 1).unwrap();
+    let old = write_snapshot(&store, &name(1), b"old", &payload(1000, 1));
+    // A snapshot written elsewhere on the same file system, as a received one is.
+    let elsewhere = SnapshotStore::open(dir.path().join("incoming"), 1).unwrap();
+    let data = payload(50_000, 2);
+    let received = write_snapshot(&elsewhere, "received", b"new", &data);
+
+    let adopted = store.adopt(&received, &name(2)).unwrap();
+    assert!(!received.exists(), "moved, not copied");
+    assert_eq!(adopted.name, name(2));
+    assert_eq!(adopted.path, store.path_of(&name(2)));
+    assert_eq!(adopted.bytes, data.len() as u64);
+    assert_eq!(adopted.meta, b"new");
+    assert_eq!(read_all(&adopted.path), (b"new".to_vec(), data));
+    assert!(!old.exists(), "retention applies as after a write");
+    assert_eq!(store.list().unwrap(), vec![adopted.clone()]);
+
+    // A damaged file is refused where it is; the store is unchanged.
+    let damaged = write_snapshot(&elsewhere, "damaged", b"bad", &payload(1000, 3));
+    let len = fs::metadata(&damaged).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&damaged)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    assert!(store.adopt(&damaged, &name(3)).is_err());
+    assert!(damaged.exists());
+    assert_eq!(store.list().unwrap(), vec![adopted.clone()]);
+
+    // A sealed store takes nothing in.
+    let late = write_snapshot(&elsewhere, "late", b"late", &payload(1000, 4));
+    store.seal();
+    assert!(matches!(store.adopt(&late, &name(4)), Err(Error::Closed)));
+    assert!(late.exists());
+    assert_eq!(store.list().unwrap(), vec![adopted]);
+}

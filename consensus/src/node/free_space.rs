@@ -23,8 +23,9 @@ const RECHECK: Duration = Duration::from_millis(100);
 const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// Room an install takes, in multiples of the received snapshot's bytes: the file's copy in the
-/// snapshot dir and a new registry generation, which sled stores in up to about twice the
-/// snapshot's bytes. An estimate on the safe side; the old generation is freed only after.
+/// snapshot dir (made only when the file cannot be moved there, but counted always) and a new
+/// registry generation, which sled stores in up to about twice the snapshot's bytes. An
+/// estimate on the safe side; the old generation is freed only after.
 const INSTALL_ROOM_FACTOR: u64 = 3;
 
 /// The free space installing a snapshot of `bytes` needs, keeping `reserve` free after.

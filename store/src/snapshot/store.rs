@@ -114,6 +114,34 @@ impl SnapshotStore {
         SnapshotWriter::create(self.clone(), name, meta, limiter, passage)
     }
 
+    /// Takes the complete snapshot file at `path` (one the caller verified, such as a snapshot
+    /// received from another node) into the store as `name`, by rename: no byte is copied, and
+    /// nothing paces it. `path` must be on the store's file system (else an error, with nothing
+    /// changed). Fails with [`Error::Closed`] once the store is sealed.
+    ///
+    /// Contract: on `Ok` the file is durable under its final name (fsynced, renamed, directory
+    /// fsynced), older snapshots beyond the retention count are retired as by
+    /// [`SnapshotWriter::finish`], and `path` no longer names it. On error no final name
+    /// changed, except that an error from the directory fsync leaves the renamed file in place.
+    pub fn adopt(&self, path: &Path, name: &str) -> Result<SnapshotFile> {
+        check_name(name)?;
+        let _passage = WriterGate::enter(&self.gate)?;
+        let inspected = inspect(path)?;
+        inspected
+            .file
+            .sync_all()
+            .map_err(|e| Error::io("sync adopted snapshot", path, e))?;
+        let target = self.path_of(name);
+        fs::rename(path, &target).map_err(|e| Error::io("rename snapshot into place", path, e))?;
+        sync_dir("sync snapshot directory", &self.dir)?;
+        self.retire_old(name);
+        Ok(SnapshotFile {
+            path: target,
+            name: name.to_string(),
+            ..inspected.info
+        })
+    }
+
     /// Refuses new writers ([`SnapshotStore::create`] fails with [`Error::Closed`]) and waits
     /// until every writer in flight has finished or been dropped. Blocking: as long as the
     /// slowest writer takes to end, so stop their producers first.
