@@ -138,10 +138,11 @@ struct Waiter {
 }
 
 impl FollowerReads {
-    /// Follower reads of node `id` of `cluster`, sending with `client` and this node's
-    /// `token`, counted in `metrics`.
+    /// Follower reads of node `id` (a build of `build_version`) of `cluster`, sending with
+    /// `client` and this node's `token`, counted in `metrics`.
     pub fn new(
         id: u64,
+        build_version: u32,
         cluster: ClusterId,
         client: reqwest::Client,
         token: Token,
@@ -153,6 +154,7 @@ impl FollowerReads {
             link: Arc::new(Link {
                 leader: LeaderLink {
                     id,
+                    build_version,
                     client,
                     token,
                     cluster,
@@ -470,6 +472,7 @@ mod tests {
         Arc::new(Link {
             leader: LeaderLink {
                 id: 2,
+                build_version: meta_consensus::BUILD_VERSION,
                 client: crate::network::peer_client(),
                 token: Token::new(None),
                 cluster: ClusterId::default(),

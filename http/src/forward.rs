@@ -95,13 +95,14 @@ pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error, acts: bool) 
 }
 
 impl Forwarder {
-    /// The forwarder of node `id` of cluster `cluster`.
-    pub fn new(id: u64, token: Token, cluster: ClusterId) -> Self {
+    /// The forwarder of node `id` (a build of `build_version`) of cluster `cluster`.
+    pub fn new(id: u64, build_version: u32, token: Token, cluster: ClusterId) -> Self {
         let client = peer_client();
         Forwarder {
             id,
             batcher: Batcher::new(
                 id,
+                build_version,
                 cluster.clone(),
                 client.clone(),
                 token.clone(),

@@ -188,10 +188,11 @@ struct Link {
 }
 
 impl Batcher {
-    /// The batcher of node `id`, sending with `client` and this node's `token`; a batch must
-    /// be answered within `timeout`.
+    /// The batcher of node `id` (a build of `build_version`), sending with `client` and this
+    /// node's `token`; a batch must be answered within `timeout`.
     pub fn new(
         id: u64,
+        build_version: u32,
         cluster: ClusterId,
         client: reqwest::Client,
         token: Token,
@@ -201,6 +202,7 @@ impl Batcher {
             link: Arc::new(Link {
                 leader: LeaderLink {
                     id,
+                    build_version,
                     client,
                     token,
                     cluster,
@@ -533,6 +535,7 @@ mod tests {
     fn batcher(timeout: Duration) -> Batcher {
         Batcher::new(
             2,
+            meta_consensus::BUILD_VERSION,
             ClusterId::default(),
             crate::network::peer_client(),
             Token::new(None),

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use axum::http::header;
-use meta_consensus::{codec, BUILD_VERSION};
+use meta_consensus::codec;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -25,6 +25,9 @@ use crate::forward::{leader_failed, FORWARDED_BY};
 pub(crate) struct LeaderLink {
     /// This member's id, sent as the forwarding marker.
     pub id: u64,
+    /// This member's build version (its configured one, which tests set below the build's):
+    /// the leader answers in forms that build decodes.
+    pub build_version: u32,
     pub client: reqwest::Client,
     pub token: Token,
     /// This member's cluster: the leader refuses an exchange of another cluster, and one for
@@ -61,7 +64,7 @@ impl LeaderLink {
             .timeout(timeout)
             .header(FORWARDED_BY, self.id)
             // The leader answers only in forms this build decodes (`forward_batch::serve`).
-            .header(VERSION, BUILD_VERSION)
+            .header(VERSION, self.build_version)
             .header(header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
         let response = addressed(post, &self.token, &self.cluster, target.leader_id)
@@ -100,5 +103,49 @@ impl LeaderLink {
                 "answered {what} undecodably ({e}): it may have been acted on"
             )))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderMap;
+    use axum::routing::post;
+    use axum::Router;
+    use meta_consensus::ClusterId;
+
+    use super::*;
+
+    /// A leader that answers each exchange with the build version its sender named.
+    async fn echoing_leader() -> String {
+        let app = Router::new().route(
+            "/echo",
+            post(|headers: HeaderMap| async move {
+                let named = headers.get(VERSION).and_then(|v| v.to_str().ok());
+                codec::encode(&named.map(str::to_owned)).unwrap()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_exchange_names_the_members_configured_build_not_the_compiled_one() {
+        let addr = echoing_leader().await;
+        let link = LeaderLink {
+            id: 2,
+            build_version: 1,
+            client: crate::network::peer_client(),
+            token: Token::new(None),
+            cluster: ClusterId::default(),
+        };
+        let target = ForwardTo { leader_id: 1, addr };
+        let named: Option<String> = link
+            .exchange(&target, "/echo", "a test", Duration::from_secs(10), &())
+            .await
+            .unwrap();
+        // A test's member of an older build is answered as that build would be.
+        assert_eq!(named.as_deref(), Some("1"));
     }
 }

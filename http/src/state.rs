@@ -51,10 +51,13 @@ impl AppState {
     pub fn new(node: MetaNode, token: Token) -> Self {
         let metrics = Metrics::new(Some(Box::new(NodeCollector::new(node.clone()))));
         let readiness = Arc::new(Readiness::new(&node.status()));
-        let forwarder = Forwarder::new(node.id(), token.clone(), node.config().cluster_id.clone());
+        let build = node.config().build_version;
+        let cluster = node.config().cluster_id.clone();
+        let forwarder = Forwarder::new(node.id(), build, token.clone(), cluster);
         AppState {
             follower_reads: FollowerReads::new(
                 node.id(),
+                build,
                 node.config().cluster_id.clone(),
                 forwarder.client().clone(),
                 token.clone(),
