@@ -402,6 +402,19 @@ async fn restarted_follower_catches_up_from_its_data_dir() -> Result<()> {
     c.shutdown().await
 }
 
+/// Waits until `leader` purged its log up to `index`.
+async fn until_purged(leader: &MetaNode, index: u64) -> Result<()> {
+    leader
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            move |m| m.purged.as_ref().map(|p| p.index) >= Some(index),
+            "purged",
+        )
+        .await?;
+    Ok(())
+}
+
 fn snapshot_friendly(cfg: &mut NodeConfig) {
     cfg.max_in_snapshot_log_to_keep = 0;
 }
@@ -466,13 +479,7 @@ async fn far_behind_learner_catches_up_by_snapshot_then_log() -> Result<()> {
     let last = l.status().last_log_index.unwrap();
     assert!(snap.index >= last - 1, "snapshot {snap:?}, last {last}");
     // The leader purges its log up to the snapshot.
-    l.raft()
-        .wait(Some(WAIT))
-        .metrics(
-            move |m| m.purged.as_ref().map(|p| p.index) >= Some(snap.index),
-            "purged",
-        )
-        .await?;
+    until_purged(&l, snap.index).await?;
 
     // A new node joins as a learner: the log it needs is gone, so it gets the snapshot.
     let learner = c.start(4).await?;
@@ -522,13 +529,7 @@ async fn a_member_installs_a_snapshot_at_disk_speed_and_keeps_the_file_it_receiv
     let l = c.leader().await?;
     register(&l, 5, 0..3000).await?;
     let snap = l.snapshot_now().await?;
-    l.raft()
-        .wait(Some(WAIT))
-        .metrics(
-            move |m| m.purged.as_ref().map(|p| p.index) >= Some(snap.index),
-            "purged",
-        )
-        .await?;
+    until_purged(&l, snap.index).await?;
     let learner = c.start(4).await?;
     // At this export rate a copy of the snapshot would take minutes: an install must not be
     // paced by it (a member catching up should do so as fast as its disk allows).
