@@ -88,25 +88,24 @@ fn decode_with<T: DeserializeOwned>(
 /// The number of elements of a sequence (a `Vec`) written by [`encode`], read without decoding
 /// them (bincode writes it first); `None` for bytes of another format version or too short.
 pub fn sequence_len(bytes: &[u8]) -> Option<u64> {
-    let (&version, body) = bytes.split_first()?;
-    if version != FORMAT_VERSION {
-        return None;
-    }
-    bincode::serde::decode_from_slice::<u64, _>(body, config())
-        .ok()
-        .map(|(len, _)| len)
+    leading::<u64>(bytes)
 }
 
 /// The variant index of an enum value written by [`encode`], read without decoding the rest
 /// (bincode writes it first); `None` for bytes of another format version or too short.
 pub fn variant_index(bytes: &[u8]) -> Option<u32> {
+    leading::<u32>(bytes)
+}
+
+/// The integer that bytes written by [`encode`] begin with (after the format version).
+fn leading<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     let (&version, body) = bytes.split_first()?;
     if version != FORMAT_VERSION {
         return None;
     }
-    bincode::serde::decode_from_slice::<u32, _>(body, config())
+    bincode::serde::decode_from_slice::<T, _>(body, config())
         .ok()
-        .map(|(index, _)| index)
+        .map(|(value, _)| value)
 }
 
 impl From<CodecError> for std::io::Error {
