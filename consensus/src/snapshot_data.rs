@@ -20,8 +20,9 @@ use crate::types::SnapshotMeta;
 pub struct SnapshotData {
     path: PathBuf,
     bytes: u64,
-    /// Deletes a received file when the last clone goes.
-    _temp: Option<Arc<tempfile::TempPath>>,
+    /// Deletes a received file when the last clone goes (nothing is left to delete once the
+    /// file was moved into the snapshot store).
+    received: Option<Arc<tempfile::TempPath>>,
 }
 
 impl SnapshotData {
@@ -29,7 +30,7 @@ impl SnapshotData {
         SnapshotData {
             path,
             bytes,
-            _temp: None,
+            received: None,
         }
     }
 
@@ -39,7 +40,7 @@ impl SnapshotData {
         SnapshotData {
             path: PathBuf::new(),
             bytes: 0,
-            _temp: None,
+            received: None,
         }
     }
 
@@ -51,9 +52,15 @@ impl SnapshotData {
         let data = SnapshotData {
             path: temp.to_path_buf(),
             bytes,
-            _temp: Some(Arc::new(temp)),
+            received: Some(Arc::new(temp)),
         };
         Ok((meta, data))
+    }
+
+    /// Whether this is a received file (from [`SnapshotData::open_received`]), which the node
+    /// may move into its snapshot store; any other file belongs to someone else.
+    pub(crate) fn is_received(&self) -> bool {
+        self.received.is_some()
     }
 
     /// The snapshot file (header, payload and trailer): what a transport sends as is.

@@ -669,12 +669,14 @@ impl SmShared {
                 "metadata mismatch: file says {file_meta}, installer was told {meta}"
             )));
         }
-        // A snapshot from elsewhere (received from the leader) is kept in the snapshot store:
-        // taken in by rename once imported when it is on the store's file system, else copied
-        // as it is read. Neither is paced: the limiter paces exports, and a member installing
-        // a snapshot is catching up, which it should do as fast as its disk allows.
+        // A snapshot from elsewhere is kept in the snapshot store: a received one is taken in
+        // by rename once imported, when it is on the store's file system; any other file (not
+        // this node's to move) is copied as it is read. Neither is paced: the limiter paces
+        // exports, and a member installing a snapshot is catching up, which it should do as
+        // fast as its disk allows.
         let own = data.path().parent() == Some(self.snapshots.dir());
-        let adopt = !own && same_file_system(data.path(), self.snapshots.dir());
+        let adopt =
+            !own && data.is_received() && same_file_system(data.path(), self.snapshots.dir());
         let mut copy = if own || adopt {
             None
         } else {

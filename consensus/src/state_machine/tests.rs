@@ -599,3 +599,41 @@ fn a_batch_opened_for_entries_applied_already_keeps_last_applied() {
     let sm = open(dir.path());
     assert_eq!(sm.shared().applied().0.map(|l| l.index), Some(22));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_moves_in_only_a_received_file_and_copies_any_other() {
+    let a = tempfile::tempdir().unwrap();
+    let (_sm, snapshot) = workload_snapshot(a.path()).await;
+    let source = snapshot.snapshot.path().to_path_buf();
+    let meta = snapshot.meta.clone();
+    // Another store's snapshot is not this node's to move: copied.
+    let (b, _other) = installed(snapshot).await;
+    assert!(source.exists(), "the other store's snapshot was taken");
+    assert_eq!(b.path().join("snapshots").read_dir().unwrap().count(), 1);
+    // A received file is moved into the store.
+    let c = tempfile::tempdir().unwrap();
+    let third = open(c.path());
+    let incoming = c.path().join("incoming");
+    std::fs::create_dir(&incoming).unwrap();
+    let temp = tempfile::NamedTempFile::new_in(&incoming)
+        .unwrap()
+        .into_temp_path();
+    std::fs::copy(&source, &temp).unwrap();
+    let (received_meta, data) = SnapshotData::open_received(temp).unwrap();
+    assert_eq!(received_meta, meta);
+    // Held here, a received file that was copied would still be in `incoming` below.
+    let held = data.clone();
+    let shared = third.shared();
+    tokio::task::spawn_blocking(move || shared.install(&received_meta, &data))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(incoming.read_dir().unwrap().count(), 0, "moved, not copied");
+    drop(held);
+    let (_, kept) = third.shared().current_snapshot().unwrap();
+    assert_eq!(
+        kept.path().parent(),
+        Some(c.path().join("snapshots").as_path())
+    );
+    assert_eq!(read_meta(kept.path()).unwrap().0, meta);
+}
