@@ -18,9 +18,9 @@
 //!   export runs on a blocking thread, paced by the node's rate limiter, and is durable (temp
 //!   file, fsync, rename) when `build_snapshot` returns.
 //! - `install_snapshot` verifies the file and every record, imports into a fresh registry
-//!   generation, keeps the file in the snapshot store (moved in, or copied from another file
-//!   system; unpaced either way), and then switches to the new registry atomically; when it
-//!   returns the switch is flushed to disk.
+//!   generation, keeps the file in the snapshot store (a received file is moved in; another
+//!   node's file, or one on another file system, is copied; unpaced either way), and then
+//!   switches to the new registry atomically; when it returns the switch is flushed to disk.
 
 use std::io;
 use std::path::Path;
