@@ -7,43 +7,37 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use common::{Cluster, WAIT};
-use meta_consensus::{MetaNode, NodeId};
+use meta_consensus::{MetaNode, NodeId, ReplicationLag};
 
-/// Milliseconds since `leader` heard `id`, as its status reports them.
-fn heard(leader: &MetaNode, id: NodeId) -> Option<u64> {
+/// What `leader` reports of member `id`'s replication.
+fn replication(leader: &MetaNode, id: NodeId) -> Option<ReplicationLag> {
     leader
         .status()
         .replication
-        .iter()
+        .into_iter()
         .find(|r| r.node == id)
-        .and_then(|r| r.heard_ms)
-}
-
-/// How far behind the leader's log `leader` reports member `id`.
-fn lag_of(leader: &MetaNode, id: NodeId) -> Option<u64> {
-    leader
-        .status()
-        .replication
-        .iter()
-        .find(|r| r.node == id)
-        .map(|r| r.lag)
 }
 
 /// Polls until what `leader` reports of `id` satisfies `ok` (at most [`WAIT`]).
-async fn until_heard(
+async fn until_reported(
     leader: &MetaNode,
     id: NodeId,
     what: &str,
-    ok: impl Fn(Option<u64>) -> bool,
+    ok: impl Fn(Option<ReplicationLag>) -> bool,
 ) -> Result<()> {
     let deadline = Instant::now() + WAIT;
-    while !ok(heard(leader, id)) {
+    while !ok(replication(leader, id)) {
         if Instant::now() > deadline {
             bail!("{what}: {:?}", leader.status().replication);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// Milliseconds since the leader heard the member, as reported in `r`.
+fn heard(r: Option<ReplicationLag>) -> Option<u64> {
+    r.and_then(|r| r.heard_ms)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,8 +47,8 @@ async fn the_leader_reports_how_long_ago_it_heard_each_member() -> Result<()> {
     let follower = if l.id() == 1 { 2 } else { 1 };
     // Heartbeats every 100 ms: well within the election timeout. Polled rather than read once,
     // as one heartbeat may come late on a loaded machine.
-    let recent = |h: Option<u64>| h.is_some_and(|ms| ms < 700);
-    until_heard(
+    let recent = |r| heard(r).is_some_and(|ms| ms < 700);
+    until_reported(
         &l,
         follower,
         "the leader never heard its follower recently",
@@ -64,23 +58,18 @@ async fn the_leader_reports_how_long_ago_it_heard_each_member() -> Result<()> {
     // The leader may not have heard the follower acknowledge the cluster's first entries yet
     // (a loaded machine): stop it once the leader counts it as holding the whole log, or it
     // stays behind for good.
-    let deadline = Instant::now() + WAIT;
-    while lag_of(&l, follower) != Some(0) {
-        if Instant::now() > deadline {
-            bail!("the follower never caught up: {:?}", l.status().replication);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let caught_up = |r: Option<ReplicationLag>| r.is_some_and(|r| r.lag == 0);
+    until_reported(&l, follower, "the follower never caught up", caught_up).await?;
     c.stop(follower).await?;
-    let silent = |h: Option<u64>| h.is_some_and(|ms| ms >= 1_500);
-    until_heard(
+    let silent = |r| heard(r).is_some_and(|ms| ms >= 1_500);
+    until_reported(
         &l,
         follower,
         "a stopped member still counts as heard",
         silent,
     )
     .await?;
-    let lag = lag_of(&l, follower);
+    let lag = replication(&l, follower).map(|r| r.lag);
     anyhow::ensure!(lag == Some(0), "nothing written, no lag: {lag:?}");
     c.shutdown().await
 }

@@ -109,11 +109,10 @@ impl SnapshotWriter {
             payload_len,
             crc,
             writeback_from: _,
-            _passage: passage,
+            // Bound before the temp file below, so dropped after it on every path: the
+            // store's seal waits until the file is renamed, or gone.
+            _passage,
         } = self;
-        // Bound before the temp file below, `passage` is dropped after it on every path: the
-        // store's seal waits until the file is renamed, or gone.
-        let _passage = passage;
         let buffered = out
             .finish()
             .map_err(|e| Error::io("write snapshot", store.dir(), e))?;
