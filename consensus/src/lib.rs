@@ -28,6 +28,7 @@
 mod addresses;
 mod apply_batch;
 mod backup;
+mod build_pauses;
 mod capture;
 mod change_feed;
 mod cluster_id;

@@ -11,7 +11,7 @@
 //! newest snapshot, so the builder logs the failure and answers with that snapshot, or with "no
 //! snapshot" (empty metadata) when none was built yet. openraft ignores a snapshot that is not
 //! newer than its own: it keeps its snapshot and purges nothing. Automatic builds pause (10 s,
-//! doubling up to 5 min; `SmShared::build_failed`) until one succeeds.
+//! doubling up to 5 min; `build_pauses.rs`) until one succeeds.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -87,7 +87,7 @@ impl SnapshotBuilder {
         }
         match self.export(started) {
             Ok(built) => {
-                self.shared.build_succeeded();
+                self.shared.builds.succeeded();
                 Ok(built)
             }
             Err(e) => {

@@ -36,6 +36,7 @@ use openraft::EntryPayload;
 use parking_lot::Mutex;
 
 use crate::apply_batch::ApplyBatch;
+use crate::build_pauses::BuildPauses;
 use crate::change_feed::{ChangeFeed, DEFAULT_HISTORY};
 use crate::cluster_version::BUILD_VERSION;
 use crate::codec;
@@ -110,36 +111,8 @@ pub(crate) struct SmShared {
     /// The newest snapshot's metadata and file, kept here so that openraft's requests for it
     /// open and list nothing (a node short of file descriptors must still answer them).
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
-    /// The last snapshot build that failed, until a build succeeds.
-    build_failure: Mutex<Option<BuildFailure>>,
-    /// A snapshot was requested (`MetaNode::snapshot_now`): the next build runs even while
-    /// automatic ones pause. openraft asks for every builder, requested or not, as one that
-    /// may be deferred.
-    build_requested: AtomicBool,
-}
-
-/// The pause of automatic snapshot builds after a first failed one.
-const FIRST_BUILD_PAUSE: Duration = Duration::from_secs(10);
-/// The longest pause after failed builds in a row.
-const LONGEST_BUILD_PAUSE: Duration = Duration::from_secs(300);
-
-/// The last failed snapshot build (see `snapshot_builder.rs`): when, why, and how many failed
-/// in a row; automatic builds pause after it, longer with each failure.
-#[derive(Debug)]
-struct BuildFailure {
-    at: Instant,
-    why: String,
-    in_a_row: u32,
-}
-
-impl BuildFailure {
-    /// How long automatic builds pause after this failure: [`FIRST_BUILD_PAUSE`], doubling
-    /// with each failure in a row, at most [`LONGEST_BUILD_PAUSE`].
-    fn pause(&self) -> Duration {
-        FIRST_BUILD_PAUSE
-            .saturating_mul(1 << (self.in_a_row.saturating_sub(1)).min(16))
-            .min(LONGEST_BUILD_PAUSE)
-    }
+    /// Failed snapshot builds and requested ones: when automatic builds pause.
+    pub(crate) builds: BuildPauses,
 }
 
 /// The registry state machine handed to openraft.
@@ -210,8 +183,7 @@ impl StateMachine {
                 building: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
                 current: Mutex::new(current),
-                build_failure: Mutex::new(None),
-                build_requested: AtomicBool::new(false),
+                builds: BuildPauses::default(),
             }),
         })
     }
@@ -333,52 +305,11 @@ impl SmShared {
         *current = Some((meta.clone(), data));
     }
 
-    /// Records a failed snapshot build; returns how long automatic builds now pause.
+    /// Records a failed snapshot build (and counts it); returns how long automatic builds now
+    /// pause.
     pub(crate) fn build_failed(&self, why: String) -> Duration {
         self.stats.build_failed();
-        let mut failure = self.build_failure.lock();
-        let in_a_row = failure.as_ref().map_or(0, |f| f.in_a_row) + 1;
-        let f = BuildFailure {
-            at: Instant::now(),
-            why,
-            in_a_row,
-        };
-        let pause = f.pause();
-        *failure = Some(f);
-        pause
-    }
-
-    /// Forgets failed builds (one succeeded).
-    pub(crate) fn build_succeeded(&self) {
-        self.build_failure.lock().take();
-    }
-
-    /// Why a snapshot build that failed at or after `since` failed, if one did.
-    pub(crate) fn build_failed_since(&self, since: Instant) -> Option<String> {
-        let failure = self.build_failure.lock();
-        failure
-            .as_ref()
-            .filter(|f| f.at >= since)
-            .map(|f| f.why.clone())
-    }
-
-    /// Failed builds in a row (0 after a success).
-    #[cfg(test)]
-    pub(crate) fn failed_builds(&self) -> u32 {
-        self.build_failure.lock().as_ref().map_or(0, |f| f.in_a_row)
-    }
-
-    /// Makes the next build run even while automatic builds pause (a snapshot was requested).
-    pub(crate) fn request_build(&self) {
-        self.build_requested.store(true, Ordering::Release);
-    }
-
-    /// Whether automatic builds pause after a failed one.
-    fn builds_paused(&self) -> bool {
-        self.build_failure
-            .lock()
-            .as_ref()
-            .is_some_and(|f| f.at.elapsed() < f.pause())
+        self.builds.failed(why, Instant::now())
     }
 
     /// The newest snapshot file and its metadata. Does no IO: the file is kept from when it
@@ -779,8 +710,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return None;
         }
         // After a failed build, automatic ones pause; a requested one still runs.
-        let requested = self.shared.build_requested.swap(false, Ordering::AcqRel);
-        if !force && !requested && self.shared.builds_paused() {
+        if !self.shared.builds.may_build(force, Instant::now()) {
             return None;
         }
         Some(self.get_snapshot_builder().await)

@@ -34,7 +34,7 @@ impl MetaNode {
             }
             // A build that failed while an older snapshot stands in does not advance the
             // metrics: report it rather than wait for the timeout.
-            if let Some(why) = self.inner.sm.build_failed_since(asked) {
+            if let Some(why) = self.inner.sm.builds.failed_since(asked) {
                 return Err(Error::Snapshot(format!(
                     "building a snapshot failed: {why}"
                 )));
@@ -44,7 +44,7 @@ impl MetaNode {
             // end short of `applied`: ask again until one covers it (a dropped one costs
             // nothing).
             if triggered.is_none_or(|at| at.elapsed() >= RETRIGGER) {
-                self.inner.sm.request_build();
+                self.inner.sm.builds.request();
                 let raft = raft.clone();
                 uncancelled(async move { raft.trigger().snapshot().await })
                     .await

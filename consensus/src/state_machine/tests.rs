@@ -446,7 +446,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let mut builder = sm.try_create_snapshot_builder(false).await.unwrap();
     let stood_in = builder.build_snapshot().await.unwrap();
     assert_eq!(stood_in.meta, older.meta, "the older snapshot stands in");
-    assert_eq!(sm.shared().failed_builds(), 1);
+    assert_eq!(sm.shared().builds.in_a_row(), 1);
     drop(builder);
     assert!(
         sm.try_create_snapshot_builder(false).await.is_none(),
@@ -454,7 +454,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     );
     let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
     forced.build_snapshot().await.unwrap();
-    assert_eq!(sm.shared().failed_builds(), 2);
+    assert_eq!(sm.shared().builds.in_a_row(), 2);
     drop(forced);
 
     // Repaired, a requested build succeeds and automatic ones resume.
@@ -464,7 +464,7 @@ async fn a_failed_build_keeps_the_older_snapshot_and_pauses_automatic_builds() {
     let mut forced = sm.try_create_snapshot_builder(true).await.unwrap();
     let built = forced.build_snapshot().await.unwrap();
     assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(22));
-    assert_eq!(sm.shared().failed_builds(), 0);
+    assert_eq!(sm.shared().builds.in_a_row(), 0);
     assert_eq!(
         sm.shared().stats.snapshot().snapshot_build_failures,
         2,
@@ -490,7 +490,7 @@ async fn a_failed_first_build_answers_no_snapshot_and_pauses_automatic_builds() 
         "no snapshot: openraft ignores it as not newer than its own"
     );
     assert!(sm.shared().current_snapshot().is_none());
-    assert_eq!(sm.shared().failed_builds(), 1);
+    assert_eq!(sm.shared().builds.in_a_row(), 1);
     drop(builder);
     assert!(
         sm.try_create_snapshot_builder(false).await.is_none(),
