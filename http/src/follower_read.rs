@@ -46,7 +46,7 @@ use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
 use crate::leader_exchange::LeaderLink;
 use crate::metrics::{FollowerReadOutcome, Metrics};
-use crate::state::AppState;
+use crate::state::SharedState;
 
 /// The leader's route that answers read indexes.
 pub const PATH_READ_INDEX: &str = "/raft/read-index";
@@ -281,12 +281,12 @@ impl FollowerReads {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReplayedReadIndex(pub Option<u64>);
 
-impl FromRequestParts<AppState> for ReplayedReadIndex {
+impl FromRequestParts<SharedState> for ReplayedReadIndex {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        state: &AppState,
+        state: &SharedState,
     ) -> Result<Self, Self::Rejection> {
         if !parts.headers.contains_key(FORWARDED_BY) {
             return Ok(ReplayedReadIndex(None));

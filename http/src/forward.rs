@@ -30,7 +30,7 @@ use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
 use crate::network::peer_client;
 use crate::raw_path;
-use crate::state::AppState;
+use crate::state::SharedState;
 
 /// Marks a request forwarded by another member; its value is that member's id.
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-metaserver-forwarded-by");
@@ -185,7 +185,7 @@ impl Forwarder {
 
 /// Route layer of the admin API: buffers the body, runs the handler, forwards if told to.
 pub async fn forward_to_leader(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     request: Request,
     next: Next,
 ) -> Response {

@@ -18,15 +18,15 @@ use crate::limits::{MAX_BODY_BYTES, MAX_FORWARD_BATCH_BYTES, MAX_SMALL_RAFT_BODY
 use crate::metrics::{record, tag_route};
 use crate::raft_routes::raft_routes;
 use crate::raw_path::{self, PATH_RAW_REPLAY};
-use crate::state::AppState;
+use crate::state::{AppState, SharedState};
 
 /// The admin API routes (`/v1/...`), forwarded to the leader when needed.
-fn v1_routes(state: &AppState) -> Router<AppState> {
+fn v1_routes(state: &SharedState) -> Router<SharedState> {
     admin_routes().route_layer(from_fn_with_state(state.clone(), forward_to_leader))
 }
 
 /// The admin API routes.
-fn admin_routes() -> Router<AppState> {
+fn admin_routes() -> Router<SharedState> {
     Router::new()
         .route("/v1/datanodes", get(datanodes::list))
         .route(
@@ -91,6 +91,7 @@ pub fn router(state: AppState) -> Router {
 
 /// Every route but [`PATH_RAW_REPLAY`].
 fn routes(state: AppState) -> Router {
+    let state = SharedState::new(state);
     let node = state.node.clone();
     let reader = state.node.clone();
     Router::new()

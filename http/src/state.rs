@@ -16,7 +16,8 @@ use crate::metrics::Metrics;
 use crate::node_metrics::NodeCollector;
 use crate::request::ReadConsistency;
 
-/// The state of the admin and Raft routers. Cloning is cheap.
+/// What the admin and Raft routers serve from. Cloning is cheap, but it touches every field's
+/// reference count: the routers hold it as [`SharedState`], which a request clones with one.
 #[derive(Clone)]
 pub struct AppState {
     /// The node every request is answered by.
@@ -36,6 +37,25 @@ pub struct AppState {
     /// Watches that may wait at once (default [`WATCH_SLOTS`]): each holds a connection for
     /// up to a minute, and datanodes need connections too.
     pub watch_slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// The routers' state: axum clones it for every request, and for each middleware that reads
+/// it, so it is one reference-counted pointer to the [`AppState`].
+#[derive(Clone)]
+pub struct SharedState(Arc<AppState>);
+
+impl SharedState {
+    pub fn new(state: AppState) -> Self {
+        SharedState(Arc::new(state))
+    }
+}
+
+impl std::ops::Deref for SharedState {
+    type Target = AppState;
+
+    fn deref(&self) -> &AppState {
+        &self.0
+    }
 }
 
 /// Watches that may wait at once unless the server says otherwise (it gives them half its
@@ -121,20 +141,20 @@ impl AppState {
     }
 }
 
-impl FromRef<AppState> for MetaNode {
-    fn from_ref(state: &AppState) -> MetaNode {
+impl FromRef<SharedState> for MetaNode {
+    fn from_ref(state: &SharedState) -> MetaNode {
         state.node.clone()
     }
 }
 
-impl FromRef<AppState> for Token {
-    fn from_ref(state: &AppState) -> Token {
+impl FromRef<SharedState> for Token {
+    fn from_ref(state: &SharedState) -> Token {
         state.token.clone()
     }
 }
 
-impl FromRef<AppState> for Metrics {
-    fn from_ref(state: &AppState) -> Metrics {
+impl FromRef<SharedState> for Metrics {
+    fn from_ref(state: &SharedState) -> Metrics {
         state.metrics.clone()
     }
 }

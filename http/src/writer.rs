@@ -25,7 +25,7 @@ use meta_consensus::{Command, MetaNode, Written};
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Batcher;
-use crate::state::AppState;
+use crate::state::SharedState;
 
 /// A handler's handle for writing; extracted from the request (whether another member
 /// forwarded it) and the state.
@@ -37,10 +37,13 @@ pub struct Writer {
     forwarded: bool,
 }
 
-impl FromRequestParts<AppState> for Writer {
+impl FromRequestParts<SharedState> for Writer {
     type Rejection = Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Infallible> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &SharedState,
+    ) -> Result<Self, Infallible> {
         Ok(Writer {
             node: state.node.clone(),
             batcher: state.forwarder.batcher().clone(),

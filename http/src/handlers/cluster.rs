@@ -19,7 +19,7 @@ use crate::request::{
 use crate::response::{
     ClusterView, ConfigView, EpochFloorView, MembershipView, ReplicationView, SnapshotView, WalView,
 };
-use crate::state::AppState;
+use crate::state::{AppState, SharedState};
 use crate::writer::Writer;
 
 /// The role's name in the API.
@@ -89,7 +89,7 @@ impl From<ClusterStatus> for ClusterView {
 }
 
 /// `GET /v1/cluster`: this node's view.
-pub async fn status(_: NoQuery, State(state): State<AppState>) -> axum::Json<ClusterView> {
+pub async fn status(_: NoQuery, State(state): State<SharedState>) -> axum::Json<ClusterView> {
     axum::Json(state.node.status().into())
 }
 
@@ -105,7 +105,7 @@ fn membership(state: &AppState) -> MembershipView {
 /// node (409 `already_initialized` otherwise). Never forwarded.
 pub async fn init(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate(state.node.id(), state.node.addr())?;
@@ -125,7 +125,7 @@ pub async fn init(
 /// `POST /v1/cluster/learners` `{"id":..,"addr":..}`: returns once the change is committed.
 pub async fn add_learner(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Json(body): Json<AddLearnerBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate()?;
@@ -149,7 +149,7 @@ pub async fn add_learner(
 /// returns once the change is committed.
 pub async fn remove_learner(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Path(Id(id)): Path<Id>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     // The removed learner is told by the leader (`removal_notices.rs`).
@@ -165,7 +165,7 @@ pub async fn remove_learner(
 /// once the change is committed.
 pub async fn change_address(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Path(Id(id)): Path<Id>,
     Json(body): Json<ChangeAddressBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
@@ -189,7 +189,7 @@ pub async fn change_address(
 /// reachable and caught up (409 otherwise); voters left out leave the cluster.
 pub async fn change_voters(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Json(body): Json<ChangeVotersBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     let voters = body.validate()?;
@@ -219,7 +219,7 @@ pub async fn raise_epoch_floor(
 
 /// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
 pub async fn build_snapshot(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<SnapshotView>, ApiError> {
     // A member behind the leader (restarted, catching up) would build, and a backup taken
@@ -245,7 +245,7 @@ pub async fn build_snapshot(
 /// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup); 404 if none.
 pub async fn download_snapshot(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
 ) -> Result<Response, ApiError> {
     let missing = || ApiError::NotFound("this node has no snapshot yet".into());
     // Retention may delete the file between asking for it and opening it (a newer snapshot
@@ -307,7 +307,7 @@ pub async fn download_snapshot(
 }
 
 /// `GET /v1/config`: this node's runtime settings.
-pub async fn get_config(_: NoQuery, State(state): State<AppState>) -> axum::Json<ConfigView> {
+pub async fn get_config(_: NoQuery, State(state): State<SharedState>) -> axum::Json<ConfigView> {
     axum::Json(ConfigView {
         snapshot_max_bytes_per_sec: state.node.snapshot_rate(),
     })
@@ -316,7 +316,7 @@ pub async fn get_config(_: NoQuery, State(state): State<AppState>) -> axum::Json
 /// `PATCH /v1/config` `{"snapshot_max_bytes_per_sec":N}`: applied to this node at once.
 pub async fn patch_config(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Json(body): Json<ConfigPatchBody>,
 ) -> axum::Json<ConfigView> {
     if let Some(rate) = body.snapshot_max_bytes_per_sec {

@@ -17,7 +17,7 @@ use crate::response::{
     DatanodeList, DatanodeLivenessView, DatanodeRegistered, DatanodeRemoved, DatanodeView,
     HeartbeatRecorded, LivenessView, ShardPage, ShardsDeregistered, ShardsRegistered,
 };
-use crate::state::AppState;
+use crate::state::SharedState;
 use crate::writer::Writer;
 
 impl From<DatanodeInfo> for DatanodeView {
@@ -51,7 +51,7 @@ pub async fn register(
 
 /// `GET /v1/datanodes`.
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<ReadQuery>,
 ) -> Result<axum::Json<DatanodeList>, ApiError> {
@@ -67,7 +67,7 @@ pub async fn list(
 
 /// `GET /v1/datanodes/{id}`; 404 if unknown.
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,
@@ -296,7 +296,7 @@ pub async fn prune(
 /// current epoch (it must register again and report its shards), 404 if it is unknown.
 pub async fn heartbeat(
     _: NoQuery,
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Path(Id(id)): Path<Id>,
     Json(body): Json<EpochBody>,
 ) -> Result<axum::Json<HeartbeatRecorded>, ApiError> {
@@ -317,7 +317,7 @@ pub async fn heartbeat(
 /// `GET /v1/liveness` (`?state=`): every registered datanode with its liveness, or those in
 /// one state; answered by the leader.
 pub async fn liveness(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Query(query): Query<LivenessQuery>,
 ) -> Result<axum::Json<LivenessView>, ApiError> {
     let wanted = query.validate()?;
@@ -348,7 +348,7 @@ fn millis(d: std::time::Duration) -> u64 {
 
 /// `GET /v1/datanodes/{id}/shards?after=&limit=`; 404 if the datanode is unknown.
 pub async fn list_shards(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<PageQuery>,

@@ -14,7 +14,7 @@ use crate::request::{
     validate_key, validate_new_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery,
 };
 use crate::response::{KvKeyPage, KvKeyView, KvWritten};
-use crate::state::AppState;
+use crate::state::SharedState;
 use crate::writer::Writer;
 
 /// Response header carrying a key's revision.
@@ -99,7 +99,7 @@ pub async fn delete(
 
 /// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision`; 404 if absent.
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     KeyPath(key): KeyPath,
     Query(query): Query<ReadQuery>,
@@ -130,7 +130,7 @@ pub async fn get(
 
 /// `GET /v1/kv?prefix=&after=&limit=`: keys and revisions in byte order.
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<KvListQuery>,
 ) -> Result<axum::Json<KvKeyPage>, ApiError> {

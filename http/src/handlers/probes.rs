@@ -9,7 +9,7 @@ use meta_consensus::Consistency;
 use crate::error::{error_response, ApiError};
 use crate::follower_read::ReplayedReadIndex;
 use crate::response::HealthView;
-use crate::state::{AppState, Readiness};
+use crate::state::{Readiness, SharedState};
 
 /// Content type of the OpenMetrics text format that `/metrics` answers in.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -23,7 +23,7 @@ pub async fn healthz() -> axum::Json<HealthView> {
 
 /// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
 /// `not_ready` saying what it waits for.
-pub async fn readyz(State(state): State<AppState>) -> Response {
+pub async fn readyz(State(state): State<SharedState>) -> Response {
     let status = state.node.status();
     let mut leader_index = None;
     if !state.readiness.caught_up() && Readiness::member_with_leader(&status).is_ok() {
@@ -51,7 +51,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus (OpenMetrics) text.
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiError> {
     let text = state
         .metrics
         .encode()

@@ -8,11 +8,11 @@ use crate::extract::{Id, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery};
 use crate::response::{ReplicaView, ShardPage, ShardView};
-use crate::state::AppState;
+use crate::state::SharedState;
 
 /// `GET /v1/shards?after=&limit=`.
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<PageQuery>,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
@@ -35,7 +35,7 @@ pub async fn list(
 
 /// `GET /v1/shards/{id}`; 404 if no datanode holds it.
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,

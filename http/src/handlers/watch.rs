@@ -12,11 +12,11 @@ use crate::extract::Query;
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::WatchQuery;
 use crate::response::{ChangeView, EventView, WatchPage};
-use crate::state::AppState;
+use crate::state::SharedState;
 
 /// `GET /v1/watch?after=&history=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
 pub async fn watch(
-    State(state): State<AppState>,
+    State(state): State<SharedState>,
     Query(query): Query<WatchQuery>,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     // The wait counts from the request's arrival: asking the leader for its read index is part
