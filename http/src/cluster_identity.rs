@@ -38,6 +38,13 @@ pub const IDENTITY: HeaderName = HeaderName::from_static("x-metaserver-id");
 /// decodes. A build that predates versions sends none, which reads as [`BASE_VERSION`].
 pub const VERSION: HeaderName = HeaderName::from_static("x-metaserver-version");
 
+/// The header with which a leader asks a node to add ([`MemberLink::probe`]) for a build that
+/// applies the cluster's version, named here: a node whose build applies less refuses (409
+/// `build_too_old`) before it adopts the sender's cluster id, so that a refused add leaves it
+/// free to join another cluster once upgraded. Builds that predate the header ignore it (and the
+/// leader's own check still refuses the add).
+pub const CLUSTER_VERSION: HeaderName = HeaderName::from_static("x-metaserver-cluster-version");
+
 /// The build version an answer from a member names ([`VERSION`]).
 pub fn version_of(headers: &axum::http::HeaderMap) -> u32 {
     headers
@@ -66,8 +73,9 @@ pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
 }
 
 /// Middleware of the `/raft` routes: refuses a message of another cluster (first: it says
-/// more), then one for another node, and only then lets a node that knows no cluster yet adopt
-/// the sender's. Every answer names this node's build version ([`VERSION`]).
+/// more), then one for another node, then one that asks for a build newer than this one
+/// ([`CLUSTER_VERSION`]), and only then lets a node that knows no cluster yet adopt the
+/// sender's. Every answer names this node's build version ([`VERSION`]).
 pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
     versioned(node, request, next, true).await
 }
@@ -128,6 +136,21 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
             return ApiError::WrongNode(format!(
                 "this is node {}, not node {to}: the membership names this address for node \
                  {to} (remove it and add it at its own address)",
+                node.id()
+            ))
+            .into_response();
+        }
+    }
+    if let Some(value) = request.headers().get(CLUSTER_VERSION) {
+        let Some(cluster) = value.to_str().ok().and_then(|v| v.parse::<u32>().ok()) else {
+            return ApiError::invalid("bad_rpc", "the cluster version header is not a number")
+                .into_response();
+        };
+        let build = node.config().build_version;
+        if cluster > build {
+            return ApiError::BuildTooOld(format!(
+                "node {} runs a build that applies cluster version {build} at most, and the \
+                 cluster is at version {cluster}: upgrade it first",
                 node.id()
             ))
             .into_response();
@@ -216,20 +239,34 @@ impl MemberLink<'_> {
         Some(addressed(request, self.token, self.cluster, id))
     }
 
-    /// Asks the node at `addr` whether it may join this cluster as node `id`:
-    /// [`ApiError::OtherCluster`] if it answers that it belongs to another,
-    /// [`ApiError::WrongNode`] if it is another node, [`ApiError::Conflict`] if it refuses this
-    /// cluster's token. `Ok` if it may (with the version of its build when a metaserver
-    /// consented), or if it cannot be asked (a node may be added before it is started).
-    pub async fn probe(&self, id: u64, addr: &str) -> Result<Option<u32>, ApiError> {
-        match self.ask(id, addr, false).await {
-            Some(Ok(answer)) => {
+    /// Asks the node at `addr` whether it may join this cluster, of version `cluster_version`,
+    /// as node `id`: [`ApiError::OtherCluster`] if it answers that it belongs to another,
+    /// [`ApiError::WrongNode`] if it is another node, [`ApiError::BuildTooOld`] if its build
+    /// cannot apply that version, [`ApiError::Conflict`] if it refuses this cluster's token.
+    /// `Ok` if it may (with the version of its build when a metaserver consented), or if it
+    /// cannot be asked (a node may be added before it is started). A fresh node that consents
+    /// belongs to this cluster from then on; one that refuses adopted nothing.
+    pub async fn probe(
+        &self,
+        id: u64,
+        addr: &str,
+        cluster_version: u32,
+    ) -> Result<Option<u32>, ApiError> {
+        let Some(request) = self.post(id, addr, PATH_IDENTITY) else {
+            return Ok(None);
+        };
+        let asked = request
+            .header(CLUSTER_VERSION, cluster_version.to_string())
+            .send()
+            .await;
+        match asked {
+            Ok(answer) => {
                 let consented = answer.status() == reqwest::StatusCode::NO_CONTENT
                     && answer.headers().contains_key(IDENTITY);
                 let version = consented.then(|| version_of(answer.headers()));
                 refusal(answer, addr).await.map(|()| version)
             }
-            _ => Ok(None),
+            Err(_) => Ok(None),
         }
     }
 
@@ -239,7 +276,7 @@ impl MemberLink<'_> {
     /// [`ApiError::WrongNode`] if a new node with that id does. Two processes answering for one
     /// member could vote twice.
     pub async fn confirm(&self, id: u64, addr: &str) -> Result<(), ApiError> {
-        match self.ask(id, addr, true).await {
+        match self.ask_member(id, addr).await {
             Some(Ok(answer)) => {
                 if is_node(&answer, id) {
                     return Ok(());
@@ -260,25 +297,17 @@ impl MemberLink<'_> {
 
     /// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
     pub async fn answers_as(&self, id: u64, addr: &str) -> bool {
-        match self.ask(id, addr, true).await {
+        match self.ask_member(id, addr).await {
             Some(Ok(answer)) => is_node(&answer, id),
             _ => false,
         }
     }
 
-    /// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster (one that belongs to
-    /// it already, if `member_only`); `None` while this node knows no cluster id.
-    async fn ask(
-        &self,
-        id: u64,
-        addr: &str,
-        member_only: bool,
-    ) -> Option<reqwest::Result<reqwest::Response>> {
-        let mut request = self.post(id, addr, PATH_IDENTITY)?;
-        if member_only {
-            request = request.header(MEMBER_ONLY, "1");
-        }
-        Some(request.send().await)
+    /// Sends [`PATH_IDENTITY`] to `addr`, for node `id` of this cluster that belongs to it
+    /// already; `None` while this node knows no cluster id.
+    async fn ask_member(&self, id: u64, addr: &str) -> Option<reqwest::Result<reqwest::Response>> {
+        let request = self.post(id, addr, PATH_IDENTITY)?;
+        Some(request.header(MEMBER_ONLY, "1").send().await)
     }
 }
 
@@ -294,7 +323,7 @@ fn is_node(answer: &reqwest::Response, id: u64) -> bool {
 }
 
 /// What an answer to [`PATH_IDENTITY`] refuses, if anything: 401 (another token) and 409
-/// (another cluster or another node) refuse; anything else does not.
+/// (another cluster, another node or an older build) refuse; anything else does not.
 async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> {
     let status = answer.status();
     if status == reqwest::StatusCode::UNAUTHORIZED {
@@ -317,6 +346,7 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
     let message = format!("the node at {addr} refuses to join: {message}");
     Err(match code.as_deref() {
         Some("wrong_node") => ApiError::WrongNode(message),
+        Some("build_too_old") => ApiError::BuildTooOld(message),
         _ => ApiError::OtherCluster(message),
     })
 }

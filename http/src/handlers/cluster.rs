@@ -134,7 +134,10 @@ pub async fn add_learner(
     // A build older than the cluster's version is not added (`MetaNode::add_learner`). What
     // was heard of this id before is not this node's answer (another process with the id, at
     // another address, may have answered a moment ago): forgotten when this one did not say.
-    match state.member_link().probe(body.id, &body.addr).await? {
+    // A node of an older build refuses before it takes this cluster's id.
+    let cluster_version = state.node.cluster_version();
+    let link = state.member_link();
+    match link.probe(body.id, &body.addr, cluster_version).await? {
         Some(version) => state.node.config().peer_versions.note(body.id, version),
         None => state.node.config().peer_versions.forget(body.id),
     }

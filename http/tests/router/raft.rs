@@ -3,7 +3,7 @@
 use axum::http::{Method, StatusCode};
 use meta_consensus::Role;
 
-use crate::common::{call, leader_node};
+use crate::common::{call, leader_node, open_node_tuned};
 
 #[tokio::test]
 async fn raft_routes_refuse_garbage() {
@@ -58,4 +58,45 @@ async fn raft_messages_past_the_largest_term_are_refused() {
     }
     let after = t.node.status();
     assert_eq!((after.role, after.term), (Role::Leader, before.term));
+}
+
+/// A fresh node asked whether it may join a cluster adopts that cluster's id only if its build
+/// applies the version the asker names: one that refuses (409 `build_too_old`), or that is sent
+/// a malformed version (400 `bad_rpc`), still belongs to no cluster.
+#[tokio::test]
+async fn a_fresh_node_takes_a_clusters_id_only_if_its_build_applies_the_clusters_version() {
+    let t = open_node_tuned(None, |cfg| cfg.build_version = 2).await;
+    let cluster = ("x-metaserver-cluster", "00000000000000ab");
+    let to = ("x-metaserver-to", "1");
+    let ask = |version: &'static str| {
+        let app = t.app.clone();
+        async move {
+            let version = ("x-metaserver-cluster-version", version);
+            call(
+                &app,
+                Method::POST,
+                "/raft/identity",
+                "",
+                &[cluster, to, version],
+            )
+            .await
+        }
+    };
+    let a = ask("two").await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    assert_eq!(a.error_code(), "bad_rpc");
+    let a = ask("3").await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "build_too_old");
+    assert_eq!(a.headers["x-metaserver-version"], "2", "it names its build");
+    assert_eq!(t.node.cluster_id(), None, "a refusing node adopts nothing");
+
+    let a = ask("2").await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT, "{a:?}");
+    assert_eq!(a.headers["x-metaserver-id"], "1");
+    assert_eq!(
+        t.node.cluster_id(),
+        Some(0xab),
+        "a consenting node joins the cluster"
+    );
 }

@@ -144,7 +144,17 @@ async fn a_learner_of_an_older_build_is_not_added() {
     let (status, _, answer) = send(reqwest::Method::POST, &leader, learners, add).await;
     assert_eq!(status, 409, "{answer}");
     assert_eq!(answer["error"]["code"], "build_too_old", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("upgrade it first"),
+        "the node refused: {message}"
+    );
     assert!(leader.node.status().learners.is_empty());
+    assert_eq!(
+        old.node.cluster_id(),
+        None,
+        "the refused node took no cluster's id: once upgraded it may join any"
+    );
 
     let current = start(3, &dir, 2).await;
     let add = json!({"id": 3, "addr": current.addr});
