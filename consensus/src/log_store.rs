@@ -681,18 +681,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let purged = tokio::task::spawn_blocking(move || shared.wal.purge_to(lsn))
                 .await
                 .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?;
-            match purged {
-                Ok(_) => {}
-                // The purge is durable; only removing the segments it emptied failed, and the
-                // next open (or directory fsync) does that. openraft takes a failed purge for a
-                // failed disk and stops the node: this one is not.
-                Err(e @ meta_store::Error::Io { .. }) if self.shared.wal.is_writable() => {
-                    tracing::warn!(
-                        "purged the log up to {log_id}, but removing its old segments failed \
-                         ({e}); they are removed later"
-                    );
-                }
-                Err(e) => return Err(store_err("purge log")(e)),
+            let purged = purged.map_err(store_err("purge log"))?;
+            // The purge is durable; only removing the segments it emptied failed, and the next
+            // open (or directory fsync) does that. openraft takes a failed purge for a failed
+            // disk and stops the node: this one is not.
+            if let Some(e) = purged.leftover {
+                tracing::warn!(
+                    "purged the log up to {log_id}, but removing its old segments failed ({e}); \
+                     they are removed later"
+                );
             }
         }
         Ok(())
@@ -765,5 +762,51 @@ mod tests {
             .map(|e| e.log_id.index)
             .collect();
         assert_eq!(got, (21..=60).collect::<Vec<_>>());
+    }
+
+    /// A purge whose marker is durable holds even when a segment it emptied cannot be deleted:
+    /// openraft would take an error for a failed disk and stop the node. A failed directory
+    /// fsync is such a failure, and stays one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_purge_that_cannot_delete_an_emptied_segment_holds_and_the_log_goes_on() {
+        let fs = meta_store::fs::FaultyFileSystem::new();
+        let opts = WalOptions {
+            segment_bytes: 512,
+            ..WalOptions::default()
+        };
+        let dir = Path::new("/log");
+        let mut log = LogStore::open_with(Arc::new(fs.clone()), dir, opts).unwrap();
+        let append = async |log: &mut LogStore, i: u64| {
+            let (tx, rx) = TypeConfig::oneshot();
+            log.append(vec![entry(i)], IOFlushed::signal(tx))
+                .await
+                .unwrap();
+            rx.await.unwrap().unwrap();
+        };
+        let segments = || -> Vec<String> {
+            let mut names = meta_store::FileSystem::read_dir(&fs, dir).unwrap();
+            names.retain(|n| n.ends_with(".wal"));
+            names.sort();
+            names
+        };
+        for i in 1..=60 {
+            append(&mut log, i).await;
+        }
+        let before = segments();
+        fs.fail_next_removes(1);
+        log.purge(log_id(40)).await.unwrap();
+        let after = segments();
+        assert_eq!(after[0], before[0], "the first emptied segment is left");
+        assert!(!after.contains(&before[1]), "the next one goes: {after:?}");
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(40)));
+        append(&mut log, 61).await;
+
+        fs.fail_next_dir_syncs(1);
+        let failed = log.purge(log_id(55)).await;
+        assert!(failed.is_err(), "a failed directory fsync stops the node");
+        let (tx, _rx) = TypeConfig::oneshot();
+        let refused = log.append(vec![entry(62)], IOFlushed::signal(tx)).await;
+        assert!(refused.is_err(), "and the log refuses further writes");
     }
 }

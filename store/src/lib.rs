@@ -17,5 +17,5 @@ pub use fs::{FileSystem, OsFileSystem};
 pub use rate_limit::{AsyncThrottledWriter, RateLimiter, ThrottledWriter};
 pub use snapshot::{SnapshotFile, SnapshotReader, SnapshotStore, SnapshotWriter};
 pub use wal::{
-    BarrierMode, Lsn, Wal, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    BarrierMode, Lsn, Purge, Wal, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };

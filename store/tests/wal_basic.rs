@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use meta_store::fs::FaultyFileSystem;
+use meta_store::FileSystem;
 use meta_store::{BarrierMode, Error, Wal, WalOptions};
 
 fn small_segments() -> WalOptions {
@@ -99,8 +100,9 @@ fn purge_drops_prefix_and_deletes_whole_segments() {
     let before = segment_files(dir.path());
     assert!(before.len() >= 5, "small segments roll: {before:?}");
     assert_eq!(wal.metrics().segments_created as usize, before.len() - 1);
-    let marker = wal.purge_to(15).unwrap();
-    assert_eq!(marker, 21);
+    let purge = wal.purge_to(15).unwrap();
+    assert_eq!(purge.marker, 21);
+    assert!(purge.leftover.is_none(), "{purge:?}");
     assert_eq!(wal.first_lsn(), Some(16));
     assert_eq!(wal.purged_to(), 15);
     assert_eq!(wal.read(15).unwrap(), None);
@@ -153,6 +155,49 @@ fn a_failed_directory_fsync_after_a_purge_poisons_the_log() {
 }
 
 #[test]
+fn a_purge_that_cannot_delete_a_segment_holds_says_so_and_the_log_goes_on() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", small_segments()).unwrap();
+    let payload = [7u8; 100];
+    for _ in 0..20 {
+        wal.append(&payload).unwrap();
+    }
+    let log = std::path::Path::new("/log");
+    let segments = || -> Vec<String> {
+        let mut names = fs.read_dir(log).unwrap();
+        names.retain(|n| n.ends_with(".wal"));
+        names.sort();
+        names
+    };
+    let before = segments();
+    assert!(before.len() >= 5, "small segments roll: {before:?}");
+    fs.fail_next_removes(1);
+    let purge = wal.purge_to(15).unwrap();
+    assert!(
+        matches!(&purge.leftover, Some(Error::Io { op, .. }) if *op == "remove purged segment"),
+        "{purge:?}"
+    );
+    assert_eq!(wal.purged_to(), 15);
+    assert_eq!(wal.read(15).unwrap(), None, "the purge holds");
+    let after = segments();
+    assert_eq!(after[0], before[0], "the first segment is left");
+    assert!(
+        !after.contains(&before[1]) && !after.contains(&before[2]),
+        "the other emptied segments go: {before:?} -> {after:?}"
+    );
+    // Not poisoned.
+    let next = wal.append(b"next").unwrap();
+    wal.sync(next).unwrap();
+    drop(wal);
+
+    // The next open removes what was left, and reads from the purge point on.
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", small_segments()).unwrap();
+    assert!(!segments().contains(&before[0]), "{:?}", segments());
+    assert_eq!(wal.first_lsn(), Some(16));
+    assert_eq!(wal.read(next).unwrap().as_deref(), Some(&b"next"[..]));
+}
+
+#[test]
 fn records_larger_than_a_segment_get_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open(dir.path(), small_segments()).unwrap();
@@ -175,8 +220,8 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(invalid(wal.append_batch(&[])));
     assert!(invalid(wal.truncate_from(0)));
     assert!(invalid(wal.truncate_from(3)));
-    assert!(invalid(wal.purge_to(0)));
-    assert!(invalid(wal.purge_to(2)));
+    assert!(invalid(wal.purge_to(0).map(|p| p.marker)));
+    assert!(invalid(wal.purge_to(2).map(|p| p.marker)));
     assert!(matches!(wal.sync(2), Err(Error::InvalidArgument { .. })));
     assert_eq!(wal.last_lsn(), 1);
     assert_eq!(wal.read_range(..).unwrap().len(), 1);

@@ -92,7 +92,7 @@ fn run(ops: Vec<Op>, preallocate: bool) -> Result<(), TestCaseError> {
                     continue;
                 }
                 let to = 1 + (model.last - 1) * frac as u64 / 255;
-                let marker = wal.purge_to(to).unwrap();
+                let marker = wal.purge_to(to).unwrap().marker;
                 prop_assert_eq!(marker, model.last + 1);
                 model.live.retain(|&lsn, _| lsn > to);
                 model.last = marker;

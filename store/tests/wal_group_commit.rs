@@ -298,10 +298,10 @@ fn a_purge_that_finds_no_descriptor_for_the_directory_fails_without_poisoning() 
     wal.sync(second).unwrap();
     // Opening the directory to sync the removal fails for longer than the wait: no fsync runs.
     fs.run_out_of_descriptors(0, usize::MAX);
-    let err = wal.purge_to(first).unwrap_err();
+    let purge = wal.purge_to(first).unwrap();
     assert!(
-        matches!(&err, Error::Io { op, .. } if *op == "fsync log directory"),
-        "{err:?}"
+        matches!(&purge.leftover, Some(Error::Io { op, .. }) if *op == "fsync log directory"),
+        "the purge holds, and says why its emptied segment may still be there: {purge:?}"
     );
     fs.run_out_of_descriptors(0, 0);
     // Not poisoned: the log goes on, and the next directory fsync covers the deletion.
@@ -391,7 +391,8 @@ fn a_shortage_of_descriptors_when_a_segment_starts_is_waited_out() {
     wal.sync(third).unwrap();
     // Purging opens the directory to sync the removal of old segments.
     fs.run_out_of_descriptors(0, 1);
-    wal.purge_to(first).unwrap();
+    let purge = wal.purge_to(first).unwrap();
+    assert!(purge.leftover.is_none(), "the open is retried: {purge:?}");
     let last = wal.append(&[4; 100]).unwrap();
     wal.sync(last).unwrap();
     drop(wal);
@@ -493,7 +494,8 @@ fn appends_go_on_while_a_purge_syncs_the_directory() {
     assert!(held, "the purge reached its directory fsync");
     assert!(went_on, "the append waited for the purge's directory fsync");
     let third = appending.join().unwrap();
-    purging.join().unwrap().unwrap();
+    let purge = purging.join().unwrap().unwrap();
+    assert!(purge.leftover.is_none(), "{purge:?}");
     drop(wal);
 
     fs.crash(Default::default());
@@ -573,7 +575,8 @@ fn a_purge_deletes_only_what_its_own_durable_marker_purges() {
     };
     assert!(fs.gate().wait_held(1, TIMEOUT), "the second purge syncs");
     go_tx.send(()).unwrap();
-    first_purge.join().unwrap().unwrap();
+    let purge = first_purge.join().unwrap().unwrap();
+    assert!(purge.leftover.is_none(), "{purge:?}");
     // Power fails while the second purge's marker is not durable.
     fs.crash(CrashPoint::default());
     assert!(second_purge.join().unwrap().is_err());

@@ -47,6 +47,7 @@ struct State {
     fail_syncs: bool,
     fail_next_syncs: usize,
     fail_next_dir_syncs: usize,
+    fail_next_removes: usize,
     fail_writes: bool,
     /// Opens (of files and of directories to sync them) to let through before running short.
     opens_before_short: usize,
@@ -190,6 +191,11 @@ impl FaultyFileSystem {
         self.state.lock().fail_next_dir_syncs = n;
     }
 
+    /// Makes the next `n` file removals fail (`EACCES`); a failed one removes nothing.
+    pub fn fail_next_removes(&self, n: usize) {
+        self.state.lock().fail_next_removes = n;
+    }
+
     /// Of the next calls that open a file or a directory (`create_new`, `open`, `sync_dir`),
     /// lets `after` through and then fails `n` with `EMFILE`, as a process out of file
     /// descriptors does; nothing is created or synced by a call that fails so.
@@ -292,6 +298,10 @@ impl FileSystem for FaultyFileSystem {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
+        if st.fail_next_removes > 0 {
+            st.fail_next_removes -= 1;
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
         st.names.remove(path).ok_or_else(|| not_found(path))?;
         Ok(())
     }

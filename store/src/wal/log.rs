@@ -17,7 +17,9 @@ use super::record::{self, Kind, RecordMeta, HEADER_LEN, MAX_PAYLOAD};
 use super::recovery;
 use super::segment::{Segment, SEGMENT_HEADER_LEN};
 use super::waiter::{Parker, Waiter};
-use super::{BarrierMode, Lsn, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
+use super::{
+    BarrierMode, Lsn, Purge, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+};
 use crate::barrier::{BarrierBook, Job, Status, Step};
 use crate::error::{Error, Result};
 use crate::fs::{
@@ -335,17 +337,18 @@ impl Wal {
         Ok(marker)
     }
 
-    /// Drops every record with LSN at or below `lsn` by appending a purge marker, and returns the
-    /// marker's LSN; then deletes the segment files all of whose records are purged.
+    /// Drops every record with LSN at or below `lsn` by appending a purge marker; then deletes
+    /// the segment files all of whose records are purged.
     ///
-    /// Contract: on return the marker is durable (this call waits for a barrier), so the purged
+    /// Contract: on `Ok` the marker is durable (this call waits for a barrier), so the purged
     /// records are never returned again, also after a restart; whole segments no longer needed
-    /// are deleted and the deletion is durable. `lsn` must be between 1 and `last_lsn()`. A failed
-    /// fsync of the log directory poisons the log (it is never retried: every later append, sync
-    /// and purge fails with [`Error::Poisoned`]); a failed delete, or a directory that could not be
-    /// opened for want of descriptors (no fsync ran), is returned without poisoning, and the next
-    /// directory fsync or open covers the segments left behind.
-    pub fn purge_to(&self, lsn: Lsn) -> Result<Lsn> {
+    /// are deleted and the deletion is durable, unless [`Purge::leftover`] says why they are
+    /// not (a failed delete, or a directory that could not be opened for want of descriptors:
+    /// no fsync ran, the log is not poisoned, and the next directory fsync or open covers them).
+    /// `lsn` must be between 1 and `last_lsn()`. On `Err` the marker may not be durable, or the
+    /// fsync of the log directory failed: that poisons the log (it is never retried: every later
+    /// append, sync and purge fails with [`Error::Poisoned`]).
+    pub fn purge_to(&self, lsn: Lsn) -> Result<Purge> {
         let marker = self.inner.with_writer(|w| {
             self.inner.check_writable()?;
             if lsn == 0 || lsn >= w.next_lsn {
@@ -360,47 +363,48 @@ impl Wal {
         // Only what this call's own marker, durable now, purges: a later purge may have written its
         // marker (raising the index's purge point) without its barrier yet.
         let obsolete = self.inner.index.write().take_obsolete_segments(lsn);
-        if !obsolete.is_empty() {
-            // Under the directory lock, like a segment's creation, so that no other fsync of the
-            // directory runs between a failed one and the poisoning; not under the write lock,
-            // so appends go on meanwhile.
-            self.inner.with_dir_lock(|| {
-                self.inner.check_writable()?;
-                for seg in &obsolete {
-                    self.inner
-                        .fs
-                        .remove_file(&seg.path)
-                        .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
+        if obsolete.is_empty() {
+            return Ok(Purge {
+                marker,
+                leftover: None,
+            });
+        }
+        // Under the directory lock, like a segment's creation, so that no other fsync of the
+        // directory runs between a failed one and the poisoning; not under the write lock, so
+        // appends go on meanwhile.
+        self.inner.with_dir_lock(|| {
+            self.inner.check_writable()?;
+            // A failed delete leaves that file for later; the others go, and the fsync below
+            // makes their deletion durable.
+            let mut failed_delete = None;
+            for seg in &obsolete {
+                if let Err(e) = self.inner.fs.remove_file(&seg.path) {
+                    failed_delete.get_or_insert(Error::io("remove purged segment", &seg.path, e));
                 }
-                let dir = &self.inner.dir;
-                let fs = &self.inner.fs;
-                // Only the open of the directory is retried, never the fsync. An open that still
-                // found no descriptor ran no fsync: nothing to poison for, and the next directory
-                // fsync (a segment's creation, a purge) covers these deletions.
-                if let Err(e) = self
-                    .inner
-                    .descriptor_wait
-                    .open("fsync log directory", dir, || fs.sync_dir(dir))
-                {
+            }
+            let left = |leftover| Ok(Purge { marker, leftover });
+            let dir = &self.inner.dir;
+            let fs = &self.inner.fs;
+            // Only the open of the directory is retried, never the fsync. An open that still
+            // found no descriptor ran no fsync: nothing to poison for, and the next directory
+            // fsync (a segment's creation, a purge) covers these deletions.
+            match self
+                .inner
+                .descriptor_wait
+                .open("fsync log directory", dir, || fs.sync_dir(dir))
+            {
+                Ok(()) => left(failed_delete),
+                Err(e) => {
                     let shortage = is_descriptor_shortage(&e);
                     let err = Error::io("fsync log directory", dir, e);
-                    if !shortage {
-                        self.inner.poison(err.to_string());
+                    if shortage {
+                        return left(Some(err));
                     }
-                    return Err(err);
+                    self.inner.poison(err.to_string());
+                    Err(err)
                 }
-                Ok(())
-            })?;
-        }
-        Ok(marker)
-    }
-
-    /// Whether the log takes writes: it is open and no failure poisoned it. Every failure of an
-    /// append, a barrier or a marker before it is durable poisons the log, so an IO error from
-    /// [`Wal::purge_to`] while this holds came after its marker was durable (a segment's
-    /// deletion, or the directory's open for its fsync).
-    pub fn is_writable(&self) -> bool {
-        self.inner.check_writable().is_ok()
+            }
+        })
     }
 
     /// Whether record `lsn` lies in the segment being written, the one most recently written and

@@ -10,6 +10,7 @@ mod bit_flip;
 mod index;
 mod log;
 mod metrics;
+mod purge;
 mod record;
 mod recovery;
 mod segment;
@@ -23,6 +24,7 @@ use crate::fs::DEFAULT_DESCRIPTOR_WAIT;
 
 pub use log::Wal;
 pub use metrics::{LatencyHistogram, WalMetrics, LATENCY_BOUNDS_SECONDS};
+pub use purge::Purge;
 pub use record::MAX_PAYLOAD;
 
 /// A record number. The first record has LSN 1; each record or marker takes the next one. LSNs
