@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 /// The pause of automatic snapshot builds after a first failed one.
-pub(crate) const FIRST_BUILD_PAUSE: Duration = Duration::from_secs(10);
+const FIRST_BUILD_PAUSE: Duration = Duration::from_secs(10);
 /// The longest pause after failed builds in a row.
-pub(crate) const LONGEST_BUILD_PAUSE: Duration = Duration::from_secs(300);
+const LONGEST_BUILD_PAUSE: Duration = Duration::from_secs(300);
 
 /// The last failed snapshot build: when, why, and how many failed in a row.
 #[derive(Debug)]

@@ -682,8 +682,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .await
                 .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?;
             let purged = purged.map_err(store_err("purge log"))?;
-            // The purge is durable; only removing the segments it emptied failed, and the next
-            // open (or directory fsync) does that. openraft takes a failed purge for a failed
+            // The purge is durable; only removing the segments it emptied failed, or its fsync
+            // of the directory found no descriptor: the next open (or directory fsync) finishes
+            // that. openraft takes a failed purge for a failed
             // disk and stops the node: this one is not.
             if let Some(e) = purged.leftover {
                 tracing::warn!(

@@ -130,11 +130,10 @@ pub async fn add_learner(
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate()?;
     // A node of another cluster, or another node at that address, would refuse every message
-    // once added: say so now.
-    // A build older than the cluster's version is not added (`MetaNode::add_learner`). What
-    // was heard of this id before is not this node's answer (another process with the id, at
-    // another address, may have answered a moment ago): forgotten when this one did not say.
-    // A node of an older build refuses before it takes this cluster's id.
+    // once added: say so now. A build older than the cluster's version is not added: it
+    // refuses here, before it takes this cluster's id, and `MetaNode::add_learner` checks too.
+    // What was heard of this id before is not this node's answer (another process with the id,
+    // at another address, may have answered a moment ago): forgotten when this one did not say.
     let cluster_version = state.node.cluster_version();
     let link = state.member_link();
     match link.probe(body.id, &body.addr, cluster_version).await? {

@@ -342,9 +342,10 @@ impl Wal {
     ///
     /// Contract: on `Ok` the marker is durable (this call waits for a barrier), so the purged
     /// records are never returned again, also after a restart; whole segments no longer needed
-    /// are deleted and the deletion is durable, unless [`Purge::leftover`] says why they are
-    /// not (a failed delete, or a directory that could not be opened for want of descriptors:
-    /// no fsync ran, the log is not poisoned, and the next directory fsync or open covers them).
+    /// are deleted and the deletion is durable, unless [`Purge::leftover`] says why not (a
+    /// failed delete, whose file the next open removes, or a directory that could not be opened
+    /// for want of descriptors: no fsync ran, the log is not poisoned, and the next directory
+    /// fsync makes the deletions durable).
     /// `lsn` must be between 1 and `last_lsn()`. On `Err` the marker may not be durable, or the
     /// fsync of the log directory failed: that poisons the log (it is never retried: every later
     /// append, sync and purge fails with [`Error::Poisoned`]).

@@ -10,9 +10,10 @@ use crate::wal::Lsn;
 pub struct Purge {
     /// The purge marker's LSN.
     pub marker: Lsn,
-    /// Why segment files that the purge emptied are still on disk, if they are: a delete
-    /// failed, or the directory found no file descriptor for its fsync (none ran, so the log is
-    /// not poisoned). The purge holds either way, and nothing is read from those files again;
-    /// the next directory fsync (a segment's creation, a purge) or open removes them.
+    /// Why the deletion of segment files that the purge emptied is not done, or not durable, if
+    /// it is not: a delete failed (the next open removes that file), or the directory found no
+    /// file descriptor for its fsync (none ran, so the log is not poisoned; the next directory
+    /// fsync, at a segment's creation or a purge, makes the deletions durable). The purge holds
+    /// either way, and nothing is read from those files again.
     pub leftover: Option<Error>,
 }
