@@ -1,9 +1,10 @@
-//! A write whose caller gave up still runs to its end. The admission window
-//! (`max_pending_shards`) counts every write openraft has not answered, also one whose caller
-//! gave up: a write that timed out is still in flight, and letting its room go let retries pile
-//! unbounded work onto an overloaded leader, exactly when the window matters. And a datanode's
-//! registration that commits after its caller gave up gives the new incarnation its grace
-//! (`unknown`, not `down`, for a timeout), as one answered in time does.
+//! The admission window (`max_pending_shards`) and a new datanode's grace, also for writes whose
+//! caller gave up, which still run to their end. The window queues writes and loses none, one
+//! bigger than the window included, and counts every write openraft has not answered, also one
+//! whose caller gave up: a write that timed out is still in flight, and letting its room go let
+//! retries pile unbounded work onto an overloaded leader, exactly when the window matters. A
+//! datanode just registered is `unknown`, not `down`, for a timeout (its grace), also when its
+//! registration commits after its caller gave up.
 
 mod common;
 
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{addr, Cluster, WAIT};
-use meta_consensus::{Command, DatanodeState, Error, MetaNode, Node};
+use common::{addr, shard, Cluster, WAIT};
+use meta_consensus::{Command, CommandResult, DatanodeState, Error, MetaNode, Node};
 use meta_store::fs::FaultyFileSystem;
 
 /// Waits until no write holds room in `node`'s admission window: openraft answered them all.
@@ -114,5 +115,78 @@ async fn a_registration_that_commits_after_its_caller_gave_up_gets_its_grace() -
         "a datanode registered a moment ago is {:?}",
         liveness.state
     );
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_window_queues_writes_and_loses_none() -> Result<()> {
+    // A window smaller than one command: a big command is clamped to the window (it runs
+    // alone) instead of waiting forever, and every queued write completes.
+    let c = Cluster::three_tuned(|cfg| cfg.max_pending_shards = 3).await?;
+    let leader = c.leader().await?;
+    let w = leader.register_datanode(1, "dn-1").await?;
+    let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
+        anyhow::bail!("unexpected {:?}", w.result);
+    };
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..16u64 {
+        let node = leader.clone();
+        let n = if i % 2 == 0 { 5 } else { 1 };
+        let shards = (0..n).map(|j| shard(i * 100 + j, 1)).collect();
+        writes.spawn(async move { node.register_shards(1, epoch, shards).await });
+    }
+    let mut accepted = 0;
+    while let Some(joined) = writes.join_next().await {
+        match joined??.result {
+            CommandResult::ShardsRegistered { accepted: a, .. } => accepted += a,
+            other => anyhow::bail!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(accepted, 8 * 5 + 8);
+    assert_eq!(leader.status().replicas, 48);
+    c.shutdown().await
+}
+
+/// A datanode that registers with a leader that has collected heartbeats for longer than the
+/// timeout is `unknown` until it has had a timeout to send its first heartbeat, not `down`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datanode_just_registered_is_not_reported_down() -> Result<()> {
+    // Long enough that the read right after the registration falls within the grace even on
+    // a loaded machine.
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let c = Cluster::three_tuned(|cfg| cfg.datanode_timeout = TIMEOUT).await?;
+    let leader = c.leader().await?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while leader.liveness().await?.collecting < TIMEOUT {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "never collected a timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A machine so loaded that the registration and the read take a timeout tells nothing:
+    // then another datanode tries again.
+    for id in 9.. {
+        let started = std::time::Instant::now();
+        leader.register_datanode(id, format!("dn-{id}")).await?;
+        let report = leader.liveness().await?;
+        if started.elapsed() >= TIMEOUT {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "never registered and read within a timeout"
+            );
+            continue;
+        }
+        let (_, state) = report
+            .datanodes
+            .iter()
+            .find(|(d, _)| d.id == id)
+            .context("the datanode is listed")?;
+        ensure!(
+            state.state == meta_consensus::DatanodeState::Unknown,
+            "{state:?}"
+        );
+        break;
+    }
     c.shutdown().await
 }

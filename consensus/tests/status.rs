@@ -1,13 +1,15 @@
 //! What a node reports about its peers: the leader tells how long ago it heard each member, a
-//! figure that grows while a member is down even when nothing is written (the lag does not).
+//! figure that grows while a member is down even when nothing is written (the lag does not),
+//! and a new leader reports a member it never heard from as silent since it took office.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Context, Result};
 use common::{Cluster, WAIT};
 use meta_consensus::{MetaNode, NodeId, ReplicationLag};
+use openraft::async_runtime::watch::WatchReceiver as _;
 
 /// What `leader` reports of member `id`'s replication.
 fn replication(leader: &MetaNode, id: NodeId) -> Option<ReplicationLag> {
@@ -71,5 +73,56 @@ async fn the_leader_reports_how_long_ago_it_heard_each_member() -> Result<()> {
     .await?;
     let lag = replication(&l, follower).map(|r| r.lag);
     anyhow::ensure!(lag == Some(0), "nothing written, no lag: {lag:?}");
+    c.shutdown().await
+}
+
+/// A member that is down when leadership changes hands is still reported silent by the new
+/// leader, which never heard from it: from when it took office, growing (a "member down"
+/// alert on that figure must not clear because the leader changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_reports_a_member_it_never_heard_from_as_silent() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.converged().await?;
+    let down = (1..=3).find(|i| *i != old.id()).context("a follower")?;
+    c.stop(down).await?;
+    let mut new = None;
+    let mut metrics = old.raft().metrics();
+    for _ in 0..100 {
+        new = old.hand_over_leadership(Duration::from_secs(5)).await?;
+        if new.is_some() {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+    let new = c.node(new.context("no voter took over")?).clone();
+    let heard = |n: &MetaNode| {
+        n.status()
+            .replication
+            .iter()
+            .find(|r| r.node == down)
+            .and_then(|r| r.heard_ms)
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        if let Some(ms) = heard(&new) {
+            break ms;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the new leader never reported node {down}: {:?}",
+            new.status().replication
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    };
+    let mut later = first;
+    while later <= first {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the silence never grew"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(20), metrics.changed()).await;
+        later = heard(&new).context("the report went away")?;
+    }
     c.shutdown().await
 }

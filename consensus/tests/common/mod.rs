@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use meta_consensus::transport::LocalRouter;
-use meta_consensus::{Command, CommandResult, MetaNode, Node, NodeConfig, NodeId, Role};
+use meta_consensus::{
+    Command, CommandResult, MetaNode, Node, NodeConfig, NodeId, Role, ShardReport,
+};
 use openraft::async_runtime::watch::WatchReceiver;
 use tempfile::TempDir;
 
@@ -204,4 +206,36 @@ pub async fn remove_datanode(leader: &MetaNode, id: u64) -> Result<u64> {
             other => bail!("removing datanode {id}: unexpected {other:?}"),
         }
     }
+}
+
+/// A report of shard `id` at `generation`, with a size made up from both.
+pub fn shard(id: u64, generation: u64) -> ShardReport {
+    ShardReport {
+        id,
+        generation,
+        size: id * 10 + generation,
+    }
+}
+
+/// Registers datanode `dn` and `n` shards on it (one command per shard); returns the epoch.
+pub async fn register(leader: &MetaNode, dn: u64, shards: std::ops::Range<u64>) -> Result<u64> {
+    let w = leader.register_datanode(dn, format!("dn-{dn}")).await?;
+    let CommandResult::DatanodeRegistered { epoch, .. } = w.result else {
+        anyhow::bail!("unexpected {:?}", w.result);
+    };
+    ensure!(epoch == w.index, "epoch is the command's log index");
+    for s in shards {
+        let w = leader.register_shards(dn, epoch, vec![shard(s, 1)]).await?;
+        ensure!(
+            w.result
+                == CommandResult::ShardsRegistered {
+                    accepted: 1,
+                    unchanged: 0,
+                    stale: vec![]
+                },
+            "{:?}",
+            w.result
+        );
+    }
+    Ok(epoch)
 }

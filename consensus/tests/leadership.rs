@@ -1,0 +1,123 @@
+//! Leadership changing hands on a three-node in-process cluster: a leader cut off from the
+//! others is replaced, serves no lease read meanwhile and rejoins after the heal, and a leader
+//! about to stop hands over to a caught-up voter without losing a write.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{register, shard, Cluster, WAIT};
+use meta_consensus::{Command, Consistency, MetaNode, Role};
+use openraft::async_runtime::watch::WatchReceiver as _;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.router.isolate(old.id());
+    // The other two elect a leader among themselves.
+    let others: Vec<MetaNode> = c
+        .nodes
+        .values()
+        .filter(|n| n.id() != old.id())
+        .cloned()
+        .collect();
+    let deadline = std::time::Instant::now() + WAIT;
+    let new = loop {
+        let l = others.iter().find(|n| n.status().role == Role::Leader);
+        if let Some(l) = l {
+            break l.clone();
+        }
+        ensure!(std::time::Instant::now() < deadline, "no new leader");
+        others[0]
+            .raft()
+            .wait(Some(Duration::from_millis(200)))
+            .metrics(
+                |m| m.current_leader.is_some() && m.current_leader != Some(old.id()),
+                "x",
+            )
+            .await
+            .ok();
+    };
+    let w = new
+        .write(Command::Put {
+            key: "after-cut".into(),
+            value: vec![],
+            if_revision: None,
+        })
+        .await?;
+    // The majority elected a leader only after the old one's lease ran out (a node that
+    // acknowledged a leader votes for no other within the lease), so the old leader serves
+    // no lease read that could miss the new leader's write.
+    match old.kv_get(Consistency::Lease, "after-cut").await {
+        Err(_) => {}
+        Ok(found) => panic!("the cut-off old leader served a lease read: {found:?}"),
+    }
+    c.router.heal_all();
+    old.wait_applied(w.index, WAIT).await?;
+    assert!(old.kv_get(Consistency::Local, "after-cut").await?.is_some());
+    c.converged().await?;
+    c.shutdown().await
+}
+
+/// A leader about to stop hands over to a caught-up voter: another node leads before it
+/// stops, takes writes, and holds everything written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    let epoch = register(&old, 7, 0..10).await?;
+    c.converged().await?;
+    // Every voter must have been heard from recently to be picked; wait for the heartbeats.
+    let mut new = None;
+    let mut metrics = old.raft().metrics();
+    // Writes in flight at the old leader while it hands over.
+    let mut writes = tokio::task::JoinSet::new();
+    for s in 100..116 {
+        let old = old.clone();
+        writes.spawn(async move { old.register_shards(7, epoch, vec![shard(s, 1)]).await });
+    }
+    for _ in 0..100 {
+        new = old.hand_over_leadership(Duration::from_secs(5)).await?;
+        if new.is_some() {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+    }
+    let new = new.context("no voter took over")?;
+    ensure!(new != old.id(), "handed over to itself");
+    // The new leader's first entry is in the old leader's log before the old leader learns it
+    // committed: the hand-over waits until the old leader applied it, so that requests it took
+    // as leader are answered before it closes.
+    let status = old.status();
+    ensure!(
+        status.applied >= status.last_log_index,
+        "handed over with entries not applied: {status:?}"
+    );
+    // Each write in flight was answered: acknowledged, or refused for want of a leader.
+    let mut acknowledged = 0;
+    while let Some(joined) = tokio::time::timeout(Duration::from_secs(10), writes.join_next())
+        .await
+        .context("a write in flight was not answered")?
+    {
+        acknowledged += u64::from(joined?.is_ok());
+    }
+    let leader = c.leader().await?;
+    ensure!(leader.id() == new, "node {} leads, not {new}", leader.id());
+    register(&leader, 8, 0..10).await?;
+    c.converged().await?;
+    for n in c.nodes.values() {
+        let replicas = n.status().replicas;
+        ensure!(
+            replicas >= 20 + acknowledged,
+            "{replicas} of {acknowledged}"
+        );
+    }
+    // A node that does not lead has nothing to hand over.
+    ensure!(old
+        .hand_over_leadership(Duration::from_secs(1))
+        .await?
+        .is_none());
+    c.shutdown().await
+}
