@@ -48,6 +48,9 @@ mod close_tests;
 const INITIALIZED: &str = "initialized";
 /// Sub-directory where snapshots streamed from a leader land before they are installed.
 const INCOMING: &str = "snapshots-incoming";
+/// How long the shutdown waits for openraft's state machine worker to stop once the Raft
+/// core did.
+const SM_RELEASE_WAIT: Duration = Duration::from_secs(10);
 /// How often [`MetaNode::stopped`] looks whether the Raft core ended.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -66,6 +69,9 @@ struct Inner {
     room_warned: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: Arc<tokio::sync::Semaphore>,
+    /// Completes once openraft's state machine worker dropped the state machine
+    /// (`StateMachine::released`); taken by the shutdown, which waits for it.
+    sm_released: parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     /// The data dir's lock; released once `shutdown` has closed the log and flushed the registry.
     dir_lock: parking_lot::Mutex<Option<DataDirLock>>,
     /// The datanodes' heartbeats, while this node leads (`node/heartbeats.rs`).
@@ -155,7 +161,7 @@ impl MetaNode {
         let datanode_timeout = cfg.datanode_timeout;
         let raft_config = Arc::new(cfg.raft_config()?);
         let c = cfg.clone();
-        let (dir_lock, log, sm, incoming, rejoining, followed) = blocking(move || {
+        let (dir_lock, log, mut sm, incoming, rejoining, followed) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
                 .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
@@ -225,6 +231,7 @@ impl MetaNode {
             followed.then(|| std::time::Instant::now() + cfg.election_timeout());
         let shared = sm.shared();
         shared.feed.set_capacity(cfg.watch_history);
+        let sm_released = sm.released();
         // Openraft's startup reloads the registry from the newest snapshot when it is behind,
         // re-applies committed entries, and rebuilds a snapshot if the log was purged without
         // one; see `check_not_behind_purge` for the check that it did.
@@ -243,6 +250,7 @@ impl MetaNode {
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
                 write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),
+                sm_released: parking_lot::Mutex::new(Some(sm_released)),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),
                 raising: tokio::sync::Mutex::new(()),
@@ -649,6 +657,11 @@ impl MetaNode {
 
     /// Stops Raft, makes the log durable and flushes the registry. Later calls answer
     /// [`Error::Shutdown`].
+    ///
+    /// Contract: when this returns, no task of this node applies to the registry any more
+    /// (openraft's state machine worker stopped, or it did not within a bounded wait, which is
+    /// logged) and the data dir is released. sled's own lock on the registry goes with the last
+    /// handle to this node.
     pub async fn shutdown(&self) -> Result<()> {
         if self.inner.shut.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -681,6 +694,22 @@ impl MetaNode {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("shutting the Raft core down: {e}"),
             Err(e) => tracing::error!("shutting the Raft core down: {e}"),
+        }
+        // openraft's state machine worker outlives the core: it applies what was queued for it,
+        // then drops the state machine. Nothing may apply once the deferred writes are committed
+        // and the registry is marked closed below, and the worker's handle on the registry
+        // would keep sled's lock on it after this node is gone: wait for it, for a bounded time.
+        let released = self.inner.sm_released.lock().take();
+        if let Some(released) = released {
+            if tokio::time::timeout(SM_RELEASE_WAIT, released)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "openraft's state machine worker still runs {SM_RELEASE_WAIT:?} after the \
+                     Raft core stopped; closing the registry regardless"
+                );
+            }
         }
         let inner = self.inner.clone();
         blocking(move || {

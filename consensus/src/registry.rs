@@ -81,10 +81,10 @@ const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(10);
 ///
 /// The caller holds the data dir's `LOCK` (see `data_dir.rs`), which no other process and
 /// no other open instance can hold at the same time. sled's own lock on its files can
-/// still be held for a moment by a node of this process that was shut down: tasks openraft
-/// detaches (its state machine worker, a snapshot build) drop their registry handles after
-/// `Raft::shutdown` returns. So lock contention here is waited out, for at most
-/// [`LOCK_RELEASE_WAIT`]; any other error is returned at once.
+/// still be held for a moment by a node of this process that was shut down: sled releases it
+/// with the last handle to that node, which a caller, or a task finishing a call into the
+/// node, may drop after the shutdown returned. So lock contention here is waited out, for at
+/// most [`LOCK_RELEASE_WAIT`]; any other error is returned at once.
 fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
     open_db_waiting(dir, cache_bytes, LOCK_RELEASE_WAIT, || {})
 }
@@ -108,6 +108,13 @@ fn open_db_waiting(
             Err(e) if is_lock_contention(&e) && Instant::now() < deadline => {
                 on_contention();
                 std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) if is_lock_contention(&e) => {
+                return Err(Error::registry(
+                    "open (sled's lock on it is still held: a node of this process that was \
+                     shut down is still referenced, or another process opened it)",
+                    e,
+                ))
             }
             other => return other.map_err(|e| Error::registry("open", e)),
         }

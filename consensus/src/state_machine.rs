@@ -113,11 +113,25 @@ pub(crate) struct SmShared {
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
     /// Failed snapshot builds and requested ones: when automatic builds pause.
     pub(crate) builds: BuildPauses,
+    /// Tests: the next apply stops at this gate (`ApplyGate`).
+    #[cfg(test)]
+    pub(crate) apply_gate: Mutex<Option<ApplyGate>>,
+}
+
+/// Tests: holds openraft's state machine worker in an apply. The apply reports on `reached`
+/// that it stopped, and goes on once `release` is sent to or dropped.
+#[cfg(test)]
+pub(crate) struct ApplyGate {
+    pub(crate) reached: tokio::sync::oneshot::Sender<()>,
+    pub(crate) release: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// The registry state machine handed to openraft.
 pub struct StateMachine {
     shared: Arc<SmShared>,
+    /// Dropped with the state machine: tells [`StateMachine::released`]'s receiver that
+    /// openraft's worker, which owns it, stopped.
+    release: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 fn to_io(e: Error) -> io::Error {
@@ -184,8 +198,20 @@ impl StateMachine {
                 closing: AtomicBool::new(false),
                 current: Mutex::new(current),
                 builds: BuildPauses::default(),
+                #[cfg(test)]
+                apply_gate: Mutex::new(None),
             }),
+            release: None,
         })
+    }
+
+    /// A receiver that completes (with an error: nothing is ever sent) once this state machine
+    /// is dropped. openraft's state machine worker owns it and outlives the Raft core: it
+    /// still applies what was queued for it, then drops it.
+    pub(crate) fn released(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.release = Some(tx);
+        rx
     }
 
     pub(crate) fn shared(&self) -> Arc<SmShared> {
@@ -689,6 +715,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send,
     {
         let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        #[cfg(test)]
+        {
+            let gate = self.shared.apply_gate.lock().take();
+            if let Some(gate) = gate {
+                let _ = gate.reached.send(());
+                let _ = gate.release.await;
+            }
+        }
         let (entries, responders): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let mode = mode(&entries, self.shared.commit_due());
         let results = if mode == Mode::Inline {

@@ -1,7 +1,15 @@
 //! What a node's shutdown leaves to the next open of its data dir.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::state_machine::ApplyGate;
 use crate::transport::LocalRouter;
-use crate::{MetaNode, NodeConfig};
+use crate::{Command, MetaNode, Node, NodeConfig};
+
+/// Bounds each wait of these tests.
+const WAIT: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shut_down_node_changes_no_snapshot_file_any_more() {
@@ -19,4 +27,54 @@ async fn a_shut_down_node_changes_no_snapshot_file_any_more() {
         matches!(late, Err(meta_store::Error::Closed)),
         "a snapshot writer was created after the shutdown: {late:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_returns_only_once_openraft_stopped_applying() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = LocalRouter::new();
+    let cfg = NodeConfig::new(1, "local-1", dir.path().join("node-1"));
+    let node = MetaNode::open(cfg, router.network(1)).await.unwrap();
+    node.initialize(BTreeMap::from([(1, Node::new("local-1"))]))
+        .await
+        .unwrap();
+    node.raft()
+        .wait(Some(WAIT))
+        .current_leader(1, "node 1 leads")
+        .await
+        .unwrap();
+    // openraft's state machine worker stops in the apply of the next write.
+    let (reached, reached_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release) = tokio::sync::oneshot::channel();
+    *node.inner.sm.apply_gate.lock() = Some(ApplyGate { reached, release });
+    let writer = node.clone();
+    tokio::spawn(async move {
+        let put = Command::Put {
+            key: "k".into(),
+            value: b"v".to_vec(),
+            if_revision: None,
+        };
+        writer.write(put).await
+    });
+    tokio::time::timeout(WAIT, reached_rx)
+        .await
+        .expect("the write reached the state machine")
+        .unwrap();
+    let closing = node.clone();
+    let mut shutdown = tokio::spawn(async move { closing.shutdown().await });
+    // The worker still applies: the registry must not be closed under it. (A shutdown slower
+    // than this window would let the check pass without a wait; it cannot fail with one.)
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut shutdown).await;
+    assert!(
+        early.is_err(),
+        "the shutdown returned while openraft's state machine worker was applying"
+    );
+    release_tx.send(()).unwrap();
+    tokio::time::timeout(WAIT, shutdown)
+        .await
+        .expect("the shutdown ends once the apply did")
+        .unwrap()
+        .unwrap();
+    // Nothing but this handle holds the state machine (and with it sled's lock on the registry).
+    assert_eq!(Arc::strong_count(&node.inner.sm), 1);
 }

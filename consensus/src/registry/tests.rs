@@ -10,6 +10,7 @@ fn a_held_lock_is_reported_as_contention_and_other_errors_are_not() {
     assert!(is_lock_contention(&err), "{err}");
     let e = open_db_waiting(dir.path(), 1 << 20, Duration::ZERO, || {}).unwrap_err();
     assert!(e.to_string().contains("could not acquire lock"), "{e}");
+    assert!(e.to_string().contains("still referenced"), "{e}");
     drop(held);
 
     // A path that is a file is not a lock problem: reported at once.
