@@ -11,12 +11,18 @@ use crate::{Command, MetaNode, Node, NodeConfig};
 /// Bounds each wait of these tests.
 const WAIT: Duration = Duration::from_secs(20);
 
+/// Node 1, not yet initialized, with its data dir in `dir`.
+async fn open_one(dir: &std::path::Path) -> MetaNode {
+    let cfg = NodeConfig::new(1, "local-1", dir.join("node-1"));
+    MetaNode::open(cfg, LocalRouter::new().network(1))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shut_down_node_changes_no_snapshot_file_any_more() {
     let dir = tempfile::tempdir().unwrap();
-    let router = LocalRouter::new();
-    let cfg = NodeConfig::new(1, "local-1", dir.path().join("node-1"));
-    let node = MetaNode::open(cfg, router.network(1)).await.unwrap();
+    let node = open_one(dir.path()).await;
     let store = node.inner.sm.snapshots.clone();
     let limiter = node.inner.sm.limiter.clone();
     node.shutdown().await.unwrap();
@@ -32,9 +38,7 @@ async fn a_shut_down_node_changes_no_snapshot_file_any_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_returns_only_once_openraft_stopped_applying() {
     let dir = tempfile::tempdir().unwrap();
-    let router = LocalRouter::new();
-    let cfg = NodeConfig::new(1, "local-1", dir.path().join("node-1"));
-    let node = MetaNode::open(cfg, router.network(1)).await.unwrap();
+    let node = open_one(dir.path()).await;
     node.initialize(BTreeMap::from([(1, Node::new("local-1"))]))
         .await
         .unwrap();
