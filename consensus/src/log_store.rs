@@ -682,14 +682,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .await
                 .map_err(|e| io::Error::other(format!("purge task failed: {e}")))?;
             let purged = purged.map_err(store_err("purge log"))?;
-            // The purge is durable; only removing the segments it emptied failed, or its fsync
-            // of the directory found no descriptor: the next open (or directory fsync) finishes
-            // that. openraft takes a failed purge for a failed
-            // disk and stops the node: this one is not.
+            // The purge is durable; only the removal of the segments it emptied is not done, or
+            // not durable: the next open (or directory fsync) finishes it. openraft takes a
+            // failed purge for a failed disk and stops the node: this one is not.
             if let Some(e) = purged.leftover {
                 tracing::warn!(
-                    "purged the log up to {log_id}, but removing its old segments failed ({e}); \
-                     they are removed later"
+                    "purged the log up to {log_id}, but the removal of its old segments is not \
+                     finished ({e}); a later open or directory fsync finishes it"
                 );
             }
         }
