@@ -117,6 +117,10 @@ pub enum Error {
     /// election (see `MetaNode::vote`).
     #[error("not voting: {0}")]
     NotVoting(String),
+    /// This node, rejoining, may not acknowledge that leader (yet): see
+    /// `node/rejoin_gate.rs`. The message was not handed to openraft.
+    #[error("rejoining: {0}")]
+    Rejoining(String),
     /// The node is shut down.
     #[error("node is shut down")]
     Shutdown,

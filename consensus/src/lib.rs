@@ -56,6 +56,7 @@ mod snapshot_data;
 mod snapshot_format;
 mod state_machine;
 mod status;
+mod term_probe;
 pub mod transport;
 mod trust_marker;
 mod types;
@@ -82,6 +83,7 @@ pub use snapshot_builder::SnapshotBuilder;
 pub use snapshot_data::SnapshotData;
 pub use state_machine::StateMachine;
 pub use status::{ClusterStatus, ReplicationLag, Role};
+pub use term_probe::{ProbeMembers, TermAnswer, TermProbe};
 pub use types::{
     Entry, LogId, Node, NodeId, Raft, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };

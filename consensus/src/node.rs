@@ -24,6 +24,7 @@ use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
 use crate::status::{ClusterStatus, ReplicationLag, Role};
+use crate::term_probe::ProbeMembers;
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::uncancelled::{uncancelled, uncancelled_stream};
 
@@ -33,6 +34,7 @@ mod handover;
 mod heartbeats;
 mod membership;
 mod reads;
+mod rejoin_gate;
 mod removal;
 mod snapshots;
 mod validation;
@@ -90,6 +92,8 @@ struct Inner {
     /// index of that leader's first message (`None` until one did). The rejoin ends once this
     /// node has committed up to it in that term.
     rejoin_target: parking_lot::Mutex<Option<votes::RejoinTarget>>,
+    /// While rejoining: what this node learned of the cluster's term (`node/rejoin_gate.rs`).
+    rejoin_gate: parking_lot::Mutex<rejoin_gate::RejoinGate>,
     /// Until when this node votes for no candidate, because before it opened it may have
     /// given a leader a lease that lasts until then (`node/votes.rs`).
     lease_given_until: Option<std::time::Instant>,
@@ -104,10 +108,7 @@ struct Inner {
 pub type AppendAnswers = std::pin::Pin<
     Box<
         dyn futures::Stream<
-                Item = std::result::Result<
-                    openraft::raft::StreamAppendResult<TypeConfig>,
-                    openraft::error::Fatal<TypeConfig>,
-                >,
+                Item = std::result::Result<openraft::raft::StreamAppendResult<TypeConfig>, Error>,
             > + Send,
     >,
 >;
@@ -153,10 +154,11 @@ impl MetaNode {
     /// [`MetaNode::initialize`].
     pub async fn open<N>(cfg: NodeConfig, network: N) -> Result<MetaNode>
     where
-        N: RaftNetworkFactory<TypeConfig>,
+        N: RaftNetworkFactory<TypeConfig> + ProbeMembers,
         N::Network: NetSnapshot<TypeConfig, SnapshotData = SnapshotData>,
     {
         cfg.validate()?;
+        let probe = network.term_probe();
         let window = cfg.max_pending_shards;
         let datanode_timeout = cfg.datanode_timeout;
         let raft_config = Arc::new(cfg.raft_config()?);
@@ -259,6 +261,7 @@ impl MetaNode {
                 rejoining: AtomicBool::new(rejoining),
                 lease_given_until,
                 rejoin_target: parking_lot::Mutex::new(None),
+                rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
                 election_holds: Default::default(),
                 led_since: parking_lot::Mutex::new(None),
             }),
@@ -408,17 +411,19 @@ impl MetaNode {
         &self.inner.raft
     }
 
-    /// Hands the leader's AppendEntries request to openraft.
+    /// Hands the leader's AppendEntries request to openraft. [`Error::Rejoining`] while this
+    /// node, rejoining, may not acknowledge that leader yet (`node/rejoin_gate.rs`); openraft
+    /// did not see the request then.
     pub async fn append_entries(
         &self,
         rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
-    ) -> std::result::Result<
-        openraft::raft::AppendEntriesResponse<TypeConfig>,
-        openraft::error::RaftError<TypeConfig>,
-    > {
+    ) -> Result<openraft::raft::AppendEntriesResponse<TypeConfig>> {
+        self.admit_leader(&rpc.vote).await?;
         self.note_leader_commit(&rpc);
         let raft = self.inner.raft.clone();
-        uncancelled(async move { raft.append_entries(rpc).await }).await
+        uncancelled(async move { raft.append_entries(rpc).await })
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))
     }
 
     /// Hands the leader's request to take over leadership to openraft.
@@ -446,12 +451,34 @@ impl MetaNode {
         use futures::StreamExt as _;
         // A weak handle: the stream must not keep a node that shut down alive.
         let inner = Arc::downgrade(&self.inner);
-        let requests = requests.inspect(move |rpc| {
-            if let Some(inner) = inner.upgrade() {
-                (MetaNode { inner }).note_leader_commit(rpc);
-            }
-        });
-        Box::pin(uncancelled_stream(self.inner.raft.stream_append(requests)))
+        let refused: Arc<parking_lot::Mutex<Option<Error>>> = Arc::default();
+        let note = refused.clone();
+        let noting = inner.clone();
+        // A request this node may not acknowledge (`node/rejoin_gate.rs`) ends the requests,
+        // unseen by openraft, and its refusal ends the answers.
+        let requests = requests
+            .take_while(move |rpc| {
+                let (inner, note, vote) = (inner.clone(), note.clone(), rpc.vote);
+                async move {
+                    let Some(inner) = inner.upgrade() else {
+                        return false;
+                    };
+                    let refusal = (MetaNode { inner }).admit_leader(&vote).await.err();
+                    let admitted = refusal.is_none();
+                    *note.lock() = refusal;
+                    admitted
+                }
+            })
+            .inspect(move |rpc| {
+                if let Some(inner) = noting.upgrade() {
+                    (MetaNode { inner }).note_leader_commit(rpc);
+                }
+            });
+        let answers = uncancelled_stream(self.inner.raft.stream_append(requests))
+            .map(|answer| answer.map_err(|fatal| Error::Raft(fatal.to_string())));
+        let refusal = futures::stream::once(async move { refused.lock().take() })
+            .filter_map(|e| std::future::ready(e.map(Err)));
+        Box::pin(answers.chain(refusal))
     }
 
     fn check_open(&self) -> Result<()> {

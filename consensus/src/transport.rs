@@ -23,6 +23,7 @@ use parking_lot::RwLock;
 
 use crate::node::MetaNode;
 use crate::snapshot_data::SnapshotData;
+use crate::term_probe::{ProbeMembers, TermAnswer, TermProbe};
 use crate::types::{Node, NodeId, TypeConfig, Vote};
 
 #[derive(Default)]
@@ -30,6 +31,8 @@ struct RouterInner {
     nodes: RwLock<HashMap<NodeId, MetaNode>>,
     /// Cut directed links (from, to).
     cut: RwLock<HashSet<(NodeId, NodeId)>>,
+    /// What nodes that are not running answer a term probe with (`LocalRouter::stand_in`).
+    stand_ins: RwLock<HashMap<NodeId, TermAnswer>>,
 }
 
 /// Connects the nodes of one process. Cheap to clone.
@@ -80,11 +83,34 @@ impl LocalRouter {
         cut.remove(&(b, a));
     }
 
+    /// Cuts the link from `from` to `to` only: `from`'s messages are lost, `to`'s arrive.
+    pub fn cut_one_way(&self, from: NodeId, to: NodeId) {
+        self.inner.cut.write().insert((from, to));
+    }
+
     /// Cuts every link of `a` to the registered nodes.
     pub fn isolate(&self, a: NodeId) {
         let ids: Vec<NodeId> = self.inner.nodes.read().keys().copied().collect();
         for b in ids.into_iter().filter(|b| *b != a) {
             self.cut(a, b);
+        }
+    }
+
+    /// Has node `id`, while it is not running, answer a rejoining node's term probe with
+    /// `answer`: a test's stand-in for a node that is down and whose messages the test crafts.
+    pub fn stand_in(&self, id: NodeId, answer: TermAnswer) {
+        self.inner.stand_ins.write().insert(id, answer);
+    }
+
+    /// What node `id` answers a term probe from `from` with: the running node's answer, or
+    /// its stand-in's.
+    fn term_answer(&self, from: NodeId, id: NodeId) -> Result<TermAnswer, String> {
+        match self.target(from, id) {
+            Ok(node) => Ok(node.term_answer()),
+            Err(e) => match self.inner.stand_ins.read().get(&id) {
+                Some(answer) if !self.inner.cut.read().contains(&(from, id)) => Ok(answer.clone()),
+                _ => Err(e.to_string()),
+            },
         }
     }
 
@@ -109,6 +135,36 @@ impl LocalRouter {
 pub struct LocalNetwork {
     router: LocalRouter,
     from: NodeId,
+}
+
+impl ProbeMembers for LocalNetwork {
+    fn term_probe(&self) -> Arc<dyn TermProbe> {
+        Arc::new(LocalProbe {
+            router: Arc::downgrade(&self.router.inner),
+            from: self.from,
+        })
+    }
+}
+
+/// Asks the nodes of one process for their term, over the router's links. Holds the router
+/// weakly: the nodes it holds must not keep it alive.
+struct LocalProbe {
+    router: std::sync::Weak<RouterInner>,
+    from: NodeId,
+}
+
+impl TermProbe for LocalProbe {
+    fn ask(
+        &self,
+        id: NodeId,
+        _addr: Option<String>,
+    ) -> futures::future::BoxFuture<'static, Result<TermAnswer, String>> {
+        let answer = match self.router.upgrade() {
+            Some(inner) => LocalRouter { inner }.term_answer(self.from, id),
+            None => Err("the router is gone".to_string()),
+        };
+        Box::pin(std::future::ready(answer))
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for LocalNetwork {

@@ -123,15 +123,20 @@ async fn a_new_member_whose_first_leader_stopped_early_votes_for_the_other_survi
             payload: EntryPayload::Blank,
         },
     ];
-    let answer = new
-        .append_entries(AppendEntriesRequest {
+    // Nodes 1 and 2 are not running: stand-ins answer the member's question for the term.
+    for id in [1, 2] {
+        c.router.stand_in(id, answer_of(1, 3));
+    }
+    append_admitted(
+        &new,
+        AppendEntriesRequest {
             vote: Vote::new_committed(1, 1),
             prev_log_id: None,
             entries,
             leader_commit: None,
-        })
-        .await;
-    ensure!(answer.is_ok(), "{answer:?}");
+        },
+    )
+    .await?;
 
     // Node 1 is gone. Once the lease its message gave has passed (an election timeout, at most
     // 1.4 s here), node 2, holding the same log, gets the vote.
@@ -195,6 +200,73 @@ async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Re
     the_write_survives(c, b).await
 }
 
+/// A voter whose data dir was lost does not help a deposed leader commit. Nodes l (leading),
+/// b and c: l is cut off, b and c elect a leader of a newer term and commit a write; c loses
+/// its data dir and comes back, reachable from l, which still leads its old term (cut off from
+/// b, it does not know better). The newer leader's messages to c are lost, c's questions reach
+/// it. A write sent to l must not be acknowledged: with c's acknowledgement l would commit it
+/// where the newer term committed another entry. Once the links heal, the newer term's write
+/// is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_does_not_help_a_deposed_leader_commit() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let l = c.leader().await?.id();
+    let old_term = c.node(l).raft().metrics().borrow_watched().current_term;
+    c.router.isolate(l);
+    let other = (1..=3).find(|i| *i != l).context("another node")?;
+    let m = c
+        .node(other)
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.current_term > old_term && m.current_leader.is_some_and(|x| x != l),
+            "a leader of a newer term",
+        )
+        .await
+        .context("the other two elected no leader")?;
+    let b = m.current_leader.context("a leader")?;
+    let wiped = (1..=3)
+        .find(|i| *i != l && *i != b)
+        .context("a third node")?;
+    let w = c.node(b).register_datanode(7, "dn-7".to_string()).await?;
+    ensure!(w.index > 0, "the write has an index");
+
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    c.router.heal(l, wiped);
+    c.router.cut_one_way(b, wiped);
+    c.start(wiped).await?;
+    let lm = c.node(l).raft().metrics().borrow_watched().clone();
+    ensure!(
+        lm.state == openraft::ServerState::Leader && lm.current_term == old_term,
+        "l still leads its old term"
+    );
+    let deposed = tokio::time::timeout(
+        Duration::from_secs(8),
+        c.node(l).register_datanode(9, "dn-9".to_string()),
+    )
+    .await;
+    if let Ok(Ok(written)) = deposed {
+        anyhow::bail!(
+            "the deposed leader committed a write at index {} with the acknowledgement of the \
+             node that lost its data dir",
+            written.index
+        );
+    }
+
+    c.router.heal_all();
+    let leader = c.leader().await?;
+    ensure!(
+        leader
+            .datanode(Consistency::Linearizable, 7)
+            .await?
+            .is_some(),
+        "the newer term's write is lost"
+    );
+    c.converged().await?;
+    c.shutdown().await
+}
+
 /// A voter whose data dir was lost stands for no election until it holds the cluster's log
 /// again. Nodes a, b, c: with a down, a write is acknowledged by b and c; c loses its data dir,
 /// and b, leading, gives it the part of the log a holds (entries of b's term, committed) before
@@ -232,28 +304,45 @@ async fn fed_the_log_a_holds_it_does_not_lead(deposed_first: bool) -> Result<()>
         lm,
         entries,
     } = lost_after_a_write_a_missed(deposed_first).await?;
+    // a and b are down: stand-ins answer the empty node's question for the term, as they
+    // would (both know b's term).
+    for id in [a, b] {
+        c.router.stand_in(id, answer_of(lm.current_term, 3));
+    }
     let empty = c.start(wiped).await?;
     if deposed_first {
         ensure!(lm.current_term >= 2, "a term before the leader's");
-        let answer = empty
-            .append_entries(AppendEntriesRequest {
-                vote: meta_consensus::Vote::new_committed(lm.current_term - 1, a),
-                prev_log_id: None,
-                entries: vec![],
-                leader_commit: entries.first().map(|e| e.log_id),
-            })
-            .await;
-        ensure!(answer.is_ok(), "{answer:?}");
+        // Once the node has heard the term, it refuses the deposed leader outright.
+        let deposed = AppendEntriesRequest {
+            vote: meta_consensus::Vote::new_committed(lm.current_term - 1, a),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: entries.first().map(|e| e.log_id),
+        };
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match empty.append_entries(deposed.clone()).await {
+                Err(Error::Rejoining(why)) if why.contains("deposed") => break,
+                Err(Error::Rejoining(_)) => {}
+                other => anyhow::bail!("the deposed leader's message was answered {other:?}"),
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the node never learned the term"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
-    let answer = empty
-        .append_entries(AppendEntriesRequest {
+    append_admitted(
+        &empty,
+        AppendEntriesRequest {
             vote: lm.vote,
             prev_log_id: None,
             entries,
             leader_commit: lm.local_committed,
-        })
-        .await;
-    ensure!(answer.is_ok(), "{answer:?}");
+        },
+    )
+    .await?;
     empty
         .raft()
         .wait(Some(WAIT))
@@ -333,6 +422,37 @@ async fn lost_after_a_write_a_missed(second_term: bool) -> Result<Lost> {
         lm,
         entries,
     })
+}
+
+/// What a member of a cluster of nodes 1 to `n`, in term `term`, answers a term probe with.
+fn answer_of(term: u64, n: u64) -> meta_consensus::TermAnswer {
+    meta_consensus::TermAnswer {
+        term,
+        voters: vec![(1..=n).collect()],
+        addrs: (1..=n).map(|i| (i, common::addr(i))).collect(),
+    }
+}
+
+/// Hands `rpc` to `node` until it is admitted (at most [`WAIT`]): the first are refused while
+/// the rejoining node asks the members for the cluster's term.
+async fn append_admitted(
+    node: &MetaNode,
+    rpc: openraft::raft::AppendEntriesRequest<meta_consensus::TypeConfig>,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match node.append_entries(rpc.clone()).await {
+            Err(Error::Rejoining(why)) => ensure!(
+                std::time::Instant::now() < deadline,
+                "still refused after {WAIT:?}: {why}"
+            ),
+            answer => {
+                answer?;
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// For 5 s, none of `nodes` leads (each would, without the write at `index`).

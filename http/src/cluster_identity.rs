@@ -45,6 +45,23 @@ pub const VERSION: HeaderName = HeaderName::from_static("x-metaserver-version");
 /// leader's own check still refuses the add).
 pub const CLUSTER_VERSION: HeaderName = HeaderName::from_static("x-metaserver-cluster-version");
 
+/// The header that names the sender of a Raft message and its address (`id=addr`): a member
+/// that rejoins asks the leader there for the cluster's term (`meta-consensus`'s
+/// `node/rejoin_gate.rs`), having no membership of its own to find it in.
+pub const FROM: HeaderName = HeaderName::from_static("x-metaserver-from");
+
+/// The value of [`FROM`] for node `id` at `addr`; `None` if the address cannot be a header.
+pub fn from_value(id: u64, addr: &str) -> Option<axum::http::HeaderValue> {
+    axum::http::HeaderValue::from_str(&format!("{id}={addr}")).ok()
+}
+
+/// The sender and address a [`FROM`] header names, if it is one.
+fn parse_from(value: &axum::http::HeaderValue) -> Option<(u64, &str)> {
+    let (id, addr) = value.to_str().ok()?.split_once('=')?;
+    let id = id.parse().ok()?;
+    (!addr.is_empty() && addr.len() <= 256).then_some((id, addr))
+}
+
 /// The build version an answer from a member names ([`VERSION`]).
 pub fn version_of(headers: &axum::http::HeaderMap) -> u32 {
     headers
@@ -167,7 +184,15 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
         .into_response();
     }
     match node.accept_cluster(theirs).await {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            // Parsed only while this node rejoins: that is when it needs the address.
+            if node.is_rejoining() {
+                if let Some((id, addr)) = request.headers().get(FROM).and_then(parse_from) {
+                    node.note_member_address(id, addr);
+                }
+            }
+            next.run(request).await
+        }
         Err(meta_consensus::Error::OtherCluster { ours, theirs }) => other_cluster(ours, theirs),
         Err(e) => ApiError::from(e).into_response(),
     }

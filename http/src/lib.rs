@@ -31,6 +31,7 @@ pub mod response;
 pub mod router;
 pub mod server;
 pub mod state;
+mod term_probe;
 pub mod writer;
 
 pub use auth::Token;

@@ -21,8 +21,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, Removal, RemovalNotice,
-    SnapshotData, TypeConfig, Vote,
+    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, ProbeMembers, Removal,
+    RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -45,6 +45,7 @@ use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
+use crate::term_probe::HttpTermProbe;
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -164,6 +165,8 @@ pub struct HttpNetwork {
     addresses: Addresses,
     versions: PeerVersions,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
+    /// This node and its address ([`cluster_identity::FROM`]), sent with every message.
+    sender: Option<reqwest::header::HeaderValue>,
 }
 
 impl HttpNetwork {
@@ -182,7 +185,18 @@ impl HttpNetwork {
             addresses: cfg.addresses.clone(),
             versions: cfg.peer_versions.clone(),
             patience: Arc::default(),
+            sender: cluster_identity::from_value(cfg.id, &cfg.addr),
         }
+    }
+}
+
+impl ProbeMembers for HttpNetwork {
+    fn term_probe(&self) -> Arc<dyn TermProbe> {
+        Arc::new(HttpTermProbe::new(
+            self.client.clone(),
+            self.token.clone(),
+            self.cluster.clone(),
+        ))
     }
 }
 
@@ -205,6 +219,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             cluster: self.cluster.clone(),
             removal: self.removal.clone(),
             versions: self.versions.clone(),
+            sender: self.sender.clone(),
             patience: self
                 .patience
                 .lock()
@@ -236,6 +251,8 @@ pub struct HttpConnection {
     removal: RemovalNotice,
     /// Where the build version of each answer is noted (`cluster_identity::VERSION`).
     versions: PeerVersions,
+    /// This node and its address ([`cluster_identity::FROM`]).
+    sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
 }
 
@@ -257,7 +274,10 @@ impl HttpConnection {
             Some(url) if path == PATH_APPEND => self.client.post(url.clone()),
             _ => self.client.post(format!("{}{}", self.base, path)),
         };
-        let request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
+        let mut request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
+        if let Some(sender) = &self.sender {
+            request = request.header(cluster_identity::FROM, sender.clone());
+        }
         cluster_identity::addressed(request, &self.token, &self.cluster, self.target)
     }
 

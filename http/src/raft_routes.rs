@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
-use meta_consensus::{rpc_bounds, MetaNode, Removal, TypeConfig, Vote};
+use meta_consensus::{rpc_bounds, MetaNode, Removal, TermAnswer, TypeConfig, Vote};
 use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -47,6 +47,9 @@ pub const PATH_PRE_VOTE: &str = "/raft/pre-vote";
 pub const PATH_SNAPSHOT: &str = "/raft/snapshot";
 /// Transfer leadership.
 pub const PATH_TRANSFER_LEADER: &str = "/raft/transfer-leader";
+/// A rejoining member's question: this node's term and membership (`meta-consensus`'s
+/// `TermAnswer`).
+pub const PATH_TERM: &str = "/raft/term";
 
 /// The header with which the leader announces a snapshot file's size in bytes, so that a member
 /// without room to install it refuses before the body (a build that predates it sends none:
@@ -87,6 +90,10 @@ where
         .route(
             PATH_TRANSFER_LEADER,
             post(transfer_leader).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
+        )
+        .route(
+            PATH_TERM,
+            post(term).layer(bounded(MAX_SMALL_RAFT_BODY_BYTES)),
         )
         .route(
             PATH_REMOVED,
@@ -184,6 +191,11 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
         Body::from_stream(body),
     )
         .into_response()
+}
+
+/// `POST /raft/term`: this node's term and membership, for a rejoining member.
+async fn term(State(node): State<MetaNode>) -> Response {
+    reply::<TermAnswer>(Ok(node.term_answer()))
 }
 
 async fn vote(State(node): State<MetaNode>, body: Bytes) -> Response {
@@ -299,6 +311,10 @@ async fn receive_snapshot(
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
+    // Before the bytes arrive: a node that may not acknowledge this leader yet refuses.
+    node.admit_leader(&vote)
+        .await
+        .map_err(|e| reply::<()>(Err(e.to_string())))?;
     // The room to install it covers the room to receive it.
     match announced {
         Some(bytes) => node.check_room_for_snapshot(bytes),

@@ -84,13 +84,15 @@ impl MetaNode {
     /// Verifies a received snapshot file completely and hands it to Raft, which installs it
     /// if `vote` is still current (replacing the registry atomically). Answers like
     /// `Raft::install_full_snapshot`, or [`Error::NoRoomForSnapshot`] (the file deleted,
-    /// nothing else changed) when the data dir lacks room to install it.
+    /// nothing else changed) when the data dir lacks room to install it, or
+    /// [`Error::Rejoining`] (nothing installed) while this node may not acknowledge that leader.
     pub async fn install_received_snapshot(
         &self,
         vote: Vote,
         file: tempfile::TempPath,
     ) -> Result<SnapshotResponse<TypeConfig>> {
         self.check_open()?;
+        self.admit_leader(&vote).await?;
         let node = self.clone();
         let (meta, data) = blocking(move || {
             let bytes = std::fs::metadata(&file)

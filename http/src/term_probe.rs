@@ -1,0 +1,73 @@
+//! The HTTP transport's `TermProbe`: a rejoining node asks a member for its term and
+//! membership (`POST /raft/term`, `meta-consensus`'s `node/rejoin_gate.rs` says why).
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use meta_consensus::{codec, ClusterId, NodeId, TermAnswer, TermProbe};
+
+use crate::auth::Token;
+use crate::cluster_identity;
+use crate::raft_routes::{RemoteResult, PATH_TERM};
+
+/// How long a member has to answer.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest answer read: a membership of a few members' addresses is far smaller.
+const MAX_ANSWER_BYTES: u64 = 1 << 20;
+
+/// Asks members over the node's pooled peer client, with the cluster's token and id.
+pub(crate) struct HttpTermProbe {
+    client: reqwest::Client,
+    token: Token,
+    cluster: ClusterId,
+}
+
+impl HttpTermProbe {
+    pub(crate) fn new(client: reqwest::Client, token: Token, cluster: ClusterId) -> Self {
+        HttpTermProbe {
+            client,
+            token,
+            cluster,
+        }
+    }
+}
+
+impl TermProbe for HttpTermProbe {
+    fn ask(
+        &self,
+        id: NodeId,
+        addr: Option<String>,
+    ) -> BoxFuture<'static, Result<TermAnswer, String>> {
+        let Some(addr) = addr else {
+            return Box::pin(std::future::ready(Err(
+                "its address is not known yet".to_string()
+            )));
+        };
+        let request = self
+            .client
+            .post(format!("http://{addr}{PATH_TERM}"))
+            .timeout(TIMEOUT);
+        let request = cluster_identity::addressed(request, &self.token, &self.cluster, id);
+        Box::pin(async move {
+            let answer = request
+                .send()
+                .await
+                .map_err(|e| format!("at {addr}: {e}"))?;
+            let status = answer.status();
+            if !status.is_success() {
+                return Err(format!("at {addr}: answered {status}"));
+            }
+            if answer.content_length().is_none_or(|n| n > MAX_ANSWER_BYTES) {
+                return Err(format!("at {addr}: an answer of unknown or too large size"));
+            }
+            let body = answer
+                .bytes()
+                .await
+                .map_err(|e| format!("at {addr}: {e}"))?;
+            let answer: RemoteResult<TermAnswer> =
+                codec::decode(&body).map_err(|e| format!("at {addr}: {e}"))?;
+            answer.map_err(|e| format!("at {addr}: {e}"))
+        })
+    }
+}
