@@ -14,4 +14,5 @@ mod faults;
 mod follower_reads;
 mod helpers;
 mod membership;
+mod rejoin;
 mod snapshot_room;
