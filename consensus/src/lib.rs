@@ -82,7 +82,7 @@ pub use sm_stats::StateMachineStats;
 pub use snapshot_builder::SnapshotBuilder;
 pub use snapshot_data::SnapshotData;
 pub use state_machine::StateMachine;
-pub use status::{ClusterStatus, ReplicationLag, Role};
+pub use status::{ClusterStatus, RejoinStatus, ReplicationLag, Role};
 pub use term_probe::{ProbeMembers, TermAnswer, TermProbe};
 pub use types::{
     Entry, LogId, Node, NodeId, Raft, SnapshotMeta, StoredMembership, TypeConfig, Vote,

@@ -659,6 +659,7 @@ impl MetaNode {
             },
             data_dir_free_bytes: self.data_dir_free_bytes(),
             min_free_bytes: self.inner.cfg.min_free_bytes,
+            rejoin: self.rejoin_status(),
         }
     }
 

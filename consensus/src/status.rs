@@ -101,4 +101,17 @@ pub struct ClusterStatus {
     /// and the reserve below which the leader refuses writes that add data.
     pub data_dir_free_bytes: Option<u64>,
     pub min_free_bytes: u64,
+    /// While this node rejoins (it started with no Raft state and does not hold the cluster's
+    /// log yet): what it learned of the cluster's term (`node/rejoin_gate.rs`).
+    pub rejoin: Option<RejoinStatus>,
+}
+
+/// A rejoining node's progress (see [`ClusterStatus::rejoin`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejoinStatus {
+    /// The newest term enough other voters answered with: it admits leaders of that term or
+    /// newer. `None` until enough of them answered.
+    pub term_floor: Option<u64>,
+    /// Why the last probe fell short (which voters did not answer), if it did.
+    pub waiting: Option<String>,
 }

@@ -250,6 +250,18 @@ pub struct ClusterView {
     /// recent answer), on the leader only.
     #[serde(default)]
     pub member_versions: BTreeMap<u64, Option<u32>>,
+    /// While this node rejoins (it started on an empty data dir and does not hold the
+    /// cluster's log yet): the term enough other voters told it (`term_floor`, `null` until
+    /// they did) and, until then, which of them it is waiting for (`waiting`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejoin: Option<RejoinView>,
+}
+
+/// A rejoining node's progress (see [`ClusterView::rejoin`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejoinView {
+    pub term_floor: Option<u64>,
+    pub waiting: Option<String>,
 }
 
 /// One member's progress, as the leader sees it.

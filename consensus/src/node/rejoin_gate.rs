@@ -23,6 +23,7 @@ use openraft::vote::RaftLeaderId;
 
 use super::MetaNode;
 use crate::error::{Error, Result};
+use crate::status::RejoinStatus;
 use crate::term_probe::{heard_enough, TermAnswer, TermProbe};
 use crate::types::{NodeId, Vote};
 
@@ -125,6 +126,18 @@ impl MetaNode {
     /// cluster's log yet (`rejoin_marker.rs`).
     pub fn is_rejoining(&self) -> bool {
         self.inner.rejoining.load(Ordering::Acquire)
+    }
+
+    /// What this node learned of the cluster's term while it rejoins; `None` otherwise.
+    pub(super) fn rejoin_status(&self) -> Option<RejoinStatus> {
+        if !self.is_rejoining() {
+            return None;
+        }
+        let gate = self.inner.rejoin_gate.lock();
+        Some(RejoinStatus {
+            term_floor: gate.floor,
+            waiting: gate.floor.is_none().then(|| gate.warned.clone()).flatten(),
+        })
     }
 
     /// Notes member `id`'s address as its message named it, while this node rejoins (the

@@ -17,7 +17,8 @@ use crate::request::{
     EpochFloorBody, InitBody, ReadQuery,
 };
 use crate::response::{
-    ClusterView, ConfigView, EpochFloorView, MembershipView, ReplicationView, SnapshotView, WalView,
+    ClusterView, ConfigView, EpochFloorView, MembershipView, RejoinView, ReplicationView,
+    SnapshotView, WalView,
 };
 use crate::state::{AppState, SharedState};
 use crate::writer::Writer;
@@ -84,6 +85,10 @@ impl From<ClusterStatus> for ClusterView {
             build_version: s.build_version,
             epoch_floor: s.epoch_floor,
             member_versions: s.member_versions,
+            rejoin: s.rejoin.map(|r| RejoinView {
+                term_floor: r.term_floor,
+                waiting: r.waiting,
+            }),
         }
     }
 }

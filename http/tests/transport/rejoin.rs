@@ -8,7 +8,7 @@ use meta_consensus::Consistency;
 use openraft::async_runtime::watch::WatchReceiver as _;
 
 use crate::common::{wait_for, DEADLINE};
-use crate::helpers::{start_at, start_cluster, the_leader};
+use crate::helpers::{start_at, start_cluster, the_leader, Client};
 
 /// Nodes a, b (leading) and c: c loses its data dir and comes back at its address while a is
 /// down. Since a cannot tell it the cluster's term, c takes none of b's entries (so it cannot
@@ -44,6 +44,18 @@ async fn a_voter_that_lost_its_data_dir_waits_for_every_other_voter() {
         let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
     }
     assert!(wiped.node.is_rejoining());
+    // Its status says whom it waits for.
+    let (status, view) = Client::new()
+        .send(reqwest::Method::GET, &wiped, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(
+        view["rejoin"]["term_floor"],
+        serde_json::Value::Null,
+        "{view}"
+    );
+    let waiting = view["rejoin"]["waiting"].as_str().unwrap_or_default();
+    assert!(waiting.contains(&format!("node {a}")), "{view}");
 
     let back = start_at(a, &dir, a_port).await;
     wait_for(
