@@ -83,7 +83,7 @@ impl MetaNode {
     /// snapshot before its bytes arrive). Always `Ok` once this node holds the cluster's log;
     /// while it rejoins, only once it has learned the cluster's term from enough voters and the
     /// leader's term is not older. The first message starts the probe and waits for it (at
-    /// most [`PROBE_WAIT`]), so that a new member takes its first leader's message at once
+    /// most 5 s), so that a new member takes its first leader's message at once
     /// when every member answers. [`Error::Rejoining`] otherwise: the message must be refused,
     /// unacknowledged.
     pub async fn admit_leader(&self, vote: &Vote) -> Result<()> {
