@@ -418,8 +418,8 @@ impl MetaNode {
         &self,
         rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
     ) -> Result<openraft::raft::AppendEntriesResponse<TypeConfig>> {
-        self.admit_leader(&rpc.vote).await?;
-        self.note_leader_commit(&rpc);
+        self.admit_append(&rpc.vote, rpc.leader_commit.map(|l| l.index))
+            .await?;
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.append_entries(rpc).await })
             .await
@@ -453,27 +453,21 @@ impl MetaNode {
         let inner = Arc::downgrade(&self.inner);
         let refused: Arc<parking_lot::Mutex<Option<Error>>> = Arc::default();
         let note = refused.clone();
-        let noting = inner.clone();
         // A request this node may not acknowledge (`node/rejoin_gate.rs`) ends the requests,
         // unseen by openraft, and its refusal ends the answers.
-        let requests = requests
-            .take_while(move |rpc| {
-                let (inner, note, vote) = (inner.clone(), note.clone(), rpc.vote);
-                async move {
-                    let Some(inner) = inner.upgrade() else {
-                        return false;
-                    };
-                    let refusal = (MetaNode { inner }).admit_leader(&vote).await.err();
-                    let admitted = refusal.is_none();
-                    *note.lock() = refusal;
-                    admitted
-                }
-            })
-            .inspect(move |rpc| {
-                if let Some(inner) = noting.upgrade() {
-                    (MetaNode { inner }).note_leader_commit(rpc);
-                }
-            });
+        let requests = requests.take_while(move |rpc| {
+            let (inner, note) = (inner.clone(), note.clone());
+            let (vote, commit) = (rpc.vote, rpc.leader_commit.map(|l| l.index));
+            async move {
+                let Some(inner) = inner.upgrade() else {
+                    return false;
+                };
+                let refusal = (MetaNode { inner }).admit_append(&vote, commit).await.err();
+                let admitted = refusal.is_none();
+                *note.lock() = refusal;
+                admitted
+            }
+        });
         let answers = uncancelled_stream(self.inner.raft.stream_append(requests))
             .map(|answer| answer.map_err(|fatal| Error::Raft(fatal.to_string())));
         let refusal = futures::stream::once(async move { refused.lock().take() })

@@ -31,7 +31,7 @@ pub struct TermAnswer {
 /// Asks another member for its [`TermAnswer`]. Each transport implements it.
 pub trait TermProbe: Send + Sync + 'static {
     /// Asks member `id`, at `addr` when this node knows it (the in-process transport needs
-    /// none). `Err` says why no answer came. Bounded in time by the implementation.
+    /// none). `Err` says why no answer came. The caller bounds how long it waits.
     fn ask(
         &self,
         id: NodeId,

@@ -1,17 +1,12 @@
 //! The HTTP transport's `TermProbe`: a rejoining node asks a member for its term and
 //! membership (`POST /raft/term`, `meta-consensus`'s `node/rejoin_gate.rs` says why).
 
-use std::time::Duration;
-
 use futures::future::BoxFuture;
 use meta_consensus::{codec, ClusterId, NodeId, TermAnswer, TermProbe};
 
 use crate::auth::Token;
 use crate::cluster_identity;
 use crate::raft_routes::{RemoteResult, PATH_TERM};
-
-/// How long a member has to answer.
-const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest answer read: a membership of a few members' addresses is far smaller.
 const MAX_ANSWER_BYTES: u64 = 1 << 20;
@@ -44,11 +39,16 @@ impl TermProbe for HttpTermProbe {
                 "its address is not known yet".to_string()
             )));
         };
-        let request = self
-            .client
-            .post(format!("http://{addr}{PATH_TERM}"))
-            .timeout(TIMEOUT);
-        let request = cluster_identity::addressed(request, &self.token, &self.cluster, id);
+        let link = cluster_identity::MemberLink {
+            client: &self.client,
+            token: &self.token,
+            cluster: &self.cluster,
+        };
+        let Some(request) = link.post(id, &addr, PATH_TERM) else {
+            return Box::pin(std::future::ready(Err(
+                "this node knows no cluster id to ask with yet".to_string(),
+            )));
+        };
         Box::pin(async move {
             let answer = request
                 .send()

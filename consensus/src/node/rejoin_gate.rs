@@ -122,6 +122,14 @@ impl MetaNode {
         })
     }
 
+    /// Admits an AppendEntries request of the leader whose vote is `vote` ([`Self::admit_leader`])
+    /// and then notes its commit index `leader_commit` for the rejoin (`node/votes.rs`).
+    pub(super) async fn admit_append(&self, vote: &Vote, leader_commit: Option<u64>) -> Result<()> {
+        self.admit_leader(vote).await?;
+        self.note_leader_commit(vote, leader_commit);
+        Ok(())
+    }
+
     /// Whether this node rejoins: it started with no Raft state and does not hold the
     /// cluster's log yet (`rejoin_marker.rs`).
     pub fn is_rejoining(&self) -> bool {
@@ -136,7 +144,8 @@ impl MetaNode {
         let gate = self.inner.rejoin_gate.lock();
         Some(RejoinStatus {
             term_floor: gate.floor,
-            waiting: gate.floor.is_none().then(|| gate.warned.clone()).flatten(),
+            // Cleared once the floor is known.
+            waiting: gate.warned.clone(),
         })
     }
 

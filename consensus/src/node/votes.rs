@@ -178,16 +178,13 @@ impl MetaNode {
     /// precede its term's first entry. A deposed leader's message (an older term: it was cut
     /// off and does not know) may arrive first; its commit index says nothing of what the
     /// newer leader committed, so the newer term's first message replaces it.
-    pub(super) fn note_leader_commit(
-        &self,
-        rpc: &openraft::raft::AppendEntriesRequest<TypeConfig>,
-    ) {
+    pub(super) fn note_leader_commit(&self, vote: &crate::types::Vote, leader_commit: Option<u64>) {
         if !self.inner.rejoining.load(Ordering::Acquire) {
             return;
         }
         let seen = RejoinTarget {
-            term: rpc.vote.leader_id().term,
-            commit: rpc.leader_commit.as_ref().map_or(0, |l| l.index),
+            term: vote.leader_id().term,
+            commit: leader_commit.unwrap_or(0),
         };
         let mut target = self.inner.rejoin_target.lock();
         if target.is_none_or(|t| seen.term > t.term) {
