@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::cluster_version::{describe_behind, Behind};
 use crate::codec::CodecError;
-use crate::types::NodeId;
+use crate::types::{NodeId, Vote};
 
 /// Everything that can go wrong in `meta-consensus`.
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +121,21 @@ pub enum Error {
     /// `node/rejoin_gate.rs`. The message was not handed to openraft.
     #[error("rejoining: {0}")]
     Rejoining(String),
+    /// This node, rejoining, refuses node `leader`, which leads term `term`: the other voters
+    /// told it of term `floor`, newer, in which another leader may have been elected
+    /// (`node/rejoin_gate.rs`). The message was not handed to openraft; the leader is answered
+    /// with the higher vote `higher` (this node's, in term `floor`), so that it steps down as it
+    /// does when a member that kept its data answers with a newer term.
+    #[error(
+        "rejoining: node {leader} leads term {term}, and the members answered with term {floor}: \
+         it was deposed"
+    )]
+    Deposed {
+        leader: NodeId,
+        term: u64,
+        floor: u64,
+        higher: Vote,
+    },
     /// The node is shut down.
     #[error("node is shut down")]
     Shutdown,

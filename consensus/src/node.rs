@@ -412,14 +412,19 @@ impl MetaNode {
     }
 
     /// Hands the leader's AppendEntries request to openraft. [`Error::Rejoining`] while this
-    /// node, rejoining, may not acknowledge that leader yet (`node/rejoin_gate.rs`); openraft
-    /// did not see the request then.
+    /// node, rejoining, may not acknowledge that leader yet (`node/rejoin_gate.rs`), and a
+    /// higher vote for a leader it learned was deposed; openraft did not see the request then.
     pub async fn append_entries(
         &self,
         rpc: openraft::raft::AppendEntriesRequest<TypeConfig>,
     ) -> Result<openraft::raft::AppendEntriesResponse<TypeConfig>> {
-        self.admit_append(&rpc.vote, rpc.leader_commit.map(|l| l.index))
-            .await?;
+        let admitted = self
+            .admit_append(&rpc.vote, rpc.leader_commit.map(|l| l.index))
+            .await;
+        if let Err(Error::Deposed { higher, .. }) = admitted {
+            return Ok(openraft::raft::AppendEntriesResponse::HigherVote(higher));
+        }
+        admitted?;
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.append_entries(rpc).await })
             .await
@@ -454,7 +459,8 @@ impl MetaNode {
         let refused: Arc<parking_lot::Mutex<Option<Error>>> = Arc::default();
         let note = refused.clone();
         // A request this node may not acknowledge (`node/rejoin_gate.rs`) ends the requests,
-        // unseen by openraft, and its refusal ends the answers.
+        // unseen by openraft, and its refusal ends the answers: a higher vote for a deposed
+        // leader, an error otherwise.
         let requests = requests.take_while(move |rpc| {
             let (inner, note) = (inner.clone(), note.clone());
             let (vote, commit) = (rpc.vote, rpc.leader_commit.map(|l| l.index));
@@ -470,8 +476,14 @@ impl MetaNode {
         });
         let answers = uncancelled_stream(self.inner.raft.stream_append(requests))
             .map(|answer| answer.map_err(|fatal| Error::Raft(fatal.to_string())));
-        let refusal = futures::stream::once(async move { refused.lock().take() })
-            .filter_map(|e| std::future::ready(e.map(Err)));
+        let refusal = futures::stream::once(async move { refused.lock().take() }).filter_map(|e| {
+            std::future::ready(e.map(|e| match e {
+                Error::Deposed { higher, .. } => {
+                    Ok(Err(openraft::raft::StreamAppendError::HigherVote(higher)))
+                }
+                e => Err(e),
+            }))
+        });
         Box::pin(answers.chain(refusal))
     }
 

@@ -205,8 +205,8 @@ async fn a_voter_that_lost_its_data_dir_does_not_elect_a_stale_candidate() -> Re
 /// its data dir and comes back, reachable from l, which still leads its old term (cut off from
 /// b, it does not know better). The newer leader's messages to c are lost, c's questions reach
 /// it. A write sent to l must not be acknowledged: with c's acknowledgement l would commit it
-/// where the newer term committed another entry. Once the links heal, the newer term's write
-/// is there.
+/// where the newer term committed another entry. c answers l with the newer term, and l steps
+/// down. Once the links heal, the newer term's write is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_that_lost_its_data_dir_does_not_help_a_deposed_leader_commit() -> Result<()> {
     let mut c = Cluster::three().await?;
@@ -253,6 +253,16 @@ async fn a_voter_that_lost_its_data_dir_does_not_help_a_deposed_leader_commit() 
             written.index
         );
     }
+    // Answered with the newer term, l steps down; cut off from b, it would lead on otherwise.
+    c.node(l)
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.state != openraft::ServerState::Leader && m.current_term > old_term,
+            "a follower of a newer term",
+        )
+        .await
+        .context("the deposed leader still leads its old term")?;
 
     c.router.heal_all();
     the_write_is_kept(c).await
@@ -283,7 +293,7 @@ async fn a_voter_that_lost_its_data_dir_heeds_the_newest_leader_not_the_first() 
 /// `deposed_first`, a heartbeat of a deposed leader of the term before, with an old commit
 /// index, reaches the node first.
 async fn fed_the_log_a_holds_it_does_not_lead(deposed_first: bool) -> Result<()> {
-    use openraft::raft::AppendEntriesRequest;
+    use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendError};
 
     let Lost {
         mut c,
@@ -303,17 +313,20 @@ async fn fed_the_log_a_holds_it_does_not_lead(deposed_first: bool) -> Result<()>
     let empty = c.start(wiped).await?;
     if deposed_first {
         ensure!(lm.current_term >= 2, "a term before the leader's");
-        // Once the node has heard the term, it refuses the deposed leader outright.
+        // Once the node has heard the term, it refuses the deposed leader outright, with a
+        // vote of that term, on which a leader steps down.
+        let deposed_vote = meta_consensus::Vote::new_committed(lm.current_term - 1, a);
         let deposed = AppendEntriesRequest {
-            vote: meta_consensus::Vote::new_committed(lm.current_term - 1, a),
+            vote: deposed_vote,
             prev_log_id: None,
             entries: vec![],
             leader_commit: entries.first().map(|e| e.log_id),
         };
+        let higher = meta_consensus::Vote::new(lm.current_term, wiped);
         let deadline = std::time::Instant::now() + WAIT;
         loop {
             match empty.append_entries(deposed.clone()).await {
-                Err(Error::Rejoining(why)) if why.contains("deposed") => break,
+                Ok(AppendEntriesResponse::HigherVote(v)) if v == higher => break,
                 Err(Error::Rejoining(_)) => {}
                 other => anyhow::bail!("the deposed leader's message was answered {other:?}"),
             }
@@ -323,6 +336,26 @@ async fn fed_the_log_a_holds_it_does_not_lead(deposed_first: bool) -> Result<()>
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // Streamed, the message ends the exchange with the same vote.
+        use futures::StreamExt as _;
+        let answers: Vec<_> = empty
+            .stream_append(futures::stream::iter([deposed]))
+            .collect()
+            .await;
+        ensure!(
+            matches!(
+                answers.as_slice(),
+                [Ok(Err(StreamAppendError::HigherVote(v)))] if *v == higher
+            ),
+            "the deposed leader's streamed message was answered {answers:?}"
+        );
+        // Its snapshot too, before the file is looked at.
+        let file = tempfile::NamedTempFile::new()?.into_temp_path();
+        let answer = empty.install_received_snapshot(deposed_vote, file).await;
+        ensure!(
+            matches!(&answer, Ok(r) if r.vote == higher),
+            "the deposed leader's snapshot was answered {answer:?}"
+        );
     }
     append_admitted(
         &empty,

@@ -250,7 +250,7 @@ impl From<meta_consensus::Error> for ApiError {
             e @ E::LearnerNotHeard { .. } => ApiError::Conflict(e.to_string()),
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
-            e @ E::Rejoining(_) => ApiError::Unavailable(e.to_string()),
+            e @ (E::Rejoining(_) | E::Deposed { .. }) => ApiError::Unavailable(e.to_string()),
             e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
                 ApiError::Unavailable(e.to_string())
             }

@@ -311,10 +311,17 @@ async fn receive_snapshot(
     };
     let vote: Vote = codec::decode(&head[4..4 + vote_len]).map_err(bad_rpc)?;
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
-    // Before the bytes arrive: a node that may not acknowledge this leader yet refuses.
-    node.admit_leader(&vote)
-        .await
-        .map_err(|e| reply::<()>(Err(e.to_string())))?;
+    // Before the bytes arrive: a node that may not acknowledge this leader yet refuses, and
+    // answers a deposed one with the higher vote, as the install would.
+    match node.admit_leader(&vote).await {
+        Ok(()) => {}
+        Err(meta_consensus::Error::Deposed { higher, .. }) => {
+            return Ok(reply(Ok(
+                openraft::raft::SnapshotResponse::<TypeConfig>::new(higher),
+            )))
+        }
+        Err(e) => return Err(reply::<()>(Err(e.to_string()))),
+    }
     // The room to install it covers the room to receive it.
     match announced {
         Some(bytes) => node.check_room_for_snapshot(bytes),

@@ -1,11 +1,15 @@
 //! The rejoin gate: while this node rejoins (`rejoin_marker.rs`), it acknowledges no leader's
 //! message (AppendEntries, snapshots) until it has learned the cluster's term from enough of
 //! the other voters (`term_probe.rs`), and from then on only those of a leader of that term or
-//! a newer one. A refused message is answered with an error, so the leader counts this node
-//! as unreachable for now and its acknowledgement helps no commit.
+//! a newer one. A message refused before the probe ends is answered with an error, so the
+//! leader counts this node as unreachable for now and its acknowledgement helps no commit.
 //!
 //! After the probe, a deposed leader (its term older than the newest term a quorum could have
-//! elected) is refused for good. A leader elected later needs the votes of a quorum, and this
+//! elected) is refused for good, and answered as a member that kept its data answers a leader
+//! of an older term: with a higher vote (this node's, in the learned term), on which the leader
+//! steps down. It stores that vote, which only narrows whom it may vote for, and a new
+//! election follows, whose leader this node admits. Before, a leader that kept a quorum
+//! elsewhere (five voters) kept leading, and this node refused it until some other election. A leader elected later needs the votes of a quorum, and this
 //! node gives none while it rejoins, so a leader of the learned term or a newer one can be
 //! deposed after the probe only by a quorum of the others: then Raft's own argument holds, as
 //! it does for a node that never lost its data. The cost: the node rejoins only once it heard
@@ -63,16 +67,19 @@ impl RejoinGate {
         }
     }
 
-    /// The answer to a message of `leader` in `term`, once the floor is known.
-    fn verdict(&self, term: u64, leader: NodeId) -> Option<Result<()>> {
+    /// The answer to a message of `leader` in `term`, once the floor is known; `me` is this
+    /// node.
+    fn verdict(&self, me: NodeId, term: u64, leader: NodeId) -> Option<Result<()>> {
         let floor = self.floor?;
         Some(if term >= floor {
             Ok(())
         } else {
-            Err(Error::Rejoining(format!(
-                "node {leader} leads term {term}, and the members answered with term {floor}: it \
-                 was deposed"
-            )))
+            Err(Error::Deposed {
+                leader,
+                term,
+                floor,
+                higher: Vote::new(floor, me),
+            })
         })
     }
 }
@@ -84,8 +91,9 @@ impl MetaNode {
     /// while it rejoins, only once it has learned the cluster's term from enough voters and the
     /// leader's term is not older. The first message starts the probe and waits for it (at
     /// most 5 s), so that a new member takes its first leader's message at once
-    /// when every member answers. [`Error::Rejoining`] otherwise: the message must be refused,
-    /// unacknowledged.
+    /// when every member answers. [`Error::Rejoining`] otherwise, or [`Error::Deposed`] for a
+    /// leader of a term older than the one learned: the message must be refused,
+    /// unacknowledged (a deposed leader with the higher vote the error carries).
     pub async fn admit_leader(&self, vote: &Vote) -> Result<()> {
         if !self.is_rejoining() {
             return Ok(());
@@ -94,7 +102,7 @@ impl MetaNode {
         let leader = *vote.leader_id().node_id();
         let mut probed = {
             let mut gate = self.inner.rejoin_gate.lock();
-            if let Some(verdict) = gate.verdict(term, leader) {
+            if let Some(verdict) = gate.verdict(self.id(), term, leader) {
                 return verdict;
             }
             if !gate.probing {
@@ -110,7 +118,7 @@ impl MetaNode {
             _ = self.closing() => {}
         }
         let gate = self.inner.rejoin_gate.lock();
-        gate.verdict(term, leader).unwrap_or_else(|| {
+        gate.verdict(self.id(), term, leader).unwrap_or_else(|| {
             Err(Error::Rejoining(format!(
                 "this node started with no Raft state and acknowledges no leader until enough \
                  of the other voters told it the cluster's term{}",

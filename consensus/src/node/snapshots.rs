@@ -85,14 +85,18 @@ impl MetaNode {
     /// if `vote` is still current (replacing the registry atomically). Answers like
     /// `Raft::install_full_snapshot`, or [`Error::NoRoomForSnapshot`] (the file deleted,
     /// nothing else changed) when the data dir lacks room to install it, or
-    /// [`Error::Rejoining`] (nothing installed) while this node may not acknowledge that leader.
+    /// [`Error::Rejoining`] (nothing installed) while this node may not acknowledge that leader
+    /// yet; a leader it learned was deposed is answered with a higher vote (nothing installed).
     pub async fn install_received_snapshot(
         &self,
         vote: Vote,
         file: tempfile::TempPath,
     ) -> Result<SnapshotResponse<TypeConfig>> {
         self.check_open()?;
-        self.admit_leader(&vote).await?;
+        match self.admit_leader(&vote).await {
+            Err(Error::Deposed { higher, .. }) => return Ok(SnapshotResponse::new(higher)),
+            admitted => admitted?,
+        }
         let node = self.clone();
         let (meta, data) = blocking(move || {
             let bytes = std::fs::metadata(&file)
