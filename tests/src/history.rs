@@ -1,7 +1,7 @@
 //! Linearizable reads under faults: one sequential writer per key writes increasing numbers while
 //! readers read with `consistency=linearizable` or `consistency=lease` (chosen at random per
-//! read) from random nodes; the recorded history is checked for reads that return a state older
-//! than a write acknowledged before the read began.
+//! read) from random nodes; the recorded history is checked for linearizability, completely
+//! (`zone.rs`), key by key.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use crate::client::{Api, Consistency};
 use crate::cluster::Endpoints;
 use crate::seed::derived_rng;
+use crate::zone::{zone_violations, Nanos, Span, ValueOps, BEFORE_ALL, NEVER_ANSWERED};
 
 /// How a write ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,20 +66,30 @@ pub struct History {
 }
 
 impl History {
-    /// Every read that no linearizable register could have returned.
+    /// Every way in which the history is not that of linearizable registers (one per key).
     ///
-    /// A read of value `v` is wrong when (a) `v` was never written, was refused, or was sent only
-    /// after the read ended; (b) a write acknowledged before the read began wrote a newer value while
-    /// `v`'s own write was acknowledged (or `v` is the initial absence), so `v`'s write cannot be
-    /// ordered after it; (c) a read that ended before this one began already saw a newer value, under
-    /// the same condition; (d) the same value comes with two different revisions, or revisions do
-    /// not grow with values.
+    /// A read of value `v` is wrong when `v` was never written, was refused, or was sent only
+    /// after the read ended; the rest is the complete check of `zone.rs`, with each unanswered
+    /// write free to take effect at any time after it was sent (or never, when no read returned
+    /// it). Revisions must also agree: one value, one revision, and revisions that grow with the
+    /// values of acknowledged writes.
     pub fn violations(&self) -> Vec<String> {
         let mut out = Vec::new();
         let mut by_key: BTreeMap<&str, Vec<&ReadOp>> = BTreeMap::new();
         for read in &self.reads {
             by_key.entry(&read.key).or_default().push(read);
         }
+        // Times in nanoseconds from the first request sent.
+        let base = self
+            .reads
+            .iter()
+            .map(|r| r.start)
+            .chain(self.writes.values().flatten().map(|w| w.start))
+            .min();
+        let nanos = |t: Instant| match base {
+            Some(base) => t.duration_since(base).as_nanos() as Nanos,
+            None => 0,
+        };
         let empty = Vec::new();
         for (key, reads) in by_key {
             let writes = self.writes.get(key).unwrap_or(&empty);
@@ -89,33 +100,24 @@ impl History {
                     writes.get(v as usize - 1)
                 }
             };
-            // `v` is pinned before any later acknowledged write: the initial state or an acked write.
-            let pinned = |v: u64| {
-                v == 0 || write(v).is_some_and(|w| matches!(w.outcome, WriteOutcome::Acked(_)))
-            };
-            let mut acked: Vec<(Instant, u64)> = writes
-                .iter()
-                .filter_map(|w| match w.outcome {
-                    WriteOutcome::Acked(end) => Some((end, w.value)),
-                    _ => None,
-                })
-                .collect();
-            acked.sort();
-            let newest_acked_before = |t: Instant| {
-                acked
-                    .iter()
-                    .take_while(|(end, _)| *end < t)
-                    .map(|(_, v)| *v)
-                    .max()
-                    .unwrap_or(0)
-            };
-            let mut by_end: Vec<&ReadOp> = reads.clone();
-            by_end.sort_by_key(|r| r.end);
-            let mut prefix_max = Vec::with_capacity(by_end.len());
-            let mut best = 0u64;
-            for r in &by_end {
-                best = best.max(r.value);
-                prefix_max.push(best);
+            // The initial absence, and every write that a read returned or that was
+            // acknowledged, with the reads that returned it.
+            let mut values: BTreeMap<u64, ValueOps> = BTreeMap::new();
+            values.insert(
+                0,
+                ValueOps {
+                    value: 0,
+                    write: Span {
+                        start: BEFORE_ALL,
+                        end: BEFORE_ALL,
+                    },
+                    reads: Vec::new(),
+                },
+            );
+            for w in writes {
+                if let WriteOutcome::Acked(end) = w.outcome {
+                    values.insert(w.value, value_ops(w, nanos(w.start), nanos(end)));
+                }
             }
             let mut revisions: BTreeMap<u64, u64> = BTreeMap::new();
             for read in &reads {
@@ -126,9 +128,13 @@ impl History {
                 );
                 if v != 0 {
                     match write(v) {
-                        None => out.push(format!("{at}: value never written")),
+                        None => {
+                            out.push(format!("{at}: value never written"));
+                            continue;
+                        }
                         Some(w) if w.outcome == WriteOutcome::Refused => {
-                            out.push(format!("{at}: write was refused"))
+                            out.push(format!("{at}: write was refused"));
+                            continue;
                         }
                         Some(w) if w.start > read.end => {
                             out.push(format!("{at}: written only after the read ended"))
@@ -136,56 +142,32 @@ impl History {
                         Some(_) => {}
                     }
                 }
-                let newer = newest_acked_before(read.start);
-                if newer > v && pinned(v) {
-                    out.push(format!(
-                        "{at}: stale, {newer} was acknowledged before the read began"
-                    ));
-                }
-                let earlier = by_end.partition_point(|r| r.end < read.start);
-                let seen = if earlier == 0 {
-                    0
-                } else {
-                    prefix_max[earlier - 1]
-                };
-                if seen > v && pinned(v) {
-                    out.push(format!("{at}: older than {seen}, read by a request that ended before this one began"));
-                }
                 if let Some(rev) = revisions.insert(v, read.revision) {
                     if rev != read.revision {
                         out.push(format!("{at}: also read with revision {rev}"));
                     }
                 }
+                let ops = values.entry(v).or_insert_with(|| {
+                    let w = write(v).expect("checked above");
+                    value_ops(w, nanos(w.start), NEVER_ANSWERED)
+                });
+                ops.reads.push(Span {
+                    start: nanos(read.start),
+                    end: nanos(read.end),
+                });
             }
-            // A value that comes back: an acknowledged `v` read after a read that began after
-            // `v`'s acknowledgement and returned another value. That value took effect after `v`
-            // (it was current once `v` had), so `v` cannot be current again. (A higher value read
-            // earlier is reported above; this finds a lower one, an unanswered write that took
-            // effect late.)
-            for read in &reads {
-                let v = read.value;
-                let Some(acked_at) = write(v).and_then(|w| match w.outcome {
-                    WriteOutcome::Acked(end) => Some(end),
-                    _ => None,
-                }) else {
-                    continue;
-                };
-                let earlier = &by_end[..by_end.partition_point(|r| r.end < read.start)];
-                if let Some(r) = earlier
-                    .iter()
-                    .find(|r| r.start > acked_at && r.value != 0 && r.value < v)
-                {
-                    out.push(format!(
-                        "key {key} read {v} from node {} ({:?}) after a read that began once {v} \
-                         was acknowledged returned {}",
-                        read.node, read.consistency, r.value
-                    ));
-                }
-            }
+            let values: Vec<ValueOps> = values.into_values().collect();
+            out.extend(
+                zone_violations(&values)
+                    .into_iter()
+                    .map(|v| format!("key {key}: {v}")),
+            );
             // Revisions follow the order writes took effect; only acknowledged writes have a
             // known order (an unanswered one may take effect after later ones).
+            let acked =
+                |v: u64| write(v).is_some_and(|w| matches!(w.outcome, WriteOutcome::Acked(_)));
             let mut last = (0u64, 0u64);
-            for (v, rev) in revisions.into_iter().filter(|(v, _)| *v > 0 && pinned(*v)) {
+            for (v, rev) in revisions.into_iter().filter(|(v, _)| acked(*v)) {
                 if last.0 > 0 && rev <= last.1 {
                     out.push(format!(
                         "key {key}: value {v} has revision {rev}, older value {} has {}",
@@ -196,6 +178,15 @@ impl History {
             }
         }
         out
+    }
+}
+
+/// The cluster of write `w`, sent at `start` and answered at `end`, before any read is added.
+fn value_ops(w: &WriteOp, start: Nanos, end: Nanos) -> ValueOps {
+    ValueOps {
+        value: w.value,
+        write: Span { start, end },
+        reads: Vec::new(),
     }
 }
 
@@ -434,6 +425,25 @@ mod tests {
             base,
             &[(1, 0, None), (2, 20, Some(30))],
             &[(25, 28, 0, 0), (31, 33, 2, 5), (35, 40, 1, 9)],
+        );
+        assert!(h.violations().is_empty(), "{:?}", h.violations());
+    }
+
+    /// Neither write is answered, so either may take effect first; but a reader cannot see 2,
+    /// then 1, then 2 again.
+    #[test]
+    fn reports_unanswered_writes_read_back_and_forth() {
+        let base = Instant::now();
+        let h = history(
+            base,
+            &[(1, 0, None), (2, 20, None)],
+            &[(25, 28, 2, 5), (30, 32, 1, 9), (35, 38, 2, 5)],
+        );
+        assert_eq!(h.violations().len(), 1, "{:?}", h.violations());
+        let h = history(
+            base,
+            &[(1, 0, None), (2, 20, None)],
+            &[(25, 28, 2, 5), (30, 32, 1, 9)],
         );
         assert!(h.violations().is_empty(), "{:?}", h.violations());
     }

@@ -21,6 +21,7 @@ pub mod status;
 pub mod storm;
 pub mod wal_files;
 pub mod watcher;
+pub mod zone;
 
 pub use client::{Api, ApiError, Consistency, ShardReport};
 pub use cluster::{Cluster, ClusterConfig, Endpoints};
