@@ -313,13 +313,9 @@ async fn receive_snapshot(
     rpc_bounds::check_vote(&vote, "the leader's vote").map_err(bad_rpc)?;
     // Before the bytes arrive: a node that may not acknowledge this leader yet refuses, and
     // answers a deposed one with the higher vote, as the install would.
-    match node.admit_leader(&vote).await {
-        Ok(()) => {}
-        Err(meta_consensus::Error::Deposed { higher, .. }) => {
-            return Ok(reply(Ok(
-                openraft::raft::SnapshotResponse::<TypeConfig>::new(higher),
-            )))
-        }
+    match node.admit_snapshot(&vote).await {
+        Ok(None) => {}
+        Ok(Some(answer)) => return Ok(reply(Ok(answer))),
         Err(e) => return Err(reply::<()>(Err(e.to_string()))),
     }
     // The room to install it covers the room to receive it.

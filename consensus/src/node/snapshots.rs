@@ -81,6 +81,21 @@ impl MetaNode {
         .await
     }
 
+    /// Admits a snapshot of the leader whose vote is `vote` ([`Self::admit_leader`]): `None` to
+    /// go on and install it, the answer for the leader when this node, rejoining, learned that
+    /// it was deposed (a higher vote: nothing is installed), [`Error::Rejoining`] while it may
+    /// not acknowledge that leader yet.
+    pub async fn admit_snapshot(
+        &self,
+        vote: &Vote,
+    ) -> Result<Option<SnapshotResponse<TypeConfig>>> {
+        match self.admit_leader(vote).await {
+            Ok(()) => Ok(None),
+            Err(Error::Deposed { higher, .. }) => Ok(Some(SnapshotResponse::new(higher))),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Verifies a received snapshot file completely and hands it to Raft, which installs it
     /// if `vote` is still current (replacing the registry atomically). Answers like
     /// `Raft::install_full_snapshot`, or [`Error::NoRoomForSnapshot`] (the file deleted,
@@ -93,9 +108,8 @@ impl MetaNode {
         file: tempfile::TempPath,
     ) -> Result<SnapshotResponse<TypeConfig>> {
         self.check_open()?;
-        match self.admit_leader(&vote).await {
-            Err(Error::Deposed { higher, .. }) => return Ok(SnapshotResponse::new(higher)),
-            admitted => admitted?,
+        if let Some(answer) = self.admit_snapshot(&vote).await? {
+            return Ok(answer);
         }
         let node = self.clone();
         let (meta, data) = blocking(move || {
