@@ -268,6 +268,64 @@ async fn a_voter_that_lost_its_data_dir_does_not_help_a_deposed_leader_commit() 
     the_write_is_kept(c).await
 }
 
+/// A voter whose data dir was lost is not kept out by a term that rose in a failed election.
+/// Five voters: x is cut off from the leader l (only), and campaigns in vain (its pre-vote
+/// passed, say, in a moment when the others had not heard from l): the others heard from l
+/// lately and refuse it, so l leads on with them. r loses its data dir and comes back;
+/// the members tell it x's term, newer than l's, so it refuses l. Answered with that term, l
+/// steps down, the next election's leader is of a newer term still, and r rejoins. Were l
+/// counted as merely unable to reach r, it would lead on, and r would wait for some other
+/// election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_dir_rejoins_past_a_term_that_rose_in_vain() -> Result<()> {
+    let mut c = Cluster::new()?;
+    for id in 1..=5 {
+        c.start(id).await?;
+    }
+    let members: std::collections::BTreeMap<u64, meta_consensus::Node> = (1..=5)
+        .map(|i| (i, meta_consensus::Node::new(common::addr(i))))
+        .collect();
+    c.node(1).initialize(members).await?;
+    c.converged().await?;
+    for id in 2..=5 {
+        rejoin_ends(&c.dir(id).join("REJOINING")).await?;
+    }
+    let l = c.leader().await?.id();
+    let old_term = c.node(l).raft().metrics().borrow_watched().current_term;
+    let mut others = (1..=5).filter(|i| *i != l);
+    let (x, r) = (others.next().context("x")?, others.next().context("r")?);
+
+    // x's pre-vote would fail (the others hear from l), so it campaigns as a node whose
+    // pre-vote passed does.
+    c.router.cut(l, x);
+    c.node(x).raft().trigger().elect(false).await?;
+    c.node(x)
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.current_term > old_term, "a newer term")
+        .await
+        .context("x never campaigned")?;
+    let lm = c.node(l).raft().metrics().borrow_watched().clone();
+    ensure!(
+        lm.state == openraft::ServerState::Leader && lm.current_term == old_term,
+        "l still leads its term"
+    );
+    c.stop(r).await?;
+    std::fs::remove_dir_all(c.dir(r))?;
+    c.start(r).await?;
+    rejoin_ends(&c.dir(r).join("REJOINING")).await?;
+    let term = c.node(r).raft().metrics().borrow_watched().current_term;
+    ensure!(
+        term > old_term,
+        "r rejoined in term {term}, l's was {old_term}"
+    );
+
+    c.router.heal_all();
+    let leader = c.leader().await?;
+    leader.register_datanode(7, "dn-7".to_string()).await?;
+    the_write_is_kept(c).await
+}
+
 /// A voter whose data dir was lost stands for no election until it holds the cluster's log
 /// again. Nodes a, b, c: with a down, a write is acknowledged by b and c; c loses its data dir,
 /// and b, leading, gives it the part of the log a holds (entries of b's term, committed) before
