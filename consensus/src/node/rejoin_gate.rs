@@ -8,14 +8,15 @@
 //! elected) is refused for good, and answered as a member that kept its data answers a leader
 //! of an older term: with a higher vote (this node's, in the learned term), on which the leader
 //! steps down. It stores that vote, which only narrows whom it may vote for, and a new
-//! election follows, whose leader this node admits. Before, a leader that kept a quorum
-//! elsewhere (five voters) kept leading, and this node refused it until some other election. A leader elected later needs the votes of a quorum, and this
-//! node gives none while it rejoins, so a leader of the learned term or a newer one can be
-//! deposed after the probe only by a quorum of the others: then Raft's own argument holds, as
-//! it does for a node that never lost its data. The cost: the node rejoins only once it heard
-//! from enough voters (both others, in a cluster of three), so a new cluster's first entries
-//! commit once all its members answer, and a voter that lost its data dir waits for the
-//! members that are down.
+//! election follows, whose leader this node admits (a leader that keeps a quorum elsewhere,
+//! of five voters, would otherwise lead on, refused here, until some other election).
+//!
+//! A leader elected later needs the votes of a quorum, and this node gives none while it
+//! rejoins, so a leader of the learned term or a newer one can be deposed after the probe only
+//! by a quorum of the others: then Raft's own argument holds, as it does for a node that never
+//! lost its data. The cost: the node rejoins only once it heard from enough voters (both
+//! others, in a cluster of three), so a new cluster's first entries commit once all its
+//! members answer, and a voter that lost its data dir waits for the members that are down.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
