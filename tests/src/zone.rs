@@ -88,7 +88,7 @@ pub fn zone_violations(values: &[ValueOps]) -> Vec<String> {
     }
     for b in &backward {
         for a in forward.iter().take_while(|a| a.low < b.low) {
-            if b.high < a.high && a.value != b.value {
+            if b.high < a.high {
                 out.push(format!(
                     "value {} could take effect only within {}, while value {} must be current \
                      throughout {}",

@@ -62,12 +62,21 @@ impl Cluster {
     }
 
     pub async fn three_tuned(tune: fn(&mut NodeConfig)) -> Result<Cluster> {
+        Self::formed(3, tune).await
+    }
+
+    /// Nodes 1 to `n`, initialized from node 1, with a leader elected.
+    pub async fn voters(n: NodeId) -> Result<Cluster> {
+        Self::formed(n, no_tuning).await
+    }
+
+    async fn formed(n: NodeId, tune: fn(&mut NodeConfig)) -> Result<Cluster> {
         let mut c = Cluster::new()?;
         c.tune = tune;
-        for id in 1..=3 {
+        for id in 1..=n {
             c.start(id).await?;
         }
-        let members: BTreeMap<NodeId, Node> = (1..=3).map(|i| (i, Node::new(addr(i)))).collect();
+        let members: BTreeMap<NodeId, Node> = (1..=n).map(|i| (i, Node::new(addr(i)))).collect();
         c.node(1).initialize(members).await?;
         c.converged().await?;
         Ok(c)
