@@ -66,6 +66,28 @@ pub struct History {
 }
 
 impl History {
+    /// A line for the test's output: how many operations the history holds, by kind.
+    pub fn summary(&self) -> String {
+        let lease = self
+            .reads
+            .iter()
+            .filter(|r| r.consistency == Consistency::Lease)
+            .count();
+        let (mut acked, mut unknown, mut refused) = (0, 0, 0);
+        for w in self.writes.values().flatten() {
+            match w.outcome {
+                WriteOutcome::Acked(_) => acked += 1,
+                WriteOutcome::Unknown => unknown += 1,
+                WriteOutcome::Refused => refused += 1,
+            }
+        }
+        format!(
+            "{} reads ({lease} through the lease), {} writes ({acked} acknowledged, {unknown} unanswered, {refused} refused)",
+            self.reads.len(),
+            acked + unknown + refused
+        )
+    }
+
     /// Every way in which the history is not that of linearizable registers (one per key).
     ///
     /// A read of value `v` is wrong when `v` was never written, was refused, or was sent only
@@ -190,6 +212,11 @@ fn value_ops(w: &WriteOp, start: Nanos, end: Nanos) -> ValueOps {
     }
 }
 
+/// How long the workload waits for an answer. An operation sent to a node that cannot reach a
+/// quorum waits this long; shorter than the usual request timeout, so the workload spends its
+/// time on operations that can complete.
+const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The running workload.
 pub struct LinearizableWorkload {
     stopping: Arc<AtomicBool>,
@@ -232,6 +259,7 @@ impl LinearizableWorkload {
                     value += 1;
                     let start = Instant::now();
                     let result = Api::with_client(http.clone(), addr)
+                        .with_timeout(OP_TIMEOUT)
                         .kv_put(&key, value.to_string().as_bytes(), None)
                         .await;
                     let outcome = match result {
@@ -281,6 +309,7 @@ impl LinearizableWorkload {
                     };
                     let start = Instant::now();
                     match Api::with_client(http.clone(), addr)
+                        .with_timeout(OP_TIMEOUT)
                         .kv_get(&key, consistency)
                         .await
                     {
