@@ -61,6 +61,7 @@ pub mod transport;
 mod trust_marker;
 mod types;
 mod uncancelled;
+mod untold_removals;
 mod view;
 
 pub use addresses::Addresses;

@@ -9,8 +9,10 @@
 //! node refuses it (another node, or one that holds no cluster's data, answers there), or a
 //! newer membership names the node again. A node that is down when it is removed is told once
 //! it is back, and a change whose request timed out, or that a leader committed just before it
-//! lost its leadership, is told too. Best effort: the nodes still to be told live in memory, so
-//! a leader that restarts forgets them.
+//! lost its leadership, is told too. Every node keeps its list in its data dir
+//! (`MetaNode::keep_untold_removals`) whenever the nodes on it change, and starts from it: a
+//! node removed while it was down is told once it is back, even if every member restarted
+//! meanwhile. Best effort: a list that cannot be kept stays in memory, with a warning.
 //!
 //! [`RemovalNotices`] is the bookkeeping, plain code that tests drive with their own clock.
 
@@ -38,6 +40,8 @@ pub struct RemovalNotices {
     /// The committed membership last seen: node id to address.
     members: BTreeMap<u64, String>,
     untold: BTreeMap<u64, Untold>,
+    /// Changes whenever a node joins or leaves `untold`.
+    version: u64,
 }
 
 #[derive(Debug)]
@@ -49,6 +53,18 @@ struct Untold {
     sending: bool,
 }
 
+impl Untold {
+    /// A node at `addr` to be told from `now` on.
+    fn due(addr: String, now: Instant) -> Untold {
+        Untold {
+            addr,
+            failures: 0,
+            next: now,
+            sending: false,
+        }
+    }
+}
+
 impl RemovalNotices {
     /// Starts from the committed membership `members`: the nodes earlier changes removed are
     /// not known, so none is to be told.
@@ -56,7 +72,33 @@ impl RemovalNotices {
         RemovalNotices {
             members,
             untold: BTreeMap::new(),
+            version: 0,
         }
+    }
+
+    /// Adds the nodes (id to address) a former run of this node still had to tell, each due at
+    /// `now`, except those the committed membership names (again).
+    pub fn restore(&mut self, saved: BTreeMap<u64, String>, now: Instant) {
+        for (id, addr) in saved {
+            if !self.members.contains_key(&id) && !self.untold.contains_key(&id) {
+                self.untold.insert(id, Untold::due(addr, now));
+                self.version += 1;
+            }
+        }
+    }
+
+    /// The nodes (id to address) still to be told.
+    pub fn untold(&self) -> BTreeMap<u64, String> {
+        self.untold
+            .iter()
+            .map(|(id, u)| (*id, u.addr.clone()))
+            .collect()
+    }
+
+    /// A number that changes whenever a node joins or leaves the nodes still to be told: equal
+    /// numbers, equal [`RemovalNotices::untold`] lists.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The committed membership is now `members`: each node of the previous one that it leaves
@@ -69,19 +111,16 @@ impl RemovalNotices {
         if !members.is_empty() {
             for (id, addr) in &self.members {
                 if !members.contains_key(id) {
-                    self.untold.insert(
-                        *id,
-                        Untold {
-                            addr: addr.clone(),
-                            failures: 0,
-                            next: now,
-                            sending: false,
-                        },
-                    );
+                    self.untold.insert(*id, Untold::due(addr.clone(), now));
+                    self.version += 1;
                 }
             }
         }
+        let before = self.untold.len();
         self.untold.retain(|id, _| !members.contains_key(id));
+        if self.untold.len() != before {
+            self.version += 1;
+        }
         self.members = members;
     }
 
@@ -110,7 +149,9 @@ impl RemovalNotices {
 
     /// Node `id` was told, refused the notice, or no longer needs it: it is not tried again.
     pub fn done(&mut self, id: u64) {
-        self.untold.remove(&id);
+        if self.untold.remove(&id).is_some() {
+            self.version += 1;
+        }
     }
 
     /// The attempt to tell node `id` failed at `now`: the next is due after a pause that
@@ -145,8 +186,18 @@ pub async fn run(state: AppState) {
     let mut metrics = node.raft().server_metrics();
     let (mut leads, members) = observe(&metrics.borrow_watched());
     let mut notices = RemovalNotices::new(members);
+    match node.untold_removals().await {
+        Ok(saved) => notices.restore(saved, Instant::now()),
+        Err(e) => tracing::warn!("could not read the nodes still to be told of their removal: {e}"),
+    }
+    // The list in the data dir is that of this version (none: nothing kept yet this run).
+    let mut kept = None;
     let mut sending = FuturesUnordered::new();
     loop {
+        if kept != Some(notices.version()) {
+            keep(&node, &notices).await;
+            kept = Some(notices.version());
+        }
         // A follower keeps its list (it may lead next) but tries nobody: becoming the leader
         // changes the server metrics, which wakes this loop.
         let wake = if leads { notices.next_attempt() } else { None };
@@ -170,6 +221,14 @@ pub async fn run(state: AppState) {
                 sending.push(tell(state.clone(), id, addr));
             }
         }
+    }
+}
+
+/// Keeps the nodes still to be told in the node's data dir; a failure is logged, not retried
+/// until the nodes change (the list in memory still serves this run).
+async fn keep(node: &meta_consensus::MetaNode, notices: &RemovalNotices) {
+    if let Err(e) = node.keep_untold_removals(notices.untold()).await {
+        tracing::warn!("could not keep the nodes still to be told of their removal: {e}");
     }
 }
 
@@ -267,6 +326,54 @@ mod tests {
         // Two changes seen as one: only what the last leaves out counts.
         notices.saw(members(&[1, 2, 5]), now);
         assert_eq!(ids(notices.take_due(now)), vec![3, 4]);
+    }
+
+    #[test]
+    fn a_restored_list_is_due_at_once_but_not_for_members() {
+        let now = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2, 3]));
+        let version = notices.version();
+        // Node 3 was removed once and added again since the list was kept.
+        notices.restore(members(&[3, 4]), now);
+        assert_ne!(notices.version(), version);
+        assert_eq!(notices.untold(), members(&[4]));
+        assert_eq!(notices.next_attempt(), Some(now));
+        assert_eq!(ids(notices.take_due(now)), vec![4]);
+        notices.failed(4, now);
+        notices.restore(members(&[4]), now);
+        assert_eq!(
+            notices.next_attempt(),
+            Some(now + FIRST_RETRY),
+            "kept its pause"
+        );
+    }
+
+    #[test]
+    fn the_version_changes_exactly_when_the_untold_nodes_do() {
+        let now = Instant::now();
+        let mut notices = RemovalNotices::new(members(&[1, 2, 3]));
+        let mut last = notices.version();
+        let mut changed = |notices: &RemovalNotices| {
+            let v = notices.version();
+            std::mem::replace(&mut last, v) != v
+        };
+        notices.saw(members(&[1, 2, 3]), now);
+        assert!(!changed(&notices));
+        notices.saw(members(&[1, 2]), now);
+        assert!(changed(&notices), "3 removed");
+        notices.take_due(now);
+        notices.failed(3, now);
+        assert!(!changed(&notices), "a failure changes only when");
+        notices.saw(members(&[1, 2, 3]), now);
+        assert!(changed(&notices), "3 added again");
+        notices.saw(members(&[1]), now);
+        assert!(changed(&notices));
+        notices.done(2);
+        assert!(changed(&notices));
+        notices.done(2);
+        assert!(!changed(&notices), "already done");
+        notices.restore(members(&[3]), now);
+        assert!(!changed(&notices), "already untold");
     }
 
     #[test]

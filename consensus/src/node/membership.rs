@@ -18,6 +18,7 @@ use super::{blocking, sync_dir, MetaNode, INITIALIZED};
 use crate::error::{Error, Result};
 use crate::types::{Node, NodeId};
 use crate::uncancelled::uncancelled;
+use crate::untold_removals::UntoldRemovals;
 
 impl MetaNode {
     fn marker(&self) -> PathBuf {
@@ -179,6 +180,26 @@ impl MetaNode {
             return Err(self.no_leader());
         };
         address_in(&m, id)
+    }
+
+    /// The nodes (id to address) that committed membership changes removed and that this node
+    /// last noted as not yet told (`untold_removals.rs`); none if it never noted any. Runs on a
+    /// blocking thread.
+    pub async fn untold_removals(&self) -> Result<BTreeMap<NodeId, String>> {
+        let untold = UntoldRemovals::new(&self.inner.cfg.data_dir);
+        blocking(move || untold.load()).await
+    }
+
+    /// Notes `untold` as the nodes still to be told they were removed, in place of the last
+    /// list. Runs on a blocking thread.
+    ///
+    /// Contract: on `Ok`, [`MetaNode::untold_removals`] answers this list after a restart, also
+    /// after a crash (an empty list: this one or the one before).
+    pub async fn keep_untold_removals(&self, untold: BTreeMap<NodeId, String>) -> Result<()> {
+        // Once closed, the data dir may be another process's.
+        self.check_open()?;
+        let list = UntoldRemovals::new(&self.inner.cfg.data_dir);
+        blocking(move || list.save(&untold)).await
     }
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must

@@ -155,6 +155,49 @@ async fn a_learner_down_when_removed_is_told_once_back() {
     }
 }
 
+/// A learner that is down when it is removed is told once it is back even if every member
+/// restarted meanwhile: each keeps the nodes still to be told in its data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_down_when_removed_is_told_after_every_member_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (servers, learner_port) = remove_a_learner_while_it_is_down(&dir).await;
+    // Each member notes the removal once it sees it committed; the restarts wait for that.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    for server in servers.values() {
+        while !server
+            .node
+            .untold_removals()
+            .await
+            .unwrap()
+            .contains_key(&4)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {} never kept learner 4 as still to be told",
+                server.node.id()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    let mut ports = Vec::new();
+    for (id, server) in servers {
+        ports.push((id, server.stop_keeping_port().await));
+    }
+    let mut servers = Vec::new();
+    for (id, port) in ports {
+        servers.push(start_at(id, &dir, port).await);
+    }
+    let back = start_at(4, &dir, learner_port).await;
+    wait_for(
+        || back.node.status().role == Role::Removed,
+        "the learner is told once back",
+    )
+    .await;
+    for server in servers.iter().chain([&back]) {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
 /// A process that holds no cluster's data, started at a removed node's address with its id
 /// (its data dir was wiped), refuses the notice meant for the member that was there: it
 /// neither takes this cluster's id from it nor calls itself removed, and may still join
