@@ -1,12 +1,15 @@
 //! Counters under faults: clients increment a few keys by compare-and-swap and read them back
-//! (linearizable and lease reads), through any member, while a nemesis cuts members off, heals
-//! them, restarts them (also one while another is cut off), and takes the power from one at a time (its log loses what it never
-//! synced, the last write possibly torn). Afterwards:
+//! (linearizable and lease reads), through any member, and two more clients only read, while a
+//! nemesis cuts members off (the leader too, long enough for the others to elect one), heals
+//! them, restarts them (also one while another is cut off), and takes the power from one at a
+//! time (its log loses what it never synced, the last write possibly torn). Afterwards:
 //! - no two acknowledged increments of a key wrote the same value (each swaps one revision, so a
 //!   duplicate means an acknowledged write was lost and its revision reused);
 //! - every value up to a key's final one was written by some increment, and no acknowledged
 //!   one is above it;
-//! - no read returned less than an increment acknowledged before the read began.
+//! - no read returned less than an increment acknowledged, or a read answered, before the read
+//!   began, nor a value no increment had been sent for when it was answered (values only grow,
+//!   so each would be a stale or an invented read).
 //!
 //! It found that a member whose log had failed kept its data dir locked after its shutdown
 //! until the last handle to it was dropped: while a client held one, the member could not
@@ -27,21 +30,34 @@ use meta_store::fs::{CrashPoint, FaultyFileSystem};
 
 const KEYS: usize = 3;
 const CLIENTS: u64 = 6;
+/// Clients that only read: none waits out a write that a cut-off leader cannot commit.
+const READERS: u64 = 2;
 const STEPS: usize = 10;
 /// How long a client waits for one answer before it gives up on it.
 const PATIENCE: Duration = Duration::from_secs(3);
 
 #[derive(Debug)]
 enum Event {
-    /// An increment to `value` was acknowledged at `at`.
-    Acked { key: usize, value: u64, at: Instant },
-    /// An increment to `value` got no answer: it may or may not have been written.
-    Unknown { key: usize, value: u64 },
-    /// A read that began at `began` returned `value`.
+    /// An increment to `value`, sent at `began`, was acknowledged at `at`.
+    Acked {
+        key: usize,
+        value: u64,
+        began: Instant,
+        at: Instant,
+    },
+    /// An increment to `value`, sent at `began`, got no answer: it may or may not have been
+    /// written.
+    Unknown {
+        key: usize,
+        value: u64,
+        began: Instant,
+    },
+    /// A read that began at `began` and was answered at `ended` returned `value`.
     Read {
         key: usize,
         value: u64,
         began: Instant,
+        ended: Instant,
         consistency: Consistency,
     },
 }
@@ -64,8 +80,14 @@ async fn read(router: &LocalRouter, id: NodeId, key: usize, c: Consistency) -> O
     }
 }
 
-/// One client: random reads and increments through random members until `stop`.
-async fn client(router: LocalRouter, seed: u64, stop: Arc<AtomicBool>) -> Vec<Event> {
+/// One client: random reads, and with `increments` increments, through random members until
+/// `stop`.
+async fn client(
+    router: LocalRouter,
+    seed: u64,
+    increments: bool,
+    stop: Arc<AtomicBool>,
+) -> Vec<Event> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut events = Vec::new();
     while !stop.load(Ordering::SeqCst) {
@@ -86,9 +108,10 @@ async fn client(router: LocalRouter, seed: u64, stop: Arc<AtomicBool>) -> Vec<Ev
             key,
             value,
             began,
+            ended: Instant::now(),
             consistency: c,
         });
-        if rng.bool() {
+        if !increments || rng.bool() {
             continue;
         }
         let Some(node) = router.node(id) else {
@@ -99,11 +122,13 @@ async fn client(router: LocalRouter, seed: u64, stop: Arc<AtomicBool>) -> Vec<Ev
             value: (value + 1).to_le_bytes().to_vec(),
             if_revision: Some(revision),
         };
+        let sent = Instant::now();
         match tokio::time::timeout(PATIENCE, node.write(put)).await {
             Ok(Ok(w)) => match w.result {
                 CommandResult::Put { .. } => events.push(Event::Acked {
                     key,
                     value: value + 1,
+                    began: sent,
                     at: Instant::now(),
                 }),
                 // Another increment came first: nothing was written.
@@ -115,6 +140,7 @@ async fn client(router: LocalRouter, seed: u64, stop: Arc<AtomicBool>) -> Vec<Ev
             _ => events.push(Event::Unknown {
                 key,
                 value: value + 1,
+                began: sent,
             }),
         }
     }
@@ -142,15 +168,35 @@ async fn nemesis(seed: u64) -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = tokio::task::JoinSet::new();
-    for n in 0..CLIENTS {
-        clients.spawn(client(c.router.clone(), seed * 100 + n, stop.clone()));
+    for n in 0..CLIENTS + READERS {
+        let increments = n < CLIENTS;
+        clients.spawn(client(
+            c.router.clone(),
+            seed * 100 + n,
+            increments,
+            stop.clone(),
+        ));
     }
     let mut done = Vec::new();
     for _ in 0..STEPS {
         // Pacing, not synchronization: the clients run meanwhile.
         tokio::time::sleep(Duration::from_millis(rng.u64(100..600))).await;
         let id = rng.u64(1..=3);
-        match rng.u32(0..5) {
+        match rng.u32(0..6) {
+            5 => {
+                // The leader, long enough for the others to elect one (an election timeout is
+                // at most 1.4 s) and take writes while it may still think it leads.
+                let leader = c
+                    .nodes
+                    .values()
+                    .map(|n| n.status())
+                    .find(|s| s.role == meta_consensus::Role::Leader)
+                    .map_or(id, |s| s.id);
+                c.router.isolate(leader);
+                tokio::time::sleep(Duration::from_millis(rng.u64(1500..3000))).await;
+                c.router.heal_all();
+                done.push(format!("isolated leader {leader}"));
+            }
             0 => {
                 c.router.isolate(id);
                 tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
@@ -252,19 +298,41 @@ async fn nemesis(seed: u64) -> Result<()> {
 fn check(events: &[Event], finals: &[u64]) -> Result<()> {
     for (key, last) in finals.iter().enumerate() {
         let mut acked = BTreeSet::new();
-        let mut written = BTreeSet::new();
+        // Each value written, and when the first increment to it was sent.
+        let mut written: BTreeMap<u64, Instant> = BTreeMap::new();
+        let mut acks: Vec<(Instant, u64)> = Vec::new();
+        let mut reads: Vec<(Instant, Instant, u64, Consistency)> = Vec::new();
         for e in events {
-            match e {
-                Event::Acked { key: k, value, .. } if *k == key => {
+            match *e {
+                Event::Acked {
+                    key: k,
+                    value,
+                    began,
+                    at,
+                } if k == key => {
                     ensure!(
-                        acked.insert(*value),
+                        acked.insert(value),
                         "key {key}: two acknowledged increments wrote {value}"
                     );
-                    written.insert(*value);
+                    let first = written.entry(value).or_insert(began);
+                    *first = (*first).min(began);
+                    acks.push((at, value));
                 }
-                Event::Unknown { key: k, value } if *k == key => {
-                    written.insert(*value);
+                Event::Unknown {
+                    key: k,
+                    value,
+                    began,
+                } if k == key => {
+                    let first = written.entry(value).or_insert(began);
+                    *first = (*first).min(began);
                 }
+                Event::Read {
+                    key: k,
+                    value,
+                    began,
+                    ended,
+                    consistency,
+                } if k == key => reads.push((began, ended, value, consistency)),
                 _ => {}
             }
         }
@@ -276,38 +344,53 @@ fn check(events: &[Event], finals: &[u64]) -> Result<()> {
         }
         for v in 1..=*last {
             ensure!(
-                written.contains(&v),
+                written.contains_key(&v),
                 "key {key}: the value {v} (final {last}) was written by no increment"
             );
         }
-        // Reads never go back behind an increment acknowledged before they began.
-        let mut acks: Vec<(Instant, u64)> = events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Acked { key: k, value, at } if *k == key => Some((*at, *value)),
-                _ => None,
+        // Values only grow, so a read must return at least every value acknowledged or read
+        // before it began, and a value some increment had been sent for when it ended.
+        acks.sort();
+        let mut ended: Vec<(Instant, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
+        ended.sort();
+        let mut highest = 0;
+        let read_floor: Vec<(Instant, u64)> = ended
+            .into_iter()
+            .map(|(at, v)| {
+                highest = highest.max(v);
+                (at, highest)
             })
             .collect();
-        acks.sort();
-        for e in events {
-            if let Event::Read {
-                key: k,
-                value,
-                began,
-                consistency,
-            } = e
-            {
-                if *k != key {
-                    continue;
+        for &(began, ended, value, consistency) in &reads {
+            let before = acks.partition_point(|(at, _)| *at < began);
+            if let Some(floor) = acks[..before].iter().map(|(_, v)| *v).max() {
+                if value < floor {
+                    bail!(
+                        "key {key}: a {consistency:?} read returned {value}, after the \
+                         increment to {floor} was acknowledged"
+                    );
                 }
-                let before = acks.partition_point(|(at, _)| at < began);
-                if let Some(floor) = acks[..before].iter().map(|(_, v)| *v).max() {
-                    if *value < floor {
-                        bail!(
-                            "key {key}: a {consistency:?} read returned {value}, after the \
-                             increment to {floor} was acknowledged"
-                        );
-                    }
+            }
+            let before = read_floor.partition_point(|(at, _)| *at < began);
+            if let Some(&(_, floor)) = before.checked_sub(1).map(|i| &read_floor[i]) {
+                if value < floor {
+                    bail!(
+                        "key {key}: a {consistency:?} read returned {value}, after a read \
+                         that ended before it began returned {floor}"
+                    );
+                }
+            }
+            if value > 0 {
+                match written.get(&value) {
+                    Some(sent) if *sent <= ended => {}
+                    Some(_) => bail!(
+                        "key {key}: a {consistency:?} read returned {value} before any \
+                         increment to it was sent"
+                    ),
+                    None => bail!(
+                        "key {key}: a {consistency:?} read returned {value}, which no \
+                         increment wrote"
+                    ),
                 }
             }
         }
@@ -322,4 +405,75 @@ async fn counters_stay_consistent_under_cuts_restarts_and_power_losses() -> Resu
         nemesis(seed).await?;
     }
     Ok(())
+}
+
+/// The history checks, on made-up histories: each kind of wrong read is caught.
+mod check_tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    fn read(base: Instant, began: u64, ended: u64, value: u64) -> Event {
+        Event::Read {
+            key: 0,
+            value,
+            began: at(base, began),
+            ended: at(base, ended),
+            consistency: Consistency::Lease,
+        }
+    }
+
+    fn unknown(base: Instant, began: u64, value: u64) -> Event {
+        Event::Unknown {
+            key: 0,
+            value,
+            began: at(base, began),
+        }
+    }
+
+    #[test]
+    fn a_read_behind_an_answered_read_is_caught() {
+        let base = Instant::now();
+        // Neither increment was answered; a read saw 2, and a later one 1.
+        let mut events = vec![
+            unknown(base, 0, 1),
+            unknown(base, 1, 2),
+            read(base, 2, 3, 2),
+            read(base, 5, 6, 1),
+        ];
+        let e = check(&events, &[2]).unwrap_err();
+        assert!(e.to_string().contains("after a read"), "{e}");
+        // Overlapping reads may see them in either order.
+        events[3] = read(base, 2, 6, 1);
+        check(&events, &[2]).unwrap();
+    }
+
+    #[test]
+    fn a_read_of_a_value_not_yet_sent_is_caught() {
+        let base = Instant::now();
+        let events = vec![read(base, 0, 1, 1), unknown(base, 2, 1)];
+        let e = check(&events, &[1]).unwrap_err();
+        assert!(e.to_string().contains("before any increment"), "{e}");
+        let events = vec![read(base, 0, 1, 3), unknown(base, 0, 1)];
+        let e = check(&events, &[1]).unwrap_err();
+        assert!(e.to_string().contains("no increment wrote"), "{e}");
+    }
+
+    #[test]
+    fn a_read_behind_an_acknowledged_increment_is_caught() {
+        let base = Instant::now();
+        let events = vec![
+            Event::Acked {
+                key: 0,
+                value: 1,
+                began: at(base, 0),
+                at: at(base, 1),
+            },
+            read(base, 2, 3, 0),
+        ];
+        let e = check(&events, &[1]).unwrap_err();
+        assert!(e.to_string().contains("was acknowledged"), "{e}");
+    }
 }
