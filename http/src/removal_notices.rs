@@ -66,8 +66,8 @@ impl Untold {
 }
 
 impl RemovalNotices {
-    /// Starts from the committed membership `members`: the nodes earlier changes removed are
-    /// not known, so none is to be told.
+    /// Starts from the committed membership `members`, with nobody to tell: the nodes earlier
+    /// changes removed come from [`RemovalNotices::restore`].
     pub fn new(members: BTreeMap<u64, String>) -> Self {
         RemovalNotices {
             members,
