@@ -30,8 +30,9 @@ use meta_store::fs::{CrashPoint, FaultyFileSystem};
 
 const KEYS: usize = 3;
 const CLIENTS: u64 = 6;
-/// Clients that only read: none waits out a write that a cut-off leader cannot commit.
-const READERS: u64 = 2;
+/// Clients that only read: none waits out a write that a cut-off leader cannot commit, so reads
+/// go on at such a leader after the others elected a new one.
+const READERS: u64 = 4;
 const STEPS: usize = 10;
 /// How long a client waits for one answer before it gives up on it.
 const PATIENCE: Duration = Duration::from_secs(3);
@@ -185,15 +186,16 @@ async fn nemesis(seed: u64) -> Result<()> {
         match rng.u32(0..6) {
             5 => {
                 // The leader, long enough for the others to elect one (an election timeout is
-                // at most 1.4 s) and take writes while it may still think it leads.
+                // at most 1.4 s) and take writes while it may still think it leads: the readers
+                // go on reading there, and a leader that answered them from a lease it no
+                // longer holds returns values older than the new leader's.
                 let leader = c
-                    .nodes
-                    .values()
-                    .map(|n| n.status())
-                    .find(|s| s.role == meta_consensus::Role::Leader)
-                    .map_or(id, |s| s.id);
+                    .leader()
+                    .await
+                    .with_context(|| format!("seed {seed}: {done:?}"))?
+                    .id();
                 c.router.isolate(leader);
-                tokio::time::sleep(Duration::from_millis(rng.u64(1500..3000))).await;
+                tokio::time::sleep(Duration::from_millis(rng.u64(2500..4000))).await;
                 c.router.heal_all();
                 done.push(format!("isolated leader {leader}"));
             }
