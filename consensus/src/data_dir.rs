@@ -104,6 +104,17 @@ pub(crate) fn write_durably(dir: &Path, name: &str, text: &str) -> Result<()> {
         .map_err(|e| Error::io("fsync data dir", dir, e))
 }
 
+/// Removes file `name` of `dir` if it is there (`op` names the removal in an error). Blocking.
+/// The removal is not fsynced: after a crash the file may be back.
+pub(crate) fn remove_if_present(dir: &Path, name: &str, op: &'static str) -> Result<()> {
+    let path = dir.join(name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(op, &path, e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

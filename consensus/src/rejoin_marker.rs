@@ -17,8 +17,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data_dir::write_durably;
-use crate::error::{Error, Result};
+use crate::data_dir::{remove_if_present, write_durably};
+use crate::error::Result;
 
 /// Name of the marker file in the data dir.
 const REJOINING: &str = "REJOINING";
@@ -57,12 +57,7 @@ impl RejoinMarker {
     /// Removes the marker. Blocking. The removal is not fsynced: a marker that comes back after
     /// a crash only keeps the rule until the node holds such an entry again.
     pub(crate) fn clear(&self) -> Result<()> {
-        let path = self.dir.join(REJOINING);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("remove rejoin marker", &path, e)),
-        }
+        remove_if_present(&self.dir, REJOINING, "remove rejoin marker")
     }
 }
 

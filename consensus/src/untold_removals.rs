@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::data_dir::write_durably;
+use crate::data_dir::{remove_if_present, write_durably};
 use crate::error::{Error, Result};
 use crate::types::NodeId;
 
@@ -68,12 +68,7 @@ impl UntoldRemovals {
     /// member's, and is left out.
     pub(crate) fn save(&self, untold: &BTreeMap<NodeId, String>) -> Result<()> {
         if untold.is_empty() {
-            let path = self.dir.join(FILE);
-            return match std::fs::remove_file(&path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Error::io("remove untold removals", &path, e)),
-            };
+            return remove_if_present(&self.dir, FILE, "remove untold removals");
         }
         let text: String = untold
             .iter()

@@ -297,6 +297,27 @@ async fn nemesis(seed: u64) -> Result<()> {
     c.shutdown().await
 }
 
+/// The highest value answered before a given time, from values and when they were answered.
+struct Floor(Vec<(Instant, u64)>);
+
+impl Floor {
+    fn new(mut answered: Vec<(Instant, u64)>) -> Floor {
+        answered.sort();
+        let mut highest = 0;
+        for (_, v) in &mut answered {
+            highest = highest.max(*v);
+            *v = highest;
+        }
+        Floor(answered)
+    }
+
+    /// The highest value answered strictly before `t`, if any was.
+    fn before(&self, t: Instant) -> Option<u64> {
+        let n = self.0.partition_point(|(at, _)| *at < t);
+        n.checked_sub(1).map(|i| self.0[i].1)
+    }
+}
+
 fn check(events: &[Event], finals: &[u64]) -> Result<()> {
     for (key, last) in finals.iter().enumerate() {
         let mut acked = BTreeSet::new();
@@ -352,35 +373,20 @@ fn check(events: &[Event], finals: &[u64]) -> Result<()> {
         }
         // Values only grow, so a read must return at least every value acknowledged or read
         // before it began, and a value some increment had been sent for when it ended.
-        acks.sort();
-        let mut ended: Vec<(Instant, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
-        ended.sort();
-        let mut highest = 0;
-        let read_floor: Vec<(Instant, u64)> = ended
-            .into_iter()
-            .map(|(at, v)| {
-                highest = highest.max(v);
-                (at, highest)
-            })
-            .collect();
+        let ack_floor = Floor::new(acks);
+        let read_floor = Floor::new(reads.iter().map(|r| (r.1, r.2)).collect());
         for &(began, ended, value, consistency) in &reads {
-            let before = acks.partition_point(|(at, _)| *at < began);
-            if let Some(floor) = acks[..before].iter().map(|(_, v)| *v).max() {
-                if value < floor {
-                    bail!(
-                        "key {key}: a {consistency:?} read returned {value}, after the \
-                         increment to {floor} was acknowledged"
-                    );
-                }
+            if let Some(floor) = ack_floor.before(began).filter(|f| value < *f) {
+                bail!(
+                    "key {key}: a {consistency:?} read returned {value}, after the \
+                     increment to {floor} was acknowledged"
+                );
             }
-            let before = read_floor.partition_point(|(at, _)| *at < began);
-            if let Some(&(_, floor)) = before.checked_sub(1).map(|i| &read_floor[i]) {
-                if value < floor {
-                    bail!(
-                        "key {key}: a {consistency:?} read returned {value}, after a read \
-                         that ended before it began returned {floor}"
-                    );
-                }
+            if let Some(floor) = read_floor.before(began).filter(|f| value < *f) {
+                bail!(
+                    "key {key}: a {consistency:?} read returned {value}, after a read \
+                     that ended before it began returned {floor}"
+                );
             }
             if value > 0 {
                 match written.get(&value) {
