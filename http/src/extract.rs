@@ -45,8 +45,9 @@ pub fn parse_id(text: &str) -> Result<u64, String> {
         .map_err(|_| format!("{text} is larger than the largest id ({})", u64::MAX))
 }
 
-/// The offset of the first `%` in `query` that is not followed by two hex digits, if any.
-fn malformed_escape(query: &str) -> Option<usize> {
+/// The offset of the first `%` in `query` (or a path) that is not followed by two hex digits,
+/// if any.
+pub(crate) fn malformed_escape(query: &str) -> Option<usize> {
     let bytes = query.as_bytes();
     (0..bytes.len()).find(|&i| {
         bytes[i] == b'%'
@@ -67,6 +68,11 @@ pub struct NoQuery;
 /// The raw body bytes, limited like every body.
 #[derive(Debug)]
 pub struct RawBody(pub Bytes);
+
+/// For routes that take no body: a body of one byte or more is `unexpected_body`, so that what
+/// a client put there (an epoch meant to fence a delete, say) is never silently ignored.
+#[derive(Debug)]
+pub struct NoBody;
 
 /// Parses a JSON object, telling malformed JSON (`malformed_json`) from a well-formed document
 /// of the wrong shape (`invalid_body`: not an object, wrong types, unknown or missing fields,
@@ -122,6 +128,25 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let RawBody(bytes) = RawBody::from_request(req, state).await?;
+        if bytes.is_empty() {
+            return Ok(NoBody);
+        }
+        Err(ApiError::invalid(
+            "unexpected_body",
+            format!(
+                "this route takes no request body, got {} bytes: its parameters go in the path \
+                 and the query string",
+                bytes.len()
+            ),
+        ))
+    }
+}
+
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
@@ -139,6 +164,18 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Only ids are path parameters here, and the routes' fixed parts hold no `%`: any
+        // escape spells an id a second way (`/v1/shards/%31` for `/v1/shards/1`).
+        if parts.uri.path().contains('%') {
+            return Err(ApiError::invalid(
+                "invalid_path",
+                format!(
+                    "invalid path {:?}: ids are decimal numbers without sign, leading zeros \
+                     or %-escapes",
+                    parts.uri.path()
+                ),
+            ));
+        }
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(value)) => Ok(Path(value)),
             Err(rejection) => Err(ApiError::invalid(

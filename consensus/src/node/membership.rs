@@ -94,21 +94,7 @@ impl MetaNode {
         if node.addr.is_empty() {
             return Err(Error::InvalidArgument("learner address is empty".into()));
         }
-        let check = |m: &Metrics| {
-            let membership = m.membership_config.membership();
-            if membership.voter_ids().any(|v| v == id) {
-                return Err(Error::Conflict(format!("node {id} is a voter already")));
-            }
-            if let Some(known) = membership.get_node(&id) {
-                if known.addr != node.addr {
-                    return Err(Error::Conflict(format!(
-                        "learner {id} is at {}; remove it before adding it at {}",
-                        known.addr, node.addr
-                    )));
-                }
-            }
-            check_address_free(membership, id, &node.addr)
-        };
+        let check = |m: &Metrics| learner_addable(m, id, &node.addr);
         let _one = self.one_change().await?;
         let add = async {
             self.checked_change(check, |raft| {
@@ -118,6 +104,14 @@ impl MetaNode {
             .await
         };
         self.unless_too_old(id, add).await
+    }
+
+    /// The checks of [`MetaNode::add_learner`] that need no answer from the node, against the
+    /// membership this node sees as leader (on another node, a forward or
+    /// [`Error::NoLeader`]), so that a caller can refuse before it asks the node who it is.
+    /// Advice only: `add_learner` checks again under the lock that orders membership changes.
+    pub fn check_learner(&self, id: NodeId, addr: &str) -> Result<()> {
+        learner_addable(&self.change_view()?, id, addr)
     }
 
     /// Removes learner `id` from the cluster (replication to it stops). [`Error::NotFound`] if
@@ -336,6 +330,24 @@ impl MetaNode {
 
 /// A leader's Raft metrics.
 type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
+
+/// Whether `m`'s membership may take node `id` at `addr` as a learner: [`Error::Conflict`] for
+/// a voter, a learner at another address, or an address another member has.
+fn learner_addable(m: &Metrics, id: NodeId, addr: &str) -> Result<()> {
+    let membership = m.membership_config.membership();
+    if membership.voter_ids().any(|v| v == id) {
+        return Err(Error::Conflict(format!("node {id} is a voter already")));
+    }
+    if let Some(known) = membership.get_node(&id) {
+        if known.addr != addr {
+            return Err(Error::Conflict(format!(
+                "learner {id} is at {}; remove it before adding it at {addr}",
+                known.addr
+            )));
+        }
+    }
+    check_address_free(membership, id, addr)
+}
 
 /// The address `m`'s membership names for member `id`; [`Error::NotFound`] if it is no member.
 fn address_in(m: &Metrics, id: NodeId) -> Result<String> {

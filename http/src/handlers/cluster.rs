@@ -10,7 +10,7 @@ use meta_consensus::{ClusterStatus, Command, CommandResult, Node, Role};
 
 use super::unexpected;
 use crate::error::ApiError;
-use crate::extract::{Id, Json, NoQuery, Path, Query};
+use crate::extract::{Id, Json, NoBody, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
     validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody,
@@ -94,7 +94,11 @@ impl From<ClusterStatus> for ClusterView {
 }
 
 /// `GET /v1/cluster`: this node's view.
-pub async fn status(_: NoQuery, State(state): State<SharedState>) -> axum::Json<ClusterView> {
+pub async fn status(
+    _: NoQuery,
+    State(state): State<SharedState>,
+    _: NoBody,
+) -> axum::Json<ClusterView> {
     axum::Json(state.node.status().into())
 }
 
@@ -134,6 +138,9 @@ pub async fn add_learner(
     Json(body): Json<AddLearnerBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate()?;
+    // A voter, or an address a member has, is refused before the probe: the process there
+    // would answer as that member, and the refusal would name the wrong cause.
+    state.node.check_learner(body.id, &body.addr)?;
     // A node of another cluster, or another node at that address, would refuse every message
     // once added: say so now. A build older than the cluster's version is not added: it
     // refuses here, before it takes this cluster's id, and `MetaNode::add_learner` checks too.
@@ -158,6 +165,7 @@ pub async fn remove_learner(
     _: NoQuery,
     State(state): State<SharedState>,
     Path(Id(id)): Path<Id>,
+    _: NoBody,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     // The removed learner is told by the leader (`removal_notices.rs`).
     state.node.remove_learner(id).await?;
@@ -228,6 +236,7 @@ pub async fn raise_epoch_floor(
 pub async fn build_snapshot(
     State(state): State<SharedState>,
     Query(query): Query<ReadQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<SnapshotView>, ApiError> {
     // A member behind the leader (restarted, catching up) would build, and a backup taken
     // from it would miss, writes acknowledged before the request: it first applies the
@@ -253,6 +262,7 @@ pub async fn build_snapshot(
 pub async fn download_snapshot(
     _: NoQuery,
     State(state): State<SharedState>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     let missing = || ApiError::NotFound("this node has no snapshot yet".into());
     // Retention may delete the file between asking for it and opening it (a newer snapshot
@@ -314,7 +324,11 @@ pub async fn download_snapshot(
 }
 
 /// `GET /v1/config`: this node's runtime settings.
-pub async fn get_config(_: NoQuery, State(state): State<SharedState>) -> axum::Json<ConfigView> {
+pub async fn get_config(
+    _: NoQuery,
+    State(state): State<SharedState>,
+    _: NoBody,
+) -> axum::Json<ConfigView> {
     axum::Json(ConfigView {
         snapshot_max_bytes_per_sec: state.node.snapshot_rate(),
     })

@@ -7,7 +7,7 @@ use meta_consensus::{Command, CommandResult, DatanodeInfo, Heartbeat, ShardRepor
 
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
-use crate::extract::{Id, Json, NoQuery, Path, Query};
+use crate::extract::{Id, Json, NoBody, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
     DeregisterQuery, EpochBody, LivenessQuery, PageQuery, ReadQuery, RegisterDatanodeBody,
@@ -54,6 +54,7 @@ pub async fn list(
     State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<ReadQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<DatanodeList>, ApiError> {
     let consistency = query.validate()?;
     let datanodes = state
@@ -71,6 +72,7 @@ pub async fn get(
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<DatanodeView>, ApiError> {
     let consistency = query.validate()?;
     match state
@@ -97,6 +99,7 @@ pub async fn remove(
     _: NoQuery,
     writer: Writer,
     Path(Id(id)): Path<Id>,
+    _: NoBody,
 ) -> Result<axum::Json<DatanodeRemoved>, ApiError> {
     tokio::spawn(remove_in_pieces(writer, id))
         .await
@@ -224,6 +227,7 @@ pub async fn deregister_shard(
     Query(query): Query<DeregisterQuery>,
     writer: Writer,
     Path((Id(id), Id(shard))): Path<(Id, Id)>,
+    _: NoBody,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
     let command = match query.epoch {
         Some(epoch) => Command::DeregisterShardsOf {
@@ -319,6 +323,7 @@ pub async fn heartbeat(
 pub async fn liveness(
     State(state): State<SharedState>,
     Query(query): Query<LivenessQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<LivenessView>, ApiError> {
     let wanted = query.validate()?;
     let report = state.node.liveness().await?;
@@ -352,6 +357,7 @@ pub async fn list_shards(
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<PageQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
     let (page, consistency) = query.validate()?;
     let after = page.after.as_deref();

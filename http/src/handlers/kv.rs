@@ -8,7 +8,7 @@ use meta_consensus::{Command, CommandResult};
 
 use super::{listing_error, unexpected};
 use crate::error::ApiError;
-use crate::extract::{Query, RawBody};
+use crate::extract::{malformed_escape, NoBody, Query, RawBody};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
     validate_key, validate_new_key, validate_value, KvListQuery, KvWriteQuery, ReadQuery,
@@ -28,6 +28,17 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // The path decoder keeps a `%` that starts no escape as it is, which would give the key
+        // `a%zz` a second spelling beside `a%25zz`: refused, as in query strings.
+        if let Some(at) = malformed_escape(parts.uri.path()) {
+            return Err(ApiError::invalid(
+                "invalid_key",
+                format!(
+                    "path {:?} has a malformed %-escape at byte {at} (write a % in a key as %25)",
+                    parts.uri.path()
+                ),
+            ));
+        }
         let key = axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|r| {
@@ -86,6 +97,7 @@ pub async fn delete(
     writer: Writer,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
     let result = writer
         .write(Command::Delete {
@@ -103,6 +115,7 @@ pub async fn get(
     replayed: ReplayedReadIndex,
     KeyPath(key): KeyPath,
     Query(query): Query<ReadQuery>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     let consistency = query.validate()?;
     match state
@@ -133,6 +146,7 @@ pub async fn list(
     State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<KvListQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<KvKeyPage>, ApiError> {
     let (prefix, page, consistency) = query.validate()?;
     let after = page.after.as_deref();

@@ -4,7 +4,7 @@ use axum::extract::State;
 
 use super::listing_error;
 use crate::error::ApiError;
-use crate::extract::{Id, Path, Query};
+use crate::extract::{Id, NoBody, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{PageQuery, ReadQuery};
 use crate::response::{ReplicaView, ShardPage, ShardView};
@@ -15,6 +15,7 @@ pub async fn list(
     State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
     Query(query): Query<PageQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<ShardPage>, ApiError> {
     let (page, consistency) = query.validate()?;
     let after = page.after.as_deref();
@@ -39,6 +40,7 @@ pub async fn get(
     replayed: ReplayedReadIndex,
     Path(Id(id)): Path<Id>,
     Query(query): Query<ReadQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<ShardView>, ApiError> {
     let consistency = query.validate()?;
     match state

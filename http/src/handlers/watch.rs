@@ -8,7 +8,7 @@ use axum::extract::State;
 use meta_consensus::{Change, ChangeEvent};
 
 use crate::error::ApiError;
-use crate::extract::Query;
+use crate::extract::{NoBody, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::WatchQuery;
 use crate::response::{ChangeView, EventView, WatchPage};
@@ -18,6 +18,7 @@ use crate::state::SharedState;
 pub async fn watch(
     State(state): State<SharedState>,
     Query(query): Query<WatchQuery>,
+    _: NoBody,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     // The wait counts from the request's arrival: asking the leader for its read index is part
     // of it, so that a long poll never outlasts what its client (or a proxy) waits for.

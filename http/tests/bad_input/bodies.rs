@@ -1,5 +1,6 @@
 //! Bad request bodies: malformed or mistyped JSON, unknown and missing fields, numbers out of
-//! range, bad shard batches and bodies over the size limits.
+//! range, bad shard batches, bodies over the size limits, and bodies sent to routes that take
+//! none.
 
 use axum::http::Method as M;
 use serde_json::json;
@@ -250,6 +251,78 @@ pub fn json(epoch: u64) -> Vec<Case> {
             r#"{"id":-4,"addr":"a:1"}"#,
             400,
             "invalid_body",
+        ),
+    ]
+}
+
+/// Bodies sent to routes that take none: refused, not ignored. A fenced epoch sent in the body
+/// of a replica's drop (instead of its query) would otherwise drop it unfenced.
+pub fn unexpected(epoch: u64) -> Vec<Case> {
+    let fenced = json!({ "epoch": epoch - 1 }).to_string();
+    vec![
+        case(
+            "an epoch in the body of a replica's drop",
+            M::DELETE,
+            "/v1/datanodes/7/shards/1",
+            fenced.clone(),
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a datanode's removal",
+            M::DELETE,
+            "/v1/datanodes/7",
+            fenced,
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a key's delete",
+            M::DELETE,
+            "/v1/kv/existing",
+            r#"{"if_revision":1}"#,
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a learner's removal",
+            M::DELETE,
+            "/v1/cluster/learners/4",
+            "{}",
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a snapshot build",
+            M::POST,
+            "/v1/cluster/snapshot",
+            "garbage",
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a read",
+            M::GET,
+            "/v1/shards/1",
+            r#"{"consistency":"local"}"#,
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a listing",
+            M::GET,
+            "/v1/datanodes/7/shards",
+            "{}",
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a watch",
+            M::GET,
+            "/v1/watch?after=1",
+            "{}",
+            400,
+            "unexpected_body",
         ),
     ]
 }

@@ -57,6 +57,31 @@ pub fn keys_and_prefixes() -> Vec<Case> {
             400,
             "invalid_key",
         ),
+        // A `%` that starts no escape would give a key a second spelling (`a%25zz`).
+        case(
+            "malformed escape in a key",
+            M::PUT,
+            "/v1/kv/a%zz",
+            "v",
+            400,
+            "invalid_key",
+        ),
+        case(
+            "key ending in a lone %",
+            M::PUT,
+            "/v1/kv/a%",
+            "v",
+            400,
+            "invalid_key",
+        ),
+        case(
+            "malformed escape in a key read",
+            M::GET,
+            "/v1/kv/existing%2",
+            "",
+            400,
+            "invalid_key",
+        ),
         case("empty key", M::PUT, "/v1/kv/", "v", 400, "invalid_key"),
         case("empty key read", M::GET, "/v1/kv/", "", 400, "invalid_key"),
         case(

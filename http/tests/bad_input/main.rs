@@ -27,6 +27,7 @@ fn matrix(epoch: u64) -> Vec<Case> {
     cases.extend(paths::ids());
     cases.extend(queries::parameters());
     cases.extend(bodies::batches_and_sizes(epoch));
+    cases.extend(bodies::unexpected(epoch));
     cases.extend(keys::keys_and_prefixes());
     cases.extend(members::addresses_and_members());
     cases.extend(queries::cursors_and_consistency());

@@ -72,6 +72,31 @@ pub fn ids() -> Vec<Case> {
             400,
             "invalid_path",
         ),
+        // A %-escape spells an id a second way.
+        case(
+            "percent-encoded path id",
+            M::PUT,
+            "/v1/datanodes/%37",
+            r#"{"addr":"a:1"}"#,
+            400,
+            "invalid_path",
+        ),
+        case(
+            "percent-encoded shard id in a drop",
+            M::DELETE,
+            "/v1/datanodes/7/shards/%31",
+            "",
+            400,
+            "invalid_path",
+        ),
+        case(
+            "percent-encoded shard id in a read",
+            M::GET,
+            "/v1/shards/%31",
+            "",
+            400,
+            "invalid_path",
+        ),
     ]
 }
 

@@ -73,22 +73,40 @@ async fn cluster_membership_and_config() {
     assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
     let a = t.send(Method::PUT, "/v1/kv/still-writable", "x").await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
-    // A learner again at its address is a no-op; at another address, or a voter, a conflict.
-    for (body, status) in [
-        (learner.clone(), StatusCode::OK),
+    // A learner again at its address is a no-op. At another address, a voter, or at a
+    // member's address, a conflict that names its cause: refused before the address is asked
+    // who answers there (nothing does, which would be the cause named otherwise).
+    for (body, status, cause) in [
+        (learner.clone(), StatusCode::OK, ""),
         (
             json!({"id": 4, "addr": other}).to_string(),
             StatusCode::CONFLICT,
+            "remove it before adding it",
         ),
         (
             json!({"id": 1, "addr": other}).to_string(),
             StatusCode::CONFLICT,
+            "node 1 is a voter already",
+        ),
+        (
+            json!({"id": 5, "addr": four}).to_string(),
+            StatusCode::CONFLICT,
+            "is the address of node 4 already",
+        ),
+        (
+            json!({"id": 6, "addr": "127.0.0.1:1"}).to_string(),
+            StatusCode::CONFLICT,
+            "is the address of node 1 already",
         ),
     ] {
         let a = t
             .send(Method::POST, "/v1/cluster/learners", body.clone())
             .await;
         assert_eq!(a.status, status, "{body}: {a:?}");
+        if !cause.is_empty() {
+            let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+            assert!(message.contains(cause), "{body}: {message}");
+        }
     }
     // Learners can be removed; voters and strangers cannot.
     for (id, status) in [
@@ -213,5 +231,38 @@ async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id()
     assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
     let message = a.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(message.contains("node 4 has not answered"), "{message}");
+    assert_eq!(t.get("/v1/cluster").await.json()["learners"], json!([]));
+}
+
+#[tokio::test]
+async fn a_learner_the_membership_rules_out_is_refused_for_that_before_its_address_is_asked() {
+    let t = leader_node(None).await;
+    // A prune raises the cluster's version past the base one, from which a learner that does
+    // not answer is refused too: that must not be the cause named for these.
+    let epoch = t.register_datanode(7).await;
+    let a = t
+        .send(
+            Method::POST,
+            "/v1/datanodes/7/prune",
+            json!({ "epoch": epoch }).to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert!(t.node.cluster_version() >= 2);
+    let (_other, other) = refusing();
+    for (body, cause) in [
+        (json!({"id": 1, "addr": other}), "node 1 is a voter already"),
+        (
+            json!({"id": 6, "addr": "127.0.0.1:1"}),
+            "is the address of node 1 already",
+        ),
+    ] {
+        let a = t
+            .send(Method::POST, "/v1/cluster/learners", body.to_string())
+            .await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{body}: {a:?}");
+        let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(cause), "{body}: {message}");
+    }
     assert_eq!(t.get("/v1/cluster").await.json()["learners"], json!([]));
 }
