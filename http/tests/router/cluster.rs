@@ -197,14 +197,10 @@ async fn snapshots_build_and_download() {
     );
 }
 
-/// Once the cluster's version was raised, a learner is added only if its build answered
-/// lately. What another process with the learner's id answered a moment ago (a learner just
-/// removed, at its old address) does not count for the node at the new address, which did not
-/// answer.
-#[tokio::test]
-async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id() {
+/// A leader whose cluster's version is past the base one (a prune raised it), from which a
+/// learner is added only if its build answered.
+async fn leader_past_the_base_version() -> crate::common::TestNode {
     let t = leader_node(None).await;
-    // A prune raises the cluster's version past the base one.
     let epoch = t.register_datanode(7).await;
     let a = t
         .send(
@@ -215,6 +211,16 @@ async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id()
         .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert!(t.node.cluster_version() >= 2);
+    t
+}
+
+/// Once the cluster's version was raised, a learner is added only if its build answered
+/// lately. What another process with the learner's id answered a moment ago (a learner just
+/// removed, at its old address) does not count for the node at the new address, which did not
+/// answer.
+#[tokio::test]
+async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id() {
+    let t = leader_past_the_base_version().await;
     // Node 4, of a current build, answered at its old address just now.
     t.node
         .config()
@@ -236,19 +242,9 @@ async fn a_learner_is_judged_by_its_own_answer_not_another_process_with_its_id()
 
 #[tokio::test]
 async fn a_learner_the_membership_rules_out_is_refused_for_that_before_its_address_is_asked() {
-    let t = leader_node(None).await;
-    // A prune raises the cluster's version past the base one, from which a learner that does
-    // not answer is refused too: that must not be the cause named for these.
-    let epoch = t.register_datanode(7).await;
-    let a = t
-        .send(
-            Method::POST,
-            "/v1/datanodes/7/prune",
-            json!({ "epoch": epoch }).to_string(),
-        )
-        .await;
-    assert_eq!(a.status, StatusCode::OK, "{a:?}");
-    assert!(t.node.cluster_version() >= 2);
+    // Past the base version a learner that does not answer is refused too: that must not be
+    // the cause named for these.
+    let t = leader_past_the_base_version().await;
     let (_other, other) = refusing();
     for (body, cause) in [
         (json!({"id": 1, "addr": other}), "node 1 is a voter already"),
