@@ -167,7 +167,7 @@ async fn an_index_from_before_the_history_kept_is_gone() {
     let a = t.get(&format!("/v1/watch?after={from}")).await;
     assert_eq!(a.status, StatusCode::GONE, "{a:?}");
     assert_eq!(a.error_code(), "compacted");
-    let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+    let message = a.error_message();
     assert!(message.contains("watch from the index"), "{message}");
     // From the floor on, the rest is there.
     let a = t
@@ -208,7 +208,7 @@ async fn a_watch_from_past_the_newest_index_is_refused() {
             .get(&format!("/v1/watch?after={after}&wait_ms=55000"))
             .await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
-        let message = a.json()["error"]["message"].as_str().unwrap().to_string();
+        let message = a.error_message();
         // u64::MAX is past any log index: refused before the leader is asked.
         assert!(
             message.contains("past the cluster's newest index")

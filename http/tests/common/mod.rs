@@ -60,6 +60,15 @@ impl Answer {
         assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
         error["code"].as_str().expect("code").to_owned()
     }
+
+    /// The message of an error answer (panics if it is none).
+    pub fn error_message(&self) -> String {
+        let v = self.json();
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error message: {v}"))
+            .to_owned()
+    }
 }
 
 /// A config for a test node: short timeouts so failures surface quickly.

@@ -45,7 +45,7 @@ async fn no_leader_answers_503_with_retry_after() {
     assert_eq!(a.error_code(), "no_leader");
     assert_eq!(a.headers["retry-after"], "1");
     // It says why: it belongs to no cluster.
-    let message = a.json()["error"]["message"].as_str().unwrap().to_owned();
+    let message = a.error_message();
     assert!(message.contains("not a member"), "{message}");
     let a = t.get("/v1/datanodes").await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
