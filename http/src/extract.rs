@@ -180,9 +180,29 @@ where
             Ok(axum::extract::Path(value)) => Ok(Path(value)),
             Err(rejection) => Err(ApiError::invalid(
                 "invalid_path",
-                format!("invalid path parameter: {}", rejection.body_text()),
+                format!(
+                    "invalid path {:?}: {}",
+                    parts.uri.path(),
+                    path_error(&rejection)
+                ),
             )),
         }
+    }
+}
+
+/// What is wrong with a path's parameters: [`Id`]'s own message where it refused one, without
+/// the wrapping of axum's rejection text ("Invalid URL: Cannot parse `id` with value ...").
+fn path_error(rejection: &axum::extract::rejection::PathRejection) -> String {
+    use axum::extract::path::ErrorKind;
+    use axum::extract::rejection::PathRejection;
+    match rejection {
+        PathRejection::FailedToDeserializePathParams(e) => match e.kind() {
+            ErrorKind::DeserializeError { message, .. } | ErrorKind::Message(message) => {
+                message.clone()
+            }
+            kind => kind.to_string(),
+        },
+        other => other.body_text(),
     }
 }
 
@@ -295,6 +315,55 @@ mod tests {
         }
         let err = parse_id("18446744073709551616").unwrap_err();
         assert!(err.contains("larger than the largest id"), "{err}");
+    }
+
+    /// The message of the answer to `GET uri` from a router whose routes take one and two ids.
+    async fn path_message(uri: &str) -> (u16, String) {
+        use axum::routing::get;
+        use tower::ServiceExt;
+        async fn one(Path(Id(_)): Path<Id>) {}
+        async fn two(Path((Id(_), Id(_))): Path<(Id, Id)>) {}
+        let app = axum::Router::new()
+            .route("/d/{id}", get(one))
+            .route("/d/{id}/s/{shard}", get(two));
+        let request = axum::http::Request::get(uri)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = app.oneshot(request).await.unwrap();
+        let status = answer.status().as_u16();
+        let body = axum::body::to_bytes(answer.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], "invalid_path", "{json}");
+        (
+            status,
+            json["error"]["message"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn path_errors_name_the_path_and_what_is_wrong_with_it() {
+        let expect = [
+            (
+                "/d/-1",
+                r#"invalid path "/d/-1": "-1" is not an id: ids are decimal numbers without sign or leading zeros"#,
+            ),
+            (
+                "/d/7/s/007",
+                r#"invalid path "/d/7/s/007": "007" is not an id: ids are decimal numbers without sign or leading zeros"#,
+            ),
+            (
+                "/d/18446744073709551616",
+                r#"invalid path "/d/18446744073709551616": 18446744073709551616 is larger than the largest id (18446744073709551615)"#,
+            ),
+        ];
+        for (uri, message) in expect {
+            assert_eq!(path_message(uri).await, (400, message.to_owned()), "{uri}");
+        }
+        let (status, escaped) = path_message("/d/%37").await;
+        assert_eq!(status, 400);
+        assert!(escaped.contains("or %-escapes"), "{escaped}");
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub struct InitBody {
 }
 
 /// A JSON object of member ids to addresses that names no id twice (serde's map would keep the
-/// last address of an id given twice, and a typo in the first would go unnoticed).
+/// last address of an id given twice, and a typo in the first would go unnoticed). Ids are
+/// written as in paths, canonical decimal: `"01"` would otherwise be a syntax error, not a
+/// wrong member list.
 fn unique_members<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, String>, D::Error> {
     struct Members;
     impl<'de> serde::de::Visitor<'de> for Members {
@@ -31,7 +33,8 @@ fn unique_members<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, Strin
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
             let mut members = BTreeMap::new();
-            while let Some((id, addr)) = map.next_entry::<u64, String>()? {
+            while let Some((id, addr)) = map.next_entry::<String, String>()? {
+                let id = crate::extract::parse_id(&id).map_err(serde::de::Error::custom)?;
                 if members.insert(id, addr).is_some() {
                     return Err(serde::de::Error::custom(format!(
                         "member {id} is named twice"
@@ -105,7 +108,7 @@ pub struct ConfigPatchBody {
 
 impl InitBody {
     /// Checks the member list: not empty, every address `host:port` and no address twice (one
-    /// process cannot be two members), and this node (`own_id`), if named, at the address it
+    /// process cannot be two members), and this node (`own_id`) named, at the address it
     /// advertises (`own_addr`): the others would otherwise never reach it.
     pub fn validate(&self, own_id: u64, own_addr: &str) -> Result<(), ApiError> {
         if self.members.is_empty() {
@@ -133,7 +136,16 @@ impl InitBody {
                      all interfaces names its address with --advertise)"
                 ),
             )),
-            _ => Ok(()),
+            Some(_) => Ok(()),
+            // The node refuses this too; said here, it gets the code every other wrong member
+            // list gets.
+            None => Err(ApiError::invalid(
+                "invalid_members",
+                format!(
+                    "members must include this node ({own_id} at {own_addr}): init is sent to \
+                     one of the nodes that form the cluster"
+                ),
+            )),
         }
     }
 }
@@ -192,8 +204,13 @@ mod tests {
     fn init_members_are_checked() {
         let ok = init(r#"{"members":{"1":"10.0.0.1:7101","2":"10.0.0.2:7101"}}"#).unwrap();
         ok.validate(1, "10.0.0.1:7101").unwrap();
-        // This node may be left out here; the node itself refuses a list without it.
-        ok.validate(3, "10.0.0.3:7101").unwrap();
+        let e = ok.validate(3, "10.0.0.3:7101").unwrap_err();
+        assert_eq!(e.code(), "invalid_members");
+        assert!(
+            e.to_string()
+                .contains("must include this node (3 at 10.0.0.3:7101)"),
+            "{e}"
+        );
         let e = ok.validate(1, "10.0.0.9:7101").unwrap_err();
         assert_eq!(e.code(), "invalid_members");
         assert!(
@@ -222,6 +239,18 @@ mod tests {
         assert_eq!(init.members[&2], "127.0.0.1:7102");
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"-1":"a:1"}}"#).is_err());
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"x":"a:1"}}"#).is_err());
+        // One spelling per id, as in paths; the error is about the data, not the syntax.
+        for key in ["01", "+1", " 1", "1.0", ""] {
+            let e =
+                serde_json::from_str::<InitBody>(&format!(r#"{{"members":{{"{key}":"a:1"}}}}"#))
+                    .unwrap_err();
+            assert_eq!(
+                e.classify(),
+                serde_json::error::Category::Data,
+                "{key:?}: {e}"
+            );
+            assert!(e.to_string().contains("is not an id"), "{key:?}: {e}");
+        }
         let empty: InitBody = serde_json::from_str(r#"{"members":{}}"#).unwrap();
         assert_eq!(
             empty.validate(1, "127.0.0.1:7101").unwrap_err().code(),

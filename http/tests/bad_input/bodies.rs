@@ -245,6 +245,14 @@ pub fn json(epoch: u64) -> Vec<Case> {
             "invalid_body",
         ),
         case(
+            "member id with a leading zero",
+            M::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"01":"a:1"}}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
             "negative learner id",
             M::POST,
             "/v1/cluster/learners",

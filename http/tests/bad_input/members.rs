@@ -156,6 +156,14 @@ pub fn addresses_and_members() -> Vec<Case> {
             "invalid_members",
         ),
         case(
+            "init without the node it is sent to",
+            M::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"9":"127.0.0.1:1"}}"#,
+            400,
+            "invalid_members",
+        ),
+        case(
             "empty voters",
             M::PUT,
             "/v1/cluster/voters",
