@@ -4,7 +4,8 @@
 //! Two workloads, each in two arms (`shared` and `own` WAL barriers, set through the server's
 //! `--barrier` setting), interleaved A B A B with a fresh cluster for every run:
 //! single-shard writes at several client counts, and the restart storm (every datanode registers all
-//! its shards at once while admin reads run). Prints markdown tables and writes
+//! its shards at once while admin reads run); then single-shard writes once more on servers whose
+//! fdatasync is slowed (`slow_sync`), apart from the targets. Prints markdown tables and writes
 //! `target/bench/storm.json` and `target/bench/storm.svg`.
 
 mod admin_probe;
@@ -20,6 +21,7 @@ mod restart;
 mod results;
 mod server_build;
 mod single;
+mod slow_sync;
 mod wal_figures;
 
 use std::path::Path;
@@ -105,7 +107,8 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
         single_points(&options.clients).len()
     } else {
         0
-    } + usize::from(options.runs_storm());
+    } + usize::from(options.runs_storm())
+        + usize::from(options.runs_slow_sync());
     let steps = if options.runs_removal() {
         options.rounds * (1 + usize::from(options.compare_binary.is_some()))
     } else if options.runs_reads() {
@@ -232,6 +235,44 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
                     overall.inc(1);
                 }
                 cluster.stop(STOP_GRACE);
+            }
+            if options.runs_slow_sync() {
+                let clients = options.slow_sync_clients;
+                let us = options.slow_sync_us;
+                overall.set_message(format!(
+                    "{tag}: starting a cluster whose fdatasyncs take {us} µs longer"
+                ));
+                let mut flags = server.clone();
+                flags.extra.push(format!("--emulated-sync-latency-us={us}"));
+                let mut cluster = Cluster::start(
+                    binary,
+                    arm,
+                    &runs_dir,
+                    &flags,
+                    options.keep_data,
+                    Duration::from_secs(options.startup_timeout),
+                    &api,
+                )
+                .await?;
+                let mut workload = SingleWorkload {
+                    cluster: &mut cluster,
+                    api: &api,
+                    arm,
+                    round,
+                    warmup: options.warmup(),
+                    measure: options.measure(),
+                };
+                overall.set_message(format!("{tag}: {clients} client(s), syncs {us} µs longer"));
+                let p = workload.run(clients, 1, Route::Spread).await;
+                cluster.stop(STOP_GRACE);
+                let p = p?;
+                progress.suspend(|| eprintln!(
+                    "{tag}: single {clients:>3} clients, syncs {us} µs longer: {:>8.0} reg/s  p50 {:.2} ms  p99 {:.2} ms",
+                    p.per_sec, p.p50_ms, p.p99_ms
+                ));
+                results.slow_sync.push(p);
+                results.slow_sync_us = us;
+                overall.inc(1);
             }
             if options.runs_storm() {
                 overall.set_message(format!("{tag}: starting a cluster"));

@@ -101,6 +101,15 @@ pub struct Options {
     /// (build A) in the same run, rounds alternating A B, then B A.
     #[arg(long)]
     pub compare_binary: Option<std::path::PathBuf>,
+    /// With the single-shard workload: measure `--slow-sync-clients` clients once more in each
+    /// arm, on servers whose every fdatasync takes this many microseconds longer
+    /// (`--emulated-sync-latency-us`), as on a disk without a write cache; reported apart
+    /// from the targets. 0 skips it, as does an emulated latency in `--server-arg`.
+    #[arg(long, default_value_t = 1000)]
+    pub slow_sync_us: u64,
+    /// Clients of the slow-sync pass.
+    #[arg(long, default_value_t = 16)]
+    pub slow_sync_clients: usize,
     /// Keep the data dirs and server logs of every run (under `target/bench/storm-runs/`).
     #[arg(long)]
     pub keep_data: bool,
@@ -150,6 +159,9 @@ impl Options {
         if self.admin_interval_ms == 0 {
             bail!("--admin-interval-ms must be positive");
         }
+        if self.slow_sync_clients == 0 {
+            bail!("--slow-sync-clients must be positive");
+        }
         if self.compare_binary.is_some() && !self.runs_removal() {
             bail!("--compare-binary compares builds in the removal workload only (--workload removal)");
         }
@@ -174,6 +186,17 @@ impl Options {
     /// Whether the restart storm runs.
     pub fn runs_storm(&self) -> bool {
         matches!(self.workload, Workloads::Storm | Workloads::Both)
+    }
+
+    /// Whether the single-shard workload runs once more on servers with slower syncs: not
+    /// when `--server-arg` emulates a latency already (the flag would be given twice).
+    pub fn runs_slow_sync(&self) -> bool {
+        self.runs_single()
+            && self.slow_sync_us > 0
+            && !self
+                .server_arg
+                .iter()
+                .any(|a| a.contains("emulated-sync-latency"))
     }
 
     /// Whether the removal workload runs.

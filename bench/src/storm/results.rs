@@ -20,6 +20,9 @@ pub struct Results {
     pub again: Vec<StormPoint>,
     pub reads: Vec<ReadPoint>,
     pub removals: Vec<super::removal::RemovalPoint>,
+    /// Single-shard points on servers whose fdatasync took `slow_sync_us` longer.
+    pub slow_sync: Vec<SinglePoint>,
+    pub slow_sync_us: u64,
 }
 
 /// Formats a number with `digits` decimals.
@@ -300,6 +303,9 @@ impl Results {
                 &rows,
             );
             self.print_single_medians();
+        }
+        if !self.slow_sync.is_empty() {
+            super::slow_sync::print(&self.slow_sync, self.slow_sync_us);
         }
         if !self.storm.is_empty() {
             println!("\n### Restart storm, every run\n");
