@@ -121,3 +121,39 @@ async fn a_stopping_leader_hands_over_to_a_caught_up_voter() -> Result<()> {
         .is_none());
     c.shutdown().await
 }
+
+/// Where a write that was refused without being acted on goes next: a leader that refused it
+/// (it hands its leadership over, or has no quorum) is not asked again in the same term; any
+/// other leader, this node included, takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_goes_to_a_leader_other_than_the_one_that_refused_it() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    c.converged().await?;
+    let follower = c
+        .nodes
+        .values()
+        .find(|n| n.id() != leader.id() && n.status().leader_id == Some(leader.id()))
+        .context("a follower that knows the leader")?
+        .clone();
+    let term = leader.term();
+    let brief = Duration::from_millis(200);
+    // The leader led before now; the follower does not lead.
+    let now = std::time::Instant::now();
+    ensure!(leader.led_before(now) && !follower.led_before(now));
+    // The leader refused it itself: not again in this term; in a later one it may.
+    let me = Some(leader.id());
+    ensure!(leader.next_leader(me, term, brief).await.is_none());
+    ensure!(leader.next_leader(me, term - 1, brief).await == Some(None));
+    // Another node refused it, or nobody led: this one leads, so it writes here.
+    ensure!(leader.next_leader(Some(follower.id()), term, brief).await == Some(None));
+    ensure!(leader.next_leader(None, term, brief).await == Some(None));
+    // At a follower: any leader will do, unless that leader refused it in its term.
+    let to = follower.next_leader(None, term, brief).await;
+    ensure!(
+        to == Some(Some((leader.id(), common::addr(leader.id())))),
+        "{to:?}"
+    );
+    ensure!(follower.next_leader(me, term, brief).await.is_none());
+    c.shutdown().await
+}

@@ -3,11 +3,11 @@
 //! another leader.
 //!
 //! A write that reached a follower is thus parsed and validated once, on the follower, and the
-//! leader only proposes the command. When this node's core, asked directly, answers "forward
-//! to leader" (an election just ended), the forwarding middleware replays the request instead
-//! (a removal's later piece excepted: it goes to that leader as a command, see `Writer::write`).
-//! When the leader it was sent to refuses it without acting on it (it no longer leads, or
-//! cannot be reached), it is sent once more, to the next leader this node learns of.
+//! leader only proposes the command. A write that nobody acted on goes on to the next leader
+//! this node learns of (`Writer::write`): one the leader it was sent to refused (it no longer
+//! leads, or cannot be reached), and one this node's core refused before proposing it (it
+//! hands its leadership over, knows no leader while an election runs, or learned that
+//! another node leads before its metrics said so).
 //!
 //! A command that needs a cluster version this node has not applied (`RaiseEpochFloor` before
 //! this node applied the raise to 4) is not sent in a batch: a leader of an older build could not
@@ -20,12 +20,17 @@ use std::convert::Infallible;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use meta_consensus::{Command, MetaNode, Written};
+use meta_consensus::{Command, Error as NodeError, MetaNode, Written};
 
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Batcher;
 use crate::state::SharedState;
+
+/// Sends and proposals of one write, at most: each after a refusal that changed something
+/// (another leader known, a later term), so more means leaders come and go faster than a
+/// write can reach one.
+const MAX_ATTEMPTS: u32 = 8;
 
 /// A handler's handle for writing; extracted from the request (whether another member
 /// forwarded it) and the state.
@@ -56,52 +61,80 @@ impl Writer {
     /// Writes `cmd`. Returns once it is committed (durable on a quorum) and applied on the
     /// node that proposed it (this one, or the leader it was forwarded to). Bad input is
     /// refused before anything is sent or proposed.
+    ///
+    /// A write that nobody acted on is not failed at once: when the leader it was sent to
+    /// refuses it (it no longer leads, or cannot be reached: a hand-over, a crash), when this
+    /// node's core refuses it (it is handing its leadership over, or knows no leader while an
+    /// election runs), it goes to the leader this node learns of next, within what is left of
+    /// the request timeout (at least two election timeouts): a failover that ends in time
+    /// costs the client a slower answer, not an error. A crashed leader is noticed only after
+    /// an election timeout, and a split vote takes another.
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
         let decodable = self.node.cluster_version() >= cmd.required_version();
-        match self.node.route(&cmd)? {
-            Some((leader_id, addr)) if !self.forwarded && decodable => {
-                let started = tokio::time::Instant::now();
-                let term = self.node.term();
-                let sent = self
-                    .batcher
-                    .send(ForwardTo { leader_id, addr }, cmd.clone())
-                    .await;
-                let Err(ApiError::NoLeader(why)) = sent else {
-                    return sent;
-                };
-                // The leader this node knew did nothing with the write (it no longer leads, or
-                // could not be reached: a hand-over, a crash): it goes once more, to the leader
-                // this node learns of next, within what is left of the request timeout (at
-                // least two election timeouts): a failover that ends in time costs the client
-                // a slower answer, not an error. A crashed leader is noticed only after an
-                // election timeout, and a split vote takes another.
-                let cfg = self.node.config();
-                let within = cfg
-                    .request_timeout
-                    .saturating_sub(started.elapsed())
-                    .max(cfg.election_timeout() * 2);
-                match self.node.next_leader(leader_id, term, within).await {
-                    Some(Some((leader_id, addr))) => {
-                        self.batcher.send(ForwardTo { leader_id, addr }, cmd).await
-                    }
-                    // This node leads now: proposed here, as below (a removal's later piece
-                    // must not become a replay of its request here either).
-                    Some(None) => self.propose_here(cmd).await,
-                    None => Err(ApiError::NoLeader(why)),
-                }
-            }
-            _ => self.propose_here(cmd).await,
+        let mut next = self.node.route(&cmd)?;
+        if self.forwarded || !decodable {
+            return self.propose_here(cmd).await;
         }
+        let started = tokio::time::Instant::now();
+        let mut deadline = None;
+        for attempt in 1.. {
+            let term = self.node.term();
+            // Who refused the write without acting on it, and the answer if nobody takes it.
+            let (refused_by, why) = match next.take() {
+                Some((leader_id, addr)) => {
+                    let sent = self
+                        .batcher
+                        .send(ForwardTo { leader_id, addr }, cmd.clone())
+                        .await;
+                    match sent {
+                        Err(why @ ApiError::NoLeader(_)) => (Some(leader_id), why),
+                        sent => return sent,
+                    }
+                }
+                // Openraft refuses before it proposes: "forward to leader" (this node does not
+                // lead, or hands its leadership over) or no leader (none known, or this
+                // leader has no quorum). A leader that refused is not asked again in its term;
+                // a node that was campaigning when asked may lead next.
+                None => {
+                    let asked = std::time::Instant::now();
+                    match self.node.write(cmd.clone()).await {
+                        Err(e @ (NodeError::ForwardToLeader { .. } | NodeError::NoLeader)) => {
+                            let by = self.node.led_before(asked).then(|| self.node.id());
+                            (by, ApiError::from(e))
+                        }
+                        written => return Ok(written?),
+                    }
+                }
+            };
+            if attempt == MAX_ATTEMPTS {
+                return Err(why);
+            }
+            let cfg = self.node.config();
+            let deadline = *deadline.get_or_insert_with(|| {
+                started
+                    + cfg
+                        .request_timeout
+                        .max(started.elapsed() + cfg.election_timeout() * 2)
+            });
+            let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.node.next_leader(refused_by, term, within).await {
+                Some(leader) => next = leader,
+                None => return Err(why),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
-    /// Proposes `cmd` on this node. A removal's later piece must keep the incarnation it names:
-    /// were this node's core to answer "forward to leader", the replayed request would start
-    /// the removal again. It goes to that leader as a command instead.
+    /// Proposes `cmd` on this node, for a request another member replayed here or a command
+    /// a leader of an older build could not decode in a batch. A removal's later piece must
+    /// keep the incarnation it names: were this node's core to answer "forward to leader", the
+    /// replayed request would start the removal again. It goes to that leader as a command
+    /// instead.
     async fn propose_here(&self, cmd: Command) -> Result<Written, ApiError> {
         let piece = matches!(cmd, Command::RemoveDatanodePiece { .. }).then(|| cmd.clone());
         match (self.node.write(cmd).await, piece) {
             (
-                Err(meta_consensus::Error::ForwardToLeader {
+                Err(NodeError::ForwardToLeader {
                     leader_id,
                     leader_addr,
                 }),

@@ -97,14 +97,15 @@ impl MetaNode {
         self.inner.raft.metrics().borrow_watched().current_term
     }
 
-    /// Waits, at most `within`, for this node to know a leader other than `stale`, which led
-    /// in `term` as far as this node knew and refused a forwarded write (it no longer leads,
-    /// or could not be reached): another node, or the same one elected again in a later term
-    /// (`Some(Some((id, addr)))`), this node (`Some(None)`: write here), or `None` if none is
-    /// known in time.
+    /// Waits, at most `within`, for this node to know a leader other than `stale`, the leader
+    /// that refused a write in `term` without acting on it (it no longer leads, could not be
+    /// reached, hands its leadership over, or has no quorum; this node, if it led when its own
+    /// core refused: see [`MetaNode::led_before`]): another node, or the same one elected again
+    /// in a later term (`Some(Some((id, addr)))`), this node (`Some(None)`: write here), or
+    /// `None` if none is known in time. With no `stale` leader, any leader will do.
     pub async fn next_leader(
         &self,
-        stale: NodeId,
+        stale: Option<NodeId>,
         term: u64,
         within: Duration,
     ) -> Option<Option<(NodeId, String)>> {
@@ -113,19 +114,39 @@ impl MetaNode {
             let later = {
                 let metrics = self.inner.raft.metrics();
                 let m = metrics.borrow_watched();
-                if m.state == openraft::ServerState::Leader {
+                let later = m.current_term > term;
+                // A leader that refused a write itself takes writes again only once it is
+                // elected again.
+                if m.state == openraft::ServerState::Leader && (stale != Some(self.id()) || later) {
                     return Some(None);
                 }
-                m.current_term > term
+                later
             };
             if let Some((id, addr)) = self
                 .leader_to_forward_to()
-                .filter(|(id, _)| *id != stale || later)
+                .filter(|(id, _)| stale != Some(*id) || later)
             {
                 return Some(Some((id, addr)));
             }
             self.await_metrics_change(deadline).await.ok()?;
         }
+    }
+
+    /// Whether this node leads, and has led since before `at` in its current term: a write its
+    /// core refused after `at` was refused by a leader (one handing its leadership over, or
+    /// without a quorum), not by a node still campaigning, which may lead a moment later.
+    pub fn led_before(&self, at: std::time::Instant) -> bool {
+        let (leads, term) = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            (m.state == openraft::ServerState::Leader, m.current_term)
+        };
+        leads
+            && self
+                .inner
+                .led_since
+                .lock()
+                .is_some_and(|(t, since)| t == term && since <= at)
     }
 
     /// The leader (id and address) this node's metrics name, when that is another node (a

@@ -1,5 +1,6 @@
-//! Peers that fail: an unreachable peer is retried with backoff, and a write outlives the
-//! leader it was forwarded to.
+//! Peers that fail: an unreachable peer is retried with backoff, a write outlives the leader
+//! it was forwarded to, and writes that reach a member while no leader takes them (a hand-over,
+//! an election) wait for the next leader instead of failing.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,9 @@ use meta_consensus::Node;
 use tokio::net::TcpListener;
 
 use crate::common::wait_for;
-use crate::helpers::{http_client, start_alone, start_cluster_tuned, the_leader, TOKEN};
+use crate::helpers::{
+    http_client, start_alone, start_cluster, start_cluster_tuned, the_leader, TOKEN,
+};
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
 /// leader whose learner's address accepts connections and drops them at once makes at most a
@@ -103,6 +106,103 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     assert_eq!(status, 200, "{text}");
     let new = servers[&follower].node.status().leader_id;
     assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for server in servers.values() {
+        server.node.shutdown().await.unwrap();
+    }
+}
+
+/// Writes sent while a leader hands its leadership over (as it does before a planned stop) are
+/// taken by the next leader. At the leader, its core refuses them while the hand-over runs
+/// (they were replayed at the new leader before it had won its election, and refused with 503
+/// `no_leader`); at a follower, one may arrive after it voted and before it hears from the new
+/// leader (it knows no leader then, and refused them at once). Every write is answered 200,
+/// and every one answered is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let leader = the_leader(&servers);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut writers = tokio::task::JoinSet::new();
+    // Two writers at each member.
+    for (w, server) in servers.values().chain(servers.values()).enumerate() {
+        let (http, stop, done) = (http_client(), stop.clone(), done.clone());
+        let base = format!("http://{}/v1/kv/hand-over/{w}-", server.addr);
+        writers.spawn(async move {
+            let mut refused = Vec::new();
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let sent = Instant::now();
+                let r = http
+                    .put(format!("{base}{i}"))
+                    .bearer_auth(TOKEN)
+                    .body("x")
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                if status != 200 {
+                    refused.push(format!(
+                        "{base} after {:?}: {status} {}",
+                        sent.elapsed(),
+                        r.text().await.unwrap()
+                    ));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            refused
+        });
+    }
+    wait_for(
+        || done.load(Ordering::Relaxed) >= 20,
+        "the writers to start",
+    )
+    .await;
+    // A voter is picked only once it was heard from within the lease: ask until one is.
+    let mut new = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while new.is_none() && Instant::now() < deadline {
+        new = leader
+            .node
+            .hand_over_leadership(Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let new = new.expect("a voter took over");
+    // The writers go on past the hand-over, now forwarded to the new leader.
+    let after = done.load(Ordering::Relaxed) + 30;
+    wait_for(
+        || done.load(Ordering::Relaxed) >= after,
+        "writes after the hand-over",
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut refused = Vec::new();
+    while let Some(joined) = writers.join_next().await {
+        refused.extend(joined.unwrap());
+    }
+    assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
+    let answered = done.load(Ordering::Relaxed);
+    let list = http_client()
+        .get(format!(
+            "http://{}/v1/kv?prefix=hand-over/&limit=10000",
+            servers[&new].addr
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let stored = list["keys"].as_array().expect("a key listing").len() as u64;
+    assert_eq!(stored, answered, "{list}");
     for server in servers.values() {
         server.node.shutdown().await.unwrap();
     }
