@@ -63,12 +63,13 @@ impl Writer {
     /// refused before anything is sent or proposed.
     ///
     /// A write that nobody acted on is not failed at once: when the leader it was sent to
-    /// refuses it (it no longer leads, or cannot be reached: a hand-over, a crash), when this
+    /// refuses it (it no longer leads, or cannot be reached: a hand-over, a crash), or this
     /// node's core refuses it (it is handing its leadership over, or knows no leader while an
     /// election runs), it goes to the leader this node learns of next, within what is left of
     /// the request timeout (at least two election timeouts): a failover that ends in time
     /// costs the client a slower answer, not an error. A crashed leader is noticed only after
-    /// an election timeout, and a split vote takes another.
+    /// an election timeout, and a split vote takes another. A leader without a quorum refuses
+    /// at once (after its lease wait), as does a node in no cluster or removed from one.
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
         let decodable = self.node.cluster_version() >= cmd.required_version();
         let mut next = self.node.route(&cmd)?;
@@ -93,15 +94,21 @@ impl Writer {
                 }
                 // Openraft refuses before it proposes: "forward to leader" (this node does not
                 // lead, or hands its leadership over) or no leader (none known, or this
-                // leader has no quorum). A leader that refused is not asked again in its term;
-                // a node that was campaigning when asked may lead next.
+                // leader has no quorum). A leader that hands over is not asked again in its
+                // term; a node that was campaigning when asked may lead next. A leader without
+                // a quorum answers at once, so that its clients try another member.
                 None => {
                     let asked = std::time::Instant::now();
-                    match self.node.write(cmd.clone()).await {
-                        Err(e @ (NodeError::ForwardToLeader { .. } | NodeError::NoLeader)) => {
-                            let by = self.node.led_before(asked).then(|| self.node.id());
-                            (by, ApiError::from(e))
+                    let written = self.node.write(cmd.clone()).await;
+                    let led = matches!(
+                        written,
+                        Err(NodeError::ForwardToLeader { .. } | NodeError::NoLeader)
+                    ) && self.node.led_before(asked);
+                    match written {
+                        Err(e @ NodeError::ForwardToLeader { .. }) => {
+                            (led.then(|| self.node.id()), ApiError::from(e))
                         }
+                        Err(e @ NodeError::NoLeader) if !led => (None, ApiError::from(e)),
                         written => return Ok(written?),
                     }
                 }
