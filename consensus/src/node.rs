@@ -102,6 +102,9 @@ struct Inner {
     led_since: parking_lot::Mutex<Option<(u64, std::time::Instant)>>,
     /// Why this node may not start elections now (`node/election_holds.rs`).
     election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
+    /// A membership named this node, or it opened with one: one that leaves it out now means
+    /// it was removed, not that it is a learner still catching up (`node/votes.rs`).
+    was_named: AtomicBool,
 }
 
 /// The answers of [`MetaNode::stream_append`], in order.
@@ -264,6 +267,7 @@ impl MetaNode {
                 rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
                 election_holds: Default::default(),
                 led_since: parking_lot::Mutex::new(None),
+                was_named: AtomicBool::new(false),
             }),
         };
         if let Some(until) = lease_given_until {
@@ -271,6 +275,7 @@ impl MetaNode {
         }
         node.check_not_behind_purge()?;
         node.await_loaded_metrics().await;
+        node.note_membership_at_open();
         node.follow_metrics();
         if rejoining {
             node.end_rejoin_when_caught_up();
@@ -315,6 +320,10 @@ impl MetaNode {
                     let config = &m.membership_config;
                     if seen != Some(*config.log_id()) {
                         seen = Some(*config.log_id());
+                        if let Some(inner) = inner.upgrade() {
+                            let named = config.membership().get_node(&inner.cfg.id).is_some();
+                            inner.was_named.fetch_or(named, Ordering::Relaxed);
+                        }
                         addresses.set(
                             config
                                 .membership()

@@ -284,3 +284,53 @@ async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Resul
     assert_eq!(learners, BTreeSet::from([5]), "node {gone} left");
     c.shutdown().await
 }
+
+/// A learner that is catching up holds the memberships from before it was added until it
+/// reaches the entry that adds it. They leave it out, but it was not removed: it reports
+/// itself a learner, not `Removed` (which tells an operator to stop it), all the way in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    // A log to catch up on, written by several writers at once.
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let leader = leader.clone();
+            tokio::spawn(async move {
+                for i in 0..60u64 {
+                    leader.register_datanode(1000 * w + i, "dn").await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await??;
+    }
+    let learner = c.start(4).await?;
+    let watched = learner.clone();
+    let roles = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let st = watched.status();
+            if seen.last() != Some(&st.role) {
+                seen.push(st.role);
+            }
+            if st.role == Role::Learner && st.learners.contains(&4) {
+                return seen;
+            }
+            if std::time::Instant::now() >= deadline {
+                return seen;
+            }
+            tokio::task::yield_now().await;
+        }
+    });
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    let seen = roles.await?;
+    anyhow::ensure!(
+        !seen.contains(&Role::Removed) && seen.last() == Some(&Role::Learner),
+        "the learner reported {seen:?}"
+    );
+    c.shutdown().await
+}

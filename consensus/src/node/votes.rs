@@ -90,13 +90,17 @@ impl MetaNode {
     }
 
     /// The members of the cluster this node was removed from, if it was: its own membership
-    /// names others but not it, or a member's notice is about a newer membership than its own.
+    /// names others but not it, although one named it before (a learner that is catching up
+    /// holds memberships from before it was added until it reaches the entry that adds it),
+    /// or a member's notice is about a newer membership than its own.
     pub(super) fn removed(
         &self,
         m: &openraft::RaftMetrics<TypeConfig>,
     ) -> Option<Vec<crate::types::NodeId>> {
         let membership = m.membership_config.membership();
-        if membership.voter_ids().next().is_some() && membership.get_node(&self.id()).is_none() {
+        let named = membership.get_node(&self.id()).is_some();
+        let was_named = self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named;
+        if removed_from(membership.voter_ids().next().is_some(), named, was_named) {
             return Some(membership.nodes().map(|(id, _)| *id).collect());
         }
         let own = m.membership_config.log_id().as_ref().map(|l| l.index);
@@ -105,6 +109,24 @@ impl MetaNode {
             .removal_notice
             .applying_to(own)
             .map(|r| r.members)
+    }
+
+    /// Notes whether the membership this node opened with counts as naming it: any that has
+    /// voters does, so that a node removed before it stopped knows it once it restarts (a
+    /// learner that restarts while it catches up reads as removed until it is caught up).
+    pub(super) fn note_membership_at_open(&self) {
+        let has_voters = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            let voters = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .next()
+                .is_some();
+            voters
+        };
+        self.inner.was_named.fetch_or(has_voters, Ordering::Relaxed);
     }
 
     /// Records a member's notice that this node was removed (the transport calls this).
@@ -299,4 +321,26 @@ fn caught_up(
         return false;
     };
     durable.is_some_and(|l| of_term(l) && l.index >= target.commit)
+}
+
+/// Whether a node was removed, by its membership alone: the membership has voters, leaves the
+/// node out, and a membership named it before (else it is a learner catching up).
+fn removed_from(has_voters: bool, named: bool, was_named: bool) -> bool {
+    has_voters && !named && was_named
+}
+
+#[cfg(test)]
+mod tests {
+    use super::removed_from;
+
+    #[test]
+    fn a_node_is_removed_only_from_a_membership_that_named_it_before() {
+        // A learner catching up: the memberships before the one that adds it leave it out.
+        assert!(!removed_from(true, false, false));
+        // Named now, or no cluster yet.
+        assert!(!removed_from(true, true, true));
+        assert!(!removed_from(false, false, true));
+        // Named before, left out now.
+        assert!(removed_from(true, false, true));
+    }
 }
