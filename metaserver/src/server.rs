@@ -42,6 +42,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             "listening on all interfaces without --advertise; peers are told {addr}"
         );
     }
+    if let Some(warning) = settings.listening_elsewhere(bound, &addr) {
+        tracing::warn!("{warning}");
+    }
     if !settings.emulated_sync_latency.is_zero() {
         tracing::warn!(
             extra = ?settings.emulated_sync_latency,

@@ -375,6 +375,28 @@ impl ServeSettings {
         Ok(addr)
     }
 
+    /// A warning for a node whose address comes from its `--peers` entry (no `--advertise`)
+    /// but that listens elsewhere, as after a restart with a new `--listen` and the old
+    /// `--peers`: the members go on sending to the old address, where nothing may answer.
+    /// `None` when the two can be the same socket (the same port, and the same host or a bound
+    /// address on all interfaces) or an entry is not an IP address and port.
+    pub fn listening_elsewhere(&self, bound: std::net::SocketAddr, addr: &str) -> Option<String> {
+        if self.advertise.is_some() {
+            return None;
+        }
+        let told: std::net::SocketAddr = addr.parse().ok()?;
+        let same =
+            told.port() == bound.port() && (bound.ip().is_unspecified() || told.ip() == bound.ip());
+        (!same).then(|| {
+            format!(
+                "--peers names this node (id {}) at {addr}, but it listens at {bound}: the \
+                 members are told {addr}; if that does not reach this node (it moved), give \
+                 --advertise HOST:PORT, or correct --peers",
+                self.id
+            )
+        })
+    }
+
     /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
     /// or this node alone. Refused, before anything is initialized, as the init route refuses
     /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
@@ -393,6 +415,34 @@ impl ServeSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_listening_away_from_its_peers_entry_is_warned_about() {
+        let args = ServeArgs {
+            peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102".into()),
+            id: Some(2),
+            ..ServeArgs::default()
+        };
+        let s = ServeSettings::resolve(&args, true).unwrap();
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        let told = "127.0.0.1:7102";
+        assert_eq!(s.listening_elsewhere(at("127.0.0.1:7102"), told), None);
+        assert_eq!(s.listening_elsewhere(at("0.0.0.0:7102"), told), None);
+        let moved = s.listening_elsewhere(at("127.0.0.1:7105"), told).unwrap();
+        assert!(moved.contains("listens at 127.0.0.1:7105"), "{moved}");
+        assert!(s.listening_elsewhere(at("10.0.0.2:7102"), told).is_some());
+        // A name is not compared, and an address given with --advertise is the operator's.
+        assert_eq!(
+            s.listening_elsewhere(at("127.0.0.1:7105"), "meta-2:7102"),
+            None
+        );
+        let advertised = ServeArgs {
+            advertise: Some("127.0.0.1:7102".into()),
+            ..args
+        };
+        let s = ServeSettings::resolve(&advertised, true).unwrap();
+        assert_eq!(s.listening_elsewhere(at("127.0.0.1:7105"), told), None);
+    }
 
     #[test]
     fn defaults_of_the_commandless_mode() {
