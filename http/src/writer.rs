@@ -113,6 +113,15 @@ impl Writer {
                     }
                 }
             };
+            // A removal's later piece is never replayed as its request (see `propose_here`).
+            let why = match why {
+                ApiError::ForwardToLeader { .. }
+                    if matches!(cmd, Command::RemoveDatanodePiece { .. }) =>
+                {
+                    ApiError::NoLeader(why.to_string())
+                }
+                why => why,
+            };
             if attempt == MAX_ATTEMPTS {
                 return Err(why);
             }
