@@ -125,23 +125,30 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
     );
     overall.enable_steady_tick(Duration::from_millis(200));
     let server = options.server_flags();
+    // The slow-sync pass's servers: every WAL sync slowed on purpose.
+    let mut slow_sync_server = server.clone();
+    slow_sync_server.extra.push(format!(
+        "--emulated-sync-latency-us={}",
+        options.slow_sync_us
+    ));
     progress.suspend(|| {
         eprintln!(
             "servers: {} async worker thread(s) each (--server-threads; 0 = server default)",
             server.worker_threads
         )
     });
-    let start_cluster = |arm| {
+    let start_cluster_with = |arm, flags| {
         Cluster::start(
             binary,
             arm,
             &runs_dir,
-            &server,
+            flags,
             options.keep_data,
             Duration::from_secs(options.startup_timeout),
             &api,
         )
     };
+    let start_cluster = |arm| start_cluster_with(arm, &server);
 
     if options.runs_removal() {
         // Build A, and build B if given: A B, then B A.
@@ -242,18 +249,7 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
                 overall.set_message(format!(
                     "{tag}: starting a cluster whose fdatasyncs take {us} µs longer"
                 ));
-                let mut flags = server.clone();
-                flags.extra.push(format!("--emulated-sync-latency-us={us}"));
-                let mut cluster = Cluster::start(
-                    binary,
-                    arm,
-                    &runs_dir,
-                    &flags,
-                    options.keep_data,
-                    Duration::from_secs(options.startup_timeout),
-                    &api,
-                )
-                .await?;
+                let mut cluster = start_cluster_with(arm, &slow_sync_server).await?;
                 let mut workload = SingleWorkload {
                     cluster: &mut cluster,
                     api: &api,

@@ -46,6 +46,40 @@ fn max_rss(p: &StormPoint) -> f64 {
     p.peak_rss_mib.iter().map(|r| r.1).fold(0.0, f64::max)
 }
 
+/// Prints one row per single-shard run.
+pub(super) fn print_single_runs(points: &[SinglePoint]) {
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            vec![
+                (p.round + 1).to_string(),
+                p.arm.name().into(),
+                p.route.label(p.clients),
+                f(p.per_sec, 0),
+                f(p.p50_ms, 2),
+                f(p.p99_ms, 2),
+                opt(p.records_per_barrier, 2),
+                format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
+                p.errors.to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "round",
+            "arm",
+            "clients",
+            "registrations/s",
+            "p50 ms",
+            "p99 ms",
+            "records/barrier",
+            "client / servers cores",
+            "errors",
+        ],
+        &rows,
+    );
+}
+
 /// Prints one row per storm run.
 fn print_storm_runs(points: &[StormPoint]) {
     let rows: Vec<Vec<String>> = points
@@ -271,37 +305,7 @@ impl Results {
     pub fn print(&self) {
         if !self.single.is_empty() {
             println!("\n### Single-shard writes, every run\n");
-            let rows: Vec<Vec<String>> = self
-                .single
-                .iter()
-                .map(|p| {
-                    vec![
-                        (p.round + 1).to_string(),
-                        p.arm.name().into(),
-                        p.route.label(p.clients),
-                        f(p.per_sec, 0),
-                        f(p.p50_ms, 2),
-                        f(p.p99_ms, 2),
-                        opt(p.records_per_barrier, 2),
-                        format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
-                        p.errors.to_string(),
-                    ]
-                })
-                .collect();
-            print_table(
-                &[
-                    "round",
-                    "arm",
-                    "clients",
-                    "registrations/s",
-                    "p50 ms",
-                    "p99 ms",
-                    "records/barrier",
-                    "client / servers cores",
-                    "errors",
-                ],
-                &rows,
-            );
+            print_single_runs(&self.single);
             self.print_single_medians();
         }
         if !self.slow_sync.is_empty() {

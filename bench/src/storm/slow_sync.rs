@@ -6,7 +6,7 @@
 
 use super::options::Arm;
 use super::single::SinglePoint;
-use crate::report::{median, print_table};
+use crate::report::median;
 
 /// The median registrations per second of `arm` over `points`, if it ran.
 fn median_rate(points: &[SinglePoint], arm: Arm) -> Option<f64> {
@@ -29,37 +29,7 @@ pub fn print(points: &[SinglePoint], extra_us: u64) {
         "\n### Single-shard writes with every fdatasync {extra_us} µs longer (emulated; not \
          the issue's targets), every run\n"
     );
-    let rows: Vec<Vec<String>> = points
-        .iter()
-        .map(|p| {
-            vec![
-                (p.round + 1).to_string(),
-                p.arm.name().into(),
-                p.clients.to_string(),
-                format!("{:.0}", p.per_sec),
-                format!("{:.2}", p.p50_ms),
-                format!("{:.2}", p.p99_ms),
-                p.records_per_barrier
-                    .map_or_else(|| "-".into(), |r| format!("{r:.2}")),
-                format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
-                p.errors.to_string(),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "round",
-            "arm",
-            "clients",
-            "registrations/s",
-            "p50 ms",
-            "p99 ms",
-            "records/barrier",
-            "client / servers cores",
-            "errors",
-        ],
-        &rows,
-    );
+    super::results::print_single_runs(points);
     let medians = (
         ratio(points),
         median_rate(points, Arm::Shared),
