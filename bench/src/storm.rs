@@ -98,6 +98,24 @@ fn single_points(clients: &[usize]) -> Vec<(usize, Route)> {
     points
 }
 
+/// The single-shard workload of round `round` and `arm` on `cluster`.
+fn single_workload<'a>(
+    cluster: &'a mut Cluster,
+    api: &'a Api,
+    arm: Arm,
+    round: usize,
+    options: &Options,
+) -> SingleWorkload<'a> {
+    SingleWorkload {
+        cluster,
+        api,
+        arm,
+        round,
+        warmup: options.warmup(),
+        measure: options.measure(),
+    }
+}
+
 /// Runs every round and arm, each on a fresh cluster, collecting into `results`.
 async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Result<()> {
     Reaper::install();
@@ -220,14 +238,7 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
             if options.runs_single() {
                 overall.set_message(format!("{tag}: starting a cluster"));
                 let mut cluster = start_cluster(arm).await?;
-                let mut workload = SingleWorkload {
-                    cluster: &mut cluster,
-                    api: &api,
-                    arm,
-                    round,
-                    warmup: options.warmup(),
-                    measure: options.measure(),
-                };
+                let mut workload = single_workload(&mut cluster, &api, arm, round, options);
                 let mut next_datanode = 1;
                 for (clients, route) in single_points(&options.clients) {
                     let label = route.label(clients);
@@ -250,14 +261,7 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
                     "{tag}: starting a cluster whose fdatasyncs take {us} µs longer"
                 ));
                 let mut cluster = start_cluster_with(arm, &slow_sync_server).await?;
-                let mut workload = SingleWorkload {
-                    cluster: &mut cluster,
-                    api: &api,
-                    arm,
-                    round,
-                    warmup: options.warmup(),
-                    measure: options.measure(),
-                };
+                let mut workload = single_workload(&mut cluster, &api, arm, round, options);
                 overall.set_message(format!("{tag}: {clients} client(s), syncs {us} µs longer"));
                 let p = workload.run(clients, 1, Route::Spread).await;
                 cluster.stop(STOP_GRACE);

@@ -99,16 +99,14 @@ impl Writer {
                 // a quorum answers at once, so that its clients try another member.
                 None => {
                     let asked = std::time::Instant::now();
-                    let written = self.node.write(cmd.clone()).await;
-                    let led = matches!(
-                        written,
-                        Err(NodeError::ForwardToLeader { .. } | NodeError::NoLeader)
-                    ) && self.node.led_before(asked);
-                    match written {
+                    match self.node.write(cmd.clone()).await {
                         Err(e @ NodeError::ForwardToLeader { .. }) => {
-                            (led.then(|| self.node.id()), ApiError::from(e))
+                            let by = self.node.led_before(asked).then(|| self.node.id());
+                            (by, ApiError::from(e))
                         }
-                        Err(e @ NodeError::NoLeader) if !led => (None, ApiError::from(e)),
+                        Err(e @ NodeError::NoLeader) if !self.node.led_before(asked) => {
+                            (None, ApiError::from(e))
+                        }
                         written => return Ok(written?),
                     }
                 }

@@ -119,6 +119,7 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
 /// and every one answered is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
+    use openraft::async_runtime::watch::WatchReceiver as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
@@ -166,6 +167,7 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
     .await;
     // A voter is picked only once it was heard from within the lease: ask until one is.
     let mut new = None;
+    let mut metrics = leader.node.raft().metrics();
     let deadline = Instant::now() + Duration::from_secs(20);
     while new.is_none() && Instant::now() < deadline {
         new = leader
@@ -173,6 +175,9 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
             .hand_over_leadership(Duration::from_secs(5))
             .await
             .unwrap();
+        if new.is_none() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+        }
     }
     let new = new.expect("a voter took over");
     // The writers go on past the hand-over, now forwarded to the new leader.
