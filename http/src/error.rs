@@ -336,6 +336,11 @@ impl IntoResponse for ApiError {
                     response.extensions_mut().insert(ReadIndexHint(index));
                 }
             }
+            ApiError::NoLeader(_) => {
+                response
+                    .extensions_mut()
+                    .insert(crate::failover::NoLeaderAnswer);
+            }
             ApiError::RevisionMismatch { current, .. } => {
                 response
                     .headers_mut()

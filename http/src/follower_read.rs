@@ -23,8 +23,9 @@
 //! index within 2 ms replays the read with the index attached (`forward.rs`, header
 //! [`READ_INDEX`]): the receiver answers once it applied that index, from its own registry,
 //! without another round to a quorum. A leader that cannot be asked, or no longer leads, makes
-//! the read fail as a replayed read would: 503 `no_leader` (the client retries), or 504
-//! `timeout`.
+//! the read fail as a replayed read would: 503 `no_leader`, or 504 `timeout`; an exchange is
+//! dropped with 503 `no_leader` as soon as this node learns that another node leads. A read
+//! answered `no_leader` goes on to the next leader (`failover.rs`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -42,6 +43,7 @@ use tokio::sync::oneshot;
 use crate::auth::Token;
 use crate::cluster_identity;
 use crate::error::{ApiError, ForwardTo};
+use crate::failover;
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
 use crate::leader_exchange::LeaderLink;
@@ -203,6 +205,7 @@ impl FollowerReads {
         if !self.enabled {
             return Ok(c);
         }
+        let term = node.term();
         let Some((leader_id, addr)) = node.leader_to_forward_to() else {
             return Ok(c);
         };
@@ -214,8 +217,7 @@ impl FollowerReads {
         }
         let target = ForwardTo { leader_id, addr };
         let index = self
-            .link
-            .read_index(target.clone(), c == Consistency::Lease)
+            .leader_read_index(node, target.clone(), term, c == Consistency::Lease)
             .await?;
         match node.wait_applied(index, self.catch_up.wait).await {
             Ok(()) => {
@@ -254,6 +256,7 @@ impl FollowerReads {
         if let ReplayedReadIndex(Some(index)) = replayed {
             return Ok(index);
         }
+        let term = node.term();
         let target = match node.leader_to_forward_to() {
             Some((leader_id, addr)) => ForwardTo { leader_id, addr },
             None => match node.read_index(c).await {
@@ -269,7 +272,23 @@ impl FollowerReads {
                 Err(e) => return Err(e.into()),
             },
         };
-        self.link.read_index(target, c == Consistency::Lease).await
+        self.leader_read_index(node, target, term, c == Consistency::Lease)
+            .await
+    }
+
+    /// The read index of the leader `target` (whom `node` named in `term`), unless `node`
+    /// learns first that another node leads: then 503 `no_leader`, and the read goes on to
+    /// that one (`failover.rs`).
+    async fn leader_read_index(
+        &self,
+        node: &MetaNode,
+        target: ForwardTo,
+        term: u64,
+        lease: bool,
+    ) -> Result<u64, ApiError> {
+        let leader = target.leader_id;
+        let asked = self.link.read_index(target, lease);
+        failover::unless_deposed(node, leader, term, asked).await
     }
 }
 

@@ -9,13 +9,16 @@
 //! comes from), runs the handler, and if the handler answered "forward to leader" sends the same
 //! method, path, query, body and `Authorization` header to the leader and streams its answer
 //! back. A replayed request carries a marker header; a node receiving one never forwards again
-//! (it answers 503 `no_leader`), so a stale leader hint cannot loop.
+//! (it answers 503 `no_leader`), so a stale leader hint cannot loop. A read (GET, HEAD) that no
+//! leader answered goes round again once this node learns of the next leader (`failover.rs`);
+//! the leader's own 503 `no_leader` to a replayed read is read here to tell it from others.
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -25,6 +28,7 @@ use crate::auth::Token;
 use crate::bounded_body::read_bounded;
 use crate::cluster_identity;
 use crate::error::{ApiError, ForwardTo, ReadIndexHint};
+use crate::failover;
 use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
@@ -71,6 +75,11 @@ impl Replay {
     /// The path and query to replay.
     fn path(&self) -> &str {
         self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    }
+
+    /// Whether the request only reads (changes nothing wherever it is answered).
+    fn is_read(&self) -> bool {
+        matches!(self.method, Method::GET | Method::HEAD)
     }
 }
 
@@ -134,7 +143,7 @@ impl Forwarder {
     ) -> Response {
         let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
-        let acts = !matches!(replay.method, Method::GET | Method::HEAD);
+        let acts = !replay.is_read();
         let mut request = self
             .client
             .request(replay.method, &url)
@@ -169,7 +178,8 @@ impl Forwarder {
             Ok(response) => response,
             Err(e) => return leader_failed(target, &e, acts).into_response(),
         };
-        let mut relayed = Response::builder().status(response.status().as_u16());
+        let status = response.status();
+        let mut relayed = Response::builder().status(status.as_u16());
         for name in RELAYED {
             if let Some(value) = response.headers().get(name.as_str()) {
                 if let Ok(value) = HeaderValue::from_bytes(value.as_bytes()) {
@@ -177,10 +187,44 @@ impl Forwarder {
                 }
             }
         }
+        let small = response
+            .content_length()
+            .is_some_and(|n| n <= MAX_REFUSAL_BYTES);
+        let body = if !acts && status == StatusCode::SERVICE_UNAVAILABLE && small {
+            // A leader's refusal of a read is read here: one that says it does not lead makes
+            // the read go on to the next leader (`failover.rs`).
+            let body = match response.bytes().await {
+                Ok(body) => body,
+                Err(e) => return leader_failed(target, &e, acts).into_response(),
+            };
+            if let Some(refused) = no_leader_message(&body) {
+                return ApiError::NoLeader(format!(
+                    "the leader (node {} at {}) refused: {refused}",
+                    target.leader_id, target.addr
+                ))
+                .into_response();
+            }
+            Body::from(body)
+        } else {
+            Body::from_stream(response.bytes_stream())
+        };
         relayed
-            .body(Body::from_stream(response.bytes_stream()))
+            .body(body)
             .unwrap_or_else(|e| ApiError::Internal(e.to_string()).into_response())
     }
+}
+
+/// The largest refusal of a read that [`Forwarder::replay`] reads to see whether it says
+/// `no_leader` (an error body is a few hundred bytes).
+const MAX_REFUSAL_BYTES: u64 = 64 * 1024;
+
+/// The message of an error body whose code is `no_leader`.
+fn no_leader_message(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let error = value.get("error")?;
+    (error.get("code")?.as_str()? == "no_leader")
+        .then(|| error.get("message")?.as_str().map(str::to_owned))
+        .flatten()
 }
 
 /// Route layer of the admin API: buffers the body, runs the handler, forwards if told to.
@@ -215,12 +259,28 @@ pub async fn forward_to_leader(
             return refused;
         }
     }
+    if forwarded || !matches!(parts.method, Method::GET | Method::HEAD) {
+        return answer(&state, parts, body, next).await;
+    }
+    // A read rides out a leader change (`failover.rs`).
+    let node = state.node.clone();
+    failover::read(&node, || {
+        answer(&state, parts.clone(), body.clone(), next.clone())
+    })
+    .await
+}
+
+/// Runs the handler on the request `parts` with `body`, and replays the request at the leader
+/// if the handler answered "forward to leader" (unless another member replayed it here).
+async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> Response {
+    let forwarded = parts.headers.contains_key(&FORWARDED_BY);
     let replay = Replay {
         method: parts.method.clone(),
         uri: parts.uri.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),
     };
+    let term = state.node.term();
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;
     let Some(target) = response.extensions().get::<ForwardTo>().cloned() else {
         return response;
@@ -230,5 +290,37 @@ pub async fn forward_to_leader(
         return response;
     }
     let read_index = response.extensions().get::<ReadIndexHint>().copied();
-    state.forwarder.replay(&target, read_index, replay).await
+    if !replay.is_read() {
+        return state.forwarder.replay(&target, read_index, replay).await;
+    }
+    // A read gives up on a leader that stopped answering once another one leads.
+    let leader = target.leader_id;
+    let replayed = async { Ok(state.forwarder.replay(&target, read_index, replay).await) };
+    failover::unless_deposed(&state.node, leader, term, replayed)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_no_leader_refusal_is_taken_for_one() {
+        let no_leader = ApiError::NoLeader("no leader is known".into());
+        let body = serde_json::json!({
+            "error": { "code": no_leader.code(), "message": no_leader.to_string() }
+        });
+        assert_eq!(
+            no_leader_message(body.to_string().as_bytes()).as_deref(),
+            Some(no_leader.to_string().as_str())
+        );
+        let overloaded = br#"{"error":{"code":"overloaded","message":"too many watches"}}"#;
+        assert_eq!(no_leader_message(overloaded), None);
+        assert_eq!(no_leader_message(b"no_leader"), None);
+        assert_eq!(
+            no_leader_message(br#"{"error":{"code":"no_leader"}}"#),
+            None
+        );
+    }
 }

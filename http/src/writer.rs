@@ -23,14 +23,10 @@ use axum::http::request::Parts;
 use meta_consensus::{Command, Error as NodeError, MetaNode, Written};
 
 use crate::error::{ApiError, ForwardTo};
+use crate::failover::{Failover, MAX_ATTEMPTS};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Batcher;
 use crate::state::SharedState;
-
-/// Sends and proposals of one write, at most: each after a refusal that changed something
-/// (another leader known, a later term), so more means leaders come and go faster than a
-/// write can reach one.
-const MAX_ATTEMPTS: u32 = 8;
 
 /// A handler's handle for writing; extracted from the request (whether another member
 /// forwarded it) and the state.
@@ -76,8 +72,7 @@ impl Writer {
         if self.forwarded || !decodable {
             return self.propose_here(cmd).await;
         }
-        let started = tokio::time::Instant::now();
-        let mut deadline = None;
+        let mut failover = Failover::start();
         for attempt in 1.. {
             let term = self.node.term();
             // Who refused the write without acting on it, and the answer if nobody takes it.
@@ -123,14 +118,7 @@ impl Writer {
             if attempt == MAX_ATTEMPTS {
                 return Err(why);
             }
-            let cfg = self.node.config();
-            let deadline = *deadline.get_or_insert_with(|| {
-                started
-                    + cfg
-                        .request_timeout
-                        .max(started.elapsed() + cfg.election_timeout() * 2)
-            });
-            let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let within = failover.left(&self.node);
             match self.node.next_leader(refused_by, term, within).await {
                 Some(leader) => next = leader,
                 None => return Err(why),

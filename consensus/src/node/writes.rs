@@ -71,6 +71,23 @@ impl MetaNode {
         }
     }
 
+    /// Whether this node is a member of a cluster that has not removed it: one that knows no
+    /// leader waits for an election, and may learn of one.
+    pub fn in_cluster(&self) -> bool {
+        !matches!(self.no_leader(), Error::NotMember | Error::Removed { .. })
+    }
+
+    /// The leader this node's metrics name: itself when it leads, else as
+    /// [`MetaNode::leader_to_forward_to`].
+    pub fn known_leader(&self) -> Option<NodeId> {
+        let leads =
+            self.inner.raft.metrics().borrow_watched().state == openraft::ServerState::Leader;
+        if leads {
+            return Some(self.id());
+        }
+        self.leader_to_forward_to().map(|(id, _)| id)
+    }
+
     /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
     /// follower forwards a request without a round trip through its Raft core. `None`: this
     /// node may lead; ask the core (which answers `ForwardToLeader` itself if it does not).

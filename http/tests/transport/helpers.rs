@@ -63,6 +63,14 @@ impl Server {
     }
 }
 
+impl KeptPort {
+    /// Makes the kept address take connections and never answer on them, as a paused process
+    /// does (the kernel completes the handshakes; nothing reads the requests).
+    pub fn stop_answering(&self) {
+        self.socket.listen(1024).unwrap();
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();

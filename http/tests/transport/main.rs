@@ -14,5 +14,6 @@ mod faults;
 mod follower_reads;
 mod helpers;
 mod membership;
+mod read_failover;
 mod rejoin;
 mod snapshot_room;

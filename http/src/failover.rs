@@ -1,0 +1,127 @@
+//! Riding out a leader change: a request that no leader acted on goes on to the next leader
+//! this node learns of, within a deadline, instead of failing with 503 `no_leader`.
+//!
+//! Writes do this in `writer.rs`, where what counts as "not acted on" depends on who refused.
+//! Reads (the admin API's GET and HEAD requests) do it here, around the whole request (the
+//! handler, and the replay at the leader if it asked for one): a read changes nothing, so it
+//! may be asked again of any leader, and a read asked of a leader may be dropped at any time.
+//! So a read also gives up on a leader that stopped answering (a paused process, a partition)
+//! once this node learns that another one leads ([`unless_deposed`]), instead of waiting for
+//! the exchange's timeout.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::response::Response;
+use meta_consensus::{MetaNode, NodeId};
+use tokio::time::Instant;
+
+use crate::error::ApiError;
+
+/// Attempts of one request, at most: each after a refusal that changed something (another
+/// leader known, a later term), so more means leaders come and go faster than a request can
+/// reach one.
+pub(crate) const MAX_ATTEMPTS: u32 = 8;
+
+/// How long [`unless_deposed`] watches for another leader at most: longer than any request to
+/// a leader may take (each has its own timeout, which ends it first).
+const WATCH_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Marks a response of 503 `no_leader`: no leader took the request (this node's answer, or a
+/// leader's that it relayed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NoLeaderAnswer;
+
+/// When a request that no leader took stops waiting for the next one.
+#[derive(Debug)]
+pub(crate) struct Failover {
+    started: Instant,
+    deadline: Option<Instant>,
+}
+
+impl Failover {
+    /// The request started now.
+    pub(crate) fn start() -> Self {
+        Failover {
+            started: Instant::now(),
+            deadline: None,
+        }
+    }
+
+    /// How long the request may still wait for a leader on `node`: what is left of its request
+    /// timeout, but at least two election timeouts after its first refusal (the first call).
+    pub(crate) fn left(&mut self, node: &MetaNode) -> Duration {
+        let cfg = node.config();
+        let started = self.started;
+        let deadline = *self.deadline.get_or_insert_with(|| {
+            started
+                + cfg
+                    .request_timeout
+                    .max(started.elapsed() + cfg.election_timeout() * 2)
+        });
+        deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Answers a read on `node`; `attempt` asks it once. An answer of 503 `no_leader` is not final
+/// while the cluster may elect a leader in time: the read is asked again once `node` learns of
+/// a leader other than the one it was asked of (or the same one in a later term), within what
+/// is left of the request timeout (at least two election timeouts). A leader without a quorum
+/// answers at once, so that its clients try another member, as does a node in no cluster or
+/// removed from one.
+pub(crate) async fn read<F, Fut>(node: &MetaNode, mut attempt: F) -> Response
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let mut failover = Failover::start();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let term = node.term();
+        let asked_of = node.known_leader();
+        let asked = std::time::Instant::now();
+        let response = attempt().await;
+        if response.extensions().get::<NoLeaderAnswer>().is_none() || tries == MAX_ATTEMPTS {
+            return response;
+        }
+        if node.led_before(asked) || !node.in_cluster() {
+            return response;
+        }
+        if node
+            .next_leader(asked_of, term, failover.left(node))
+            .await
+            .is_none()
+        {
+            return response;
+        }
+        tracing::debug!(tries, ?asked_of, "a read goes on to the next leader");
+    }
+}
+
+/// Runs `asked`, a request that changes nothing, sent to `leader` (whom `node` named in
+/// `term`), unless `node` learns first that another node leads, or the same one in a later
+/// term: then `asked` is dropped and the answer is 503 `no_leader`, as if `leader` had refused,
+/// so that [`read`] asks the next leader.
+pub(crate) async fn unless_deposed<T>(
+    node: &MetaNode,
+    leader: NodeId,
+    term: u64,
+    asked: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let deposed = async {
+        if node
+            .next_leader(Some(leader), term, WATCH_LIMIT)
+            .await
+            .is_none()
+        {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        answer = asked => answer,
+        () = deposed => Err(ApiError::NoLeader(format!(
+            "node {leader} no longer leads (asked in term {term}): asking the next leader"
+        ))),
+    }
+}

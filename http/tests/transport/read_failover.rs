@@ -1,0 +1,86 @@
+//! Reads that reach a member while its leader is gone: they are answered by the next leader,
+//! not refused, whether the follower answers them with the leader's read index or replays them
+//! at the leader, and whether the old leader's port is closed or takes connections and never
+//! answers (a paused process).
+
+use std::time::Duration;
+
+use meta_http::follower_read::{CatchUp, CATCH_UP};
+
+use crate::helpers::{http_client, start_cluster_tuned, the_leader, TOKEN};
+
+/// How the old leader is gone.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    /// Stopped, its port closed: connections are refused.
+    Stopped,
+    /// Stopped, its port taking connections that nobody answers.
+    Paused,
+}
+
+/// Stops the leader of a three-node cluster as `gone` says, then sends a linearizable read of
+/// a key written before to a follower that still names the old leader, and expects the value,
+/// answered once the others elected a new leader.
+async fn a_read_outlives_its_leader(follower_reads: Option<CatchUp>, gone: Gone) {
+    let dir = tempfile::tempdir().unwrap();
+    // The read waits for the next leader within what is left of its request timeout; a minute
+    // keeps this test about whether it does, not how fast an election is on a loaded machine.
+    let mut servers = start_cluster_tuned(&dir, follower_reads, |_, cfg| {
+        cfg.request_timeout = Duration::from_secs(60)
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let put = http
+        .put(format!("http://{}/v1/kv/before", servers[&leader].addr))
+        .bearer_auth(TOKEN)
+        .body("\"x\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 200);
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    if let Gone::Paused = gone {
+        port.stop_answering();
+    }
+    let read = http
+        .get(format!(
+            "http://{}/v1/kv/before?consistency=linearizable",
+            servers[&follower].addr
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = read.status().as_u16();
+    let text = read.text().await.unwrap();
+    assert_eq!(status, 200, "{follower_reads:?} {gone:?}: {text}");
+    assert!(text.contains("\"x\""), "{text}");
+    let new = servers[&follower].node.status().leader_id;
+    assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for server in servers.into_values() {
+        server.stop().await;
+    }
+    drop(port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_read_outlives_a_stopped_leader() {
+    a_read_outlives_its_leader(Some(CATCH_UP), Gone::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_read_outlives_a_stopped_leader() {
+    a_read_outlives_its_leader(None, Gone::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_read_outlives_a_paused_leader() {
+    a_read_outlives_its_leader(Some(CATCH_UP), Gone::Paused).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_read_outlives_a_paused_leader() {
+    a_read_outlives_its_leader(None, Gone::Paused).await;
+}
