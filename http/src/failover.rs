@@ -1,7 +1,9 @@
 //! Riding out a leader change: a request that no leader acted on goes on to the next leader
 //! this node learns of, within a deadline, instead of failing with 503 `no_leader`.
 //!
-//! Writes do this in `writer.rs`, where what counts as "not acted on" depends on who refused.
+//! Writes do this in `writer.rs`, where what counts as "not acted on" depends on who refused;
+//! a write whose leader stopped answering is given up once another leader is elected
+//! ([`unless_superseded`]), as `outcome_unknown`.
 //! Reads (the admin API's GET and HEAD requests) do it here, around the whole request (the
 //! handler, and the replay at the leader if it asked for one): a read changes nothing, so it
 //! may be asked again of any leader, and a read asked of a leader may be dropped at any time.
@@ -31,6 +33,11 @@ const WATCH_LIMIT: Duration = Duration::from_secs(3600);
 /// leader's that it relayed).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NoLeaderAnswer;
+
+/// When a read arrived, before its first attempt: a long poll counts its wait from it, so that
+/// asking again does not make it outlast what its client waits for.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
 
 /// When a request that no leader took stops waiting for the next one.
 #[derive(Debug)]
@@ -109,7 +116,48 @@ pub(crate) async fn unless_deposed<T>(
     term: u64,
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    let deposed = async {
+    let deposed = || {
+        ApiError::NoLeader(format!(
+            "node {leader} no longer leads (asked in term {term}): asking the next leader"
+        ))
+    };
+    until_deposed(node, leader, term, Duration::ZERO, deposed, asked).await
+}
+
+/// Runs `sent`, a write sent to `leader` (whom `node` named in `term`), unless `leader` is
+/// still silent two election timeouts after `node` learned that another node leads (or the
+/// same one in a later term): then 504 `outcome_unknown`, since it may have made the write. A
+/// leader that hands its leadership over answers its writes well within that (once the new
+/// leader committed them); one that stopped answering (a paused process, a partition) would
+/// keep the client waiting for the forwarding timeout.
+pub(crate) async fn unless_superseded<T>(
+    node: &MetaNode,
+    leader: NodeId,
+    term: u64,
+    sent: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let grace = node.config().election_timeout() * 2;
+    let superseded = || {
+        ApiError::OutcomeUnknown(format!(
+            "node {leader}, the leader the write was sent to in term {term}, stopped answering \
+             and another leader was elected: the write may or may not have been made"
+        ))
+    };
+    until_deposed(node, leader, term, grace, superseded, sent).await
+}
+
+/// Runs `asked` (sent to `leader`, whom `node` named in `term`) until `grace` after `node`
+/// learns that another node leads, or the same one in a later term; then drops it and answers
+/// `deposed()`.
+async fn until_deposed<T>(
+    node: &MetaNode,
+    leader: NodeId,
+    term: u64,
+    grace: Duration,
+    deposed: impl FnOnce() -> ApiError,
+    asked: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let superseded = async {
         if node
             .next_leader(Some(leader), term, WATCH_LIMIT)
             .await
@@ -117,11 +165,10 @@ pub(crate) async fn unless_deposed<T>(
         {
             std::future::pending::<()>().await;
         }
+        tokio::time::sleep(grace).await;
     };
     tokio::select! {
         answer = asked => answer,
-        () = deposed => Err(ApiError::NoLeader(format!(
-            "node {leader} no longer leads (asked in term {term}): asking the next leader"
-        ))),
+        () = superseded => Err(deposed()),
     }
 }

@@ -11,7 +11,7 @@ pub mod cluster_identity;
 pub mod connection_limit;
 pub mod error;
 pub mod extract;
-mod failover;
+pub mod failover;
 pub mod follower_read;
 pub mod forward;
 pub mod forward_batch;

@@ -23,7 +23,7 @@ use axum::http::request::Parts;
 use meta_consensus::{Command, Error as NodeError, MetaNode, Written};
 
 use crate::error::{ApiError, ForwardTo};
-use crate::failover::{Failover, MAX_ATTEMPTS};
+use crate::failover::{self, Failover, MAX_ATTEMPTS};
 use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Batcher;
 use crate::state::SharedState;
@@ -65,7 +65,9 @@ impl Writer {
     /// the request timeout (at least two election timeouts): a failover that ends in time
     /// costs the client a slower answer, not an error. A crashed leader is noticed only after
     /// an election timeout, and a split vote takes another. A leader without a quorum refuses
-    /// at once (after its lease wait), as does a node in no cluster or removed from one.
+    /// at once (after its lease wait), as does a node in no cluster or removed from one. A
+    /// write sent to a leader that stops answering is answered `outcome_unknown` once another
+    /// leader is known and the old one stayed silent for two election timeouts more.
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
         let decodable = self.node.cluster_version() >= cmd.required_version();
         let mut next = self.node.route(&cmd)?;
@@ -80,8 +82,8 @@ impl Writer {
                 Some((leader_id, addr)) => {
                     let sent = self
                         .batcher
-                        .send(ForwardTo { leader_id, addr }, cmd.clone())
-                        .await;
+                        .send(ForwardTo { leader_id, addr }, cmd.clone());
+                    let sent = failover::unless_superseded(&self.node, leader_id, term, sent).await;
                     match sent {
                         Err(why @ ApiError::NoLeader(_)) => (Some(leader_id), why),
                         sent => return sent,

@@ -1,6 +1,7 @@
 //! Peers that fail: an unreachable peer is retried with backoff, a write outlives the leader
-//! it was forwarded to, and writes that reach a member while no leader takes them (a hand-over,
-//! an election) wait for the next leader instead of failing.
+//! it was forwarded to, writes that reach a member while no leader takes them (a hand-over, an
+//! election) wait for the next leader instead of failing, and a write sent to a leader that
+//! stopped answering is answered once another one leads.
 
 use std::time::{Duration, Instant};
 
@@ -211,4 +212,50 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
     for server in servers.values() {
         server.node.shutdown().await.unwrap();
     }
+}
+
+/// A write forwarded to a leader that stopped answering (a paused process: its port takes
+/// connections, nothing answers) is answered 504 `outcome_unknown` once the others elected a
+/// new leader and the old one stayed silent for two election timeouts more, not after the
+/// forwarding timeout (30 s, then 504 `timeout`): the old leader may have made it, so it is not
+/// sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_another_leads() {
+    let dir = tempfile::tempdir().unwrap();
+    // Elections slow enough that the follower still names the old leader when the write
+    // arrives, and a request timeout that outlasts the forwarding timeout.
+    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
+        cfg.election_min_ms = 3000;
+        cfg.election_max_ms = 4000;
+        cfg.request_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    port.stop_answering();
+    assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
+    let put = http_client()
+        .put(format!(
+            "http://{}/v1/kv/to-a-paused-leader",
+            servers[&follower].addr
+        ))
+        .bearer_auth(TOKEN)
+        .body("\"x\"")
+        .send()
+        .await
+        .unwrap();
+    let status = put.status().as_u16();
+    let body: serde_json::Value = put.json().await.unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (504, Some("outcome_unknown")),
+        "{body}"
+    );
+    let new = servers[&follower].node.status().leader_id;
+    assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for server in servers.into_values() {
+        server.stop().await;
+    }
+    drop(port);
 }

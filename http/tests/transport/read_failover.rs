@@ -84,3 +84,54 @@ async fn a_follower_read_outlives_a_paused_leader() {
 async fn a_replayed_read_outlives_a_paused_leader() {
     a_read_outlives_its_leader(None, Gone::Paused).await;
 }
+
+/// A long poll that reaches a follower whose leader stopped waits for the next leader too, and
+/// still answers by its `wait_ms` counted from its arrival (not from when it was asked again),
+/// so that it never outlasts what its client waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_outlives_its_leader_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    // Elections of 3 to 4 s: asked again only after one, a long poll that counted its wait
+    // from then would answer seconds late.
+    let mut servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, cfg| {
+        cfg.election_min_ms = 3000;
+        cfg.election_max_ms = 4000;
+        cfg.request_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let url = format!("http://{}/v1/watch", servers[&follower].addr);
+    let start: serde_json::Value = http
+        .get(&url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let from = start["index"].as_u64().expect("a start index");
+    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    let wait = Duration::from_secs(8);
+    let sent = std::time::Instant::now();
+    let poll = http
+        .get(format!("{url}?after={from}&wait_ms={}", wait.as_millis()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    let status = poll.status().as_u16();
+    let text = poll.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        took < wait + Duration::from_secs(2),
+        "a long poll of {wait:?} answered after {took:?}: {text}"
+    );
+    for server in servers.into_values() {
+        server.stop().await;
+    }
+    drop(port);
+}
