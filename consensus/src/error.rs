@@ -89,6 +89,10 @@ pub enum Error {
         #[source]
         source: sled::Error,
     },
+    /// The registry's files cannot be read (sled found a damaged page, or panicked decoding
+    /// one). Opening answers it by rebuilding the registry from the snapshot and the log.
+    #[error("registry {path} cannot be read: {reason}")]
+    RegistryUnreadable { path: PathBuf, reason: String },
     /// The data dir cannot be used: another process holds it, or it belongs to another node.
     #[error("data dir {path} {reason}")]
     DataDir { path: PathBuf, reason: String },

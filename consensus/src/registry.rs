@@ -45,6 +45,9 @@ thread_local! {
     /// Tests: the next [`Registry::open`] on this thread fails to redo the last commit, as a
     /// full disk would.
     pub(crate) static FAIL_NEXT_REDO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Tests: sled panics in the next open of a registry on this thread, as it does on some
+    /// damaged pages.
+    pub(crate) static PANIC_IN_NEXT_OPEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A registry being imported into a fresh generation; becomes active with
@@ -99,11 +102,39 @@ fn open_db_waiting(
     remove_unfinished_sled_snapshots(dir)?;
     let deadline = Instant::now() + wait;
     loop {
-        let opened = sled::Config::new()
-            .path(dir)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(Some(500))
-            .open();
+        // sled 0.34 panics on some damaged pages ("tried to serialize Uninitialized") rather
+        // than answering `Corruption`: either way its files cannot be read.
+        let opened = std::panic::catch_unwind(|| {
+            #[cfg(test)]
+            if PANIC_IN_NEXT_OPEN.with(|f| f.replace(false)) {
+                panic!("tried to serialize Uninitialized");
+            }
+            sled::Config::new()
+                .path(dir)
+                .cache_capacity(cache_bytes)
+                .flush_every_ms(Some(500))
+                .open()
+        });
+        let opened = match opened {
+            Ok(Err(e @ sled::Error::Corruption { .. })) => {
+                return Err(Error::RegistryUnreadable {
+                    path: dir.to_path_buf(),
+                    reason: e.to_string(),
+                })
+            }
+            Ok(opened) => opened,
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                return Err(Error::RegistryUnreadable {
+                    path: dir.to_path_buf(),
+                    reason: format!("sled panicked reading it: {reason}"),
+                });
+            }
+        };
         match opened {
             Err(e) if is_lock_contention(&e) && Instant::now() < deadline => {
                 on_contention();
@@ -164,7 +195,19 @@ impl Registry {
     /// rebuilds it from the newest snapshot and the log.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
         let trust = TrustMarker::check(dir)?;
-        let db = open_db(dir, cache_bytes)?;
+        let db = match open_db(dir, cache_bytes) {
+            // The registry holds nothing that the newest snapshot and the log do not: one that
+            // cannot be read is rebuilt from them, like one that failed a write.
+            Err(e @ Error::RegistryUnreadable { .. }) => {
+                tracing::error!(
+                    "{e}: deleting it; it is rebuilt from the newest snapshot and the log"
+                );
+                std::fs::remove_dir_all(dir)
+                    .map_err(|e| Error::io("delete unreadable registry", dir, e))?;
+                open_db(dir, cache_bytes)?
+            }
+            opened => opened?,
+        };
         trust.opened()?;
         // Open's own writes are writes like any other: one that fails distrusts the registry.
         let written = |e: Error| {

@@ -251,9 +251,11 @@ impl From<meta_consensus::Error> for ApiError {
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
             e @ (E::Rejoining(_) | E::Deposed { .. }) => ApiError::Unavailable(e.to_string()),
-            e @ (E::Storage { .. } | E::Registry { .. } | E::Io { .. } | E::Corrupt { .. }) => {
-                ApiError::Unavailable(e.to_string())
-            }
+            e @ (E::Storage { .. }
+            | E::Registry { .. }
+            | E::RegistryUnreadable { .. }
+            | E::Io { .. }
+            | E::Corrupt { .. }) => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -179,6 +179,27 @@ fn a_registry_whose_open_failed_a_write_is_not_reopened() {
     assert!(dir.path().join("TRUSTED").exists());
 }
 
+/// A registry whose files sled cannot read (it panics on some damaged pages) is deleted and
+/// opened empty, as one that failed a write: the node rebuilds it from the newest snapshot and
+/// the log, instead of failing at every start.
+#[test]
+fn an_unreadable_registry_is_deleted_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+    put_all(&reg, &[("k", 1)]);
+    drop(reg);
+    PANIC_IN_NEXT_OPEN.with(|f| f.set(true));
+    let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+    assert!(!PANIC_IN_NEXT_OPEN.with(|f| f.get()), "sled was opened");
+    assert!(reg.kv_get("k").unwrap().is_none());
+    assert!(dir.path().join("TRUSTED").exists());
+    drop(reg);
+    // Once rebuilt, it is opened as any other.
+    let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+    put_all(&reg, &[("k", 1)]);
+    assert!(reg.kv_get("k").unwrap().is_some());
+}
+
 /// A listing is one point in time: a commit that a scan overlaps is in it whole or not at all.
 /// The writer commits "a" and "z" together, the same number in both; thousands of keys between
 /// them put them on different sled leaves, so a scan reads "a" well before "z".
