@@ -85,6 +85,10 @@ pub enum ApiError {
     /// The request body did not arrive in time (408; the connection is closed).
     #[error("{0}")]
     BodyTimeout(String),
+    /// The request body is compressed or otherwise encoded (`Content-Encoding` other than
+    /// `identity`), which no route decodes (415).
+    #[error("{0}")]
+    UnsupportedEncoding(String),
     /// The body, batch or value is larger than allowed (413).
     #[error("{message}")]
     TooLarge {
@@ -163,6 +167,7 @@ impl ApiError {
             ApiError::Compacted(_) => StatusCode::GONE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoLeader(_)
             | ApiError::Unavailable(_)
@@ -192,6 +197,7 @@ impl ApiError {
             ApiError::ClusterVersion { .. } => "cluster_version",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
+            ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
             ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Overloaded(_) => "overloaded",
@@ -408,6 +414,11 @@ mod tests {
                 ApiError::too_large("batch_too_large", "x"),
                 413,
                 "batch_too_large",
+            ),
+            (
+                ApiError::UnsupportedEncoding("x".into()),
+                415,
+                "unsupported_encoding",
             ),
             (ApiError::NoLeader("x".into()), 503, "no_leader"),
             (ApiError::Timeout("x".into()), 504, "timeout"),

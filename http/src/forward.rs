@@ -214,6 +214,27 @@ impl Forwarder {
     }
 }
 
+/// 415 `unsupported_encoding` for a body sent with a `Content-Encoding` other than
+/// `identity`: no route decodes one, and a compressed value would be stored as it came.
+fn encoded(headers: &HeaderMap) -> Option<ApiError> {
+    let encodings: Vec<_> = headers.get_all(header::CONTENT_ENCODING).iter().collect();
+    let plain = encodings.iter().all(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .all(|e| e.trim().is_empty() || e.trim().eq_ignore_ascii_case("identity"))
+        })
+    });
+    (!plain).then(|| {
+        let named: Vec<_> = encodings
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        ApiError::UnsupportedEncoding(format!(
+            "Content-Encoding {named:?} is not supported: send the body unencoded"
+        ))
+    })
+}
+
 /// The largest refusal of a read that [`Forwarder::replay`] reads to see whether it says
 /// `no_leader` (an error body is a few hundred bytes).
 const MAX_REFUSAL_BYTES: u64 = 64 * 1024;
@@ -234,6 +255,9 @@ pub async fn forward_to_leader(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
+    if let Some(refused) = encoded(&parts.headers) {
+        return refused.into_response();
+    }
     let body = match read_bounded(
         &parts.headers,
         body,
@@ -308,6 +332,25 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_identity_encoding_is_taken() {
+        let with = |values: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(header::CONTENT_ENCODING, HeaderValue::from_static(v));
+            }
+            encoded(&headers).map(|e| (e.code(), e.to_string()))
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&["identity"]), None);
+        assert_eq!(with(&["Identity", "identity, identity"]), None);
+        for refused in [&["gzip"][..], &["identity", "br"], &["identity, deflate"]] {
+            let (code, message) = with(refused).expect("refused");
+            assert_eq!(code, "unsupported_encoding");
+            assert!(message.contains(refused[refused.len() - 1]), "{message}");
+        }
+    }
 
     #[test]
     fn only_a_no_leader_refusal_is_taken_for_one() {

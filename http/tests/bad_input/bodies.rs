@@ -267,7 +267,40 @@ pub fn json(epoch: u64) -> Vec<Case> {
 /// of a replica's drop (instead of its query) would otherwise drop it unfenced.
 pub fn unexpected(epoch: u64) -> Vec<Case> {
     let fenced = json!({ "epoch": epoch - 1 }).to_string();
-    vec![
+    // A body under a Content-Encoding: none is decoded, so none is taken as it came.
+    let encoded = |what, method, uri: &str, body: &[u8], encoding| {
+        let mut c = case(what, method, uri, body, 415, "unsupported_encoding");
+        c.headers.push(("content-encoding", encoding));
+        c
+    };
+    let gzipped_hello: &[u8] = &[
+        0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0xcb, 0x48, 0xcd, 0xc9, 0xc9,
+        0x07, 0x00, 0x86, 0xa6, 0x10, 0x36, 0x05, 0x00, 0x00, 0x00,
+    ];
+    let mut cases = vec![
+        encoded(
+            "a gzipped value",
+            M::PUT,
+            "/v1/kv/existing",
+            gzipped_hello,
+            "gzip",
+        ),
+        encoded(
+            "a plain body declared brotli",
+            M::PUT,
+            "/v1/datanodes/7",
+            br#"{"addr":"10.0.0.8:9000"}"#,
+            "br",
+        ),
+        encoded(
+            "identity, then gzip",
+            M::PUT,
+            "/v1/kv/fresh",
+            b"v",
+            "identity, gzip",
+        ),
+    ];
+    cases.extend([
         case(
             "an epoch in the body of a replica's drop",
             M::DELETE,
@@ -332,7 +365,8 @@ pub fn unexpected(epoch: u64) -> Vec<Case> {
             400,
             "unexpected_body",
         ),
-    ]
+    ]);
+    cases
 }
 
 /// Shard batches that are empty, repeat a shard or are too large, and bodies over the limits.
