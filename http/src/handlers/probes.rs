@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use meta_consensus::Consistency;
 
 use crate::error::{error_response, ApiError};
+use crate::extract::NoQuery;
 use crate::follower_read::ReplayedReadIndex;
 use crate::response::HealthView;
 use crate::state::{Readiness, SharedState};
@@ -14,8 +15,9 @@ use crate::state::{Readiness, SharedState};
 /// Content type of the OpenMetrics text format that `/metrics` answers in.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// `GET /healthz`: the process serves.
-pub async fn healthz() -> axum::Json<HealthView> {
+/// `GET /healthz`: the process serves. The probes take no query string: one is refused (400
+/// `invalid_query`) like on every other route that takes none.
+pub async fn healthz(_: NoQuery) -> axum::Json<HealthView> {
     axum::Json(HealthView {
         status: "ok".into(),
     })
@@ -23,7 +25,7 @@ pub async fn healthz() -> axum::Json<HealthView> {
 
 /// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
 /// `not_ready` saying what it waits for.
-pub async fn readyz(State(state): State<SharedState>) -> Response {
+pub async fn readyz(State(state): State<SharedState>, _: NoQuery) -> Response {
     let status = state.node.status();
     let mut leader_index = None;
     if !state.readiness.caught_up() && Readiness::member_with_leader(&status).is_ok() {
@@ -51,7 +53,7 @@ pub async fn readyz(State(state): State<SharedState>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus (OpenMetrics) text.
-pub async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiError> {
+pub async fn metrics(State(state): State<SharedState>, _: NoQuery) -> Result<Response, ApiError> {
     let text = state
         .metrics
         .encode()

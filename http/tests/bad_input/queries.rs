@@ -9,6 +9,31 @@ use crate::helpers::{case, Case};
 /// canonical decimal, unknown parameters, and watches asked wrongly.
 pub fn parameters() -> Vec<Case> {
     vec![
+        // The probes take no query string either.
+        case(
+            "a query on the liveness probe",
+            M::GET,
+            "/healthz?verbose=1",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
+            "a query on the readiness probe",
+            M::GET,
+            "/readyz?limit=-1",
+            "",
+            400,
+            "invalid_query",
+        ),
+        case(
+            "a query on the metrics",
+            M::GET,
+            "/metrics?a=%ff",
+            "",
+            400,
+            "invalid_query",
+        ),
         case(
             "key prefix that is not UTF-8",
             M::GET,
