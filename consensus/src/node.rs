@@ -218,7 +218,7 @@ impl MetaNode {
                      power loss kept registry writes whose log records it lost): rebuilding it \
                      from the newest snapshot and the log"
                 );
-                sm.shared().registry.distrust();
+                sm.shared().registry.rebuild_next();
                 drop(sm);
                 sm = open_sm()?;
             }

@@ -147,6 +147,8 @@ fn open_db_waiting(
                     e,
                 ))
             }
+            // The file system's refusal names the dir (sled's does not).
+            Err(sled::Error::Io(e)) => return Err(Error::io("open registry", dir, e)),
             other => return other.map_err(|e| Error::registry("open", e)),
         }
     }
@@ -162,21 +164,15 @@ fn remove_unfinished_sled_snapshots(dir: &Path) -> Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => {
-            return Err(Error::registry(
-                "list registry directory",
-                sled::Error::Io(e),
-            ))
-        }
+        Err(e) => return Err(Error::io("list registry directory", dir, e)),
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if name.starts_with("snap.") && name.ends_with(".generating") {
             tracing::warn!(path = %entry.path().display(), "removing an unfinished sled snapshot");
-            std::fs::remove_file(entry.path()).map_err(|e| {
-                Error::registry("remove unfinished sled snapshot", sled::Error::Io(e))
-            })?;
+            std::fs::remove_file(entry.path())
+                .map_err(|e| Error::io("remove unfinished sled snapshot", entry.path(), e))?;
         }
     }
     Ok(())
@@ -281,6 +277,12 @@ impl Registry {
     /// The registry failed a write: the next start rebuilds it instead of reopening it.
     pub(crate) fn distrust(&self) {
         self.trust.revoke();
+    }
+
+    /// The registry is to be rebuilt at the next open (it applied entries that its log lost);
+    /// unlike [`Registry::distrust`], nothing failed.
+    pub(crate) fn rebuild_next(&self) {
+        self.trust.rebuild_next();
     }
 
     /// Starts importing a whole registry into a fresh, empty generation.

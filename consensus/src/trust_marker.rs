@@ -151,19 +151,35 @@ impl TrustMarker {
     /// The registry failed a write: it is not to be reopened. Best effort (blocking): a marker
     /// that cannot be removed is logged.
     pub(crate) fn revoke(&self) {
+        self.remove("failed a write", tracing::Level::ERROR);
+    }
+
+    /// The registry is sound but is to be rebuilt (it applied entries its log lost): the next
+    /// open deletes it. Best effort (blocking), as [`TrustMarker::revoke`].
+    pub(crate) fn rebuild_next(&self) {
+        self.remove("is to be rebuilt", tracing::Level::INFO);
+    }
+
+    /// Removes `TRUSTED`, logging why (`the registry {why}`) at `level`.
+    fn remove(&self, why: &str, level: tracing::Level) {
         let path = self.dir.join(TRUSTED);
         match std::fs::remove_file(&path) {
             Ok(()) => {
                 let _ = std::fs::File::open(&self.dir).and_then(|d| d.sync_all());
-                tracing::error!(
-                    "the registry failed a write: the next start rebuilds it from the newest \
-                     snapshot and the log"
+                let message = format!(
+                    "the registry {why}: the next start rebuilds it from the newest snapshot and \
+                     the log"
                 );
+                if level == tracing::Level::ERROR {
+                    tracing::error!("{message}");
+                } else {
+                    tracing::info!("{message}");
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::error!(
-                "the registry failed a write and its trust marker {} cannot be removed ({e}): \
-                 delete the registry dir before the next start",
+                "the registry {why} and its trust marker {} cannot be removed ({e}): delete the \
+                 registry dir before the next start",
                 path.display()
             ),
         }

@@ -18,6 +18,9 @@ fn a_held_lock_is_reported_as_contention_and_other_errors_are_not() {
     std::fs::write(&file, b"x").unwrap();
     let err = sled::Config::new().path(&file).open().unwrap_err();
     assert!(!is_lock_contention(&err), "{err}");
+    // The file system's refusal names the registry dir.
+    let e = open_db(&file, 1 << 20).unwrap_err();
+    assert!(e.to_string().contains(&*file.to_string_lossy()), "{e}");
 }
 
 #[test]
