@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Deserializer};
 
 use super::datanodes::MAX_MIN_EPOCH;
-use super::fields::validate_addr;
+use super::fields::{not_null, validate_addr};
 use crate::error::ApiError;
 
 /// Body of `POST /v1/cluster/init`: member id to address.
@@ -103,6 +103,7 @@ pub struct ChangeVotersBody {
 #[serde(deny_unknown_fields)]
 pub struct ConfigPatchBody {
     /// Snapshot export rate in bytes per second; 0 = unlimited.
+    #[serde(default, deserialize_with = "not_null")]
     pub snapshot_max_bytes_per_sec: Option<u64>,
 }
 

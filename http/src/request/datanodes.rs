@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use meta_consensus::Command;
 
-use super::fields::validate_addr;
+use super::fields::{not_null, validate_addr};
 use super::object_only::objects;
 use crate::error::ApiError;
 use crate::limits::MAX_SHARDS_PER_BATCH;
@@ -19,6 +19,7 @@ pub struct RegisterDatanodeBody {
     /// The datanode's address, `host:port`.
     pub addr: String,
     /// The new epoch is at least this (a restore sets it; at most [`MAX_MIN_EPOCH`]).
+    #[serde(default, deserialize_with = "not_null")]
     pub min_epoch: Option<u64>,
 }
 

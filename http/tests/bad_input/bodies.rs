@@ -55,6 +55,23 @@ pub fn json(epoch: u64) -> Vec<Case> {
             400,
             "malformed_json",
         ),
+        // A field that may be left out may not be null: null would read as "left out".
+        case(
+            "a null rate",
+            M::PATCH,
+            "/v1/config",
+            r#"{"snapshot_max_bytes_per_sec":null}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
+            "a null epoch floor",
+            M::PUT,
+            "/v1/datanodes/7",
+            r#"{"addr":"10.0.0.7:9000","min_epoch":null}"#,
+            400,
+            "invalid_body",
+        ),
         case(
             "trailing garbage",
             M::PUT,

@@ -300,7 +300,8 @@ fn cut_tail(opts: &WalOptions, segment: &Segment, end: u64, cut: &Cut) -> Result
             dropped_records = count,
             dropped_lsns = %format!("{}..={}", lsns.start(), lsns.end()),
             "cutting a torn write off the log: a sector before the valid-looking records after \
-             it never reached the disk, so they were never acknowledged"
+             it reads as zeros, as one that never reached the disk before a crash does, so no \
+             completed sync covered them (unless the disk itself zeroed that sector)"
         ),
         Cut::Tail => tracing::warn!(
             path = %path.display(),
