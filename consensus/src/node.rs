@@ -577,7 +577,7 @@ impl MetaNode {
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
         let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
-        let removed = self.removed(&m).is_some();
+        let removed = self.removed(&m.membership_config).is_some();
         // A leader no quorum acknowledged within the lease may be deposed already: it is not
         // reported as leader (a single voter is its own quorum).
         let self_quorum = membership.voter_ids().eq([self.id()]);

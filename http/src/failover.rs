@@ -25,10 +25,6 @@ use crate::error::ApiError;
 /// reach one.
 pub(crate) const MAX_ATTEMPTS: u32 = 8;
 
-/// How long [`unless_deposed`] watches for another leader at most: longer than any request to
-/// a leader may take (each has its own timeout, which ends it first).
-const WATCH_LIMIT: Duration = Duration::from_secs(3600);
-
 /// Marks a response of 503 `no_leader`: no leader took the request (this node's answer, or a
 /// leader's that it relayed).
 #[derive(Debug, Clone, Copy)]
@@ -157,15 +153,14 @@ async fn until_deposed<T>(
     deposed: impl FnOnce() -> ApiError,
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
+    // No timer runs while `leader` leads: requests to it wait here by the thousand.
     let superseded = async {
-        if node
-            .next_leader(Some(leader), term, WATCH_LIMIT)
-            .await
-            .is_none()
-        {
+        if node.leader_after(Some(leader), term).await.is_none() {
             std::future::pending::<()>().await;
         }
-        tokio::time::sleep(grace).await;
+        if !grace.is_zero() {
+            tokio::time::sleep(grace).await;
+        }
     };
     tokio::select! {
         answer = asked => answer,

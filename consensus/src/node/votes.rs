@@ -95,15 +95,15 @@ impl MetaNode {
     /// or a member's notice is about a newer membership than its own.
     pub(super) fn removed(
         &self,
-        m: &openraft::RaftMetrics<TypeConfig>,
+        config: &crate::types::StoredMembership,
     ) -> Option<Vec<crate::types::NodeId>> {
-        let membership = m.membership_config.membership();
+        let membership = config.membership();
         let named = membership.get_node(&self.id()).is_some();
         let was_named = self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named;
         if removed_from(membership.voter_ids().next().is_some(), named, was_named) {
             return Some(membership.nodes().map(|(id, _)| *id).collect());
         }
-        let own = m.membership_config.log_id().as_ref().map(|l| l.index);
+        let own = config.log_id().as_ref().map(|l| l.index);
         self.inner
             .cfg
             .removal_notice

@@ -25,7 +25,7 @@ impl MetaNode {
         let removed = {
             let metrics = self.inner.raft.metrics();
             let m = metrics.borrow_watched();
-            self.removed(&m)
+            self.removed(&m.membership_config)
         };
         if let Some(members) = removed {
             return Error::Removed { members };
@@ -65,7 +65,7 @@ impl MetaNode {
         {
             return Error::NotMember;
         }
-        match self.removed(&m) {
+        match self.removed(&m.membership_config) {
             Some(members) => Error::Removed { members },
             None => Error::NoLeader,
         }
@@ -126,26 +126,46 @@ impl MetaNode {
         term: u64,
         within: Duration,
     ) -> Option<Option<(NodeId, String)>> {
-        let deadline = tokio::time::Instant::now() + within;
+        tokio::time::timeout(within, self.leader_after(stale, term))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// [`MetaNode::next_leader`] without a bound: `None` only once the Raft core stopped. It
+    /// wakes on changes of this node's role, vote, leader and membership (openraft's server
+    /// metrics), not on every write: many requests wait in it at once under load.
+    pub async fn leader_after(
+        &self,
+        stale: Option<NodeId>,
+        term: u64,
+    ) -> Option<Option<(NodeId, String)>> {
+        let mut metrics = self.inner.raft.server_metrics();
         loop {
-            let later = {
-                let metrics = self.inner.raft.metrics();
-                let m = metrics.borrow_watched();
-                let later = m.current_term > term;
+            {
+                let m = metrics.borrow_and_update();
+                let later = m.vote.leader_id().term > term;
                 // A leader that refused a write itself takes writes again only once it is
                 // elected again.
-                if m.state == openraft::ServerState::Leader && (stale != Some(self.id()) || later) {
-                    return Some(None);
+                if m.state == openraft::ServerState::Leader {
+                    if stale != Some(self.id()) || later {
+                        return Some(None);
+                    }
+                } else if let Some(leader) = m
+                    .current_leader
+                    .filter(|l| *l != self.id() && (stale != Some(*l) || later))
+                {
+                    // As `leader_to_forward_to`: a leader the membership names, and never for
+                    // a removed node, whose view of the leader is stale.
+                    let node = m.membership_config.membership().get_node(&leader);
+                    if let Some(node) =
+                        node.filter(|_| self.removed(&m.membership_config).is_none())
+                    {
+                        return Some(Some((leader, node.addr.clone())));
+                    }
                 }
-                later
-            };
-            if let Some((id, addr)) = self
-                .leader_to_forward_to()
-                .filter(|(id, _)| stale != Some(*id) || later)
-            {
-                return Some(Some((id, addr)));
             }
-            self.await_metrics_change(deadline).await.ok()?;
+            metrics.changed().await.ok()?;
         }
     }
 
@@ -177,7 +197,7 @@ impl MetaNode {
         let leader = m.current_leader.filter(|l| *l != self.id())?;
         let node = m.membership_config.membership().get_node(&leader)?;
         // A removed node's view of the leader is stale: it refuses instead (`no_leader`).
-        if self.removed(&m).is_some() {
+        if self.removed(&m.membership_config).is_some() {
             return None;
         }
         Some((leader, node.addr.clone()))

@@ -92,6 +92,17 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Deserializes an optional body field that, when present, must hold a value: `null` is
+/// refused (`invalid_body`) rather than read as absent, so that a client that meant to unset
+/// or reset something is told it cannot. Use with `#[serde(default)]`.
+pub(super) fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,15 +178,4 @@ mod tests {
             "invalid_addr"
         );
     }
-}
-
-/// Deserializes an optional body field that, when present, must hold a value: `null` is
-/// refused (`invalid_body`) rather than read as absent, so that a client that meant to unset
-/// or reset something is told it cannot. Use with `#[serde(default)]`.
-pub(super) fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
 }
