@@ -3,12 +3,12 @@
 //!
 //! Writes do this in `writer.rs`, where what counts as "not acted on" depends on who refused;
 //! a write whose leader stopped answering is given up once another leader is elected
-//! ([`unless_superseded`]), as `outcome_unknown`.
+//! (`unless_superseded`), as `outcome_unknown`.
 //! Reads (the admin API's GET and HEAD requests) do it here, around the whole request (the
 //! handler, and the replay at the leader if it asked for one): a read changes nothing, so it
 //! may be asked again of any leader, and a read asked of a leader may be dropped at any time.
 //! So a read also gives up on a leader that stopped answering (a paused process, a partition)
-//! once this node learns that another one leads ([`unless_deposed`]), instead of waiting for
+//! once this node learns that another one leads (`unless_deposed`), instead of waiting for
 //! the exchange's timeout.
 
 use std::future::Future;
