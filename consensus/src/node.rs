@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,6 +100,8 @@ struct Inner {
     /// The term this node last led in, and when it took office then (as its metrics showed it):
     /// a member it has never heard from has been silent at least that long.
     led_since: parking_lot::Mutex<Option<(u64, std::time::Instant)>>,
+    /// The term in which this node last asked a voter to take its leadership over (0: never).
+    handed_over_in: AtomicU64,
     /// Why this node may not start elections now (`node/election_holds.rs`).
     election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
     /// A membership named this node, or it opened with one: one that leaves it out now means
@@ -267,6 +269,7 @@ impl MetaNode {
                 rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
                 election_holds: Default::default(),
                 led_since: parking_lot::Mutex::new(None),
+                handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),
             }),
         };

@@ -347,7 +347,7 @@ impl IntoResponse for ApiError {
             ApiError::NoLeader(_) => {
                 response
                     .extensions_mut()
-                    .insert(crate::failover::NoLeaderAnswer);
+                    .insert(crate::failover::NoLeaderAnswer { elsewhere: false });
             }
             ApiError::RevisionMismatch { current, .. } => {
                 response

@@ -25,10 +25,14 @@ use crate::error::ApiError;
 /// reach one.
 pub(crate) const MAX_ATTEMPTS: u32 = 8;
 
-/// Marks a response of 503 `no_leader`: no leader took the request (this node's answer, or a
-/// leader's that it relayed).
+/// Marks a response of 503 `no_leader`: no leader took the request.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct NoLeaderAnswer;
+pub(crate) struct NoLeaderAnswer {
+    /// Another member refused or could not be reached (a replay at the leader), rather than
+    /// this node's own core: then this node's leading (it hands over) is not a leader without
+    /// a quorum refusing.
+    pub(crate) elsewhere: bool,
+}
 
 /// When a read arrived, before its first attempt: a long poll counts its wait from it, so that
 /// asking again does not make it outlast what its client waits for.
@@ -85,10 +89,13 @@ where
         let asked_of = node.known_leader();
         let asked = std::time::Instant::now();
         let response = attempt().await;
-        if response.extensions().get::<NoLeaderAnswer>().is_none() || tries == MAX_ATTEMPTS {
+        let Some(refused) = response.extensions().get::<NoLeaderAnswer>().copied() else {
+            return response;
+        };
+        if tries == MAX_ATTEMPTS || !node.in_cluster() {
             return response;
         }
-        if node.led_before(asked) || !node.in_cluster() {
+        if !refused.elsewhere && node.lacks_quorum_since(asked) {
             return response;
         }
         if node
@@ -102,57 +109,59 @@ where
     }
 }
 
-/// Runs `asked`, a request that changes nothing, sent to `leader` (whom `node` named in
-/// `term`), unless `node` learns first that another node leads, or the same one in a later
-/// term: then `asked` is dropped and the answer is 503 `no_leader`, as if `leader` had refused,
-/// so that [`read`] asks the next leader.
+/// Runs `asked`, a request that changes nothing, sent to `leader`, unless `node` learns first
+/// that another node leads, or the same one in a later term: then `asked` is dropped and the
+/// answer is 503 `no_leader`, as if `leader` had refused, so that [`read`] asks the next
+/// leader.
 pub(crate) async fn unless_deposed<T>(
     node: &MetaNode,
     leader: NodeId,
-    term: u64,
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    let deposed = || {
+    let deposed = |term| {
         ApiError::NoLeader(format!(
             "node {leader} no longer leads (asked in term {term}): asking the next leader"
         ))
     };
-    until_deposed(node, leader, term, Duration::ZERO, deposed, asked).await
+    until_deposed(node, leader, Duration::ZERO, deposed, asked).await
 }
 
-/// Runs `sent`, a write sent to `leader` (whom `node` named in `term`), unless `leader` is
-/// still silent two election timeouts after `node` learned that another node leads (or the
-/// same one in a later term): then 504 `outcome_unknown`, since it may have made the write. A
-/// leader that hands its leadership over answers its writes well within that (once the new
-/// leader committed them); one that stopped answering (a paused process, a partition) would
-/// keep the client waiting for the forwarding timeout.
+/// Runs `sent`, a write sent to `leader`, unless `leader` is still silent two election
+/// timeouts after `node` learned that another node leads (or the same one in a later term):
+/// then 504 `outcome_unknown`, since it may have made the write. A leader that hands its
+/// leadership over answers its writes well within that (once the new leader committed them);
+/// one that stopped answering (a paused process, a partition) would keep the client waiting
+/// for the forwarding timeout.
 pub(crate) async fn unless_superseded<T>(
     node: &MetaNode,
     leader: NodeId,
-    term: u64,
     sent: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
     let grace = node.config().election_timeout() * 2;
-    let superseded = || {
+    let superseded = |term| {
         ApiError::OutcomeUnknown(format!(
             "node {leader}, the leader the write was sent to in term {term}, stopped answering \
              and another leader was elected: the write may or may not have been made"
         ))
     };
-    until_deposed(node, leader, term, grace, superseded, sent).await
+    until_deposed(node, leader, grace, superseded, sent).await
 }
 
-/// Runs `asked` (sent to `leader`, whom `node` named in `term`) until `grace` after `node`
-/// learns that another node leads, or the same one in a later term; then drops it and answers
-/// `deposed()`.
+/// Runs `asked` (sent to `leader`) until `grace` after `node` learns that another node leads,
+/// or the same one in a later term; then drops it and answers `deposed(term)`. Only while
+/// `node`'s metrics name `leader` (in `term`): one named only by openraft's hint (the target
+/// of a hand-over, not elected yet) is asked without a watch.
 async fn until_deposed<T>(
     node: &MetaNode,
     leader: NodeId,
-    term: u64,
     grace: Duration,
-    deposed: impl FnOnce() -> ApiError,
+    deposed: impl FnOnce(u64) -> ApiError,
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
+    let (named, term) = node.known_leader_and_term();
+    if named != Some(leader) {
+        return asked.await;
+    }
     // No timer runs while `leader` leads: requests to it wait here by the thousand.
     let superseded = async {
         if node.leader_after(Some(leader), term).await.is_none() {
@@ -164,6 +173,6 @@ async fn until_deposed<T>(
     };
     tokio::select! {
         answer = asked => answer,
-        () = superseded => Err(deposed()),
+        () = superseded => Err(deposed(term)),
     }
 }

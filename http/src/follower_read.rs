@@ -205,7 +205,6 @@ impl FollowerReads {
         if !self.enabled {
             return Ok(c);
         }
-        let term = node.term();
         let Some((leader_id, addr)) = node.leader_to_forward_to() else {
             return Ok(c);
         };
@@ -217,7 +216,7 @@ impl FollowerReads {
         }
         let target = ForwardTo { leader_id, addr };
         let index = self
-            .leader_read_index(node, target.clone(), term, c == Consistency::Lease)
+            .leader_read_index(node, target.clone(), c == Consistency::Lease)
             .await?;
         match node.wait_applied(index, self.catch_up.wait).await {
             Ok(()) => {
@@ -256,7 +255,6 @@ impl FollowerReads {
         if let ReplayedReadIndex(Some(index)) = replayed {
             return Ok(index);
         }
-        let term = node.term();
         let target = match node.leader_to_forward_to() {
             Some((leader_id, addr)) => ForwardTo { leader_id, addr },
             None => match node.read_index(c).await {
@@ -272,23 +270,21 @@ impl FollowerReads {
                 Err(e) => return Err(e.into()),
             },
         };
-        self.leader_read_index(node, target, term, c == Consistency::Lease)
+        self.leader_read_index(node, target, c == Consistency::Lease)
             .await
     }
 
-    /// The read index of the leader `target` (whom `node` named in `term`), unless `node`
-    /// learns first that another node leads: then 503 `no_leader`, and the read goes on to
-    /// that one (`failover.rs`).
+    /// The read index of the leader `target`, unless `node` learns first that another node
+    /// leads: then 503 `no_leader`, and the read goes on to that one (`failover.rs`).
     async fn leader_read_index(
         &self,
         node: &MetaNode,
         target: ForwardTo,
-        term: u64,
         lease: bool,
     ) -> Result<u64, ApiError> {
         let leader = target.leader_id;
         let asked = self.link.read_index(target, lease);
-        failover::unless_deposed(node, leader, term, asked).await
+        failover::unless_deposed(node, leader, asked).await
     }
 }
 

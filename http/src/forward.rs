@@ -308,7 +308,6 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
         headers: parts.headers.clone(),
         body: body.clone(),
     };
-    let term = state.node.term();
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;
     let Some(target) = response.extensions().get::<ForwardTo>().cloned() else {
         return response;
@@ -321,12 +320,20 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
     if !replay.is_read() {
         return state.forwarder.replay(&target, read_index, replay).await;
     }
-    // A read gives up on a leader that stopped answering once another one leads.
-    let leader = target.leader_id;
+    // A read gives up on a leader that stopped answering once another one leads. Its
+    // `no_leader` came from another member: this node leading (handing over) does not make it
+    // a leader without a quorum.
     let replayed = async { Ok(state.forwarder.replay(&target, read_index, replay).await) };
-    failover::unless_deposed(&state.node, leader, term, replayed)
+    let mut response = failover::unless_deposed(&state.node, target.leader_id, replayed)
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    if let Some(refused) = response
+        .extensions_mut()
+        .get_mut::<failover::NoLeaderAnswer>()
+    {
+        refused.elsewhere = true;
+    }
+    response
 }
 
 #[cfg(test)]

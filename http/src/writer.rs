@@ -83,7 +83,7 @@ impl Writer {
                     let sent = self
                         .batcher
                         .send(ForwardTo { leader_id, addr }, cmd.clone());
-                    let sent = failover::unless_superseded(&self.node, leader_id, term, sent).await;
+                    let sent = failover::unless_superseded(&self.node, leader_id, sent).await;
                     match sent {
                         Err(why @ ApiError::NoLeader(_)) => (Some(leader_id), why),
                         sent => return sent,
@@ -101,7 +101,7 @@ impl Writer {
                             let by = self.node.led_before(asked).then(|| self.node.id());
                             (by, ApiError::from(e))
                         }
-                        Err(e @ NodeError::NoLeader) if !self.node.led_before(asked) => {
+                        Err(e @ NodeError::NoLeader) if !self.node.lacks_quorum_since(asked) => {
                             (None, ApiError::from(e))
                         }
                         written => return Ok(written?),

@@ -37,6 +37,9 @@ impl MetaNode {
             return Ok(None);
         };
         tracing::info!(to, "handing leadership over before stopping");
+        self.inner
+            .handed_over_in
+            .store(self.term(), std::sync::atomic::Ordering::Release);
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.trigger().transfer_leader(to).await })
             .await
@@ -73,6 +76,16 @@ impl MetaNode {
             }
         }
         Ok(Some(leader))
+    }
+
+    /// Whether this node asked a voter to take its leadership over in its current term: its
+    /// core's refusals then come from the hand-over, not from a lost quorum.
+    pub(super) fn handing_over(&self) -> bool {
+        let term = self
+            .inner
+            .handed_over_in
+            .load(std::sync::atomic::Ordering::Acquire);
+        term != 0 && term == self.term()
     }
 
     /// This node stops: it no longer starts elections (a member whose port is closed hears no

@@ -80,12 +80,24 @@ impl MetaNode {
     /// The leader this node's metrics name: itself when it leads, else as
     /// [`MetaNode::leader_to_forward_to`].
     pub fn known_leader(&self) -> Option<NodeId> {
-        let leads =
-            self.inner.raft.metrics().borrow_watched().state == openraft::ServerState::Leader;
-        if leads {
-            return Some(self.id());
+        self.known_leader_and_term().0
+    }
+
+    /// [`MetaNode::known_leader`], and the term this node is in, read together (from the
+    /// server metrics that [`MetaNode::leader_after`] watches).
+    pub fn known_leader_and_term(&self) -> (Option<NodeId>, u64) {
+        let metrics = self.inner.raft.server_metrics();
+        let m = metrics.borrow_watched();
+        let term = m.vote.leader_id().term;
+        if m.state == openraft::ServerState::Leader {
+            return (Some(self.id()), term);
         }
-        self.leader_to_forward_to().map(|(id, _)| id)
+        let leader = m
+            .current_leader
+            .filter(|l| *l != self.id())
+            .filter(|l| m.membership_config.membership().get_node(l).is_some())
+            .filter(|_| self.removed(&m.membership_config).is_none());
+        (leader, term)
     }
 
     /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
@@ -184,6 +196,14 @@ impl MetaNode {
                 .led_since
                 .lock()
                 .is_some_and(|(t, since)| t == term && since <= at)
+    }
+
+    /// Whether a `no_leader` refusal that this node's core gave after `at` comes from a leader
+    /// without a quorum: it led since before `at` (see [`MetaNode::led_before`]) and is not
+    /// handing its leadership over (whose refusals end with the next leader's election). Such a
+    /// refusal is answered at once, so that clients try another member.
+    pub fn lacks_quorum_since(&self, at: std::time::Instant) -> bool {
+        self.led_before(at) && !self.handing_over()
     }
 
     /// The leader (id and address) this node's metrics name, when that is another node (a

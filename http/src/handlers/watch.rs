@@ -64,19 +64,39 @@ pub async fn watch(
     // ours, and is not trusted. A node that begins to close answers at once: a long poll with
     // what this member applied (the page's index says how far that covers), a start with 503.
     // A long poll whose wait runs out before the leader answers does the same.
-    let read_index = state.follower_reads.read_index_for(
-        &state.node,
-        req.consistency.into(),
-        ReplayedReadIndex(None),
-    );
+    // A long poll that finds no leader waits for the next one within its wait (not the
+    // failover's deadline, which may be longer), then answers what this member applied.
     let long_poll = req.after.is_some() && !req.wait.is_zero();
-    let read_index = tokio::select! {
-        read_index = read_index => read_index?,
-        _ = tokio::time::sleep_until(arrived + req.wait), if long_poll => 0,
-        _ = state.node.closing() => match req.after {
-            Some(_) => 0,
-            None => return Err(meta_consensus::Error::Shutdown.into()),
-        },
+    let until = arrived + req.wait;
+    let read_index = loop {
+        let (asked_of, term) = state.node.known_leader_and_term();
+        let read_index = state.follower_reads.read_index_for(
+            &state.node,
+            req.consistency.into(),
+            ReplayedReadIndex(None),
+        );
+        let got = tokio::select! {
+            read_index = read_index => read_index,
+            _ = tokio::time::sleep_until(until), if long_poll => break 0,
+            _ = state.node.closing() => match req.after {
+                Some(_) => break 0,
+                None => return Err(meta_consensus::Error::Shutdown.into()),
+            },
+        };
+        match got {
+            Ok(index) => break index,
+            Err(ApiError::NoLeader(_)) if long_poll && state.node.in_cluster() => {
+                tokio::select! {
+                    next = state.node.leader_after(asked_of, term) => match next {
+                        Some(_) => continue,
+                        None => break 0,
+                    },
+                    _ = tokio::time::sleep_until(until) => break 0,
+                    _ = state.node.closing() => break 0,
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
     // A long poll stays one (at least a moment's wait), so a member behind the read index
     // answers what it has rather than taking the whole request timeout to catch up.
