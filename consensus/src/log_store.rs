@@ -221,7 +221,14 @@ impl LogStore {
                     {
                         continue;
                     }
-                    index.push(lsn, e.log_id, bytes.len())?;
+                    // A gap is damage to the files (a segment lost or cut): say where.
+                    index.push(lsn, e.log_id, bytes.len()).map_err(|e| {
+                        Error::Raft(format!(
+                            "{e}, at record {lsn} of the log in {}: a segment before it is \
+                             missing or damaged",
+                            dir.display()
+                        ))
+                    })?;
                 }
                 LogRecord::Vote(v) => {
                     index.vote = Some(v);

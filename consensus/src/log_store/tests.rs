@@ -112,3 +112,39 @@ async fn a_purge_that_cannot_delete_an_emptied_segment_holds_and_the_log_goes_on
     let refused = log.append(vec![entry(62)], IOFlushed::signal(tx)).await;
     assert!(refused.is_err(), "and the log refuses further writes");
 }
+
+/// A log whose oldest live segment is gone (its entries after the purge point missing) is
+/// refused at open, with a message that names the log's dir and the record where the gap is.
+#[tokio::test(flavor = "current_thread")]
+async fn a_gap_after_the_purge_point_is_refused_naming_the_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WalOptions {
+        segment_bytes: 512,
+        ..WalOptions::default()
+    };
+    let mut log = LogStore::open(dir.path(), opts.clone()).unwrap();
+    for i in 1..=60 {
+        let (tx, rx) = TypeConfig::oneshot();
+        log.append(vec![entry(i)], IOFlushed::signal(tx))
+            .await
+            .unwrap();
+        rx.await.unwrap().unwrap();
+    }
+    log.purge(log_id(20)).await.unwrap();
+    drop(log);
+    let mut segments: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() > 2, "{segments:?}");
+    std::fs::remove_file(&segments[0]).unwrap();
+    let e = LogStore::open(dir.path(), opts).err().expect("refused");
+    let message = e.to_string();
+    assert!(message.contains("does not follow"), "{message}");
+    assert!(
+        message.contains(&*dir.path().to_string_lossy()),
+        "{message}"
+    );
+}
