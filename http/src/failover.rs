@@ -148,9 +148,10 @@ pub(crate) async fn unless_superseded<T>(
 }
 
 /// Runs `asked` (sent to `leader`) until `grace` after `node` learns that another node leads,
-/// or the same one in a later term; then drops it and answers `deposed(term)`. Only while
-/// `node`'s metrics name `leader` (in `term`): one named only by openraft's hint (the target
-/// of a hand-over, not elected yet) is asked without a watch.
+/// or the same one in a later term (than `node`'s when asked); then drops it and answers
+/// `deposed(term)`. A target that `node`'s metrics already show deposed is dropped at once
+/// (after the grace), except while `node` itself leads: then `leader` is openraft's hint, the
+/// target of a hand-over not elected yet, and is asked without a watch.
 async fn until_deposed<T>(
     node: &MetaNode,
     leader: NodeId,
@@ -159,7 +160,7 @@ async fn until_deposed<T>(
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
     let (named, term) = node.known_leader_and_term();
-    if named != Some(leader) {
+    if named == Some(node.id()) && leader != node.id() {
         return asked.await;
     }
     // No timer runs while `leader` leads: requests to it wait here by the thousand.

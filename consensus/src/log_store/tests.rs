@@ -29,6 +29,17 @@ fn entry(index: u64) -> Entry {
     }
 }
 
+/// Appends entries 1 to `last` to `log`, each flushed before the next.
+async fn append_up_to(log: &mut LogStore, last: u64) {
+    for i in 1..=last {
+        let (tx, rx) = TypeConfig::oneshot();
+        log.append(vec![entry(i)], IOFlushed::signal(tx))
+            .await
+            .unwrap();
+        rx.await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_replication_read_from_below_the_purge_point_starts_at_the_first_live_entry() {
     let dir = tempfile::tempdir().unwrap();
@@ -38,13 +49,7 @@ async fn a_replication_read_from_below_the_purge_point_starts_at_the_first_live_
         ..WalOptions::default()
     };
     let mut log = LogStore::open(dir.path(), opts).unwrap();
-    for i in 1..=60 {
-        let (tx, rx) = TypeConfig::oneshot();
-        log.append(vec![entry(i)], IOFlushed::signal(tx))
-            .await
-            .unwrap();
-        rx.await.unwrap().unwrap();
-    }
+    append_up_to(&mut log, 60).await;
     log.purge(log_id(20)).await.unwrap();
     let lsn = log.shared.index.read().lsn_of(21).unwrap();
     assert!(
@@ -123,13 +128,7 @@ async fn a_gap_after_the_purge_point_is_refused_naming_the_dir() {
         ..WalOptions::default()
     };
     let mut log = LogStore::open(dir.path(), opts.clone()).unwrap();
-    for i in 1..=60 {
-        let (tx, rx) = TypeConfig::oneshot();
-        log.append(vec![entry(i)], IOFlushed::signal(tx))
-            .await
-            .unwrap();
-        rx.await.unwrap().unwrap();
-    }
+    append_up_to(&mut log, 60).await;
     log.purge(log_id(20)).await.unwrap();
     drop(log);
     let mut segments: Vec<_> = std::fs::read_dir(dir.path())

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    http_client, start_alone, start_cluster, start_cluster_tuned, the_leader, TOKEN,
+    hand_over, http_client, start_alone, start_cluster, start_cluster_tuned, the_leader, TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -120,7 +120,6 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
 /// and every one answered is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
-    use openraft::async_runtime::watch::WatchReceiver as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
@@ -166,21 +165,7 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
         "the writers to start",
     )
     .await;
-    // A voter is picked only once it was heard from within the lease: ask until one is.
-    let mut new = None;
-    let mut metrics = leader.node.raft().metrics();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while new.is_none() && Instant::now() < deadline {
-        new = leader
-            .node
-            .hand_over_leadership(Duration::from_secs(5))
-            .await
-            .unwrap();
-        if new.is_none() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
-        }
-    }
-    let new = new.expect("a voter took over");
+    let new = hand_over(leader).await;
     // The writers go on past the hand-over, now forwarded to the new leader.
     let after = done.load(Ordering::Relaxed) + 30;
     wait_for(

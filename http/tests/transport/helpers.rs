@@ -288,6 +288,28 @@ pub fn the_leader(servers: &BTreeMap<u64, Server>) -> &Server {
         .expect("a leader")
 }
 
+/// Has `leader` hand its leadership over (as before a planned stop) and returns the node that
+/// took over. A voter is picked only once it was heard from within the lease: it asks until
+/// one is, for at most 20 s.
+pub async fn hand_over(leader: &Server) -> u64 {
+    use openraft::async_runtime::watch::WatchReceiver as _;
+    let mut new = None;
+    let mut metrics = leader.node.raft().metrics();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while new.is_none() && std::time::Instant::now() < deadline {
+        new = leader
+            .node
+            .hand_over_leadership(std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        if new.is_none() {
+            let wait = std::time::Duration::from_millis(100);
+            let _ = tokio::time::timeout(wait, metrics.changed()).await;
+        }
+    }
+    new.expect("a voter took over")
+}
+
 /// Starts nodes 1 to 3 over HTTP, initializes them as one cluster from node 1, and waits until
 /// all three agree on a leader.
 pub async fn start_cluster(dir: &TempDir) -> BTreeMap<u64, Server> {

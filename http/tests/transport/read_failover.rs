@@ -8,7 +8,7 @@ use std::time::Duration;
 use meta_http::follower_read::{CatchUp, CATCH_UP};
 
 use crate::common::wait_for;
-use crate::helpers::{http_client, start_cluster_tuned, the_leader, TOKEN};
+use crate::helpers::{hand_over, http_client, start_cluster_tuned, the_leader, TOKEN};
 
 /// How the old leader is gone.
 #[derive(Debug, Clone, Copy)]
@@ -86,6 +86,20 @@ async fn a_replayed_read_outlives_a_paused_leader() {
     a_read_outlives_its_leader(None, Gone::Paused).await;
 }
 
+/// The index a watch at `url` (a member's `/v1/watch`) starts from.
+async fn start_index(http: &reqwest::Client, url: &str) -> u64 {
+    let start: serde_json::Value = http
+        .get(url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    start["index"].as_u64().expect("a start index")
+}
+
 /// A long poll that reaches a follower whose leader stopped waits for the next leader only
 /// within its `wait_ms`, counted from its arrival, and then answers what the member applied:
 /// it never outlasts what its client waits for, even when the election takes longer.
@@ -104,16 +118,7 @@ async fn a_long_poll_outlives_its_leader_within_its_wait() {
     let leader = the_leader(&servers).node.id();
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
     let url = format!("http://{}/v1/watch", servers[&follower].addr);
-    let start: serde_json::Value = http
-        .get(&url)
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let from = start["index"].as_u64().expect("a start index");
+    let from = start_index(&http, &url).await;
     let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
     let wait = Duration::from_secs(1);
     let sent = std::time::Instant::now();
@@ -147,16 +152,7 @@ async fn a_long_poll_without_a_quorum_answers_at_its_wait() {
     let leader = the_leader(&servers).node.id();
     let last = *servers.keys().find(|id| **id != leader).unwrap();
     let url = format!("http://{}/v1/watch", servers[&last].addr);
-    let start: serde_json::Value = http
-        .get(&url)
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let from = start["index"].as_u64().expect("a start index");
+    let from = start_index(&http, &url).await;
     let gone: Vec<u64> = servers.keys().copied().filter(|id| *id != last).collect();
     let mut ports = Vec::new();
     for id in gone {
@@ -183,7 +179,6 @@ async fn a_long_poll_without_a_quorum_answers_at_its_wait() {
 /// them, and they go round again once it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
-    use openraft::async_runtime::watch::WatchReceiver as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
@@ -226,21 +221,7 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
         "the readers to start",
     )
     .await;
-    // A voter is picked only once it was heard from within the lease: ask until one is.
-    let mut new = None;
-    let mut metrics = leader.node.raft().metrics();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while new.is_none() && std::time::Instant::now() < deadline {
-        new = leader
-            .node
-            .hand_over_leadership(Duration::from_secs(5))
-            .await
-            .unwrap();
-        if new.is_none() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
-        }
-    }
-    new.expect("a voter took over");
+    hand_over(leader).await;
     let after = done.load(Ordering::Relaxed) + 40;
     wait_for(
         || done.load(Ordering::Relaxed) >= after,
