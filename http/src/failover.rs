@@ -34,11 +34,6 @@ pub(crate) struct NoLeaderAnswer {
     pub(crate) elsewhere: bool,
 }
 
-/// When a read arrived, before its first attempt: a long poll counts its wait from it, so that
-/// asking again does not make it outlast what its client waits for.
-#[derive(Debug, Clone, Copy)]
-pub struct Arrived(pub Instant);
-
 /// When a request that no leader took stops waiting for the next one.
 #[derive(Debug)]
 pub(crate) struct Failover {

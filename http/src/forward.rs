@@ -287,10 +287,6 @@ pub async fn forward_to_leader(
         return answer(&state, parts, body, next).await;
     }
     // A read rides out a leader change (`failover.rs`).
-    let mut parts = parts;
-    parts
-        .extensions
-        .insert(failover::Arrived(tokio::time::Instant::now()));
     let node = state.node.clone();
     failover::read(&node, || {
         answer(&state, parts.clone(), body.clone(), next.clone())

@@ -92,12 +92,7 @@ impl MetaNode {
         if m.state == openraft::ServerState::Leader {
             return (Some(self.id()), term);
         }
-        let leader = m
-            .current_leader
-            .filter(|l| *l != self.id())
-            .filter(|l| m.membership_config.membership().get_node(l).is_some())
-            .filter(|_| self.removed(&m.membership_config).is_none());
-        (leader, term)
+        (self.other_leader(&m).map(|(id, _)| id), term)
     }
 
     /// `ForwardToLeader` when this node's metrics already name another node as leader, so a
@@ -163,18 +158,11 @@ impl MetaNode {
                     if stale != Some(self.id()) || later {
                         return Some(None);
                     }
-                } else if let Some(leader) = m
-                    .current_leader
-                    .filter(|l| *l != self.id() && (stale != Some(*l) || later))
+                } else if let Some(named) = self
+                    .other_leader(&m)
+                    .filter(|(l, _)| stale != Some(*l) || later)
                 {
-                    // As `leader_to_forward_to`: a leader the membership names, and never for
-                    // a removed node, whose view of the leader is stale.
-                    let node = m.membership_config.membership().get_node(&leader);
-                    if let Some(node) =
-                        node.filter(|_| self.removed(&m.membership_config).is_none())
-                    {
-                        return Some(Some((leader, node.addr.clone())));
-                    }
+                    return Some(Some(named));
                 }
             }
             metrics.changed().await.ok()?;
@@ -209,14 +197,23 @@ impl MetaNode {
     /// The leader (id and address) this node's metrics name, when that is another node (a
     /// follower's view: it may be stale). `None` on a leader or when no leader is known.
     pub fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {
-        let metrics = self.inner.raft.metrics();
+        let metrics = self.inner.raft.server_metrics();
         let m = metrics.borrow_watched();
+        self.other_leader(&m)
+    }
+
+    /// The other node that server metrics `m` name as leader, with its address; `None` when
+    /// this node leads, no leader is known, or this node was removed (its view of the leader
+    /// is stale: it refuses instead, `no_leader`).
+    fn other_leader(
+        &self,
+        m: &openraft::metrics::RaftServerMetrics<TypeConfig>,
+    ) -> Option<(NodeId, String)> {
         if m.state == openraft::ServerState::Leader {
             return None;
         }
         let leader = m.current_leader.filter(|l| *l != self.id())?;
         let node = m.membership_config.membership().get_node(&leader)?;
-        // A removed node's view of the leader is stale: it refuses instead (`no_leader`).
         if self.removed(&m.membership_config).is_some() {
             return None;
         }

@@ -5,12 +5,10 @@
 //! take every connection slot from the datanodes.
 
 use axum::extract::State;
-use axum::Extension;
 use meta_consensus::{Change, ChangeEvent};
 
 use crate::error::ApiError;
 use crate::extract::{NoBody, Query};
-use crate::failover::Arrived;
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::WatchQuery;
 use crate::response::{ChangeView, EventView, WatchPage};
@@ -19,14 +17,13 @@ use crate::state::SharedState;
 /// `GET /v1/watch?after=&history=&datanode=&prefix=&limit=&wait_ms=&consistency=`.
 pub async fn watch(
     State(state): State<SharedState>,
-    arrived: Option<Extension<Arrived>>,
     Query(query): Query<WatchQuery>,
     _: NoBody,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     // The wait counts from the request's arrival: asking the leader for its read index is part
-    // of it, and so is waiting for the next leader when none answered (`failover.rs`), so that
+    // of it, and so is waiting for the next leader when none answers (below), so that
     // a long poll never outlasts what its client (or a proxy) waits for.
-    let arrived = arrived.map_or_else(tokio::time::Instant::now, |Extension(Arrived(at))| at);
+    let arrived = tokio::time::Instant::now();
     let req = query.validate()?;
     let history = state.node.history_name();
     if let Some(theirs) = &req.history {
