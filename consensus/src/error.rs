@@ -93,6 +93,10 @@ pub enum Error {
     /// one). Opening answers it by rebuilding the registry from the snapshot and the log.
     #[error("registry {path} cannot be read: {reason}")]
     RegistryUnreadable { path: PathBuf, reason: String },
+    /// The registry is not to be reopened and the node holds nothing to rebuild it from (the
+    /// log was purged past the newest snapshot): it is kept, and the node does not start.
+    #[error("registry {path} {reason}")]
+    RegistryNotRebuildable { path: PathBuf, reason: String },
     /// The data dir cannot be used: another process holds it, or it belongs to another node.
     #[error("data dir {path} {reason}")]
     DataDir { path: PathBuf, reason: String },

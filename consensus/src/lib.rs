@@ -45,6 +45,7 @@ mod liveness;
 mod log_record;
 mod log_store;
 mod node;
+mod rebuild_source;
 mod records;
 mod registry;
 mod rejoin_marker;

@@ -202,8 +202,10 @@ impl MetaNode {
             }
             let rejoining = marker.is_set();
             let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
+            let purged = log.last_purged().map(|l| l.index);
             let open_sm = || {
-                StateMachine::open(
+                StateMachine::open_after(
+                    purged,
                     &c.registry_dir(),
                     &c.snapshot_dir(),
                     c.sled_cache_bytes,

@@ -18,6 +18,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::generation::Generation;
 use crate::keys;
+use crate::rebuild_source::RebuildSource;
 use crate::records::{DatanodeRecord, KvRecord, ReplicaBucket};
 use crate::trust_marker::TrustMarker;
 use crate::view::{DatanodeInfo, KvEntry, KvKey, Page, ReplicaInfo, ShardEntry, ShardInfo};
@@ -184,17 +185,30 @@ fn is_lock_contention(e: &sled::Error) -> bool {
 }
 
 impl Registry {
+    /// Opens a scratch registry (a backup's, a test's), which nothing rebuilds: as
+    /// [`Registry::open_rebuildable`] with nothing to check.
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
+        Self::open_rebuildable(dir, cache_bytes, &RebuildSource::default())
+    }
+
     /// Opens (creating if needed) the registry in `dir` with a page cache of `cache_bytes`.
     /// Generations other than the active one (left by a crash during an install) are dropped.
     ///
-    /// A registry that failed a write is deleted first (see `trust_marker.rs`): the node then
-    /// rebuilds it from the newest snapshot and the log.
-    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Registry> {
-        let trust = TrustMarker::check(dir)?;
+    /// A registry that failed a write, was left open in an earlier boot, or cannot be read is
+    /// deleted first (see `trust_marker.rs`): the node then rebuilds it from the newest snapshot
+    /// and the log. When those do not hold every entry (`source`), it is an error instead
+    /// ([`Error::RegistryNotRebuildable`]), and the registry is left as it is.
+    pub(crate) fn open_rebuildable(
+        dir: &Path,
+        cache_bytes: u64,
+        source: &RebuildSource,
+    ) -> Result<Registry> {
+        let trust = TrustMarker::check(dir, source)?;
         let db = match open_db(dir, cache_bytes) {
             // The registry holds nothing that the newest snapshot and the log do not: one that
             // cannot be read is rebuilt from them, like one that failed a write.
             Err(e @ Error::RegistryUnreadable { .. }) => {
+                source.check(dir, &format!("cannot be read ({e})"))?;
                 tracing::error!(
                     "{e}: deleting it; it is rebuilt from the newest snapshot and the log"
                 );

@@ -44,12 +44,12 @@ use crate::command::{Command, CommandResult};
 use crate::error::{Error, Result};
 use crate::generation::Generation;
 use crate::keys;
+use crate::rebuild_source::RebuildSource;
 use crate::records::{DatanodeRecord, KvRecord};
 use crate::registry::{datanode_info, kv_entry, Registry};
 use crate::sm_stats::SmStats;
 use crate::snapshot_builder::SnapshotBuilder;
-use crate::snapshot_data::{open_verified, same_file_system, snapshot_name, SnapshotData};
-use crate::snapshot_format;
+use crate::snapshot_data::SnapshotData;
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::view::{DatanodeInfo, KvEntry, ShardInfo, SnapshotInfo};
 
@@ -148,8 +148,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl StateMachine {
-    /// Opens the registry in `registry_dir` and the snapshot store in `snapshot_dir`.
-    /// Blocking (opens files).
+    /// Opens the registry in `registry_dir` and the snapshot store in `snapshot_dir`, for a log
+    /// never purged. Blocking (opens files).
     pub fn open(
         registry_dir: &Path,
         snapshot_dir: &Path,
@@ -157,7 +157,28 @@ impl StateMachine {
         snapshots_to_keep: usize,
         limiter: Arc<RateLimiter>,
     ) -> Result<StateMachine> {
-        let registry = Registry::open(registry_dir, cache_bytes)?;
+        Self::open_after(
+            None,
+            registry_dir,
+            snapshot_dir,
+            cache_bytes,
+            snapshots_to_keep,
+            limiter,
+        )
+    }
+
+    /// Opens the state machine of a log purged up to entry `purged`, as
+    /// [`StateMachine::open`]. The snapshot store opens first: a registry that is not to be
+    /// reopened is deleted only when the newest snapshot reaches `purged` (see
+    /// `rebuild_source.rs`), and a damaged newest snapshot stops the open before then.
+    pub(crate) fn open_after(
+        purged: Option<u64>,
+        registry_dir: &Path,
+        snapshot_dir: &Path,
+        cache_bytes: u64,
+        snapshots_to_keep: usize,
+        limiter: Arc<RateLimiter>,
+    ) -> Result<StateMachine> {
         let snapshots = SnapshotStore::open(snapshot_dir, snapshots_to_keep)
             .map_err(|e| Error::storage("open snapshot store", e))?;
         let current = snapshots
@@ -170,6 +191,13 @@ impl StateMachine {
                 Ok((meta, SnapshotData::stored(f.path, f.bytes)))
             })
             .transpose()?;
+        let source = RebuildSource {
+            purged,
+            snapshot: current
+                .as_ref()
+                .and_then(|(meta, _)| meta.last_log_id.map(|l| l.index)),
+        };
+        let registry = Registry::open_rebuildable(registry_dir, cache_bytes, &source)?;
         let gen = registry.current();
         let applied = gen.applied()?;
         let replicas = gen.replica_count()?;
@@ -598,108 +626,6 @@ impl SmShared {
         }
         Ok((results, last, membership))
     }
-
-    /// Replaces the registry by the snapshot in `data`. Blocking.
-    ///
-    /// Contract: on `Ok` the registry is the snapshot's, at its last log id. On an error of
-    /// the registry (sled failed a write: a full disk, say) the state machine refuses to apply
-    /// or read further and the next start rebuilds the registry, as after a failed apply:
-    /// what sled kept of the writes before the failure cannot be trusted. On other errors (a
-    /// corrupt snapshot, a cluster version past this build) the registry is as it was.
-    fn install(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
-        let installed = self.replace_registry(meta, data);
-        if let Err(Error::Registry { .. }) = &installed {
-            self.fail();
-        }
-        installed
-    }
-
-    /// The body of [`SmShared::install`].
-    fn replace_registry(&self, meta: &SnapshotMeta, data: &SnapshotData) -> Result<()> {
-        let started = Instant::now();
-        // The snapshot supersedes the deferred writes, but an install that fails must leave
-        // the registry at last-applied: commit them to the old generation first.
-        self.commit_deferred()?;
-        let (file_meta, mut reader) = open_verified(data.path())?;
-        if &file_meta != meta {
-            return Err(Error::Snapshot(format!(
-                "metadata mismatch: file says {file_meta}, installer was told {meta}"
-            )));
-        }
-        // A snapshot from elsewhere is kept in the snapshot store: a received one is taken in
-        // by rename once imported, when it is on the store's file system; any other file (not
-        // this node's to move) is copied as it is read. Neither is paced: the limiter paces
-        // exports, and a member installing a snapshot is catching up, which it should do as
-        // fast as its disk allows.
-        let own = data.path().parent() == Some(self.snapshots.dir());
-        let adopt =
-            !own && data.is_received() && same_file_system(data.path(), self.snapshots.dir());
-        let mut copy = if own || adopt {
-            None
-        } else {
-            let meta_bytes = codec::encode(meta).map_err(|e| Error::corrupt("snapshot meta", e))?;
-            let unpaced = Arc::new(RateLimiter::unlimited());
-            Some(
-                self.snapshots
-                    .create(&snapshot_name(meta), &meta_bytes, unpaced)
-                    .map_err(|e| Error::storage("create snapshot copy", e))?,
-            )
-        };
-        let replacement = self.registry.begin_replace()?;
-        let imported = snapshot_format::import(
-            &mut reader,
-            replacement.tree(),
-            meta,
-            copy.as_mut().map(|w| w as &mut dyn io::Write),
-        );
-        let checked = imported.and_then(|t| {
-            let version = replacement.cluster_version()?;
-            self.check_build(version)?;
-            Ok((t, version, replacement.epoch_floor()?))
-        });
-        let (trailer, cluster_version, epoch_floor) = match checked {
-            Ok(x) => x,
-            Err(e) => {
-                self.registry.abort_replace(replacement);
-                return Err(e);
-            }
-        };
-        let stored = match copy {
-            None if adopt => match self.snapshots.adopt(data.path(), &snapshot_name(meta)) {
-                Ok(file) => SnapshotData::stored(file.path, file.bytes),
-                Err(e) => {
-                    self.registry.abort_replace(replacement);
-                    return Err(Error::storage("keep received snapshot", e));
-                }
-            },
-            None => data.clone(),
-            Some(w) => match w.finish() {
-                Ok(file) => SnapshotData::stored(file.path, file.bytes),
-                Err(e) => {
-                    self.registry.abort_replace(replacement);
-                    return Err(Error::storage("finish snapshot copy", e));
-                }
-            },
-        };
-        self.registry.finish_replace(replacement)?;
-        self.set_current_snapshot(meta, stored);
-        *self.applied.lock() = (meta.last_log_id, meta.last_membership.clone());
-        self.feed
-            .restart_at(meta.last_log_id.as_ref().map_or(0, |l| l.index));
-        self.replicas.store(trailer.replicas, Ordering::Relaxed);
-        self.datanodes.store(trailer.datanodes, Ordering::Relaxed);
-        self.cluster_version
-            .store(cluster_version, Ordering::Release);
-        self.epoch_floor.store(epoch_floor, Ordering::Release);
-        self.stats.installed(started.elapsed());
-        tracing::info!(
-            "installed snapshot {meta}: {} datanodes, {} replicas, {} keys",
-            trailer.datanodes,
-            trailer.replicas,
-            trailer.kvs
-        );
-        Ok(())
-    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -786,6 +712,8 @@ impl Drop for SmShared {
         }
     }
 }
+
+mod snapshot_install;
 
 #[cfg(test)]
 mod batching_tests;

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::data_dir::write_durably;
 use crate::error::{Error, Result};
+use crate::rebuild_source::RebuildSource;
 
 /// Name of the marker file in the registry dir.
 const TRUSTED: &str = "TRUSTED";
@@ -75,11 +76,13 @@ impl TrustMarker {
     ///
     /// Contract: when this returns `Ok`, `dir` is absent or holds a registry that never failed
     /// a write and was closed cleanly or left open in this boot (so every write it was given is
-    /// in the page cache if not on disk).
-    pub(crate) fn check(dir: &Path) -> Result<TrustMarker> {
+    /// in the page cache if not on disk). A registry to be deleted that `source` could not
+    /// rebuild is an error instead, and stays as it is.
+    pub(crate) fn check(dir: &Path, source: &RebuildSource) -> Result<TrustMarker> {
         let boot = boot_id();
         let holds_registry = dir.join("db").exists() || dir.join("conf").exists();
         if holds_registry && !dir.join(TRUSTED).exists() {
+            source.check(dir, "failed a write (or predates its trust marker)")?;
             tracing::warn!(
                 dir = %dir.display(),
                 "the registry failed a write before (or predates its trust marker): deleting it; \
@@ -95,6 +98,7 @@ impl TrustMarker {
                 Err(e) => return Err(Error::io("read", &open, e)),
             };
             if left_open.as_ref().is_some_and(|b| *b != boot) {
+                source.check(dir, "was open when the machine went down")?;
                 tracing::warn!(
                     dir = %dir.display(),
                     "the machine went down while the registry was open, and sled does not make \
@@ -195,16 +199,43 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let dir = base.path().join("registry");
         // Absent: nothing to delete.
-        let m = TrustMarker::check(&dir).unwrap();
+        let m = TrustMarker::check(&dir, &RebuildSource::default()).unwrap();
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("db"), b"sled").unwrap();
         m.set().unwrap();
-        TrustMarker::check(&dir).unwrap();
+        TrustMarker::check(&dir, &RebuildSource::default()).unwrap();
         assert!(dir.join("db").exists(), "trusted: kept");
         m.revoke();
         assert!(!dir.join(TRUSTED).exists());
-        TrustMarker::check(&dir).unwrap();
+        TrustMarker::check(&dir, &RebuildSource::default()).unwrap();
         assert!(!dir.exists(), "untrusted: deleted");
+    }
+
+    #[test]
+    fn a_registry_that_cannot_be_rebuilt_is_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("registry");
+        let lost = RebuildSource {
+            purged: Some(10),
+            snapshot: None,
+        };
+        let m = opened_in(&dir, "boot-a");
+        // Left open in an earlier boot.
+        let e = in_boot("boot-b", || TrustMarker::check(&dir, &lost)).unwrap_err();
+        assert!(e.to_string().contains("machine went down"), "{e}");
+        assert!(dir.join("db").exists(), "kept");
+        // Failed a write.
+        m.revoke();
+        let e = in_boot("boot-a", || TrustMarker::check(&dir, &lost)).unwrap_err();
+        assert!(e.to_string().contains("failed a write"), "{e}");
+        assert!(dir.join("db").exists(), "kept");
+        // The snapshot is back.
+        let back = RebuildSource {
+            purged: Some(10),
+            snapshot: Some(10),
+        };
+        in_boot("boot-a", || TrustMarker::check(&dir, &back)).unwrap();
+        assert!(!dir.exists(), "deleted once it can be rebuilt");
     }
 
     /// Runs `f` as if the machine's boot id were `boot`.
@@ -218,7 +249,7 @@ mod tests {
     /// A trusted registry in `dir`, opened in boot `boot`.
     fn opened_in(dir: &Path, boot: &str) -> TrustMarker {
         in_boot(boot, || {
-            let m = TrustMarker::check(dir).unwrap();
+            let m = TrustMarker::check(dir, &RebuildSource::default()).unwrap();
             std::fs::create_dir_all(dir).unwrap();
             std::fs::write(dir.join("db"), b"sled").unwrap();
             m.opened().unwrap();
@@ -233,10 +264,14 @@ mod tests {
         let dir = base.path().join("registry");
         opened_in(&dir, "boot-a");
         // The process died; the machine did not.
-        in_boot("boot-a", || TrustMarker::check(&dir).unwrap());
+        in_boot("boot-a", || {
+            TrustMarker::check(&dir, &RebuildSource::default()).unwrap()
+        });
         assert!(dir.join("db").exists(), "left open in this boot: kept");
         // The machine went down with the registry open.
-        in_boot("boot-b", || TrustMarker::check(&dir).unwrap());
+        in_boot("boot-b", || {
+            TrustMarker::check(&dir, &RebuildSource::default()).unwrap()
+        });
         assert!(!dir.exists(), "left open in an earlier boot: deleted");
     }
 
@@ -247,11 +282,13 @@ mod tests {
         let m = opened_in(&dir, "boot-a");
         m.closed();
         assert!(!dir.join(OPEN).exists());
-        in_boot("boot-b", || TrustMarker::check(&dir).unwrap());
+        in_boot("boot-b", || {
+            TrustMarker::check(&dir, &RebuildSource::default()).unwrap()
+        });
         assert!(dir.join("db").exists(), "closed cleanly: kept");
         // Reopened in the new boot, the marker names it.
         let m = in_boot("boot-b", || {
-            let m = TrustMarker::check(&dir).unwrap();
+            let m = TrustMarker::check(&dir, &RebuildSource::default()).unwrap();
             m.opened().unwrap();
             m
         });

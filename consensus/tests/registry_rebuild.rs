@@ -95,3 +95,33 @@ async fn a_registry_left_open_in_an_earlier_boot_is_rebuilt() -> Result<()> {
     std::fs::write(&open, "an-earlier-boot\n")?;
     rebuilt(c, id, digest).await
 }
+
+/// An untrusted registry that cannot be rebuilt (the newest snapshot is gone and the log was
+/// purged up to it) is left as it was: the start fails, naming why, before anything is deleted;
+/// once the snapshot is back, the next start rebuilds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_registry_is_kept_when_it_cannot_be_rebuilt() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    std::fs::remove_file(c.dir(id).join("registry").join("TRUSTED"))?;
+    let snapshots = c.dir(id).join("snapshots");
+    let aside = c.dir(id).with_extension("snapshots-aside");
+    std::fs::rename(&snapshots, &aside)?;
+    std::fs::create_dir(&snapshots)?;
+    let db = c.dir(id).join("registry").join("db");
+    ensure!(db.exists(), "the registry has its sled files");
+    let refused = match c.start(id).await {
+        Ok(_) => anyhow::bail!("a node without the snapshot its purged log needs started"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("cannot be rebuilt") && refused.contains("snapshot"),
+        "the refusal names why: {refused}"
+    );
+    ensure!(
+        db.exists(),
+        "the registry was deleted although it cannot be rebuilt"
+    );
+    std::fs::remove_dir(&snapshots)?;
+    std::fs::rename(&aside, &snapshots)?;
+    rebuilt(c, id, digest).await
+}

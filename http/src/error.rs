@@ -260,6 +260,7 @@ impl From<meta_consensus::Error> for ApiError {
             e @ (E::Storage { .. }
             | E::Registry { .. }
             | E::RegistryUnreadable { .. }
+            | E::RegistryNotRebuildable { .. }
             | E::Io { .. }
             | E::Corrupt { .. }) => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),

@@ -1,0 +1,79 @@
+//! What a node would rebuild its registry from: the newest snapshot and the log after it. A
+//! registry that is not to be reopened (it failed a write, was left open in an earlier boot of
+//! the machine, or cannot be read) is deleted only when those two hold every entry it applied;
+//! otherwise the node refuses to start and leaves it as it is, since it may be the only copy
+//! left on this member (the newest snapshot file lost while the log was purged up to it).
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// What the registry can be rebuilt from, looked at before one is deleted. The default, a log
+/// never purged, holds every entry (a scratch registry, a backup's or a test's, has nothing to
+/// rebuild from, and needs nothing).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RebuildSource {
+    /// The entry the log is purged up to, if it is.
+    pub(crate) purged: Option<u64>,
+    /// The entry the newest snapshot ends at, if there is one.
+    pub(crate) snapshot: Option<u64>,
+}
+
+impl RebuildSource {
+    /// `Ok` when the registry in `dir`, which is not to be reopened because it `why` (e.g.
+    /// "failed a write"), can be deleted: the snapshot and the log together hold every entry
+    /// from the first. Else [`Error::RegistryNotRebuildable`], naming the dir and what is
+    /// missing.
+    pub(crate) fn check(&self, dir: &Path, why: &str) -> Result<()> {
+        let Some(purged) = self.purged else {
+            return Ok(());
+        };
+        let missing = match self.snapshot {
+            Some(s) if s >= purged => return Ok(()),
+            Some(s) => format!("the newest snapshot ends at entry {s}"),
+            None => "there is no snapshot".to_string(),
+        };
+        Err(Error::RegistryNotRebuildable {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "{why}, so it is not reopened, and it cannot be rebuilt: the log is purged up to \
+                 entry {purged} and {missing}. It is left as it is. Put the missing snapshot \
+                 file back into the snapshots dir, or replace this member's data dir (remove it \
+                 from the voters, wipe the dir, add it again as a learner)"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(purged: Option<u64>, snapshot: Option<u64>) -> Result<()> {
+        RebuildSource { purged, snapshot }.check(Path::new("/r"), "failed a write")
+    }
+
+    #[test]
+    fn a_registry_is_deleted_only_when_the_snapshot_reaches_the_purge_point() {
+        assert!(
+            check(None, None).is_ok(),
+            "a log never purged holds every entry"
+        );
+        assert!(check(None, Some(5)).is_ok());
+        assert!(check(Some(10), Some(10)).is_ok());
+        assert!(check(Some(10), Some(12)).is_ok());
+        let none = check(Some(10), None).unwrap_err().to_string();
+        assert!(
+            none.contains("/r") && none.contains("failed a write"),
+            "{none}"
+        );
+        assert!(
+            none.contains("purged up to entry 10") && none.contains("no snapshot"),
+            "{none}"
+        );
+        let older = check(Some(10), Some(9)).unwrap_err().to_string();
+        assert!(older.contains("ends at entry 9"), "{older}");
+        let scratch = RebuildSource::default().check(Path::new("/r"), "x");
+        assert!(scratch.is_ok(), "a scratch registry is never kept");
+    }
+}
