@@ -335,3 +335,60 @@ fn zeros_only_in_the_sector_of_the_next_valid_record_are_refused() {
         .unwrap();
     assert_refused_as_not_torn(&fs, &o, &seg, a_end);
 }
+
+/// A newest segment deleted (by hand, or lost with the file system's damage) leaves a log that
+/// reads as whole, only shorter: `NEWEST` names it, so the open refuses and changes nothing. A
+/// log without `NEWEST` (an older build's) gets one at its next open.
+#[test]
+fn a_missing_newest_segment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(true, 256);
+    write_records(dir.path(), &o, 40);
+    let all = segments(dir.path());
+    assert!(all.len() > 3);
+    let newest = all.last().unwrap().clone();
+    let marker = dir.path().join("NEWEST");
+    // Named by the roll that created it (an open names only the segment it ends in).
+    let named = u64::from_le_bytes(std::fs::read(&marker).unwrap()[..8].try_into().unwrap());
+    let first: u64 = newest
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(named, first, "the log names its newest segment");
+
+    // An older build's log: no marker. The open names the newest segment again.
+    std::fs::remove_file(&marker).unwrap();
+    Wal::open(dir.path(), o.clone()).unwrap().close().unwrap();
+    assert!(marker.exists(), "the open named the newest segment");
+
+    std::fs::remove_file(&newest).unwrap();
+    let before = dir_contents(dir.path());
+    match Wal::open(dir.path(), o.clone()) {
+        Err(Error::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, newest, "{reason}");
+            assert!(
+                reason.contains("NEWEST") && reason.contains("missing"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(
+        dir_contents(dir.path()) == before,
+        "the failed open changed the log directory"
+    );
+    // Every segment gone, the marker left: refused too, not a fresh log.
+    for seg in segments(dir.path()) {
+        std::fs::remove_file(seg).unwrap();
+    }
+    match Wal::open(dir.path(), o) {
+        Err(Error::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, newest, "{reason}");
+            assert!(reason.contains("no other segment"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}

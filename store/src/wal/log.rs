@@ -16,6 +16,7 @@ mod markers;
 
 use super::index::{Index, Location};
 use super::metrics::Counters;
+use super::newest_segment;
 use super::record::{self, Kind, RecordMeta, HEADER_LEN, MAX_PAYLOAD};
 use super::recovery;
 use super::segment::{Segment, SEGMENT_HEADER_LEN};
@@ -554,6 +555,11 @@ impl Inner {
                 return Err(err);
             }
         };
+        // Before anything is appended to it: recovery then knows the segment was there.
+        if let Err(err) = newest_segment::record(&*self.fs, &self.dir, segment.first_lsn) {
+            self.poison(err.to_string());
+            return Err(err);
+        }
         self.index.write().add_segment(segment.clone());
         *self.tail.lock() = segment.clone();
         w.segment = segment;

@@ -10,6 +10,7 @@ mod bit_flip;
 mod index;
 mod log;
 mod metrics;
+mod newest_segment;
 mod purge;
 mod record;
 mod recovery;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::bit_flip;
 use super::index::Index;
+use super::newest_segment::{self, NEWEST};
 use super::record::{self, RecordMeta};
 use super::segment::{self, Segment, SEGMENT_HEADER_LEN};
 use super::{Lsn, WalOptions};
@@ -84,6 +85,7 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         .filter_map(|n| segment::parse_name(n))
         .collect();
     firsts.sort_unstable();
+    let named = newest_segment::read(fs, dir)?;
 
     // A newest segment without a valid header is a creation torn by a crash: nothing was ever
     // written to it, so it goes (unless it holds valid records, which means damage), but only
@@ -103,6 +105,23 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
         }
         torn.push((first, seg.path.clone()));
         firsts.pop();
+    }
+    // A newest segment whose creation completed is never lost to a crash: one older than the
+    // segment `NEWEST` names means a segment was deleted or damaged (see `newest_segment.rs`).
+    if let Some(named) = named.filter(|&n| firsts.last().is_none_or(|&found| found < n)) {
+        let found = match firsts.last() {
+            Some(found) => format!("the newest segment there starts at LSN {found}"),
+            None => "no other segment is there".to_string(),
+        };
+        return Err(corrupt(
+            &dir.join(segment::file_name(named)),
+            0,
+            format!(
+                "this segment is missing, or its header is damaged, but {NEWEST} names it as \
+                 the log's newest ({found}): records from LSN {named} on would be lost \
+                 silently, so the log refuses to open"
+            ),
+        ));
     }
     if firsts.is_empty() {
         // Nothing else to check: the torn creations go, and the log starts where the oldest did.
@@ -198,6 +217,10 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
     // acknowledged from now on, so its name must survive a power loss first.
     fs.sync_dir(dir)
         .map_err(|e| Error::io("fsync log directory", dir, e))?;
+    // A log an older build wrote (or whose name a crash tore) gets its newest segment named.
+    if named != Some(last.segment.first_lsn) {
+        newest_segment::record(fs, dir, last.segment.first_lsn)?;
+    }
     Ok(Recovered {
         index,
         tail: last.segment,
@@ -214,6 +237,7 @@ fn fresh(fs: &dyn FileSystem, dir: &Path, first: Lsn, opts: &WalOptions) -> Resu
         prealloc(opts),
         DescriptorWait::new(opts.descriptor_wait),
     )?);
+    newest_segment::record(fs, dir, first)?;
     let mut index = Index::new(first);
     index.add_segment(tail.clone());
     Ok(Recovered {
