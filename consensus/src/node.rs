@@ -166,7 +166,7 @@ impl MetaNode {
         let probe = network.term_probe();
         let window = cfg.max_pending_shards;
         let datanode_timeout = cfg.datanode_timeout;
-        let raft_config = Arc::new(cfg.raft_config()?);
+        let mut raft_config = cfg.raft_config()?;
         let c = cfg.clone();
         let (dir_lock, log, mut sm, incoming, rejoining, followed) = blocking(move || {
             std::fs::create_dir_all(&c.data_dir)
@@ -244,7 +244,9 @@ impl MetaNode {
         // Openraft's startup reloads the registry from the newest snapshot when it is behind,
         // re-applies committed entries, and rebuilds a snapshot if the log was purged without
         // one; see `check_not_behind_purge` for the check that it did.
-        let raft = Raft::new(cfg.id, raft_config, network, log.clone(), sm)
+        // A rejoining node starts with elections off (`votes.rs` says when they come on).
+        raft_config.enable_elect &= !rejoining;
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| Error::Raft(format!("start raft: {e}")))?;
         let node = MetaNode {
@@ -269,7 +271,10 @@ impl MetaNode {
                 lease_given_until,
                 rejoin_target: parking_lot::Mutex::new(None),
                 rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
-                election_holds: Default::default(),
+                election_holds: parking_lot::Mutex::new(election_holds::ElectionHolds {
+                    rejoin: rejoining,
+                    ..Default::default()
+                }),
                 led_since: parking_lot::Mutex::new(None),
                 handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),

@@ -5,11 +5,12 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{Cluster, WAIT};
-use meta_consensus::{Consistency, Error, LogStore, MetaNode, Role};
+use common::{addr, Cluster, WAIT};
+use meta_consensus::{Command, Consistency, Error, LogStore, MetaNode, Node, Role};
 use meta_store::WalOptions;
 use openraft::async_runtime::watch::WatchReceiver as _;
 
@@ -566,6 +567,90 @@ async fn the_write_is_kept(c: Cluster) -> Result<()> {
         "the acknowledged registration is lost"
     );
     c.converged().await?;
+    c.shutdown().await
+}
+
+/// Writes `n` keys `{prefix}/{i}` through `leader`, eight writers at once.
+async fn puts(leader: &MetaNode, prefix: &str, n: u64) -> Result<()> {
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let leader = leader.clone();
+            let prefix = prefix.to_string();
+            tokio::spawn(async move {
+                for i in (w..n).step_by(8) {
+                    let key = format!("{prefix}/{i}");
+                    let value = key.as_bytes().to_vec();
+                    let put = Command::Put {
+                        key,
+                        value,
+                        if_revision: None,
+                    };
+                    leader.write(put).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await??;
+    }
+    Ok(())
+}
+
+/// A node whose data dir was lost replays the cluster's log from its start, and a cluster that
+/// started as one node (as the default does) has a stretch of log in which that node was the
+/// only voter. openraft elects a sole voter at once, without asking anyone: replaying that
+/// stretch, the node must not stand for election, since it follows the cluster's leader. It
+/// used to lead there, with a log that ends in that stretch, and the real voters' newer entries
+/// were cut back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_node_does_not_lead_from_a_membership_it_once_led_alone() -> Result<()> {
+    let mut c = Cluster::voters(1).await?;
+    let one = c.leader().await?;
+    // The stretch in which node 1 is the only voter.
+    puts(&one, "alone", 3000).await?;
+    for id in [2, 3] {
+        c.start(id).await?;
+        one.add_learner(id, Node::new(addr(id))).await?;
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while let Err(e) = one.change_voters(BTreeSet::from([1, 2, 3])).await {
+        ensure!(std::time::Instant::now() < deadline, "no promotion: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    puts(&one, "three", 100).await?;
+    // Node 1 leaves the voters, loses its data dir, and comes back as a learner.
+    one.change_voters(BTreeSet::from([2, 3])).await?;
+    c.stop(1).await?;
+    std::fs::remove_dir_all(c.dir(1))?;
+    let leader = c.leader().await?;
+    let rebuilt = c.start(1).await?;
+    let mut metrics = rebuilt.raft().metrics();
+    leader.add_learner(1, Node::new(addr(1))).await?;
+    let target = leader.raft().metrics().borrow_watched().last_log_index;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let m = metrics.borrow_watched().clone();
+        ensure!(
+            m.state != openraft::ServerState::Leader,
+            "the rebuilt node leads (term {}, log up to {:?}, the cluster's up to {target:?})",
+            m.current_term,
+            m.last_log_index
+        );
+        if m.last_applied.map(|l| l.index) >= target {
+            break;
+        }
+        tokio::time::timeout_at(deadline, metrics.changed())
+            .await
+            .context("the rebuilt node never caught up")??;
+    }
+    let leader = c.leader().await?;
+    for key in ["alone/2999", "three/99"] {
+        leader
+            .kv_get(Consistency::Linearizable, key)
+            .await?
+            .with_context(|| format!("{key} is lost"))?;
+    }
     c.shutdown().await
 }
 

@@ -231,11 +231,13 @@ impl MetaNode {
         let mut metrics = self.inner.raft.metrics();
         let mut durable = self.inner.raft.watch_log_progress();
         tokio::spawn(async move {
-            let mut held = false;
+            // A rejoining node opens with elections off (`MetaNode::open`): a log it replays
+            // may make it the only voter before this task first looks.
+            let mut held = true;
             loop {
                 let (done, hold) = {
                     let m = metrics.borrow_watched();
-                    (node.rejoined(&m), rejoin_holds_elections(&m))
+                    (node.rejoined(&m), rejoin_holds_elections(&m, node.id()))
                 };
                 if done {
                     break;
@@ -274,14 +276,25 @@ impl MetaNode {
 
 /// Whether a rejoining node stands for no election: its log holds entries past the cluster's
 /// initial membership (index 0; a log of that alone wins only a cluster's first election,
-/// which a node that never held more may stand for), it has other voters, and it does not lead.
-fn rejoin_holds_elections(m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+/// which a node that never held more may stand for), it does not lead, and it has other voters
+/// or follows another node's leadership.
+///
+/// The last: a membership in which this node is the only voter, in a log another leader gave
+/// it, is one it replays from the cluster's history (its former self, with the same id, once
+/// led alone: a cluster started as one node, or shrunk to one voter), not its cluster's now.
+/// openraft elects a sole voter at once, asking no one, and it would lead with a log that ends
+/// there, cutting the real voters' newer entries back to it. Only a node that follows no one
+/// leads a one-voter cluster: its own (a restart before its first rejoin ended).
+fn rejoin_holds_elections(m: &openraft::RaftMetrics<TypeConfig>, me: crate::types::NodeId) -> bool {
+    use openraft::vote::RaftLeaderId;
+    let others_vote = m
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|v| v != me);
+    let follows_another = m.vote.is_committed() && *m.vote.leader_id().node_id() != me;
     m.last_log_index.is_some_and(|i| i > 0)
-        && m.membership_config
-            .membership()
-            .voter_ids()
-            .nth(1)
-            .is_some()
+        && (others_vote || follows_another)
         && m.state != openraft::ServerState::Leader
 }
 
