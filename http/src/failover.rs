@@ -7,6 +7,8 @@
 //! Reads (the admin API's GET and HEAD requests) do it here, around the whole request (the
 //! handler, and the replay at the leader if it asked for one): a read changes nothing, so it
 //! may be asked again of any leader, and a read asked of a leader may be dropped at any time.
+//! Membership changes do the same: each names a target state (these voters, this learner at
+//! this address), so asking again changes nothing more.
 //! So a read also gives up on a leader that stopped answering (a paused process, a partition)
 //! once this node learns that another one leads (`unless_deposed`), instead of waiting for
 //! the exchange's timeout.

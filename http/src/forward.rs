@@ -81,6 +81,26 @@ impl Replay {
     fn is_read(&self) -> bool {
         matches!(self.method, Method::GET | Method::HEAD)
     }
+
+    /// Whether the request may be asked again of any leader (see [`may_ask_again`]).
+    fn may_ask_again(&self) -> bool {
+        may_ask_again(&self.method, self.uri.path())
+    }
+}
+
+/// Whether a request may be asked again of another leader, and dropped at a leader that stopped
+/// answering: a read (changes nothing wherever it is answered), or a membership change (a
+/// target state: adding a learner again at its address, setting the same voters or address
+/// again, changes nothing; removing a learner again answers 404). Writes of commands are not
+/// (`writer.rs` says which of their refusals may be sent on).
+fn may_ask_again(method: &Method, path: &str) -> bool {
+    match *method {
+        Method::GET | Method::HEAD => true,
+        Method::POST => path == "/v1/cluster/learners",
+        Method::PUT => path == "/v1/cluster/voters" || path.starts_with("/v1/cluster/members/"),
+        Method::DELETE => path.starts_with("/v1/cluster/learners/"),
+        _ => false,
+    }
 }
 
 /// Maps a failed request to the leader `target`: no connection made (nothing was sent) is 503
@@ -283,10 +303,10 @@ pub async fn forward_to_leader(
             return refused;
         }
     }
-    if forwarded || !matches!(parts.method, Method::GET | Method::HEAD) {
+    if forwarded || !may_ask_again(&parts.method, parts.uri.path()) {
         return answer(&state, parts, body, next).await;
     }
-    // A read rides out a leader change (`failover.rs`).
+    // A read or a membership change rides out a leader change (`failover.rs`).
     let node = state.node.clone();
     failover::read(&node, || {
         answer(&state, parts.clone(), body.clone(), next.clone())
@@ -313,12 +333,12 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
         return response;
     }
     let read_index = response.extensions().get::<ReadIndexHint>().copied();
-    if !replay.is_read() {
+    if !replay.may_ask_again() {
         return state.forwarder.replay(&target, read_index, replay).await;
     }
-    // A read gives up on a leader that stopped answering once another one leads. Its
-    // `no_leader` came from another member: this node leading (handing over) does not make it
-    // a leader without a quorum.
+    // A read or a membership change gives up on a leader that stopped answering once another
+    // one leads. Its `no_leader` came from another member: this node leading (handing over)
+    // does not make it a leader without a quorum.
     let replayed = async { Ok(state.forwarder.replay(&target, read_index, replay).await) };
     let mut response = failover::unless_deposed(&state.node, target.leader_id, replayed)
         .await
@@ -353,6 +373,23 @@ mod tests {
             assert_eq!(code, "unsupported_encoding");
             assert!(message.contains(refused[refused.len() - 1]), "{message}");
         }
+    }
+
+    #[test]
+    fn reads_and_membership_changes_may_be_asked_again() {
+        let again = |m: Method, p: &str| may_ask_again(&m, p);
+        assert!(again(Method::GET, "/v1/shards/1"));
+        assert!(again(Method::HEAD, "/v1/kv/a"));
+        assert!(again(Method::POST, "/v1/cluster/learners"));
+        assert!(again(Method::PUT, "/v1/cluster/voters"));
+        assert!(again(Method::PUT, "/v1/cluster/members/4"));
+        assert!(again(Method::DELETE, "/v1/cluster/learners/4"));
+        // Commands: a write asked again could be made twice.
+        assert!(!again(Method::PUT, "/v1/datanodes/7"));
+        assert!(!again(Method::POST, "/v1/datanodes/7/shards"));
+        assert!(!again(Method::DELETE, "/v1/kv/a"));
+        assert!(!again(Method::POST, "/v1/cluster/snapshot"));
+        assert!(!again(Method::PUT, "/v1/cluster/epoch-floor"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Reads that reach a member while its leader is gone: they are answered by the next leader,
 //! not refused, whether the follower answers them with the leader's read index or replays them
 //! at the leader, and whether the old leader's port is closed or takes connections and never
-//! answers (a paused process).
+//! answers (a paused process). Membership changes, which may be asked again too, do the same.
 
 use std::time::Duration;
 
@@ -84,6 +84,61 @@ async fn a_follower_read_outlives_a_paused_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_read_outlives_a_paused_leader() {
     a_read_outlives_its_leader(None, Gone::Paused).await;
+}
+
+/// A membership change (a target state, so it may be asked again) sent to a follower that still
+/// names a leader that is gone rides out the election as a read does: the survivors make
+/// themselves the voters. It used to be answered 503 `no_leader` at once (a stopped leader),
+/// or 504 after the 30 s forwarding timeout (a paused one).
+async fn a_voter_change_outlives_its_leader(gone: Gone) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
+        cfg.request_timeout = Duration::from_secs(60)
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let survivors: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
+    let follower = survivors[0];
+    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    if let Gone::Paused = gone {
+        port.stop_answering();
+    }
+    let started = std::time::Instant::now();
+    let change = http
+        .put(format!(
+            "http://{}/v1/cluster/voters",
+            servers[&follower].addr
+        ))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({ "voters": survivors }))
+        .send()
+        .await
+        .unwrap();
+    let status = change.status().as_u16();
+    let text = change.text().await.unwrap();
+    assert_eq!(status, 200, "{gone:?}: {text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{gone:?}: answered after {:?}, not once the next leader was elected",
+        started.elapsed()
+    );
+    let voters: Vec<u64> = servers[&follower].node.status().voters;
+    assert_eq!(voters, survivors, "{gone:?}");
+    for server in servers.into_values() {
+        server.stop().await;
+    }
+    drop(port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_outlives_a_stopped_leader() {
+    a_voter_change_outlives_its_leader(Gone::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_outlives_a_paused_leader() {
+    a_voter_change_outlives_its_leader(Gone::Paused).await;
 }
 
 /// The index a watch at `url` (a member's `/v1/watch`) starts from.
