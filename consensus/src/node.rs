@@ -4,7 +4,6 @@
 //! opens, reports and shuts down; the sub-modules hold the write and read paths, membership,
 //! snapshots and the limits on commands.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +22,6 @@ use crate::log_store::LogStore;
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
-use crate::status::{ClusterStatus, ReplicationLag, Role};
 use crate::term_probe::ProbeMembers;
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::uncancelled::{uncancelled, uncancelled_stream};
@@ -37,6 +35,7 @@ mod reads;
 mod rejoin_gate;
 mod removal;
 mod snapshots;
+mod status_report;
 mod validation;
 mod versions;
 mod votes;
@@ -575,116 +574,6 @@ impl MetaNode {
     fn log_core_stopped(&self, e: &dyn std::fmt::Display) {
         if !self.inner.shut.load(Ordering::Acquire) {
             tracing::error!("raft core stopped: {e}");
-        }
-    }
-
-    /// This node's status.
-    pub fn status(&self) -> ClusterStatus {
-        let m = self.inner.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        let nodes: BTreeMap<NodeId, String> = membership
-            .nodes()
-            .map(|(id, n)| (*id, n.addr.clone()))
-            .collect();
-        let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
-        let removed = self.removed(&m.membership_config).is_some();
-        // A leader no quorum acknowledged within the lease may be deposed already: it is not
-        // reported as leader (a single voter is its own quorum).
-        let self_quorum = membership.voter_ids().eq([self.id()]);
-        let lost_quorum = m.state == openraft::ServerState::Leader
-            && !self_quorum
-            && m.last_quorum_acked
-                .as_ref()
-                .is_none_or(|t| openraft::Instant::elapsed(&**t) >= self.lease());
-        let leader_id = if stopped || lost_quorum || removed {
-            None
-        } else {
-            m.current_leader
-        };
-        let leader_addr = leader_id.and_then(|l| nodes.get(&l).cloned());
-        let last = m.last_log_index;
-        let replication = m
-            .replication
-            .as_ref()
-            .map(|r| {
-                r.iter()
-                    .map(|(node, matched)| {
-                        let matched = matched.as_ref().map(|l| l.index);
-                        let lag = match (last, matched) {
-                            (Some(l), Some(mi)) => l.saturating_sub(mi),
-                            (Some(l), None) => l + 1,
-                            _ => 0,
-                        };
-                        // A member this leader never heard from (down since before it took
-                        // office) has been silent at least since then.
-                        let (_, heard) = Self::progress_of(&m, *node);
-                        let heard = heard.or_else(|| {
-                            self.inner
-                                .led_since
-                                .lock()
-                                .filter(|(term, _)| *term == m.current_term)
-                                .map(|(_, since)| since.elapsed())
-                        });
-                        ReplicationLag {
-                            node: *node,
-                            matched,
-                            lag,
-                            heard_ms: heard.map(|d| d.as_millis() as u64),
-                        }
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let sm = &self.inner.sm;
-        let datanodes = sm.datanodes();
-        let snapshot = sm.last_snapshot();
-        let role = if stopped {
-            Role::Shutdown
-        } else if removed {
-            Role::Removed
-        } else if lost_quorum {
-            Role::LeaderWithoutQuorum
-        } else if membership.voter_ids().next().is_none() {
-            Role::Uninitialized
-        } else {
-            Role::from(m.state)
-        };
-        ClusterStatus {
-            id: self.id(),
-            role,
-            leader_id,
-            leader_addr,
-            term: m.current_term,
-            voters: membership.voter_ids().collect(),
-            learners: membership.learner_ids().collect(),
-            nodes,
-            last_log_index: last,
-            committed: m.local_committed.as_ref().map(|l| l.index),
-            applied: m.last_applied.as_ref().map(|l| l.index),
-            purged: m.purged.as_ref().map(|l| l.index),
-            snapshot_index: m.snapshot.as_ref().map(|l| l.index),
-            snapshot_bytes: snapshot.map(|s| s.bytes),
-            replication,
-            datanodes,
-            replicas: sm.replicas(),
-            wal: self.inner.log.wal_metrics(),
-            state_machine: sm.stats.snapshot(),
-            snapshot_rate: sm.limiter.rate(),
-            snapshot_throttle_pauses: sm.limiter.pauses(),
-            snapshot_throttle_millis: sm.limiter.paused_nanos() / 1_000_000,
-            watches_waiting: sm.feed.waiting() as u64,
-            watch_floor: sm.feed.floor(),
-            cluster_version: sm.cluster_version(),
-            epoch_floor: sm.epoch_floor(),
-            build_version: self.inner.cfg.build_version,
-            member_versions: if m.state == openraft::ServerState::Leader {
-                self.member_versions()
-            } else {
-                BTreeMap::new()
-            },
-            data_dir_free_bytes: self.data_dir_free_bytes(),
-            min_free_bytes: self.inner.cfg.min_free_bytes,
-            rejoin: self.rejoin_status(),
         }
     }
 

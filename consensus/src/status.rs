@@ -61,7 +61,11 @@ pub struct ClusterStatus {
     pub leader_id: Option<NodeId>,
     pub leader_addr: Option<String>,
     pub term: u64,
+    /// The voters: of every voter set, while a voter change is half done.
     pub voters: Vec<NodeId>,
+    /// The voter sets: one, or the old and the new while a voter change is half done (a joint
+    /// membership, whose commits need a majority of each).
+    pub voter_sets: Vec<Vec<NodeId>>,
     pub learners: Vec<NodeId>,
     /// Every member's address.
     pub nodes: BTreeMap<NodeId, String>,

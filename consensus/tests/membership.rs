@@ -229,22 +229,18 @@ async fn a_removed_follower_learns_it_from_the_members() -> Result<()> {
     c.shutdown().await
 }
 
-/// A voter change left half done (its caller went away between openraft's two steps, leaving
-/// a joint membership whose commits need a majority of both voter sets) is finished by the
-/// next membership change, as it was meant, before that change is made.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Result<()> {
+/// Makes the first step of a voter change alone on a cluster of three with learner 4 (a caller
+/// that went away between openraft's two steps): the voters and the voters with 4 in place of
+/// a follower, at once. Returns the leader, the follower replaced and the newer voter set.
+async fn half_done_voter_change(c: &mut Cluster) -> Result<(MetaNode, u64, BTreeSet<u64>)> {
     use std::collections::BTreeMap;
 
     use openraft::async_runtime::watch::WatchReceiver as _;
     use openraft::{EntryPayload, Membership};
 
-    let mut c = Cluster::three().await?;
     c.start(4).await?;
-    c.start(5).await?;
     let leader = c.leader().await?;
     leader.add_learner(4, Node::new(addr(4))).await?;
-    // The first step alone: the voters and the voters with 4 in place of a follower, at once.
     let gone = (1..=3).find(|id| *id != leader.id()).unwrap();
     let mut after: BTreeSet<u64> = (1..=3).filter(|id| *id != gone).collect();
     after.insert(4);
@@ -264,17 +260,30 @@ async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Resul
         .raft()
         .append_membership(joint, EntryPayload::Blank, [])
         .await?;
-    let configs = |n: &MetaNode| {
-        n.raft()
-            .metrics()
-            .borrow_watched()
-            .membership_config
-            .membership()
-            .get_joint_config()
-            .clone()
-    };
     assert_eq!(configs(&leader).len(), 2, "joint");
+    Ok((leader, gone, after))
+}
 
+/// The voter sets of `n`'s membership (two while it is joint).
+fn configs(n: &MetaNode) -> Vec<BTreeSet<u64>> {
+    use openraft::async_runtime::watch::WatchReceiver as _;
+    n.raft()
+        .metrics()
+        .borrow_watched()
+        .membership_config
+        .membership()
+        .get_joint_config()
+        .clone()
+}
+
+/// A voter change left half done (its caller went away between openraft's two steps, leaving
+/// a joint membership whose commits need a majority of both voter sets) is finished by the
+/// next membership change, as it was meant, before that change is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    c.start(5).await?;
+    let (leader, gone, after) = half_done_voter_change(&mut c).await?;
     // Finished as the change meant it (the replaced voter leaves the cluster, not stays on as
     // a learner, as a learner's addition from the joint membership would keep it), then the
     // learner added.
@@ -282,6 +291,32 @@ async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Resul
     assert_eq!(configs(&leader), vec![after]);
     let learners: BTreeSet<_> = leader.status().learners.into_iter().collect();
     assert_eq!(learners, BTreeSet::from([5]), "node {gone} left");
+    c.shutdown().await
+}
+
+/// A voter change sent while one was left half done goes from the joint membership to the
+/// voters it names, which may be any of either set: the replaced voter too. It used to finish
+/// the half-done change first, which made the replaced voter leave, and then refuse it (400,
+/// "neither a voter nor a learner") with the membership changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_over_a_half_done_one_keeps_the_voters_it_names() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let (leader, _, after) = half_done_voter_change(&mut c).await?;
+    let sets = leader.status().voter_sets;
+    let after: Vec<u64> = after.into_iter().collect();
+    assert_eq!(
+        sets,
+        vec![vec![1, 2, 3], after],
+        "the status shows both sets"
+    );
+    let all = BTreeSet::from([1, 2, 3, 4]);
+    leader.change_voters(all.clone()).await?;
+    assert_eq!(configs(&leader), vec![all]);
+    let back = BTreeSet::from([1, 2, 3]);
+    leader.change_voters(back.clone()).await?;
+    assert_eq!(configs(&leader), vec![back]);
+    assert!(leader.status().learners.is_empty(), "node 4 left");
+    assert_eq!(leader.status().voter_sets, vec![vec![1, 2, 3]]);
     c.shutdown().await
 }
 

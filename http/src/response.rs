@@ -206,8 +206,13 @@ pub struct ClusterView {
     pub leader_addr: Option<String>,
     /// Current term.
     pub term: u64,
-    /// Voting members.
+    /// Voting members (of both voter sets while a voter change is half done).
     pub voters: Vec<u64>,
+    /// While a voter change is half done (a joint membership, whose commits need a majority of
+    /// each set), the old and the new voter set; `null` otherwise. The next `PUT
+    /// /v1/cluster/voters` goes on from there to the voters it names.
+    #[serde(default)]
+    pub joint: Option<Vec<Vec<u64>>>,
     /// Non-voting members.
     pub learners: Vec<u64>,
     /// Every member's address, by id.
@@ -288,6 +293,10 @@ pub struct EpochFloorView {
 pub struct MembershipView {
     /// Voting members after the change.
     pub voters: Vec<u64>,
+    /// The old and the new voter set while a voter change is half done (see
+    /// [`ClusterView::joint`]); `null` otherwise.
+    #[serde(default)]
+    pub joint: Option<Vec<Vec<u64>>>,
     /// Non-voting members after the change.
     pub learners: Vec<u64>,
 }

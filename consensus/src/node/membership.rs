@@ -206,7 +206,12 @@ impl MetaNode {
                 "the voter set cannot be empty".into(),
             ));
         }
-        let _one = self.one_change().await?;
+        // Not `one_change`: from a joint membership openraft goes to these voters itself (a
+        // joint of the newer set and these, then these), keeping any node of either set that
+        // they name; finishing the half-done change first would make its replaced voters leave.
+        self.check_open()?;
+        self.forward_if_follower()?;
+        let _one = self.inner.changing.lock().await;
         self.checked_change(
             |m| self.check_promotable(m, &voters),
             |raft| {
@@ -217,8 +222,9 @@ impl MetaNode {
         .await
     }
 
-    /// Takes the membership lock for one change (refused on a node that is closed or knows
-    /// another leader: the change goes there) and finishes a change a caller left half done.
+    /// Takes the membership lock for one change of learners or addresses (refused on a node
+    /// that is closed or knows another leader: the change goes there) and finishes a voter
+    /// change a caller left half done.
     async fn one_change(&self) -> Result<tokio::sync::MutexGuard<'_, ()>> {
         self.check_open()?;
         self.forward_if_follower()?;

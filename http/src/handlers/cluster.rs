@@ -50,6 +50,7 @@ impl From<ClusterStatus> for ClusterView {
             leader_addr: s.leader_addr,
             term: s.term,
             voters: s.voters,
+            joint: joint(s.voter_sets),
             learners: s.learners,
             nodes: s.nodes,
             last_log_index: s.last_log_index.unwrap_or(0),
@@ -106,8 +107,14 @@ fn membership(state: &AppState) -> MembershipView {
     let status = state.node.status();
     MembershipView {
         voters: status.voters,
+        joint: joint(status.voter_sets),
         learners: status.learners,
     }
+}
+
+/// The voter sets of a half-done voter change, `None` when there is one set.
+fn joint(sets: Vec<Vec<u64>>) -> Option<Vec<Vec<u64>>> {
+    (sets.len() > 1).then_some(sets)
 }
 
 /// `POST /v1/cluster/init` `{"members":{"1":"host:port",..}}`: only on a never-initialized
@@ -127,6 +134,7 @@ pub async fn init(
     state.node.initialize(members).await?;
     Ok(axum::Json(MembershipView {
         voters,
+        joint: None,
         learners: Vec::new(),
     }))
 }

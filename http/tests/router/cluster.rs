@@ -18,6 +18,7 @@ async fn cluster_membership_and_config() {
     assert_eq!(v["leader_addr"], "127.0.0.1:1");
     assert_eq!(v["voters"], json!([1]));
     assert_eq!(v["learners"], json!([]));
+    assert_eq!(v["joint"], json!(null), "no voter change is half done");
     assert!(v["term"].as_u64().unwrap() >= 1);
     assert!(v["committed"].as_u64().unwrap() >= 1);
     for field in [
