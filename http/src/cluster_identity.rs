@@ -145,14 +145,15 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
         };
         if to != node.id() {
             tracing::warn!(
-                "refused a message for node {to}: the membership names this node's address ({}) \
-                 for node {to}; this is node {}",
+                "refused a message for node {to} sent to this node's address ({}): this is node \
+                 {}",
                 node.addr(),
                 node.id()
             );
             return ApiError::WrongNode(format!(
-                "this is node {}, not node {to}: the membership names this address for node \
-                 {to} (remove it and add it at its own address)",
+                "this is node {}, not node {to}: node {to} was looked for at this address (a \
+                 membership or a request to add it names it for node {to}); give node {to} its \
+                 own address",
                 node.id()
             ))
             .into_response();
