@@ -154,7 +154,7 @@ async fn init_on_a_fresh_node() {
         )
         .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
-    assert_eq!(a.json(), json!({"voters":[1],"learners":[]}));
+    assert_eq!(a.json(), json!({"voters":[1],"joint":null,"learners":[]}));
     wait_for(|| t.node.status().role == Role::Leader, "leader").await;
     let a = t
         .send(
