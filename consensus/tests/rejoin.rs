@@ -597,18 +597,13 @@ async fn puts(leader: &MetaNode, prefix: &str, n: u64) -> Result<()> {
     Ok(())
 }
 
-/// A node whose data dir was lost replays the cluster's log from its start, and a cluster that
-/// started as one node (as the default does) has a stretch of log in which that node was the
-/// only voter. openraft elects a sole voter at once, without asking anyone: replaying that
-/// stretch, the node must not stand for election, since it follows the cluster's leader. It
-/// used to lead there, with a log that ends in that stretch, and the real voters' newer entries
-/// were cut back to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebuilt_node_does_not_lead_from_a_membership_it_once_led_alone() -> Result<()> {
-    let mut c = Cluster::voters(1).await?;
+/// A cluster started as node 1 alone, grown to three voters; then node 1 leaves the voters and
+/// loses its data dir, and comes back as a learner. Returns the cluster's leader and the
+/// rebuilt node, which starts to replay the log from its start.
+async fn rebuilt_first_node(c: &mut Cluster) -> Result<(MetaNode, MetaNode)> {
     let one = c.leader().await?;
     // The stretch in which node 1 is the only voter.
-    puts(&one, "alone", 3000).await?;
+    puts(&one, "alone", 5000).await?;
     for id in [2, 3] {
         c.start(id).await?;
         one.add_learner(id, Node::new(addr(id))).await?;
@@ -619,15 +614,18 @@ async fn a_rebuilt_node_does_not_lead_from_a_membership_it_once_led_alone() -> R
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     puts(&one, "three", 100).await?;
-    // Node 1 leaves the voters, loses its data dir, and comes back as a learner.
     one.change_voters(BTreeSet::from([2, 3])).await?;
     c.stop(1).await?;
     std::fs::remove_dir_all(c.dir(1))?;
     let leader = c.leader().await?;
     let rebuilt = c.start(1).await?;
-    let mut metrics = rebuilt.raft().metrics();
     leader.add_learner(1, Node::new(addr(1))).await?;
-    let target = leader.raft().metrics().borrow_watched().last_log_index;
+    Ok((leader, rebuilt))
+}
+
+/// Follows `node` until it applied `target`, failing if it ever leads.
+async fn never_leads_until(node: &MetaNode, target: Option<u64>) -> Result<()> {
+    let mut metrics = node.raft().metrics();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let m = metrics.borrow_watched().clone();
@@ -638,19 +636,78 @@ async fn a_rebuilt_node_does_not_lead_from_a_membership_it_once_led_alone() -> R
             m.last_log_index
         );
         if m.last_applied.map(|l| l.index) >= target {
-            break;
+            return Ok(());
         }
         tokio::time::timeout_at(deadline, metrics.changed())
             .await
             .context("the rebuilt node never caught up")??;
     }
+}
+
+/// A node whose data dir was lost replays the cluster's log from its start, and a cluster that
+/// started as one node (as the default does) has a stretch of log in which that node was the
+/// only voter. openraft elects a sole voter at once, without asking anyone: replaying that
+/// stretch, the node must not stand for election, since it follows the cluster's leader. It
+/// used to lead there, with a log that ends in that stretch, and the real voters' newer entries
+/// were cut back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_node_does_not_lead_from_a_membership_it_once_led_alone() -> Result<()> {
+    let mut c = Cluster::voters(1).await?;
+    let (leader, rebuilt) = rebuilt_first_node(&mut c).await?;
+    let target = leader.raft().metrics().borrow_watched().last_log_index;
+    never_leads_until(&rebuilt, target).await?;
     let leader = c.leader().await?;
-    for key in ["alone/2999", "three/99"] {
+    for key in ["alone/4999", "three/99"] {
         leader
             .kv_get(Consistency::Linearizable, key)
             .await?
             .with_context(|| format!("{key} is lost"))?;
     }
+    c.shutdown().await
+}
+
+/// As above, but the rebuilt node restarts in the middle of that stretch, cut off from the
+/// leader: it opens as the only voter of its membership, and still stands for no election (it
+/// follows another node's leadership: its vote says so), from the moment it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_node_restarted_where_it_led_alone_does_not_lead() -> Result<()> {
+    let mut c = Cluster::voters(1).await?;
+    let (leader, rebuilt) = rebuilt_first_node(&mut c).await?;
+    let alone = |m: &openraft::RaftMetrics<meta_consensus::TypeConfig>| {
+        m.last_log_index.is_some_and(|i| i > 0)
+            && m.membership_config.membership().voter_ids().eq([1])
+    };
+    rebuilt
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(alone, "replaying the stretch where it was the only voter")
+        .await?;
+    c.router.cut(leader.id(), 1);
+    drop(rebuilt);
+    c.stop(1).await?;
+    let rebuilt = c.start(1).await?;
+    ensure!(
+        alone(&rebuilt.raft().metrics().borrow_watched()),
+        "the restart did not land in the stretch (the test needs a longer one)"
+    );
+    // Two election timeouts and more (1.4 s at most each here): openraft would have elected it
+    // within a tick.
+    let window = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut metrics = rebuilt.raft().metrics();
+    loop {
+        let state = metrics.borrow_watched().state;
+        ensure!(
+            state != openraft::ServerState::Leader,
+            "the restarted rebuilt node leads"
+        );
+        match tokio::time::timeout_at(window, metrics.changed()).await {
+            Err(_) => break,
+            Ok(changed) => changed?,
+        }
+    }
+    c.router.heal(leader.id(), 1);
+    let target = leader.raft().metrics().borrow_watched().last_log_index;
+    never_leads_until(&rebuilt, target).await?;
     c.shutdown().await
 }
 
