@@ -711,6 +711,56 @@ async fn a_rebuilt_node_restarted_where_it_led_alone_does_not_lead() -> Result<(
     c.shutdown().await
 }
 
+/// A node rejoining from an empty data dir forwards to its leader at the address the leader's
+/// own messages name, not at the one of the membership it replays, which may be from before the
+/// leader moved (it used to forward there, to nobody, until the request timed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoining_node_forwards_to_the_address_its_leader_names() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    puts(&leader, "log", 3000).await?;
+    let wiped = if leader.id() == 3 { 2 } else { 3 };
+    c.stop(wiped).await?;
+    std::fs::remove_dir_all(c.dir(wiped))?;
+    let node = c.start(wiped).await?;
+    // It follows the leader, and holds part of the log: cut off there, it still rejoins.
+    node.raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| m.current_leader == Some(leader.id()) && m.last_log_index.is_some(),
+            "following the leader",
+        )
+        .await?;
+    c.router.cut(leader.id(), wiped);
+    ensure!(
+        node.is_rejoining(),
+        "caught up before the cut (the test needs a longer log)"
+    );
+    let (id, at) = node
+        .leader_to_forward_to()
+        .context("no leader to forward to")?;
+    ensure!(id == leader.id() && at == addr(leader.id()), "{id} at {at}");
+    // The leader's messages name where it is now (the transport notes it while rejoining).
+    node.note_member_address(leader.id(), "10.0.0.9:7101");
+    let (id, at) = node
+        .leader_to_forward_to()
+        .context("no leader to forward to")?;
+    ensure!(
+        id == leader.id() && at == "10.0.0.9:7101",
+        "forwards to {id} at {at}"
+    );
+    c.router.heal(leader.id(), wiped);
+    rejoin_ends(&c.dir(wiped).join("REJOINING")).await?;
+    let (_, at) = node
+        .leader_to_forward_to()
+        .context("no leader to forward to")?;
+    ensure!(
+        at == addr(leader.id()),
+        "once rejoined, the membership's: {at}"
+    );
+    c.shutdown().await
+}
+
 /// Waits (at most [`WAIT`]) until the rejoin marker at `marker` is gone: the rejoin ended.
 async fn rejoin_ends(marker: &std::path::Path) -> Result<()> {
     let deadline = std::time::Instant::now() + WAIT;

@@ -170,6 +170,14 @@ impl MetaNode {
         }
     }
 
+    /// The address member `id`'s own messages named, while this node rejoins.
+    pub(super) fn noted_address(&self, id: NodeId) -> Option<String> {
+        if !self.is_rejoining() {
+            return None;
+        }
+        self.inner.rejoin_gate.lock().addrs.get(&id).cloned()
+    }
+
     /// This node's answer to a rejoining member's probe: its term and its membership.
     pub fn term_answer(&self) -> TermAnswer {
         let metrics = self.inner.raft.metrics();

@@ -204,7 +204,9 @@ impl MetaNode {
 
     /// The other node that server metrics `m` name as leader, with its address; `None` when
     /// this node leads, no leader is known, or this node was removed (its view of the leader
-    /// is stale: it refuses instead, `no_leader`).
+    /// is stale: it refuses instead, `no_leader`). A rejoining node takes the address the
+    /// leader's own messages name (`note_member_address`): the membership it replays may be
+    /// from before the leader moved, or before it joined.
     fn other_leader(
         &self,
         m: &openraft::metrics::RaftServerMetrics<TypeConfig>,
@@ -213,11 +215,20 @@ impl MetaNode {
             return None;
         }
         let leader = m.current_leader.filter(|l| *l != self.id())?;
-        let node = m.membership_config.membership().get_node(&leader)?;
         if self.removed(&m.membership_config).is_some() {
             return None;
         }
-        Some((leader, node.addr.clone()))
+        let noted = self.noted_address(leader);
+        let addr = match noted {
+            Some(addr) => addr,
+            None => m
+                .membership_config
+                .membership()
+                .get_node(&leader)?
+                .addr
+                .clone(),
+        };
+        Some((leader, addr))
     }
 
     fn write_error(&self, e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
