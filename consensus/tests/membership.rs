@@ -229,6 +229,49 @@ async fn a_removed_follower_learns_it_from_the_members() -> Result<()> {
     c.shutdown().await
 }
 
+/// A learner that restarts while it catches up holds memberships from before it was added,
+/// which leave it out: it still reports itself a learner, not `Removed` (which tells an
+/// operator to stop it). It started with no Raft state, so a membership that leaves it out is
+/// one it replays. It used to read as removed until it caught up again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_restarted_while_catching_up_is_not_reported_removed() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    for i in 0..1500u64 {
+        leader.register_datanode(i, "dn").await?;
+    }
+    let learner = c.start(4).await?;
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    let left_out = |m: &openraft::RaftMetrics<meta_consensus::TypeConfig>| {
+        m.last_log_index.is_some_and(|i| i > 0)
+            && m.membership_config.membership().get_node(&4).is_none()
+    };
+    learner
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(left_out, "catching up on memberships without it")
+        .await?;
+    c.router.cut(leader.id(), 4);
+    drop(learner);
+    c.stop(4).await?;
+    let learner = c.start(4).await?;
+    {
+        use openraft::async_runtime::watch::WatchReceiver as _;
+        anyhow::ensure!(
+            left_out(&learner.raft().metrics().borrow_watched()),
+            "the restart did not land before the entry that adds it"
+        );
+    }
+    let role = learner.status().role;
+    anyhow::ensure!(
+        role != Role::Removed,
+        "the restarted learner reports {role:?}"
+    );
+    c.router.heal(leader.id(), 4);
+    until_role(&learner, Role::Learner).await?;
+    c.shutdown().await
+}
+
 /// Makes the first step of a voter change alone on a cluster of three with learner 4 (a caller
 /// that went away between openraft's two steps): the voters and the voters with 4 in place of
 /// a follower, at once. Returns the leader, the follower replaced and the newer voter set.

@@ -112,9 +112,14 @@ impl MetaNode {
     }
 
     /// Notes whether the membership this node opened with counts as naming it: any that has
-    /// voters does, so that a node removed before it stopped knows it once it restarts (a
-    /// learner that restarts while it catches up reads as removed until it is caught up).
+    /// voters does, so that a node removed before it stopped knows it once it restarts. Not
+    /// while it rejoins: it started with no Raft state, so a membership that leaves it out is
+    /// one it replays from before it was added (a learner restarted while it catches up); one
+    /// removed meanwhile learns it from the members' notices.
     pub(super) fn note_membership_at_open(&self) {
+        if self.is_rejoining() {
+            return;
+        }
         let has_voters = {
             let metrics = self.inner.raft.metrics();
             let m = metrics.borrow_watched();
