@@ -203,7 +203,7 @@ impl MetaNode {
             let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
             let purged = log.last_purged().map(|l| l.index);
             let open_sm = || {
-                StateMachine::open_after(
+                StateMachine::open(
                     purged,
                     &c.registry_dir(),
                     &c.snapshot_dir(),
@@ -243,8 +243,13 @@ impl MetaNode {
         // Openraft's startup reloads the registry from the newest snapshot when it is behind,
         // re-applies committed entries, and rebuilds a snapshot if the log was purged without
         // one; see `check_not_behind_purge` for the check that it did.
-        // A rejoining node starts with elections off (`votes.rs` says when they come on).
-        raft_config.enable_elect &= !rejoining;
+        // A rejoining node starts with elections off (`votes.rs` says when they come on):
+        // openraft's switch starts as the holds say, before its core's first tick.
+        let holds = election_holds::ElectionHolds {
+            rejoin: rejoining,
+            ..Default::default()
+        };
+        raft_config.enable_elect &= holds.may_elect();
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| Error::Raft(format!("start raft: {e}")))?;
@@ -270,10 +275,7 @@ impl MetaNode {
                 lease_given_until,
                 rejoin_target: parking_lot::Mutex::new(None),
                 rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
-                election_holds: parking_lot::Mutex::new(election_holds::ElectionHolds {
-                    rejoin: rejoining,
-                    ..Default::default()
-                }),
+                election_holds: parking_lot::Mutex::new(holds),
                 led_since: parking_lot::Mutex::new(None),
                 handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),

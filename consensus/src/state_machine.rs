@@ -149,29 +149,11 @@ async fn blocking<T: Send + 'static>(
 
 impl StateMachine {
     /// Opens the registry in `registry_dir` and the snapshot store in `snapshot_dir`, for a log
-    /// never purged. Blocking (opens files).
+    /// purged up to entry `purged` (`None`: never purged). Blocking (opens files). The snapshot
+    /// store opens first: a registry that is not to be reopened is deleted only when the newest
+    /// snapshot reaches `purged` (see `rebuild_source.rs`), and a damaged newest snapshot stops
+    /// the open before then.
     pub fn open(
-        registry_dir: &Path,
-        snapshot_dir: &Path,
-        cache_bytes: u64,
-        snapshots_to_keep: usize,
-        limiter: Arc<RateLimiter>,
-    ) -> Result<StateMachine> {
-        Self::open_after(
-            None,
-            registry_dir,
-            snapshot_dir,
-            cache_bytes,
-            snapshots_to_keep,
-            limiter,
-        )
-    }
-
-    /// Opens the state machine of a log purged up to entry `purged`, as
-    /// [`StateMachine::open`]. The snapshot store opens first: a registry that is not to be
-    /// reopened is deleted only when the newest snapshot reaches `purged` (see
-    /// `rebuild_source.rs`), and a damaged newest snapshot stops the open before then.
-    pub(crate) fn open_after(
         purged: Option<u64>,
         registry_dir: &Path,
         snapshot_dir: &Path,

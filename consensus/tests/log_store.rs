@@ -161,6 +161,7 @@ async fn reapplying_after_reopen_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let open_sm = || {
         StateMachine::open(
+            None,
             &dir.path().join("registry"),
             &dir.path().join("snapshots"),
             1 << 20,

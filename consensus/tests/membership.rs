@@ -246,22 +246,14 @@ async fn a_learner_restarted_while_catching_up_is_not_reported_removed() -> Resu
         m.last_log_index.is_some_and(|i| i > 0)
             && m.membership_config.membership().get_node(&4).is_none()
     };
-    learner
-        .raft()
-        .wait(Some(WAIT))
-        .metrics(left_out, "catching up on memberships without it")
+    let learner = c
+        .restart_cut_off_at(
+            learner,
+            leader.id(),
+            left_out,
+            "catching up on memberships without it",
+        )
         .await?;
-    c.router.cut(leader.id(), 4);
-    drop(learner);
-    c.stop(4).await?;
-    let learner = c.start(4).await?;
-    {
-        use openraft::async_runtime::watch::WatchReceiver as _;
-        anyhow::ensure!(
-            left_out(&learner.raft().metrics().borrow_watched()),
-            "the restart did not land before the entry that adds it"
-        );
-    }
     let role = learner.status().role;
     anyhow::ensure!(
         role != Role::Removed,

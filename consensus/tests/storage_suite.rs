@@ -25,6 +25,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
         let log =
             LogStore::open(&dir.path().join("wal"), WalOptions::default()).map_err(sto_err)?;
         let sm = StateMachine::open(
+            None,
             &dir.path().join("registry"),
             &dir.path().join("snapshots"),
             8 << 20,

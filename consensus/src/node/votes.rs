@@ -236,9 +236,9 @@ impl MetaNode {
         let mut metrics = self.inner.raft.metrics();
         let mut durable = self.inner.raft.watch_log_progress();
         tokio::spawn(async move {
-            // A rejoining node opens with elections off (`MetaNode::open`): a log it replays
+            // A rejoining node opens with elections held (`MetaNode::open`): a log it replays
             // may make it the only voter before this task first looks.
-            let mut held = true;
+            let mut held = node.inner.election_holds.lock().rejoin;
             loop {
                 let (done, hold) = {
                     let m = metrics.borrow_watched();

@@ -11,6 +11,7 @@ use openraft::storage::RaftSnapshotBuilder;
 /// machine running the test.
 pub(super) fn open(dir: &Path) -> StateMachine {
     let mut sm = StateMachine::open(
+        None,
         &dir.join("registry"),
         &dir.join("snapshots"),
         1 << 20,

@@ -119,6 +119,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Restarts `node` (its data dir kept) cut off from `leader`, at the point of its catch-up
+    /// that `at` describes: waits until its metrics show `at`, cuts the link, restarts it, and
+    /// checks that it opened there still (else the log it catches up on is too short).
+    pub async fn restart_cut_off_at(
+        &mut self,
+        node: MetaNode,
+        leader: NodeId,
+        at: impl Fn(&openraft::RaftMetrics<meta_consensus::TypeConfig>) -> bool + Send + Sync,
+        what: &str,
+    ) -> Result<MetaNode> {
+        let id = node.id();
+        node.raft().wait(Some(WAIT)).metrics(&at, what).await?;
+        self.router.cut(leader, id);
+        // The registry's lock goes with the last handle to the node.
+        drop(node);
+        self.stop(id).await?;
+        let node = self.start(id).await?;
+        ensure!(
+            at(&node.raft().metrics().borrow_watched()),
+            "node {id} did not open {what} (the log it catches up on needs to be longer)"
+        );
+        Ok(node)
+    }
+
     pub fn node(&self, id: NodeId) -> &MetaNode {
         &self.nodes[&id]
     }

@@ -10,7 +10,8 @@ use tokio::net::TcpListener;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, start_alone, start_cluster, start_cluster_tuned, the_leader, TOKEN,
+    hand_over, http_client, start_alone, start_cluster, start_cluster_tuned, stop_all, the_leader,
+    TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -239,8 +240,6 @@ async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_anothe
     );
     let new = servers[&follower].node.status().leader_id;
     assert!(new.is_some() && new != Some(leader), "{new:?}");
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     drop(port);
 }

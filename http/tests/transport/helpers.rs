@@ -281,6 +281,13 @@ pub async fn join_as_learner(leader: &Server, learner: &Server) {
 }
 
 /// The server whose node leads.
+/// Stops every server of `servers`.
+pub async fn stop_all(servers: BTreeMap<u64, Server>) {
+    for server in servers.into_values() {
+        server.stop().await;
+    }
+}
+
 pub fn the_leader(servers: &BTreeMap<u64, Server>) -> &Server {
     servers
         .values()

@@ -3,12 +3,15 @@
 //! at the leader, and whether the old leader's port is closed or takes connections and never
 //! answers (a paused process). Membership changes, which may be asked again too, do the same.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use meta_http::follower_read::{CatchUp, CATCH_UP};
 
 use crate::common::wait_for;
-use crate::helpers::{hand_over, http_client, start_cluster_tuned, the_leader, TOKEN};
+use crate::helpers::{
+    hand_over, http_client, start_cluster_tuned, stop_all, the_leader, KeptPort, Server, TOKEN,
+};
 
 /// How the old leader is gone.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +20,16 @@ enum Gone {
     Stopped,
     /// Stopped, its port taking connections that nobody answers.
     Paused,
+}
+
+/// Stops server `leader` of `servers` as `gone` says; its port stays taken until the returned
+/// one is dropped.
+async fn stop_leader(servers: &mut BTreeMap<u64, Server>, leader: u64, gone: Gone) -> KeptPort {
+    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    if let Gone::Paused = gone {
+        port.stop_answering();
+    }
+    port
 }
 
 /// Stops the leader of a three-node cluster as `gone` says, then sends a linearizable read of
@@ -41,10 +54,7 @@ async fn a_read_outlives_its_leader(follower_reads: Option<CatchUp>, gone: Gone)
         .unwrap();
     assert_eq!(put.status().as_u16(), 200);
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
-    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
-    if let Gone::Paused = gone {
-        port.stop_answering();
-    }
+    let port = stop_leader(&mut servers, leader, gone).await;
     let read = http
         .get(format!(
             "http://{}/v1/kv/before?consistency=linearizable",
@@ -60,9 +70,7 @@ async fn a_read_outlives_its_leader(follower_reads: Option<CatchUp>, gone: Gone)
     assert!(text.contains("\"x\""), "{text}");
     let new = servers[&follower].node.status().leader_id;
     assert!(new.is_some() && new != Some(leader), "{new:?}");
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     drop(port);
 }
 
@@ -100,10 +108,7 @@ async fn a_voter_change_outlives_its_leader(gone: Gone) {
     let leader = the_leader(&servers).node.id();
     let survivors: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
     let follower = survivors[0];
-    let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
-    if let Gone::Paused = gone {
-        port.stop_answering();
-    }
+    let port = stop_leader(&mut servers, leader, gone).await;
     let started = std::time::Instant::now();
     let change = http
         .put(format!(
@@ -125,9 +130,7 @@ async fn a_voter_change_outlives_its_leader(gone: Gone) {
     );
     let voters: Vec<u64> = servers[&follower].node.status().voters;
     assert_eq!(voters, survivors, "{gone:?}");
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     drop(port);
 }
 
@@ -191,9 +194,7 @@ async fn a_long_poll_outlives_its_leader_within_its_wait() {
         took < wait + Duration::from_millis(1500),
         "a long poll of {wait:?} answered after {took:?}: {text}"
     );
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     drop(port);
 }
 
@@ -223,9 +224,7 @@ async fn a_long_poll_without_a_quorum_answers_at_its_wait() {
     let page: serde_json::Value = poll.json().await.unwrap();
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["index"].as_u64(), Some(from), "{page}");
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     drop(ports);
 }
 
@@ -289,7 +288,5 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
         refused.extend(joined.unwrap());
     }
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
-    for server in servers.into_values() {
-        server.stop().await;
-    }
+    stop_all(servers).await;
 }
