@@ -404,3 +404,53 @@ async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
     );
     c.shutdown().await
 }
+
+/// Removing a voter that answers while another voter is down leaves the new voters without a
+/// majority that answers: the change could not commit, and every write after it would wait
+/// behind it until the down voter returned. The leader refuses it (a conflict naming the
+/// silent voter; nothing changes, writes go on), and removing the down voter instead passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_without_an_answering_majority_is_refused() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let mut followers = (1..=3).filter(|i| *i != leader.id());
+    let (up, down) = (followers.next().unwrap(), followers.next().unwrap());
+    c.stop(down).await?;
+    // The leader counts a voter as answering while it heard from it within the election
+    // timeout.
+    let lease = c.config(leader.id()).election_timeout();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let heard = leader
+            .status()
+            .replication
+            .iter()
+            .find(|r| r.node == down)
+            .and_then(|r| r.heard_ms);
+        if heard.is_some_and(|ms| u128::from(ms) > lease.as_millis()) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "node {down} still heard from {heard:?} ms ago after {WAIT:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+
+    let without_up = BTreeSet::from([leader.id(), down]);
+    match leader.change_voters(without_up).await {
+        Err(Error::Conflict(m)) => assert!(
+            m.contains(&format!("[{down}]")) && m.contains("new voters"),
+            "names the silent voter: {m}"
+        ),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(configs(&leader), vec![BTreeSet::from([1, 2, 3])]);
+    leader.register_datanode(7, "dn-7").await?;
+
+    let without_down = BTreeSet::from([leader.id(), up]);
+    leader.change_voters(without_down.clone()).await?;
+    assert_eq!(configs(&leader), vec![without_down]);
+    leader.register_datanode(8, "dn-8").await?;
+    c.shutdown().await
+}

@@ -198,8 +198,10 @@ impl MetaNode {
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
     /// be a learner that acknowledged the leader within the lease and whose log is at most
-    /// `MAX_PROMOTION_LAG` entries behind the leader's, else [`Error::Conflict`] and nothing
-    /// changes: a voter that cannot keep up could leave the cluster without a quorum.
+    /// `MAX_PROMOTION_LAG` entries behind the leader's, and a majority of `voters` (and of the
+    /// current voters) must have acknowledged it within the lease, else [`Error::Conflict`] and
+    /// nothing changes: a voter that cannot keep up could leave the cluster without a quorum,
+    /// and a change without an answering majority of both sets would stall every write.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
         if voters.is_empty() {
             return Err(Error::InvalidArgument(
@@ -212,8 +214,22 @@ impl MetaNode {
         self.check_open()?;
         self.forward_if_follower()?;
         let _one = self.inner.changing.lock().await;
+        // A leader that just took office has heard from no one yet: give the voters a lease to
+        // answer before the check below refuses the change for want of a majority.
+        let _ = self
+            .inner
+            .raft
+            .wait(Some(self.lease()))
+            .metrics(
+                |m| self.check_majorities_answer(m, &voters).is_ok(),
+                "a majority of each voter set answers",
+            )
+            .await;
         self.checked_change(
-            |m| self.check_promotable(m, &voters),
+            |m| {
+                self.check_promotable(m, &voters)?;
+                self.check_majorities_answer(m, &voters)
+            },
             |raft| {
                 let change = ChangeMembers::ReplaceAllVoters(voters.clone());
                 async move { raft.change_membership(change, false).await }
@@ -419,6 +435,32 @@ impl MetaNode {
             .and_then(|h| h.get(&id).cloned().flatten())
             .map(|t| openraft::Instant::elapsed(&*t));
         (matched, heard)
+    }
+
+    /// Checks that every voter set the change needs a majority of has a majority that
+    /// acknowledged the leader within the lease: the current voters (two sets while a change is
+    /// half done) and `voters`. openraft commits the change, and every write after it, only with
+    /// a majority of each, so removing a voter that answers while others are down would stall
+    /// the cluster until they return.
+    fn check_majorities_answer(&self, m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<()> {
+        let answers =
+            |id: NodeId| id == m.id || Self::progress_of(m, id).1.is_some_and(|d| d < self.lease());
+        let current = m.membership_config.membership().get_joint_config();
+        for set in current.iter().chain(std::iter::once(voters)) {
+            let silent: Vec<NodeId> = set.iter().copied().filter(|&id| !answers(id)).collect();
+            if (set.len() - silent.len()) * 2 > set.len() {
+                continue;
+            }
+            let which = if set == voters { "new" } else { "current" };
+            return Err(Error::Conflict(format!(
+                "the {which} voters {set:?} lack a majority that answers: the leader has not \
+                 heard from {silent:?} within the last {} ms, and the change commits only with a \
+                 majority of both the current and the new voters (every write would wait behind \
+                 it); bring those nodes back first, or keep answering voters in the new set",
+                self.lease().as_millis()
+            )));
+        }
+        Ok(())
     }
 
     /// Checks that every node `voters` adds is a learner the leader heard from within the lease
