@@ -157,3 +157,43 @@ async fn a_refused_write_goes_to_a_leader_other_than_the_one_that_refused_it() -
     ensure!(follower.next_leader(me, term, brief).await.is_none());
     c.shutdown().await
 }
+
+/// An operator moves the leadership to a voter they name: once the call returns that voter
+/// leads, takes writes and holds what was written before. Asked of the leader for itself, it
+/// changes nothing; a node that is no voter, or a voter that is down, is refused and the
+/// leader leads on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leadership_moves_to_the_voter_an_operator_names() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let old = c.leader().await?;
+    register(&old, 7, 0..10).await?;
+    let term = old.term();
+    assert_eq!(old.transfer_leadership(old.id()).await?, (old.id(), term));
+    match old.transfer_leadership(9).await {
+        Err(meta_consensus::Error::InvalidArgument(m)) => assert!(m.contains("node 9"), "{m}"),
+        other => panic!("expected invalid argument, got {other:?}"),
+    }
+
+    let to = (1..=3).find(|i| *i != old.id()).unwrap();
+    let (leader, new_term) = old.transfer_leadership(to).await?;
+    assert_eq!(leader, to);
+    ensure!(new_term > term, "term {new_term} after {term}");
+    let new = c.leader().await?;
+    ensure!(new.id() == to, "node {} leads, not {to}", new.id());
+    register(&new, 8, 0..10).await?;
+    c.converged().await?;
+    ensure!(new.status().replicas == 20, "{:?}", new.status());
+
+    // A voter that is down cannot take over: refused, and the leader leads on.
+    let down = (1..=3).find(|i| *i != to && *i != old.id()).unwrap();
+    c.stop(down).await?;
+    match new.transfer_leadership(down).await {
+        Err(meta_consensus::Error::Conflict(m)) => {
+            assert!(m.contains(&format!("node {down} cannot take over")), "{m}")
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    ensure!(c.leader().await?.id() == to, "the leader changed");
+    register(&new, 9, 0..10).await?;
+    c.shutdown().await
+}

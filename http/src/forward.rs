@@ -90,14 +90,18 @@ impl Replay {
 
 /// Whether a request may be asked again of another leader, and dropped at a leader that stopped
 /// answering: a read (changes nothing wherever it is answered), or a membership change (a
-/// target state: adding a learner again at its address, setting the same voters or address
-/// again, changes nothing; removing a learner again answers 404). Writes of commands are not
+/// target state: adding a learner again at its address, setting the same voters, address or
+/// leader again, changes nothing; removing a learner again answers 404). Writes of commands are not
 /// (`writer.rs` says which of their refusals may be sent on).
 fn may_ask_again(method: &Method, path: &str) -> bool {
     match *method {
         Method::GET | Method::HEAD => true,
         Method::POST => path == "/v1/cluster/learners",
-        Method::PUT => path == "/v1/cluster/voters" || path.starts_with("/v1/cluster/members/"),
+        Method::PUT => {
+            path == "/v1/cluster/voters"
+                || path == "/v1/cluster/leader"
+                || path.starts_with("/v1/cluster/members/")
+        }
         Method::DELETE => path.starts_with("/v1/cluster/learners/"),
         _ => false,
     }
@@ -382,6 +386,7 @@ mod tests {
         assert!(again(Method::HEAD, "/v1/kv/a"));
         assert!(again(Method::POST, "/v1/cluster/learners"));
         assert!(again(Method::PUT, "/v1/cluster/voters"));
+        assert!(again(Method::PUT, "/v1/cluster/leader"));
         assert!(again(Method::PUT, "/v1/cluster/members/4"));
         assert!(again(Method::DELETE, "/v1/cluster/learners/4"));
         // Commands: a write asked again could be made twice.

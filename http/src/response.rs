@@ -301,6 +301,15 @@ pub struct MembershipView {
     pub learners: Vec<u64>,
 }
 
+/// `PUT /v1/cluster/leader`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderView {
+    /// The node that leads now: the one asked for.
+    pub leader: u64,
+    /// Its term.
+    pub term: u64,
+}
+
 /// `GET /v1/config` and `PATCH /v1/config`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigView {

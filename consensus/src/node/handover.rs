@@ -1,5 +1,6 @@
-//! Handing leadership over before a planned stop, so that a rolling restart costs the cluster a
-//! heartbeat or two of leaderless time instead of an election timeout.
+//! Handing leadership over: before a planned stop, so that a rolling restart costs the cluster a
+//! heartbeat or two of leaderless time instead of an election timeout, and to a voter an
+//! operator names (to take the leader's load off a node, or before maintenance on it).
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
 use super::MetaNode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::types::NodeId;
 use crate::uncancelled::uncancelled;
 
@@ -37,13 +38,7 @@ impl MetaNode {
             return Ok(None);
         };
         tracing::info!(to, "handing leadership over before stopping");
-        self.inner
-            .handed_over_in
-            .store(self.term(), std::sync::atomic::Ordering::Release);
-        let raft = self.inner.raft.clone();
-        uncancelled(async move { raft.trigger().transfer_leader(to).await })
-            .await
-            .map_err(|e| self.fatal(e))?;
+        self.trigger_transfer(to).await?;
         let deadline = tokio::time::Instant::now() + within;
         let leader = loop {
             let m = self.inner.raft.metrics().borrow_watched().clone();
@@ -76,6 +71,96 @@ impl MetaNode {
             }
         }
         Ok(Some(leader))
+    }
+
+    /// Moves the leadership to voter `to`, at an operator's request. Answers once `to` leads,
+    /// with its term (at once, and changing nothing, when this node is `to`). Refused with
+    /// [`Error::ForwardToLeader`] on a node that knows another leader, [`Error::InvalidArgument`]
+    /// when `to` is no voter, and [`Error::Conflict`] when `to` has not, within the lease after
+    /// the call, both answered this leader and caught up with the log as it was when asked (openraft's target
+    /// ignores a transfer while its log is behind, and the cluster would go without a leader
+    /// until an election timeout) or when another node was elected. [`Error::Timeout`] when no
+    /// other node leads within two election timeouts: this node stops leading once it asked
+    /// (it takes no writes and sends no heartbeats), so the members then elect a leader as
+    /// after a crash. Changes no data.
+    pub async fn transfer_leadership(&self, to: NodeId) -> Result<(NodeId, u64)> {
+        self.check_open()?;
+        self.forward_if_follower()?;
+        // Not in the middle of a membership change, whose checks assume this node leads.
+        let _one = self.inner.changing.lock().await;
+        let m = self.change_view()?;
+        let me = self.id();
+        if to == me {
+            return Ok((me, m.current_term));
+        }
+        if !m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == to)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "node {to} is not a voter: only a voter can lead"
+            )));
+        }
+        // Answered since the call (a heartbeat's round at most), not merely within the lease: a
+        // voter that stopped a moment ago would be asked, and the cluster left without a leader.
+        let asked = std::time::Instant::now();
+        let last = m.last_log_index.unwrap_or(0);
+        let ready = |m: &openraft::RaftMetrics<crate::types::TypeConfig>| {
+            let (matched, heard) = Self::progress_of(m, to);
+            matched.is_some_and(|i| i >= last) && heard.is_some_and(|d| d < asked.elapsed())
+        };
+        let waited = self
+            .inner
+            .raft
+            .wait(Some(self.lease()))
+            .metrics(
+                |m| m.state == ServerState::Leader && ready(m),
+                "target ready",
+            )
+            .await;
+        if waited.is_err() {
+            let m = self.change_view()?;
+            let (matched, heard) = Self::progress_of(&m, to);
+            let heard = heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis()));
+            let has = matched.map_or("none".to_owned(), |i| i.to_string());
+            return Err(Error::Conflict(format!(
+                "node {to} cannot take over: it has the log up to index {has} of the leader's \
+                 {last} and was last heard from {heard} (check that it runs and is reachable)"
+            )));
+        }
+        tracing::info!(to, "handing leadership over, as asked");
+        self.trigger_transfer(to).await?;
+        let elected = self
+            .inner
+            .raft
+            .wait(Some(self.inner.cfg.election_timeout() * 2))
+            .metrics(
+                |m| m.state != ServerState::Leader && m.current_leader.is_some_and(|l| l != me),
+                "another node leads",
+            )
+            .await
+            .map_err(|_| Error::Timeout)?;
+        match elected.current_leader {
+            Some(leader) if leader == to => Ok((to, elected.current_term)),
+            other => Err(Error::Conflict(format!(
+                "node {} was elected instead of node {to}",
+                other.map_or("?".to_owned(), |l| l.to_string())
+            ))),
+        }
+    }
+
+    /// Asks voter `to` to take this leader's office over. From then on this node proposes
+    /// nothing and sends no heartbeats in its term; its core's refusals count as a hand-over's.
+    async fn trigger_transfer(&self, to: NodeId) -> Result<()> {
+        self.inner
+            .handed_over_in
+            .store(self.term(), std::sync::atomic::Ordering::Release);
+        let raft = self.inner.raft.clone();
+        uncancelled(async move { raft.trigger().transfer_leader(to).await })
+            .await
+            .map_err(|e| self.fatal(e))
     }
 
     /// Whether this node asked a voter to take its leadership over in its current term: its

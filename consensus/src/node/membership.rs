@@ -339,7 +339,7 @@ impl MetaNode {
     /// leader that removed itself lead on until it steps down (150 ms after the removal
     /// commits, so the followers learn of it), and a membership change proposed there meant a
     /// membership entry from a leader of no cluster (a debug build's core panics on it).
-    fn change_view(&self) -> Result<Metrics> {
+    pub(super) fn change_view(&self) -> Result<Metrics> {
         let Some(m) = self.leader_view() else {
             return Err(self.not_leading());
         };
@@ -403,7 +403,7 @@ pub const MAX_PROMOTION_LAG: u64 = 1000;
 impl MetaNode {
     /// [`Error::ForwardToLeader`] when this node's metrics name another leader: a membership
     /// call goes to the leader (openraft logs one made on a follower as an error).
-    fn forward_if_follower(&self) -> Result<()> {
+    pub(super) fn forward_if_follower(&self) -> Result<()> {
         match self.leader_elsewhere() {
             Some(forward) => Err(forward),
             None => Ok(()),

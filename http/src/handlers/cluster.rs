@@ -14,11 +14,11 @@ use crate::extract::{Id, Json, NoBody, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
     validate_addr, AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody,
-    EpochFloorBody, InitBody, ReadQuery,
+    EpochFloorBody, InitBody, ReadQuery, SetLeaderBody,
 };
 use crate::response::{
-    ClusterView, ConfigView, EpochFloorView, MembershipView, RejoinView, ReplicationView,
-    SnapshotView, WalView,
+    ClusterView, ConfigView, EpochFloorView, LeaderView, MembershipView, RejoinView,
+    ReplicationView, SnapshotView, WalView,
 };
 use crate::state::{AppState, SharedState};
 use crate::writer::Writer;
@@ -219,6 +219,18 @@ pub async fn change_voters(
     // The nodes left out are told by the leader (`removal_notices.rs`).
     state.node.change_voters(voters).await?;
     Ok(axum::Json(membership(&state)))
+}
+
+/// `PUT /v1/cluster/leader` `{"id":N}`: moves the leadership to voter N, which must answer the
+/// leader and hold its log (409 otherwise); answers once N leads.
+pub async fn set_leader(
+    _: NoQuery,
+    State(state): State<SharedState>,
+    Json(body): Json<SetLeaderBody>,
+) -> Result<axum::Json<LeaderView>, ApiError> {
+    let to = body.validate()?;
+    let (leader, term) = state.node.transfer_leadership(to).await?;
+    Ok(axum::Json(LeaderView { leader, term }))
 }
 
 /// `PUT /v1/cluster/epoch-floor` `{"at_least": N}`: raises the cluster's epoch floor to N

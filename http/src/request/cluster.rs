@@ -98,6 +98,22 @@ pub struct ChangeVotersBody {
     pub voters: Vec<u64>,
 }
 
+/// Body of `PUT /v1/cluster/leader`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetLeaderBody {
+    /// The voter to lead.
+    pub id: u64,
+}
+
+impl SetLeaderBody {
+    /// The voter asked for, if its id is one the API accepts.
+    pub fn validate(&self) -> Result<u64, ApiError> {
+        validate_node_id(self.id)?;
+        Ok(self.id)
+    }
+}
+
 /// Body of `PATCH /v1/config`; absent fields stay as they are.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

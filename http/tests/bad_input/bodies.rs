@@ -146,6 +146,22 @@ pub fn json(epoch: u64) -> Vec<Case> {
             "invalid_body",
         ),
         case(
+            "leader id is a string",
+            M::PUT,
+            "/v1/cluster/leader",
+            r#"{"id":"2"}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
+            "leader body names no id",
+            M::PUT,
+            "/v1/cluster/leader",
+            r#"{"to":2}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
             "rate is a word",
             M::PATCH,
             "/v1/config",

@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use crate::common::{wait_for, DEADLINE};
 use crate::helpers::{
     join_as_learner, served_with, start, start_alone, start_at, start_cluster,
-    start_cluster_without_notices, the_leader, Client, KeptPort, Server,
+    start_cluster_without_notices, stop_all, the_leader, Client, KeptPort, Server,
 };
 
 /// A follower removed from the voters learns it from the members' answers to its vote
@@ -386,4 +386,75 @@ async fn a_member_moves_to_a_new_address() {
     for server in [&leader, &moved] {
         server.node.shutdown().await.unwrap();
     }
+}
+
+/// `PUT /v1/cluster/leader` moves the leadership to the voter it names, also when sent to a
+/// follower (forwarded to the leader), and answers once that voter leads; an id that is no
+/// voter is refused with 400 and the leader leads on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_moves_to_the_voter_named_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let client = Client::new();
+    let old = the_leader(&servers).node.id();
+    let mut followers = servers.keys().copied().filter(|id| *id != old);
+    let (via, to) = (followers.next().unwrap(), followers.next().unwrap());
+    let put = |id: Value| json!({ "id": id });
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &servers[&via],
+            "/v1/cluster/leader",
+            Some(put(json!(9))),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("node 9"),
+        "{v}"
+    );
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &servers[&via],
+            "/v1/cluster/leader",
+            Some(put(json!(0))),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(the_leader(&servers).node.id(), old);
+
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &servers[&via],
+            "/v1/cluster/leader",
+            Some(put(json!(to))),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["leader"], json!(to), "{v}");
+    let term = v["term"].as_u64().unwrap();
+    let (status, v) = client
+        .send(reqwest::Method::GET, &servers[&to], "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["leader_id"], json!(to), "{v}");
+    assert_eq!(v["term"], json!(term), "{v}");
+    // Asked again, it is where it was asked to be: nothing changes.
+    let (status, v) = client
+        .send(
+            reqwest::Method::PUT,
+            &servers[&old],
+            "/v1/cluster/leader",
+            Some(put(json!(to))),
+        )
+        .await;
+    assert_eq!(
+        (status, v["leader"].clone(), v["term"].clone()),
+        (200, json!(to), json!(term)),
+        "{v}"
+    );
+    stop_all(servers).await;
 }
