@@ -399,40 +399,26 @@ async fn the_leader_moves_to_the_voter_named_over_http() {
     let old = the_leader(&servers).node.id();
     let mut followers = servers.keys().copied().filter(|id| *id != old);
     let (via, to) = (followers.next().unwrap(), followers.next().unwrap());
-    let put = |id: Value| json!({ "id": id });
-
-    let (status, v) = client
-        .send(
+    let set_leader = |server: u64, id: Value| {
+        client.send(
             reqwest::Method::PUT,
-            &servers[&via],
+            &servers[&server],
             "/v1/cluster/leader",
-            Some(put(json!(9))),
+            Some(json!({ "id": id })),
         )
-        .await;
+    };
+
+    let (status, v) = set_leader(via, json!(9)).await;
     assert_eq!(status, 400, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("node 9"),
         "{v}"
     );
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &servers[&via],
-            "/v1/cluster/leader",
-            Some(put(json!(0))),
-        )
-        .await;
+    let (status, v) = set_leader(via, json!(0)).await;
     assert_eq!(status, 400, "{v}");
     assert_eq!(the_leader(&servers).node.id(), old);
 
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &servers[&via],
-            "/v1/cluster/leader",
-            Some(put(json!(to))),
-        )
-        .await;
+    let (status, v) = set_leader(via, json!(to)).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["leader"], json!(to), "{v}");
     let term = v["term"].as_u64().unwrap();
@@ -443,14 +429,7 @@ async fn the_leader_moves_to_the_voter_named_over_http() {
     assert_eq!(v["leader_id"], json!(to), "{v}");
     assert_eq!(v["term"], json!(term), "{v}");
     // Asked again, it is where it was asked to be: nothing changes.
-    let (status, v) = client
-        .send(
-            reqwest::Method::PUT,
-            &servers[&old],
-            "/v1/cluster/leader",
-            Some(put(json!(to))),
-        )
-        .await;
+    let (status, v) = set_leader(old, json!(to)).await;
     assert_eq!(
         (status, v["leader"].clone(), v["term"].clone()),
         (200, json!(to), json!(term)),
