@@ -60,7 +60,8 @@ const MAX_BATCH_BYTES: usize = 4 << 20;
 /// write can end in, as they travel back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Refusal {
-    /// 503 `no_leader`: the receiver does not lead (any more), or there is no quorum.
+    /// 503 `no_leader`: the receiver does not lead (any more: also when its Raft core stopped or
+    /// it is closing), or there is no quorum.
     NoLeader(String),
     /// 503 `unavailable`: the leader is shutting down or its storage failed.
     Unavailable(String),
@@ -95,6 +96,16 @@ impl Refusal {
             return Refusal::NoLeader(format!(
                 "the request reached a node that does not lead (node {leader_id} does)"
             ));
+        }
+        if let meta_consensus::Error::Shutdown = e {
+            // Refused before it was proposed (a write under way when the core stopped is
+            // `OutcomeUnknown`): a node whose Raft core stopped, or that is closing, leads no
+            // more, and the member that sent the request asks the next leader.
+            return Refusal::NoLeader(
+                "the leader is shutting down (its Raft core stopped or it is closing); nothing \
+                 was proposed"
+                    .into(),
+            );
         }
         match ApiError::from(e) {
             ApiError::NoLeader(m) => Refusal::NoLeader(m),

@@ -397,7 +397,8 @@ fn refusals_keep_the_status_and_code_of_the_leaders_error() {
     use meta_consensus::Error as E;
     for (e, status, code) in [
         (E::NoLeader, 503, "no_leader"),
-        (E::Shutdown, 503, "unavailable"),
+        // A stopped leader leads no more: the sender asks the next one.
+        (E::Shutdown, 503, "no_leader"),
         (E::Timeout, 504, "timeout"),
         (E::OutcomeUnknown("x".into()), 504, "outcome_unknown"),
         (E::InvalidArgument("x".into()), 400, "invalid_argument"),

@@ -1,5 +1,5 @@
 //! Peers that fail: an unreachable peer is retried with backoff, a write outlives the leader
-//! it was forwarded to, writes that reach a member while no leader takes them (a hand-over, an
+//! it was forwarded to (also one whose Raft core stopped), writes that reach a member while no leader takes them (a hand-over, an
 //! election) wait for the next leader instead of failing, and a write sent to a leader that
 //! stopped answering is answered once another one leads.
 
@@ -110,6 +110,43 @@ async fn a_write_outlives_the_leader_it_was_forwarded_to() {
     assert!(new.is_some() && new != Some(leader), "{new:?}");
     for server in servers.values() {
         server.node.shutdown().await.unwrap();
+    }
+}
+
+/// A write forwarded to a leader whose Raft core stopped (a storage failure stops it so, and
+/// a stopping node closes its core before its port) while its HTTP server still answers is
+/// refused there before it is proposed: the follower sends it on to the leader elected next,
+/// and the client gets its answer. It used to get the stopped leader's 503 `unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_forwarded_to_a_leader_whose_core_stopped_goes_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster_tuned(&dir, Some(meta_http::follower_read::CATCH_UP), |_, cfg| {
+        cfg.request_timeout = std::time::Duration::from_secs(60)
+    })
+    .await;
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    servers[&leader].node.shutdown().await.unwrap();
+    assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
+    let answer = http_client()
+        .put(format!(
+            "http://{}/v1/kv/after-the-core-stopped",
+            servers[&follower].addr
+        ))
+        .bearer_auth(TOKEN)
+        .body("\"x\"")
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let new = servers[&follower].node.status().leader_id;
+    assert!(new.is_some() && new != Some(leader), "{new:?}");
+    for (id, server) in &servers {
+        if *id != leader {
+            server.node.shutdown().await.unwrap();
+        }
     }
 }
 
