@@ -63,7 +63,9 @@ pub struct NodeConfig {
     /// told the history is compacted.
     pub watch_history: usize,
     /// The leader refuses writes that add data (507) while the data dir's file system has
-    /// less free than this; 0 turns the guard off (see `node/free_space.rs`).
+    /// less free than this, and any member a snapshot that would leave less free; 0 turns the
+    /// write guard off (the room a snapshot's install takes is checked still; see
+    /// `node/free_space.rs`).
     pub min_free_bytes: u64,
     /// How the free space of the data dir's file system is read: `statvfs` unless a test
     /// stands in a disk as full as it needs.

@@ -7,7 +7,8 @@
 //! A member of any role also refuses a snapshot from the leader that would leave less than
 //! `min_free_bytes` free, while it arrives and before it is installed: an install that runs
 //! out of space would stop the node, while a refused one leaves it as it was, behind but
-//! serving, and the leader sends it again later.
+//! serving, and the leader sends it again later. The room an install takes is checked also
+//! when `min_free_bytes` is 0.
 
 use std::time::{Duration, Instant};
 
@@ -111,21 +112,22 @@ impl MetaNode {
 
     /// [`Error::NoRoomForSnapshot`] if installing a received snapshot file of `bytes` could
     /// leave the data dir's file system with less than `min_free_bytes` free (see
-    /// `install_room`). Reads the free space afresh. Off when `min_free_bytes` is 0; a file
-    /// system whose free space cannot be read refuses nothing. One `statvfs`.
+    /// `install_room`). Reads the free space afresh. Also when `min_free_bytes` is 0: an
+    /// install that runs out of space stops the node, which then receives the snapshot again
+    /// at its next start and stops again. A file system whose free space cannot be read
+    /// refuses nothing. One `statvfs`.
     pub fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
         self.check_room(bytes, |reserve| install_room(bytes, reserve))
     }
 
     /// [`Error::NoRoomForSnapshot`] (counted) for a snapshot of `bytes` if the data dir's file
-    /// system has less free than `need` says for the reserve; off when the reserve is 0.
+    /// system has less free than `need` says for the reserve; off when that is 0.
     fn check_room(&self, bytes: u64, need: impl FnOnce(u64) -> u64) -> Result<()> {
-        let reserve = self.inner.cfg.min_free_bytes;
-        if reserve == 0 {
+        let need = need(self.inner.cfg.min_free_bytes);
+        if need == 0 {
             return Ok(());
         }
         let free = self.data_dir_free_bytes().unwrap_or(u64::MAX);
-        let need = need(reserve);
         if free < need {
             self.inner.sm.stats.install_refused();
             let refused = Error::NoRoomForSnapshot { bytes, free, need };

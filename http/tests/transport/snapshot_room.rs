@@ -118,3 +118,22 @@ async fn a_member_with_room_to_receive_but_not_to_install_refuses_a_snapshot() {
         .snapshot_install_refusals;
     assert!(refusals >= 2, "{refusals}");
 }
+
+/// Without a reserve (`--min-free-bytes 0`), the room an install takes is still checked: an
+/// install that ran out of space stopped the node, and at each restart it received the
+/// snapshot again and stopped again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_a_reserve_still_refuses_a_snapshot_it_cannot_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let learner = refused_twice(&dir, |cfg| {
+        cfg.min_free_bytes = 0;
+        cfg.free_space = FreeSpace::fixed(1000);
+    })
+    .await;
+    let refusals = learner
+        .node
+        .status()
+        .state_machine
+        .snapshot_install_refusals;
+    assert!(refusals >= 2, "{refusals}");
+}
