@@ -485,7 +485,10 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
             .context("the backup reader stopped")?
             .with_context(|| {
                 format!(
-                    "the downloaded snapshot is not a usable backup; {} was left as it was",
+                    "the downloaded snapshot is not a usable backup, or could not be checked (the \
+                     check builds a scratch registry in {}, which takes up to about three times \
+                     the snapshot's {bytes} bytes); {} was left as it was",
+                    dir.display(),
                     file.display()
                 )
             })?;
