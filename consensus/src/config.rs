@@ -89,6 +89,10 @@ pub struct NodeConfig {
     /// The version this node's build answers with and applies up to: [`BUILD_VERSION`]; tests
     /// set it lower to play a member of an older build.
     pub build_version: u32,
+    /// Whether a cluster this node forms raises its version to its members' builds as soon as
+    /// every member answered (`node/versions.rs`). `false` plays a cluster formed by a build
+    /// before that, whose version rises only when a command needs it (tests of upgrades).
+    pub raise_version_at_formation: bool,
     /// Added to every WAL sync, to emulate a disk with slower barriers: benchmarks only.
     pub emulated_sync_latency: Duration,
     /// The file system the log's files go through; `None` is the operating system's. Tests
@@ -122,6 +126,7 @@ impl NodeConfig {
             addresses: Addresses::default(),
             peer_versions: PeerVersions::default(),
             build_version: BUILD_VERSION,
+            raise_version_at_formation: true,
             min_free_bytes: 128 << 20,
             free_space: FreeSpace::default(),
             datanode_timeout: Duration::from_secs(10),

@@ -13,14 +13,28 @@ use meta_consensus::{
     BUILD_VERSION,
 };
 
+/// The tests of upgrades play clusters formed by builds whose version rose only when a command
+/// needed it (a cluster formed by this build raises it at once: see the last test).
+fn formed_by_an_older_build(cfg: &mut NodeConfig) {
+    cfg.raise_version_at_formation = false;
+}
+
+/// This build's default, which the in-process cluster turns off for the other tests.
+fn formed_by_this_build(cfg: &mut NodeConfig) {
+    cfg.raise_version_at_formation = true;
+}
+
 /// Node 3 runs a build that predates `PruneReplicas`.
 fn old_third(cfg: &mut NodeConfig) {
+    formed_by_an_older_build(cfg);
     if cfg.id == 3 {
         cfg.build_version = 1;
     }
 }
 
-fn current_build(_: &mut NodeConfig) {}
+fn current_build(cfg: &mut NodeConfig) {
+    formed_by_an_older_build(cfg);
+}
 
 /// Registers datanode 7 and asks for a prune of its current epoch.
 async fn prune(leader: &MetaNode) -> meta_consensus::Result<CommandResult> {
@@ -127,6 +141,7 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
 
 /// Node 3 runs a build of version 2: it applies prunes, not a removal's pieces.
 fn second_version_third(cfg: &mut NodeConfig) {
+    formed_by_an_older_build(cfg);
     if cfg.id == 3 {
         cfg.build_version = 2;
     }
@@ -135,6 +150,7 @@ fn second_version_third(cfg: &mut NodeConfig) {
 /// Node 3 runs a build of version 3: it applies a removal's pieces, not the fencing first piece
 /// of version 4.
 fn third_version_third(cfg: &mut NodeConfig) {
+    formed_by_an_older_build(cfg);
     if cfg.id == 3 {
         cfg.build_version = 3;
     }
@@ -240,7 +256,7 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_does_not_answer_keeps_the_version_down() -> Result<()> {
-    let mut c = Cluster::three().await?;
+    let mut c = Cluster::three_tuned(formed_by_an_older_build).await?;
     let leader = c.leader().await?;
     let down = if leader.id() == 3 { 2 } else { 3 };
     c.stop(down).await?;
@@ -271,7 +287,7 @@ async fn a_member_that_does_not_answer_keeps_the_version_down() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_older_than_the_cluster_is_not_added() -> Result<()> {
-    let c = Cluster::three().await?;
+    let c = Cluster::three_tuned(formed_by_an_older_build).await?;
     let leader = c.leader().await?;
     prune(&leader).await?;
     assert_eq!(leader.cluster_version(), 2);
@@ -301,7 +317,7 @@ async fn a_learner_older_than_the_cluster_is_not_added() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_not_heard_from_is_not_added_once_the_version_was_raised() -> Result<()> {
-    let c = Cluster::three().await?;
+    let c = Cluster::three_tuned(formed_by_an_older_build).await?;
     let leader = c.leader().await?;
     // In a cluster of the base version every build applies every entry: a learner may be added
     // before it runs.
@@ -323,5 +339,33 @@ async fn a_learner_not_heard_from_is_not_added_once_the_version_was_raised() -> 
         "{refused:?}"
     );
     assert!(leader.status().learners.is_empty());
+    c.shutdown().await
+}
+
+/// A cluster formed by this build raises its version to its members' builds as soon as they
+/// all answered, not when a command first needs it: later, with a member down (whose answer
+/// then counts no more), a prune still goes through. It used to be refused (503
+/// `cluster_version`) until that member returned, on a cluster that never ran an older build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_formed_by_this_build_takes_every_command_with_a_member_down() -> Result<()> {
+    let mut c = Cluster::three_tuned(formed_by_this_build).await?;
+    let deadline = Instant::now() + WAIT;
+    while c
+        .nodes
+        .values()
+        .any(|n| n.cluster_version() != BUILD_VERSION)
+    {
+        if Instant::now() > deadline {
+            let versions: Vec<u32> = c.nodes.values().map(|n| n.cluster_version()).collect();
+            bail!("the cluster's version is {versions:?} after {WAIT:?}, not {BUILD_VERSION}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leader = c.leader().await?;
+    let down = if leader.id() == 3 { 2 } else { 3 };
+    c.stop(down).await?;
+    until_heard(&leader, down, None).await?;
+    let result = prune(&leader).await?;
+    assert!(matches!(result, CommandResult::Pruned { .. }), "{result:?}");
     c.shutdown().await
 }

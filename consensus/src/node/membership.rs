@@ -73,6 +73,9 @@ impl MetaNode {
             Err(RaftError::APIError(e)) => return Err(Error::InvalidArgument(e.to_string())),
             Err(RaftError::Fatal(f)) => return Err(self.fatal(f)),
         }
+        if self.inner.cfg.raise_version_at_formation {
+            self.raise_version_at_formation();
+        }
         let marker = self.marker();
         let dir = self.inner.cfg.data_dir.clone();
         blocking(move || {

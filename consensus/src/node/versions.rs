@@ -2,7 +2,9 @@
 //! version the cluster does not have raises it first, once every member answered recently as a
 //! build of at least that version, and is refused otherwise (also on a node that does not
 //! lead: it cannot tell); a learner whose build is older than the cluster, or unknown, is not
-//! added.
+//! added. A cluster formed by this build does not wait for such a command: the node that formed
+//! it raises its version to its members' oldest build as soon as every member answered, so that
+//! a member down later does not hold back the commands an older build would have refused.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -18,6 +20,9 @@ use crate::types::NodeId;
 
 /// How often a leader waiting for a member's answer looks again.
 const RECHECK: Duration = Duration::from_millis(50);
+
+/// How often the node that formed a cluster looks again whether every member answered.
+const FORMATION_RECHECK: Duration = Duration::from_millis(200);
 
 impl MetaNode {
     /// The cluster's version as this node applied it.
@@ -93,6 +98,49 @@ impl MetaNode {
                 return Ok(());
             }
         }
+    }
+
+    /// Raises the version of the cluster this node just formed to its members' oldest build as
+    /// soon as every member answered while this node leads, rather than when a command first
+    /// needs it: no older build ran this cluster, so none is to be put back, and later a member
+    /// that is down (whose answer then counts no more) would keep the version down, and every
+    /// request that needs it refused, until it returned. Runs in the background until it
+    /// raised the version, found it high enough, or the node closed. A node that restarts
+    /// before leaves the version to rise when a command needs it, as in an upgraded cluster.
+    pub(super) fn raise_version_at_formation(&self) {
+        // A weak handle: the task must not keep a node that shut down alive.
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FORMATION_RECHECK).await;
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let node = MetaNode { inner };
+                if node.check_open().is_err() {
+                    return;
+                }
+                if node.leader_view().is_none() {
+                    continue;
+                }
+                let oldest = node
+                    .member_versions()
+                    .into_values()
+                    .collect::<Option<Vec<u32>>>()
+                    .and_then(|versions| versions.into_iter().min());
+                let Some(oldest) = oldest else {
+                    continue;
+                };
+                if oldest <= node.cluster_version() {
+                    return;
+                }
+                // Refused if a member stopped answering or this node lost its office meanwhile:
+                // look again later.
+                if let Ok(Ok(())) = node.raise_if_raisable(oldest).await {
+                    return;
+                }
+            }
+        });
     }
 
     /// Like [`MetaNode::ensure_version`] for a version the caller can do without: `Ok(true)`

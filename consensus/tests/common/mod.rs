@@ -95,6 +95,10 @@ impl Cluster {
         cfg.wal_segment_bytes = 1 << 20;
         cfg.snapshot_logs_since_last = 0;
         cfg.request_timeout = Duration::from_secs(20);
+        // In-process, a learner's build is known only once it was added (the HTTP layer asks it
+        // before): the version rises only when a command needs it, so that learners may be
+        // added before they answer. `cluster_version.rs` tests the raise at formation.
+        cfg.raise_version_at_formation = false;
         cfg.wal_fs = self.wal_fs.get(&id).cloned();
         (self.tune)(&mut cfg);
         cfg
