@@ -168,6 +168,7 @@ impl Forwarder {
         let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
         let acts = !replay.is_read();
+        let ask_again = replay.may_ask_again();
         let mut request = self
             .client
             .request(replay.method, &url)
@@ -214,9 +215,9 @@ impl Forwarder {
         let small = response
             .content_length()
             .is_some_and(|n| n <= MAX_REFUSAL_BYTES);
-        let body = if !acts && status == StatusCode::SERVICE_UNAVAILABLE && small {
-            // A leader's refusal of a read is read here: one that says it does not lead makes
-            // the read go on to the next leader (`failover.rs`).
+        let body = if ask_again && status == StatusCode::SERVICE_UNAVAILABLE && small {
+            // A leader's refusal of a read or a membership change is read here: one that says it
+            // does not lead makes the request go on to the next leader (`failover.rs`).
             let body = match response.bytes().await {
                 Ok(body) => body,
                 Err(e) => return leader_failed(target, &e, acts).into_response(),

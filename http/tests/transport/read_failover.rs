@@ -290,3 +290,64 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
+
+/// Voter changes sent to a leader while it hands its leadership over are answered, as reads
+/// are: one replayed at the new leader before it has won is refused there with 503
+/// `no_leader` ("not the leader"), and goes round again once the new leader was elected. (That
+/// window is a few milliseconds: this test does not always hit it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voter_changes_sent_to_a_leader_that_hands_over_are_answered() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, _| {}).await;
+    let leader = the_leader(&servers);
+    let voters: Vec<u64> = servers.keys().copied().collect();
+    let http = http_client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut changers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (http, stop, done) = (http.clone(), stop.clone(), done.clone());
+        let url = format!("http://{}/v1/cluster/voters", leader.addr);
+        let body = serde_json::json!({ "voters": voters });
+        changers.spawn(async move {
+            let mut refused = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = http
+                    .put(&url)
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                if status != 200 {
+                    refused.push(format!("{status} {}", r.text().await.unwrap()));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            refused
+        });
+    }
+    wait_for(
+        || done.load(Ordering::Relaxed) >= 20,
+        "the voter changes to start",
+    )
+    .await;
+    hand_over(leader).await;
+    let after = done.load(Ordering::Relaxed) + 40;
+    wait_for(
+        || done.load(Ordering::Relaxed) >= after,
+        "voter changes after the hand-over",
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut refused = Vec::new();
+    while let Some(joined) = changers.join_next().await {
+        refused.extend(joined.unwrap());
+    }
+    assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
+    stop_all(servers).await;
+}
