@@ -228,14 +228,60 @@ async fn a_long_poll_without_a_quorum_answers_at_its_wait() {
     drop(ports);
 }
 
+/// Sends the requests `requests` builds (one loop per request, each repeated until the end)
+/// to server `leader` of `servers` while it hands its leadership over, from 20 answers before to
+/// 40 after; answers those that were not 200.
+async fn refused_around_a_hand_over(
+    servers: &BTreeMap<u64, Server>,
+    leader: u64,
+    requests: Vec<reqwest::RequestBuilder>,
+) -> Vec<String> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut senders = tokio::task::JoinSet::new();
+    for request in requests {
+        let (stop, done) = (stop.clone(), done.clone());
+        senders.spawn(async move {
+            let mut refused = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = request.try_clone().unwrap().send().await.unwrap();
+                let status = r.status().as_u16();
+                if status != 200 {
+                    refused.push(format!("{status} {}", r.text().await.unwrap()));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            refused
+        });
+    }
+    wait_for(
+        || done.load(Ordering::Relaxed) >= 20,
+        "the requests to start",
+    )
+    .await;
+    hand_over(&servers[&leader]).await;
+    let after = done.load(Ordering::Relaxed) + 40;
+    wait_for(
+        || done.load(Ordering::Relaxed) >= after,
+        "requests after the hand-over",
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut refused = Vec::new();
+    while let Some(joined) = senders.join_next().await {
+        refused.extend(joined.unwrap());
+    }
+    refused
+}
+
 /// Reads sent to a leader while it hands its leadership over (as before a planned stop) are
 /// answered: its core sends them to the new leader before that one has won, which refuses
 /// them, and they go round again once it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, _| {}).await;
     let leader = the_leader(&servers);
@@ -248,45 +294,17 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
         .await
         .unwrap();
     assert_eq!(put.status().as_u16(), 200);
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut readers = tokio::task::JoinSet::new();
-    for consistency in ["linearizable", "lease", "linearizable", "lease"] {
-        let (http, stop, done) = (http.clone(), stop.clone(), done.clone());
-        let url = format!(
-            "http://{}/v1/kv/handed?consistency={consistency}",
-            leader.addr
-        );
-        readers.spawn(async move {
-            let mut refused = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let r = http.get(&url).bearer_auth(TOKEN).send().await.unwrap();
-                let status = r.status().as_u16();
-                if status != 200 {
-                    refused.push(format!("{url}: {status} {}", r.text().await.unwrap()));
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            refused
-        });
-    }
-    wait_for(
-        || done.load(Ordering::Relaxed) >= 20,
-        "the readers to start",
-    )
-    .await;
-    hand_over(leader).await;
-    let after = done.load(Ordering::Relaxed) + 40;
-    wait_for(
-        || done.load(Ordering::Relaxed) >= after,
-        "reads after the hand-over",
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut refused = Vec::new();
-    while let Some(joined) = readers.join_next().await {
-        refused.extend(joined.unwrap());
-    }
+    let reads = ["linearizable", "lease", "linearizable", "lease"]
+        .into_iter()
+        .map(|consistency| {
+            http.get(format!(
+                "http://{}/v1/kv/handed?consistency={consistency}",
+                leader.addr
+            ))
+            .bearer_auth(TOKEN)
+        })
+        .collect();
+    let refused = refused_around_a_hand_over(&servers, leader.node.id(), reads).await;
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
@@ -297,57 +315,19 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
 /// window is a few milliseconds: this test does not always hit it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voter_changes_sent_to_a_leader_that_hands_over_are_answered() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-
     let dir = tempfile::tempdir().unwrap();
     let servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, _| {}).await;
     let leader = the_leader(&servers);
     let voters: Vec<u64> = servers.keys().copied().collect();
     let http = http_client();
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut changers = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        let (http, stop, done) = (http.clone(), stop.clone(), done.clone());
-        let url = format!("http://{}/v1/cluster/voters", leader.addr);
-        let body = serde_json::json!({ "voters": voters });
-        changers.spawn(async move {
-            let mut refused = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let r = http
-                    .put(&url)
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status().as_u16();
-                if status != 200 {
-                    refused.push(format!("{status} {}", r.text().await.unwrap()));
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            refused
-        });
-    }
-    wait_for(
-        || done.load(Ordering::Relaxed) >= 20,
-        "the voter changes to start",
-    )
-    .await;
-    hand_over(leader).await;
-    let after = done.load(Ordering::Relaxed) + 40;
-    wait_for(
-        || done.load(Ordering::Relaxed) >= after,
-        "voter changes after the hand-over",
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut refused = Vec::new();
-    while let Some(joined) = changers.join_next().await {
-        refused.extend(joined.unwrap());
-    }
+    let changes = (0..4)
+        .map(|_| {
+            http.put(format!("http://{}/v1/cluster/voters", leader.addr))
+                .bearer_auth(TOKEN)
+                .json(&serde_json::json!({ "voters": voters }))
+        })
+        .collect();
+    let refused = refused_around_a_hand_over(&servers, leader.node.id(), changes).await;
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
