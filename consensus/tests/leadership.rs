@@ -197,3 +197,27 @@ async fn the_leadership_moves_to_the_voter_an_operator_names() -> Result<()> {
     register(&new, 9, 0..10).await?;
     c.shutdown().await
 }
+
+/// A leader that is handing its office over (here to a voter its messages no longer reach, so
+/// the hand-over hangs until the others' election timeout) takes no leadership move: asked
+/// for itself, it used to answer at once that it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_handing_over_takes_no_leadership_move() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    for other in (1..=3).filter(|i| *i != old.id()) {
+        c.router.cut_one_way(old.id(), other);
+    }
+    // Its followers answered a moment ago: it asks one to take over, and nobody does.
+    let handed = old.hand_over_leadership(Duration::from_millis(1)).await?;
+    ensure!(
+        handed.is_none(),
+        "handed over to {handed:?} through a cut link"
+    );
+    match old.transfer_leadership(old.id()).await {
+        Err(meta_consensus::Error::NoLeader | meta_consensus::Error::ForwardToLeader { .. }) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    c.router.heal_all();
+    c.shutdown().await
+}

@@ -75,7 +75,8 @@ impl MetaNode {
 
     /// Moves the leadership to voter `to`, at an operator's request. Answers once `to` leads,
     /// with its term (at once, and changing nothing, when this node is `to`). Refused with
-    /// [`Error::ForwardToLeader`] on a node that knows another leader, [`Error::InvalidArgument`]
+    /// [`Error::ForwardToLeader`] on a node that knows another leader, [`Error::NoLeader`] on a
+    /// leader that is handing its office over already, [`Error::InvalidArgument`]
     /// when `to` is no voter, and [`Error::Conflict`] when `to` has not, within the lease after
     /// the call, both answered this leader and caught up with the log as it was when asked (openraft's target
     /// ignores a transfer while its log is behind, and the cluster would go without a leader
@@ -89,6 +90,12 @@ impl MetaNode {
         // Not in the middle of a membership change, whose checks assume this node leads.
         let _one = self.inner.changing.lock().await;
         let m = self.change_view()?;
+        // A leader handing over (before a stop, or to another target) takes nothing more: it
+        // would answer that it leads while it is giving up its office. The caller asks the
+        // next leader.
+        if self.handing_over() {
+            return Err(Error::NoLeader);
+        }
         let me = self.id();
         if to == me {
             return Ok((me, m.current_term));
