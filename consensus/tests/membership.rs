@@ -454,3 +454,59 @@ async fn a_voter_change_without_an_answering_majority_is_refused() -> Result<()>
     leader.register_datanode(8, "dn-8").await?;
     c.shutdown().await
 }
+
+/// A leader that removes itself in favour of a single other voter steps down at once, and the
+/// new voter leads without it: nobody replicates to the old leader any more. Its writes that
+/// followed the removal were never answered, and waited for the request timeout; now each is
+/// answered (`outcome_unknown` for those still under way) once the old leader stepped down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_at_a_leader_that_removed_itself_are_answered() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    let to = (1..=3).find(|i| *i != old.id()).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Each writer goes on after a refusal (a write after the removal is refused at once) until
+    // the old leader reports itself removed, and says whether a write of its waited for the
+    // request timeout.
+    let writers: Vec<_> = (0..16u64)
+        .map(|w| {
+            let (old, stop) = (old.clone(), stop.clone());
+            tokio::spawn(async move {
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let put = meta_consensus::Command::Put {
+                        key: format!("k{w}-{i}"),
+                        value: vec![1],
+                        if_revision: None,
+                    };
+                    match old.write(put).await {
+                        Err(Error::Timeout) => return true,
+                        Err(_) => tokio::task::yield_now().await,
+                        Ok(_) => {}
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    // Writes under way when the change is made.
+    old.raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.last_applied.is_some_and(|l| l.index > 100), "writes")
+        .await?;
+    old.change_voters(BTreeSet::from([to])).await?;
+    until_role(&old, Role::Removed).await?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        assert!(
+            !w.await?,
+            "a write at the removed leader waited for the request timeout"
+        );
+    }
+    let leader = c.leader().await?;
+    assert_eq!(leader.id(), to);
+    leader.register_datanode(7, "dn-7").await?;
+    c.shutdown().await
+}

@@ -342,9 +342,43 @@ impl MetaNode {
             > + Send
             + 'static,
     {
-        self.retry_lease_refusal(call, Self::lease_refusal)
-            .await?
-            .map_err(|e| self.write_error(e))
+        let called = self.retry_lease_refusal(call, Self::lease_refusal);
+        tokio::select! {
+            res = called => res?.map_err(|e| self.write_error(e)),
+            () = self.until_removed_and_not_leading() => Err(Error::OutcomeUnknown(
+                "this node was removed from the voters and stepped down while the write was \
+                 under way: it learns no more of the log, and the new voters may still commit it"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Resolves once this node does not lead and a membership leaves it out (a voter change
+    /// removed it): nobody replicates to it any more, so openraft never answers a write it
+    /// proposed that is still uncommitted (one that followed the membership that removed it).
+    /// A removed leader leads on until that membership commits, and answers the writes before it.
+    /// Never, for a node removed before the call.
+    async fn until_removed_and_not_leading(&self) {
+        let mut metrics = self.inner.raft.server_metrics();
+        let mut first = true;
+        loop {
+            let gone = {
+                let m = metrics.borrow_and_update();
+                m.state != openraft::ServerState::Leader
+                    && self.removed(&m.membership_config).is_some()
+            };
+            if gone {
+                if first {
+                    // Removed before the call: the call refuses it itself (`Removed`).
+                    return std::future::pending().await;
+                }
+                return;
+            }
+            first = false;
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Runs a membership call through [`MetaNode::leader_call`], and while openraft refuses it
