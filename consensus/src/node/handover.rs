@@ -130,8 +130,7 @@ impl MetaNode {
         if waited.is_err() {
             let m = self.change_view()?;
             let (matched, heard) = Self::progress_of(&m, to);
-            let heard = heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis()));
-            let has = matched.map_or("none".to_owned(), |i| i.to_string());
+            let (has, heard) = super::membership::progress_words(matched, heard);
             return Err(Error::Conflict(format!(
                 "node {to} cannot take over: it has the log up to index {has} of the leader's \
                  {last} and was last heard from {heard} (check that it runs and is reachable)"

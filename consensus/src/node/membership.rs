@@ -484,9 +484,7 @@ impl MetaNode {
             let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
             let reachable = heard.is_some_and(|d| d < self.lease());
             if !(caught_up && reachable) {
-                let heard =
-                    heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis()));
-                let has = matched.map_or("none".to_owned(), |i| i.to_string());
+                let (has, heard) = progress_words(matched, heard);
                 return Err(Error::Conflict(format!(
                     "learner {id} cannot become a voter yet: it has the log up to index {has} of \
                      the leader's {last} and was last heard from {heard}; a voter that cannot \
@@ -497,4 +495,16 @@ impl MetaNode {
         }
         Ok(())
     }
+}
+
+/// A member's progress as [`MetaNode::progress_of`] gives it, in words for an error: the index
+/// its log is known to reach (`none`), and when the leader last heard from it (`never`).
+pub(super) fn progress_words(
+    matched: Option<u64>,
+    heard: Option<std::time::Duration>,
+) -> (String, String) {
+    (
+        matched.map_or("none".to_owned(), |i| i.to_string()),
+        heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis())),
+    )
 }

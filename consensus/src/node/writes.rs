@@ -360,25 +360,19 @@ impl MetaNode {
     /// Never, for a node removed before the call.
     async fn until_removed_and_not_leading(&self) {
         let mut metrics = self.inner.raft.server_metrics();
-        let mut first = true;
-        loop {
-            let gone = {
-                let m = metrics.borrow_and_update();
-                m.state != openraft::ServerState::Leader
-                    && self.removed(&m.membership_config).is_some()
-            };
-            if gone {
-                if first {
-                    // Removed before the call: the call refuses it itself (`Removed`).
-                    return std::future::pending().await;
+        let gone = |m: &openraft::metrics::RaftServerMetrics<TypeConfig>| {
+            m.state != openraft::ServerState::Leader && self.removed(&m.membership_config).is_some()
+        };
+        // Removed before the call: the call refuses it itself (`Removed`).
+        let before = gone(&metrics.borrow_and_update());
+        if !before {
+            while metrics.changed().await.is_ok() {
+                if gone(&metrics.borrow_and_update()) {
+                    return;
                 }
-                return;
-            }
-            first = false;
-            if metrics.changed().await.is_err() {
-                return std::future::pending().await;
             }
         }
+        std::future::pending().await
     }
 
     /// Runs a membership call through [`MetaNode::leader_call`], and while openraft refuses it

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use crate::common::wait_for;
 use crate::helpers::{
     hand_over, http_client, start_alone, start_cluster, start_cluster_tuned, stop_all, the_leader,
-    TOKEN,
+    Server, TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -128,16 +128,7 @@ async fn a_write_forwarded_to_a_leader_whose_core_stopped_goes_to_the_next() {
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
     servers[&leader].node.shutdown().await.unwrap();
     assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
-    let answer = http_client()
-        .put(format!(
-            "http://{}/v1/kv/after-the-core-stopped",
-            servers[&follower].addr
-        ))
-        .bearer_auth(TOKEN)
-        .body("\"x\"")
-        .send()
-        .await
-        .unwrap();
+    let answer = put_kv(&servers[&follower], "after-the-core-stopped").await;
     let status = answer.status().as_u16();
     let text = answer.text().await.unwrap();
     assert_eq!(status, 200, "{text}");
@@ -258,16 +249,7 @@ async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_anothe
     let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
     port.stop_answering();
     assert_eq!(servers[&follower].node.status().leader_id, Some(leader));
-    let put = http_client()
-        .put(format!(
-            "http://{}/v1/kv/to-a-paused-leader",
-            servers[&follower].addr
-        ))
-        .bearer_auth(TOKEN)
-        .body("\"x\"")
-        .send()
-        .await
-        .unwrap();
+    let put = put_kv(&servers[&follower], "to-a-paused-leader").await;
     let status = put.status().as_u16();
     let body: serde_json::Value = put.json().await.unwrap();
     assert_eq!(
@@ -279,4 +261,15 @@ async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_anothe
     assert!(new.is_some() && new != Some(leader), "{new:?}");
     stop_all(servers).await;
     drop(port);
+}
+
+/// Sends `PUT /v1/kv/{key}` with the value `"x"` to `server`.
+async fn put_kv(server: &Server, key: &str) -> reqwest::Response {
+    http_client()
+        .put(format!("http://{}/v1/kv/{key}", server.addr))
+        .bearer_auth(TOKEN)
+        .body("\"x\"")
+        .send()
+        .await
+        .unwrap()
 }
