@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::error::Error;
+
 /// The pause of automatic snapshot builds after a first failed one.
 const FIRST_BUILD_PAUSE: Duration = Duration::from_secs(10);
 /// The longest pause after failed builds in a row.
@@ -17,8 +19,35 @@ const LONGEST_BUILD_PAUSE: Duration = Duration::from_secs(300);
 #[derive(Debug)]
 struct Failure {
     at: Instant,
-    why: String,
+    why: FailedBuild,
     in_a_row: u32,
+}
+
+/// Why a snapshot build failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailedBuild {
+    /// The error, in words.
+    pub(crate) why: String,
+    /// The data dir's file system ran out of space (or quota) during the build.
+    pub(crate) out_of_space: bool,
+}
+
+impl FailedBuild {
+    pub(crate) fn of(e: &Error) -> FailedBuild {
+        FailedBuild {
+            why: e.to_string(),
+            out_of_space: e.is_out_of_space(),
+        }
+    }
+
+    /// The error that answers a requested build that failed so.
+    pub(crate) fn into_error(self) -> Error {
+        if self.out_of_space {
+            Error::NoRoomToBuildSnapshot(self.why)
+        } else {
+            Error::Snapshot(format!("building a snapshot failed: {}", self.why))
+        }
+    }
 }
 
 impl Failure {
@@ -44,7 +73,7 @@ pub(crate) struct BuildPauses {
 
 impl BuildPauses {
     /// Records a build that failed at `at`; returns how long automatic builds now pause.
-    pub(crate) fn failed(&self, why: String, at: Instant) -> Duration {
+    pub(crate) fn failed(&self, why: FailedBuild, at: Instant) -> Duration {
         let mut failure = self.failure.lock();
         let in_a_row = failure.as_ref().map_or(0, |f| f.in_a_row) + 1;
         let f = Failure { at, why, in_a_row };
@@ -59,7 +88,7 @@ impl BuildPauses {
     }
 
     /// Why a build that failed at or after `since` failed, if one did.
-    pub(crate) fn failed_since(&self, since: Instant) -> Option<String> {
+    pub(crate) fn failed_since(&self, since: Instant) -> Option<FailedBuild> {
         let failure = self.failure.lock();
         failure
             .as_ref()
@@ -96,6 +125,13 @@ impl BuildPauses {
 mod tests {
     use super::*;
 
+    fn failure(why: impl Into<String>) -> FailedBuild {
+        FailedBuild {
+            why: why.into(),
+            out_of_space: false,
+        }
+    }
+
     #[test]
     fn each_failure_in_a_row_doubles_the_pause_up_to_the_longest() {
         let pauses = BuildPauses::default();
@@ -103,19 +139,19 @@ mod tests {
         assert!(pauses.may_build(false, t0), "no failure, no pause");
         let mut expected = FIRST_BUILD_PAUSE;
         for n in 1..=8 {
-            assert_eq!(pauses.failed(format!("failure {n}"), t0), expected);
+            assert_eq!(pauses.failed(failure(format!("failure {n}")), t0), expected);
             assert_eq!(pauses.in_a_row(), n);
             expected = (expected * 2).min(LONGEST_BUILD_PAUSE);
         }
         assert_eq!(expected, LONGEST_BUILD_PAUSE, "the pause reached its cap");
-        let pause = pauses.failed("again".into(), t0);
+        let pause = pauses.failed(failure("again"), t0);
         assert_eq!(pause, LONGEST_BUILD_PAUSE);
         assert!(!pauses.may_build(false, t0 + pause - Duration::from_millis(1)));
         assert!(pauses.may_build(false, t0 + pause), "the pause ends");
         pauses.succeeded();
         assert_eq!(pauses.in_a_row(), 0);
         assert_eq!(
-            pauses.failed("after a success".into(), t0),
+            pauses.failed(failure("after a success"), t0),
             FIRST_BUILD_PAUSE,
             "a success starts the doubling over"
         );
@@ -125,7 +161,7 @@ mod tests {
     fn a_forced_or_requested_build_runs_during_a_pause_and_a_request_is_taken_once() {
         let pauses = BuildPauses::default();
         let t0 = Instant::now();
-        pauses.failed("disk full".into(), t0);
+        pauses.failed(failure("disk full"), t0);
         assert!(!pauses.may_build(false, t0), "automatic builds pause");
         assert!(pauses.may_build(true, t0), "a forced one runs");
         pauses.request();
@@ -137,12 +173,28 @@ mod tests {
     fn only_a_failure_at_or_after_the_time_asked_is_reported() {
         let pauses = BuildPauses::default();
         let t0 = Instant::now();
-        pauses.failed("old failure".into(), t0);
+        pauses.failed(failure("old failure"), t0);
         let asked = t0 + Duration::from_secs(1);
         assert_eq!(pauses.failed_since(asked), None);
-        pauses.failed("new failure".into(), asked);
-        assert_eq!(pauses.failed_since(asked).as_deref(), Some("new failure"));
+        pauses.failed(failure("new failure"), asked);
+        assert_eq!(pauses.failed_since(asked), Some(failure("new failure")));
         pauses.succeeded();
         assert_eq!(pauses.failed_since(t0), None, "a success clears it");
+    }
+
+    #[test]
+    fn a_requested_build_that_ran_out_of_space_is_answered_as_such() {
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = Error::storage("finish snapshot", meta_store::Error::io("write", "f", full));
+        let pauses = BuildPauses::default();
+        let t0 = Instant::now();
+        pauses.failed(FailedBuild::of(&e), t0);
+        let answer = pauses.failed_since(t0).unwrap().into_error();
+        assert!(
+            matches!(&answer, Error::NoRoomToBuildSnapshot(why) if why.contains("finish snapshot")),
+            "{answer:?}"
+        );
+        let other = failure("a snapshot dir that is a file").into_error();
+        assert!(matches!(other, Error::Snapshot(_)), "{other:?}");
     }
 }

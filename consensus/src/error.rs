@@ -56,6 +56,14 @@ pub enum Error {
          space on this member; the leader sends the snapshot again"
     )]
     NoRoomForSnapshot { bytes: u64, free: u64, need: u64 },
+    /// A requested snapshot could not be built: the data dir's file system ran out of space
+    /// (or quota) while it was written. The partial file is deleted; the older snapshot, if
+    /// any, stands in, and the registry and log are as they were.
+    #[error(
+        "no room to build a snapshot ({0}): free space on this member and ask again; the older \
+         snapshot, if any, stands in"
+    )]
+    NoRoomToBuildSnapshot(String),
     /// A message or a node belongs to another cluster than this node (`cluster_id.rs`).
     /// The message names neither id: the cluster's id is never shown to clients (a member's
     /// replayed read is told from a client's by it); logs name both.
@@ -214,6 +222,25 @@ impl Error {
             source,
         }
     }
+
+    /// Whether an IO error in this error's chain of sources says the file system is out of
+    /// space or the user is over quota (`ENOSPC`, `EDQUOT`).
+    pub(crate) fn is_out_of_space(&self) -> bool {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = next {
+            let full = e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                )
+            });
+            if full {
+                return true;
+            }
+            next = e.source();
+        }
+        false
+    }
 }
 
 impl From<Error> for std::io::Error {
@@ -222,5 +249,24 @@ impl From<Error> for std::io::Error {
             Error::Io { source, .. } => source,
             other => std::io::Error::other(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_space_is_found_anywhere_in_the_chain() {
+        let os = std::io::Error::from_raw_os_error;
+        let store = |e| Error::storage("finish snapshot", meta_store::Error::io("write", "f", e));
+        assert!(store(os(libc::ENOSPC)).is_out_of_space());
+        assert!(store(os(libc::EDQUOT)).is_out_of_space());
+        assert!(Error::io("write", "f", os(libc::ENOSPC)).is_out_of_space());
+        let wrapped = std::io::Error::other(store(os(libc::ENOSPC)));
+        assert!(Error::io("export", "f", wrapped).is_out_of_space());
+        assert!(!store(os(libc::ENOTDIR)).is_out_of_space());
+        assert!(!store(os(libc::EIO)).is_out_of_space());
+        assert!(!Error::Snapshot("no space".into()).is_out_of_space());
     }
 }

@@ -21,6 +21,7 @@ use std::time::Instant;
 use openraft::alias::SnapshotOf;
 use openraft::storage::{RaftSnapshotBuilder, Snapshot};
 
+use crate::build_pauses::FailedBuild;
 use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
@@ -111,7 +112,7 @@ impl SnapshotBuilder {
 
     /// Records a failed build and logs it, with what answers in its place.
     fn failed_with(&self, e: &Error, instead: &str) {
-        let pause = self.shared.build_failed(e.to_string());
+        let pause = self.shared.build_failed(FailedBuild::of(e));
         tracing::error!(
             "building snapshot {} failed: {e}; {instead}, and automatic builds pause for \
              {pause:?}",

@@ -36,7 +36,7 @@ use openraft::EntryPayload;
 use parking_lot::Mutex;
 
 use crate::apply_batch::ApplyBatch;
-use crate::build_pauses::BuildPauses;
+use crate::build_pauses::{BuildPauses, FailedBuild};
 use crate::change_feed::{ChangeFeed, DEFAULT_HISTORY};
 use crate::cluster_version::BUILD_VERSION;
 use crate::codec;
@@ -343,7 +343,7 @@ impl SmShared {
 
     /// Records a failed snapshot build (and counts it); returns how long automatic builds now
     /// pause.
-    pub(crate) fn build_failed(&self, why: String) -> Duration {
+    pub(crate) fn build_failed(&self, why: FailedBuild) -> Duration {
         self.stats.build_failed();
         self.builds.failed(why, Instant::now())
     }

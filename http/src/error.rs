@@ -245,9 +245,9 @@ impl From<meta_consensus::Error> for ApiError {
             E::Conflict(m) => ApiError::Conflict(m),
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
-            e @ (E::InsufficientStorage { .. } | E::NoRoomForSnapshot { .. }) => {
-                ApiError::InsufficientStorage(e.to_string())
-            }
+            e @ (E::InsufficientStorage { .. }
+            | E::NoRoomForSnapshot { .. }
+            | E::NoRoomToBuildSnapshot(_)) => ApiError::InsufficientStorage(e.to_string()),
             E::ClusterVersionTooLow { ref behind, .. } => ApiError::ClusterVersion {
                 retry: behind.iter().any(|b| b.version.is_none()),
                 message: e.to_string(),
@@ -430,6 +430,15 @@ mod tests {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
             assert_eq!(error.code(), code, "{error:?}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_build_without_room_is_insufficient_storage() {
+        let e = ApiError::from(meta_consensus::Error::NoRoomToBuildSnapshot(
+            "finish snapshot: No space left on device".into(),
+        ));
+        assert_eq!(e.status().as_u16(), 507, "{e:?}");
+        assert_eq!(e.code(), "insufficient_storage");
     }
 
     #[test]

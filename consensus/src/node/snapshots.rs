@@ -34,10 +34,8 @@ impl MetaNode {
             }
             // A build that failed while an older snapshot stands in does not advance the
             // metrics: report it rather than wait for the timeout.
-            if let Some(why) = self.inner.sm.builds.failed_since(asked) {
-                return Err(Error::Snapshot(format!(
-                    "building a snapshot failed: {why}"
-                )));
+            if let Some(failed) = self.inner.sm.builds.failed_since(asked) {
+                return Err(failed.into_error());
             }
             self.check_open()?;
             // openraft drops a trigger that arrives while a build runs, and that build may
