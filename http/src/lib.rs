@@ -31,6 +31,7 @@ pub mod request;
 pub mod response;
 pub mod router;
 pub mod server;
+mod snapshot_notices;
 pub mod state;
 mod term_probe;
 pub mod writer;
