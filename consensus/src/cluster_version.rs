@@ -20,9 +20,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use openraft::EntryPayload;
 use parking_lot::Mutex;
 
-use crate::types::NodeId;
+use crate::command::Command;
+use crate::types::{Entry, NodeId};
 
 /// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`. 3:
 /// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
@@ -107,6 +109,27 @@ pub fn raisable(
     }
 }
 
+/// Cuts `entries`, the entries of one append message, after the first that raises the cluster's
+/// version, and returns the entries that followed it, if any did. The leader's transport sends
+/// them in a message of their own, right after.
+///
+/// A member swapped for an older build after its last answer and before a raise (see the module
+/// comment) decodes a message whole: one that carries the raise and, after it, a command of the
+/// new version (the command that needed the raise) was refused as undecodable, again and again,
+/// so the member never appended the raise, at which it would stop, saying why. It answered the
+/// leader's heartbeats all the while, and looked alive. Ending a message at the raise lets it
+/// append the raise, learn that the raise committed, and stop at it. Raises are rare: the cut
+/// costs a message a few times in a cluster's life.
+pub fn split_after_version_raise(entries: &mut Vec<Entry>) -> Option<Vec<Entry>> {
+    let raise = entries.iter().position(|e| {
+        matches!(
+            e.payload,
+            EntryPayload::Normal(Command::SetClusterVersion { .. })
+        )
+    })?;
+    (raise + 1 < entries.len()).then(|| entries.split_off(raise + 1))
+}
+
 /// The message for a command refused because of `behind`.
 pub(crate) fn describe_behind(behind: &[Behind]) -> String {
     behind
@@ -177,5 +200,39 @@ mod tests {
         assert_eq!(versions.heard_within(1, Duration::from_secs(60)), Some(1));
         versions.forget(1);
         assert_eq!(versions.heard_within(1, Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn an_append_message_ends_at_its_first_version_raise() {
+        let entry = |index: u64, cmd: Command| Entry {
+            log_id: crate::types::LogId::new(
+                openraft::vote::leader_id_adv::LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
+            payload: EntryPayload::Normal(cmd),
+        };
+        let raise = |index, version| entry(index, Command::SetClusterVersion { version });
+        let floor = |index| entry(index, Command::RaiseEpochFloor { at_least: 9 });
+        let indexes =
+            |entries: &[Entry]| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+
+        let mut entries = vec![floor(1), raise(2, 3), raise(3, 4), floor(4)];
+        let mut rest = split_after_version_raise(&mut entries).unwrap();
+        assert_eq!(indexes(&entries), [1, 2], "cut after the first raise");
+        assert_eq!(indexes(&rest), [3, 4]);
+        let last = split_after_version_raise(&mut rest).unwrap();
+        assert_eq!((indexes(&rest), indexes(&last)), (vec![3], vec![4]));
+        for mut entries in [
+            vec![floor(4), raise(5, 5)],
+            vec![floor(4), floor(5)],
+            vec![],
+        ] {
+            let before = indexes(&entries);
+            assert!(split_after_version_raise(&mut entries).is_none());
+            assert_eq!(indexes(&entries), before, "a raise that ends it, or none");
+        }
     }
 }

@@ -69,7 +69,9 @@ pub use addresses::Addresses;
 pub use backup::Backup;
 pub use change_feed::{Change, ChangeBatch, ChangeEvent, ChangeFilter, DEFAULT_HISTORY};
 pub use cluster_id::{history_name, ClusterId};
-pub use cluster_version::{Behind, PeerVersions, BASE_VERSION, BUILD_VERSION};
+pub use cluster_version::{
+    split_after_version_raise, Behind, PeerVersions, BASE_VERSION, BUILD_VERSION,
+};
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
 pub use error::{Error, Result};

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use meta_consensus::{codec, LogId, TypeConfig};
+use meta_consensus::{codec, split_after_version_raise, LogId, TypeConfig};
 use openraft::errors::{NetworkError, RPCError, Unreachable};
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use tokio::sync::Notify;
@@ -60,6 +60,10 @@ struct Sent {
     /// Set when the frame also answers for an entry-less request that was never sent: that
     /// request's `prev_log_id`, which the frame's request shares.
     stands_in_for: Option<Option<LogId>>,
+    /// The frame carries the first part of a request cut at a raise of the cluster's version
+    /// (see [`parts`]): its success answers nothing (the next part's answer answers the
+    /// request), its refusal answers the request.
+    leads: bool,
 }
 
 impl Outstanding {
@@ -69,14 +73,15 @@ impl Outstanding {
 
     /// Records a request of `bytes` leaving now.
     pub fn push(&self, bytes: usize) {
-        self.push_sent(bytes, None);
+        self.push_sent(bytes, None, false);
     }
 
-    fn push_sent(&self, bytes: usize, stands_in_for: Option<Option<LogId>>) {
+    fn push_sent(&self, bytes: usize, stands_in_for: Option<Option<LogId>>, leads: bool) {
         self.queue().push_back(Sent {
             at: Instant::now(),
             bytes,
             stands_in_for,
+            leads,
         });
         self.pushed.notify_one();
     }
@@ -201,16 +206,23 @@ async fn pull_requests<S>(
         } else {
             (rpc, None)
         };
-        let frame = encode_frame(&rpc).map_err(std::io::Error::other);
-        let encoded = frame.is_ok();
-        if let Ok(f) = &frame {
-            sent.push_sent(f.len(), stands_in_for);
+        let mut parts = parts(rpc).into_iter().peekable();
+        let mut going = true;
+        while let (true, Some(part)) = (going, parts.next()) {
+            let last = parts.peek().is_none();
+            let frame = encode_frame(&part).map_err(std::io::Error::other);
+            let encoded = frame.is_ok();
+            if let Ok(f) = &frame {
+                let stands_in_for = if last { stands_in_for } else { None };
+                sent.push_sent(f.len(), stands_in_for, !last);
+            }
+            let queued = tokio::select! {
+                queued = tx.send(frame) => queued.is_ok(),
+                _ = sent.abandoned() => false,
+            };
+            going = queued && encoded;
         }
-        let queued = tokio::select! {
-            queued = tx.send(frame) => queued.is_ok(),
-            _ = sent.abandoned() => false,
-        };
-        if !queued || !encoded {
+        if !going {
             break;
         }
     }
@@ -234,6 +246,28 @@ where
         _ = sent.abandoned() => None,
         _ = tx.closed() => None,
     }
+}
+
+/// `rpc` as the frames that carry it: itself, or its parts cut after each raise of the cluster's
+/// version (`split_after_version_raise`), each part after the first starting where the one before
+/// ended. A member of an older build decodes a frame whole, and must be able to decode a raise
+/// to stop at it; the frame after it, which it cannot decode, fails the exchange. Every part
+/// goes at once, and only the last one's answer (or the first refusal) answers openraft: a
+/// request that openraft sees partly answered it takes as in flight still, and sends nothing
+/// after it until it has new entries to send.
+fn parts(mut rpc: AppendEntriesRequest<TypeConfig>) -> Vec<AppendEntriesRequest<TypeConfig>> {
+    let mut parts = Vec::new();
+    while let Some(rest) = split_after_version_raise(&mut rpc.entries) {
+        let next = AppendEntriesRequest {
+            vote: rpc.vote,
+            prev_log_id: rpc.entries.last().map(|e| e.log_id),
+            leader_commit: rpc.leader_commit,
+            entries: rest,
+        };
+        parts.push(std::mem::replace(&mut rpc, next));
+    }
+    parts.push(rpc);
+    parts
 }
 
 /// Whether `next` may go in place of the entry-less `held`, its answer answering for both: it
@@ -391,6 +425,10 @@ pub fn answers(
                 return Some((network(&policy.peer, m), None));
             };
             *last_answer = Instant::now();
+            if popped.leads && answer.is_ok() {
+                // The next part's answer answers the request.
+                continue;
+            }
             let answer = match popped.stands_in_for {
                 Some(prev) => {
                     let first = answer_for_held(prev, &answer);

@@ -395,3 +395,74 @@ async fn a_silent_peer_times_out_only_while_a_request_waits() {
     );
     drop(tx);
 }
+
+#[tokio::test]
+async fn a_request_goes_in_parts_that_end_at_each_raise_of_the_cluster_version() {
+    use meta_consensus::Command;
+    let raise_at = |mut rpc: AppendEntriesRequest<TypeConfig>, at: usize| {
+        rpc.entries[at].payload = openraft::EntryPayload::Normal(Command::SetClusterVersion {
+            version: meta_consensus::BUILD_VERSION,
+        });
+        rpc
+    };
+    let span = |rpc: &AppendEntriesRequest<TypeConfig>| {
+        let indexes = rpc.entries.iter().map(|e| e.log_id.index);
+        (
+            rpc.prev_log_id.map(|p| p.index),
+            indexes.collect::<Vec<_>>(),
+        )
+    };
+    let outstanding = Arc::new(Outstanding::default());
+    // Entries 1-3 with a raise at 2; then "commit 5" held for entries 6-8 (a raise at 7).
+    let input = futures::stream::iter(vec![
+        raise_at(request(0, 3, 0), 1),
+        request(5, 0, 5),
+        raise_at(request(5, 3, 5), 1),
+    ]);
+    let mut body = Box::pin(requests(input, outstanding.clone(), 4));
+    let mut frames = Vec::new();
+    for _ in 0..4 {
+        frames.push(span(&decoded(&body.next().await.unwrap().unwrap())));
+    }
+    assert_eq!(
+        frames,
+        [
+            (Some(0), vec![1, 2]),
+            (Some(2), vec![3]),
+            (Some(5), vec![6, 7]),
+            (Some(7), vec![8]),
+        ],
+        "each request cut after its raise, the held one stood in for"
+    );
+    // openraft hears one answer per request it made: the last part's.
+    let answers = vec![ok_frame(2), ok_frame(3), ok_frame(7), ok_frame(8)];
+    let matched = matched_indexes(answers, outstanding.clone()).await;
+    assert_eq!(matched, vec![3, 5, 8]);
+    assert_eq!(outstanding.len(), 0);
+    let end = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+    assert!(matches!(end, Ok(None)), "nothing else is sent");
+}
+
+#[tokio::test]
+async fn a_refusal_of_a_leading_part_answers_its_request() {
+    use meta_consensus::Command;
+    let mut rpc = request(4, 2, 4);
+    rpc.entries[0].payload =
+        openraft::EntryPayload::Normal(Command::SetClusterVersion { version: 4 });
+    let outstanding = Arc::new(Outstanding::default());
+    let mut body = Box::pin(requests(
+        futures::stream::iter(vec![rpc]),
+        outstanding.clone(),
+        4,
+    ));
+    for _ in 0..2 {
+        body.next().await.unwrap().unwrap();
+    }
+    let conflict: RemoteResult<StreamAppendResult<TypeConfig>> =
+        Ok(Err(openraft::raft::StreamAppendError::Conflict(log_id(4))));
+    let got = all_answers(vec![answer_frame(&conflict), ok_frame(6)], outstanding).await;
+    assert!(
+        matches!(&got[..], [Ok(Err(openraft::raft::StreamAppendError::Conflict(p)))] if p.index == 4),
+        "{got:?}"
+    );
+}
