@@ -123,6 +123,18 @@ pub enum Error {
         #[source]
         source: CodecError,
     },
+    /// A log record passed its checksum but does not decode: a newer build wrote it (a record
+    /// damaged on disk fails its checksum first). The data dir is intact.
+    #[error(
+        "log record {lsn} passed its checksum, but this build cannot decode it ({source}): a \
+         newer metaserver build wrote it, most likely; run a build at least as new on this data \
+         dir, which is intact (do not wipe it)"
+    )]
+    UndecodableLogRecord {
+        lsn: u64,
+        #[source]
+        source: CodecError,
+    },
     /// A snapshot failed verification or could not be built/installed.
     #[error("snapshot: {0}")]
     Snapshot(String),

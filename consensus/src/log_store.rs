@@ -194,7 +194,7 @@ impl LogStore {
             .read_range(..)
             .map_err(|e| Error::storage("replay log", e))?;
         let decode = |lsn: Lsn, bytes: &[u8]| -> Result<LogRecord> {
-            codec::decode(bytes).map_err(|e| Error::corrupt(format!("log record {lsn}"), e))
+            codec::decode(bytes).map_err(|source| Error::UndecodableLogRecord { lsn, source })
         };
         // The purge point first: the newest purge's record may lie after entries an older
         // purge's record precedes (a purge records the point, then drops the records up to
@@ -415,7 +415,7 @@ impl LogStore {
                 Some((l, _)) if *l == lsn => {
                     let (_, bytes) = recs.next().expect("peeked");
                     match codec::decode::<LogRecord>(&bytes)
-                        .map_err(|e| Error::corrupt(format!("log record {lsn}"), e))?
+                        .map_err(|source| Error::UndecodableLogRecord { lsn, source })?
                     {
                         LogRecord::Entry(e) if e.log_id.index == i => out.push(e),
                         _ => {

@@ -262,7 +262,8 @@ impl From<meta_consensus::Error> for ApiError {
             | E::RegistryUnreadable { .. }
             | E::RegistryNotRebuildable { .. }
             | E::Io { .. }
-            | E::Corrupt { .. }) => ApiError::Unavailable(e.to_string()),
+            | E::Corrupt { .. }
+            | E::UndecodableLogRecord { .. }) => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -147,3 +147,19 @@ async fn a_gap_after_the_purge_point_is_refused_naming_the_dir() {
         "{message}"
     );
 }
+
+#[test]
+fn a_record_that_passes_its_checksum_but_does_not_decode_is_named_a_newer_builds() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = meta_store::wal::Wal::open(dir.path(), WalOptions::default()).unwrap();
+    // An enum variant index no build of `LogRecord` has, as a newer build's record would be.
+    let lsn = wal.append(&[200, 0, 0, 0]).unwrap();
+    wal.sync(lsn).unwrap();
+    wal.close().unwrap();
+    drop(wal);
+    match LogStore::open(dir.path(), WalOptions::default()) {
+        Err(Error::UndecodableLogRecord { lsn: at, .. }) => assert_eq!(at, lsn),
+        Err(other) => panic!("expected an undecodable record, got {other}"),
+        Ok(_) => panic!("expected an undecodable record, the log opened"),
+    }
+}
