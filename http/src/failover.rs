@@ -123,6 +123,25 @@ pub(crate) async fn unless_deposed<T>(
     until_deposed(node, leader, Duration::ZERO, deposed, asked).await
 }
 
+/// [`unless_deposed`] for a leadership move asked of `leader`: another node leading is what it
+/// waits for, so its answer is waited for up to two election timeouts after that (it answers
+/// once it saw the node it named take office). Asked again at once, the new leader answered in
+/// its stead, and one of a build without the route answered 404 to a move that was made.
+pub(crate) async fn unless_moved_from<T>(
+    node: &MetaNode,
+    leader: NodeId,
+    asked: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let grace = node.config().election_timeout() * 2;
+    let deposed = |term| {
+        ApiError::NoLeader(format!(
+            "node {leader}, asked in term {term} to move the leadership, stopped answering and \
+             another node leads: asking the next leader"
+        ))
+    };
+    until_deposed(node, leader, grace, deposed, asked).await
+}
+
 /// Runs `sent`, a write sent to `leader`, unless `leader` is still silent two election
 /// timeouts after `node` learned that another node leads (or the same one in a later term):
 /// then 504 `outcome_unknown`, since it may have made the write. A leader that hands its

@@ -86,6 +86,11 @@ impl Replay {
     fn may_ask_again(&self) -> bool {
         may_ask_again(&self.method, self.uri.path())
     }
+
+    /// Whether the request moves the leadership: its leader answers once another node leads.
+    fn moves_leader(&self) -> bool {
+        self.method == Method::PUT && self.uri.path() == "/v1/cluster/leader"
+    }
 }
 
 /// Whether a request may be asked again of another leader, and dropped at a leader that stopped
@@ -344,10 +349,14 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
     // A read or a membership change gives up on a leader that stopped answering once another
     // one leads. Its `no_leader` came from another member: this node leading (handing over)
     // does not make it a leader without a quorum.
+    let moves_leader = replay.moves_leader();
     let replayed = async { Ok(state.forwarder.replay(&target, read_index, replay).await) };
-    let mut response = failover::unless_deposed(&state.node, target.leader_id, replayed)
-        .await
-        .unwrap_or_else(IntoResponse::into_response);
+    let replayed = if moves_leader {
+        failover::unless_moved_from(&state.node, target.leader_id, replayed).await
+    } else {
+        failover::unless_deposed(&state.node, target.leader_id, replayed).await
+    };
+    let mut response = replayed.unwrap_or_else(IntoResponse::into_response);
     if let Some(refused) = response
         .extensions_mut()
         .get_mut::<failover::NoLeaderAnswer>()

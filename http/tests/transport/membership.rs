@@ -7,7 +7,7 @@ use tokio::net::TcpListener;
 
 use crate::common::{wait_for, DEADLINE};
 use crate::helpers::{
-    join_as_learner, served_with, start, start_alone, start_at, start_cluster,
+    join_as_learner, served, served_with, start, start_alone, start_at, start_cluster,
     start_cluster_without_notices, stop_all, the_leader, Client, KeptPort, Server,
 };
 
@@ -435,5 +435,38 @@ async fn the_leader_moves_to_the_voter_named_over_http() {
         (200, json!(to), json!(term)),
         "{v}"
     );
+    stop_all(servers).await;
+}
+
+/// A leadership move sent to a follower is answered by the leader it was forwarded to, once the
+/// voter it named took office, and not asked again of that voter as soon as it leads: the new
+/// leader answered in the old one's stead, and one of a build without the route answered 404 to
+/// a move that was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leadership_move_via_a_follower_is_answered_by_the_leader_that_made_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = start_cluster(&dir).await;
+    let client = Client::new();
+    let moves_served = |id: u64| served(&client, &servers[&id], "PUT", "/v1/cluster/leader");
+    for round in 0..4 {
+        let old = the_leader(&servers).node.id();
+        let mut followers = servers.keys().copied().filter(|id| *id != old);
+        let (via, to) = (followers.next().unwrap(), followers.next().unwrap());
+        let before = moves_served(to).await;
+        let (status, v) = client
+            .send(
+                reqwest::Method::PUT,
+                &servers[&via],
+                "/v1/cluster/leader",
+                Some(json!({ "id": to })),
+            )
+            .await;
+        assert_eq!((status, v["leader"].clone()), (200, json!(to)), "{v}");
+        assert_eq!(
+            moves_served(to).await,
+            before,
+            "round {round}: the move was asked again of node {to}, the new leader"
+        );
+    }
     stop_all(servers).await;
 }
