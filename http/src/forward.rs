@@ -220,6 +220,30 @@ impl Forwarder {
         let small = response
             .content_length()
             .is_some_and(|n| n <= MAX_REFUSAL_BYTES);
+        let refusal = status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST;
+        if refusal && small {
+            // A route or a query this node took and the leader does not know: the leader runs
+            // an older build (this one's leader would take it as this node did).
+            let body = match response.bytes().await {
+                Ok(body) => body,
+                Err(e) => return leader_failed(target, &e, acts).into_response(),
+            };
+            if let Some(refused) = unknown_to_older_build(&body) {
+                return ApiError::ClusterVersion {
+                    retry: false,
+                    message: format!(
+                        "the leader (node {} at {}) runs an older build, which does not take \
+                         this request ({refused}): upgrade it (restarted on a newer build, it \
+                         hands its leadership to another member) and ask again",
+                        target.leader_id, target.addr
+                    ),
+                }
+                .into_response();
+            }
+            return relayed
+                .body(Body::from(body))
+                .unwrap_or_else(|e| ApiError::Internal(e.to_string()).into_response());
+        }
         let body = if ask_again && status == StatusCode::SERVICE_UNAVAILABLE && small {
             // A leader's refusal of a read or a membership change is read here: one that says it
             // does not lead makes the request go on to the next leader (`failover.rs`).
@@ -268,6 +292,21 @@ fn encoded(headers: &HeaderMap) -> Option<ApiError> {
 /// The largest refusal of a read that [`Forwarder::replay`] reads to see whether it says
 /// `no_leader` (an error body is a few hundred bytes).
 const MAX_REFUSAL_BYTES: u64 = 64 * 1024;
+
+/// The message of an error body that says the route, or a query parameter, is unknown: a
+/// leader of an older build answers so to a request that a newer one takes (404 `not_found`
+/// "no route for ...", 400 `invalid_query` "this route takes no query parameters ...").
+fn unknown_to_older_build(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let error = value.get("error")?;
+    let message = error.get("message")?.as_str()?;
+    let unknown = match error.get("code")?.as_str()? {
+        "not_found" => message.starts_with("no route for "),
+        "invalid_query" => message.starts_with("this route takes no query parameters"),
+        _ => false,
+    };
+    unknown.then(|| message.to_owned())
+}
 
 /// The message of an error body whose code is `no_leader`.
 fn no_leader_message(body: &[u8]) -> Option<String> {
@@ -387,6 +426,30 @@ mod tests {
             assert_eq!(code, "unsupported_encoding");
             assert!(message.contains(refused[refused.len() - 1]), "{message}");
         }
+    }
+
+    #[test]
+    fn what_an_older_leader_says_of_a_request_it_does_not_know_is_told_apart() {
+        let body = |code: &str, message: &str| {
+            serde_json::json!({ "error": { "code": code, "message": message } }).to_string()
+        };
+        let unknown = |code, message| unknown_to_older_build(body(code, message).as_bytes());
+        for (code, message) in [
+            ("not_found", "no route for PUT /v1/cluster/epoch-floor"),
+            (
+                "invalid_query",
+                "this route takes no query parameters, got \"epoch=3\"",
+            ),
+        ] {
+            assert_eq!(unknown(code, message).as_deref(), Some(message));
+        }
+        assert_eq!(unknown("not_found", "datanode 7 not found"), None);
+        assert_eq!(
+            unknown("invalid_query", "invalid query string \"a=1\""),
+            None
+        );
+        assert_eq!(unknown("conflict", "no route for"), None);
+        assert_eq!(unknown_to_older_build(b"not json"), None);
     }
 
     #[test]

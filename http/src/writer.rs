@@ -13,7 +13,8 @@
 //! this node applied the raise to 4) is not sent in a batch: a leader of an older build could not
 //! decode the batch, and would refuse every write in it. This node's core answers "forward to
 //! leader" for it, and the middleware replays the request; a leader of an older build answers
-//! that as it answers any route it does not know. (A removal's later piece, sent as a command
+//! that as it answers any route or query it does not know, which the middleware answers as 503
+//! `cluster_version` (`forward.rs`). (A removal's later piece, sent as a command
 //! when this node lags, goes to a leader that applied version 3 already.)
 
 use std::convert::Infallible;
