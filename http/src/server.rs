@@ -14,6 +14,7 @@
 //! router behind a filter that passes only traffic between members.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -29,6 +30,7 @@ use hyper_util::service::TowerToHyperService;
 use crate::connection_limit::LimitedListener;
 use crate::error::ApiError;
 use crate::forward::FORWARDED_BY;
+use crate::in_flight::{self, InFlight};
 
 /// How long a connection may wait for its next request's headers unless told otherwise: above
 /// the idle timeout of common HTTP clients' pools (60 s for this server's own peer client, 90 s
@@ -61,7 +63,9 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes; then stops accepting, lets the requests in flight
-    /// finish, closes idle connections, and returns once every connection is closed.
+    /// finish, closes idle connections, and returns once every connection is closed, or
+    /// shortly after the last request was answered (a connection still receiving a request's
+    /// headers does not hold it up).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) {
         let Server {
             mut listener,
@@ -82,6 +86,14 @@ impl Server {
             idle_timeout.map_or(MEMBERS_IDLE_TIMEOUT, |t| t.min(MEMBERS_IDLE_TIMEOUT)),
         ));
         let members_app = app.clone().layer(axum::middleware::from_fn(members_only));
+        let in_flight = Arc::new(InFlight::default());
+        let counted = |app: Router| {
+            app.layer(axum::middleware::from_fn_with_state(
+                in_flight.clone(),
+                in_flight::track,
+            ))
+        };
+        let (app, members_app) = (counted(app), counted(members_app));
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -105,9 +117,25 @@ impl Server {
             });
         }
         drop(listener);
-        graceful.shutdown().await;
+        // Every connection is told to close once its request is answered; once no request is
+        // being answered, those left answer nothing (a client still sending a request's
+        // headers would hold the drain until its header-read timeout): they get `FLUSH_GRACE`
+        // to close, for the last answers' bytes to leave, and are then left behind.
+        let drained = graceful.shutdown();
+        tokio::select! {
+            biased;
+            () = drained => {}
+            () = async {
+                in_flight.until_none().await;
+                tokio::time::sleep(FLUSH_GRACE).await;
+            } => {}
+        }
     }
 }
+
+/// How long a shutting-down server waits, once no request is being answered, for its remaining
+/// connections to close.
+const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// How long a connection in the members' reserve may wait for a request's headers.
 pub const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -163,7 +191,6 @@ async fn members_only(request: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
-    use std::sync::Arc;
 
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -322,6 +349,38 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+
+    /// A client still sending a request's headers does not hold up the shutdown (hyper's own
+    /// graceful shutdown waits for it until the header-read timeout), while one whose request
+    /// is being answered does.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_does_not_wait_for_a_request_whose_headers_are_still_coming() {
+        let hold = Arc::new(Hold::default());
+        let (addr, stop, mut task) = start(4, hold.clone()).await;
+        let mut partial = TcpStream::connect(addr).await.unwrap();
+        partial
+            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-Part: ")
+            .await
+            .unwrap();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        let answer = tokio::spawn(async move { get_on(&mut busy, "/wait").await });
+        hold.arrived.notified().await;
+        let stopping = tokio::time::Instant::now();
+        stop.send(()).unwrap();
+        assert!(
+            tokio::time::timeout(IDLE / 10, &mut task).await.is_err(),
+            "serve waits for the request in flight"
+        );
+        hold.release.notify_one();
+        assert_eq!(answer.await.unwrap(), "done");
+        task.await.unwrap();
+        assert!(
+            stopping.elapsed() < IDLE / 2,
+            "serve returned {:?} after the stop, not after the header-read timeout",
+            stopping.elapsed()
+        );
+        drop(partial);
     }
 
     /// A client that stops reading its answer loses its connection once it has taken none of
