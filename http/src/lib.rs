@@ -17,7 +17,7 @@ pub mod forward;
 pub mod forward_batch;
 pub mod frame;
 pub mod handlers;
-pub mod in_flight;
+mod in_flight;
 mod leader_exchange;
 pub mod limits;
 pub mod metrics;

@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, start_alone, start_cluster, start_cluster_tuned, stop_all, the_leader,
-    Server, TOKEN,
+    hand_over, http_client, put_kv, start_alone, start_cluster, start_cluster_tuned, stop_all,
+    the_leader, TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -261,15 +261,4 @@ async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_anothe
     assert!(new.is_some() && new != Some(leader), "{new:?}");
     stop_all(servers).await;
     drop(port);
-}
-
-/// Sends `PUT /v1/kv/{key}` with the value `"x"` to `server`.
-async fn put_kv(server: &Server, key: &str) -> reqwest::Response {
-    http_client()
-        .put(format!("http://{}/v1/kv/{key}", server.addr))
-        .bearer_auth(TOKEN)
-        .body("\"x\"")
-        .send()
-        .await
-        .unwrap()
 }

@@ -377,3 +377,14 @@ async fn cluster(
     .await;
     servers
 }
+
+/// Sends `PUT /v1/kv/{key}` with the value `"x"` to `server`.
+pub async fn put_kv(server: &Server, key: &str) -> reqwest::Response {
+    http_client()
+        .put(format!("http://{}/v1/kv/{key}", server.addr))
+        .bearer_auth(TOKEN)
+        .body("\"x\"")
+        .send()
+        .await
+        .unwrap()
+}

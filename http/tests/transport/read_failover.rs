@@ -10,7 +10,8 @@ use meta_http::follower_read::{CatchUp, CATCH_UP};
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, start_cluster_tuned, stop_all, the_leader, KeptPort, Server, TOKEN,
+    hand_over, http_client, put_kv, start_cluster_tuned, stop_all, the_leader, KeptPort, Server,
+    TOKEN,
 };
 
 /// How the old leader is gone.
@@ -45,13 +46,7 @@ async fn a_read_outlives_its_leader(follower_reads: Option<CatchUp>, gone: Gone)
     .await;
     let http = http_client();
     let leader = the_leader(&servers).node.id();
-    let put = http
-        .put(format!("http://{}/v1/kv/before", servers[&leader].addr))
-        .bearer_auth(TOKEN)
-        .body("\"x\"")
-        .send()
-        .await
-        .unwrap();
+    let put = put_kv(&servers[&leader], "before").await;
     assert_eq!(put.status().as_u16(), 200);
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
     let port = stop_leader(&mut servers, leader, gone).await;
@@ -286,13 +281,7 @@ async fn reads_sent_to_a_leader_that_hands_over_are_answered() {
     let servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, _| {}).await;
     let leader = the_leader(&servers);
     let http = http_client();
-    let put = http
-        .put(format!("http://{}/v1/kv/handed", leader.addr))
-        .bearer_auth(TOKEN)
-        .body("\"x\"")
-        .send()
-        .await
-        .unwrap();
+    let put = put_kv(leader, "handed").await;
     assert_eq!(put.status().as_u16(), 200);
     let reads = ["linearizable", "lease", "linearizable", "lease"]
         .into_iter()
