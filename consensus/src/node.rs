@@ -584,14 +584,24 @@ impl MetaNode {
         self.inner.sm.stats.reset_maxima();
     }
 
-    /// Changes the snapshot export pace (bytes per second, 0 = unlimited), effective at the
-    /// running export's next pause.
+    /// Changes the snapshot pace (bytes per second, 0 = unlimited) of exports and downloads,
+    /// effective at the next pause of each one running.
     pub fn set_snapshot_rate(&self, bytes_per_sec: u64) {
         self.inner.sm.limiter.set_rate(bytes_per_sec);
     }
 
     pub fn snapshot_rate(&self) -> u64 {
         self.inner.sm.limiter.rate()
+    }
+
+    /// Paces `reader` (a snapshot download) with the snapshot rate, sharing its budget with the
+    /// exports: the member's snapshot IO together stays under the rate. Lifting or changing the
+    /// rate, and closing the node, end a pause in progress.
+    pub fn paced_snapshot_reader<R>(&self, reader: R) -> impl tokio::io::AsyncRead + Unpin
+    where
+        R: tokio::io::AsyncRead + Unpin,
+    {
+        meta_store::AsyncThrottledReader::new(reader, self.inner.sm.limiter.clone())
     }
 
     /// Switches the WAL between shared barriers and one barrier per log entry (benchmarks).

@@ -14,7 +14,7 @@ pub mod wal;
 
 pub use error::{Error, Result};
 pub use fs::{FileSystem, OsFileSystem};
-pub use rate_limit::{AsyncThrottledWriter, RateLimiter, ThrottledWriter};
+pub use rate_limit::{AsyncThrottledReader, AsyncThrottledWriter, RateLimiter, ThrottledWriter};
 pub use snapshot::{SnapshotFile, SnapshotReader, SnapshotStore, SnapshotWriter};
 pub use wal::{
     BarrierMode, Lsn, Purge, Wal, WalMetrics, WalOptions, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,

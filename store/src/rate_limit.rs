@@ -9,11 +9,14 @@
 //! - [`RateLimiter`]: the shared, runtime-adjustable rate and its deadline bookkeeping.
 //! - [`ThrottledWriter`]: a [`std::io::Write`] adapter that sleeps the calling thread.
 //! - [`AsyncThrottledWriter`]: a tokio `AsyncWrite` adapter that sleeps on tokio's timer.
+//! - [`AsyncThrottledReader`]: its `AsyncRead` counterpart (a snapshot download).
 
+mod async_pacing;
 mod clock;
 mod pacer;
 mod throttled;
 mod throttled_async;
+mod throttled_async_reader;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +29,7 @@ pub use clock::{Clock, SystemClock};
 pub use pacer::{Pacer, Pause, CHUNK_TIME, IDLE_CREDIT, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use throttled::ThrottledWriter;
 pub use throttled_async::AsyncThrottledWriter;
+pub use throttled_async_reader::AsyncThrottledReader;
 
 /// The shortest sleep [`std::thread::sleep`] is asked for; shorter waits are skipped (and made up
 /// at the next pause), because the sleep's own overhead (tens of microseconds) would dominate.

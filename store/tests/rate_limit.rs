@@ -1,5 +1,5 @@
 //! The accumulating rate limiter: its pacing policy against a fake clock (no real sleeps), and
-//! the sync and async writer adapters.
+//! the sync and async writer adapters, and the async reader adapter.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meta_store::rate_limit::{
-    AsyncThrottledWriter, Clock, Pacer, RateLimiter, ThrottledWriter, IDLE_CREDIT, THREAD_TIMER,
-    TOKIO_TIMER,
+    AsyncThrottledReader, AsyncThrottledWriter, Clock, Pacer, RateLimiter, ThrottledWriter,
+    IDLE_CREDIT, THREAD_TIMER, TOKIO_TIMER,
 };
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A clock that only moves when someone sleeps on it (or the test advances it), and counts reads.
 #[derive(Debug, Default)]
@@ -590,6 +590,98 @@ fn async_writer_at_unlimited_rate_never_reads_the_clock() {
         out.shutdown().await.unwrap();
     });
     assert_eq!(clock.reads(), 0);
+}
+
+#[tokio::test]
+async fn async_reader_accumulates_and_the_end_of_the_stream_settles() {
+    // As the writer's test: the fake clock stands still, so the waits are exact.
+    let clock = FakeClock::new();
+    let limiter = limiter(10 * MB, &clock); // 10,000-byte chunks, 1 ms each
+    let source = vec![7u8; 25_000];
+    let mut input = AsyncThrottledReader::new(&source[..], limiter.clone());
+    let mut buf = [0u8; 5000];
+    for _ in 0..5 {
+        assert_eq!(input.read(&mut buf).await.unwrap(), 5000);
+        assert_eq!(input.read(&mut []).await.unwrap(), 0, "an empty buffer");
+    }
+    // Two pauses so far, each read to charge and again when the reader woke.
+    assert_eq!(clock.reads(), 4);
+    assert_eq!(limiter.pauses(), 2);
+    assert_eq!(input.read(&mut buf).await.unwrap(), 0, "the end");
+    assert_eq!(clock.reads(), 6, "the end settles the last 5,000 bytes");
+    assert_eq!(limiter.pauses(), 3);
+    assert_eq!(
+        Duration::from_nanos(limiter.paused_nanos()),
+        Duration::from_micros(1000 + 2000 + 2500)
+    );
+    assert_eq!(input.read(&mut buf).await.unwrap(), 0, "the end, again");
+    assert_eq!(clock.reads(), 6, "nothing left to settle");
+    assert!(
+        clock.sleeps().is_empty(),
+        "the async reader sleeps on tokio"
+    );
+}
+
+/// A large read buffer does not take a burst: a read takes at most what may pass before the next
+/// charge (about 1 ms worth, 4 KiB at least), until the rate is lifted.
+#[tokio::test]
+async fn async_reader_takes_no_more_than_a_chunk_at_once() {
+    let clock = FakeClock::new();
+    let limiter = limiter(MB, &clock);
+    let chunk = limiter.chunk_bytes() as usize;
+    let source = vec![5u8; 64 * 1024];
+    let mut input = AsyncThrottledReader::new(&source[..], limiter.clone());
+    let mut buf = vec![0u8; 256 * 1024];
+    assert_eq!(input.read(&mut buf).await.unwrap(), chunk);
+    assert_eq!(input.read(&mut buf[..100]).await.unwrap(), 100);
+    assert_eq!(
+        input.read(&mut buf).await.unwrap(),
+        chunk - 100,
+        "up to the next charge"
+    );
+    limiter.set_rate(0);
+    assert_eq!(
+        input.read(&mut buf).await.unwrap(),
+        source.len() - 2 * chunk,
+        "unlimited: as much as the buffer takes"
+    );
+}
+
+#[tokio::test]
+async fn async_reader_never_goes_faster_than_the_rate() {
+    let rate = 8 * MB;
+    let limiter = Arc::new(RateLimiter::new(rate));
+    let source = vec![3u8; 32 * 8192];
+    let started = Instant::now();
+    let mut read = Vec::new();
+    AsyncThrottledReader::new(&source[..], limiter.clone())
+        .read_to_end(&mut read)
+        .await
+        .unwrap();
+    assert_eq!(read, source);
+    // A lower bound, as for the writer.
+    let floor = Pacer::cost(32 * 8192, rate).saturating_sub(TOKIO_TIMER);
+    assert!(started.elapsed() >= floor, "{:?}", started.elapsed());
+    assert!(limiter.pauses() > 0);
+}
+
+/// A download paced at a mistaken tiny rate speeds up once the rate is lifted (a closing node
+/// lifts it too).
+#[tokio::test]
+async fn async_reader_pause_ends_when_the_rate_changes() {
+    let limiter = Arc::new(RateLimiter::new(1));
+    let source = vec![1u8; 8192];
+    let mut input = AsyncThrottledReader::new(&source[..], limiter.clone());
+    // 4 KiB at 1 byte a second: a pause of over an hour, owed before the next read.
+    let mut buf = [0u8; 4096];
+    assert_eq!(input.read(&mut buf).await.unwrap(), 4096);
+    limiter.set_rate(0);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), input.read_to_end(&mut rest))
+        .await
+        .expect("the pause outlived the rate it was charged at")
+        .unwrap();
+    assert_eq!(rest.len(), 4096);
 }
 
 /// A new rate starts a new schedule: what was charged at a tiny rate is not waited out after the
