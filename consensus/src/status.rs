@@ -108,6 +108,11 @@ pub struct ClusterStatus {
     /// While this node rejoins (it started with no Raft state and does not hold the cluster's
     /// log yet): what it learned of the cluster's term (`node/rejoin_gate.rs`).
     pub rejoin: Option<RejoinStatus>,
+    /// With [`Role::Removed`]: the membership that left this node out, as it learned it (from
+    /// its own log, or from a member's notice when the leader stopped replicating to it first).
+    /// `voters`, `learners` and `nodes` are then the membership this node last held, which
+    /// may still name it.
+    pub removal: Option<crate::Removal>,
 }
 
 /// A rejoining node's progress (see [`ClusterStatus::rejoin`]).

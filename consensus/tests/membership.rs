@@ -130,6 +130,12 @@ async fn a_leader_that_removed_itself_reports_it_and_refuses_requests() -> Resul
     let st = leader.status();
     assert_eq!(st.role, Role::Removed, "{st:?}");
     assert_eq!(st.leader_id, None);
+    let removal = st
+        .removal
+        .clone()
+        .expect("the status names the membership it was left out of");
+    assert_eq!(removal.members, others.iter().copied().collect::<Vec<_>>());
+    assert!(removal.membership_index > 0, "{removal:?}");
     match leader.register_datanode(8, "dn-8").await {
         Err(Error::Removed { members }) => {
             assert_eq!(members, others.iter().copied().collect::<Vec<_>>())
@@ -209,6 +215,18 @@ async fn a_removed_follower_learns_it_from_the_members() -> Result<()> {
     until_role(&node, Role::Removed).await?;
     let st = node.status();
     assert_eq!(st.leader_id, None);
+    // Its own membership still names it; the status says which one left it out.
+    assert!(st.voters.contains(&removed), "{st:?}");
+    let removal = st
+        .removal
+        .clone()
+        .expect("the status names the membership it was left out of");
+    assert_eq!(removal.members, others.iter().copied().collect::<Vec<_>>());
+    assert!(
+        st.last_log_index
+            .is_none_or(|last| removal.membership_index > last),
+        "{st:?}"
+    );
     match node.register_datanode(8, "dn-8").await {
         Err(Error::Removed { members }) => {
             assert_eq!(members, others.iter().copied().collect::<Vec<_>>())

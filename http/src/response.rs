@@ -260,6 +260,13 @@ pub struct ClusterView {
     /// they did) and, until then, which of them it is waiting for (`waiting`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejoin: Option<RejoinView>,
+    /// On a node whose role is `removed`: the membership that left it out (`membership_index`,
+    /// the log index of that change) and the members it names (`members`), as this node learned
+    /// it. Its `voters`, `learners` and `nodes` are then the membership it last held, which may
+    /// still name it: the leader stops replicating to a removed node before it could learn the
+    /// change from the log. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_from: Option<RemovedFromView>,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).
@@ -267,6 +274,13 @@ pub struct ClusterView {
 pub struct RejoinView {
     pub term_floor: Option<u64>,
     pub waiting: Option<String>,
+}
+
+/// The membership a removed node was left out of (see [`ClusterView::removed_from`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedFromView {
+    pub membership_index: u64,
+    pub members: Vec<u64>,
 }
 
 /// One member's progress, as the leader sees it.
@@ -313,7 +327,7 @@ pub struct LeaderView {
 /// `GET /v1/config` and `PATCH /v1/config`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigView {
-    /// Snapshot export rate in bytes per second; 0 = unlimited.
+    /// Snapshot export and download rate in bytes per second; 0 = unlimited.
     pub snapshot_max_bytes_per_sec: u64,
 }
 

@@ -20,7 +20,8 @@ impl MetaNode {
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
         let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
-        let removed = self.removed(&m.membership_config).is_some();
+        let removal = self.removal(&m.membership_config);
+        let removed = removal.is_some();
         // A leader no quorum acknowledged within the lease may be deposed already: it is not
         // reported as leader (a single voter is its own quorum).
         let self_quorum = membership.voter_ids().eq([self.id()]);
@@ -123,6 +124,7 @@ impl MetaNode {
             data_dir_free_bytes: self.data_dir_free_bytes(),
             min_free_bytes: self.inner.cfg.min_free_bytes,
             rejoin: self.rejoin_status(),
+            removal: removal.filter(|_| role == Role::Removed),
         }
     }
 }

@@ -97,18 +97,34 @@ impl MetaNode {
         &self,
         config: &crate::types::StoredMembership,
     ) -> Option<Vec<crate::types::NodeId>> {
+        self.removal(config).map(|r| r.members)
+    }
+
+    /// [`Error::Removed`] on a node removed from the cluster. Nothing brings such a node up to
+    /// date again, so it answers no read, not even a local one (stale by contract, but here
+    /// falling further behind for good), and no watch (which would never see another event).
+    pub(super) fn check_not_removed(&self) -> Result<()> {
+        let metrics = self.inner.raft.metrics();
+        let removed = self.removed(&metrics.borrow_watched().membership_config);
+        match removed {
+            Some(members) => Err(Error::Removed { members }),
+            None => Ok(()),
+        }
+    }
+
+    /// As [`MetaNode::removed`], with the log index of the membership that left this node out.
+    pub(super) fn removal(&self, config: &crate::types::StoredMembership) -> Option<Removal> {
         let membership = config.membership();
         let named = membership.get_node(&self.id()).is_some();
         let was_named = self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named;
-        if removed_from(membership.voter_ids().next().is_some(), named, was_named) {
-            return Some(membership.nodes().map(|(id, _)| *id).collect());
-        }
         let own = config.log_id().as_ref().map(|l| l.index);
-        self.inner
-            .cfg
-            .removal_notice
-            .applying_to(own)
-            .map(|r| r.members)
+        if removed_from(membership.voter_ids().next().is_some(), named, was_named) {
+            return Some(Removal {
+                membership_index: own.unwrap_or(0),
+                members: membership.nodes().map(|(id, _)| *id).collect(),
+            });
+        }
+        self.inner.cfg.removal_notice.applying_to(own)
     }
 
     /// Notes whether the membership this node opened with counts as naming it: any that has

@@ -28,7 +28,8 @@ impl MetaNode {
     /// (or never kept: a restart, a snapshot install) the changes after `after`;
     /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to
     /// close ([`MetaNode::begin_close`]) it answers at once, with what it applied if it was
-    /// still waiting to apply (without `after`: [`Error::Shutdown`]).
+    /// still waiting to apply (without `after`: [`Error::Shutdown`]). A node removed from the
+    /// cluster answers [`Error::Removed`].
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -38,6 +39,7 @@ impl MetaNode {
         wait: Duration,
     ) -> Result<ChangeBatch> {
         self.check_open()?;
+        self.check_not_removed()?;
         // The wait counts from the call: a member that must first catch up does not make a
         // long poll outlast what its client (or a proxy in between) waits for.
         let deadline = Instant::now() + wait;
@@ -97,11 +99,14 @@ impl MetaNode {
     }
 
     /// The node is about to stop, and nothing long-lived may hold its drain: answers every
-    /// running watch at once (and every later one without waiting), and ends the replication
-    /// streams from the leader ([`MetaNode::closing`]).
+    /// running watch at once (and every later one without waiting), ends the replication
+    /// streams from the leader ([`MetaNode::closing`]), and lifts the snapshot rate, so that a
+    /// paced export or download still running finishes at full speed (a pause it sleeps in
+    /// ends) instead of holding the drain for as long as the rate asks.
     pub fn begin_close(&self) {
         self.inner.sm.feed.close();
         self.inner.closing.send_replace(true);
+        self.inner.sm.limiter.set_rate(0);
     }
 
     /// The name of the history this node's log indexes count ([`crate::history_name`] of its

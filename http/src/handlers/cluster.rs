@@ -18,7 +18,7 @@ use crate::request::{
 };
 use crate::response::{
     ClusterView, ConfigView, EpochFloorView, LeaderView, MembershipView, RejoinView,
-    ReplicationView, SnapshotView, WalView,
+    RemovedFromView, ReplicationView, SnapshotView, WalView,
 };
 use crate::state::{AppState, SharedState};
 use crate::writer::Writer;
@@ -89,6 +89,10 @@ impl From<ClusterStatus> for ClusterView {
             rejoin: s.rejoin.map(|r| RejoinView {
                 term_floor: r.term_floor,
                 waiting: r.waiting,
+            }),
+            removed_from: s.removal.map(|r| RemovedFromView {
+                membership_index: r.membership_index,
+                members: r.members,
             }),
         }
     }
@@ -278,7 +282,8 @@ pub async fn build_snapshot(
     }))
 }
 
-/// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup); 404 if none.
+/// `GET /v1/cluster/snapshot`: streams the newest snapshot file (a backup), paced by the
+/// snapshot rate; 404 if none.
 pub async fn download_snapshot(
     _: NoQuery,
     State(state): State<SharedState>,
@@ -325,8 +330,10 @@ pub async fn download_snapshot(
         .and_then(|n| n.to_str())
         .unwrap_or("snapshot")
         .to_owned();
+    // Paced like an export, sharing its budget, so that a backup does not compete with the
+    // log's fsyncs for the disk at more than the rate the operator set.
     let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-        file,
+        state.node.paced_snapshot_reader(file),
         256 * 1024,
     ));
     Ok((

@@ -190,12 +190,18 @@ pub fn parse_limit(limit: Option<u64>) -> Result<usize, ApiError> {
     }
 }
 
-/// Validates `?after=`: an empty cursor means "from the start"; a cursor is printable ASCII of
-/// bounded length (the registry checks the rest and answers `invalid_cursor` too).
+/// Validates `?after=`: a cursor is printable ASCII of bounded length (the registry checks the
+/// rest and answers `invalid_cursor` too). An empty one is refused, not read as "from the start":
+/// a client that sends the last page's `null` as an empty string would otherwise list from the
+/// start again, for ever.
 pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
     match after {
         None => Ok(None),
-        Some(cursor) if cursor.is_empty() => Ok(None),
+        Some(cursor) if cursor.is_empty() => Err(ApiError::invalid(
+            "invalid_cursor",
+            "the cursor is empty (after=): leave after out to start at the first page; the last \
+             page's next is null, and there is no page after it",
+        )),
         Some(cursor) => {
             if cursor.len() > MAX_CURSOR_BYTES || !cursor.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(invalid_cursor(&cursor));
@@ -367,7 +373,9 @@ mod tests {
     #[test]
     fn cursors() {
         assert_eq!(parse_cursor(None).unwrap(), None);
-        assert_eq!(parse_cursor(Some(String::new())).unwrap(), None);
+        let empty = parse_cursor(Some(String::new())).unwrap_err();
+        assert_eq!(empty.code(), "invalid_cursor");
+        assert!(empty.to_string().contains("the cursor is empty"), "{empty}");
         assert_eq!(
             parse_cursor(Some("00000000000000ff".into()))
                 .unwrap()

@@ -1,6 +1,8 @@
 //! The cluster routes: membership and the node's config, init on a fresh node, and
 //! snapshots.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
 use meta_consensus::Role;
@@ -189,12 +191,35 @@ async fn snapshots_build_and_download() {
     let a = t.get("/v1/cluster/snapshot").await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.headers["content-type"], "application/octet-stream");
-    let file = t.node.newest_snapshot_file().unwrap();
-    assert_eq!(&a.body[..], &std::fs::read(file).unwrap()[..]);
+    let file = std::fs::read(t.node.newest_snapshot_file().unwrap()).unwrap();
+    assert_eq!(&a.body[..], &file[..]);
     assert_eq!(
         t.get("/v1/cluster").await.json()["snapshot"]["index"],
         index
     );
+    assert_eq!(t.node.status().snapshot_throttle_pauses, 0, "unlimited");
+
+    // A download is paced by the snapshot rate: at five times the file's size a second, it
+    // takes at least a fifth of a second (less one tick of tokio's timer).
+    let rate = 5 * file.len() as u64;
+    t.node.set_snapshot_rate(rate);
+    let started = std::time::Instant::now();
+    let a = t.get("/v1/cluster/snapshot").await;
+    let took = started.elapsed();
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(&a.body[..], &file[..]);
+    assert!(took >= Duration::from_millis(199), "{took:?}");
+    assert!(t.node.status().snapshot_throttle_pauses >= 1);
+
+    // A node that begins to close lifts the rate: a download that would take an hour at it
+    // finishes at once rather than holding the drain.
+    t.node.set_snapshot_rate(file.len() as u64 / 3600 + 1);
+    t.node.begin_close();
+    let a = tokio::time::timeout(Duration::from_secs(20), t.get("/v1/cluster/snapshot"))
+        .await
+        .expect("the download held the close");
+    assert_eq!(&a.body[..], &file[..]);
+    assert_eq!(t.node.snapshot_rate(), 0);
 }
 
 /// A leader whose cluster's version is past the base one (a prune raised it), from which a

@@ -37,6 +37,17 @@ async fn a_removed_follower_is_told_over_http() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["role"], "removed", "{v}");
     assert_eq!(v["leader_id"], Value::Null, "{v}");
+    let mut members: Vec<u64> = servers.keys().copied().collect();
+    members.retain(|id| *id != removed_id);
+    assert_eq!(v["removed_from"]["members"], json!(members), "{v}");
+    assert!(
+        v["removed_from"]["membership_index"].as_u64() > Some(0),
+        "{v}"
+    );
+    let (_, v) = client
+        .send(reqwest::Method::GET, leader, "/v1/cluster", None)
+        .await;
+    assert!(v.get("removed_from").is_none(), "{v}");
     let (status, v) = client
         .send(
             reqwest::Method::PUT,
@@ -48,6 +59,23 @@ async fn a_removed_follower_is_told_over_http() {
     assert_eq!(status, 503, "{v}");
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("removed from the cluster"), "{message}");
+    // Nothing brings it up to date again: it answers no read, not even a local one, and no
+    // watch.
+    for path in [
+        "/v1/shards/1?consistency=local",
+        "/v1/kv?consistency=local",
+        "/v1/watch?consistency=local&wait_ms=0",
+        "/v1/watch?after=1&consistency=local&wait_ms=1000",
+        "/v1/datanodes/7?consistency=lease",
+    ] {
+        let (status, v) = client.send(reqwest::Method::GET, removed, path, None).await;
+        assert_eq!(status, 503, "{path}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("removed from the cluster"),
+            "{path}: {message}"
+        );
+    }
     for server in servers.values() {
         server.node.shutdown().await.unwrap();
     }
