@@ -9,6 +9,7 @@ mod open_files;
 mod operator;
 mod relocation;
 mod restore;
+mod scratch;
 mod server;
 mod settings;
 mod shutdown;
@@ -38,12 +39,30 @@ async fn run(command: Command) -> Result<()> {
         Command::Register(args) => operator::register(args).await,
         Command::Watch(args) => operator::watch(args).await,
         Command::Snapshot(SnapshotCommand::Save { client, file }) => {
-            operator::snapshot_save(client, &file).await
+            interruptible(operator::snapshot_save(client, &file)).await
         }
         Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
-            restore::restore(client, &file).await
+            interruptible(restore::restore(client, &file)).await
         }
     }
+}
+
+/// Runs a command that keeps temp files while it runs (a backup's download, the scratch
+/// registry that checks or reads it) so that SIGINT or SIGTERM stops it with them removed: the
+/// command is dropped, which removes what it made, and the process exits at once (status 130
+/// after SIGINT, 143 after SIGTERM), without waiting for a check still running on a blocking
+/// thread.
+async fn interruptible(command: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    let mut signals = shutdown::Signals::install()?;
+    let mut command = Box::pin(command);
+    let signal = tokio::select! {
+        result = &mut command => return result,
+        signal = signals.recv() => signal,
+    };
+    drop(command);
+    eprintln!("metaserver: stopped by {signal}; its temp files were removed");
+    // 128 + the signal's number, as a shell reports a command the signal ended.
+    std::process::exit(if signal == "SIGTERM" { 143 } else { 130 })
 }
 
 /// The async runtime, with `worker_threads` workers (`None`: one per core).

@@ -127,9 +127,11 @@ impl Operator {
         anyhow::anyhow!("{} answered {}: {detail}", self.base, refused.status)
     }
 
-    /// Sends the request `build` makes, and again while the member cannot be reached or the
-    /// cluster has no leader (503), every [`RETRY_PAUSE`] for at most [`RETRY_FOR`]: a
-    /// leader change or a member restarting does not end a long command. A 503
+    /// Sends the request `build` makes, and again while the member cannot be reached, the
+    /// cluster has no leader (503), or the outcome is unknown (504: the leader stopped while
+    /// the request ran, or the member itself went away), every [`RETRY_PAUSE`] for at most
+    /// [`RETRY_FOR`]: a leader change, a leader's crash or a member restarting does not end a
+    /// long command. A 503
     /// `cluster_version` without `Retry-After` is not sent again: the member says waiting does
     /// not help (a member of the cluster runs an older build than the request needs). A request
     /// that may have been applied before its answer was lost may so be sent twice: callers send
@@ -154,6 +156,7 @@ impl Operator {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             match build().send().await {
                 Ok(r) if r.status().is_success() => return Ok(Ok(r)),
+                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {}
                 Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
                     return Ok(Err(Refused::read(r).await))
                 }
@@ -164,9 +167,10 @@ impl Operator {
                     }
                 }
                 Ok(_) => {}
-                Err(e) if !e.is_connect() || last_try => {
+                Err(e) if e.is_builder() || last_try => {
                     return Err(e).with_context(|| format!("contacting {}", self.base))
                 }
+                // Not reached, or cut off before it answered: the same as a 504.
                 Err(_) => {}
             }
             tokio::time::sleep(RETRY_PAUSE).await;
@@ -461,10 +465,7 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     let response = op
         .send(op.request(reqwest::Method::GET, "/v1/cluster/snapshot"))
         .await?;
-    let dir = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
+    let dir = crate::scratch::parent_of(file);
     let mut temp = tempfile::NamedTempFile::new_in(&dir)
         .with_context(|| format!("creating a temp file in {}", dir.display()))?;
     let mut bytes = 0u64;
@@ -478,7 +479,9 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     // A download that is not a usable backup (a damaged snapshot on the member, or another
     // server's page at the address) must not replace the last good one.
     let path = temp.path().to_path_buf();
-    let scratch = dir.clone();
+    // Owned here, not by the blocking thread that checks: an interrupted save removes it.
+    let scratch_dir = crate::scratch::ScratchDir::new_in(&dir)?;
+    let scratch = scratch_dir.path().to_path_buf();
     let verified =
         tokio::task::spawn_blocking(move || meta_consensus::Backup::open(&path, &scratch))
             .await
@@ -558,10 +561,13 @@ mod tests {
         .unwrap()
     }
 
+    /// Sent again without a leader (503), and when the outcome is unknown (504: its leader
+    /// crashed while it ran; the callers send only requests that apply once).
     #[tokio::test]
-    async fn requests_are_sent_again_while_there_is_no_leader_and_not_after_a_refusal() {
+    async fn requests_are_sent_again_without_a_leader_or_an_outcome_and_not_after_a_refusal() {
         let (addr, count) = server(|n| match n {
-            0 | 1 => StatusCode::SERVICE_UNAVAILABLE,
+            0 => StatusCode::SERVICE_UNAVAILABLE,
+            1 => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::OK,
         })
         .await;
@@ -579,6 +585,37 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("409"), "{err}");
         assert_eq!(count.load(Ordering::SeqCst), 1, "a refusal is not retried");
+    }
+
+    /// A request cut off before its answer (the member went away) is sent again, as a 504 is.
+    #[tokio::test]
+    async fn a_request_cut_off_before_its_answer_is_sent_again() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (ok_addr, ok_count) = server(|_| StatusCode::OK).await;
+        let cut = Arc::new(AtomicUsize::new(0));
+        let cuts = cut.clone();
+        tokio::spawn(async move {
+            // The first connection is cut; later ones are passed to a member that answers.
+            let (first, _) = listener.accept().await.unwrap();
+            cuts.fetch_add(1, Ordering::SeqCst);
+            drop(first);
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let ok_addr = ok_addr.clone();
+                tokio::spawn(async move {
+                    let mut upstream = tokio::net::TcpStream::connect(ok_addr).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                });
+            }
+        });
+        let op = operator(addr);
+        op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (cut.load(Ordering::SeqCst), ok_count.load(Ordering::SeqCst)),
+            (1, 1)
+        );
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ use serde_json::{json, Value};
 
 use crate::cli::ClientArgs;
 use crate::operator::Operator;
+use crate::scratch::{parent_of, ScratchDir};
 
 /// Values of keys read from the backup at a time, at most (and [`MAX_PAGE`] keys).
 const KV_PAGE_BYTES: usize = 16 << 20;
@@ -53,7 +54,9 @@ struct Restored {
 /// `metaserver snapshot restore FILE`.
 pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
-    let backup = open(file).await?;
+    // Owned here, not by a blocking thread: an interrupted restore removes it.
+    let scratch = ScratchDir::new_in(&parent_of(file))?;
+    let backup = open(file, scratch.path()).await?;
     check_keys(&backup).await?;
     check_addrs(&read(&backup, |b| b.datanodes()).await?)?;
     check_empty(&op).await?;
@@ -114,13 +117,10 @@ async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
     Ok(restored)
 }
 
-/// Opens and verifies the backup, with its scratch registry next to it.
-async fn open(file: &Path) -> Result<Arc<Backup>> {
+/// Opens and verifies the backup, with its scratch registry in `scratch`.
+async fn open(file: &Path, scratch: &Path) -> Result<Arc<Backup>> {
     let path = file.to_path_buf();
-    let scratch = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
+    let scratch = scratch.to_path_buf();
     let backup = tokio::task::spawn_blocking(move || Backup::open(&path, &scratch))
         .await
         .context("the backup reader stopped")?

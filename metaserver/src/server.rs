@@ -209,9 +209,10 @@ fn disagreements(
     if let Some(known) = nodes.get(&settings.id) {
         if known != addr {
             found.push(format!(
-                "the cluster knows this node ({}) at {known}, but it now runs at {addr}: it asks \
-                 the members to move it there (PUT /v1/cluster/members/ID); until the leader \
-                 has, its peers cannot reach it",
+                "the cluster knows this node ({}) at {known}, but this start gives it the \
+                 address {addr} (--advertise, else its --peers entry, else where it listens): \
+                 it asks the members to move it there (PUT /v1/cluster/members/ID); until the \
+                 leader has, its peers may not reach it",
                 settings.id
             ));
         }

@@ -67,7 +67,7 @@ pub struct ServeSettings {
     pub token: Option<String>,
     /// WAL barrier mode.
     pub barrier: BarrierMode,
-    /// Snapshot export rate (bytes/s, 0 = unlimited).
+    /// Snapshot export and download rate (bytes/s, 0 = unlimited).
     pub snapshot_rate: u64,
     /// Automatic snapshot policy (0 = only on request); `None` keeps the node's default.
     pub snapshot_logs_since_last: Option<u64>,
@@ -309,16 +309,10 @@ impl ServeSettings {
         if let Some((id, addr)) = self.peers.iter().find(|(_, a)| unspecified(a)) {
             bail!("--peers gives node {id} the unspecified address {addr}: give one the members can reach");
         }
-        if let Some(addr) = self.peers.get(&self.id) {
-            if let Some(advertise) = &self.advertise {
-                if advertise != addr {
-                    bail!(
-                        "--peers gives node {} the address {addr} but --advertise says {advertise}",
-                        self.id
-                    );
-                }
-            }
-        }
+        // `--peers` naming this node elsewhere than `--advertise` is refused only when a
+        // cluster is initialized from them (`initial_members`): a node restarted at a new
+        // address (README, "Move a node") keeps the `--peers` it was started with, which
+        // nothing reads any more.
         Ok(())
     }
 
@@ -442,6 +436,28 @@ mod tests {
         };
         let s = ServeSettings::resolve(&advertised, true).unwrap();
         assert_eq!(s.listening_elsewhere(at("127.0.0.1:7105"), told), None);
+    }
+
+    /// A node moved to a new address starts with its old `--peers` and its new `--advertise`;
+    /// only initializing a cluster from such `--peers` is refused.
+    #[test]
+    fn peers_that_name_this_node_elsewhere_matter_only_to_an_init() {
+        let args = ServeArgs {
+            peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102".into()),
+            id: Some(2),
+            advertise: Some("127.0.0.1:7105".into()),
+            ..ServeArgs::default()
+        };
+        let s = ServeSettings::resolve(&args, false).unwrap();
+        let err = s.initial_members("127.0.0.1:7105").unwrap_err();
+        assert!(format!("{err:#}").contains("--peers"), "{err:#}");
+        assert_eq!(
+            s.initial_members("127.0.0.1:7102")
+                .unwrap()
+                .get(&2)
+                .unwrap(),
+            "127.0.0.1:7102"
+        );
     }
 
     #[test]

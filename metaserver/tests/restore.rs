@@ -1,6 +1,7 @@
 //! `metaserver snapshot restore`: a backup from `snapshot save`, replayed into a node on a fresh
 //! data dir, gives it the datanodes, replicas and keys of the node it came from; a restore into
-//! a node that holds anything, or from a damaged file, changes nothing.
+//! a node that holds anything, or from a damaged file, changes nothing; a save or restore
+//! stopped by a signal leaves no temp file.
 
 mod common;
 
@@ -254,4 +255,104 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
     assert!(err.contains("damaged.snap"), "{err}");
     assert_eq!(content(&to).await, now);
     target.stop().await;
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Waits until a name in `dir` starts with `prefix`.
+async fn until_named(dir: &Path, prefix: &str) {
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    while !names(dir).iter().any(|n| n.starts_with(prefix)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing named {prefix}* appeared in {}: {:?}",
+            dir.display(),
+            names(dir)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs the command `args` in `dir` until a name starting with `appears` is there, then sends
+/// it `signal`: it must exit with `code` and leave only `backup.snap` in `dir`.
+async fn interrupt(
+    dir: &Path,
+    logs: &Path,
+    args: &[&str],
+    appears: &str,
+    (signal, code): (libc::c_int, i32),
+) {
+    let mut command = spawn(dir, logs, args, &[], false);
+    until_named(dir, appears).await;
+    command.signal(signal);
+    let exit = command.wait_exit().await;
+    assert_eq!(exit.code(), Some(code), "{exit:?}: {}", command.logs());
+    assert_eq!(names(dir), ["backup.snap"]);
+}
+
+/// Stopped by SIGTERM or SIGINT, `snapshot save` and `snapshot restore` leave none of their temp files:
+/// not a save's download (held here by a low snapshot rate), not the scratch registry that
+/// reads a backup (while a restore waits for a server that never answers). An earlier backup
+/// stays as it was.
+#[tokio::test]
+async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut source, from) = start(&dir.path().join("source")).await;
+    let body = json!({"addr": "10.0.0.7:9000"}).to_string();
+    let epoch = ok(Method::PUT, &from, "/v1/datanodes/7", Some(body)).await["epoch"].clone();
+    let shards: Vec<Value> = (1..=1000)
+        .map(|id| json!({"id": id, "generation": 1, "size": 1}))
+        .collect();
+    let body = json!({"epoch": epoch, "shards": shards}).to_string();
+    ok(Method::POST, &from, "/v1/datanodes/7/shards", Some(body)).await;
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let save = ["snapshot", "save", "--server", &from, "backup.snap"];
+    let (saved, _, err) = run(
+        &[
+            "snapshot",
+            "save",
+            "--server",
+            &from,
+            out.join("backup.snap").to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(saved, "{err}");
+    let good = std::fs::read(out.join("backup.snap")).unwrap();
+
+    // The snapshot is built already; at 1,000 bytes a second its download takes seconds.
+    let body = json!({"snapshot_max_bytes_per_sec": 1000}).to_string();
+    ok(Method::PATCH, &from, "/v1/config", Some(body)).await;
+    interrupt(&out, dir.path(), &save, ".tmp", (libc::SIGTERM, 143)).await;
+    assert_eq!(std::fs::read(out.join("backup.snap")).unwrap(), good);
+    source.stop().await;
+
+    // Connections to it are taken (by the kernel) and never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let restore = [
+        "snapshot",
+        "restore",
+        "--server",
+        &silent_addr,
+        "backup.snap",
+    ];
+    interrupt(
+        &out,
+        dir.path(),
+        &restore,
+        ".metaserver-scratch-",
+        (libc::SIGINT, 130),
+    )
+    .await;
 }
