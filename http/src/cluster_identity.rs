@@ -11,9 +11,12 @@ use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use meta_consensus::{ClusterId, MetaNode, BASE_VERSION};
+use std::time::Instant;
 
 use crate::auth::Token;
 use crate::error::ApiError;
+use crate::log_throttle::LogThrottle;
+use crate::state::SharedState;
 
 /// The header that carries the sender's cluster id.
 pub const CLUSTER: HeaderName = HeaderName::from_static("x-metaserver-cluster");
@@ -93,22 +96,30 @@ pub fn parse(value: &axum::http::HeaderValue) -> Option<u64> {
 /// more), then one for another node, then one that asks for a build newer than this one
 /// ([`CLUSTER_VERSION`]), and only then lets a node that knows no cluster yet adopt the
 /// sender's. Every answer names this node's build version ([`VERSION`]).
-pub async fn check_cluster(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
-    versioned(node, request, next, true).await
+pub async fn check_cluster(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    versioned(&state, request, next, true).await
 }
 
 /// Middleware of the routes on which members ask the leader (forwarded writes, read indexes):
 /// as [`check_cluster`], but a node that knows no cluster adopts none. It leads none, and a
 /// write or a read index from a cluster it never joined must not make it join one: such a
 /// request is answered 503 `no_leader` (the sender's view of the leader is out of date).
-pub async fn check_member(State(node): State<MetaNode>, request: Request, next: Next) -> Response {
-    versioned(node, request, next, false).await
+pub async fn check_member(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    versioned(&state, request, next, false).await
 }
 
 /// [`checked`], its answer naming this node's build version.
-async fn versioned(node: MetaNode, request: Request, next: Next, adopt: bool) -> Response {
-    let version = node.config().build_version;
-    let mut response = checked(node, request, next, adopt).await;
+async fn versioned(state: &SharedState, request: Request, next: Next, adopt: bool) -> Response {
+    let version = state.node.config().build_version;
+    let mut response = checked(state, request, next, adopt).await;
     response
         .headers_mut()
         .insert(VERSION, axum::http::HeaderValue::from(version));
@@ -116,7 +127,8 @@ async fn versioned(node: MetaNode, request: Request, next: Next, adopt: bool) ->
 }
 
 /// The checks of [`check_cluster`]; `adopt`: a node without a cluster joins the sender's.
-async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> Response {
+async fn checked(state: &SharedState, request: Request, next: Next, adopt: bool) -> Response {
+    let node = &state.node;
     let theirs = match request.headers().get(CLUSTER) {
         // Sent by a node that knows no cluster (a fresh node's vote request).
         None => None,
@@ -128,7 +140,7 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
             }
         },
     };
-    if let Some(refused) = refuse_other_cluster(&node, theirs) {
+    if let Some(refused) = refuse_other_cluster(state, theirs) {
         return refused;
     }
     if request.headers().contains_key(MEMBER_ONLY) && node.cluster_id().is_none() {
@@ -144,12 +156,18 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
                 .into_response();
         };
         if to != node.id() {
-            tracing::warn!(
-                "refused a message for node {to} sent to this node's address ({}): this is node \
-                 {}",
-                node.addr(),
-                node.id()
-            );
+            if let Some(since) = state
+                .refusals
+                .note(Refused::WrongNode(to), (), Instant::now())
+            {
+                tracing::warn!(
+                    "refused a message for node {to} sent to this node's address ({}): this is \
+                     node {}{}",
+                    node.addr(),
+                    node.id(),
+                    more(since)
+                );
+            }
             return ApiError::WrongNode(format!(
                 "this is node {}, not node {to}: node {to} was looked for at this address (a \
                  membership or a request to add it names it for node {to}); give node {to} its \
@@ -194,26 +212,53 @@ async fn checked(node: MetaNode, request: Request, next: Next, adopt: bool) -> R
             }
             next.run(request).await
         }
-        Err(meta_consensus::Error::OtherCluster { ours, theirs }) => other_cluster(ours, theirs),
+        Err(meta_consensus::Error::OtherCluster { ours, theirs }) => {
+            other_cluster(&state.refusals, ours, theirs)
+        }
         Err(e) => ApiError::from(e).into_response(),
     }
 }
 
+/// What the routes between members refuse, by cause: each is logged once, then at most every
+/// 30 s with the count of refusals between ([`LogThrottle`]), since the sender retries for as
+/// long as the cause lasts (a node wiped and initialized anew retries several times a second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Refused {
+    /// Messages of this other cluster.
+    OtherCluster(u64),
+    /// Messages for this other node, sent to this node's address.
+    WrongNode(u64),
+}
+
+/// `" (N more since the last line)"` for a repeated line that left `since` refusals unlogged.
+fn more(since: u64) -> String {
+    if since == 0 {
+        String::new()
+    } else {
+        format!(" ({since} more refused since the last line)")
+    }
+}
+
 /// The refusal (409 `other_cluster`, logged) of a message whose sender names cluster `theirs`
-/// while `node` belongs to another; `None` when they agree, or either is not known.
-pub fn refuse_other_cluster(node: &MetaNode, theirs: Option<u64>) -> Option<Response> {
-    match (theirs, node.cluster_id()) {
-        (Some(theirs), Some(ours)) if theirs != ours => Some(other_cluster(ours, theirs)),
+/// while this node belongs to another; `None` when they agree, or either is not known.
+pub fn refuse_other_cluster(state: &SharedState, theirs: Option<u64>) -> Option<Response> {
+    match (theirs, state.node.cluster_id()) {
+        (Some(theirs), Some(ours)) if theirs != ours => {
+            Some(other_cluster(&state.refusals, ours, theirs))
+        }
         _ => None,
     }
 }
 
-fn other_cluster(ours: u64, theirs: u64) -> Response {
-    tracing::warn!(
-        ours = format!("{ours:016x}"),
-        theirs = format!("{theirs:016x}"),
-        "refused a message from another cluster"
-    );
+fn other_cluster(refusals: &LogThrottle<Refused>, ours: u64, theirs: u64) -> Response {
+    if let Some(since) = refusals.note(Refused::OtherCluster(theirs), (), Instant::now()) {
+        tracing::warn!(
+            ours = format!("{ours:016x}"),
+            theirs = format!("{theirs:016x}"),
+            "refused a message from another cluster{}",
+            more(since)
+        );
+    }
     ApiError::OtherCluster(meta_consensus::Error::OtherCluster { ours, theirs }.to_string())
         .into_response()
 }

@@ -348,7 +348,7 @@ pub async fn forward_to_leader(
             .headers
             .get(cluster_identity::CLUSTER)
             .and_then(cluster_identity::parse);
-        if let Some(refused) = cluster_identity::refuse_other_cluster(&state.node, theirs) {
+        if let Some(refused) = cluster_identity::refuse_other_cluster(&state, theirs) {
             return refused;
         }
     }

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,11 +42,11 @@ use crate::auth::Token;
 use crate::cluster_identity;
 use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
+use crate::log_throttle::LogThrottle;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
-use crate::snapshot_notices::SnapshotNotices;
 use crate::term_probe::HttpTermProbe;
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
@@ -166,8 +167,8 @@ pub struct HttpNetwork {
     addresses: Addresses,
     versions: PeerVersions,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
-    /// The snapshot sends logged at INFO, per member.
-    snapshot_notices: Arc<SnapshotNotices>,
+    /// The snapshot sends logged at INFO, per member and snapshot file.
+    snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
     /// This node and its address ([`cluster_identity::FROM`]), sent with every message.
     sender: Option<reqwest::header::HeaderValue>,
 }
@@ -259,7 +260,7 @@ pub struct HttpConnection {
     /// This node and its address ([`cluster_identity::FROM`]).
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
-    snapshot_notices: Arc<SnapshotNotices>,
+    snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
 }
 
 impl HttpConnection {
@@ -579,7 +580,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         let bytes = snapshot.snapshot.payload_bytes();
         match self
             .snapshot_notices
-            .sending(self.target, &path, std::time::Instant::now())
+            .note(self.target, path.clone(), std::time::Instant::now())
         {
             Some(0) => tracing::info!(
                 target_node = self.target,

@@ -106,7 +106,7 @@ fn routes(state: AppState) -> Router {
                         bounded_raft_body,
                     )),
                 )
-                .route_layer(from_fn_with_state(state.node.clone(), check_cluster)),
+                .route_layer(from_fn_with_state(state.clone(), check_cluster)),
         )
         .route(
             PATH_FORWARD_BATCH,
@@ -116,7 +116,7 @@ fn routes(state: AppState) -> Router {
                     bounded_raft_body,
                 ))
                 .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES))
-                .layer(from_fn_with_state(state.node.clone(), check_member)),
+                .layer(from_fn_with_state(state.clone(), check_member)),
         )
         .route(
             PATH_READ_INDEX,
@@ -125,7 +125,7 @@ fn routes(state: AppState) -> Router {
                     MAX_SMALL_RAFT_BODY_BYTES,
                     bounded_raft_body,
                 ))
-                .layer(from_fn_with_state(state.node.clone(), check_member)),
+                .layer(from_fn_with_state(state.clone(), check_member)),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))

@@ -9,9 +9,11 @@ use axum::extract::FromRef;
 use meta_consensus::{ClusterStatus, Consistency, MetaNode, Role};
 
 use crate::auth::Token;
+use crate::cluster_identity::Refused;
 use crate::error::ApiError;
 use crate::follower_read::{CatchUp, FollowerReads, ReplayedReadIndex};
 use crate::forward::Forwarder;
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::node_metrics::NodeCollector;
 use crate::request::ReadConsistency;
@@ -37,6 +39,9 @@ pub struct AppState {
     /// Watches that may wait at once (default [`WATCH_SLOTS`]): each holds a connection for
     /// up to a minute, and datanodes need connections too.
     pub watch_slots: Arc<tokio::sync::Semaphore>,
+    /// The messages between members refused, as logged: once per cause, then at most every
+    /// 30 s.
+    pub(crate) refusals: Arc<LogThrottle<Refused>>,
 }
 
 /// The routers' state: axum clones it for every request, and for each middleware that reads
@@ -90,6 +95,7 @@ impl AppState {
             readiness,
             body_timeout: BODY_TIMEOUT,
             watch_slots: Arc::new(tokio::sync::Semaphore::new(WATCH_SLOTS)),
+            refusals: Arc::default(),
         }
     }
 
