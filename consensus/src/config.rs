@@ -12,6 +12,7 @@ use crate::cluster_id::ClusterId;
 use crate::cluster_version::{PeerVersions, BUILD_VERSION};
 use crate::error::{Error, Result};
 use crate::free_space::FreeSpace;
+use crate::peer_refusals::PeerRefusals;
 use crate::removal_notice::RemovalNotice;
 use crate::types::NodeId;
 
@@ -86,6 +87,9 @@ pub struct NodeConfig {
     /// The versions of the members' builds, shared with the transport, which notes the
     /// version every answer to this node's messages carries (see `cluster_version.rs`).
     pub peer_versions: PeerVersions,
+    /// The members that refuse this node's messages as another cluster's, shared with the
+    /// transport, which notes every member's answer (see `peer_refusals.rs`).
+    pub peer_refusals: PeerRefusals,
     /// The version this node's build answers with and applies up to: [`BUILD_VERSION`]; tests
     /// set it lower to play a member of an older build.
     pub build_version: u32,
@@ -125,6 +129,7 @@ impl NodeConfig {
             removal_notice: RemovalNotice::default(),
             addresses: Addresses::default(),
             peer_versions: PeerVersions::default(),
+            peer_refusals: PeerRefusals::default(),
             build_version: BUILD_VERSION,
             raise_version_at_formation: true,
             min_free_bytes: 128 << 20,

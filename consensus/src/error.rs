@@ -18,6 +18,11 @@ pub enum Error {
     /// No leader is known (election in progress, or no quorum).
     #[error("no leader known")]
     NoLeader,
+    /// Too many voters refuse this node's messages, as another cluster's, for it to elect a
+    /// leader (`peer_refusals.rs`): it was initialized on its own (a wiped node started with
+    /// `--init`), and `refusing` are the voters of the cluster they belong to.
+    #[error("members {refusing:?} belong to another cluster and refuse this node's messages")]
+    RefusedByMembers { refusing: Vec<NodeId> },
     /// This node belongs to no cluster yet: it was neither initialized nor added.
     #[error("not a member of a cluster")]
     NotMember,

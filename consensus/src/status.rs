@@ -113,6 +113,10 @@ pub struct ClusterStatus {
     /// `voters`, `learners` and `nodes` are then the membership this node last held, which
     /// may still name it.
     pub removal: Option<crate::Removal>,
+    /// The members whose answers lately refused this node's messages as another cluster's
+    /// (`peer_refusals.rs`): on a node initialized on its own by mistake, its former peers; on
+    /// their leader, that node.
+    pub refused_by: Vec<NodeId>,
 }
 
 /// A rejoining node's progress (see [`ClusterStatus::rejoin`]).

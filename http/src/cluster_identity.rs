@@ -263,6 +263,14 @@ fn other_cluster(refusals: &LogThrottle<Refused>, ours: u64, theirs: u64) -> Res
         .into_response()
 }
 
+/// Whether an answer to a message between members (`status`, `body`) refused it as another
+/// cluster's (409 `other_cluster`).
+pub fn refuses_as_other_cluster(status: reqwest::StatusCode, body: &[u8]) -> bool {
+    status == reqwest::StatusCode::CONFLICT
+        && serde_json::from_slice::<serde_json::Value>(body)
+            .is_ok_and(|v| v["error"]["code"] == "other_cluster")
+}
+
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
 pub async fn identity(State(node): State<MetaNode>) -> Response {
     (

@@ -231,6 +231,13 @@ impl From<meta_consensus::Error> for ApiError {
                  /v1/cluster/init) or add it from the leader (POST /v1/cluster/learners)"
                     .into(),
             ),
+            E::RefusedByMembers { refusing } => ApiError::NoLeader(format!(
+                "no leader can be elected here: voters {refusing:?} refuse this node's messages, \
+                 as they belong to another cluster. One side was initialized on its own (a node \
+                 whose data dir was wiped, started with --init, say): if it is this node, send \
+                 requests to those members, and to bring it back, stop it, wipe its data dir, \
+                 start it without --init and add it from the leader"
+            )),
             E::Removed { members } => ApiError::NoLeader(format!(
                 "this node was removed from the cluster, whose members are now {members:?}: send \
                  requests to one of them, and stop this node (or add it again as a learner)"

@@ -22,8 +22,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, ProbeMembers, Removal,
-    RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
+    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerRefusals, PeerVersions, ProbeMembers,
+    Removal, RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -166,6 +166,7 @@ pub struct HttpNetwork {
     removal: RemovalNotice,
     addresses: Addresses,
     versions: PeerVersions,
+    refusals: PeerRefusals,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
     /// The snapshot sends logged at INFO, per member and snapshot file.
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
@@ -178,7 +179,8 @@ impl HttpNetwork {
     /// It shares the node's handles: every RPC carries the cluster's id once it is known
     /// (`NodeConfig::cluster_id`), and removal notices that come back with vote answers reach
     /// the node (`NodeConfig::removal_notice`), and so do the build versions the members
-    /// answer with (`NodeConfig::peer_versions`).
+    /// answer with (`NodeConfig::peer_versions`) and their refusals of this node's messages as
+    /// another cluster's (`NodeConfig::peer_refusals`).
     pub fn new(cfg: &NodeConfig, token: Token) -> Self {
         HttpNetwork {
             id: cfg.id,
@@ -188,6 +190,7 @@ impl HttpNetwork {
             removal: cfg.removal_notice.clone(),
             addresses: cfg.addresses.clone(),
             versions: cfg.peer_versions.clone(),
+            refusals: cfg.peer_refusals.clone(),
             patience: Arc::default(),
             snapshot_notices: Arc::default(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
@@ -224,6 +227,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             cluster: self.cluster.clone(),
             removal: self.removal.clone(),
             versions: self.versions.clone(),
+            refusals: self.refusals.clone(),
             sender: self.sender.clone(),
             patience: self
                 .patience
@@ -257,6 +261,9 @@ pub struct HttpConnection {
     removal: RemovalNotice,
     /// Where the build version of each answer is noted (`cluster_identity::VERSION`).
     versions: PeerVersions,
+    /// Where the target's refusals of this node's messages as another cluster's are noted, and
+    /// its answers that take one (`cluster_identity::refuses_as_other_cluster`).
+    refusals: PeerRefusals,
     /// This node and its address ([`cluster_identity::FROM`]).
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
@@ -308,6 +315,7 @@ impl HttpConnection {
         status: reqwest::StatusCode,
         body: &[u8],
     ) -> Result<T, RemoteFailure> {
+        self.note_refusal(status, body);
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
             let message = format!("node {} answered {status}: {text}", self.target);
@@ -322,6 +330,12 @@ impl HttpConnection {
         result.map_err(|message| {
             RemoteFailure::Unreachable(format!("node {}: {message}", self.target))
         })
+    }
+
+    /// Notes whether the target took this node's message (any success) or refused it as
+    /// another cluster's.
+    fn note_refusal(&self, status: reqwest::StatusCode, body: &[u8]) {
+        note_refusal(&self.refusals, self.target, status, body);
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -374,6 +388,16 @@ impl HttpConnection {
             .await
             .map_err(|e| self.rpc_error(action, timeout, e))?;
         self.answer(status, &bytes).map_err(RemoteFailure::into_rpc)
+    }
+}
+
+/// Notes in `refusals` whether `target`'s answer took this node's message (any success) or
+/// refused it as another cluster's.
+fn note_refusal(refusals: &PeerRefusals, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
+    if status.is_success() {
+        refusals.accepted(target);
+    } else if cluster_identity::refuses_as_other_cluster(status, body) {
+        refusals.refused(target);
     }
 }
 
@@ -480,6 +504,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 self.target,
                 self.base.clone(),
             );
+            let refusals = self.refusals.clone();
             // The peer's build version comes with the exchange's headers, once; it is noted
             // with every answer, since a session may last for hours and only recent answers
             // count (see `meta-consensus`'s `cluster_version.rs`).
@@ -497,8 +522,11 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     )
                 })?;
                 let status = response.status();
-                if !status.is_success() {
+                if status.is_success() {
+                    refusals.accepted(target);
+                } else {
                     let body = response.bytes().await.unwrap_or_default();
+                    note_refusal(&refusals, target, status, &body);
                     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
                     let message = format!("node {target} answered {status}: {text}");
                     // A peer that refuses the exchange (a token mismatch, not a member's

@@ -284,6 +284,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?)?;
     gauge(
         &mut enc,
+        "metaserver_members_refusing",
+        "Members whose answers lately refused this node's messages as another cluster's",
+        count(status.refused_by.len() as u64),
+    )?;
+    gauge(
+        &mut enc,
         "metaserver_snapshot_rate_bytes_per_second",
         "Snapshot export and download rate limit (0 = unlimited)",
         count(status.snapshot_rate),

@@ -267,6 +267,11 @@ pub struct ClusterView {
     /// change from the log. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removed_from: Option<RemovedFromView>,
+    /// The members whose answers lately refused this node's messages because they belong to
+    /// another cluster: on a node initialized on its own by mistake (a wiped node started with
+    /// `--init`), its former peers; on their leader, that node. Absent when none did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_by: Vec<u64>,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).

@@ -125,6 +125,7 @@ impl MetaNode {
             min_free_bytes: self.inner.cfg.min_free_bytes,
             rejoin: self.rejoin_status(),
             removal: removal.filter(|_| role == Role::Removed),
+            refused_by: self.refused_by().into_iter().collect(),
         }
     }
 }

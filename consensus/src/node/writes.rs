@@ -53,28 +53,46 @@ impl MetaNode {
     }
 
     /// Why this node knows no leader: it is in no cluster ([`Error::NotMember`]), was removed
-    /// from its cluster ([`Error::Removed`]), or waits for an election ([`Error::NoLeader`]).
+    /// from its cluster ([`Error::Removed`]), too many of its voters refuse its messages as
+    /// another cluster's ([`Error::RefusedByMembers`]), or it waits for an election
+    /// ([`Error::NoLeader`]).
     pub(super) fn no_leader(&self) -> Error {
         let metrics = self.inner.raft.metrics();
         let m = metrics.borrow_watched();
-        if m.membership_config
-            .membership()
-            .voter_ids()
-            .next()
-            .is_none()
-        {
+        let membership = m.membership_config.membership();
+        if membership.voter_ids().next().is_none() {
             return Error::NotMember;
         }
-        match self.removed(&m.membership_config) {
-            Some(members) => Error::Removed { members },
-            None => Error::NoLeader,
+        if let Some(members) = self.removed(&m.membership_config) {
+            return Error::Removed { members };
         }
+        let refusing = self.refused_by();
+        if !refusing.is_empty() {
+            let voters = membership.voter_ids().collect();
+            if crate::peer_refusals::no_quorum_left(&voters, &refusing) {
+                let refusing = refusing.intersection(&voters).copied().collect();
+                return Error::RefusedByMembers { refusing };
+            }
+        }
+        Error::NoLeader
     }
 
-    /// Whether this node is a member of a cluster that has not removed it: one that knows no
-    /// leader waits for an election, and may learn of one.
+    /// The members whose answers lately refused this node's messages as another cluster's
+    /// (`peer_refusals.rs`). A candidate asks for votes every election timeout, and a leader
+    /// sends heartbeats more often: a refusal older than a few election timeouts is one no
+    /// later message repeated, so the member took them or was not asked again.
+    pub fn refused_by(&self) -> std::collections::BTreeSet<NodeId> {
+        let recent = Duration::from_millis(4 * self.inner.cfg.election_max_ms);
+        self.inner.cfg.peer_refusals.within(recent)
+    }
+
+    /// Whether this node is a member of a cluster that has not removed it and whose voters
+    /// take its messages: one that knows no leader waits for an election, and may learn of one.
     pub fn in_cluster(&self) -> bool {
-        !matches!(self.no_leader(), Error::NotMember | Error::Removed { .. })
+        !matches!(
+            self.no_leader(),
+            Error::NotMember | Error::Removed { .. } | Error::RefusedByMembers { .. }
+        )
     }
 
     /// The leader this node's metrics name: itself when it leads, else as

@@ -94,6 +94,7 @@ impl From<ClusterStatus> for ClusterView {
                 membership_index: r.membership_index,
                 members: r.members,
             }),
+            refused_by: s.refused_by,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Membership over HTTP: removed followers and learners are told, one process cannot be two
-//! members, and a member moves to a new address.
+//! members, a member moves to a new address, and a member wiped and initialized anew is told
+//! that its peers refuse it.
 
 use meta_consensus::{Node, Role};
 use serde_json::{json, Value};
@@ -496,5 +497,79 @@ async fn a_leadership_move_via_a_follower_is_answered_by_the_leader_that_made_it
             "round {round}: the move was asked again of node {to}, the new leader"
         );
     }
+    stop_all(servers).await;
+}
+
+/// A follower whose data dir was wiped and that was then initialized anew with the same
+/// members (started with `--init` by mistake) forms another cluster, whose other voters refuse
+/// every message it sends. It tells its clients so at once (503 `no_leader`, naming them, so
+/// that they try another member) instead of after waiting out the request timeout for a leader
+/// it cannot have, and both sides' `/v1/cluster` name who refuses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_initialized_anew_is_told_its_peers_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster(&dir).await;
+    let leader_id = the_leader(&servers).node.id();
+    let wiped_id = *servers.keys().find(|id| **id != leader_id).unwrap();
+    let port = servers.remove(&wiped_id).unwrap().stop_keeping_port().await;
+    std::fs::remove_dir_all(dir.path().join(format!("node{wiped_id}"))).unwrap();
+    let wiped = start_at(wiped_id, &dir, port).await;
+    let members = servers
+        .values()
+        .chain([&wiped])
+        .map(|s| (s.node.id(), Node::new(s.addr.clone())))
+        .collect();
+    wiped.node.initialize(members).await.unwrap();
+    let others: Vec<u64> = servers.keys().copied().collect();
+    wait_for(
+        || wiped.node.status().refused_by == others,
+        "the other voters refuse the wiped node's vote requests",
+    )
+    .await;
+
+    let client = Client::new();
+    let (status, v) = client
+        .send(reqwest::Method::PUT, &wiped, "/v1/kv/k", Some(json!("x")))
+        .await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "no_leader", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{others:?}")) && message.contains("another cluster"),
+        "{message}"
+    );
+    let (_, v) = client
+        .send(reqwest::Method::GET, &wiped, "/v1/shards/1", None)
+        .await;
+    assert_eq!(v["error"]["message"].as_str(), Some(message), "reads too");
+    let (_, v) = client
+        .send(reqwest::Method::GET, &wiped, "/v1/cluster", None)
+        .await;
+    assert_eq!(v["refused_by"], json!(others), "{v}");
+
+    // The cluster goes on, and its leader names the member that refuses it.
+    let leader = &servers[&leader_id];
+    wait_for(
+        || leader.node.status().refused_by == [wiped_id],
+        "the wiped node refuses the leader's messages",
+    )
+    .await;
+    let (status, v) = client
+        .send(reqwest::Method::PUT, leader, "/v1/kv/k", Some(json!("x")))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (_, v) = client
+        .send(reqwest::Method::GET, leader, "/v1/cluster", None)
+        .await;
+    assert_eq!(v["refused_by"], json!([wiped_id]), "{v}");
+    let (_, metrics) = client
+        .send(reqwest::Method::GET, leader, "/metrics", None)
+        .await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics.contains("\nmetaserver_members_refusing 1\n"),
+        "{metrics}"
+    );
+    wiped.stop().await;
     stop_all(servers).await;
 }

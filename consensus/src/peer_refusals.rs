@@ -1,0 +1,93 @@
+//! The members that refuse this node's messages as another cluster's. A node whose data dir
+//! was wiped and that was then started with `--init` by mistake forms a cluster of its own,
+//! under a fresh id, with its former peers as voters: they refuse every message it sends
+//! (`cluster_id.rs`), so it can never be elected, and its clients would wait for a leader
+//! until their requests time out. The transport notes each member's answer here; the node
+//! reads which members refused lately, says so in its status, and once too few voters are
+//! left to elect a leader, refuses its clients at once with the reason
+//! ([`crate::Error::RefusedByMembers`]) so that they try another member.
+//!
+//! A leader sees the same from its side: the wiped member refuses its heartbeats, and the
+//! leader's status names it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::types::NodeId;
+
+/// Member id to when it last refused a message of this node as another cluster's; cleared by
+/// its next answer that takes one. Shared by the node and its transport.
+#[derive(Clone, Debug, Default)]
+pub struct PeerRefusals(Arc<Mutex<HashMap<NodeId, Instant>>>);
+
+impl PeerRefusals {
+    /// Member `id` refused a message of this node: it belongs to another cluster.
+    pub fn refused(&self, id: NodeId) {
+        self.0.lock().insert(id, Instant::now());
+    }
+
+    /// Member `id` took a message of this node (it answered as a member of its cluster).
+    pub fn accepted(&self, id: NodeId) {
+        let mut refusals = self.0.lock();
+        if !refusals.is_empty() {
+            refusals.remove(&id);
+        }
+    }
+
+    /// The members whose last answer, within `recent`, refused this node's message.
+    pub fn within(&self, recent: Duration) -> BTreeSet<NodeId> {
+        self.0
+            .lock()
+            .iter()
+            .filter(|(_, at)| at.elapsed() < recent)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+/// Whether voters `voters` can elect no leader while `refusing` refuse every message: the
+/// others, this node among them, are fewer than a majority.
+pub(crate) fn no_quorum_left(voters: &BTreeSet<NodeId>, refusing: &BTreeSet<NodeId>) -> bool {
+    let left = voters.difference(refusing).count();
+    !voters.is_empty() && left < voters.len() / 2 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_counts_until_the_member_takes_a_message_or_it_is_old() {
+        let refusals = PeerRefusals::default();
+        refusals.refused(2);
+        refusals.refused(3);
+        let recent = Duration::from_secs(60);
+        assert_eq!(refusals.within(recent), BTreeSet::from([2, 3]));
+        refusals.accepted(2);
+        assert_eq!(refusals.within(recent), BTreeSet::from([3]));
+        assert_eq!(refusals.within(Duration::ZERO), BTreeSet::new(), "too old");
+    }
+
+    #[test]
+    fn a_majority_of_voters_refusing_leaves_no_quorum() {
+        let three = BTreeSet::from([1, 2, 3]);
+        assert!(!no_quorum_left(&three, &BTreeSet::new()));
+        assert!(
+            !no_quorum_left(&three, &BTreeSet::from([2])),
+            "1 and 3 elect"
+        );
+        assert!(no_quorum_left(&three, &BTreeSet::from([2, 3])));
+        let five = BTreeSet::from([1, 2, 3, 4, 5]);
+        assert!(!no_quorum_left(&five, &BTreeSet::from([4, 5])));
+        assert!(no_quorum_left(&five, &BTreeSet::from([3, 4, 5])));
+        let refusing_learner = BTreeSet::from([9]);
+        assert!(!no_quorum_left(&three, &refusing_learner), "not a voter");
+        assert!(
+            !no_quorum_left(&BTreeSet::new(), &refusing_learner),
+            "no cluster"
+        );
+    }
+}
