@@ -100,6 +100,12 @@ pub enum ApiError {
     /// No leader is known or reachable, or there is no quorum (503, with `Retry-After`).
     #[error("no leader: {0}")]
     NoLeader(String),
+    /// This node serves no cluster's requests, and waiting does not change that: it was
+    /// removed from its cluster, or the voters of its cluster refuse its messages. (A node in
+    /// no cluster yet is `NoLeader`: while a cluster forms, its members join it soon.) 503 `no_leader`, as clients that try another member expect, but without
+    /// `Retry-After`: asking this node again does not help.
+    #[error("no leader: {0}")]
+    NotServing(String),
     /// This node is shutting down or its storage failed (503, with `Retry-After`).
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -170,6 +176,7 @@ impl ApiError {
             ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoLeader(_)
+            | ApiError::NotServing(_)
             | ApiError::Unavailable(_)
             | ApiError::Overloaded(_)
             | ApiError::ClusterVersion { .. }
@@ -198,7 +205,9 @@ impl ApiError {
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
-            ApiError::NoLeader(_) | ApiError::ForwardToLeader { .. } => "no_leader",
+            ApiError::NoLeader(_) | ApiError::NotServing(_) | ApiError::ForwardToLeader { .. } => {
+                "no_leader"
+            }
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Timeout(_) => "timeout",
@@ -231,14 +240,14 @@ impl From<meta_consensus::Error> for ApiError {
                  /v1/cluster/init) or add it from the leader (POST /v1/cluster/learners)"
                     .into(),
             ),
-            E::RefusedByMembers { refusing } => ApiError::NoLeader(format!(
+            E::RefusedByMembers { refusing } => ApiError::NotServing(format!(
                 "no leader can be elected here: voters {refusing:?} refuse this node's messages, \
                  as they belong to another cluster. One side was initialized on its own (a node \
                  whose data dir was wiped, started with --init, say): if it is this node, send \
                  requests to those members, and to bring it back, stop it, wipe its data dir, \
                  start it without --init and add it from the leader"
             )),
-            E::Removed { members } => ApiError::NoLeader(format!(
+            E::Removed { members } => ApiError::NotServing(format!(
                 "this node was removed from the cluster, whose members are now {members:?}: send \
                  requests to one of them, and stop this node (or add it again as a learner)"
             )),
@@ -334,7 +343,10 @@ impl IntoResponse for ApiError {
         // datanode request.
         let quiet = matches!(
             self,
-            ApiError::ForwardToLeader { .. } | ApiError::Overloaded(_) | ApiError::NoLeader(_)
+            ApiError::ForwardToLeader { .. }
+                | ApiError::Overloaded(_)
+                | ApiError::NoLeader(_)
+                | ApiError::NotServing(_)
         );
         if status.is_server_error() && !quiet {
             tracing::warn!(code = self.code(), "request failed: {self}");
@@ -363,7 +375,7 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert("x-revision", HeaderValue::from(current));
             }
-            ApiError::ClusterVersion { retry: false, .. } => {
+            ApiError::ClusterVersion { retry: false, .. } | ApiError::NotServing(_) => {
                 response.headers_mut().remove(header::RETRY_AFTER);
             }
             ApiError::BodyTimeout(_) => {
@@ -455,6 +467,25 @@ mod tests {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn a_removed_or_refused_node_does_not_say_to_retry() {
+        let removed = meta_consensus::Error::Removed {
+            members: vec![1, 2],
+        };
+        let refused = meta_consensus::Error::RefusedByMembers {
+            refusing: vec![1, 2],
+        };
+        for e in [removed, refused] {
+            let response = ApiError::from(e).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(response.headers().get(header::RETRY_AFTER).is_none());
+            assert!(response
+                .extensions()
+                .get::<crate::failover::NoLeaderAnswer>()
+                .is_none());
+        }
     }
 
     #[test]

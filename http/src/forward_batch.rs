@@ -108,7 +108,7 @@ impl Refusal {
             );
         }
         match ApiError::from(e) {
-            ApiError::NoLeader(m) => Refusal::NoLeader(m),
+            ApiError::NoLeader(m) | ApiError::NotServing(m) => Refusal::NoLeader(m),
             ApiError::Unavailable(m) => Refusal::Unavailable(m),
             ApiError::Timeout(m) => Refusal::Timeout(m),
             ApiError::OutcomeUnknown(m) => Refusal::OutcomeUnknown(m),

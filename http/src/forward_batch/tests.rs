@@ -399,6 +399,9 @@ fn refusals_keep_the_status_and_code_of_the_leaders_error() {
         (E::NoLeader, 503, "no_leader"),
         // A stopped leader leads no more: the sender asks the next one.
         (E::Shutdown, 503, "no_leader"),
+        // So does a leader that was removed, or whose voters refuse it.
+        (E::Removed { members: vec![2] }, 503, "no_leader"),
+        (E::RefusedByMembers { refusing: vec![2] }, 503, "no_leader"),
         (E::Timeout, 504, "timeout"),
         (E::OutcomeUnknown("x".into()), 504, "outcome_unknown"),
         (E::InvalidArgument("x".into()), 400, "invalid_argument"),
