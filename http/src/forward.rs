@@ -94,14 +94,16 @@ impl Replay {
 }
 
 /// Whether a request may be asked again of another leader, and dropped at a leader that stopped
-/// answering: a read (changes nothing wherever it is answered), or a membership change (a
-/// target state: adding a learner again at its address, setting the same voters, address or
-/// leader again, changes nothing; removing a learner again answers 404). Writes of commands are not
-/// (`writer.rs` says which of their refusals may be sent on).
+/// answering: a read (changes nothing wherever it is answered), a heartbeat (the leader notes in
+/// memory when it heard the datanode: a leader that hears it again, or a new leader that hears it
+/// first, notes what the datanode meant), or a membership change (a target state: adding a
+/// learner again at its address, setting the same voters, address or leader again, changes
+/// nothing; removing a learner again answers 404). Writes of commands are not (`writer.rs` says
+/// which of their refusals may be sent on).
 fn may_ask_again(method: &Method, path: &str) -> bool {
     match *method {
         Method::GET | Method::HEAD => true,
-        Method::POST => path == "/v1/cluster/learners",
+        Method::POST => path == "/v1/cluster/learners" || is_heartbeat(path),
         Method::PUT => {
             path == "/v1/cluster/voters"
                 || path == "/v1/cluster/leader"
@@ -110,6 +112,13 @@ fn may_ask_again(method: &Method, path: &str) -> bool {
         Method::DELETE => path.starts_with("/v1/cluster/learners/"),
         _ => false,
     }
+}
+
+/// Whether `path` is a datanode's heartbeat (`/v1/datanodes/{id}/heartbeat`).
+fn is_heartbeat(path: &str) -> bool {
+    path.strip_prefix("/v1/datanodes/")
+        .and_then(|rest| rest.strip_suffix("/heartbeat"))
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// Maps a failed request to the leader `target`: no connection made (nothing was sent) is 503
@@ -172,7 +181,9 @@ impl Forwarder {
     ) -> Response {
         let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
-        let acts = !replay.is_read();
+        // A heartbeat changes nothing durable: one whose exchange broke is not answered
+        // `outcome_unknown`, as a write would be, but `no_leader` (send it again).
+        let acts = !replay.is_read() && !is_heartbeat(replay.uri.path());
         let ask_again = replay.may_ask_again();
         let mut request = self
             .client
@@ -462,6 +473,10 @@ mod tests {
         assert!(again(Method::PUT, "/v1/cluster/leader"));
         assert!(again(Method::PUT, "/v1/cluster/members/4"));
         assert!(again(Method::DELETE, "/v1/cluster/learners/4"));
+        // A heartbeat: the leader notes in memory when it heard the datanode.
+        assert!(again(Method::POST, "/v1/datanodes/7/heartbeat"));
+        assert!(!again(Method::POST, "/v1/datanodes//heartbeat"));
+        assert!(!again(Method::POST, "/v1/datanodes/7/x/heartbeat"));
         // Commands: a write asked again could be made twice.
         assert!(!again(Method::PUT, "/v1/datanodes/7"));
         assert!(!again(Method::POST, "/v1/datanodes/7/shards"));

@@ -1,7 +1,8 @@
 //! Reads that reach a member while its leader is gone: they are answered by the next leader,
 //! not refused, whether the follower answers them with the leader's read index or replays them
 //! at the leader, and whether the old leader's port is closed or takes connections and never
-//! answers (a paused process). Membership changes, which may be asked again too, do the same.
+//! answers (a paused process). Membership changes and heartbeats, which may be asked again too,
+//! do the same.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -137,6 +138,77 @@ async fn a_voter_change_outlives_a_stopped_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_change_outlives_a_paused_leader() {
     a_voter_change_outlives_its_leader(Gone::Paused).await;
+}
+
+/// A datanode's heartbeat sent to a follower that still names a leader that is gone rides out
+/// the election as a read does (the leader only notes it in memory, so it may be asked again),
+/// and the next leader hears it. It used to wait out the 30 s forwarding timeout at a paused
+/// leader and answer 504 naming that leader, while the datanode's next heartbeats went through.
+async fn a_heartbeat_outlives_its_leader(gone: Gone) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
+        cfg.request_timeout = Duration::from_secs(60)
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let registered = http
+        .put(format!("http://{}/v1/datanodes/7", servers[&leader].addr))
+        .bearer_auth(TOKEN)
+        .body(r#"{"addr":"10.0.0.7:9000"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(registered.status().as_u16(), 200);
+    let epoch = registered.json::<serde_json::Value>().await.unwrap()["epoch"].clone();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let port = stop_leader(&mut servers, leader, gone).await;
+    let started = std::time::Instant::now();
+    let beat = http
+        .post(format!(
+            "http://{}/v1/datanodes/7/heartbeat",
+            servers[&follower].addr
+        ))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({ "epoch": epoch }))
+        .send()
+        .await
+        .unwrap();
+    let status = beat.status().as_u16();
+    let text = beat.text().await.unwrap();
+    assert_eq!(status, 200, "{gone:?}: {text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{gone:?}: answered after {:?}, not once the next leader was elected",
+        started.elapsed()
+    );
+    let liveness: serde_json::Value = http
+        .get(format!("http://{}/v1/liveness", servers[&follower].addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(liveness["leader_id"], leader, "{liveness}");
+    assert_eq!(liveness["datanodes"][0]["id"], 7, "{liveness}");
+    assert_eq!(
+        liveness["datanodes"][0]["state"], "alive",
+        "{gone:?}: the next leader heard it: {liveness}"
+    );
+    stop_all(servers).await;
+    drop(port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_outlives_a_stopped_leader() {
+    a_heartbeat_outlives_its_leader(Gone::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_outlives_a_paused_leader() {
+    a_heartbeat_outlives_its_leader(Gone::Paused).await;
 }
 
 /// The index a watch at `url` (a member's `/v1/watch`) starts from.
