@@ -165,8 +165,9 @@ pub struct LocalClusterArgs {
 /// How operator commands reach a member.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Any member, `host:port` or `http://host:port`.
-    #[arg(long, default_value = "127.0.0.1:7101")]
+    /// Any member, `host:port` or `http://host:port`; or several, comma-separated: a request
+    /// that one cannot answer (down, restarting, removed, no leader) goes to the next.
+    #[arg(long, env = "METASERVER_SERVER", default_value = "127.0.0.1:7101")]
     pub server: String,
     /// Bearer token, if the cluster requires one.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]

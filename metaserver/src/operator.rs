@@ -19,44 +19,10 @@ use serde_json::Value;
 
 use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs, WatchArgs};
 
-/// A client of one member.
-pub struct Operator {
-    base: String,
-    token: Option<String>,
-    http: reqwest::Client,
-}
+mod client;
+mod members;
 
-/// A member's non-2xx answer: its status, and the API's error code and message when the
-/// body is the API's JSON error (else the body).
-pub(crate) struct Refused {
-    pub status: reqwest::StatusCode,
-    error: Option<(String, String)>,
-    body: String,
-}
-
-impl Refused {
-    async fn read(response: reqwest::Response) -> Refused {
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
-        let error = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
-            let e = v.get("error")?;
-            Some((
-                e.get("code")?.as_str()?.to_owned(),
-                e.get("message")?.as_str()?.to_owned(),
-            ))
-        });
-        Refused {
-            status,
-            error,
-            body,
-        }
-    }
-
-    /// The API's error code, when the body is the API's JSON error.
-    pub fn code(&self) -> Option<&str> {
-        self.error.as_ref().map(|(code, _)| code.as_str())
-    }
-}
+pub(crate) use client::Operator;
 
 /// The shards file: a bare list, or a batch with its epoch.
 #[derive(Debug, Deserialize)]
@@ -64,126 +30,6 @@ impl Refused {
 enum ShardsFile {
     List(Vec<ShardBody>),
     Batch { epoch: u64, shards: Vec<ShardBody> },
-}
-
-impl Operator {
-    /// A client of `--server`.
-    pub fn new(args: &ClientArgs) -> Result<Self> {
-        let server = args.server.trim_end_matches('/');
-        // The server speaks plain HTTP (put TLS in front of it, if at all): an https:// address
-        // would only fail on every request.
-        if server.starts_with("https://") {
-            bail!("--server {server}: the metaserver speaks plain HTTP; give host:port or http://host:port");
-        }
-        let base = if server.starts_with("http://") {
-            server.to_owned()
-        } else {
-            format!("http://{server}")
-        };
-        reqwest::Url::parse(&base)
-            .map_err(|e| anyhow::anyhow!("--server {server:?} is not an address ({e})"))?;
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .context("building the HTTP client")?;
-        Ok(Operator {
-            base,
-            token: args.token.clone().filter(|t| !t.is_empty()),
-            http,
-        })
-    }
-
-    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-
-    /// Sends a request; a non-2xx answer becomes an error with the API's code and message.
-    pub(crate) async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("contacting {}", self.base))?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        Err(self.refusal(response).await)
-    }
-
-    /// The error for a non-2xx answer: its status, and the API's code and message.
-    async fn refusal(&self, response: reqwest::Response) -> anyhow::Error {
-        self.refused_error(Refused::read(response).await)
-    }
-
-    /// The error for `refused`: its status, and the API's code and message (or the body).
-    pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
-        let detail = match refused.error {
-            Some((code, message)) => format!("{code}: {message}"),
-            None => refused.body,
-        };
-        anyhow::anyhow!("{} answered {}: {detail}", self.base, refused.status)
-    }
-
-    /// Sends the request `build` makes, and again while the member cannot be reached, the
-    /// cluster has no leader (503), or the outcome is unknown (504: the leader stopped while
-    /// the request ran, or the member itself went away), every [`RETRY_PAUSE`] for at most
-    /// [`RETRY_FOR`]: a leader change, a leader's crash or a member restarting does not end a
-    /// long command. A 503
-    /// `cluster_version` without `Retry-After` is not sent again: the member says waiting does
-    /// not help (a member of the cluster runs an older build than the request needs). A request
-    /// that may have been applied before its answer was lost may so be sent twice: callers send
-    /// only requests that apply once (a replica registered again is `unchanged`) or check.
-    pub(crate) async fn send_retrying(
-        &self,
-        build: impl Fn() -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response> {
-        self.answer_retrying(build)
-            .await?
-            .map_err(|refused| self.refused_error(refused))
-    }
-
-    /// [`Operator::send_retrying`], which hands back the non-2xx answer it stops at rather than
-    /// an error, for callers that act on its status or code.
-    pub(crate) async fn answer_retrying(
-        &self,
-        build: impl Fn() -> reqwest::RequestBuilder,
-    ) -> Result<std::result::Result<reqwest::Response, Refused>> {
-        let deadline = std::time::Instant::now() + RETRY_FOR;
-        loop {
-            let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
-            match build().send().await {
-                Ok(r) if r.status().is_success() => return Ok(Ok(r)),
-                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {}
-                Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
-                    return Ok(Err(Refused::read(r).await))
-                }
-                Ok(r) if !r.headers().contains_key(reqwest::header::RETRY_AFTER) => {
-                    let refused = Refused::read(r).await;
-                    if refused.code() == Some("cluster_version") {
-                        return Ok(Err(refused));
-                    }
-                }
-                Ok(_) => {}
-                Err(e) if e.is_builder() || last_try => {
-                    return Err(e).with_context(|| format!("contacting {}", self.base))
-                }
-                // Not reached, or cut off before it answered: the same as a 504.
-                Err(_) => {}
-            }
-            tokio::time::sleep(RETRY_PAUSE).await;
-        }
-    }
-
-    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let response = self.send(self.request(reqwest::Method::GET, path)).await?;
-        response
-            .json()
-            .await
-            .with_context(|| format!("decoding the answer to GET {path}"))
-    }
 }
 
 /// `metaserver status`: the member's view, as pretty JSON.
@@ -236,34 +82,29 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
     Ok(())
 }
 
-/// How long [`Operator::send_retrying`] keeps trying.
-const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
-/// Its pause between tries.
-const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
-
 /// How long `watch` waits before asking again after the member could not answer (no leader, a
 /// restart under way).
 const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether `watch` is asking again after failures, so that it says so on stderr once when it
-/// starts and once when the member answers again, not silently nor once a second.
+/// starts and once when a member answers again, not silently nor once a second.
 #[derive(Default)]
 struct Outage {
     since: Option<std::time::Instant>,
 }
 
 impl Outage {
-    fn note(&mut self, why: &str) {
+    fn note(&mut self, member: &str, why: &str) {
         if self.since.is_none() {
-            eprintln!("watch: the member cannot answer ({why}); asking again every second");
+            eprintln!("watch: {member} cannot answer ({why}); asking again every second");
             self.since = Some(std::time::Instant::now());
         }
     }
 
-    fn recovered(&mut self) {
+    fn recovered(&mut self, member: &str) {
         if let Some(since) = self.since.take() {
             eprintln!(
-                "watch: the member answers again (after {:.1} s)",
+                "watch: {member} answers (after {:.1} s)",
                 since.elapsed().as_secs_f64()
             );
         }
@@ -272,7 +113,8 @@ impl Outage {
 
 /// `metaserver watch [--after N] [--datanode N | --prefix P] [--once]`: every change after the
 /// index (or from now), one JSON event per line, until interrupted. It rides out a member that
-/// cannot answer for a while (503, a refused connection) by asking again every second; a
+/// cannot answer for a while (503, a refused connection) by asking the next member given, or
+/// the same again, every second (every member counts the same indexes); a
 /// history that no longer holds its index (410 `compacted`) ends it with an error, and so does
 /// an address no request can be made to.
 pub async fn watch(args: WatchArgs) -> Result<()> {
@@ -293,6 +135,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut retrying = Outage::default();
     loop {
+        let asked = op.member().to_owned();
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
         if let Some(after) = after {
             request = request.query(&[("after", after.to_string())]);
@@ -320,17 +163,21 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
                 return Err(anyhow::Error::new(e).context("watching"));
             }
             Ok(r) => {
-                retrying.note(&format!("status {}", r.status()));
-                tokio::time::sleep(WATCH_RETRY).await;
+                retrying.note(&asked, &format!("status {}", r.status()));
+                if op.next_member(&asked) {
+                    tokio::time::sleep(WATCH_RETRY).await;
+                }
                 continue;
             }
             Err(e) => {
-                retrying.note(&e.to_string());
-                tokio::time::sleep(WATCH_RETRY).await;
+                retrying.note(&asked, &e.to_string());
+                if op.next_member(&asked) {
+                    tokio::time::sleep(WATCH_RETRY).await;
+                }
                 continue;
             }
         };
-        retrying.recovered();
+        retrying.recovered(&asked);
         let mut out = stdout.lock();
         for event in &page.events {
             writeln!(out, "{}", serde_json::to_string(event)?)?;
@@ -528,6 +375,7 @@ mod tests {
     use std::sync::Arc;
 
     use axum::http::StatusCode;
+    use axum::response::IntoResponse;
 
     use super::*;
 
@@ -536,9 +384,26 @@ mod tests {
         answering(move |n| (status(n), "{}")).await
     }
 
-    /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting.
+    /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting;
+    /// a 503 with `Retry-After`, as a member's (but those where waiting does not help) is.
     async fn answering(
         answer: impl Fn(usize) -> (StatusCode, &'static str) + Clone + Send + Sync + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
+        answering_with(move |n| {
+            let (status, body) = answer(n);
+            let mut response = (status, body).into_response();
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                let retry = axum::http::HeaderValue::from_static("1");
+                response.headers_mut().insert("retry-after", retry);
+            }
+            response
+        })
+        .await
+    }
+
+    /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting.
+    async fn answering_with(
+        answer: impl Fn(usize) -> axum::response::Response + Clone + Send + Sync + 'static,
     ) -> (String, Arc<AtomicUsize>) {
         let count = Arc::new(AtomicUsize::new(0));
         let seen = count.clone();
@@ -585,6 +450,54 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("409"), "{err}");
         assert_eq!(count.load(Ordering::SeqCst), 1, "a refusal is not retried");
+    }
+
+    /// An address nothing listens at: connections to it are refused, as to a stopped member.
+    /// The socket keeps it bound (without listening) so that no other test takes it.
+    fn closed_port() -> (String, tokio::net::TcpSocket) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        (socket.local_addr().unwrap().to_string(), socket)
+    }
+
+    /// With several members, a request that one cannot answer (it is down, or serves no
+    /// cluster) goes to the next; the only member that serves no cluster (503 without
+    /// `Retry-After`) is not asked again.
+    #[tokio::test]
+    async fn a_request_goes_to_the_next_member_when_one_cannot_answer() {
+        let (ok, ok_count) = server(|_| StatusCode::OK).await;
+        let (down, _kept) = closed_port();
+        let op = operator(format!("{down},{ok}"));
+        op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap();
+        assert_eq!(ok_count.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            op.member(),
+            format!("http://{ok}"),
+            "it stays with the one that answers"
+        );
+
+        let removed = || {
+            let body = r#"{"error":{"code":"no_leader","message":"removed"}}"#;
+            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+        };
+        let (alone, count) = answering_with(move |_| removed()).await;
+        let op = operator(alone.clone());
+        let refused = op
+            .answer_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap()
+            .expect_err("refused");
+        assert_eq!(refused.code(), Some("no_leader"));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "not asked again");
+
+        let (ok, ok_count) = server(|_| StatusCode::OK).await;
+        let op = operator(format!("{alone},{ok}"));
+        op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+            .await
+            .unwrap();
+        assert_eq!(ok_count.load(Ordering::SeqCst), 1);
     }
 
     /// A request cut off before its answer (the member went away) is sent again, as a 504 is.
@@ -706,9 +619,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(listener, app).await });
+        // The first member given is down: the watch moves on to the next.
+        let (down, _kept) = closed_port();
         let args = WatchArgs {
             client: ClientArgs {
-                server: addr,
+                server: format!("{down},{addr}"),
                 token: None,
             },
             after: None,

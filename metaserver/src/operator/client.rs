@@ -1,0 +1,179 @@
+//! The operator commands' client of the cluster: the members given with `--server`, the token,
+//! and how a request is sent again (to the next member) when a member cannot answer.
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::members::Members;
+use crate::cli::ClientArgs;
+
+/// How long [`Operator::send_retrying`] keeps trying.
+pub(crate) const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+/// Its pause between tries.
+pub(crate) const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A client of the members given with `--server`.
+pub struct Operator {
+    members: Members,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+/// A member's non-2xx answer: its status, and the API's error code and message when the
+/// body is the API's JSON error (else the body).
+pub(crate) struct Refused {
+    pub status: reqwest::StatusCode,
+    error: Option<(String, String)>,
+    body: String,
+}
+
+impl Refused {
+    async fn read(response: reqwest::Response) -> Refused {
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        let error = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
+            let e = v.get("error")?;
+            Some((
+                e.get("code")?.as_str()?.to_owned(),
+                e.get("message")?.as_str()?.to_owned(),
+            ))
+        });
+        Refused {
+            status,
+            error,
+            body,
+        }
+    }
+
+    /// The API's error code, when the body is the API's JSON error.
+    pub fn code(&self) -> Option<&str> {
+        self.error.as_ref().map(|(code, _)| code.as_str())
+    }
+}
+
+impl Operator {
+    /// A client of `--server`: one member, or several separated by commas.
+    pub fn new(args: &ClientArgs) -> Result<Self> {
+        let members = Members::parse(&args.server)?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Operator {
+            members,
+            token: args.token.clone().filter(|t| !t.is_empty()),
+            http,
+        })
+    }
+
+    /// The base URL of the member asked now.
+    pub(crate) fn member(&self) -> &str {
+        self.members.current()
+    }
+
+    /// Moves on from `asked`, a member that could not answer, to the next one (see
+    /// [`Members::next`]); `true` once every member was asked: pause before asking again.
+    pub(crate) fn next_member(&self, asked: &str) -> bool {
+        self.members.next(asked)
+    }
+
+    /// A request to the member asked now.
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .request(method, format!("{}{path}", self.members.current()));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Sends a request; a non-2xx answer becomes an error with the API's code and message.
+    pub(crate) async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("contacting {}", self.member()))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(self.refusal(response).await)
+    }
+
+    /// The error for a non-2xx answer: its status, and the API's code and message.
+    pub(crate) async fn refusal(&self, response: reqwest::Response) -> anyhow::Error {
+        self.refused_error(Refused::read(response).await)
+    }
+
+    /// The error for `refused`: its status, and the API's code and message (or the body).
+    pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
+        let detail = match refused.error {
+            Some((code, message)) => format!("{code}: {message}"),
+            None => refused.body,
+        };
+        anyhow::anyhow!("{} answered {}: {detail}", self.member(), refused.status)
+    }
+
+    /// Sends the request `build` makes, and again while the member cannot be reached, the
+    /// cluster has no leader (503), or the outcome is unknown (504: the leader stopped while
+    /// the request ran, or the member itself went away), every [`RETRY_PAUSE`] for at most
+    /// [`RETRY_FOR`]: a leader change, a leader's crash or a member restarting does not end a
+    /// long command. With several members, each retry goes to the next one, pausing once all
+    /// were asked. A 503 without `Retry-After` says waiting does not help: `cluster_version`
+    /// (a member runs an older build than the request needs) ends the command, and so does
+    /// `no_leader` from the only member (it was removed from the cluster, or its voters refuse
+    /// it); with several, the next is asked. A request that may have been applied before its
+    /// answer was lost may so be sent twice: callers send only requests that apply once (a
+    /// replica registered again is `unchanged`) or check.
+    pub(crate) async fn send_retrying(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        self.answer_retrying(build)
+            .await?
+            .map_err(|refused| self.refused_error(refused))
+    }
+
+    /// [`Operator::send_retrying`], which hands back the non-2xx answer it stops at rather than
+    /// an error, for callers that act on its status or code.
+    pub(crate) async fn answer_retrying(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<std::result::Result<reqwest::Response, Refused>> {
+        let deadline = std::time::Instant::now() + RETRY_FOR;
+        loop {
+            let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
+            let asked = self.member().to_owned();
+            match build().send().await {
+                Ok(r) if r.status().is_success() => return Ok(Ok(r)),
+                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {}
+                Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
+                    return Ok(Err(Refused::read(r).await))
+                }
+                Ok(r) if !r.headers().contains_key(reqwest::header::RETRY_AFTER) => {
+                    let refused = Refused::read(r).await;
+                    if refused.code() == Some("cluster_version") || !self.members.several() {
+                        return Ok(Err(refused));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if e.is_builder() || last_try => {
+                    return Err(e).with_context(|| format!("contacting {asked}"))
+                }
+                // Not reached, or cut off before it answered: the same as a 504.
+                Err(_) => {}
+            }
+            if self.next_member(&asked) {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self.send(self.request(reqwest::Method::GET, path)).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("decoding the answer to GET {path}"))
+    }
+}

@@ -1,0 +1,107 @@
+//! The members an operator command may ask (`--server a,b,c`), and which one it asks now: a
+//! command moves on to the next when one cannot answer (it is down, restarting, removed, or cut
+//! off from its leader), so that one member's trouble does not stop it. Plain bookkeeping,
+//! tested without a runtime.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{bail, Result};
+
+/// The members' base URLs (`http://host:port`), in the order given, and the one asked now.
+#[derive(Debug)]
+pub(crate) struct Members {
+    bases: Vec<String>,
+    current: AtomicUsize,
+}
+
+impl Members {
+    /// Parses `--server`: one member or several, comma-separated, each `host:port` or
+    /// `http://host:port`. The first is asked first.
+    pub(crate) fn parse(server: &str) -> Result<Members> {
+        let mut bases = Vec::new();
+        for one in server.split(',').map(str::trim) {
+            let one = one.trim_end_matches('/');
+            if one.is_empty() {
+                bail!("--server {server:?} names an empty address: give host:port, or several separated by commas");
+            }
+            // The server speaks plain HTTP (put TLS in front of it, if at all): an https://
+            // address would only fail on every request.
+            if one.starts_with("https://") {
+                bail!("--server {one}: the metaserver speaks plain HTTP; give host:port or http://host:port");
+            }
+            let base = if one.starts_with("http://") {
+                one.to_owned()
+            } else {
+                format!("http://{one}")
+            };
+            reqwest::Url::parse(&base)
+                .map_err(|e| anyhow::anyhow!("--server {one:?} is not an address ({e})"))?;
+            if !bases.contains(&base) {
+                bases.push(base);
+            }
+        }
+        Ok(Members {
+            bases,
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    /// The base URL of the member asked now.
+    pub(crate) fn current(&self) -> &str {
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// Whether there is another member to ask.
+    pub(crate) fn several(&self) -> bool {
+        self.bases.len() > 1
+    }
+
+    /// Moves on from the member asked now, `asked` (a [`Members::current`] read before the
+    /// request), to the next. Returns whether every member has been asked since the command
+    /// started or last paused: then the caller pauses before asking again. A move another
+    /// request made meanwhile (concurrent requests of one command) counts for this one.
+    pub(crate) fn next(&self, asked: &str) -> bool {
+        let at = self.current.load(Ordering::Relaxed);
+        if self.bases[at % self.bases.len()] == asked {
+            // Lost to a concurrent move: that move is this one.
+            let _ = self
+                .current
+                .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        self.current.load(Ordering::Relaxed) % self.bases.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_one_or_several_members() {
+        let one = Members::parse("127.0.0.1:7101").unwrap();
+        assert_eq!(one.current(), "http://127.0.0.1:7101");
+        assert!(!one.several());
+        let three = Members::parse("a:1, http://b:2/,a:1,c:3").unwrap();
+        assert_eq!(three.bases, ["http://a:1", "http://b:2", "http://c:3"]);
+        assert!(three.several());
+        for bad in ["", "a:1,", "https://a:1", "a b:1"] {
+            assert!(Members::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn moves_on_round_the_members_and_says_when_each_was_asked() {
+        let members = Members::parse("a:1,b:2,c:3").unwrap();
+        assert!(!members.next("http://a:1"));
+        assert_eq!(members.current(), "http://b:2");
+        // A second failure of a request that asked a (another request moved on already).
+        assert!(!members.next("http://a:1"));
+        assert_eq!(members.current(), "http://b:2", "one move per failure");
+        assert!(!members.next("http://b:2"));
+        assert!(members.next("http://c:3"), "every member was asked");
+        assert_eq!(members.current(), "http://a:1");
+        let one = Members::parse("a:1").unwrap();
+        assert!(one.next("http://a:1"), "the only member: pause");
+        assert_eq!(one.current(), "http://a:1");
+    }
+}
