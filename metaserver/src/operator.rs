@@ -241,14 +241,10 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         "stale": stale,
     });
     if args.prune {
+        let path = format!("/v1/datanodes/{}/prune", args.datanode);
+        let body = serde_json::json!({ "epoch": epoch });
         let response = op
-            .send(
-                op.request(
-                    reqwest::Method::POST,
-                    &format!("/v1/datanodes/{}/prune", args.datanode),
-                )
-                .json(&serde_json::json!({ "epoch": epoch })),
-            )
+            .send(|| op.request(reqwest::Method::POST, &path).json(&body))
             .await?;
         let result: ShardsDeregistered = response.json().await.context("decoding the answer")?;
         out["pruned"] = result.removed.into();
@@ -275,7 +271,7 @@ async fn register_batches(
         let path = format!("/v1/datanodes/{datanode}/shards");
         let result: Result<ShardsRegistered> = async {
             let response = op
-                .send(op.request(reqwest::Method::POST, &path).json(&body))
+                .send(|| op.request(reqwest::Method::POST, &path).json(&body))
                 .await?;
             response.json().await.context("decoding the answer")
         }
@@ -295,6 +291,10 @@ async fn register_batches(
     Ok((accepted, unchanged, stale))
 }
 
+/// How long building a snapshot, or downloading it, may take: a registry of many millions of
+/// replicas, at a snapshot rate the operator set low, takes a while.
+const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 /// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
 /// file next to FILE, fsyncs it, verifies it as a restore would read it (every record, the
 /// counts and the checksum), and only then renames it into place and fsyncs the directory.
@@ -304,13 +304,20 @@ async fn register_batches(
 pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
     let built: Value = op
-        .send(op.request(reqwest::Method::POST, "/v1/cluster/snapshot"))
+        .send(|| {
+            op.request(reqwest::Method::POST, "/v1/cluster/snapshot")
+                .timeout(SNAPSHOT_TIMEOUT)
+        })
         .await?
         .json()
         .await
         .context("decoding the snapshot answer")?;
+    // From the member that built it: another one's newest snapshot may be older.
     let response = op
-        .send(op.request(reqwest::Method::GET, "/v1/cluster/snapshot"))
+        .send_here(
+            op.request(reqwest::Method::GET, "/v1/cluster/snapshot")
+                .timeout(SNAPSHOT_TIMEOUT),
+        )
         .await?;
     let dir = crate::scratch::parent_of(file);
     let mut temp = tempfile::NamedTempFile::new_in(&dir)
@@ -461,8 +468,8 @@ mod tests {
     }
 
     /// With several members, a request that one cannot answer (it is down, or serves no
-    /// cluster) goes to the next; the only member that serves no cluster (503 without
-    /// `Retry-After`) is not asked again.
+    /// cluster) goes to the next, whether it is sent until it is answered or once; the only
+    /// member that serves no cluster (503 without `Retry-After`) is not asked again.
     #[tokio::test]
     async fn a_request_goes_to_the_next_member_when_one_cannot_answer() {
         let (ok, ok_count) = server(|_| StatusCode::OK).await;
@@ -476,6 +483,17 @@ mod tests {
             op.member(),
             format!("http://{ok}"),
             "it stays with the one that answers"
+        );
+        // So does a request that is sent once (status, a listing, a registration).
+        let op = operator(format!("{down},{ok}"));
+        let _: Value = op.get_json("/v1/cluster").await.unwrap();
+        assert_eq!(ok_count.load(Ordering::SeqCst), 2);
+        let err = operator(down.clone())
+            .get_json::<Value>("/v1/cluster")
+            .await;
+        assert!(
+            format!("{:#}", err.unwrap_err()).contains(&down),
+            "names the member"
         );
 
         let removed = || {

@@ -373,7 +373,7 @@ async fn restore_key(op: &Operator, entry: KvEntry) -> Result<()> {
     // A retry whose first try was applied finds the key written: with our value, that is the
     // write done.
     let stored = op
-        .send(op.request(reqwest::Method::GET, &kv_path(&entry.key)))
+        .send(|| op.request(reqwest::Method::GET, &kv_path(&entry.key)))
         .await;
     let ours = match stored {
         Ok(r) => r.bytes().await.is_ok_and(|b| b[..] == entry.value[..]),

@@ -11,6 +11,13 @@ use crate::cli::ClientArgs;
 pub(crate) const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// Its pause between tries.
 pub(crate) const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long connecting to a member may take: one that does not accept connections this fast
+/// is down to a command, which asks the next member.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a request may take, answer included, unless it says otherwise: longer than the
+/// longest watch (55 s) and the member's own forwarding timeout (30 s), so that only a member
+/// that stopped answering (a paused process) runs into it.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(70);
 
 /// A client of the members given with `--server`.
 pub struct Operator {
@@ -57,6 +64,7 @@ impl Operator {
         let members = Members::parse(&args.server)?;
         let http = reqwest::Client::builder()
             .no_proxy()
+            .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .context("building the HTTP client")?;
         Ok(Operator {
@@ -77,19 +85,55 @@ impl Operator {
         self.members.next(asked)
     }
 
-    /// A request to the member asked now.
+    /// A request to the member asked now, which gives up after [`REQUEST_TIMEOUT`] (a request
+    /// that may take longer sets its own timeout).
     pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let request = self
             .http
-            .request(method, format!("{}{path}", self.members.current()));
+            .request(method, format!("{}{path}", self.members.current()))
+            .timeout(REQUEST_TIMEOUT);
         match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
     }
 
-    /// Sends a request; a non-2xx answer becomes an error with the API's code and message.
-    pub(crate) async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    /// Sends the request `build` makes to the member asked now, and to each next one while
+    /// they did not act on it: not reached (or not answering in time), or 503 (no leader took
+    /// it; but not `cluster_version`, which every member answers alike). Each member is asked
+    /// at most once, without pauses (see [`Operator::send_retrying`] for a command that waits
+    /// out a leader change). A non-2xx answer becomes an error with the API's code and message.
+    pub(crate) async fn send(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let mut left = self.members.len();
+        loop {
+            let asked = self.member().to_owned();
+            left -= 1;
+            let last = left == 0;
+            match build().send().await {
+                Ok(r) if r.status().is_success() => return Ok(r),
+                Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && !last => {
+                    let refused = Refused::read(r).await;
+                    if refused.code() == Some("cluster_version") {
+                        return Err(self.refused_error(refused));
+                    }
+                }
+                Ok(r) => return Err(self.refusal(r).await),
+                Err(e) if (e.is_connect() || e.is_timeout()) && !last => {}
+                Err(e) => return Err(e).with_context(|| format!("contacting {asked}")),
+            }
+            self.next_member(&asked);
+        }
+    }
+
+    /// Sends `request` to the member asked now, and only to it (a download of the snapshot
+    /// that member built); a non-2xx answer becomes an error with the API's code and message.
+    pub(crate) async fn send_here(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
         let response = request
             .send()
             .await
@@ -170,7 +214,9 @@ impl Operator {
     }
 
     pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let response = self.send(self.request(reqwest::Method::GET, path)).await?;
+        let response = self
+            .send(|| self.request(reqwest::Method::GET, path))
+            .await?;
         response
             .json()
             .await

@@ -34,8 +34,19 @@ impl Members {
             } else {
                 format!("http://{one}")
             };
-            reqwest::Url::parse(&base)
+            let url = reqwest::Url::parse(&base)
                 .map_err(|e| anyhow::anyhow!("--server {one:?} is not an address ({e})"))?;
+            // A member is a host and a port, nothing more: a path or a query would be put
+            // before every route, and a missing port would silently be 80.
+            let host_and_port = url.host_str().is_some_and(|h| !h.is_empty())
+                && (url.port().is_some() || base.ends_with(":80"))
+                && url.path() == "/"
+                && url.query().is_none()
+                && url.fragment().is_none()
+                && url.username().is_empty();
+            if !host_and_port {
+                bail!("--server {one:?} is not host:port (or http://host:port)");
+            }
             if !bases.contains(&base) {
                 bases.push(base);
             }
@@ -54,6 +65,11 @@ impl Members {
     /// Whether there is another member to ask.
     pub(crate) fn several(&self) -> bool {
         self.bases.len() > 1
+    }
+
+    /// How many members there are (at least one).
+    pub(crate) fn len(&self) -> usize {
+        self.bases.len()
     }
 
     /// Moves on from the member asked now, `asked` (a [`Members::current`] read before the
@@ -79,12 +95,24 @@ mod tests {
     #[test]
     fn parses_one_or_several_members() {
         let one = Members::parse("127.0.0.1:7101").unwrap();
+        assert_eq!(Members::parse("a:80").unwrap().current(), "http://a:80");
         assert_eq!(one.current(), "http://127.0.0.1:7101");
         assert!(!one.several());
         let three = Members::parse("a:1, http://b:2/,a:1,c:3").unwrap();
         assert_eq!(three.bases, ["http://a:1", "http://b:2", "http://c:3"]);
         assert!(three.several());
-        for bad in ["", "a:1,", "https://a:1", "a b:1"] {
+        for bad in [
+            "",
+            "a:1,",
+            "https://a:1",
+            "a b:1",
+            "garbage",
+            "127.0.0.1",
+            "http://",
+            "ftp://x:1",
+            "127.0.0.1:7101/v1",
+            "a:1?x=1",
+        ] {
             assert!(Members::parse(bad).is_err(), "{bad:?}");
         }
     }
