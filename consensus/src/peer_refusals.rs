@@ -18,6 +18,11 @@ use parking_lot::Mutex;
 
 use crate::types::NodeId;
 
+/// How long a member's refusal counts when no later message repeated it: longer than the
+/// pause between a leader's attempts to reach such a member (`meta-http`'s `network.rs`) and
+/// than a candidate's election timeout.
+pub const RECENT: Duration = Duration::from_secs(30);
+
 /// Member id to when it last refused a message of this node as another cluster's; cleared by
 /// its next answer that takes one. Shared by the node and its transport.
 #[derive(Clone, Debug, Default)]
@@ -35,6 +40,20 @@ impl PeerRefusals {
         if !refusals.is_empty() {
             refusals.remove(&id);
         }
+    }
+
+    /// Whether any member's last answer refused this node's message (however long ago).
+    pub fn any(&self) -> bool {
+        !self.0.lock().is_empty()
+    }
+
+    /// How long to wait before sending member `id` another message, for it to be sent at
+    /// most every `pause` while the member's last answer refused one: such a member refuses
+    /// every message until it is wiped and rejoins, and each refusal costs both sides a
+    /// connection and a warning. `None`: send at once.
+    pub fn wait_before_asking(&self, id: NodeId, pause: Duration) -> Option<Duration> {
+        let at = *self.0.lock().get(&id)?;
+        Some(pause.saturating_sub(at.elapsed())).filter(|wait| !wait.is_zero())
     }
 
     /// The members whose last answer, within `recent`, refused this node's message.
@@ -69,6 +88,29 @@ mod tests {
         refusals.accepted(2);
         assert_eq!(refusals.within(recent), BTreeSet::from([3]));
         assert_eq!(refusals.within(Duration::ZERO), BTreeSet::new(), "too old");
+    }
+
+    #[test]
+    fn a_refusing_member_is_asked_at_most_every_pause() {
+        let refusals = PeerRefusals::default();
+        let pause = Duration::from_secs(60);
+        assert_eq!(refusals.wait_before_asking(2, pause), None, "never refused");
+        refusals.refused(2);
+        let wait = refusals
+            .wait_before_asking(2, pause)
+            .expect("refused just now");
+        assert!(wait > Duration::from_secs(50) && wait <= pause, "{wait:?}");
+        assert_eq!(
+            refusals.wait_before_asking(2, Duration::ZERO),
+            None,
+            "paused enough"
+        );
+        refusals.accepted(2);
+        assert_eq!(
+            refusals.wait_before_asking(2, pause),
+            None,
+            "took one since"
+        );
     }
 
     #[test]

@@ -401,6 +401,10 @@ fn note_refusal(refusals: &PeerRefusals, target: NodeId, status: reqwest::Status
     }
 }
 
+/// The least time between two replication exchanges with a member whose last answer refused
+/// this node's messages as another cluster's.
+const REFUSED_PAUSE: Duration = Duration::from_secs(5);
+
 /// Most AppendEntries requests a streamed exchange has unanswered. In the single-shard bench
 /// (interleaved runs), a window of 1 against 8: the same at one client, +17% at 16 clients
 /// (4,500/s against 3,860, server CPU per registration 318 us against 395) and +12% at 64:
@@ -470,6 +474,12 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let Some(first) = input.next().await else {
                 return Ok(futures::stream::empty().boxed());
             };
+            // A member that refused this node's messages as another cluster's (wiped, and
+            // initialized on its own) refuses them until it rejoins: asked at openraft's pace,
+            // twice a second, each refusal costs both sides a connection and a warning.
+            if let Some(wait) = self.refusals.wait_before_asking(self.target, REFUSED_PAUSE) {
+                tokio::time::sleep(wait).await;
+            }
             // Whether this exchange carried entries yet: only then do its answers say how much
             // time appends to this peer need (see `Patience`).
             let carried = Arc::new(AtomicBool::new(false));

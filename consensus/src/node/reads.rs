@@ -21,8 +21,9 @@ impl MetaNode {
     /// read index confirmed by a quorum, then wait until applied here; Lease: the same, with
     /// the quorum's last acknowledgement standing for the confirmation while the leader lease
     /// holds), or nothing (Local). On a follower: [`Error::ForwardToLeader`]. On a node removed
-    /// from the cluster: [`Error::Removed`], for every consistency (nothing brings its state up
-    /// to date again).
+    /// from the cluster: [`Error::Removed`], and on one its voters refuse as another cluster's:
+    /// [`Error::RefusedByMembers`], for every consistency (nothing brings its state up to date
+    /// again).
     pub async fn read_barrier(&self, c: Consistency) -> Result<()> {
         let Some(lin) = self.linearizer(c).await? else {
             return Ok(());
@@ -81,7 +82,7 @@ impl MetaNode {
     /// `None` for `Local`, which needs none.
     async fn linearizer(&self, c: Consistency) -> Result<Option<Linearizer<TypeConfig>>> {
         self.check_open()?;
-        self.check_not_removed()?;
+        self.check_serving()?;
         let option = match c {
             Consistency::Local => return Ok(None),
             Consistency::Linearizable => LinearizerOption::from(ReadPolicy::ReadIndex),

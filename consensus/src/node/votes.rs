@@ -100,16 +100,25 @@ impl MetaNode {
         self.removal(config).map(|r| r.members)
     }
 
-    /// [`Error::Removed`] on a node removed from the cluster. Nothing brings such a node up to
-    /// date again, so it answers no read, not even a local one (stale by contract, but here
-    /// falling further behind for good), and no watch (which would never see another event).
-    pub(super) fn check_not_removed(&self) -> Result<()> {
+    /// [`Error::Removed`] on a node removed from the cluster, [`Error::RefusedByMembers`] on
+    /// one too many of whose voters refuse its messages as another cluster's. Nothing brings
+    /// such a node up to date again, so it answers no read, not even a local one (stale by
+    /// contract, but here falling further behind for good, or another cluster's state), and no
+    /// watch (which would never see another event).
+    pub(super) fn check_serving(&self) -> Result<()> {
         let metrics = self.inner.raft.metrics();
         let removed = self.removed(&metrics.borrow_watched().membership_config);
-        match removed {
-            Some(members) => Err(Error::Removed { members }),
-            None => Ok(()),
+        if let Some(members) = removed {
+            return Err(Error::Removed { members });
         }
+        drop(metrics);
+        // Cheap while no member refuses, as always but on a misconfigured node.
+        if self.inner.cfg.peer_refusals.any() {
+            if let refused @ Error::RefusedByMembers { .. } = self.no_leader() {
+                return Err(refused);
+            }
+        }
+        Ok(())
     }
 
     /// As [`MetaNode::removed`], with the log index of the membership that left this node out.

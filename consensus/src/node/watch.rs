@@ -29,7 +29,7 @@ impl MetaNode {
     /// [`Error::InvalidArgument`] if `after` is past `read_index`. Once the node starts to
     /// close ([`MetaNode::begin_close`]) it answers at once, with what it applied if it was
     /// still waiting to apply (without `after`: [`Error::Shutdown`]). A node removed from the
-    /// cluster answers [`Error::Removed`].
+    /// cluster answers [`Error::Removed`], one its voters refuse [`Error::RefusedByMembers`].
     pub async fn watch(
         &self,
         after: Option<u64>,
@@ -39,7 +39,7 @@ impl MetaNode {
         wait: Duration,
     ) -> Result<ChangeBatch> {
         self.check_open()?;
-        self.check_not_removed()?;
+        self.check_serving()?;
         // The wait counts from the call: a member that must first catch up does not make a
         // long poll outlast what its client (or a proxy in between) waits for.
         let deadline = Instant::now() + wait;

@@ -78,12 +78,15 @@ impl MetaNode {
     }
 
     /// The members whose answers lately refused this node's messages as another cluster's
-    /// (`peer_refusals.rs`). A candidate asks for votes every election timeout, and a leader
-    /// sends heartbeats more often: a refusal older than a few election timeouts is one no
-    /// later message repeated, so the member took them or was not asked again.
+    /// (`peer_refusals.rs`), within its `RECENT` (30 s): a candidate asks for
+    /// votes every election timeout, and a leader asks such a member every few seconds, so an
+    /// older refusal is one no later message repeated (the member was not asked again). A
+    /// member that takes a message is off the list at once.
     pub fn refused_by(&self) -> std::collections::BTreeSet<NodeId> {
-        let recent = Duration::from_millis(4 * self.inner.cfg.election_max_ms);
-        self.inner.cfg.peer_refusals.within(recent)
+        self.inner
+            .cfg
+            .peer_refusals
+            .within(crate::peer_refusals::RECENT)
     }
 
     /// Whether this node is a member of a cluster that has not removed it and whose voters

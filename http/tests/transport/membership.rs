@@ -559,6 +559,12 @@ async fn a_member_initialized_anew_is_told_its_peers_refuse_it() {
     assert!(read.headers().get("retry-after").is_none(), "{read:?}");
     let v: Value = read.json().await.unwrap();
     assert_eq!(v["error"]["message"].as_str(), Some(message), "reads too");
+    // Local reads and watches too: this node's state is another cluster's.
+    for path in ["/v1/kv/k?consistency=local", "/v1/watch?consistency=local"] {
+        let (status, v) = client.send(reqwest::Method::GET, &wiped, path, None).await;
+        assert_eq!(status, 503, "{path}: {v}");
+        assert_eq!(v["error"]["message"].as_str(), Some(message), "{path}");
+    }
     let (_, v) = client
         .send(reqwest::Method::GET, &wiped, "/v1/cluster", None)
         .await;
