@@ -34,6 +34,31 @@ async fn stop_leader(servers: &mut BTreeMap<u64, Server>, leader: u64, gone: Gon
     port
 }
 
+/// A three-node cluster whose requests may wait a minute for the next leader: long enough that
+/// a test is about whether they do, not how fast an election is on a loaded machine.
+async fn patient_cluster(dir: &tempfile::TempDir) -> BTreeMap<u64, Server> {
+    start_cluster_tuned(dir, None, |_, cfg| {
+        cfg.request_timeout = Duration::from_secs(60)
+    })
+    .await
+}
+
+/// Sends `request` (to a follower whose leader is gone as `gone` says) and expects it answered
+/// 200 once the next leader was elected, not after a forwarding timeout; returns the body.
+async fn answered_by_the_next_leader(request: reqwest::RequestBuilder, gone: Gone) -> String {
+    let started = std::time::Instant::now();
+    let answer = request.bearer_auth(TOKEN).send().await.unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    assert_eq!(status, 200, "{gone:?}: {text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{gone:?}: answered after {:?}, not once the next leader was elected",
+        started.elapsed()
+    );
+    text
+}
+
 /// Stops the leader of a three-node cluster as `gone` says, then sends a linearizable read of
 /// a key written before to a follower that still names the old leader, and expects the value,
 /// answered once the others elected a new leader.
@@ -96,34 +121,18 @@ async fn a_replayed_read_outlives_a_paused_leader() {
 /// or 504 after the 30 s forwarding timeout (a paused one).
 async fn a_voter_change_outlives_its_leader(gone: Gone) {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
-        cfg.request_timeout = Duration::from_secs(60)
-    })
-    .await;
-    let http = http_client();
+    let mut servers = patient_cluster(&dir).await;
     let leader = the_leader(&servers).node.id();
     let survivors: Vec<u64> = servers.keys().copied().filter(|id| *id != leader).collect();
     let follower = survivors[0];
     let port = stop_leader(&mut servers, leader, gone).await;
-    let started = std::time::Instant::now();
-    let change = http
+    let change = http_client()
         .put(format!(
             "http://{}/v1/cluster/voters",
             servers[&follower].addr
         ))
-        .bearer_auth(TOKEN)
-        .json(&serde_json::json!({ "voters": survivors }))
-        .send()
-        .await
-        .unwrap();
-    let status = change.status().as_u16();
-    let text = change.text().await.unwrap();
-    assert_eq!(status, 200, "{gone:?}: {text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(25),
-        "{gone:?}: answered after {:?}, not once the next leader was elected",
-        started.elapsed()
-    );
+        .json(&serde_json::json!({ "voters": survivors }));
+    answered_by_the_next_leader(change, gone).await;
     let voters: Vec<u64> = servers[&follower].node.status().voters;
     assert_eq!(voters, survivors, "{gone:?}");
     stop_all(servers).await;
@@ -146,10 +155,7 @@ async fn a_voter_change_outlives_a_paused_leader() {
 /// leader and answer 504 naming that leader, while the datanode's next heartbeats went through.
 async fn a_heartbeat_outlives_its_leader(gone: Gone) {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
-        cfg.request_timeout = Duration::from_secs(60)
-    })
-    .await;
+    let mut servers = patient_cluster(&dir).await;
     let http = http_client();
     let leader = the_leader(&servers).node.id();
     let registered = http
@@ -163,25 +169,13 @@ async fn a_heartbeat_outlives_its_leader(gone: Gone) {
     let epoch = registered.json::<serde_json::Value>().await.unwrap()["epoch"].clone();
     let follower = *servers.keys().find(|id| **id != leader).unwrap();
     let port = stop_leader(&mut servers, leader, gone).await;
-    let started = std::time::Instant::now();
     let beat = http
         .post(format!(
             "http://{}/v1/datanodes/7/heartbeat",
             servers[&follower].addr
         ))
-        .bearer_auth(TOKEN)
-        .json(&serde_json::json!({ "epoch": epoch }))
-        .send()
-        .await
-        .unwrap();
-    let status = beat.status().as_u16();
-    let text = beat.text().await.unwrap();
-    assert_eq!(status, 200, "{gone:?}: {text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(25),
-        "{gone:?}: answered after {:?}, not once the next leader was elected",
-        started.elapsed()
-    );
+        .json(&serde_json::json!({ "epoch": epoch }));
+    answered_by_the_next_leader(beat, gone).await;
     let liveness: serde_json::Value = http
         .get(format!("http://{}/v1/liveness", servers[&follower].addr))
         .bearer_auth(TOKEN)
