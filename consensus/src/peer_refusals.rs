@@ -36,10 +36,7 @@ impl PeerRefusals {
 
     /// Member `id` took a message of this node (it answered as a member of its cluster).
     pub fn accepted(&self, id: NodeId) {
-        let mut refusals = self.0.lock();
-        if !refusals.is_empty() {
-            refusals.remove(&id);
-        }
+        self.0.lock().remove(&id);
     }
 
     /// Whether any member's last answer refused this node's message (however long ago).

@@ -101,9 +101,10 @@ pub enum ApiError {
     #[error("no leader: {0}")]
     NoLeader(String),
     /// This node serves no cluster's requests, and waiting does not change that: it was
-    /// removed from its cluster, or the voters of its cluster refuse its messages. (A node in
-    /// no cluster yet is `NoLeader`: while a cluster forms, its members join it soon.) 503 `no_leader`, as clients that try another member expect, but without
-    /// `Retry-After`: asking this node again does not help.
+    /// removed from its cluster, or the voters of its cluster refuse its messages. 503
+    /// `no_leader`, as clients that try another member expect, but without `Retry-After`:
+    /// asking this node again does not help. (A node in no cluster yet is `NoLeader`: while a
+    /// cluster forms, its members join it soon.)
     #[error("no leader: {0}")]
     NotServing(String),
     /// This node is shutting down or its storage failed (503, with `Retry-After`).

@@ -315,7 +315,7 @@ impl HttpConnection {
         status: reqwest::StatusCode,
         body: &[u8],
     ) -> Result<T, RemoteFailure> {
-        self.note_refusal(status, body);
+        note_refusal(&self.refusals, self.target, status, body);
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
             let message = format!("node {} answered {status}: {text}", self.target);
@@ -330,12 +330,6 @@ impl HttpConnection {
         result.map_err(|message| {
             RemoteFailure::Unreachable(format!("node {}: {message}", self.target))
         })
-    }
-
-    /// Notes whether the target took this node's message (any success) or refused it as
-    /// another cluster's.
-    fn note_refusal(&self, status: reqwest::StatusCode, body: &[u8]) {
-        note_refusal(&self.refusals, self.target, status, body);
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -532,9 +526,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     )
                 })?;
                 let status = response.status();
-                if status.is_success() {
-                    refusals.accepted(target);
-                } else {
+                if !status.is_success() {
                     let body = response.bytes().await.unwrap_or_default();
                     note_refusal(&refusals, target, status, &body);
                     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
@@ -546,6 +538,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     }
                     return Err(RPCError::Network(NetworkError::from_string(message)));
                 }
+                refusals.accepted(target);
                 session_version.store(
                     cluster_identity::version_of(response.headers()),
                     Ordering::Relaxed,

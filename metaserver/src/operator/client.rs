@@ -196,7 +196,7 @@ impl Operator {
                 }
                 Ok(r) if !r.headers().contains_key(reqwest::header::RETRY_AFTER) => {
                     let refused = Refused::read(r).await;
-                    if refused.code() == Some("cluster_version") || !self.members.several() {
+                    if refused.code() == Some("cluster_version") || self.members.len() == 1 {
                         return Ok(Err(refused));
                     }
                 }

@@ -62,11 +62,6 @@ impl Members {
         &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
     }
 
-    /// Whether there is another member to ask.
-    pub(crate) fn several(&self) -> bool {
-        self.bases.len() > 1
-    }
-
     /// How many members there are (at least one).
     pub(crate) fn len(&self) -> usize {
         self.bases.len()
@@ -97,10 +92,10 @@ mod tests {
         let one = Members::parse("127.0.0.1:7101").unwrap();
         assert_eq!(Members::parse("a:80").unwrap().current(), "http://a:80");
         assert_eq!(one.current(), "http://127.0.0.1:7101");
-        assert!(!one.several());
+        assert_eq!(one.len(), 1);
         let three = Members::parse("a:1, http://b:2/,a:1,c:3").unwrap();
         assert_eq!(three.bases, ["http://a:1", "http://b:2", "http://c:3"]);
-        assert!(three.several());
+        assert_eq!(three.len(), 3);
         for bad in [
             "",
             "a:1,",
