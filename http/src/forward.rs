@@ -9,9 +9,10 @@
 //! comes from), runs the handler, and if the handler answered "forward to leader" sends the same
 //! method, path, query, body and `Authorization` header to the leader and streams its answer
 //! back. A replayed request carries a marker header; a node receiving one never forwards again
-//! (it answers 503 `no_leader`), so a stale leader hint cannot loop. A read (GET, HEAD) that no
-//! leader answered goes round again once this node learns of the next leader (`failover.rs`);
-//! the leader's own 503 `no_leader` to a replayed read is read here to tell it from others.
+//! (it answers 503 `no_leader`), so a stale leader hint cannot loop. A read (GET, HEAD), a
+//! membership change or a heartbeat that no leader answered goes round again once this node
+//! learns of the next leader (`failover.rs`); the leader's own 503 `no_leader` to such a replay
+//! is read here to tell it from others.
 
 use std::time::Duration;
 
@@ -483,6 +484,52 @@ mod tests {
         assert!(!again(Method::DELETE, "/v1/kv/a"));
         assert!(!again(Method::POST, "/v1/cluster/snapshot"));
         assert!(!again(Method::PUT, "/v1/cluster/epoch-floor"));
+    }
+
+    /// A leader's 503 `no_leader` to a replayed read or membership change is marked as no
+    /// leader's answer, so the request goes round to the next leader (`failover.rs`); to any
+    /// other request it is relayed as it came.
+    #[tokio::test]
+    async fn a_refusal_by_a_former_leader_sends_reads_and_membership_changes_round() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let refuses = axum::Router::new().fallback(|| async {
+            ApiError::NoLeader("node 1 is not the leader".into()).into_response()
+        });
+        let serving = tokio::spawn(async move { axum::serve(listener, refuses).await });
+        let forwarder = Forwarder::new(
+            2,
+            meta_consensus::BUILD_VERSION,
+            Token::new(None),
+            ClusterId::default(),
+        );
+        let target = ForwardTo { leader_id: 1, addr };
+        let replayed = |method: Method, path: &'static str| {
+            let replay = Replay {
+                method,
+                uri: Uri::from_static(path),
+                headers: HeaderMap::new(),
+                body: Bytes::from_static(b"{}"),
+            };
+            let (forwarder, target) = (forwarder.clone(), target.clone());
+            async move { forwarder.replay(&target, None, replay).await }
+        };
+        for (method, path, goes_round) in [
+            (Method::GET, "/v1/shards/1", true),
+            (Method::PUT, "/v1/cluster/voters", true),
+            (Method::POST, "/v1/cluster/learners", true),
+            (Method::POST, "/v1/datanodes/7/heartbeat", true),
+            (Method::POST, "/v1/cluster/snapshot", false),
+        ] {
+            let response = replayed(method.clone(), path).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let marked = response
+                .extensions()
+                .get::<failover::NoLeaderAnswer>()
+                .is_some();
+            assert_eq!(marked, goes_round, "{method} {path}");
+        }
+        serving.abort();
     }
 
     #[test]
