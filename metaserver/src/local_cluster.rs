@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::cli::LocalClusterArgs;
+use crate::output;
 use crate::shutdown::Signals;
 
 /// How long children may take to stop after SIGTERM before they are killed.
@@ -176,15 +177,21 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
                 return Err(e).with_context(|| format!("starting node {id}"));
             }
         };
-        println!("node {id} at {addr} (data in {})", dir.display());
+        // The cluster runs on whether or not anyone reads these lines.
+        output::line(format_args!(
+            "node {id} at {addr} (data in {})",
+            dir.display()
+        ))
+        .ok();
         nodes.push(NodeProcess { id, child });
     }
     // Each node holds its own listener now.
     listeners.clear();
-    println!(
+    output::line(format_args!(
         "local cluster of {} nodes running; Ctrl-C stops it",
         args.nodes
-    );
+    ))
+    .ok();
 
     let outcome = loop {
         tokio::select! {
@@ -204,7 +211,7 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
     if !clean {
         bail!("not every node stopped cleanly");
     }
-    println!("local cluster stopped");
+    output::line("local cluster stopped").ok();
     Ok(())
 }
 

@@ -7,6 +7,7 @@ mod local_cluster;
 mod logging;
 mod open_files;
 mod operator;
+mod output;
 mod relocation;
 mod restore;
 mod scratch;
@@ -119,6 +120,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of its output went away (`| head`): nothing more to say to anyone.
+        Err(e) if !serving && output::reader_gone(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // A server reports through its log; a command says it once, plainly.
             if serving {

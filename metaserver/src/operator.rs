@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs, WatchArgs};
+use crate::output;
 
 mod client;
 mod members;
@@ -50,8 +51,7 @@ async fn print_view<T: serde::de::DeserializeOwned + serde::Serialize>(
 ) -> Result<()> {
     let op = Operator::new(args)?;
     let view: T = op.get_json(path).await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
-    Ok(())
+    output::line(serde_json::to_string_pretty(&view)?)
 }
 
 /// `metaserver shards [--datanode N]`: every replica, one JSON object per line.
@@ -61,8 +61,6 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
         Some(id) => format!("/v1/datanodes/{id}/shards"),
         None => "/v1/shards".to_owned(),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
     let mut after: Option<String> = None;
     loop {
         let url = match &after {
@@ -70,15 +68,12 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
             None => format!("{path}?limit=10000"),
         };
         let page: ShardPage = op.get_json(&url).await?;
-        for shard in &page.shards {
-            writeln!(out, "{}", serde_json::to_string(shard)?)?;
-        }
+        output::json_lines(&page.shards)?;
         match page.next {
             Some(next) => after = Some(next),
             None => break,
         }
     }
-    out.flush()?;
     Ok(())
 }
 
@@ -132,7 +127,6 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     // a backup counts again, and its member refuses an index of the old one (410) rather than
     // answer from it, which would skip changes.
     let mut history: Option<String> = None;
-    let stdout = std::io::stdout();
     let mut retrying = Outage::default();
     loop {
         let asked = op.member().to_owned();
@@ -178,11 +172,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             }
         };
         retrying.recovered(&asked);
-        let mut out = stdout.lock();
-        for event in &page.events {
-            writeln!(out, "{}", serde_json::to_string(event)?)?;
-        }
-        out.flush()?;
+        output::json_lines(&page.events)?;
         let started = after.is_some();
         after = Some(page.index);
         if page.history.is_some() {
@@ -249,8 +239,7 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         let result: ShardsDeregistered = response.json().await.context("decoding the answer")?;
         out["pruned"] = result.removed.into();
     }
-    println!("{out}");
-    Ok(())
+    output::line(out)
 }
 
 /// Registers `shards` of `datanode` under `epoch` in batches; returns the replicas accepted, those
@@ -362,18 +351,14 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
                 file.display()
             )
         })?;
-    println!(
-        "{}",
-        serde_json::json!({
-            "file": file.display().to_string(),
-            "bytes": bytes,
-            "index": index,
-            "replicas": replicas,
-            "keys": keys,
-            "snapshot": built,
-        })
-    );
-    Ok(())
+    output::line(serde_json::json!({
+        "file": file.display().to_string(),
+        "bytes": bytes,
+        "index": index,
+        "replicas": replicas,
+        "keys": keys,
+        "snapshot": built,
+    }))
 }
 
 #[cfg(test)]

@@ -80,18 +80,14 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         "the restore stopped part way and left what it wrote: start the cluster on fresh data \
          dirs and run it again",
     )?;
-    println!(
-        "{}",
-        json!({
-            "file": file.display().to_string(),
-            "index": index,
-            "epoch_floor": restored.epoch_floor,
-            "datanodes": restored.datanodes,
-            "replicas": restored.replicas,
-            "keys": restored.keys,
-        })
-    );
-    Ok(())
+    crate::output::line(json!({
+        "file": file.display().to_string(),
+        "index": index,
+        "epoch_floor": restored.epoch_floor,
+        "datanodes": restored.datanodes,
+        "replicas": restored.replicas,
+        "keys": restored.keys,
+    }))
 }
 
 /// Sends every datanode with its replicas, then every key, of `backup`.

@@ -85,8 +85,9 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     // While this node leads, the nodes a membership change removes are told so.
     tokio::spawn(meta_http::removal_notices::run(state.clone()));
     let app = meta_http::router(state);
-    // Tests and scripts read the bound address (port 0 picks a free one) from this line.
-    println!("listening on {bound}");
+    // Tests and scripts read the bound address (port 0 picks a free one) from this line. A
+    // node serves on whether or not anyone reads it (`metaserver | head -1`).
+    crate::output::line(format_args!("listening on {bound}")).ok();
     tracing::info!(%bound, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -9,6 +9,7 @@ mod default_node;
 mod environment;
 mod helpers;
 mod local_cluster;
+mod output;
 mod shutdown;
 mod storage;
 mod token;

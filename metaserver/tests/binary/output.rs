@@ -1,0 +1,60 @@
+//! Operator commands whose reader goes away (`metaserver shards | head -1`) end quietly and
+//! successfully, as `cat` does, instead of panicking or reporting a broken pipe.
+
+use std::process::Stdio;
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::{binary, send, COMMAND_DEADLINE};
+use crate::helpers::{default_server, register_datanode};
+
+#[tokio::test]
+async fn a_command_whose_reader_went_away_ends_quietly() {
+    let (_dir, http, mut server, base) = default_server().await;
+    let epoch = register_datanode(&http, &base, 7, None).await;
+    let shards: Vec<_> = (1..=100)
+        .map(|id| json!({"id": id, "generation": 1, "size": 10}))
+        .collect();
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/datanodes/7/shards"),
+        None,
+        Some(json!({"epoch": epoch, "shards": shards}).to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let addr = base.trim_start_matches("http://").to_owned();
+    for args in [
+        &["liveness", "--server", &addr][..],
+        &["status", "--server", &addr],
+        &["shards", "--server", &addr],
+        &["shards", "--server", &addr, "--datanode", "7"],
+    ] {
+        let mut child = tokio::process::Command::new(binary())
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run metaserver");
+        // The reader goes away before the command has its answer to print.
+        drop(child.stdout.take());
+        let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
+            .await
+            .expect("the command ends")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "metaserver {args:?}: {} {stderr}",
+            out.status
+        );
+    }
+    server.signal(libc::SIGINT);
+    assert!(server.wait_exit().await.success(), "{}", server.logs());
+}
