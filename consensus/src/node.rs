@@ -36,7 +36,7 @@ mod rejoin_gate;
 mod removal;
 mod snapshots;
 mod status_report;
-mod validation;
+pub(crate) mod validation;
 mod versions;
 mod votes;
 mod watch;

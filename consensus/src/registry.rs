@@ -18,6 +18,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::generation::Generation;
 use crate::keys;
+use crate::node::validation::MAX_KEY_BYTES;
 use crate::rebuild_source::RebuildSource;
 use crate::records::{DatanodeRecord, KvRecord, ReplicaBucket};
 use crate::trust_marker::TrustMarker;
@@ -605,8 +606,7 @@ impl Registry {
         let full_prefix = keys::kv(prefix);
         let mut start = full_prefix.clone();
         if let Some(c) = after {
-            let raw = keys::from_hex(c)
-                .ok_or_else(|| Error::InvalidArgument(format!("bad cursor {c:?}")))?;
+            let raw = kv_cursor(c)?;
             let mut k = vec![keys::KV];
             k.extend_from_slice(&raw);
             let k = keys::successor(&k);
@@ -693,6 +693,16 @@ fn cursor_bytes(c: &str, len: usize) -> Result<Vec<u8>> {
         Some(raw) if raw.len() == len => Ok(raw),
         _ => Err(Error::InvalidArgument(format!("bad cursor {c:?}"))),
     }
+}
+
+/// The key a key listing's cursor names: the hex of a key as the API takes one (1 to
+/// [`MAX_KEY_BYTES`] bytes of UTF-8 without control characters), so that a cursor no page
+/// handed out is refused rather than read as some place in the key space.
+fn kv_cursor(c: &str) -> Result<Vec<u8>> {
+    keys::from_hex(c)
+        .filter(|raw| (1..=MAX_KEY_BYTES).contains(&raw.len()))
+        .filter(|raw| std::str::from_utf8(raw).is_ok_and(|k| !k.chars().any(char::is_control)))
+        .ok_or_else(|| Error::InvalidArgument(format!("bad cursor {c:?}")))
 }
 
 #[cfg(test)]

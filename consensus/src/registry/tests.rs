@@ -168,6 +168,23 @@ fn a_listing_pages_keys_and_revisions_as_a_scan_pages_entries() {
 }
 
 #[test]
+fn a_key_cursor_must_name_a_key_the_api_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+    put_all(&reg, &[("a", 1), ("b", 1)]);
+    let after = |c: &str| reg.kv_list("", Some(c), 10).map(|p| p.items.len());
+    assert_eq!(after(&keys::to_hex(b"a")).unwrap(), 1);
+    let too_long = keys::to_hex(&[b'k'; MAX_KEY_BYTES + 1]);
+    // Not UTF-8, a control character, no key at all, past any key's length, odd-length hex.
+    for bad in ["ff", "00", "", too_long.as_str(), "616"] {
+        assert!(
+            matches!(after(bad), Err(Error::InvalidArgument(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
 fn a_registry_whose_open_failed_a_write_is_not_reopened() {
     let dir = tempfile::tempdir().unwrap();
     let reg = Registry::open(dir.path(), 1 << 20).unwrap();
