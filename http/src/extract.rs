@@ -56,7 +56,9 @@ pub(crate) fn malformed_escape(query: &str) -> Option<usize> {
     })
 }
 
-/// Query parameters; a value that does not parse or an unknown parameter is `invalid_query`.
+/// Query parameters; an unknown or repeated parameter, or a value that does not parse, is
+/// `invalid_query` (numbers are read as text and refused by their validation with their own
+/// codes: `request/query.rs`).
 #[derive(Debug)]
 pub struct Query<T>(pub T);
 

@@ -229,7 +229,8 @@ pub async fn deregister_shard(
     Path((Id(id), Id(shard))): Path<(Id, Id)>,
     _: NoBody,
 ) -> Result<axum::Json<ShardsDeregistered>, ApiError> {
-    let command = match query.epoch {
+    let epoch = query.epoch()?;
+    let command = match epoch {
         Some(epoch) => Command::DeregisterShardsOf {
             datanode: id,
             epoch,
@@ -249,7 +250,7 @@ pub async fn deregister_shard(
             removed,
             index: written.index,
         })),
-        other => Err(refused(id, query.epoch.unwrap_or_default(), other)),
+        other => Err(refused(id, epoch.unwrap_or_default(), other)),
     }
 }
 

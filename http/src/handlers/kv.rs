@@ -79,17 +79,18 @@ pub async fn put(
     Query(query): Query<KvWriteQuery>,
     RawBody(value): RawBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
+    let if_revision = query.if_revision()?;
     validate_new_key(&key)?;
     validate_value(&value)?;
     let result = writer
         .write(Command::Put {
             key: key.clone(),
             value: value.to_vec(),
-            if_revision: query.if_revision,
+            if_revision,
         })
         .await?
         .result;
-    written(result, &key, query.if_revision).map(axum::Json)
+    written(result, &key, if_revision).map(axum::Json)
 }
 
 /// `DELETE /v1/kv/{key}?if_revision=N`; 404 if the key does not exist.
@@ -99,14 +100,15 @@ pub async fn delete(
     Query(query): Query<KvWriteQuery>,
     _: NoBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
+    let if_revision = query.if_revision()?;
     let result = writer
         .write(Command::Delete {
             key: key.clone(),
-            if_revision: query.if_revision,
+            if_revision,
         })
         .await?
         .result;
-    written(result, &key, query.if_revision).map(axum::Json)
+    written(result, &key, if_revision).map(axum::Json)
 }
 
 /// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision`; 404 if absent.

@@ -50,25 +50,48 @@ pub struct PageQuery {
     /// Cursor from the previous page's `next`.
     pub after: Option<String>,
     /// Page size, 1 to 10,000 (default 1,000).
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub limit: Option<u64>,
+    pub limit: Option<QueryNumber>,
     /// `linearizable` (default) or `local`.
     pub consistency: Option<String>,
 }
 
-/// A number in a query string: canonical decimal (no sign, no leading zeros), as ids in paths
-/// are, so that each value has one spelling (`?after=007` is refused, not read as 7).
-fn canonical_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let text = Option::<String>::deserialize(d)?;
-    text.map(|t| {
-        crate::extract::parse_id(&t).map_err(|_| {
-            serde::de::Error::custom(format!(
-                "{t:?} is not a decimal number from 0 to {} without sign or leading zeros",
-                u64::MAX
-            ))
+/// A number in a query string, read as text so that one not written in canonical decimal (no
+/// sign, no leading zeros, as ids in paths: `?after=007` is refused, not read as 7) is refused
+/// with its parameter's own code ([`QueryNumber::parse`]), as an out-of-range value is.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct QueryNumber(String);
+
+impl QueryNumber {
+    /// The number, or 400 `code` naming parameter `name`.
+    pub fn parse(&self, name: &str, code: &'static str) -> Result<u64, ApiError> {
+        crate::extract::parse_id(&self.0).map_err(|_| {
+            let shown: String = self.0.chars().take(64).collect();
+            ApiError::invalid(
+                code,
+                format!(
+                    "{name}={shown:?} is not a decimal number from 0 to {} without sign or \
+                     leading zeros",
+                    u64::MAX
+                ),
+            )
         })
-    })
-    .transpose()
+    }
+}
+
+impl From<u64> for QueryNumber {
+    fn from(n: u64) -> Self {
+        QueryNumber(n.to_string())
+    }
+}
+
+/// `value` of parameter `name` parsed ([`QueryNumber::parse`]), if given.
+fn number(
+    value: Option<&QueryNumber>,
+    name: &str,
+    code: &'static str,
+) -> Result<Option<u64>, ApiError> {
+    value.map(|v| v.parse(name, code)).transpose()
 }
 
 /// Query of `GET /v1/kv`: `?prefix=&after=&limit=&consistency=`.
@@ -80,8 +103,7 @@ pub struct KvListQuery {
     /// Cursor from the previous page's `next`.
     pub after: Option<String>,
     /// Page size, 1 to 10,000 (default 1,000).
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub limit: Option<u64>,
+    pub limit: Option<QueryNumber>,
     /// `linearizable` (default) or `local`.
     pub consistency: Option<String>,
 }
@@ -92,19 +114,15 @@ pub struct KvListQuery {
 pub struct WatchQuery {
     /// The log index the client has seen the changes up to (the `index` of its previous
     /// answer); none: answer at once with the index to start from.
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub after: Option<u64>,
+    pub after: Option<QueryNumber>,
     /// Only the registry changes of this datanode.
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub datanode: Option<u64>,
+    pub datanode: Option<QueryNumber>,
     /// Only the key-value changes of keys starting with this prefix.
     pub prefix: Option<String>,
     /// Most events in the answer, 1 to 10,000 (default 1,000).
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub limit: Option<u64>,
+    pub limit: Option<QueryNumber>,
     /// How long to wait for a change, in milliseconds (default 30,000, at most 55,000).
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub wait_ms: Option<u64>,
+    pub wait_ms: Option<QueryNumber>,
     /// `linearizable` (default), `lease` or `local`.
     pub consistency: Option<String>,
     /// The history `after` counts in (the `history` of the page it came from): refused with
@@ -130,8 +148,14 @@ pub struct WatchRequest {
 #[serde(deny_unknown_fields)]
 pub struct KvWriteQuery {
     /// Compare-and-swap: the key's expected revision; 0 = must not exist.
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub if_revision: Option<u64>,
+    pub if_revision: Option<QueryNumber>,
+}
+
+impl KvWriteQuery {
+    /// The revision the write is conditional on, if any.
+    pub fn if_revision(&self) -> Result<Option<u64>, ApiError> {
+        number(self.if_revision.as_ref(), "if_revision", "invalid_argument")
+    }
 }
 
 /// Query of `DELETE /v1/datanodes/{id}/shards/{shard}`: `?epoch=` names the incarnation that
@@ -139,8 +163,14 @@ pub struct KvWriteQuery {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeregisterQuery {
-    #[serde(default, deserialize_with = "canonical_number")]
-    pub epoch: Option<u64>,
+    pub epoch: Option<QueryNumber>,
+}
+
+impl DeregisterQuery {
+    /// The incarnation that deregisters, if named.
+    pub fn epoch(&self) -> Result<Option<u64>, ApiError> {
+        number(self.epoch.as_ref(), "epoch", "invalid_epoch")
+    }
 }
 
 /// How fresh a read must be.
@@ -179,8 +209,8 @@ pub fn parse_consistency(value: Option<&str>) -> Result<ReadConsistency, ApiErro
 }
 
 /// Validates `?limit=` (default 1,000, 1 to 10,000).
-pub fn parse_limit(limit: Option<u64>) -> Result<usize, ApiError> {
-    match limit {
+pub fn parse_limit(limit: Option<&QueryNumber>) -> Result<usize, ApiError> {
+    match number(limit, "limit", "invalid_limit")? {
         None => Ok(DEFAULT_PAGE_LIMIT),
         Some(n) if (1..=MAX_PAGE_LIMIT as u64).contains(&n) => Ok(n as usize),
         Some(n) => Err(ApiError::invalid(
@@ -224,7 +254,7 @@ impl PageQuery {
     /// Validates the query into a page request and a consistency.
     pub fn validate(self) -> Result<(PageRequest, ReadConsistency), ApiError> {
         let consistency = parse_consistency(self.consistency.as_deref())?;
-        let limit = parse_limit(self.limit)?;
+        let limit = parse_limit(self.limit.as_ref())?;
         let after = parse_cursor(self.after)?;
         Ok((PageRequest { after, limit }, consistency))
     }
@@ -241,7 +271,7 @@ impl KvListQuery {
     /// Validates into (prefix, page, consistency).
     pub fn validate(self) -> Result<(String, PageRequest, ReadConsistency), ApiError> {
         let consistency = parse_consistency(self.consistency.as_deref())?;
-        let limit = parse_limit(self.limit)?;
+        let limit = parse_limit(self.limit.as_ref())?;
         let after = parse_cursor(self.after)?;
         let prefix = parse_prefix(self.prefix.unwrap_or_default())?;
         Ok((prefix, PageRequest { after, limit }, consistency))
@@ -269,8 +299,10 @@ impl WatchQuery {
     /// Validates the query: at most one filter, a limit and a wait in range.
     pub fn validate(self) -> Result<WatchRequest, ApiError> {
         let consistency = parse_consistency(self.consistency.as_deref())?;
-        let limit = parse_limit(self.limit)?;
-        let filter = match (self.datanode, self.prefix) {
+        let limit = parse_limit(self.limit.as_ref())?;
+        let datanode = number(self.datanode.as_ref(), "datanode", "invalid_argument")?;
+        let after = number(self.after.as_ref(), "after", "invalid_argument")?;
+        let filter = match (datanode, self.prefix) {
             (None, None) => ChangeFilter::All,
             (Some(id), None) => ChangeFilter::Datanode(id),
             (None, Some(p)) => ChangeFilter::KeyPrefix(parse_prefix(p)?),
@@ -283,10 +315,7 @@ impl WatchQuery {
         };
         // No log reaches this index; a watcher told to go on from it would wait for ever (a
         // local watch cannot ask the leader for the cluster's newest index).
-        if let Some(after) = self
-            .after
-            .filter(|a| *a > meta_consensus::rpc_bounds::MAX_INDEX)
-        {
+        if let Some(after) = after.filter(|a| *a > meta_consensus::rpc_bounds::MAX_INDEX) {
             return Err(ApiError::invalid(
                 "invalid_argument",
                 format!(
@@ -295,7 +324,8 @@ impl WatchQuery {
                 ),
             ));
         }
-        let wait_ms = self.wait_ms.unwrap_or(DEFAULT_WATCH_WAIT_MS);
+        let wait_ms = number(self.wait_ms.as_ref(), "wait_ms", "invalid_wait")?
+            .unwrap_or(DEFAULT_WATCH_WAIT_MS);
         if wait_ms > MAX_WATCH_WAIT_MS {
             return Err(ApiError::invalid(
                 "invalid_wait",
@@ -318,7 +348,7 @@ impl WatchQuery {
             }
         }
         Ok(WatchRequest {
-            after: self.after,
+            after,
             history: self.history,
             filter,
             limit,
@@ -356,17 +386,61 @@ mod tests {
 
     #[test]
     fn limits() {
+        let limit = |text: &str| parse_limit(Some(&QueryNumber(text.into())));
         assert_eq!(parse_limit(None).unwrap(), 1_000);
-        assert_eq!(parse_limit(Some(1)).unwrap(), 1);
-        assert_eq!(parse_limit(Some(10_000)).unwrap(), 10_000);
-        assert_eq!(parse_limit(Some(0)).unwrap_err().code(), "invalid_limit");
+        assert_eq!(limit("1").unwrap(), 1);
+        assert_eq!(limit("10000").unwrap(), 10_000);
+        // Out of range, or not a number written in canonical decimal: the same code.
+        for bad in [
+            "0",
+            "10001",
+            "18446744073709551615",
+            "",
+            "abc",
+            "-1",
+            "01",
+            "+5",
+            "1e3",
+        ] {
+            let refused = limit(bad).unwrap_err();
+            assert_eq!(refused.code(), "invalid_limit", "{bad:?}");
+            assert!(refused.to_string().contains("limit"), "{refused}");
+        }
+    }
+
+    /// The query string `query` as the extractor reads it.
+    fn parsed<T: serde::de::DeserializeOwned>(query: &str) -> T {
+        let uri: axum::http::Uri = format!("/?{query}").parse().unwrap();
+        axum::extract::Query::<T>::try_from_uri(&uri).unwrap().0
+    }
+
+    #[test]
+    fn each_number_parameter_is_refused_with_its_own_code() {
+        let watch = |query: &str| parsed::<WatchQuery>(query).validate().map_err(|e| e.code());
+        assert_eq!(watch("wait_ms=x").unwrap_err(), "invalid_wait");
+        assert_eq!(watch("wait_ms=55001").unwrap_err(), "invalid_wait");
+        assert_eq!(watch("after=-1").unwrap_err(), "invalid_argument");
+        assert_eq!(watch("datanode=07").unwrap_err(), "invalid_argument");
+        assert_eq!(watch("limit=").unwrap_err(), "invalid_limit");
+        let ok = watch("after=5&datanode=7&wait_ms=0&limit=3").unwrap();
+        assert_eq!((ok.after, ok.limit), (Some(5), 3));
+        assert_eq!(ok.filter, ChangeFilter::Datanode(7));
+        let epoch = |query: &str| parsed::<DeregisterQuery>(query).epoch();
+        assert_eq!(epoch("epoch=12").unwrap(), Some(12));
+        assert_eq!(epoch("").unwrap(), None);
+        for bad in [
+            "epoch=abc",
+            "epoch=-1",
+            "epoch=021",
+            "epoch=18446744073709551616",
+        ] {
+            assert_eq!(epoch(bad).unwrap_err().code(), "invalid_epoch", "{bad}");
+        }
+        let revision = |query: &str| parsed::<KvWriteQuery>(query).if_revision();
+        assert_eq!(revision("if_revision=0").unwrap(), Some(0));
         assert_eq!(
-            parse_limit(Some(10_001)).unwrap_err().code(),
-            "invalid_limit"
-        );
-        assert_eq!(
-            parse_limit(Some(u64::MAX)).unwrap_err().code(),
-            "invalid_limit"
+            revision("if_revision=x").unwrap_err().code(),
+            "invalid_argument"
         );
     }
 
