@@ -25,6 +25,6 @@ pub use fields::{validate_addr, validate_key, validate_new_key, validate_value};
 pub use object_only::ObjectOnly;
 pub use query::{
     invalid_cursor, parse_consistency, parse_cursor, parse_limit, DeregisterQuery, KvListQuery,
-    KvWriteQuery, LivenessQuery, PageQuery, PageRequest, ReadConsistency, ReadQuery, WatchQuery,
-    WatchRequest,
+    KvWriteQuery, LivenessQuery, PageQuery, PageRequest, QueryNumber, ReadConsistency, ReadQuery,
+    WatchQuery, WatchRequest,
 };

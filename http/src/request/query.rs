@@ -79,12 +79,6 @@ impl QueryNumber {
     }
 }
 
-impl From<u64> for QueryNumber {
-    fn from(n: u64) -> Self {
-        QueryNumber(n.to_string())
-    }
-}
-
 /// `value` of parameter `name` parsed ([`QueryNumber::parse`]), if given.
 fn number(
     value: Option<&QueryNumber>,
