@@ -253,7 +253,9 @@ impl From<meta_consensus::Error> for ApiError {
                  requests to one of them, and stop this node (or add it again as a learner)"
             )),
             E::Timeout => ApiError::Timeout(
-                "the request could not complete in time (a write may still commit)".into(),
+                "the request could not complete in time (a write may still commit; a read changed \
+                 nothing)"
+                    .into(),
             ),
             E::OutcomeUnknown(m) => ApiError::OutcomeUnknown(m),
             E::AlreadyInitialized => ApiError::AlreadyInitialized,
