@@ -182,10 +182,11 @@ impl Forwarder {
     ) -> Response {
         let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
-        // A heartbeat changes nothing durable: one whose exchange broke is not answered
-        // `outcome_unknown`, as a write would be, but `no_leader` (send it again).
-        let acts = !replay.is_read() && !is_heartbeat(replay.uri.path());
+        // A request that may be asked again (a read, a heartbeat, a membership change: see
+        // [`may_ask_again`]) whose exchange broke is not answered `outcome_unknown`, as a write
+        // would be, but `no_leader`, and goes round to the next leader (`failover.rs`).
         let ask_again = replay.may_ask_again();
+        let acts = !ask_again;
         let mut request = self
             .client
             .request(replay.method, &url)
@@ -530,6 +531,64 @@ mod tests {
             assert_eq!(marked, goes_round, "{method} {path}");
         }
         serving.abort();
+    }
+
+    /// A leader that stops while it answers (killed: the exchange breaks after the request
+    /// went out) leaves a membership change, a heartbeat or a read to go round to the next
+    /// leader; another request may have been acted on, so its outcome is unknown.
+    #[tokio::test]
+    async fn a_broken_exchange_sends_what_may_be_asked_again_round() {
+        use tokio::io::AsyncReadExt;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let breaking = tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                // The request arrives; the connection closes without an answer.
+                let mut head = [0u8; 1024];
+                let _ = conn.read(&mut head).await;
+            }
+        });
+        let forwarder = Forwarder::new(
+            2,
+            meta_consensus::BUILD_VERSION,
+            Token::new(None),
+            ClusterId::default(),
+        );
+        let target = ForwardTo { leader_id: 1, addr };
+        for (method, path, goes_round) in [
+            (Method::PUT, "/v1/cluster/voters", true),
+            (Method::DELETE, "/v1/cluster/learners/4", true),
+            (Method::PUT, "/v1/cluster/leader", true),
+            (Method::POST, "/v1/datanodes/7/heartbeat", true),
+            (Method::GET, "/v1/shards/1", true),
+            (Method::POST, "/v1/cluster/snapshot", false),
+            (Method::PUT, "/v1/cluster/epoch-floor", false),
+        ] {
+            let replay = Replay {
+                method: method.clone(),
+                uri: Uri::from_static(path),
+                headers: HeaderMap::new(),
+                body: Bytes::from_static(b"{}"),
+            };
+            let response = forwarder.replay(&target, None, replay).await;
+            let marked = response
+                .extensions()
+                .get::<failover::NoLeaderAnswer>()
+                .is_some();
+            let expected = if goes_round {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::GATEWAY_TIMEOUT
+            };
+            assert_eq!(
+                (response.status(), marked),
+                (expected, goes_round),
+                "{method} {path}"
+            );
+        }
+        breaking.abort();
     }
 
     #[test]
