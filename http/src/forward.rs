@@ -78,11 +78,6 @@ impl Replay {
         self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
     }
 
-    /// Whether the request only reads (changes nothing wherever it is answered).
-    fn is_read(&self) -> bool {
-        matches!(self.method, Method::GET | Method::HEAD)
-    }
-
     /// Whether the request may be asked again of any leader (see [`may_ask_again`]).
     fn may_ask_again(&self) -> bool {
         may_ask_again(&self.method, self.uri.path())
