@@ -148,7 +148,7 @@ const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"
 
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
 /// member forwards pass (the connection is closed after a refusal only an outsider gets);
-/// probes and the cluster status (`GET`, [`OBSERVATION`]) are answered and the connection
+/// probes and the cluster status (`GET` or `HEAD`, [`OBSERVATION`]) are answered and the connection
 /// closed; anything else is answered 503 `overloaded` and the connection closed. Closing frees
 /// the reserve for the members.
 async fn members_only(request: Request, next: Next) -> Response {
@@ -174,7 +174,8 @@ async fn members_only(request: Request, next: Next) -> Response {
         }
         return response;
     }
-    let mut response = if request.method() == Method::GET && OBSERVATION.contains(&path) {
+    let observes = matches!(*request.method(), Method::GET | Method::HEAD);
+    let mut response = if observes && OBSERVATION.contains(&path) {
         next.run(request).await
     } else {
         ApiError::Overloaded(
@@ -494,6 +495,14 @@ mod tests {
         assert!(head.contains("connection: close"), "{head}");
         assert_eq!(body, "alive");
         assert!(read_to_close(&mut probe).await.is_empty());
+        // Health checkers that ask with HEAD too.
+        let mut probe = TcpStream::connect(addr).await.unwrap();
+        probe
+            .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let head = String::from_utf8(read_to_close(&mut probe).await).unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         let mut peer = TcpStream::connect(addr).await.unwrap();
         assert_eq!(get_on(&mut peer, "/raft/ping").await, "pong");
         let forwarded = format!("GET / HTTP/1.1\r\nHost: t\r\n{FORWARDED_BY}: 2\r\n\r\n");
