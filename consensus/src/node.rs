@@ -44,6 +44,8 @@ mod writes;
 
 #[cfg(test)]
 mod close_tests;
+#[cfg(test)]
+mod wait_tests;
 
 /// Marker file written once the cluster was initialized from this node.
 const INITIALIZED: &str = "initialized";

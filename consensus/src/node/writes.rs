@@ -299,12 +299,35 @@ impl MetaNode {
         )
     }
 
+    /// Waits, at most until `deadline`, until the newest membership this node knows is
+    /// committed, or this node no longer leads (a change asked of it then goes elsewhere).
+    async fn await_membership_committed(&self, deadline: tokio::time::Instant) {
+        let mut rx = self.inner.raft.metrics();
+        loop {
+            {
+                let m = rx.borrow_and_update();
+                let committed =
+                    m.membership_config.log_id() == m.committed_membership_config.log_id();
+                if committed || m.state != openraft::ServerState::Leader {
+                    return;
+                }
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+    }
+
     /// Waits (at most until `deadline`, and at most 100 ms) for the Raft metrics to change.
     pub(super) async fn await_metrics_change(&self, deadline: tokio::time::Instant) -> Result<()> {
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Timeout);
         }
         let mut rx = self.inner.raft.metrics();
+        // A new receiver takes the value sent last as not seen yet, and would end the wait at
+        // once: its callers looked at that value already.
+        drop(rx.borrow_and_update());
         let until = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
         let _ = tokio::time::timeout_at(until, rx.changed()).await;
         Ok(())
@@ -428,7 +451,7 @@ impl MetaNode {
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                     ChangeMembershipError::InProgress(_),
                 ))) if tokio::time::Instant::now() < deadline => {
-                    let _ = self.await_metrics_change(deadline).await;
+                    self.await_membership_committed(deadline).await;
                     recheck()?;
                 }
                 other => return other.map_err(|e| self.write_error(e)),
