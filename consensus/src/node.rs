@@ -30,6 +30,7 @@ mod election_holds;
 mod free_space;
 mod handover;
 mod heartbeats;
+mod leader_contact;
 mod membership;
 mod reads;
 mod rejoin_gate;
@@ -101,6 +102,8 @@ struct Inner {
     /// The term this node last led in, and when it took office then (as its metrics showed it):
     /// a member it has never heard from has been silent at least that long.
     led_since: parking_lot::Mutex<Option<(u64, std::time::Instant)>>,
+    /// When this node last took a message of its leader (`node/leader_contact.rs`).
+    leader_contact: parking_lot::Mutex<leader_contact::LeaderContact>,
     /// The term in which this node last asked a voter to take its leadership over (0: never).
     handed_over_in: AtomicU64,
     /// Why this node may not start elections now (`node/election_holds.rs`).
@@ -279,6 +282,9 @@ impl MetaNode {
                 rejoin_gate: parking_lot::Mutex::new(rejoin_gate::RejoinGate::new(probe)),
                 election_holds: parking_lot::Mutex::new(holds),
                 led_since: parking_lot::Mutex::new(None),
+                leader_contact: parking_lot::Mutex::new(leader_contact::LeaderContact::new(
+                    std::time::Instant::now(),
+                )),
                 handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),
             }),

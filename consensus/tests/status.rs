@@ -126,3 +126,39 @@ async fn a_new_leader_reports_a_member_it_never_heard_from_as_silent() -> Result
     }
     c.shutdown().await
 }
+
+/// A follower whose leader and other voter stopped names no leader once the leader has been
+/// silent for two election timeouts: openraft names the last leader until another one is
+/// elected, which this follower, without a quorum, waits for in vain. A leader heard from is
+/// named again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_left_without_a_quorum_names_no_silent_leader() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let others: Vec<NodeId> = (1..=3).filter(|id| *id != leader).collect();
+    let (survivor, other) = (others[0], others[1]);
+    let named = |c: &Cluster| c.node(survivor).status().leader_id;
+    ensure!(named(&c) == Some(leader), "{:?}", c.node(survivor).status());
+    c.stop(other).await?;
+    c.stop(leader).await?;
+    let deadline = Instant::now() + WAIT;
+    while named(&c).is_some() {
+        ensure!(
+            Instant::now() < deadline,
+            "node {survivor} still names node {leader}: {:?}",
+            c.node(survivor).status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // With a quorum again, it names the leader elected then.
+    c.start(other).await?;
+    while named(&c).is_none() {
+        ensure!(
+            Instant::now() < deadline,
+            "node {survivor} names no leader: {:?}",
+            c.node(survivor).status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.shutdown().await
+}

@@ -94,8 +94,20 @@ impl MetaNode {
     /// most 5 s), so that a new member takes its first leader's message at once
     /// when every member answers. [`Error::Rejoining`] otherwise, or [`Error::Deposed`] for a
     /// leader of a term older than the one learned: the message must be refused,
-    /// unacknowledged (a deposed leader with the higher vote the error carries).
+    /// unacknowledged (a deposed leader with the higher vote the error carries). An admitted
+    /// message counts as word from the leader (`node/leader_contact.rs`).
     pub async fn admit_leader(&self, vote: &Vote) -> Result<()> {
+        self.admit_rejoining(vote).await?;
+        let leader = *vote.leader_id().node_id();
+        self.inner
+            .leader_contact
+            .lock()
+            .note(leader, std::time::Instant::now());
+        Ok(())
+    }
+
+    /// The rejoin's part of [`Self::admit_leader`].
+    async fn admit_rejoining(&self, vote: &Vote) -> Result<()> {
         if !self.is_rejoining() {
             return Ok(());
         }

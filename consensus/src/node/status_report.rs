@@ -30,7 +30,18 @@ impl MetaNode {
             && m.last_quorum_acked
                 .as_ref()
                 .is_none_or(|t| openraft::Instant::elapsed(&**t) >= self.lease());
-        let leader_id = if stopped || lost_quorum || removed {
+        // A leader silent for longer than a live one ever is (two election timeouts, while it
+        // sends a heartbeat every `heartbeat_ms`) is not named: openraft names it until another
+        // is elected, which a follower left without a quorum waits for in vain.
+        let silent = m.current_leader.is_some_and(|l| {
+            l != self.id()
+                && !self.inner.leader_contact.lock().heard_within(
+                    l,
+                    self.inner.cfg.election_timeout() * 2,
+                    std::time::Instant::now(),
+                )
+        });
+        let leader_id = if stopped || lost_quorum || removed || silent {
             None
         } else {
             m.current_leader
