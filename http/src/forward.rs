@@ -277,13 +277,21 @@ impl Forwarder {
 }
 
 /// 415 `unsupported_encoding` for a body sent with a `Content-Encoding` other than
-/// `identity`: no route decodes one, and a compressed value would be stored as it came.
+/// `identity`, or a `Transfer-Encoding` other than `chunked` (the HTTP layer undoes that one
+/// only): no route decodes one, and a compressed value would be stored as it came.
 fn encoded(headers: &HeaderMap) -> Option<ApiError> {
-    let encodings: Vec<_> = headers.get_all(header::CONTENT_ENCODING).iter().collect();
+    encoded_as(headers, header::CONTENT_ENCODING, "identity")
+        .or_else(|| encoded_as(headers, header::TRANSFER_ENCODING, "chunked"))
+}
+
+/// The refusal of the codings `name` lists besides `identity` and `undone`, if any.
+fn encoded_as(headers: &HeaderMap, name: HeaderName, undone: &str) -> Option<ApiError> {
+    let encodings: Vec<_> = headers.get_all(&name).iter().collect();
     let plain = encodings.iter().all(|v| {
         v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .all(|e| e.trim().is_empty() || e.trim().eq_ignore_ascii_case("identity"))
+            v.split(',').map(str::trim).all(|e| {
+                e.is_empty() || e.eq_ignore_ascii_case("identity") || e.eq_ignore_ascii_case(undone)
+            })
         })
     });
     (!plain).then(|| {
@@ -292,7 +300,7 @@ fn encoded(headers: &HeaderMap) -> Option<ApiError> {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
         ApiError::UnsupportedEncoding(format!(
-            "Content-Encoding {named:?} is not supported: send the body unencoded"
+            "{name} {named:?} is not supported: send the body unencoded"
         ))
     })
 }
@@ -434,6 +442,16 @@ mod tests {
             assert_eq!(code, "unsupported_encoding");
             assert!(message.contains(refused[refused.len() - 1]), "{message}");
         }
+        let transferred = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static(value));
+            encoded(&headers).map(|e| (e.code(), e.to_string()))
+        };
+        assert_eq!(transferred("chunked"), None);
+        assert_eq!(transferred("Chunked"), None);
+        let (code, message) = transferred("gzip, chunked").expect("refused");
+        assert_eq!(code, "unsupported_encoding");
+        assert!(message.contains("transfer-encoding"), "{message}");
     }
 
     #[test]
