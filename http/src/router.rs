@@ -2,6 +2,7 @@
 //! routes, with authentication, forwarding, metrics and the JSON fallbacks wired in.
 
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{any, get, post, put};
 use axum::Router;
@@ -133,7 +134,8 @@ fn routes(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(from_fn_with_state(state.token.clone(), require_token))
         .route_layer(from_fn(tag_route))
-        .fallback(not_found)
+        // A path no route takes asks for the token too: an outsider learns nothing of the routes.
+        .fallback(not_found.layer(from_fn_with_state(state.token.clone(), require_token)))
         .layer(from_fn_with_state(state.metrics.clone(), record))
         .with_state(state)
 }

@@ -36,6 +36,10 @@ pub fn missing_wrong_and_malformed() -> Vec<Case> {
             401,
             "unauthorized",
         );
+        c.headers = headers.clone();
+        cases.push(c);
+        // A path no route takes: whoever asks without the token learns nothing of the routes.
+        let mut c = case(what, M::GET, "/v1/nosuch", "", 401, "unauthorized");
         c.headers = headers;
         cases.push(c);
     }
