@@ -26,11 +26,33 @@ mod members;
 pub(crate) use client::Operator;
 
 /// The shards file: a bare list, or a batch with its epoch.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum ShardsFile {
     List(Vec<ShardBody>),
     Batch { epoch: u64, shards: Vec<ShardBody> },
+}
+
+/// The batch form of the shards file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchFile {
+    epoch: u64,
+    shards: Vec<ShardBody>,
+}
+
+impl ShardsFile {
+    /// Reads `text`, told apart by its first character, so that an error names what is wrong
+    /// where (a missing or unknown field, with its line and column).
+    fn parse(text: &str) -> Result<ShardsFile> {
+        match text.trim_start().chars().next() {
+            Some('[') => Ok(ShardsFile::List(serde_json::from_str(text)?)),
+            Some('{') => {
+                let BatchFile { epoch, shards } = serde_json::from_str(text)?;
+                Ok(ShardsFile::Batch { epoch, shards })
+            }
+            _ => bail!("the file holds no JSON list or object"),
+        }
+    }
 }
 
 /// `metaserver status`: the member's view, as pretty JSON.
@@ -191,9 +213,9 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let parsed: ShardsFile = serde_json::from_str(&text).with_context(|| {
+    let parsed = ShardsFile::parse(&text).with_context(|| {
         format!(
-            "{} is neither a list of {{\"id\",\"generation\",\"size\"}} nor {{\"epoch\",\"shards\"}}",
+            "{} is not a list of {{\"id\",\"generation\",\"size\"}} nor {{\"epoch\",\"shards\"}}",
             args.file.display()
         )
     })?;
@@ -370,6 +392,20 @@ mod tests {
     use axum::response::IntoResponse;
 
     use super::*;
+
+    #[test]
+    fn a_shards_file_that_does_not_parse_says_what_is_wrong() {
+        let list = ShardsFile::parse(r#" [{"id":1,"generation":2,"size":3}]"#).unwrap();
+        assert!(matches!(list, ShardsFile::List(s) if s.len() == 1));
+        let batch = ShardsFile::parse(r#"{"epoch":4,"shards":[]}"#).unwrap();
+        assert!(matches!(batch, ShardsFile::Batch { epoch: 4, .. }));
+        let error = |text: &str| format!("{:#}", ShardsFile::parse(text).unwrap_err());
+        let missing = error(r#"[{"id":1,"generation":2}]"#);
+        assert!(missing.contains("missing field `size`"), "{missing}");
+        let unknown = error(r#"{"epoch":4,"shards":[],"datanode":7}"#);
+        assert!(unknown.contains("unknown field `datanode`"), "{unknown}");
+        assert!(error("7").contains("no JSON list or object"));
+    }
 
     /// A server on loopback that answers the n-th request (from 0) with `status(n)`, counting.
     async fn server(status: fn(usize) -> StatusCode) -> (String, Arc<AtomicUsize>) {
