@@ -53,7 +53,7 @@ async fn free_listeners(n: u64) -> Result<Vec<std::net::TcpListener>> {
 }
 
 /// `serve` options that `local-cluster` sets for each node itself.
-const OWN_OPTIONS: [&str; 8] = [
+const OWN_OPTIONS: [&str; 7] = [
     "--id",
     "--listen",
     "--listen-fd",
@@ -61,14 +61,20 @@ const OWN_OPTIONS: [&str; 8] = [
     "--data-dir",
     "--peers",
     "--init",
-    "--config",
 ];
+
+/// Why `local-cluster` gives its nodes no config file.
+const CONFIG_NOT_PASSED: &str = "local-cluster gives its nodes no config file (one could set what \
+     it sets for each node: ids, addresses, data dirs); give the other serve options after --";
 
 /// Refuses options after `--` that `local-cluster` sets itself (a node given another's id or
 /// data dir would not start, or worse).
 fn check_serve_options(options: &[String]) -> Result<()> {
     for option in options {
         let name = option.split('=').next().unwrap_or_default();
+        if name == "--config" {
+            bail!("{CONFIG_NOT_PASSED}");
+        }
         if OWN_OPTIONS.contains(&name) {
             bail!(
                 "{name} is set by local-cluster for each node; give only other serve options \
@@ -85,6 +91,9 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
         bail!("--nodes must be 1 to 9, not {}", args.nodes);
     }
     check_serve_options(&args.serve_options)?;
+    if std::env::var_os("METASERVER_CONFIG").is_some() {
+        tracing::warn!("METASERVER_CONFIG is not passed on: {CONFIG_NOT_PASSED}");
+    }
     let mut signals = Signals::install()?;
     // With port 0, the listeners bound here, handed to the nodes.
     let mut listeners = if args.base_port == 0 {
@@ -270,4 +279,22 @@ async fn stop_all(nodes: &mut [NodeProcess], signals: &mut Signals) -> bool {
         }
     }
     clean
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_options_local_cluster_sets_or_does_not_pass_are_refused_with_the_reason() {
+        let check = |o: &str| check_serve_options(&[o.to_owned()]).map_err(|e| e.to_string());
+        assert!(check("--snapshot-rate=5").is_ok());
+        let own = check("--data-dir=x").unwrap_err();
+        assert!(own.contains("set by local-cluster"), "{own}");
+        let config = check("--config=f.toml").unwrap_err();
+        assert!(
+            config.contains("gives its nodes no config file"),
+            "{config}"
+        );
+    }
 }
