@@ -48,6 +48,25 @@ mod close_tests;
 #[cfg(test)]
 mod wait_tests;
 
+#[cfg(test)]
+impl MetaNode {
+    /// Initializes a cluster of node 1 alone (this node, at `local-1`) and waits until it
+    /// leads.
+    async fn lead_alone(&self) {
+        self.initialize(std::collections::BTreeMap::from([(
+            1,
+            crate::Node::new("local-1"),
+        )]))
+        .await
+        .unwrap();
+        self.raft()
+            .wait(Some(Duration::from_secs(20)))
+            .current_leader(1, "node 1 leads")
+            .await
+            .unwrap();
+    }
+}
+
 /// Marker file written once the cluster was initialized from this node.
 const INITIALIZED: &str = "initialized";
 /// Sub-directory where snapshots streamed from a leader land before they are installed.

@@ -139,26 +139,28 @@ async fn a_follower_left_without_a_quorum_names_no_silent_leader() -> Result<()>
     let (survivor, other) = (others[0], others[1]);
     let named = |c: &Cluster| c.node(survivor).status().leader_id;
     ensure!(named(&c) == Some(leader), "{:?}", c.node(survivor).status());
+    // Polls (at most until the deadline) until the survivor names a leader, or names none.
+    let deadline = Instant::now() + WAIT;
+    let until_named = |c: &Cluster, some: bool| {
+        let status = c.node(survivor).status();
+        let done = status.leader_id.is_some() == some;
+        async move {
+            ensure!(
+                done || Instant::now() < deadline,
+                "node {survivor} should {} a leader by now: {status:?}",
+                if some { "name" } else { "name no" }
+            );
+            if !done {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(done)
+        }
+    };
     c.stop(other).await?;
     c.stop(leader).await?;
-    let deadline = Instant::now() + WAIT;
-    while named(&c).is_some() {
-        ensure!(
-            Instant::now() < deadline,
-            "node {survivor} still names node {leader}: {:?}",
-            c.node(survivor).status()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    while !until_named(&c, false).await? {}
     // With a quorum again, it names the leader elected then.
     c.start(other).await?;
-    while named(&c).is_none() {
-        ensure!(
-            Instant::now() < deadline,
-            "node {survivor} names no leader: {:?}",
-            c.node(survivor).status()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    while !until_named(&c, true).await? {}
     c.shutdown().await
 }

@@ -500,6 +500,16 @@ mod tests {
         assert!(!again(Method::PUT, "/v1/cluster/epoch-floor"));
     }
 
+    /// The forwarder of node 2, with no token.
+    fn forwarder() -> Forwarder {
+        Forwarder::new(
+            2,
+            meta_consensus::BUILD_VERSION,
+            Token::new(None),
+            ClusterId::default(),
+        )
+    }
+
     /// A leader's 503 `no_leader` to a replayed read or membership change is marked as no
     /// leader's answer, so the request goes round to the next leader (`failover.rs`); to any
     /// other request it is relayed as it came.
@@ -511,12 +521,7 @@ mod tests {
             ApiError::NoLeader("node 1 is not the leader".into()).into_response()
         });
         let serving = tokio::spawn(async move { axum::serve(listener, refuses).await });
-        let forwarder = Forwarder::new(
-            2,
-            meta_consensus::BUILD_VERSION,
-            Token::new(None),
-            ClusterId::default(),
-        );
+        let forwarder = forwarder();
         let target = ForwardTo { leader_id: 1, addr };
         let replayed = |method: Method, path: &'static str| {
             let replay = Replay {
@@ -563,12 +568,7 @@ mod tests {
                 let _ = conn.read(&mut head).await;
             }
         });
-        let forwarder = Forwarder::new(
-            2,
-            meta_consensus::BUILD_VERSION,
-            Token::new(None),
-            ClusterId::default(),
-        );
+        let forwarder = forwarder();
         let target = ForwardTo { leader_id: 1, addr };
         for (method, path, goes_round) in [
             (Method::PUT, "/v1/cluster/voters", true),

@@ -1,12 +1,11 @@
 //! What a node's shutdown leaves to the next open of its data dir.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::state_machine::ApplyGate;
 use crate::transport::LocalRouter;
-use crate::{Command, MetaNode, Node, NodeConfig};
+use crate::{Command, MetaNode, NodeConfig};
 
 /// Bounds each wait of these tests.
 const WAIT: Duration = Duration::from_secs(20);
@@ -39,14 +38,7 @@ async fn a_shut_down_node_changes_no_snapshot_file_any_more() {
 async fn a_shutdown_returns_only_once_openraft_stopped_applying() {
     let dir = tempfile::tempdir().unwrap();
     let node = open_one(dir.path()).await;
-    node.initialize(BTreeMap::from([(1, Node::new("local-1"))]))
-        .await
-        .unwrap();
-    node.raft()
-        .wait(Some(WAIT))
-        .current_leader(1, "node 1 leads")
-        .await
-        .unwrap();
+    node.lead_alone().await;
     // openraft's state machine worker stops in the apply of the next write.
     let (reached, reached_rx) = tokio::sync::oneshot::channel();
     let (release_tx, release) = tokio::sync::oneshot::channel();

@@ -1,7 +1,6 @@
 //! Waits for the Raft metrics: a caller that asks openraft again after each wait asks it only
 //! as often as something changed, not in a tight loop.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,14 +23,7 @@ async fn a_change_behind_an_uncommitted_one_asks_again_only_after_a_change() {
     let node = MetaNode::open(cfg, LocalRouter::new().network(1))
         .await
         .unwrap();
-    node.initialize(BTreeMap::from([(1, Node::new("local-1"))]))
-        .await
-        .unwrap();
-    node.raft()
-        .wait(Some(WAIT))
-        .current_leader(1, "node 1 leads")
-        .await
-        .unwrap();
+    node.lead_alone().await;
     // A change under way: the cluster's first membership until the leader's first entry is
     // flushed, or this one.
     let other = node.clone();
