@@ -159,7 +159,13 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
         if let Some(history) = &history {
             request = request.query(&[("history", history)]);
         }
-        let page: WatchPage = match request.send().await {
+        // A long poll may wait long for its answer: a reader that went away meanwhile ends the
+        // watch then, not at the next change.
+        let sent = tokio::select! {
+            sent = request.send() => sent,
+            gone = output::until_reader_gone() => return Err(gone),
+        };
+        let page: WatchPage = match sent {
             Ok(r) if r.status().is_success() => {
                 r.json().await.context("decoding a watch answer")?
             }

@@ -1,6 +1,7 @@
 //! What commands print on stdout, a line at a time. A reader that goes away before the end
 //! (`metaserver shards | head -1`) ends the command quietly, as it ends `cat` or `grep`,
-//! rather than with a panic (`println!`) or an error message.
+//! rather than with a panic (`println!`) or an error message; a `watch` waiting for changes
+//! notices within a second.
 
 use std::fmt::Display;
 use std::io::{self, Write};
@@ -39,6 +40,33 @@ pub(crate) fn json_lines<T: serde::Serialize>(items: &[T]) -> anyhow::Result<()>
         .map(serde_json::to_string)
         .collect::<Result<_, _>>()?;
     lines(texts)
+}
+
+/// How often [`until_reader_gone`] looks.
+const READER_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Ends (with [`ReaderGone`]) once the reader of stdout went away: stdout is a pipe whose
+/// reading end was closed. Looked at every second; a terminal or a file never ends it.
+pub(crate) async fn until_reader_gone() -> anyhow::Error {
+    let mut ticks = tokio::time::interval(READER_CHECK);
+    loop {
+        ticks.tick().await;
+        if reader_gone_now() {
+            return anyhow::Error::new(ReaderGone);
+        }
+    }
+}
+
+/// Whether stdout is a pipe that nobody reads any more (`poll` reports an error on it).
+fn reader_gone_now() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, and a timeout of 0: poll only reports its state.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready > 0 && fd.revents & libc::POLLERR != 0
 }
 
 /// Whether `e` ends a command because its reader went away.

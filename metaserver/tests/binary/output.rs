@@ -1,5 +1,6 @@
 //! Operator commands whose reader goes away (`metaserver shards | head -1`) end quietly and
-//! successfully, as `cat` does, instead of panicking or reporting a broken pipe.
+//! successfully, as `cat` does, instead of panicking or reporting a broken pipe; a watch that
+//! waits for changes, without printing anything, ends too.
 
 use std::process::Stdio;
 
@@ -27,11 +28,13 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
     .unwrap();
     assert_eq!(status, 200, "{v}");
     let addr = base.trim_start_matches("http://").to_owned();
+    // A watch that waits for changes which never come notices too.
     for args in [
         &["liveness", "--server", &addr][..],
         &["status", "--server", &addr],
         &["shards", "--server", &addr],
         &["shards", "--server", &addr, "--datanode", "7"],
+        &["watch", "--server", &addr],
     ] {
         let mut child = tokio::process::Command::new(binary())
             .args(args)
