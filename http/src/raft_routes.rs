@@ -163,7 +163,7 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
         .map(|frame| frame.and_then(|f| decode_message(&f, rpc_bounds::check_append)))
         .take_while(move |r| {
             if let Err(e) = r {
-                tracing::warn!("append stream from the leader refused: {e}");
+                tracing::warn!("a frame of an append stream was refused (the sender is not a leader of this build, or the bytes were damaged): {e}");
                 *note.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
             }
             std::future::ready(r.is_ok())
