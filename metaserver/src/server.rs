@@ -182,6 +182,9 @@ async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) 
         return Ok(());
     }
     let members = settings.initial_members(addr)?;
+    if let Some(warning) = settings.unnamed_in_peers(addr) {
+        tracing::warn!("{warning}");
+    }
     tracing::info!(?members, "initializing the cluster (first start)");
     let members = members
         .into_iter()

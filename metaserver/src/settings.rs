@@ -391,6 +391,20 @@ impl ServeSettings {
         })
     }
 
+    /// A warning for a node that initializes from a `--peers` list that does not name it: it
+    /// joins them as one more voter at `addr`, which a list meant to name every member (with
+    /// a wrong `--id`, say) did not intend.
+    pub fn unnamed_in_peers(&self, addr: &str) -> Option<String> {
+        (!self.peers.is_empty() && !self.peers.contains_key(&self.id)).then(|| {
+            format!(
+                "--peers does not name this node (id {}): it joins them at {addr}, in a cluster \
+                 of {} voters",
+                self.id,
+                self.peers.len() + 1
+            )
+        })
+    }
+
     /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
     /// or this node alone. Refused, before anything is initialized, as the init route refuses
     /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
@@ -690,6 +704,10 @@ mod tests {
         assert_eq!(s.snapshot_rate, 5);
         assert_eq!(s.peers.len(), 2);
         assert_eq!(s.initial_members("127.0.0.1:9999").unwrap().len(), 3);
+        let warning = s
+            .unnamed_in_peers("127.0.0.1:9999")
+            .expect("node 3 is not in --peers");
+        assert!(warning.contains("a cluster of 3 voters"), "{warning}");
         // Node 3 may not take node 2's address, nor could node 2 answer elsewhere.
         assert!(s.initial_members("127.0.0.1:9000").is_err());
         let two = ServeArgs {
@@ -698,6 +716,7 @@ mod tests {
         };
         let s2 = ServeSettings::resolve(&two, false).unwrap();
         assert_eq!(s2.initial_members("127.0.0.1:9000").unwrap().len(), 2);
+        assert_eq!(s2.unnamed_in_peers("127.0.0.1:9000"), None);
         let err = s2.initial_members("127.0.0.1:9001").unwrap_err();
         assert!(format!("{err:#}").contains("127.0.0.1:9000"), "{err:#}");
 
