@@ -49,9 +49,9 @@ async fn run(command: Command) -> Result<()> {
 }
 
 /// Runs a command that keeps temp files while it runs (a backup's download, the scratch
-/// registry that checks or reads it) so that SIGINT or SIGTERM stops it with them removed: the
+/// registry that checks or reads it) so that SIGINT, SIGTERM or SIGHUP stops it with them removed: the
 /// command is dropped, which removes what it made, and the process exits at once (status 130
-/// after SIGINT, 143 after SIGTERM), without waiting for a check still running on a blocking
+/// after SIGINT, 143 after SIGTERM, 129 after SIGHUP), without waiting for a check still running on a blocking
 /// thread.
 async fn interruptible(command: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     let mut signals = shutdown::Signals::install()?;
@@ -62,8 +62,7 @@ async fn interruptible(command: impl std::future::Future<Output = Result<()>>) -
     };
     drop(command);
     eprintln!("metaserver: stopped by {signal}; its temp files were removed");
-    // 128 + the signal's number, as a shell reports a command the signal ended.
-    std::process::exit(if signal == "SIGTERM" { 143 } else { 130 })
+    std::process::exit(shutdown::exit_status(signal))
 }
 
 /// The async runtime, with `worker_threads` workers (`None`: one per core).

@@ -1,5 +1,6 @@
 //! Graceful shutdown: SIGTERM loses nothing acknowledged and answers waiting watches at
-//! once, and a stop delay reports not ready while the node still serves.
+//! once, a stop delay reports not ready while the node still serves, and SIGHUP stops it as
+//! SIGTERM does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -137,4 +138,15 @@ async fn a_stop_delay_reports_not_ready_while_still_serving() {
     server.signal(libc::SIGTERM);
     let exit = server.wait_exit().await;
     assert!(exit.success(), "{exit:?}");
+}
+
+/// SIGHUP (the terminal that started the node went away) stops it as SIGTERM does, cleanly,
+/// instead of killing it without a hand-over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_stops_the_node_cleanly() {
+    let (_dir, http, mut server, base) = default_server().await;
+    register_datanode(&http, &base, 3, None).await;
+    server.signal(libc::SIGHUP);
+    let exit = server.wait_exit().await;
+    assert!(exit.success(), "{exit:?}: {}", server.logs());
 }
