@@ -228,14 +228,22 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
     let (epoch, shards) = match parsed {
         ShardsFile::Batch { epoch, shards } => (epoch, shards),
         ShardsFile::List(shards) => {
+            let id = args.datanode;
             let datanode: DatanodeView = op
-                .get_json(&format!("/v1/datanodes/{}", args.datanode))
+                .get_json(&format!("/v1/datanodes/{id}"))
                 .await
-                .with_context(|| {
-                    format!(
-                        "looking up datanode {} (register it first with PUT /v1/datanodes/{})",
-                        args.datanode, args.datanode
-                    )
+                .map_err(|e| {
+                    let unknown = e
+                        .downcast_ref::<client::Answered>()
+                        .is_some_and(|a| a.status == reqwest::StatusCode::NOT_FOUND);
+                    if unknown {
+                        e.context(format!(
+                            "datanode {id} is not registered: register it first with PUT \
+                             /v1/datanodes/{id}, or give the epoch in the file"
+                        ))
+                    } else {
+                        e.context(format!("looking up datanode {id}'s epoch"))
+                    }
                 })?;
             (datanode.epoch, shards)
         }
@@ -450,6 +458,42 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(listener, app).await });
         (addr, count)
+    }
+
+    /// A shards file without an epoch takes the datanode's: one not registered is told to
+    /// register first, and a lookup refused otherwise (a wrong token, say) is not.
+    #[tokio::test]
+    async fn a_datanode_lookup_that_fails_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shards.json");
+        std::fs::write(&file, r#"[{"id":1,"generation":1,"size":1}]"#).unwrap();
+        let register_at = |status: StatusCode| {
+            let file = file.clone();
+            async move {
+                let (addr, _) = answering(move |_| (status, "{}")).await;
+                let args = RegisterArgs {
+                    client: ClientArgs {
+                        server: addr,
+                        token: None,
+                    },
+                    datanode: 7,
+                    file,
+                    prune: false,
+                };
+                format!("{:#}", register(args).await.unwrap_err())
+            }
+        };
+        let unknown = register_at(StatusCode::NOT_FOUND).await;
+        assert!(
+            unknown.contains("datanode 7 is not registered"),
+            "{unknown}"
+        );
+        let refused = register_at(StatusCode::UNAUTHORIZED).await;
+        assert!(
+            refused.contains("looking up datanode 7's epoch"),
+            "{refused}"
+        );
+        assert!(!refused.contains("register it first"), "{refused}");
     }
 
     fn operator(addr: String) -> Operator {

@@ -26,6 +26,26 @@ pub struct Operator {
     http: reqwest::Client,
 }
 
+/// A member's answer that is not a success, as an error.
+#[derive(Debug)]
+pub(crate) struct Answered {
+    member: String,
+    pub status: reqwest::StatusCode,
+    detail: String,
+}
+
+impl std::fmt::Display for Answered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} answered {}: {}",
+            self.member, self.status, self.detail
+        )
+    }
+}
+
+impl std::error::Error for Answered {}
+
 /// A member's non-2xx answer: its status, and the API's error code and message when the
 /// body is the API's JSON error (else the body).
 pub(crate) struct Refused {
@@ -149,13 +169,18 @@ impl Operator {
         self.refused_error(Refused::read(response).await)
     }
 
-    /// The error for `refused`: its status, and the API's code and message (or the body).
+    /// The error for `refused`: its status, and the API's code and message (or the body). A
+    /// caller may look at the status ([`Answered`]).
     pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
         let detail = match refused.error {
             Some((code, message)) => format!("{code}: {message}"),
             None => refused.body,
         };
-        anyhow::anyhow!("{} answered {}: {detail}", self.member(), refused.status)
+        anyhow::Error::new(Answered {
+            member: self.member().to_owned(),
+            status: refused.status,
+            detail,
+        })
     }
 
     /// Sends the request `build` makes, and again while the member cannot be reached, the
