@@ -496,6 +496,23 @@ mod tests {
         assert!(!refused.contains("register it first"), "{refused}");
     }
 
+    /// A request that no member given could answer names how many were tried, not only the
+    /// last one.
+    #[tokio::test]
+    async fn a_request_no_member_answered_says_all_were_tried() {
+        let closed = || {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let op = operator(format!("{},{}", closed(), closed()));
+        let e = op
+            .send(|| op.request(reqwest::Method::GET, "/v1/cluster"))
+            .await
+            .unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.contains("the last of the 2 members given"), "{text}");
+    }
+
     fn operator(addr: String) -> Operator {
         Operator::new(&ClientArgs {
             server: addr,

@@ -142,9 +142,21 @@ impl Operator {
                 }
                 Ok(r) => return Err(self.refusal(r).await),
                 Err(e) if (e.is_connect() || e.is_timeout()) && !last => {}
-                Err(e) => return Err(e).with_context(|| format!("contacting {asked}")),
+                Err(e) => return Err(e).with_context(|| self.contacting(&asked)),
             }
             self.next_member(&asked);
+        }
+    }
+
+    /// The context of a failure to reach `asked`: with several members, it was the last one
+    /// tried, the others having failed before.
+    fn contacting(&self, asked: &str) -> String {
+        match self.members.len() {
+            1 => format!("contacting {asked}"),
+            n => format!(
+                "contacting {asked} (the last of the {n} members given; the others could not \
+                 answer either)"
+            ),
         }
     }
 
@@ -227,7 +239,7 @@ impl Operator {
                 }
                 Ok(_) => {}
                 Err(e) if e.is_builder() || last_try => {
-                    return Err(e).with_context(|| format!("contacting {asked}"))
+                    return Err(e).with_context(|| self.contacting(&asked))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
                 Err(_) => {}
