@@ -115,7 +115,7 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_WATCH_HISTORY")]
     pub watch_history: Option<usize>,
     /// Benchmarks only: add this many microseconds to every WAL sync, to see how the node
-    /// behaves on a disk whose barriers are slower than this one's [default: 0].
+    /// behaves on a disk whose barriers are slower than this one's, at most 1000000 [default: 0].
     #[arg(long, env = "METASERVER_EMULATED_SYNC_LATENCY_US")]
     pub emulated_sync_latency_us: Option<u64>,
     /// Seconds a client connection may wait for its next request's headers before the server

@@ -11,6 +11,9 @@ use serde::Deserialize;
 
 use crate::cli::ServeArgs;
 
+/// The most `--emulated-sync-latency-us` may add to a sync.
+const MAX_EMULATED_SYNC_LATENCY: Duration = Duration::from_secs(1);
+
 /// Default listen address of `metaserver` and `serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7101";
 /// Default data directory.
@@ -292,6 +295,15 @@ impl ServeSettings {
                  sooner could cut a Raft message sent on one",
                 min.as_secs(),
                 min.as_secs() - 1
+            );
+        }
+        // A sync slowed by seconds would make the node unusable (its open, and its stop, wait
+        // for syncs): far past any disk it could stand for.
+        if self.emulated_sync_latency > MAX_EMULATED_SYNC_LATENCY {
+            bail!(
+                "--emulated-sync-latency-us must be at most {} (a second); got {}",
+                MAX_EMULATED_SYNC_LATENCY.as_micros(),
+                self.emulated_sync_latency.as_micros()
             );
         }
         if self.watch_history == Some(0) {
@@ -608,6 +620,13 @@ mod tests {
                     ..d()
                 },
                 "--watch-history",
+            ),
+            (
+                ServeArgs {
+                    emulated_sync_latency_us: Some(u64::MAX),
+                    ..d()
+                },
+                "--emulated-sync-latency-us",
             ),
             (
                 ServeArgs {
