@@ -56,6 +56,15 @@ impl DataDirLock {
     }
 }
 
+/// Creates `dir` (and its parents) if it does not exist. [`Error::DataDir`] if something other
+/// than a directory is there. Blocking.
+pub(crate) fn create(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(data_dir(dir, "is not a directory"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create data dir", dir, e))
+}
+
 fn data_dir(dir: &Path, reason: impl Into<String>) -> Error {
     Error::DataDir {
         path: dir.to_path_buf(),
@@ -136,5 +145,16 @@ mod tests {
         std::fs::write(dir.path().join(NODE_ID), "two\n").unwrap();
         let err = DataDirLock::acquire(dir.path(), 2).unwrap_err();
         assert!(err.to_string().contains("not a node id"), "{err}");
+    }
+
+    #[test]
+    fn a_data_dir_that_is_a_file_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let err = create(&file).unwrap_err();
+        assert!(err.to_string().contains("is not a directory"), "{err}");
+        create(&dir.path().join("a/b")).unwrap();
+        assert!(dir.path().join("a/b").is_dir());
     }
 }

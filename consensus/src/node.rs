@@ -192,8 +192,7 @@ impl MetaNode {
         let mut raft_config = cfg.raft_config()?;
         let c = cfg.clone();
         let (dir_lock, log, mut sm, incoming, rejoining, followed) = blocking(move || {
-            std::fs::create_dir_all(&c.data_dir)
-                .map_err(|e| Error::io("create data dir", &c.data_dir, e))?;
+            crate::data_dir::create(&c.data_dir)?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
             // soon after a first start would otherwise lose the whole dir, votes included.
             let parent = c.data_dir.parent().filter(|p| !p.as_os_str().is_empty());
