@@ -85,12 +85,40 @@ fn check_serve_options(options: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Reads the serve options after `--` as each node will, with what `local-cluster` sets
+/// itself (and what it does not pass on) left out: a bad one ends the command before any node
+/// starts, rather than each node printing the same error.
+fn check_serve_values(options: &[String]) -> Result<()> {
+    use clap::Parser;
+    let argv = ["metaserver", "serve"]
+        .into_iter()
+        .map(String::from)
+        .chain(options.iter().cloned());
+    let cli = crate::cli::Cli::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("the serve options after --: {}", e.render()))?;
+    let Some(crate::cli::Command::Serve(mut args)) = cli.command else {
+        bail!("the serve options after -- were not read as serve options");
+    };
+    args.config = None;
+    args.id = Some(1);
+    args.listen = Some("127.0.0.1:0".into());
+    args.listen_fd = None;
+    args.advertise = None;
+    args.data_dir = Some("node1".into());
+    args.peers = None;
+    args.init = Some(false);
+    crate::settings::ServeSettings::resolve(&args, false)
+        .map(|_| ())
+        .context("the serve options after --")
+}
+
 /// Runs the cluster until a signal or a child's death.
 pub async fn run(args: LocalClusterArgs) -> Result<()> {
     if args.nodes == 0 || args.nodes > 9 {
         bail!("--nodes must be 1 to 9, not {}", args.nodes);
     }
     check_serve_options(&args.serve_options)?;
+    check_serve_values(&args.serve_options)?;
     if std::env::var_os("METASERVER_CONFIG").is_some() {
         tracing::warn!("METASERVER_CONFIG is not passed on: {CONFIG_NOT_PASSED}");
     }
@@ -296,5 +324,23 @@ mod tests {
             config.contains("gives its nodes no config file"),
             "{config}"
         );
+    }
+
+    #[test]
+    fn serve_options_that_no_node_would_take_are_refused_before_any_starts() {
+        let check = |o: &[&str]| {
+            let options: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            check_serve_values(&options).map_err(|e| format!("{e:#}"))
+        };
+        check(&["--snapshot-rate", "67108864", "--watch-history=10"]).unwrap();
+        check(&[]).unwrap();
+        for bad in [
+            &["--bogus"][..],
+            &["--snapshot-rate", "abc"],
+            &["--wal-segment-bytes", "10"],
+        ] {
+            let refused = check(bad).unwrap_err();
+            assert!(refused.contains("the serve options after --"), "{refused}");
+        }
     }
 }
