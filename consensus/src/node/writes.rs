@@ -303,15 +303,26 @@ impl MetaNode {
     /// committed, or this node no longer leads (a change asked of it then goes elsewhere).
     async fn await_membership_committed(&self, deadline: tokio::time::Instant) {
         let mut rx = self.inner.raft.metrics();
+        let mut waited = false;
         loop {
-            {
+            let done = {
                 let m = rx.borrow_and_update();
                 let committed =
                     m.membership_config.log_id() == m.committed_membership_config.log_id();
-                if committed || m.state != openraft::ServerState::Leader {
-                    return;
+                committed || m.state != openraft::ServerState::Leader
+            };
+            if done {
+                if !waited {
+                    // openraft refused the change as one under way, yet its metrics show none:
+                    // they may lag behind it. They get a moment (the next change, at most
+                    // 100 ms) before the change is asked again.
+                    let until =
+                        deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
+                    let _ = tokio::time::timeout_at(until, rx.changed()).await;
                 }
+                return;
             }
+            waited = true;
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => {}
                 _ => return,
