@@ -15,5 +15,6 @@ mod follower_reads;
 mod helpers;
 mod membership;
 mod read_failover;
+mod readiness;
 mod rejoin;
 mod snapshot_room;
