@@ -94,8 +94,12 @@ fn check_serve_values(options: &[String]) -> Result<()> {
         .into_iter()
         .map(String::from)
         .chain(options.iter().cloned());
-    let cli = crate::cli::Cli::try_parse_from(argv)
-        .map_err(|e| anyhow::anyhow!("the serve options after --: {}", e.render()))?;
+    let cli = crate::cli::Cli::try_parse_from(argv).map_err(|e| {
+        anyhow::anyhow!(
+            "the serve options (after --, or METASERVER_* in the environment): {}",
+            e.render()
+        )
+    })?;
     let Some(crate::cli::Command::Serve(mut args)) = cli.command else {
         bail!("the serve options after -- were not read as serve options");
     };
@@ -109,7 +113,7 @@ fn check_serve_values(options: &[String]) -> Result<()> {
     args.init = Some(false);
     crate::settings::ServeSettings::resolve(&args, false)
         .map(|_| ())
-        .context("the serve options after --")
+        .context("the serve options (after --, or METASERVER_* in the environment)")
 }
 
 /// Runs the cluster until a signal or a child's death.
@@ -340,7 +344,7 @@ mod tests {
             &["--wal-segment-bytes", "10"],
         ] {
             let refused = check(bad).unwrap_err();
-            assert!(refused.contains("the serve options after --"), "{refused}");
+            assert!(refused.contains("the serve options (after --"), "{refused}");
         }
     }
 }
