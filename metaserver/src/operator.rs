@@ -29,7 +29,7 @@ pub(crate) use client::Operator;
 #[derive(Debug)]
 enum ShardsFile {
     List(Vec<ShardBody>),
-    Batch { epoch: u64, shards: Vec<ShardBody> },
+    Batch(BatchFile),
 }
 
 /// The batch form of the shards file.
@@ -46,10 +46,7 @@ impl ShardsFile {
     fn parse(text: &str) -> Result<ShardsFile> {
         match text.trim_start().chars().next() {
             Some('[') => Ok(ShardsFile::List(serde_json::from_str(text)?)),
-            Some('{') => {
-                let BatchFile { epoch, shards } = serde_json::from_str(text)?;
-                Ok(ShardsFile::Batch { epoch, shards })
-            }
+            Some('{') => Ok(ShardsFile::Batch(serde_json::from_str(text)?)),
             _ => bail!("the file holds no JSON list or object"),
         }
     }
@@ -226,7 +223,7 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         )
     })?;
     let (epoch, shards) = match parsed {
-        ShardsFile::Batch { epoch, shards } => (epoch, shards),
+        ShardsFile::Batch(BatchFile { epoch, shards }) => (epoch, shards),
         ShardsFile::List(shards) => {
             let id = args.datanode;
             let datanode: DatanodeView = op
@@ -412,7 +409,10 @@ mod tests {
         let list = ShardsFile::parse(r#" [{"id":1,"generation":2,"size":3}]"#).unwrap();
         assert!(matches!(list, ShardsFile::List(s) if s.len() == 1));
         let batch = ShardsFile::parse(r#"{"epoch":4,"shards":[]}"#).unwrap();
-        assert!(matches!(batch, ShardsFile::Batch { epoch: 4, .. }));
+        assert!(matches!(
+            batch,
+            ShardsFile::Batch(BatchFile { epoch: 4, .. })
+        ));
         let error = |text: &str| format!("{:#}", ShardsFile::parse(text).unwrap_err());
         let missing = error(r#"[{"id":1,"generation":2}]"#);
         assert!(missing.contains("missing field `size`"), "{missing}");

@@ -314,11 +314,8 @@ impl MetaNode {
             if done {
                 if !waited {
                     // openraft refused the change as one under way, yet its metrics show none:
-                    // they may lag behind it. They get a moment (the next change, at most
-                    // 100 ms) before the change is asked again.
-                    let until =
-                        deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
-                    let _ = tokio::time::timeout_at(until, rx.changed()).await;
+                    // they may lag behind it. They get a moment before it is asked again.
+                    let _ = self.await_metrics_change(deadline).await;
                 }
                 return;
             }

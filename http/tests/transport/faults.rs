@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, put_kv, start_alone, start_cluster, start_cluster_tuned, stop_all,
-    the_leader, TOKEN,
+    hand_over, http_client, keep_writing, put_kv, start_alone, start_cluster, start_cluster_tuned,
+    stop_all, stop_writing, the_leader, TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -157,38 +157,14 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
     let leader = the_leader(&servers);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let mut writers = tokio::task::JoinSet::new();
     // Two writers at each member.
-    for (w, server) in servers.values().chain(servers.values()).enumerate() {
-        let (http, stop, done) = (http_client(), stop.clone(), done.clone());
-        let base = format!("http://{}/v1/kv/hand-over/{w}-", server.addr);
-        writers.spawn(async move {
-            let mut refused = Vec::new();
-            for i in 0.. {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let sent = Instant::now();
-                let r = http
-                    .put(format!("{base}{i}"))
-                    .bearer_auth(TOKEN)
-                    .body("x")
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status().as_u16();
-                if status != 200 {
-                    refused.push(format!(
-                        "{base} after {:?}: {status} {}",
-                        sent.elapsed(),
-                        r.text().await.unwrap()
-                    ));
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            refused
-        });
-    }
+    let addrs = servers.values().chain(servers.values());
+    let writers = keep_writing(
+        addrs.map(|s| s.addr.clone()).collect(),
+        "hand-over/",
+        &stop,
+        &done,
+    );
     wait_for(
         || done.load(Ordering::Relaxed) >= 20,
         "the writers to start",
@@ -202,11 +178,7 @@ async fn writes_sent_to_a_leader_that_hands_over_are_taken_by_the_next() {
         "writes after the hand-over",
     )
     .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut refused = Vec::new();
-    while let Some(joined) = writers.join_next().await {
-        refused.extend(joined.unwrap());
-    }
+    let refused = stop_writing(&stop, writers).await;
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     let answered = done.load(Ordering::Relaxed);
     let list = http_client()

@@ -3,6 +3,8 @@
 //! with the token.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use meta_consensus::{MetaNode, Node, NodeConfig, Role};
 use meta_http::follower_read::CatchUp;
@@ -387,4 +389,60 @@ pub async fn put_kv(server: &Server, key: &str) -> reqwest::Response {
         .send()
         .await
         .unwrap()
+}
+
+/// Writers that put keys `{prefix}{w}-{i}` through the members at `addrs`, writer `w` through
+/// `addrs[w]`, until `stop` is set; `done` counts the answered writes. Each writer ends with
+/// the writes it saw refused (which, the status and body, and how long the answer took).
+pub fn keep_writing(
+    addrs: Vec<String>,
+    prefix: &str,
+    stop: &Arc<AtomicBool>,
+    done: &Arc<AtomicU64>,
+) -> tokio::task::JoinSet<Vec<String>> {
+    let mut writers = tokio::task::JoinSet::new();
+    for (w, addr) in addrs.into_iter().enumerate() {
+        let (http, stop, done) = (http_client(), stop.clone(), done.clone());
+        let base = format!("http://{addr}/v1/kv/{prefix}{w}-");
+        writers.spawn(async move {
+            let mut refused = Vec::new();
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let sent = std::time::Instant::now();
+                let r = http
+                    .put(format!("{base}{i}"))
+                    .bearer_auth(TOKEN)
+                    .body("x")
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                if status != 200 {
+                    refused.push(format!(
+                        "{base}{i} after {:?}: {status} {}",
+                        sent.elapsed(),
+                        r.text().await.unwrap()
+                    ));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            refused
+        });
+    }
+    writers
+}
+
+/// Stops the writers of [`keep_writing`] and returns every write they saw refused.
+pub async fn stop_writing(
+    stop: &AtomicBool,
+    mut writers: tokio::task::JoinSet<Vec<String>>,
+) -> Vec<String> {
+    stop.store(true, Ordering::Relaxed);
+    let mut refused = Vec::new();
+    while let Some(joined) = writers.join_next().await {
+        refused.extend(joined.unwrap());
+    }
+    refused
 }

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::common::wait_for;
-use crate::helpers::{http_client, start_cluster, stop_all, the_leader, TOKEN};
+use crate::helpers::{
+    http_client, keep_writing, start_cluster, stop_all, stop_writing, the_leader,
+};
 
 /// A follower that keeps up with a stream of writes is ready the first time it is asked while
 /// they flow: it applies a few entries behind the leader's commit index, and gets a moment to
@@ -16,27 +18,7 @@ async fn a_follower_that_keeps_up_is_ready_when_first_asked_under_writes() {
     let leader = the_leader(&servers);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let mut writers = tokio::task::JoinSet::new();
-    for w in 0..4 {
-        let (stop, done) = (stop.clone(), done.clone());
-        let leader = leader.addr.clone();
-        let http = http_client();
-        writers.spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let r = http
-                    .put(format!("http://{leader}/v1/kv/w{w}-{i}"))
-                    .bearer_auth(TOKEN)
-                    .body("\"x\"")
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success(), "{}", r.status());
-                done.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        });
-    }
+    let writers = keep_writing(vec![leader.addr.clone(); 4], "ready/", &stop, &done);
     wait_for(|| done.load(Ordering::Relaxed) >= 100, "writes flowing").await;
     let http = http_client();
     for follower in servers.values().filter(|s| s.node.id() != leader.node.id()) {
@@ -49,9 +31,7 @@ async fn a_follower_that_keeps_up_is_ready_when_first_asked_under_writes() {
         let body = r.text().await.unwrap();
         assert_eq!(status, 200, "node {}: {body}", follower.node.id());
     }
-    stop.store(true, Ordering::Relaxed);
-    while let Some(joined) = writers.join_next().await {
-        joined.unwrap();
-    }
+    let refused = stop_writing(&stop, writers).await;
+    assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
