@@ -110,6 +110,10 @@ pub enum Error {
     /// log was purged past the newest snapshot): it is kept, and the node does not start.
     #[error("registry {path} {reason}")]
     RegistryNotRebuildable { path: PathBuf, reason: String },
+    /// The log ends before entries the registry applied, on the only voter of its cluster, and
+    /// the registry cannot be kept as a snapshot: the node does not start, and nothing changed.
+    #[error("log {path} {reason}")]
+    LogBehindRegistry { path: PathBuf, reason: String },
     /// The data dir cannot be used: another process holds it, or it belongs to another node.
     #[error("data dir {path} {reason}")]
     DataDir { path: PathBuf, reason: String },

@@ -49,6 +49,7 @@ mod peer_refusals;
 mod rebuild_source;
 mod records;
 mod registry;
+mod registry_ahead;
 mod rejoin_marker;
 mod removal_notice;
 pub mod rpc_bounds;

@@ -314,6 +314,11 @@ impl LogStore {
         idx.last_log_id().is_none() && idx.last_purged.is_none() && idx.vote.is_none()
     }
 
+    /// The stored vote, if any.
+    pub(crate) fn vote(&self) -> Option<Vote> {
+        self.shared.index.read().vote
+    }
+
     /// Whether the stored vote is committed to another node: this node acknowledged that
     /// node as its term's leader, and may have given it a lease (see `node/votes.rs`).
     pub(crate) fn follows_another_leader(&self, me: crate::types::NodeId) -> bool {

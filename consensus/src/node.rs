@@ -19,6 +19,7 @@ use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::log_store::LogStore;
+use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::{SmShared, StateMachine};
@@ -160,21 +161,6 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
-/// The registry's applied index and the highest index the log or the newest snapshot holds,
-/// if the registry is ahead of both. A member applies entries a quorum holds durably, also
-/// before its own log's barrier covered them; after a power loss its registry (whose writes
-/// reach the disk on their own schedule) may keep some whose log records were lost. openraft
-/// cannot start from that state (it refuses a purge point past the snapshot), and the log
-/// cannot give those entries back: the registry is rebuilt from the snapshot and the log, and
-/// the leader sends the rest again.
-fn registry_ahead_of_log(sm: &StateMachine, log: &LogStore) -> Option<(u64, u64)> {
-    let applied = sm.shared().applied().0.map_or(0, |l| l.index);
-    let logged = log.summary().0.map_or(0, |l| l.index);
-    let snapshot = sm.shared().last_snapshot().map_or(0, |s| s.index);
-    let held = logged.max(snapshot);
-    (applied > held).then_some((applied, held))
-}
-
 impl MetaNode {
     /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
     /// Recovers the log, the registry and, when the registry is behind the log's purge point,
@@ -191,7 +177,7 @@ impl MetaNode {
         let datanode_timeout = cfg.datanode_timeout;
         let mut raft_config = cfg.raft_config()?;
         let c = cfg.clone();
-        let (dir_lock, log, mut sm, incoming, rejoining, followed) = blocking(move || {
+        let (dir_lock, log, mut sm, incoming, rejoining, followed, keep) = blocking(move || {
             crate::data_dir::create(&c.data_dir)?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
             // soon after a first start would otherwise lose the whole dir, votes included.
@@ -217,12 +203,6 @@ impl MetaNode {
                 Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
                 None => LogStore::open(&c.wal_dir(), wal_opts)?,
             };
-            // Before Raft starts: its first message from a leader gives the node a term.
-            let marker = RejoinMarker::new(&c.data_dir);
-            if log.holds_no_state() {
-                marker.set()?;
-            }
-            let rejoining = marker.is_set();
             let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
             let purged = log.last_purged().map(|l| l.index);
             let open_sm = || {
@@ -236,27 +216,44 @@ impl MetaNode {
                 )
             };
             let mut sm = open_sm()?;
-            if let Some((applied, held)) = registry_ahead_of_log(&sm, &log) {
-                tracing::warn!(
-                    applied,
-                    held,
-                    "the registry applied entries that neither the log nor a snapshot holds (a \
-                     power loss kept registry writes whose log records it lost): rebuilding it \
-                     from the newest snapshot and the log"
-                );
-                sm.shared().registry.rebuild_next();
-                drop(sm);
-                sm = open_sm()?;
+            let mut keep = None;
+            if let Some(ahead) = RegistryAhead::of(&sm, &log) {
+                match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
+                    Remedy::Keep => keep = Some(ahead),
+                    Remedy::Rebuild => {
+                        tracing::warn!(
+                            applied = ahead.applied.index,
+                            held = ahead.held,
+                            "the registry applied entries that neither the log nor a snapshot \
+                             holds (a power loss kept registry writes whose log records it \
+                             lost): rebuilding it from the newest snapshot and the log, which \
+                             the leader completes"
+                        );
+                        sm.shared().registry.rebuild_next();
+                        drop(sm);
+                        sm = open_sm()?;
+                    }
+                }
             }
+            // Before Raft starts (and once the registry was judged: a sole voter whose log is
+            // gone refuses above): its first message from a leader gives the node a term.
+            let marker = RejoinMarker::new(&c.data_dir);
+            if log.holds_no_state() {
+                marker.set()?;
+            }
+            let rejoining = marker.is_set();
             // The entries of the dirs made above (the log's and the snapshots' sync their own).
             sync_dir(&c.data_dir)?;
             // A cluster's version never goes back: an older build must not replay its log.
             sm.set_build_version(c.build_version);
             sm.shared().check_build(sm.shared().cluster_version())?;
             let followed = log.follows_another_leader(c.id);
-            Ok((dir_lock, log, sm, incoming, rejoining, followed))
+            Ok((dir_lock, log, sm, incoming, rejoining, followed, keep))
         })
         .await?;
+        if let Some(ahead) = keep {
+            ahead.keep(&mut sm, &log).await?;
+        }
         // Counted from now, after the log was read: any lease this node gave ended earlier.
         let lease_given_until =
             followed.then(|| std::time::Instant::now() + cfg.election_timeout());

@@ -1,0 +1,128 @@
+//! The only voter of a cluster whose log lost entries its registry applied (log files cut or
+//! gone) holds the only copy of them: it keeps the registry, as a snapshot, where a member of
+//! several voters would rebuild it; with no vote of the registry's term left, it refuses to
+//! start and changes nothing.
+
+mod common;
+
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+use common::Cluster;
+use meta_consensus::{Command, Consistency, MetaNode};
+
+const KEYS: usize = 40;
+
+fn put(key: &str) -> Command {
+    Command::Put {
+        key: key.into(),
+        value: key.as_bytes().to_vec(),
+        if_revision: None,
+    }
+}
+
+/// A single-voter cluster that acknowledged [`KEYS`] writes, stopped cleanly (its registry
+/// holds them all), and the index of the last one.
+async fn stopped_single_voter() -> Result<(Cluster, u64)> {
+    let mut c = Cluster::voters(1).await?;
+    let l = c.leader().await?;
+    let mut last = 0;
+    for i in 0..KEYS {
+        last = l.write(put(&format!("k/{i}"))).await?.index;
+    }
+    c.stop(1).await?;
+    Ok((c, last))
+}
+
+/// Cuts `bytes` off the end of what the newest log segment in `wal` holds (the segment is
+/// preallocated: its written part ends at its last byte that is not zero), as a damaged disk
+/// might; recovery takes the cut record for a torn write.
+fn cut_log_tail(wal: &Path, bytes: usize) -> Result<()> {
+    let newest = std::fs::read_dir(wal)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .max()
+        .context("a log segment")?;
+    let data = std::fs::read(&newest)?;
+    let written = data
+        .iter()
+        .rposition(|b| *b != 0)
+        .context("a written segment")?
+        + 1;
+    ensure!(written > bytes, "the segment holds {written} bytes");
+    let file = std::fs::OpenOptions::new().write(true).open(&newest)?;
+    file.set_len((written - bytes) as u64)?;
+    Ok(())
+}
+
+async fn holds_every_key(n: &MetaNode) -> Result<()> {
+    for i in 0..KEYS {
+        let key = format!("k/{i}");
+        n.kv_get(Consistency::Local, &key)
+            .await?
+            .with_context(|| format!("{key} was lost"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sole_voter_keeps_a_registry_its_log_fell_behind() -> Result<()> {
+    let (mut c, last) = stopped_single_voter().await?;
+    // About the last dozen writes' records.
+    cut_log_tail(&c.dir(1).join("wal"), 600)?;
+    let n = c.start(1).await?;
+    holds_every_key(&n).await?;
+    let snapshot = n
+        .status()
+        .snapshot_index
+        .context("the kept registry is a snapshot")?;
+    ensure!(
+        snapshot >= last,
+        "the snapshot ends at {snapshot}, before the last write {last}"
+    );
+    // It leads again and takes writes after the kept entries.
+    let l = c.leader().await?;
+    let next = l.write(put("after")).await?.index;
+    ensure!(next > last, "a write after the kept ones got index {next}");
+    // And it opens as usual from then on (the registry's lock goes with the last handle).
+    drop((n, l));
+    c.stop(1).await?;
+    let n = c.start(1).await?;
+    holds_every_key(&n).await?;
+    n.kv_get(Consistency::Local, "after")
+        .await?
+        .context("the write after the kept ones was lost")?;
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sole_voter_without_its_log_refuses_to_start_and_keeps_its_registry() -> Result<()> {
+    let (mut c, _) = stopped_single_voter().await?;
+    let wal = c.dir(1).join("wal");
+    let aside = c.dir(1).with_extension("wal-aside");
+    std::fs::rename(&wal, &aside)?;
+    let refused = match c.start(1).await {
+        Ok(_) => anyhow::bail!("a sole voter whose log is gone started"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("only voter") && refused.contains("holds no vote"),
+        "the refusal names why: {refused}"
+    );
+    ensure!(
+        c.dir(1).join("registry").join("TRUSTED").exists(),
+        "the registry was not kept as it was"
+    );
+    ensure!(
+        !c.dir(1).join("REJOINING").exists(),
+        "the refused start marked the node as rejoining"
+    );
+    // With its log back, it starts and holds everything.
+    std::fs::remove_dir_all(&wal)?;
+    std::fs::rename(&aside, &wal)?;
+    let n = c.start(1).await?;
+    holds_every_key(&n).await?;
+    c.shutdown().await
+}
