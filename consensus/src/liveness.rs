@@ -102,8 +102,11 @@ impl Liveness {
 
     /// Starts collecting afresh when `term` is newer than the term the record was collected in:
     /// a leader of a new term (even this node again) knows nothing of the heartbeats before. An
-    /// older term (a caller that read it just before the term changed) wipes nothing.
-    fn lead(&mut self, term: u64, now: Instant) {
+    /// older term (a caller that read it just before the term changed) wipes nothing. The node
+    /// calls it when it takes office (`now`: when it saw itself lead), so a leader asked a
+    /// timeout later has listened for that long; every other call here starts the clock too,
+    /// should that call come first.
+    pub fn lead(&mut self, term: u64, now: Instant) {
         if self.term_collected().is_none_or(|t| t < term) {
             self.term = Some((term, now));
             self.heard.clear();

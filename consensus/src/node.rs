@@ -340,7 +340,10 @@ impl MetaNode {
                         };
                         let mut led = inner.led_since.lock();
                         if led.is_none_or(|(t, _)| t != term) {
-                            *led = Some((term, std::time::Instant::now()));
+                            let now = std::time::Instant::now();
+                            *led = Some((term, now));
+                            // Datanodes' heartbeats reach this node from now on.
+                            inner.liveness.lock().lead(term, now);
                         }
                     }
                     if m.current_leader != leader {

@@ -190,3 +190,43 @@ async fn a_datanode_just_registered_is_not_reported_down() -> Result<()> {
     }
     c.shutdown().await
 }
+
+/// A new leader listens for heartbeats from when it takes office, not from the first question
+/// put to it: asked a timeout after its election, it calls a datanode that sent none down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_listens_from_its_election() -> Result<()> {
+    const TIMEOUT: Duration = Duration::from_millis(800);
+    let mut c = Cluster::new()?;
+    c.tune = |cfg| cfg.datanode_timeout = TIMEOUT;
+    for id in 1..=3 {
+        c.start(id).await?;
+    }
+    c.node(1)
+        .initialize((1..=3).map(|i| (i, Node::new(addr(i)))).collect())
+        .await?;
+    let old = c.leader().await?;
+    old.register_datanode(7, "10.0.0.7:7000").await?;
+    c.converged().await?;
+    let old = old.id();
+    c.stop(old).await?;
+    let leader = c.leader().await?;
+    // Nothing asks the new leader anything until a timeout (and a margin) after it led.
+    tokio::time::sleep(TIMEOUT + Duration::from_millis(200)).await;
+    let report = leader.liveness().await?;
+    ensure!(
+        report.collecting >= TIMEOUT,
+        "a leader asked a timeout after its election says it collected for {:?}",
+        report.collecting
+    );
+    let (_, liveness) = report
+        .datanodes
+        .iter()
+        .find(|(d, _)| d.id == 7)
+        .context("the registration is lost")?;
+    ensure!(
+        liveness.state == DatanodeState::Down,
+        "a datanode that sent no heartbeat to a leader elected a timeout ago is {:?}",
+        liveness.state
+    );
+    c.shutdown().await
+}
