@@ -311,6 +311,7 @@ impl MetaNode {
         node.await_loaded_metrics().await;
         node.note_membership_at_open();
         node.follow_metrics();
+        node.rebuild_damaged_snapshots();
         if rejoining {
             node.end_rejoin_when_caught_up();
         }

@@ -81,7 +81,7 @@ impl SnapshotBuilder {
             return Err(Error::Raft(format!("snapshot not captured: {why}")));
         }
         if let Some((meta, data)) = self.shared.current_snapshot() {
-            if meta.last_log_id == self.meta.last_log_id {
+            if meta.last_log_id == self.meta.last_log_id && !data.found_damaged() {
                 self.release();
                 return Ok((meta, data));
             }

@@ -23,6 +23,17 @@ pub struct SnapshotData {
     /// Deletes a received file when the last clone goes (nothing is left to delete once the
     /// file was moved into the snapshot store).
     received: Option<Arc<tempfile::TempPath>>,
+    /// What reading the whole file found, once it was read (shared by the clones).
+    check: Arc<FileCheck>,
+}
+
+/// Whether a snapshot file read whole matched its checksums; see [`SnapshotData::verify`].
+#[derive(Debug, Default)]
+struct FileCheck {
+    /// `Err` names the damage.
+    verdict: std::sync::OnceLock<std::result::Result<(), String>>,
+    /// A read of the file is under way or done.
+    started: std::sync::atomic::AtomicBool,
 }
 
 impl SnapshotData {
@@ -31,6 +42,7 @@ impl SnapshotData {
             path,
             bytes,
             received: None,
+            check: Arc::default(),
         }
     }
 
@@ -41,6 +53,7 @@ impl SnapshotData {
             path: PathBuf::new(),
             bytes: 0,
             received: None,
+            check: Arc::default(),
         }
     }
 
@@ -49,10 +62,16 @@ impl SnapshotData {
     /// dropped. Blocking: call off the async runtime.
     pub fn open_received(temp: tempfile::TempPath) -> Result<(SnapshotMeta, SnapshotData)> {
         let (meta, bytes) = read_meta(&temp)?;
+        let check = FileCheck::default();
+        let _ = check.verdict.set(Ok(()));
+        check
+            .started
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let data = SnapshotData {
             path: temp.to_path_buf(),
             bytes,
             received: Some(Arc::new(temp)),
+            check: Arc::new(check),
         };
         Ok((meta, data))
     }
@@ -71,6 +90,33 @@ impl SnapshotData {
     /// Payload bytes.
     pub fn payload_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Reads the whole file and checks it (magic, lengths, checksums), the first time only:
+    /// later calls, also on clones, answer what that read found. `Err` names the damage (bits
+    /// that rotted on disk since the file was written). Blocking.
+    pub(crate) fn verify(&self) -> std::result::Result<(), String> {
+        self.check
+            .started
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.check
+            .verdict
+            .get_or_init(|| read_meta(&self.path).map(drop).map_err(|e| e.to_string()))
+            .clone()
+    }
+
+    /// Whether a read of the file is under way or done, and takes it on if not: `true` the
+    /// first time only, for the caller that is to run [`SnapshotData::verify`].
+    pub(crate) fn take_verify(&self) -> bool {
+        !self
+            .check
+            .started
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Whether [`SnapshotData::verify`] found the file damaged (no IO).
+    pub(crate) fn found_damaged(&self) -> bool {
+        matches!(self.check.verdict.get(), Some(Err(_)))
     }
 }
 

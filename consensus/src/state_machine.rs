@@ -113,6 +113,8 @@ pub(crate) struct SmShared {
     current: Mutex<Option<(SnapshotMeta, SnapshotData)>>,
     /// Failed snapshot builds and requested ones: when automatic builds pause.
     pub(crate) builds: BuildPauses,
+    /// Notified when the newest snapshot's file was found damaged: the node builds a new one.
+    pub(crate) damaged: Arc<tokio::sync::Notify>,
     /// Tests: the next apply stops at this gate (`ApplyGate`).
     #[cfg(test)]
     pub(crate) apply_gate: Mutex<Option<ApplyGate>>,
@@ -208,6 +210,7 @@ impl StateMachine {
                 closing: AtomicBool::new(false),
                 current: Mutex::new(current),
                 builds: BuildPauses::default(),
+                damaged: Arc::default(),
                 #[cfg(test)]
                 apply_gate: Mutex::new(None),
             }),
@@ -352,6 +355,30 @@ impl SmShared {
     /// was built, installed or found at open, and retention never deletes the newest.
     pub(crate) fn current_snapshot(&self) -> Option<(SnapshotMeta, SnapshotData)> {
         self.current.lock().clone()
+    }
+
+    /// Reads the newest snapshot's file whole, off the caller's path, the first time it is
+    /// asked for (to be sent): a file whose bits rotted on disk since it was written would be
+    /// sent, and refused by every member, for ever. One found damaged is logged and
+    /// [`SmShared::damaged`] notified, so that the node builds a new one, which the builder does
+    /// even at the same log index (`SnapshotData::found_damaged`); meanwhile it is still
+    /// handed out, and refused.
+    pub(crate) fn check_in_background(&self, data: &SnapshotData) {
+        if !data.take_verify() {
+            return;
+        }
+        let data = data.clone();
+        let damaged = self.damaged.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(why) = data.verify() {
+                tracing::error!(
+                    "the newest snapshot {} is damaged ({why}); building a new one, which the \
+                     members that need a snapshot get instead",
+                    data.path().display()
+                );
+                damaged.notify_one();
+            }
+        });
     }
 
     pub(crate) fn replicas(&self) -> u64 {
@@ -680,6 +707,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> io::Result<Option<SnapshotOf<TypeConfig, SnapshotData>>> {
         let current = self.shared.current_snapshot();
+        if let Some((_, data)) = &current {
+            self.shared.check_in_background(data);
+        }
         Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }

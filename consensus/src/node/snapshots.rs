@@ -17,6 +17,29 @@ use crate::view::SnapshotInfo;
 const RETRIGGER: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl MetaNode {
+    /// Builds a new snapshot whenever the state machine finds the newest one's file damaged
+    /// (`SmShared::check_in_background`), until the node closes.
+    pub(super) fn rebuild_damaged_snapshots(&self) {
+        let damaged = self.inner.sm.damaged.clone();
+        let mut closing = self.inner.closing.subscribe();
+        // A weak handle: the task must not keep a node that shut down alive.
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = damaged.notified() => {}
+                    _ = closing.wait_for(|c| *c) => return,
+                }
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                if let Err(e) = inner.raft.trigger().snapshot().await {
+                    tracing::warn!("asking for a snapshot to replace a damaged one: {e}");
+                }
+            }
+        });
+    }
+
     /// Builds a snapshot of everything applied so far (or returns the newest one if it is
     /// already that recent) and returns once it is durable.
     pub async fn snapshot_now(&self) -> Result<SnapshotInfo> {
@@ -57,9 +80,13 @@ impl MetaNode {
             .ok_or_else(|| Error::Snapshot("no snapshot after building one".into()))
     }
 
-    /// The newest complete snapshot file (for a backup download). Does no IO.
+    /// The newest complete snapshot file (for a backup download). Does no IO here; the first
+    /// time the file is asked for, a background read checks it whole, and one found damaged is
+    /// replaced by a new build (the download itself is checked by whoever reads it: the
+    /// binary's `snapshot save` does).
     pub fn newest_snapshot_file(&self) -> Option<PathBuf> {
         let (_, data) = self.inner.sm.current_snapshot()?;
+        self.inner.sm.check_in_background(&data);
         Some(data.path().to_path_buf())
     }
 

@@ -1,0 +1,68 @@
+//! A leader whose newest snapshot file rotted on disk (a flipped payload byte, which only a read
+//! of the whole file finds) builds a new one once it is asked for it, so that a member that
+//! needs a snapshot gets one it accepts instead of the damaged file for ever.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+
+use anyhow::{ensure, Context, Result};
+use common::{addr, Cluster};
+use meta_consensus::{Command, Consistency, Node};
+
+fn put(key: &str) -> Command {
+    Command::Put {
+        key: key.into(),
+        value: key.as_bytes().to_vec(),
+        if_revision: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_is_replaced_before_a_new_member_needs_it() -> Result<()> {
+    let mut c = Cluster::three_tuned(|cfg| cfg.max_in_snapshot_log_to_keep = 0).await?;
+    let l = c.leader().await?;
+    for i in 0..200 {
+        l.write(put(&format!("k/{i:03}"))).await?;
+    }
+    // The leader's log is purged up to its snapshot: a new member can only start from it.
+    let snapshot = l.snapshot_now().await?;
+    let dir = c.dir(l.id()).join("snapshots");
+    let file = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .max()
+        .context("the leader's snapshot file")?;
+    let len = std::fs::metadata(&file)?.len();
+    ensure!(len > 1024, "a snapshot of {len} bytes");
+    // A byte in the middle of the payload, far from the header and the trailer.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)?;
+    let at = len / 2;
+    let mut byte = [0u8; 1];
+    f.seek(SeekFrom::Start(at))?;
+    std::io::Read::read_exact(&mut f, &mut byte)?;
+    f.seek(SeekFrom::Start(at))?;
+    f.write_all(&[byte[0] ^ 0x40])?;
+    f.sync_all()?;
+    drop(f);
+
+    let learner = c.start(4).await?;
+    l.add_learner(4, Node::new(addr(4))).await?;
+    learner
+        .wait_applied(snapshot.index, common::WAIT)
+        .await
+        .context("the new member never installed a snapshot")?;
+    for key in ["k/000", "k/199"] {
+        learner
+            .kv_get(Consistency::Local, key)
+            .await?
+            .with_context(|| format!("{key} missing on the new member"))?;
+    }
+    c.converged().await?;
+    c.shutdown().await
+}
