@@ -59,8 +59,9 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     let backup = open(file, scratch.path()).await?;
     check_keys(&backup).await?;
     check_addrs(&read(&backup, |b| b.datanodes()).await?)?;
+    let min_epoch = min_epoch(&backup).await?;
     check_empty(&op).await?;
-    let replayed = replay(&op, &backup).await;
+    let replayed = replay(&op, &backup, min_epoch).await;
     let (index, replicas, keys) = (backup.index(), backup.replicas(), backup.keys());
     // Closing the scratch registry flushes and deletes files: not on the async runtime.
     tokio::task::spawn_blocking(move || drop(backup))
@@ -90,9 +91,9 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     }))
 }
 
-/// Sends every datanode with its replicas, then every key, of `backup`.
-async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
-    let mut restored = Restored::default();
+/// The smallest epoch the restored datanodes get ([`epoch_floor`]), checked before anything
+/// is written: one the registry cannot take refuses the restore.
+async fn min_epoch(backup: &Arc<Backup>) -> Result<u64> {
     let datanodes = read(backup, |b| b.datanodes()).await?;
     let floors = read(backup, |b| b.highest_epoch_floor()).await?;
     let min_epoch = epoch_floor(now_micros(), &datanodes, floors);
@@ -104,6 +105,14 @@ async fn replay(op: &Operator, backup: &Arc<Backup>) -> Result<Restored> {
             min_epoch - 1
         );
     }
+    Ok(min_epoch)
+}
+
+/// Sends every datanode with its replicas, then every key, of `backup`, the datanodes with
+/// epochs of at least `min_epoch`.
+async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<Restored> {
+    let mut restored = Restored::default();
+    let datanodes = read(backup, |b| b.datanodes()).await?;
     restored.epoch_floor = raise_epoch_floor(op, min_epoch).await?;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
@@ -194,8 +203,9 @@ impl KvPages {
 
 /// Fails unless the cluster holds no datanode and no key.
 async fn check_empty(op: &Operator) -> Result<()> {
-    let datanodes: DatanodeList = op.get_json("/v1/datanodes").await?;
-    let keys: KvKeyPage = op.get_json("/v1/kv?limit=1").await?;
+    // Asked again while the cluster elects a leader or a member restarts, as the writes are.
+    let datanodes: DatanodeList = op.get_json_retrying("/v1/datanodes").await?;
+    let keys: KvKeyPage = op.get_json_retrying("/v1/kv?limit=1").await?;
     if !datanodes.datanodes.is_empty() || !keys.keys.is_empty() {
         bail!(
             "the cluster is not empty ({} datanode(s){}): a restore only goes into an empty \
@@ -397,7 +407,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::{check_addrs, epoch_floor, kv_path, raise_epoch_floor};
+    use super::{check_addrs, check_empty, epoch_floor, kv_path, raise_epoch_floor};
     use crate::cli::ClientArgs;
     use crate::operator::Operator;
     use axum::http::{header, StatusCode};
@@ -457,6 +467,41 @@ mod tests {
         // Raised: the floor the member answers.
         let (op, _) = answering(200, false, r#"{"epoch_floor":7}"#).await;
         assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), Some(7));
+    }
+
+    /// The check that the cluster is empty rides out a cluster without a leader yet (503, as
+    /// while it elects one), as the restore's writes do.
+    #[tokio::test]
+    async fn the_emptiness_check_waits_for_a_leader() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    let no_leader = r#"{"error":{"code":"no_leader","message":"electing"}}"#;
+                    let mut r = (StatusCode::SERVICE_UNAVAILABLE, no_leader).into_response();
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                    return r;
+                }
+                let body = match uri.path() {
+                    "/v1/datanodes" => r#"{"datanodes":[]}"#,
+                    _ => r#"{"keys":[],"next":null}"#,
+                };
+                (StatusCode::OK, body).into_response()
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let op = Operator::new(&ClientArgs {
+            server: addr.to_string(),
+            token: None,
+        })
+        .unwrap();
+        check_empty(&op).await.unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
     }
 
     #[test]

@@ -356,3 +356,27 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
     )
     .await;
 }
+
+/// A backup whose epochs are above what a restore can give (a datanode registered at the
+/// highest floor a registration may ask for, then again) is refused before anything is sent,
+/// and the error says so without claiming that the restore stopped part way.
+#[tokio::test]
+async fn a_backup_whose_epochs_are_too_high_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, addr) = start(&dir.path().join("node")).await;
+    let highest = json!({"addr": "10.0.0.7:9000", "min_epoch": 1u64 << 52}).to_string();
+    ok(Method::PUT, &addr, "/v1/datanodes/7", Some(highest)).await;
+    let again = json!({"addr": "10.0.0.7:9000"}).to_string();
+    let epoch = ok(Method::PUT, &addr, "/v1/datanodes/7", Some(again)).await["epoch"].clone();
+    assert_eq!(epoch, json!((1u64 << 52) + 1));
+    let backup = dir.path().join("backup.snap");
+    let backup = backup.to_str().unwrap();
+    let (saved, _, err) = run(&["snapshot", "save", "--server", &addr, backup], &[]).await;
+    assert!(saved, "{err}");
+    let (restored, _, err) = run(&["snapshot", "restore", "--server", &addr, backup], &[]).await;
+    assert!(!restored);
+    assert!(err.contains("holds epochs up to"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    assert!(!err.contains("part way"), "{err}");
+    server.stop().await;
+}

@@ -250,13 +250,33 @@ impl Operator {
         }
     }
 
+    /// `GET path`, sent as [`Operator::send`] sends, decoded from JSON.
     pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let response = self
             .send(|| self.request(reqwest::Method::GET, path))
             .await?;
-        response
-            .json()
-            .await
-            .with_context(|| format!("decoding the answer to GET {path}"))
+        decode(response, path).await
     }
+
+    /// [`Operator::get_json`], sent again as [`Operator::send_retrying`] sends, for a long
+    /// command's reads that must ride out a leader change or a member restarting.
+    pub(crate) async fn get_json_retrying<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T> {
+        let response = self
+            .send_retrying(|| self.request(reqwest::Method::GET, path))
+            .await?;
+        decode(response, path).await
+    }
+}
+
+async fn decode<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+    path: &str,
+) -> Result<T> {
+    response
+        .json()
+        .await
+        .with_context(|| format!("decoding the answer to GET {path}"))
 }
