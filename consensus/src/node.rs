@@ -19,6 +19,7 @@ use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::log_store::LogStore;
+use crate::rebuild_source::RebuildSource;
 use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
@@ -235,6 +236,14 @@ impl MetaNode {
                     }
                 }
             }
+            // A registry behind the log's purge point (deleted, say) is completed from the
+            // newest snapshot by openraft: without one that reaches the purge point, say so.
+            let source = RebuildSource {
+                purged: log.last_purged().map(|l| l.index),
+                snapshot: sm.shared().last_snapshot().map(|s| s.index),
+            };
+            let applied = sm.shared().applied().0.map_or(0, |l| l.index);
+            source.check_behind(&c.registry_dir(), applied)?;
             // Before Raft starts (and once the registry was judged: a sole voter whose log is
             // gone refuses above): its first message from a leader gives the node a term.
             let marker = RejoinMarker::new(&c.data_dir);

@@ -25,25 +25,52 @@ impl RebuildSource {
     /// from the first. Else [`Error::RegistryNotRebuildable`], naming the dir and what is
     /// missing.
     pub(crate) fn check(&self, dir: &Path, why: &str) -> Result<()> {
-        let Some(purged) = self.purged else {
+        let Some((purged, missing)) = self.gap() else {
             return Ok(());
-        };
-        let missing = match self.snapshot {
-            Some(s) if s >= purged => return Ok(()),
-            Some(s) => format!("the newest snapshot ends at entry {s}"),
-            None => "there is no snapshot".to_string(),
         };
         Err(Error::RegistryNotRebuildable {
             path: dir.to_path_buf(),
             reason: format!(
                 "{why}, so it is not reopened, and it cannot be rebuilt: the log is purged up to \
-                 entry {purged} and {missing}. It is left as it is. Put the missing snapshot \
-                 file back into the snapshots dir, or replace this member's data dir (remove it \
-                 from the voters, wipe the dir, add it again as a learner)"
+                 entry {purged} and {missing}. It is left as it is. {REMEDY}"
             ),
         })
     }
+
+    /// `Ok` when the registry in `dir`, which applied entries up to `applied` (0: none, as a
+    /// registry that was deleted), can be brought up to the log: it is not behind the log's
+    /// purge point, or the newest snapshot reaches that point. Else
+    /// [`Error::RegistryNotRebuildable`], naming the dir and what is missing (before Raft
+    /// starts: openraft would fail with a message about log indexes).
+    pub(crate) fn check_behind(&self, dir: &Path, applied: u64) -> Result<()> {
+        let Some((purged, missing)) = self.gap().filter(|(purged, _)| applied < *purged) else {
+            return Ok(());
+        };
+        Err(Error::RegistryNotRebuildable {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "holds entries up to {applied} only (it may have been deleted), and nothing can \
+                 complete it: the log is purged up to entry {purged} and {missing}. {REMEDY}"
+            ),
+        })
+    }
+
+    /// The purge point and what is missing to reach it, when the snapshot does not.
+    fn gap(&self) -> Option<(u64, String)> {
+        let purged = self.purged?;
+        let missing = match self.snapshot {
+            Some(s) if s >= purged => return None,
+            Some(s) => format!("the newest snapshot ends at entry {s}"),
+            None => "there is no snapshot".to_string(),
+        };
+        Some((purged, missing))
+    }
 }
+
+/// What an operator does about a registry that cannot be rebuilt.
+const REMEDY: &str = "Put the missing snapshot file back into the snapshots dir, or replace \
+                      this member's data dir (remove it from the voters, wipe the dir, add it \
+                      again as a learner)";
 
 #[cfg(test)]
 mod tests {

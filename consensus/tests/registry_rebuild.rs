@@ -125,3 +125,34 @@ async fn an_untrusted_registry_is_kept_when_it_cannot_be_rebuilt() -> Result<()>
     std::fs::rename(&aside, &snapshots)?;
     rebuilt(c, id, digest).await
 }
+
+/// A registry that is gone, on a member whose log is purged up to a snapshot that is gone too,
+/// cannot be completed: the start fails naming what is missing (not with openraft's message
+/// about log indexes), and succeeds once the snapshot is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registry_without_the_snapshot_it_needs_is_named() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    std::fs::remove_dir_all(c.dir(id).join("registry"))?;
+    let snapshots = c.dir(id).join("snapshots");
+    let aside = c.dir(id).with_extension("snapshots-aside");
+    std::fs::rename(&snapshots, &aside)?;
+    std::fs::create_dir(&snapshots)?;
+    let refused = match c.start(id).await {
+        Ok(_) => {
+            anyhow::bail!("a node without its registry and the snapshot to rebuild it started")
+        }
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("nothing can complete it") && refused.contains("no snapshot"),
+        "the refusal names what is missing: {refused}"
+    );
+    std::fs::remove_dir(&snapshots)?;
+    std::fs::rename(&aside, &snapshots)?;
+    let n = c.start(id).await?;
+    c.converged().await?;
+    let (_, again) = n.registry_digest().await?;
+    ensure!(again == digest, "the completed registry differs");
+    drop(n);
+    c.shutdown().await
+}
