@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use anyhow::Result;
 use common::{addr, Cluster, WAIT};
 use meta_consensus::{Consistency, Error, MetaNode, Node, Role};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
 /// Polls until `node` reports `role` (at most [`WAIT`]). The role also depends on a removal
@@ -526,5 +527,27 @@ async fn writes_at_a_leader_that_removed_itself_are_answered() -> Result<()> {
     let leader = c.leader().await?;
     assert_eq!(leader.id(), to);
     leader.register_datanode(7, "dn-7").await?;
+    c.shutdown().await
+}
+
+/// A learner promoted as soon as it was added is promoted once the leader hears it caught up
+/// (within a lease), rather than refused because the leader's progress figures lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_promoted_at_once_is_promoted_once_it_caught_up() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    c.start(4).await?;
+    let leader = c.leader().await?;
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    let voters: BTreeSet<_> = (1..=4).collect();
+    leader.change_voters(voters.clone()).await?;
+    let members: BTreeSet<_> = leader
+        .raft()
+        .metrics()
+        .borrow_watched()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(members, voters);
     c.shutdown().await
 }

@@ -217,15 +217,23 @@ impl MetaNode {
         self.check_open()?;
         self.forward_if_follower()?;
         let _one = self.inner.changing.lock().await;
-        // A leader that just took office has heard from no one yet: give the voters a lease to
-        // answer before the check below refuses the change for want of a majority.
+        // A leader that just took office has heard from no one yet, and one whose learner
+        // just caught up may not have its acknowledgement in its metrics yet: give them a lease
+        // before the checks below refuse the change for want of a majority or of a caught-up
+        // learner (a node that is no learner is refused at once).
         let _ = self
             .inner
             .raft
             .wait(Some(self.lease()))
             .metrics(
-                |m| self.check_majorities_answer(m, &voters).is_ok(),
-                "a majority of each voter set answers",
+                |m| {
+                    let promotable = match self.check_promotable(m, &voters) {
+                        Ok(()) | Err(Error::InvalidArgument(_)) => true,
+                        Err(_) => false,
+                    };
+                    promotable && self.check_majorities_answer(m, &voters).is_ok()
+                },
+                "a majority of each voter set answers, and the learners it adds caught up",
             )
             .await;
         self.checked_change(
