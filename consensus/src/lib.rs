@@ -57,6 +57,7 @@ mod sm_stats;
 mod snapshot_builder;
 mod snapshot_data;
 mod snapshot_format;
+mod sole_voter;
 mod state_machine;
 mod status;
 mod term_probe;

@@ -23,6 +23,7 @@ use crate::rebuild_source::RebuildSource;
 use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
+use crate::sole_voter;
 use crate::state_machine::{SmShared, StateMachine};
 use crate::term_probe::ProbeMembers;
 use crate::types::{NodeId, Raft, TypeConfig};
@@ -162,6 +163,52 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
+/// Opens the log and the registry, and judges a registry ahead of its log
+/// (`registry_ahead.rs`) and the only voter's vote (`sole_voter.rs`). Returns the registry to
+/// keep as a snapshot, if any. Blocking.
+fn open_log_and_registry(
+    c: &NodeConfig,
+    wal_opts: WalOptions,
+) -> Result<(LogStore, StateMachine, Option<RegistryAhead>)> {
+    let log = match &c.wal_fs {
+        Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
+        None => LogStore::open(&c.wal_dir(), wal_opts)?,
+    };
+    let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
+    let purged = log.last_purged().map(|l| l.index);
+    let open_sm = || {
+        StateMachine::open(
+            purged,
+            &c.registry_dir(),
+            &c.snapshot_dir(),
+            c.sled_cache_bytes,
+            c.snapshots_to_keep,
+            limiter.clone(),
+        )
+    };
+    let mut sm = open_sm()?;
+    let mut keep = None;
+    if let Some(ahead) = RegistryAhead::of(&sm, &log) {
+        match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
+            Remedy::Keep => keep = Some(ahead),
+            Remedy::Rebuild => {
+                tracing::warn!(
+                    applied = ahead.applied.index,
+                    held = ahead.held,
+                    "the registry applied entries that neither the log nor a snapshot holds (a \
+                     power loss kept registry writes whose log records it lost): rebuilding it \
+                     from the newest snapshot and the log, which the leader completes"
+                );
+                sm.shared().registry.rebuild_next();
+                drop(sm);
+                sm = open_sm()?;
+            }
+        }
+    }
+    sole_voter::check_vote(&sm, &log, &c.wal_dir(), c.id)?;
+    Ok((log, sm, keep))
+}
+
 impl MetaNode {
     /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
     /// Recovers the log, the registry and, when the registry is behind the log's purge point,
@@ -200,42 +247,17 @@ impl MetaNode {
                 extra_sync_latency: c.emulated_sync_latency,
                 ..WalOptions::default()
             };
-            let log = match &c.wal_fs {
-                Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
-                None => LogStore::open(&c.wal_dir(), wal_opts)?,
-            };
-            let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
-            let purged = log.last_purged().map(|l| l.index);
-            let open_sm = || {
-                StateMachine::open(
-                    purged,
-                    &c.registry_dir(),
-                    &c.snapshot_dir(),
-                    c.sled_cache_bytes,
-                    c.snapshots_to_keep,
-                    limiter.clone(),
-                )
-            };
-            let mut sm = open_sm()?;
-            let mut keep = None;
-            if let Some(ahead) = RegistryAhead::of(&sm, &log) {
-                match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
-                    Remedy::Keep => keep = Some(ahead),
-                    Remedy::Rebuild => {
-                        tracing::warn!(
-                            applied = ahead.applied.index,
-                            held = ahead.held,
-                            "the registry applied entries that neither the log nor a snapshot \
-                             holds (a power loss kept registry writes whose log records it \
-                             lost): rebuilding it from the newest snapshot and the log, which \
-                             the leader completes"
-                        );
-                        sm.shared().registry.rebuild_next();
-                        drop(sm);
-                        sm = open_sm()?;
-                    }
+            let wal_was_there = c.wal_dir().exists();
+            let opened = open_log_and_registry(&c, wal_opts);
+            // A refused start leaves no log dir it created, so that the operator's copy can be
+            // put back in its place.
+            let (log, sm, keep) = match opened {
+                Err(e @ Error::LogBehindRegistry { .. }) if !wal_was_there => {
+                    let _ = std::fs::remove_dir_all(c.wal_dir());
+                    return Err(e);
                 }
-            }
+                opened => opened?,
+            };
             // A registry behind the log's purge point (deleted, say) is completed from the
             // newest snapshot by openraft: without one that reaches the purge point, say so.
             let source = RebuildSource {
@@ -244,8 +266,8 @@ impl MetaNode {
             };
             let applied = sm.shared().applied().0.map_or(0, |l| l.index);
             source.check_behind(&c.registry_dir(), applied)?;
-            // Before Raft starts (and once the registry was judged: a sole voter whose log is
-            // gone refuses above): its first message from a leader gives the node a term.
+            // Before Raft starts (and once the registry was judged: a sole voter whose log lost
+            // its vote refuses above): its first message from a leader gives the node a term.
             let marker = RejoinMarker::new(&c.data_dir);
             if log.holds_no_state() {
                 marker.set()?;

@@ -20,10 +20,10 @@
 use std::path::Path;
 
 use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
-use openraft::vote::RaftLeaderId;
 
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
+use crate::sole_voter;
 use crate::state_machine::StateMachine;
 use crate::types::{LogId, NodeId};
 
@@ -57,7 +57,7 @@ impl RegistryAhead {
 
     /// What node `me` does with it: [`Remedy::Rebuild`] unless the registry's membership has
     /// `me` as its only voter; then [`Remedy::Keep`] if the log's vote is of the registry's last
-    /// term or later, else [`Error::LogBehindRegistry`].
+    /// term or later, else [`Error::LogBehindRegistry`] (`sole_voter.rs`).
     pub(crate) fn remedy(
         &self,
         sm: &StateMachine,
@@ -65,32 +65,11 @@ impl RegistryAhead {
         log_dir: &Path,
         me: NodeId,
     ) -> Result<Remedy> {
-        let (_, membership) = sm.shared().applied();
-        let config = membership.membership();
-        let sole =
-            config.get_joint_config().len() == 1 && config.voter_ids().eq(std::iter::once(me));
-        if !sole {
+        if !sole_voter::is_sole_voter(&sm.shared().applied().1, me) {
             return Ok(Remedy::Rebuild);
         }
-        let term = self.applied.leader_id.term;
-        let voted = log.vote().map(|v| v.leader_id().term());
-        if voted.is_some_and(|t| t >= term) {
-            return Ok(Remedy::Keep);
-        }
-        let vote = match voted {
-            Some(t) => format!("its newest vote is of term {t}, before the registry's {term}"),
-            None => "it holds no vote".to_string(),
-        };
-        Err(Error::LogBehindRegistry {
-            path: log_dir.to_path_buf(),
-            reason: format!(
-                "ends at entry {}, but the registry applied entries up to {} (of term {term}) and \
-                 this node is its cluster's only voter, so nothing else holds them; {vote}, so \
-                 the registry cannot be kept as a snapshot either. Nothing was changed. Take \
-                 the data dir aside and restore a backup into a fresh one",
-                self.held, self.applied.index
-            ),
-        })
+        sole_voter::check_vote(sm, log, log_dir, me)?;
+        Ok(Remedy::Keep)
     }
 
     /// Keeps the registry: snapshots it, then purges the log up to its last entry. Before Raft

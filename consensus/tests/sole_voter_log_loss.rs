@@ -119,10 +119,44 @@ async fn a_sole_voter_without_its_log_refuses_to_start_and_keeps_its_registry() 
         !c.dir(1).join("REJOINING").exists(),
         "the refused start marked the node as rejoining"
     );
-    // With its log back, it starts and holds everything.
-    std::fs::remove_dir_all(&wal)?;
+    // The refused start left no log dir of its own: the log goes back where it was.
+    ensure!(!wal.exists(), "the refused start left a log dir behind");
     std::fs::rename(&aside, &wal)?;
     let n = c.start(1).await?;
     holds_every_key(&n).await?;
+    c.shutdown().await
+}
+
+/// With a snapshot that covers the registry, the registry is not ahead of what the node holds,
+/// but the log's vote is still gone: started, the node would lead term 1 over entries of a
+/// later term (openraft then panics, and the log refuses every later start as inverted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sole_voter_whose_log_lost_its_vote_refuses_to_start() -> Result<()> {
+    let (mut c, _) = stopped_single_voter().await?;
+    // A restart elects it again, in a later term; the snapshot ends in that term.
+    let n = c.start(1).await?;
+    let l = c.leader().await?;
+    l.write(put("later")).await?;
+    let snapshot = l.snapshot_now().await?;
+    ensure!(snapshot.index > 0, "no snapshot");
+    drop((n, l));
+    c.stop(1).await?;
+    let wal = c.dir(1).join("wal");
+    let aside = c.dir(1).with_extension("wal-aside");
+    std::fs::rename(&wal, &aside)?;
+    let refused = match c.start(1).await {
+        Ok(_) => anyhow::bail!("a sole voter whose log lost its vote started"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("only voter") && refused.contains("holds no vote"),
+        "the refusal names why: {refused}"
+    );
+    ensure!(!wal.exists(), "the refused start left a log dir behind");
+    std::fs::rename(&aside, &wal)?;
+    let n = c.start(1).await?;
+    holds_every_key(&n).await?;
+    c.leader().await?.write(put("after")).await?;
+    drop(n);
     c.shutdown().await
 }
