@@ -263,6 +263,7 @@ impl MetaNode {
             let source = RebuildSource {
                 purged: log.last_purged().map(|l| l.index),
                 snapshot: sm.shared().last_snapshot().map(|s| s.index),
+                snapshot_file: None,
             };
             let applied = sm.shared().applied().0.map_or(0, |l| l.index);
             source.check_behind(&c.registry_dir(), applied)?;

@@ -4,19 +4,22 @@
 //! otherwise the node refuses to start and leaves it as it is, since it may be the only copy
 //! left on this member (the newest snapshot file lost while the log was purged up to it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
 /// What the registry can be rebuilt from, looked at before one is deleted. The default, a log
 /// never purged, holds every entry (a scratch registry, a backup's or a test's, has nothing to
 /// rebuild from, and needs nothing).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RebuildSource {
     /// The entry the log is purged up to, if it is.
     pub(crate) purged: Option<u64>,
     /// The entry the newest snapshot ends at, if there is one.
     pub(crate) snapshot: Option<u64>,
+    /// The newest snapshot's file, read whole before a registry is deleted in reliance on it
+    /// (its payload may have rotted since it was written; a start checks only its ends).
+    pub(crate) snapshot_file: Option<PathBuf>,
 }
 
 impl RebuildSource {
@@ -25,7 +28,7 @@ impl RebuildSource {
     /// from the first. Else [`Error::RegistryNotRebuildable`], naming the dir and what is
     /// missing.
     pub(crate) fn check(&self, dir: &Path, why: &str) -> Result<()> {
-        let Some((purged, missing)) = self.gap() else {
+        let Some((purged, missing)) = self.gap().or_else(|| self.damaged_snapshot()) else {
             return Ok(());
         };
         Err(Error::RegistryNotRebuildable {
@@ -55,6 +58,18 @@ impl RebuildSource {
         })
     }
 
+    /// The purge point and what is wrong with the snapshot that reaches it, when the log is
+    /// purged and the snapshot's file does not read back whole. Blocking: reads the file.
+    fn damaged_snapshot(&self) -> Option<(u64, String)> {
+        let purged = self.purged?;
+        let file = self.snapshot_file.as_ref()?;
+        let damage = meta_store::SnapshotReader::open(file).err()?;
+        Some((
+            purged,
+            format!("the newest snapshot, which reaches it, is damaged ({damage})"),
+        ))
+    }
+
     /// The purge point and what is missing to reach it, when the snapshot does not.
     fn gap(&self) -> Option<(u64, String)> {
         let purged = self.purged?;
@@ -77,7 +92,12 @@ mod tests {
     use super::*;
 
     fn check(purged: Option<u64>, snapshot: Option<u64>) -> Result<()> {
-        RebuildSource { purged, snapshot }.check(Path::new("/r"), "failed a write")
+        RebuildSource {
+            purged,
+            snapshot,
+            snapshot_file: None,
+        }
+        .check(Path::new("/r"), "failed a write")
     }
 
     #[test]

@@ -180,6 +180,7 @@ impl StateMachine {
             snapshot: current
                 .as_ref()
                 .and_then(|(meta, _)| meta.last_log_id.map(|l| l.index)),
+            snapshot_file: current.as_ref().map(|(_, data)| data.path().to_path_buf()),
         };
         let registry = Registry::open_rebuildable(registry_dir, cache_bytes, &source)?;
         let gen = registry.current();

@@ -217,7 +217,7 @@ mod tests {
         let dir = base.path().join("registry");
         let lost = RebuildSource {
             purged: Some(10),
-            snapshot: None,
+            ..RebuildSource::default()
         };
         let m = opened_in(&dir, "boot-a");
         // Left open in an earlier boot.
@@ -233,6 +233,7 @@ mod tests {
         let back = RebuildSource {
             purged: Some(10),
             snapshot: Some(10),
+            ..RebuildSource::default()
         };
         in_boot("boot-a", || TrustMarker::check(&dir, &back)).unwrap();
         assert!(!dir.exists(), "deleted once it can be rebuilt");
