@@ -209,6 +209,37 @@ fn open_log_and_registry(
     Ok((log, sm, keep))
 }
 
+/// Builds a snapshot of the registry before Raft starts when the newest snapshot ends before
+/// the log's purge point (a newer snapshot file was lost or deleted): openraft refuses to start
+/// from that state (a debug build panics; a release one sent the older snapshot, which leaves a
+/// member behind the purge point, again and again in a tight loop). The registry reaches the
+/// purge point (`RebuildSource::check_behind` refused the start otherwise).
+async fn replace_snapshot_behind_purge(sm: &mut StateMachine, log: &LogStore) -> Result<()> {
+    let Some(purged) = log.last_purged() else {
+        return Ok(());
+    };
+    let snapshot = sm.shared().last_snapshot().map(|s| s.index);
+    if snapshot.is_some_and(|s| s >= purged.index) {
+        return Ok(());
+    }
+    tracing::warn!(
+        purged = purged.index,
+        snapshot,
+        "the newest snapshot ends before the log's purge point (a newer snapshot file was lost): \
+         building one from the registry"
+    );
+    let built = sm
+        .snapshot_before_raft("to replace one behind the purge point")
+        .await?;
+    if built.is_none_or(|b| b.index < purged.index) {
+        return Err(Error::Raft(format!(
+            "a snapshot built to replace one behind the log's purge point {purged} ends at \
+             {built:?}"
+        )));
+    }
+    Ok(())
+}
+
 impl MetaNode {
     /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
     /// Recovers the log, the registry and, when the registry is behind the log's purge point,
@@ -283,8 +314,9 @@ impl MetaNode {
             Ok((dir_lock, log, sm, incoming, rejoining, followed, keep))
         })
         .await?;
-        if let Some(ahead) = keep {
-            ahead.keep(&mut sm, &log).await?;
+        match keep {
+            Some(ahead) => ahead.keep(&mut sm, &log).await?,
+            None => replace_snapshot_behind_purge(&mut sm, &log).await?,
         }
         // Counted from now, after the log was read: any lease this node gave ended earlier.
         let lease_given_until =

@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::storage::RaftLogStorage;
 
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
@@ -82,17 +82,12 @@ impl RegistryAhead {
              files were damaged or cut); this node is its cluster's only voter, so the registry \
              is their only copy: keeping it, as a snapshot the log is purged up to"
         );
-        let built = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .map_err(|e| Error::Raft(format!("snapshot the registry kept: {e}")))?;
-        if built.meta.last_log_id != Some(self.applied) {
+        let built = sm.snapshot_before_raft("the registry kept").await?;
+        if built != Some(self.applied) {
             return Err(Error::Raft(format!(
-                "snapshot the registry kept: the build ended at {:?}, not at the registry's last \
-                 entry {}",
-                built.meta.last_log_id, self.applied
+                "snapshot the registry kept: the build ended at {built:?}, not at the registry's \
+                 last entry {}",
+                self.applied
             )));
         }
         log.clone()

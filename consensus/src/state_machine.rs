@@ -150,6 +150,20 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl StateMachine {
+    /// Builds a snapshot of the registry as it is, before Raft starts (`what` names it in
+    /// errors), and answers the last entry it holds. On return the snapshot is durable and the
+    /// newest.
+    pub(crate) async fn snapshot_before_raft(&mut self, what: &str) -> Result<Option<LogId>> {
+        use openraft::storage::RaftSnapshotBuilder;
+        let built = self
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .map_err(|e| Error::Raft(format!("snapshot {what}: {e}")))?;
+        Ok(built.meta.last_log_id)
+    }
+
     /// Opens the registry in `registry_dir` and the snapshot store in `snapshot_dir`, for a log
     /// purged up to entry `purged` (`None`: never purged). Blocking (opens files). The snapshot
     /// store opens first: a registry that is not to be reopened is deleted only when the newest

@@ -66,3 +66,44 @@ async fn a_damaged_snapshot_is_replaced_before_a_new_member_needs_it() -> Result
     c.converged().await?;
     c.shutdown().await
 }
+
+/// A member whose newest snapshot file was lost, leaving an older one that ends before its
+/// log's purge point, builds a new one when it starts: openraft refuses to start from that
+/// state (a debug build panics), and a release build sent the older one, which cannot bring a
+/// member that needs a snapshot up to the log, again and again in a tight loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_behind_the_purge_point_is_replaced_at_start() -> Result<()> {
+    let mut c = Cluster::three_tuned(|cfg| cfg.max_in_snapshot_log_to_keep = 0).await?;
+    let l = c.leader().await?;
+    let id = if l.id() == 1 { 2 } else { 1 };
+    let node = c.node(id).clone();
+    let mut ends = Vec::new();
+    for round in 0..2 {
+        for i in 0..20 {
+            let w = l.write(put(&format!("r{round}/{i}"))).await?;
+            node.wait_applied(w.index, common::WAIT).await?;
+        }
+        ends.push(node.snapshot_now().await?.index);
+    }
+    drop(node);
+    c.stop(id).await?;
+    let newest = c
+        .dir(id)
+        .join("snapshots")
+        .join(format!("snap-{:020}-{:020}.snap", ends[1], 1));
+    ensure!(newest.exists(), "no snapshot file {}", newest.display());
+    std::fs::remove_file(&newest)?;
+    let n = c.start(id).await?;
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while n.status().snapshot_index.is_none_or(|s| s < ends[1]) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the snapshot stayed at {:?}, behind the purge point {}",
+            n.status().snapshot_index,
+            ends[1]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(n);
+    c.shutdown().await
+}
