@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use meta_store::{RateLimiter, WalOptions};
+use meta_store::WalOptions;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::network::NetSnapshot;
 use openraft::RaftNetworkFactory;
@@ -20,11 +20,9 @@ use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::log_store::LogStore;
 use crate::rebuild_source::RebuildSource;
-use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
-use crate::sole_voter;
-use crate::state_machine::{SmShared, StateMachine};
+use crate::state_machine::SmShared;
 use crate::term_probe::ProbeMembers;
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::uncancelled::{uncancelled, uncancelled_stream};
@@ -36,6 +34,7 @@ mod heartbeats;
 mod leader_contact;
 mod membership;
 mod reads;
+mod recovery;
 mod rejoin_gate;
 mod removal;
 mod snapshots;
@@ -163,83 +162,6 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
-/// Opens the log and the registry, and judges a registry ahead of its log
-/// (`registry_ahead.rs`) and the only voter's vote (`sole_voter.rs`). Returns the registry to
-/// keep as a snapshot, if any. Blocking.
-fn open_log_and_registry(
-    c: &NodeConfig,
-    wal_opts: WalOptions,
-) -> Result<(LogStore, StateMachine, Option<RegistryAhead>)> {
-    let log = match &c.wal_fs {
-        Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
-        None => LogStore::open(&c.wal_dir(), wal_opts)?,
-    };
-    let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
-    let purged = log.last_purged().map(|l| l.index);
-    let open_sm = || {
-        StateMachine::open(
-            purged,
-            &c.registry_dir(),
-            &c.snapshot_dir(),
-            c.sled_cache_bytes,
-            c.snapshots_to_keep,
-            limiter.clone(),
-        )
-    };
-    let mut sm = open_sm()?;
-    let mut keep = None;
-    if let Some(ahead) = RegistryAhead::of(&sm, &log) {
-        match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
-            Remedy::Keep => keep = Some(ahead),
-            Remedy::Rebuild => {
-                tracing::warn!(
-                    applied = ahead.applied.index,
-                    held = ahead.held,
-                    "the registry applied entries that neither the log nor a snapshot holds (a \
-                     power loss kept registry writes whose log records it lost): rebuilding it \
-                     from the newest snapshot and the log, which the leader completes"
-                );
-                sm.shared().registry.rebuild_next();
-                drop(sm);
-                sm = open_sm()?;
-            }
-        }
-    }
-    sole_voter::check_vote(&sm, &log, &c.wal_dir(), c.id)?;
-    Ok((log, sm, keep))
-}
-
-/// Builds a snapshot of the registry before Raft starts when the newest snapshot ends before
-/// the log's purge point (a newer snapshot file was lost or deleted): openraft refuses to start
-/// from that state (a debug build panics; a release one sent the older snapshot, which leaves a
-/// member behind the purge point, again and again in a tight loop). The registry reaches the
-/// purge point (`RebuildSource::check_behind` refused the start otherwise).
-async fn replace_snapshot_behind_purge(sm: &mut StateMachine, log: &LogStore) -> Result<()> {
-    let Some(purged) = log.last_purged() else {
-        return Ok(());
-    };
-    let snapshot = sm.shared().last_snapshot().map(|s| s.index);
-    if snapshot.is_some_and(|s| s >= purged.index) {
-        return Ok(());
-    }
-    tracing::warn!(
-        purged = purged.index,
-        snapshot,
-        "the newest snapshot ends before the log's purge point (a newer snapshot file was lost): \
-         building one from the registry"
-    );
-    let built = sm
-        .snapshot_before_raft("to replace one behind the purge point")
-        .await?;
-    if built.is_none_or(|b| b.index < purged.index) {
-        return Err(Error::Raft(format!(
-            "a snapshot built to replace one behind the log's purge point {purged} ends at \
-             {built:?}"
-        )));
-    }
-    Ok(())
-}
-
 impl MetaNode {
     /// Opens the node in `cfg.data_dir` (creating it if needed) and starts Raft with `network`.
     /// Recovers the log, the registry and, when the registry is behind the log's purge point,
@@ -279,7 +201,7 @@ impl MetaNode {
                 ..WalOptions::default()
             };
             let wal_was_there = c.wal_dir().exists();
-            let opened = open_log_and_registry(&c, wal_opts);
+            let opened = recovery::open_log_and_registry(&c, wal_opts);
             // A refused start leaves no log dir it created, so that the operator's copy can be
             // put back in its place.
             let (log, sm, keep) = match opened {
@@ -316,7 +238,7 @@ impl MetaNode {
         .await?;
         match keep {
             Some(ahead) => ahead.keep(&mut sm, &log).await?,
-            None => replace_snapshot_behind_purge(&mut sm, &log).await?,
+            None => recovery::replace_snapshot_behind_purge(&mut sm, &log).await?,
         }
         // Counted from now, after the log was read: any lease this node gave ended earlier.
         let lease_given_until =

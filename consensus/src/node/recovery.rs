@@ -1,0 +1,94 @@
+//! What a node checks and repairs of its log, registry and snapshots before Raft starts, where
+//! openraft would refuse (or panic at) the state it finds: a registry ahead of its log, the
+//! only voter's lost vote, a newest snapshot behind the log's purge point.
+
+use std::sync::Arc;
+
+use meta_store::{RateLimiter, WalOptions};
+
+use crate::config::NodeConfig;
+use crate::error::{Error, Result};
+use crate::log_store::LogStore;
+use crate::registry_ahead::{RegistryAhead, Remedy};
+use crate::sole_voter;
+use crate::state_machine::StateMachine;
+
+/// Opens the log and the registry, and judges a registry ahead of its log
+/// (`registry_ahead.rs`) and the only voter's vote (`sole_voter.rs`). Returns the registry to
+/// keep as a snapshot, if any. Blocking.
+pub(super) fn open_log_and_registry(
+    c: &NodeConfig,
+    wal_opts: WalOptions,
+) -> Result<(LogStore, StateMachine, Option<RegistryAhead>)> {
+    let log = match &c.wal_fs {
+        Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
+        None => LogStore::open(&c.wal_dir(), wal_opts)?,
+    };
+    let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
+    let purged = log.last_purged().map(|l| l.index);
+    let open_sm = || {
+        StateMachine::open(
+            purged,
+            &c.registry_dir(),
+            &c.snapshot_dir(),
+            c.sled_cache_bytes,
+            c.snapshots_to_keep,
+            limiter.clone(),
+        )
+    };
+    let mut sm = open_sm()?;
+    let mut keep = None;
+    if let Some(ahead) = RegistryAhead::of(&sm, &log) {
+        match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
+            Remedy::Keep => keep = Some(ahead),
+            Remedy::Rebuild => {
+                tracing::warn!(
+                    applied = ahead.applied.index,
+                    held = ahead.held,
+                    "the registry applied entries that neither the log nor a snapshot holds (a \
+                     power loss kept registry writes whose log records it lost): rebuilding it \
+                     from the newest snapshot and the log, which the leader completes"
+                );
+                sm.shared().registry.rebuild_next();
+                drop(sm);
+                sm = open_sm()?;
+            }
+        }
+    }
+    sole_voter::check_vote(&sm, &log, &c.wal_dir(), c.id)?;
+    Ok((log, sm, keep))
+}
+
+/// Builds a snapshot of the registry before Raft starts when the newest snapshot ends before
+/// the log's purge point (a newer snapshot file was lost or deleted): openraft refuses to start
+/// from that state (a debug build panics; a release one sent the older snapshot, which leaves a
+/// member behind the purge point, again and again in a tight loop). The registry reaches the
+/// purge point (`RebuildSource::check_behind` refused the start otherwise).
+pub(super) async fn replace_snapshot_behind_purge(
+    sm: &mut StateMachine,
+    log: &LogStore,
+) -> Result<()> {
+    let Some(purged) = log.last_purged() else {
+        return Ok(());
+    };
+    let snapshot = sm.shared().last_snapshot().map(|s| s.index);
+    if snapshot.is_some_and(|s| s >= purged.index) {
+        return Ok(());
+    }
+    tracing::warn!(
+        purged = purged.index,
+        snapshot,
+        "the newest snapshot ends before the log's purge point (a newer snapshot file was lost): \
+         building one from the registry"
+    );
+    let built = sm
+        .snapshot_before_raft("to replace one behind the purge point")
+        .await?;
+    if built.is_none_or(|b| b.index < purged.index) {
+        return Err(Error::Raft(format!(
+            "a snapshot built to replace one behind the log's purge point {purged} ends at \
+             {built:?}"
+        )));
+    }
+    Ok(())
+}
