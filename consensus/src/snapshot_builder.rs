@@ -81,7 +81,15 @@ impl SnapshotBuilder {
             return Err(Error::Raft(format!("snapshot not captured: {why}")));
         }
         if let Some((meta, data)) = self.shared.current_snapshot() {
-            if meta.last_log_id == self.meta.last_log_id && !data.found_damaged() {
+            // The file is reused only if it reads back whole (a rotted one is built again).
+            let sound = || match data.verify_now() {
+                Ok(()) => true,
+                Err(why) => {
+                    self.shared.report_damage(&data, &why);
+                    false
+                }
+            };
+            if meta.last_log_id == self.meta.last_log_id && sound() {
                 self.release();
                 return Ok((meta, data));
             }

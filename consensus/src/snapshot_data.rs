@@ -6,7 +6,9 @@
 //! it. The file's header carries the Raft metadata (last log id and membership).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use meta_store::{SnapshotReader, SnapshotStore};
 
@@ -30,11 +32,15 @@ pub struct SnapshotData {
 /// Whether a snapshot file read whole matched its checksums; see [`SnapshotData::verify`].
 #[derive(Debug, Default)]
 struct FileCheck {
-    /// `Err` names the damage.
-    verdict: std::sync::OnceLock<std::result::Result<(), String>>,
-    /// A read of the file is under way or done.
-    started: std::sync::atomic::AtomicBool,
+    /// When the file was last read whole, and what that found (`Err` names the damage).
+    last: parking_lot::Mutex<Option<(Instant, std::result::Result<(), String>)>>,
+    /// A background read ([`SnapshotData::claim_check`]) is under way.
+    running: AtomicBool,
 }
+
+/// How long a read that found a file sound is trusted: bits may rot later, so a file asked
+/// for again after this is read again (at most one read per file in this time).
+const CHECK_FRESH_FOR: Duration = Duration::from_secs(1);
 
 impl SnapshotData {
     pub(crate) fn stored(path: PathBuf, bytes: u64) -> Self {
@@ -63,10 +69,7 @@ impl SnapshotData {
     pub fn open_received(temp: tempfile::TempPath) -> Result<(SnapshotMeta, SnapshotData)> {
         let (meta, bytes) = read_meta(&temp)?;
         let check = FileCheck::default();
-        let _ = check.verdict.set(Ok(()));
-        check
-            .started
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        *check.last.lock() = Some((Instant::now(), Ok(())));
         let data = SnapshotData {
             path: temp.to_path_buf(),
             bytes,
@@ -92,31 +95,58 @@ impl SnapshotData {
         self.bytes
     }
 
-    /// Reads the whole file and checks it (magic, lengths, checksums), the first time only:
-    /// later calls, also on clones, answer what that read found. `Err` names the damage (bits
-    /// that rotted on disk since the file was written). Blocking.
+    /// Reads the whole file and checks it (magic, lengths, checksums), unless a read less than
+    /// [`CHECK_FRESH_FOR`] ago found it sound, or any earlier read found it damaged: those
+    /// answer from memory, also on clones. `Err` names the damage (bits that rotted on disk
+    /// since the file was written). Blocking.
     pub(crate) fn verify(&self) -> std::result::Result<(), String> {
-        self.check
-            .started
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.check
-            .verdict
-            .get_or_init(|| read_meta(&self.path).map(drop).map_err(|e| e.to_string()))
-            .clone()
+        match self.known() {
+            Some(known) => known,
+            None => self.read_whole(),
+        }
     }
 
-    /// Whether a read of the file is under way or done, and takes it on if not: `true` the
-    /// first time only, for the caller that is to run [`SnapshotData::verify`].
-    pub(crate) fn take_verify(&self) -> bool {
-        !self
-            .check
-            .started
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    /// [`SnapshotData::verify`], but reads a file found sound however lately it was (before a
+    /// snapshot asked for is answered with this file rather than a new one). Blocking.
+    pub(crate) fn verify_now(&self) -> std::result::Result<(), String> {
+        match self.known() {
+            Some(Err(damage)) => Err(damage),
+            _ => self.read_whole(),
+        }
     }
 
-    /// Whether [`SnapshotData::verify`] found the file damaged (no IO).
-    pub(crate) fn found_damaged(&self) -> bool {
-        matches!(self.check.verdict.get(), Some(Err(_)))
+    fn read_whole(&self) -> std::result::Result<(), String> {
+        let found = read_meta(&self.path).map(drop).map_err(|e| e.to_string());
+        *self.check.last.lock() = Some((Instant::now(), found.clone()));
+        found
+    }
+
+    /// What a read of the file found, while it stands: damage for good, soundness for
+    /// [`CHECK_FRESH_FOR`].
+    fn known(&self) -> Option<std::result::Result<(), String>> {
+        match &*self.check.last.lock() {
+            Some((_, Err(e))) => Some(Err(e.clone())),
+            Some((at, Ok(()))) if at.elapsed() < CHECK_FRESH_FOR => Some(Ok(())),
+            _ => None,
+        }
+    }
+
+    /// Whether the file is due a read ([`SnapshotData::verify`] would read it) and no background
+    /// read is under way; if so, the caller runs one and then calls
+    /// [`SnapshotData::end_check`].
+    pub(crate) fn claim_check(&self) -> bool {
+        self.known().is_none() && !self.check.running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether `other` stands for the same file as this (clones of one snapshot do; a file
+    /// built again under the same name does not).
+    pub(crate) fn same_file_as(&self, other: &SnapshotData) -> bool {
+        Arc::ptr_eq(&self.check, &other.check)
+    }
+
+    /// Ends a background read claimed with [`SnapshotData::claim_check`].
+    pub(crate) fn end_check(&self) {
+        self.check.running.store(false, Ordering::Release);
     }
 }
 

@@ -372,28 +372,31 @@ impl SmShared {
         self.current.lock().clone()
     }
 
-    /// Reads the newest snapshot's file whole, off the caller's path, the first time it is
-    /// asked for (to be sent): a file whose bits rotted on disk since it was written would be
-    /// sent, and refused by every member, for ever. One found damaged is logged and
-    /// [`SmShared::damaged`] notified, so that the node builds a new one, which the builder does
-    /// even at the same log index (`SnapshotData::found_damaged`); meanwhile it is still
-    /// handed out, and refused.
+    /// Reads the newest snapshot's file whole, off the caller's path, when it is asked for (to
+    /// be sent) and was not read lately (`SnapshotData::verify`): a file whose bits rotted on
+    /// disk since it was written would be sent, and refused by every member, for ever. One
+    /// found damaged is reported ([`SmShared::report_damage`]); meanwhile it is still handed
+    /// out, and refused.
     pub(crate) fn check_in_background(&self, data: &SnapshotData) {
-        if !data.take_verify() {
+        if !data.claim_check() {
             return;
         }
         let data = data.clone();
         let damaged = self.damaged.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(why) = data.verify() {
-                tracing::error!(
-                    "the newest snapshot {} is damaged ({why}); building a new one, which the \
-                     members that need a snapshot get instead",
-                    data.path().display()
-                );
-                damaged.notify_one();
+            let found = data.verify();
+            data.end_check();
+            if let Err(why) = found {
+                report_damage(&damaged, &data, &why);
             }
         });
+    }
+
+    /// Logs that the newest snapshot's file is damaged (`why`) and notifies
+    /// [`SmShared::damaged`], so that the node builds a new one, which the builder does even at
+    /// the same log index (it reuses a file only if `SnapshotData::verify` finds it sound).
+    pub(crate) fn report_damage(&self, data: &SnapshotData, why: &str) {
+        report_damage(&self.damaged, data, why);
     }
 
     pub(crate) fn replicas(&self) -> u64 {
@@ -727,6 +730,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
+}
+
+fn report_damage(damaged: &tokio::sync::Notify, data: &SnapshotData, why: &str) {
+    tracing::error!(
+        "the newest snapshot {} is damaged ({why}); building a new one, which the members that \
+         need a snapshot get instead",
+        data.path().display()
+    );
+    damaged.notify_one();
 }
 
 impl Drop for SmShared {

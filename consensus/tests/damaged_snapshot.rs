@@ -27,29 +27,7 @@ async fn a_damaged_snapshot_is_replaced_before_a_new_member_needs_it() -> Result
     }
     // The leader's log is purged up to its snapshot: a new member can only start from it.
     let snapshot = l.snapshot_now().await?;
-    let dir = c.dir(l.id()).join("snapshots");
-    let file = std::fs::read_dir(&dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-        .max()
-        .context("the leader's snapshot file")?;
-    let len = std::fs::metadata(&file)?.len();
-    ensure!(len > 1024, "a snapshot of {len} bytes");
-    // A byte in the middle of the payload, far from the header and the trailer.
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&file)?;
-    let at = len / 2;
-    let mut byte = [0u8; 1];
-    f.seek(SeekFrom::Start(at))?;
-    std::io::Read::read_exact(&mut f, &mut byte)?;
-    f.seek(SeekFrom::Start(at))?;
-    f.write_all(&[byte[0] ^ 0x40])?;
-    f.sync_all()?;
-    drop(f);
+    flip_a_payload_byte(&c.dir(l.id()))?;
 
     let learner = c.start(4).await?;
     l.add_learner(4, Node::new(addr(4))).await?;
@@ -63,8 +41,55 @@ async fn a_damaged_snapshot_is_replaced_before_a_new_member_needs_it() -> Result
             .await?
             .with_context(|| format!("{key} missing on the new member"))?;
     }
+    // The rebuilt file was read whole when it was first sent; it rots too. A member that
+    // needs a snapshot a moment later still gets a sound one: a file asked for again is read
+    // again (at most once a second).
+    flip_a_payload_byte(&c.dir(l.id()))?;
+    let second = c.start(5).await?;
+    l.add_learner(5, Node::new(addr(5))).await?;
+    second
+        .wait_applied(snapshot.index, common::WAIT)
+        .await
+        .context("the second new member never installed a snapshot")?;
     c.converged().await?;
+    // A snapshot asked for with nothing applied since is not the damaged file handed back.
+    flip_a_payload_byte(&c.dir(l.id()))?;
+    l.snapshot_now().await?;
+    let newest = newest_snapshot(&c.dir(l.id()))?;
+    meta_store::SnapshotReader::open(&newest).context("the snapshot asked for is damaged")?;
+    drop((learner, second));
     c.shutdown().await
+}
+
+/// The newest snapshot file in the data dir `dir`.
+fn newest_snapshot(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    std::fs::read_dir(dir.join("snapshots"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .max()
+        .context("a snapshot file")
+}
+
+/// Flips a byte in the middle of the payload of the newest snapshot in the data dir `dir`, far
+/// from the header and the trailer (which a start checks), as rot on disk would.
+fn flip_a_payload_byte(dir: &std::path::Path) -> Result<()> {
+    let file = newest_snapshot(dir)?;
+    let len = std::fs::metadata(&file)?.len();
+    ensure!(len > 1024, "a snapshot of {len} bytes");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)?;
+    let at = len / 2;
+    let mut byte = [0u8; 1];
+    f.seek(SeekFrom::Start(at))?;
+    std::io::Read::read_exact(&mut f, &mut byte)?;
+    f.seek(SeekFrom::Start(at))?;
+    f.write_all(&[byte[0] ^ 0x40])?;
+    f.sync_all()?;
+    Ok(())
 }
 
 /// A member whose newest snapshot file was lost, leaving an older one that ends before its

@@ -16,6 +16,10 @@ use crate::view::SnapshotInfo;
 /// for.
 const RETRIGGER: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// How often [`MetaNode::snapshot_now`] looks whether a snapshot built again at the same index
+/// (to replace a damaged file) has landed.
+const REBUILD_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl MetaNode {
     /// Builds a new snapshot whenever the state machine finds the newest one's file damaged
     /// (`SmShared::check_in_background`), until the node closes.
@@ -51,8 +55,17 @@ impl MetaNode {
         let asked = std::time::Instant::now();
         let deadline = tokio::time::Instant::now() + self.inner.cfg.install_snapshot_timeout;
         let mut triggered: Option<tokio::time::Instant> = None;
+        // A newest snapshot that is to stand for this one must read back whole: one that rotted
+        // on disk is built again at the same index (a new file).
+        let mut rotted = self.rotted_snapshot().await?;
         loop {
-            if raft.metrics().borrow_watched().snapshot >= applied {
+            if let Some(old) = &rotted {
+                let current = self.inner.sm.current_snapshot();
+                if current.is_some_and(|(_, data)| !data.same_file_as(old)) {
+                    rotted = None;
+                }
+            }
+            if rotted.is_none() && raft.metrics().borrow_watched().snapshot >= applied {
                 break;
             }
             // A build that failed while an older snapshot stands in does not advance the
@@ -72,12 +85,37 @@ impl MetaNode {
                     .map_err(|e| self.fatal(e))?;
                 triggered = Some(tokio::time::Instant::now());
             }
-            self.await_metrics_change(deadline).await?;
+            match rotted {
+                // A build at the same index changes no metric: look again in a moment.
+                Some(_) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::Timeout);
+                    }
+                    tokio::time::sleep(REBUILD_POLL).await;
+                }
+                None => self.await_metrics_change(deadline).await?,
+            }
         }
         self.inner
             .sm
             .last_snapshot()
             .ok_or_else(|| Error::Snapshot("no snapshot after building one".into()))
+    }
+
+    /// The newest snapshot's file if it no longer reads back whole (reported, so that a new
+    /// one is built), read now on a blocking thread.
+    async fn rotted_snapshot(&self) -> Result<Option<SnapshotData>> {
+        let Some((_, data)) = self.inner.sm.current_snapshot() else {
+            return Ok(None);
+        };
+        let read = data.clone();
+        match blocking(move || Ok(read.verify_now())).await? {
+            Ok(()) => Ok(None),
+            Err(why) => {
+                self.inner.sm.report_damage(&data, &why);
+                Ok(Some(data))
+            }
+        }
     }
 
     /// The newest complete snapshot file (for a backup download). Does no IO here; the first
