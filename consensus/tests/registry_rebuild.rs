@@ -109,10 +109,9 @@ async fn an_untrusted_registry_is_kept_when_it_cannot_be_rebuilt() -> Result<()>
     std::fs::create_dir(&snapshots)?;
     let db = c.dir(id).join("registry").join("db");
     ensure!(db.exists(), "the registry has its sled files");
-    let refused = match c.start(id).await {
-        Ok(_) => anyhow::bail!("a node without the snapshot its purged log needs started"),
-        Err(e) => format!("{e:#}"),
-    };
+    let refused = c
+        .start_refused(id, "a node without the snapshot its purged log needs")
+        .await?;
     ensure!(
         refused.contains("cannot be rebuilt") && refused.contains("snapshot"),
         "the refusal names why: {refused}"
@@ -137,12 +136,12 @@ async fn a_deleted_registry_without_the_snapshot_it_needs_is_named() -> Result<(
     let aside = c.dir(id).with_extension("snapshots-aside");
     std::fs::rename(&snapshots, &aside)?;
     std::fs::create_dir(&snapshots)?;
-    let refused = match c.start(id).await {
-        Ok(_) => {
-            anyhow::bail!("a node without its registry and the snapshot to rebuild it started")
-        }
-        Err(e) => format!("{e:#}"),
-    };
+    let refused = c
+        .start_refused(
+            id,
+            "a node without its registry and the snapshot to rebuild it",
+        )
+        .await?;
     ensure!(
         refused.contains("nothing can complete it") && refused.contains("no snapshot"),
         "the refusal names what is missing: {refused}"
@@ -178,10 +177,9 @@ async fn an_untrusted_registry_is_kept_when_the_snapshot_it_needs_is_damaged() -
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0x20;
     std::fs::write(&newest, &damaged)?;
-    let refused = match c.start(id).await {
-        Ok(_) => anyhow::bail!("a node whose rebuild needs a damaged snapshot started"),
-        Err(e) => format!("{e:#}"),
-    };
+    let refused = c
+        .start_refused(id, "a node whose rebuild needs a damaged snapshot")
+        .await?;
     ensure!(
         refused.contains("cannot be rebuilt") && refused.contains("damaged"),
         "the refusal names the damage: {refused}"

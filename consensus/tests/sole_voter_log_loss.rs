@@ -57,6 +57,27 @@ fn cut_log_tail(wal: &Path, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Takes node 1's log dir aside, checks that the node refuses to start without it, saying why,
+/// and runs `also` on the data dir it left; then puts the log back, where the refused start left no
+/// log dir of its own.
+async fn refused_without_its_log(
+    c: &mut Cluster,
+    also: impl Fn(&Path) -> Result<()>,
+) -> Result<()> {
+    let wal = c.dir(1).join("wal");
+    let aside = c.dir(1).with_extension("wal-aside");
+    std::fs::rename(&wal, &aside)?;
+    let refused = c.start_refused(1, "a sole voter without its log").await?;
+    ensure!(
+        refused.contains("only voter") && refused.contains("holds no vote"),
+        "the refusal names why: {refused}"
+    );
+    also(&c.dir(1))?;
+    ensure!(!wal.exists(), "the refused start left a log dir behind");
+    std::fs::rename(&aside, &wal)?;
+    Ok(())
+}
+
 async fn holds_every_key(n: &MetaNode) -> Result<()> {
     for i in 0..KEYS {
         let key = format!("k/{i}");
@@ -100,28 +121,18 @@ async fn a_sole_voter_keeps_a_registry_its_log_fell_behind() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sole_voter_without_its_log_refuses_to_start_and_keeps_its_registry() -> Result<()> {
     let (mut c, _) = stopped_single_voter().await?;
-    let wal = c.dir(1).join("wal");
-    let aside = c.dir(1).with_extension("wal-aside");
-    std::fs::rename(&wal, &aside)?;
-    let refused = match c.start(1).await {
-        Ok(_) => anyhow::bail!("a sole voter whose log is gone started"),
-        Err(e) => format!("{e:#}"),
-    };
-    ensure!(
-        refused.contains("only voter") && refused.contains("holds no vote"),
-        "the refusal names why: {refused}"
-    );
-    ensure!(
-        c.dir(1).join("registry").join("TRUSTED").exists(),
-        "the registry was not kept as it was"
-    );
-    ensure!(
-        !c.dir(1).join("REJOINING").exists(),
-        "the refused start marked the node as rejoining"
-    );
-    // The refused start left no log dir of its own: the log goes back where it was.
-    ensure!(!wal.exists(), "the refused start left a log dir behind");
-    std::fs::rename(&aside, &wal)?;
+    refused_without_its_log(&mut c, |dir| {
+        ensure!(
+            dir.join("registry").join("TRUSTED").exists(),
+            "the registry was not kept as it was"
+        );
+        ensure!(
+            !dir.join("REJOINING").exists(),
+            "the refused start marked the node as rejoining"
+        );
+        Ok(())
+    })
+    .await?;
     let n = c.start(1).await?;
     holds_every_key(&n).await?;
     c.shutdown().await
@@ -141,19 +152,7 @@ async fn a_sole_voter_whose_log_lost_its_vote_refuses_to_start() -> Result<()> {
     ensure!(snapshot.index > 0, "no snapshot");
     drop((n, l));
     c.stop(1).await?;
-    let wal = c.dir(1).join("wal");
-    let aside = c.dir(1).with_extension("wal-aside");
-    std::fs::rename(&wal, &aside)?;
-    let refused = match c.start(1).await {
-        Ok(_) => anyhow::bail!("a sole voter whose log lost its vote started"),
-        Err(e) => format!("{e:#}"),
-    };
-    ensure!(
-        refused.contains("only voter") && refused.contains("holds no vote"),
-        "the refusal names why: {refused}"
-    );
-    ensure!(!wal.exists(), "the refused start left a log dir behind");
-    std::fs::rename(&aside, &wal)?;
+    refused_without_its_log(&mut c, |_| Ok(())).await?;
     let n = c.start(1).await?;
     holds_every_key(&n).await?;
     c.leader().await?.write(put("after")).await?;

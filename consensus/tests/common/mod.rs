@@ -114,6 +114,15 @@ impl Cluster {
         Ok(node)
     }
 
+    /// Starts node `id`, which must refuse to (`what` says what it is, for the error when it
+    /// starts), and answers the refusal, with its causes.
+    pub async fn start_refused(&mut self, id: NodeId, what: &str) -> Result<String> {
+        match self.start(id).await {
+            Ok(_) => bail!("{what} started"),
+            Err(e) => Ok(format!("{e:#}")),
+        }
+    }
+
     /// Makes node `id` unreachable and shuts it down (its data dir stays).
     pub async fn stop(&mut self, id: NodeId) -> Result<()> {
         self.router.unregister(id);
