@@ -64,13 +64,7 @@ async fn joins(c: &mut Cluster, leader: &MetaNode, id: u64, index: u64) -> Resul
 
 /// The newest snapshot file in the data dir `dir`.
 fn newest_snapshot(dir: &std::path::Path) -> Result<std::path::PathBuf> {
-    std::fs::read_dir(dir.join("snapshots"))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-        .max()
-        .context("a snapshot file")
+    common::newest_file(&dir.join("snapshots"), "snap")
 }
 
 /// Flips a byte in the middle of the payload of the newest snapshot in the data dir `dir`, far

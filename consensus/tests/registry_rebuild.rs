@@ -164,14 +164,7 @@ async fn a_deleted_registry_without_the_snapshot_it_needs_is_named() -> Result<(
 async fn an_untrusted_registry_is_kept_when_the_snapshot_it_needs_is_damaged() -> Result<()> {
     let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
     std::fs::remove_file(c.dir(id).join("registry").join("TRUSTED"))?;
-    let snapshots = c.dir(id).join("snapshots");
-    let newest = std::fs::read_dir(&snapshots)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-        .max()
-        .context("a snapshot file")?;
+    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
     let sound = std::fs::read(&newest)?;
     let mut damaged = sound.clone();
     let middle = damaged.len() / 2;

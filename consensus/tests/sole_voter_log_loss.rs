@@ -38,13 +38,7 @@ async fn stopped_single_voter() -> Result<(Cluster, u64)> {
 /// preallocated: its written part ends at its last byte that is not zero), as a damaged disk
 /// might; recovery takes the cut record for a torn write.
 fn cut_log_tail(wal: &Path, bytes: usize) -> Result<()> {
-    let newest = std::fs::read_dir(wal)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-        .max()
-        .context("a log segment")?;
+    let newest = common::newest_file(wal, "wal")?;
     let data = std::fs::read(&newest)?;
     let written = data
         .iter()

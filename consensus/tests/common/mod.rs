@@ -285,3 +285,15 @@ pub async fn register(leader: &MetaNode, dn: u64, shards: std::ops::Range<u64>) 
     }
     Ok(epoch)
 }
+
+/// The file in `dir` whose name ends in `.ext` and sorts last (log segments and snapshots are
+/// named so that the newest sorts last).
+pub fn newest_file(dir: &std::path::Path, ext: &str) -> Result<PathBuf> {
+    std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .max()
+        .with_context(|| format!("no .{ext} file in {}", dir.display()))
+}
