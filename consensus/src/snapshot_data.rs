@@ -25,7 +25,7 @@ pub struct SnapshotData {
     /// Deletes a received file when the last clone goes (nothing is left to delete once the
     /// file was moved into the snapshot store).
     received: Option<Arc<tempfile::TempPath>>,
-    /// What reading the whole file found, once it was read (shared by the clones).
+    /// When the file was last read whole, and what that found (shared by the clones).
     check: Arc<FileCheck>,
 }
 

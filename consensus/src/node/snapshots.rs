@@ -57,7 +57,11 @@ impl MetaNode {
         let mut triggered: Option<tokio::time::Instant> = None;
         // A newest snapshot that is to stand for this one must read back whole: one that rotted
         // on disk is built again at the same index (a new file).
-        let mut rotted = self.rotted_snapshot().await?;
+        let mut rotted = if raft.metrics().borrow_watched().snapshot >= applied {
+            self.rotted_snapshot().await?
+        } else {
+            None
+        };
         loop {
             if let Some(old) = &rotted {
                 let current = self.inner.sm.current_snapshot();
@@ -118,8 +122,8 @@ impl MetaNode {
         }
     }
 
-    /// The newest complete snapshot file (for a backup download). Does no IO here; the first
-    /// time the file is asked for, a background read checks it whole, and one found damaged is
+    /// The newest complete snapshot file (for a backup download). Does no IO here; a file not
+    /// read whole in the last second is then read in the background, and one found damaged is
     /// replaced by a new build (the download itself is checked by whoever reads it: the
     /// binary's `snapshot save` does).
     pub fn newest_snapshot_file(&self) -> Option<PathBuf> {
