@@ -13,6 +13,9 @@ use crate::types::NodeId;
 
 /// Name of the lock file in the data dir.
 const LOCK: &str = "LOCK";
+/// The log's and the registry's dirs in the data dir (`NodeConfig::wal_dir`, `registry_dir`).
+const WAL: &str = "wal";
+const REGISTRY: &str = "registry";
 /// Name of the file that records which node the data dir belongs to.
 const NODE_ID: &str = "node-id";
 
@@ -89,9 +92,30 @@ fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => record_node_id(dir, id),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // The id is recorded before anything else is written: a dir that holds a log or a
+            // registry without it lost the file, and may be another member's (two processes
+            // answering for one member could vote twice in a term).
+            if holds_state(dir) {
+                return Err(data_dir(
+                    dir,
+                    format!(
+                        "holds a log or a registry but no {NODE_ID} file, so which node it belongs \
+                         to is not known; if it is node {id}'s, write {id} into {}",
+                        path.display()
+                    ),
+                ));
+            }
+            record_node_id(dir, id)
+        }
         Err(e) => Err(Error::io("read node id", &path, e)),
     }
+}
+
+/// Whether `dir` holds a log with anything in it, or a registry.
+fn holds_state(dir: &Path) -> bool {
+    let log = std::fs::read_dir(dir.join(WAL)).is_ok_and(|mut entries| entries.next().is_some());
+    log || dir.join(REGISTRY).exists()
 }
 
 fn record_node_id(dir: &Path, id: NodeId) -> Result<()> {
@@ -145,6 +169,26 @@ mod tests {
         std::fs::write(dir.path().join(NODE_ID), "two\n").unwrap();
         let err = DataDirLock::acquire(dir.path(), 2).unwrap_err();
         assert!(err.to_string().contains("not a node id"), "{err}");
+    }
+
+    /// A dir that lost its node id file after it got a log (or a registry) is not taken for
+    /// whichever node starts on it: it may be another member's.
+    #[test]
+    fn a_dir_with_a_log_but_no_node_id_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(WAL)).unwrap();
+        drop(DataDirLock::acquire(dir.path(), 5).expect("an empty log dir holds nothing"));
+        std::fs::remove_file(dir.path().join(NODE_ID)).unwrap();
+        std::fs::write(dir.path().join(WAL).join("1.wal"), b"x").unwrap();
+        let err = DataDirLock::acquire(dir.path(), 5).unwrap_err();
+        assert!(err.to_string().contains("no node-id file"), "{err}");
+        assert!(!dir.path().join(NODE_ID).exists(), "nothing was recorded");
+        std::fs::remove_dir_all(dir.path().join(WAL)).unwrap();
+        std::fs::create_dir(dir.path().join(REGISTRY)).unwrap();
+        let err = DataDirLock::acquire(dir.path(), 5).unwrap_err();
+        assert!(err.to_string().contains("no node-id file"), "{err}");
+        std::fs::write(dir.path().join(NODE_ID), "5\n").unwrap();
+        DataDirLock::acquire(dir.path(), 5).expect("the id written back is taken");
     }
 
     #[test]
