@@ -77,7 +77,7 @@ async fn a_voter_that_lost_its_data_dir_votes_again_only_once_it_has_the_log() -
     c.start(leader).await?;
     c.start(stale).await?;
     c.converged().await?;
-    rejoin_ends(&c.dir(wiped).join("REJOINING")).await?;
+    rejoin_ends(&c, wiped).await?;
     c.shutdown().await
 }
 
@@ -156,7 +156,7 @@ async fn a_new_member_whose_first_leader_stopped_early_votes_for_the_other_survi
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    rejoin_ends(&c.dir(3).join("REJOINING")).await?;
+    rejoin_ends(&c, 3).await?;
     c.shutdown().await
 }
 
@@ -173,7 +173,7 @@ async fn a_member_whose_rejoin_marker_came_back_ends_it_in_an_idle_cluster() -> 
     let marker = c.dir(member).join("REJOINING");
     std::fs::write(&marker, "this node started with no Raft state\n")?;
     c.start(member).await?;
-    rejoin_ends(&marker).await?;
+    rejoin_ends(&c, member).await?;
     c.shutdown().await
 }
 
@@ -282,7 +282,7 @@ async fn a_voter_that_lost_its_data_dir_rejoins_past_a_term_that_rose_in_vain() 
     let mut c = Cluster::voters(5).await?;
     // A new member rejoins until it holds the log, and stands for no election until then.
     for id in 2..=5 {
-        rejoin_ends(&c.dir(id).join("REJOINING")).await?;
+        rejoin_ends(&c, id).await?;
     }
     let l = c.leader().await?.id();
     let old_term = c.node(l).raft().metrics().borrow_watched().current_term;
@@ -307,7 +307,7 @@ async fn a_voter_that_lost_its_data_dir_rejoins_past_a_term_that_rose_in_vain() 
     c.stop(r).await?;
     std::fs::remove_dir_all(c.dir(r))?;
     c.start(r).await?;
-    rejoin_ends(&c.dir(r).join("REJOINING")).await?;
+    rejoin_ends(&c, r).await?;
     let term = c.node(r).raft().metrics().borrow_watched().current_term;
     ensure!(
         term > old_term,
@@ -745,7 +745,7 @@ async fn a_rejoining_node_forwards_to_the_address_its_leader_names() -> Result<(
         "forwards to {id} at {at}"
     );
     c.router.heal(leader.id(), wiped);
-    rejoin_ends(&c.dir(wiped).join("REJOINING")).await?;
+    rejoin_ends(&c, wiped).await?;
     let (_, at) = node
         .leader_to_forward_to()
         .context("no leader to forward to")?;
@@ -756,10 +756,13 @@ async fn a_rejoining_node_forwards_to_the_address_its_leader_names() -> Result<(
     c.shutdown().await
 }
 
-/// Waits (at most [`WAIT`]) until the rejoin marker at `marker` is gone: the rejoin ended.
-async fn rejoin_ends(marker: &std::path::Path) -> Result<()> {
+/// Waits (at most [`WAIT`]) until node `id`'s rejoin ended: its marker is gone, and then the
+/// node no longer says it rejoins (it clears the marker first, so a node that says it
+/// rejoined holds the log durably).
+async fn rejoin_ends(c: &Cluster, id: u64) -> Result<()> {
+    let marker = c.dir(id).join("REJOINING");
     let deadline = std::time::Instant::now() + WAIT;
-    while marker.exists() {
+    while marker.exists() || c.node(id).is_rejoining() {
         ensure!(
             std::time::Instant::now() < deadline,
             "the rejoin never ended"
