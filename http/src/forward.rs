@@ -500,6 +500,30 @@ mod tests {
         assert!(!again(Method::PUT, "/v1/cluster/epoch-floor"));
     }
 
+    /// `method path` with an empty JSON body, replayed by `forwarder` at `target`.
+    async fn replayed(
+        forwarder: &Forwarder,
+        target: &ForwardTo,
+        method: Method,
+        path: &'static str,
+    ) -> Response {
+        let replay = Replay {
+            method,
+            uri: Uri::from_static(path),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"{}"),
+        };
+        forwarder.replay(target, None, replay).await
+    }
+
+    /// Whether `response` is marked as no leader's answer, to go round to the next leader.
+    fn no_leader_answer(response: &Response) -> bool {
+        response
+            .extensions()
+            .get::<failover::NoLeaderAnswer>()
+            .is_some()
+    }
+
     /// The forwarder of node 2, with no token.
     fn forwarder() -> Forwarder {
         Forwarder::new(
@@ -523,16 +547,6 @@ mod tests {
         let serving = tokio::spawn(async move { axum::serve(listener, refuses).await });
         let forwarder = forwarder();
         let target = ForwardTo { leader_id: 1, addr };
-        let replayed = |method: Method, path: &'static str| {
-            let replay = Replay {
-                method,
-                uri: Uri::from_static(path),
-                headers: HeaderMap::new(),
-                body: Bytes::from_static(b"{}"),
-            };
-            let (forwarder, target) = (forwarder.clone(), target.clone());
-            async move { forwarder.replay(&target, None, replay).await }
-        };
         for (method, path, goes_round) in [
             (Method::GET, "/v1/shards/1", true),
             (Method::PUT, "/v1/cluster/voters", true),
@@ -540,13 +554,9 @@ mod tests {
             (Method::POST, "/v1/datanodes/7/heartbeat", true),
             (Method::POST, "/v1/cluster/snapshot", false),
         ] {
-            let response = replayed(method.clone(), path).await;
+            let response = replayed(&forwarder, &target, method.clone(), path).await;
             assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-            let marked = response
-                .extensions()
-                .get::<failover::NoLeaderAnswer>()
-                .is_some();
-            assert_eq!(marked, goes_round, "{method} {path}");
+            assert_eq!(no_leader_answer(&response), goes_round, "{method} {path}");
         }
         serving.abort();
     }
@@ -579,17 +589,8 @@ mod tests {
             (Method::POST, "/v1/cluster/snapshot", false),
             (Method::PUT, "/v1/cluster/epoch-floor", false),
         ] {
-            let replay = Replay {
-                method: method.clone(),
-                uri: Uri::from_static(path),
-                headers: HeaderMap::new(),
-                body: Bytes::from_static(b"{}"),
-            };
-            let response = forwarder.replay(&target, None, replay).await;
-            let marked = response
-                .extensions()
-                .get::<failover::NoLeaderAnswer>()
-                .is_some();
+            let response = replayed(&forwarder, &target, method.clone(), path).await;
+            let marked = no_leader_answer(&response);
             let expected = if goes_round {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
