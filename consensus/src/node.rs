@@ -19,7 +19,6 @@ use crate::data_dir::DataDirLock;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::log_store::LogStore;
-use crate::rebuild_source::RebuildSource;
 use crate::rejoin_marker::RejoinMarker;
 use crate::snapshot_data::SnapshotData;
 use crate::state_machine::SmShared;
@@ -211,15 +210,6 @@ impl MetaNode {
                 }
                 opened => opened?,
             };
-            // A registry behind the log's purge point (deleted, say) is completed from the
-            // newest snapshot by openraft: without one that reaches the purge point, say so.
-            let source = RebuildSource {
-                purged: log.last_purged().map(|l| l.index),
-                snapshot: sm.shared().last_snapshot().map(|s| s.index),
-                snapshot_file: None,
-            };
-            let applied = sm.shared().applied().0.map_or(0, |l| l.index);
-            source.check_behind(&c.registry_dir(), applied)?;
             // Before Raft starts (and once the registry was judged: a sole voter whose log lost
             // its vote refuses above): its first message from a leader gives the node a term.
             let marker = RejoinMarker::new(&c.data_dir);

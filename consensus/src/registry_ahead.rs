@@ -17,8 +17,6 @@
 //! refuses to start, keeping everything as it is, since a vote of an older term would let it
 //! lead a term whose entries it holds already.
 
-use std::path::Path;
-
 use openraft::storage::RaftLogStorage;
 
 use crate::error::{Error, Result};
@@ -55,21 +53,16 @@ impl RegistryAhead {
         (applied.index > held).then_some(RegistryAhead { applied, held })
     }
 
-    /// What node `me` does with it: [`Remedy::Rebuild`] unless the registry's membership has
-    /// `me` as its only voter; then [`Remedy::Keep`] if the log's vote is of the registry's last
-    /// term or later, else [`Error::LogBehindRegistry`] (`sole_voter.rs`).
-    pub(crate) fn remedy(
-        &self,
-        sm: &StateMachine,
-        log: &LogStore,
-        log_dir: &Path,
-        me: NodeId,
-    ) -> Result<Remedy> {
-        if !sole_voter::is_sole_voter(&sm.shared().applied().1, me) {
-            return Ok(Remedy::Rebuild);
+    /// What node `me` does with it: [`Remedy::Keep`] when the registry's membership has `me`
+    /// as its only voter, else [`Remedy::Rebuild`]. The only voter keeps it only with a vote of
+    /// the registry's last term, which `sole_voter::check_vote` requires of it before anything
+    /// is changed.
+    pub(crate) fn remedy(&self, sm: &StateMachine, me: NodeId) -> Remedy {
+        if sole_voter::is_sole_voter(&sm.shared().applied().1, me) {
+            Remedy::Keep
+        } else {
+            Remedy::Rebuild
         }
-        sole_voter::check_vote(sm, log, log_dir, me)?;
-        Ok(Remedy::Keep)
     }
 
     /// Keeps the registry: snapshots it, then purges the log up to its last entry. Before Raft

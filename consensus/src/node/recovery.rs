@@ -9,12 +9,14 @@ use meta_store::{RateLimiter, WalOptions};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
+use crate::rebuild_source::RebuildSource;
 use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::sole_voter;
 use crate::state_machine::StateMachine;
 
 /// Opens the log and the registry, and judges a registry ahead of its log
-/// (`registry_ahead.rs`) and the only voter's vote (`sole_voter.rs`). Returns the registry to
+/// (`registry_ahead.rs`), the only voter's vote (`sole_voter.rs`) and a registry behind the
+/// log's purge point (`rebuild_source.rs`). Returns the registry to
 /// keep as a snapshot, if any. Blocking.
 pub(super) fn open_log_and_registry(
     c: &NodeConfig,
@@ -39,7 +41,7 @@ pub(super) fn open_log_and_registry(
     let mut sm = open_sm()?;
     let mut keep = None;
     if let Some(ahead) = RegistryAhead::of(&sm, &log) {
-        match ahead.remedy(&sm, &log, &c.wal_dir(), c.id)? {
+        match ahead.remedy(&sm, c.id) {
             Remedy::Keep => keep = Some(ahead),
             Remedy::Rebuild => {
                 tracing::warn!(
@@ -56,6 +58,15 @@ pub(super) fn open_log_and_registry(
         }
     }
     sole_voter::check_vote(&sm, &log, &c.wal_dir(), c.id)?;
+    // A registry behind the log's purge point (deleted, say) is completed from the newest
+    // snapshot by openraft: without one that reaches the purge point, say so.
+    let source = RebuildSource {
+        purged: log.last_purged().map(|l| l.index),
+        snapshot: sm.shared().last_snapshot().map(|s| s.index),
+        snapshot_file: None,
+    };
+    let applied = sm.shared().applied().0.map_or(0, |l| l.index);
+    source.check_behind(&c.registry_dir(), applied)?;
     Ok((log, sm, keep))
 }
 
