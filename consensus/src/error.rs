@@ -114,6 +114,10 @@ pub enum Error {
     /// the registry cannot be kept as a snapshot: the node does not start, and nothing changed.
     #[error("log {path} {reason}")]
     LogBehindRegistry { path: PathBuf, reason: String },
+    /// The log lacks records that nothing else on this member holds (its oldest segment was
+    /// lost): the node does not start, and nothing changed.
+    #[error("log {path} {reason}")]
+    LogDamaged { path: PathBuf, reason: String },
     /// The data dir cannot be used: another process holds it, or it belongs to another node.
     #[error("data dir {path} {reason}")]
     DataDir { path: PathBuf, reason: String },

@@ -39,6 +39,7 @@ mod config;
 mod data_dir;
 mod error;
 mod free_space;
+mod front_gap;
 mod generation;
 mod keys;
 mod liveness;

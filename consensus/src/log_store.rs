@@ -307,6 +307,15 @@ impl LogStore {
         self.shared.index.read().last_purged
     }
 
+    /// The index of the log's first entry when the log records no purge and that entry is not
+    /// entry 0, the first a cluster's log holds: the records before it are gone
+    /// (`front_gap.rs`).
+    pub(crate) fn unpurged_start(&self) -> Option<u64> {
+        let idx = self.shared.index.read();
+        let starts_late = !idx.entries.is_empty() && idx.first > 0;
+        (idx.last_purged.is_none() && starts_late).then_some(idx.first)
+    }
+
     /// Whether the log holds no Raft state at all: no entry, none purged, no vote (a new member,
     /// or one whose data dir was lost).
     pub(crate) fn holds_no_state(&self) -> bool {

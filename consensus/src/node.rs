@@ -177,7 +177,7 @@ impl MetaNode {
         let datanode_timeout = cfg.datanode_timeout;
         let mut raft_config = cfg.raft_config()?;
         let c = cfg.clone();
-        let (dir_lock, log, mut sm, incoming, rejoining, followed, keep) = blocking(move || {
+        let (dir_lock, log, mut sm, incoming, rejoining, followed, repair) = blocking(move || {
             crate::data_dir::create(&c.data_dir)?;
             // The data dir's entry is durable before anything in it is relied on: a power loss
             // soon after a first start would otherwise lose the whole dir, votes included.
@@ -203,7 +203,7 @@ impl MetaNode {
             let opened = recovery::open_log_and_registry(&c, wal_opts);
             // A refused start leaves no log dir it created, so that the operator's copy can be
             // put back in its place.
-            let (log, sm, keep) = match opened {
+            let (log, sm, repair) = match opened {
                 Err(e @ Error::LogBehindRegistry { .. }) if !wal_was_there => {
                     let _ = std::fs::remove_dir_all(c.wal_dir());
                     return Err(e);
@@ -223,13 +223,10 @@ impl MetaNode {
             sm.set_build_version(c.build_version);
             sm.shared().check_build(sm.shared().cluster_version())?;
             let followed = log.follows_another_leader(c.id);
-            Ok((dir_lock, log, sm, incoming, rejoining, followed, keep))
+            Ok((dir_lock, log, sm, incoming, rejoining, followed, repair))
         })
         .await?;
-        match keep {
-            Some(ahead) => ahead.keep(&mut sm, &log).await?,
-            None => recovery::replace_snapshot_behind_purge(&mut sm, &log).await?,
-        }
+        recovery::repair(repair, &mut sm, &log).await?;
         // Counted from now, after the log was read: any lease this node gave ended earlier.
         let lease_given_until =
             followed.then(|| std::time::Instant::now() + cfg.election_timeout());

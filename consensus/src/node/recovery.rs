@@ -1,6 +1,7 @@
 //! What a node checks and repairs of its log, registry and snapshots before Raft starts, where
 //! openraft would refuse (or panic at) the state it finds: a registry ahead of its log, the
-//! only voter's lost vote, a newest snapshot behind the log's purge point.
+//! only voter's lost vote, a log that lost its oldest segment, a newest snapshot behind the
+//! log's purge point.
 
 use std::sync::Arc;
 
@@ -8,20 +9,29 @@ use meta_store::{RateLimiter, WalOptions};
 
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
+use crate::front_gap::FrontGap;
 use crate::log_store::LogStore;
 use crate::rebuild_source::RebuildSource;
 use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::sole_voter;
 use crate::state_machine::StateMachine;
 
+/// What [`repair`] does once the log and registry are open.
+pub(super) enum Repair {
+    /// Keep the registry, ahead of the log, as a snapshot (`registry_ahead.rs`).
+    KeepRegistry(RegistryAhead),
+    /// Purge the log over its lost oldest entries (`front_gap.rs`).
+    CloseFrontGap(FrontGap),
+}
+
 /// Opens the log and the registry, and judges a registry ahead of its log
-/// (`registry_ahead.rs`), the only voter's vote (`sole_voter.rs`) and a registry behind the
-/// log's purge point (`rebuild_source.rs`). Returns the registry to
-/// keep as a snapshot, if any. Blocking.
+/// (`registry_ahead.rs`), the only voter's vote (`sole_voter.rs`), a registry behind the log's
+/// purge point (`rebuild_source.rs`) and a log that lost its oldest entries (`front_gap.rs`).
+/// Returns what [`repair`] is to do, if anything. Blocking.
 pub(super) fn open_log_and_registry(
     c: &NodeConfig,
     wal_opts: WalOptions,
-) -> Result<(LogStore, StateMachine, Option<RegistryAhead>)> {
+) -> Result<(LogStore, StateMachine, Option<Repair>)> {
     let log = match &c.wal_fs {
         Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
         None => LogStore::open(&c.wal_dir(), wal_opts)?,
@@ -42,7 +52,7 @@ pub(super) fn open_log_and_registry(
     let mut keep = None;
     if let Some(ahead) = RegistryAhead::of(&sm, &log) {
         match ahead.remedy(&sm, c.id) {
-            Remedy::Keep => keep = Some(ahead),
+            Remedy::Keep => keep = Some(Repair::KeepRegistry(ahead)),
             Remedy::Rebuild => {
                 tracing::warn!(
                     applied = ahead.applied.index,
@@ -67,7 +77,28 @@ pub(super) fn open_log_and_registry(
     };
     let applied = sm.shared().applied().0.map_or(0, |l| l.index);
     source.check_behind(&c.registry_dir(), applied)?;
+    if keep.is_none() {
+        // A registry kept as a snapshot purges the log past any lost front.
+        keep = FrontGap::of(&sm, &log, &c.wal_dir())?.map(Repair::CloseFrontGap);
+    }
     Ok((log, sm, keep))
+}
+
+/// Does what [`open_log_and_registry`] found needed, then replaces a snapshot behind the
+/// log's purge point. Before Raft starts.
+pub(super) async fn repair(
+    repair: Option<Repair>,
+    sm: &mut StateMachine,
+    log: &LogStore,
+) -> Result<()> {
+    match repair {
+        Some(Repair::KeepRegistry(ahead)) => ahead.keep(sm, log).await,
+        Some(Repair::CloseFrontGap(gap)) => {
+            gap.close(sm, log).await?;
+            replace_snapshot_behind_purge(sm, log).await
+        }
+        None => replace_snapshot_behind_purge(sm, log).await,
+    }
 }
 
 /// Builds a snapshot of the registry before Raft starts when the newest snapshot ends before
@@ -75,10 +106,7 @@ pub(super) fn open_log_and_registry(
 /// from that state (a debug build panics; a release one sent the older snapshot, which leaves a
 /// member behind the purge point, again and again in a tight loop). The registry reaches the
 /// purge point (`RebuildSource::check_behind` refused the start otherwise).
-pub(super) async fn replace_snapshot_behind_purge(
-    sm: &mut StateMachine,
-    log: &LogStore,
-) -> Result<()> {
+async fn replace_snapshot_behind_purge(sm: &mut StateMachine, log: &LogStore) -> Result<()> {
     let Some(purged) = log.last_purged() else {
         return Ok(());
     };

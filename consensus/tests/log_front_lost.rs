@@ -1,0 +1,152 @@
+//! A member whose log lost its oldest segment (deleted or lost, never purged) starts when its
+//! registry or newest snapshot holds the entries before the log's first one: it purges the log
+//! up to them, and holds every acknowledged write. When nothing holds them, the start is
+//! refused naming the log dir, and the log is left as it was.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{ensure, Context, Result};
+use common::Cluster;
+use meta_consensus::{Command, Consistency, MetaNode, NodeConfig};
+
+const KEYS: usize = 60;
+
+fn small_segments(cfg: &mut NodeConfig) {
+    cfg.wal_segment_bytes = 4096;
+    // A snapshot leaves the log unpurged, so that its segments stay from the first.
+    cfg.max_in_snapshot_log_to_keep = 1_000_000;
+}
+
+fn put(key: &str) -> Command {
+    Command::Put {
+        key: key.into(),
+        // Large enough that a few dozen writes span several segments.
+        value: vec![b'v'; 400],
+        if_revision: None,
+    }
+}
+
+/// A converged three-voter cluster with small log segments that took [`KEYS`] writes, and a
+/// follower of it (built a snapshot first, if `snapshot`), stopped.
+async fn stopped_follower(snapshot: bool) -> Result<(Cluster, u64)> {
+    let mut c = Cluster::three_tuned(small_segments).await?;
+    let l = c.leader().await?;
+    for i in 0..KEYS / 2 {
+        l.write(put(&format!("k/{i}"))).await?;
+    }
+    let id = if l.id() == 1 { 2 } else { 1 };
+    c.converged().await?;
+    if snapshot {
+        c.node(id).snapshot_now().await?;
+    }
+    for i in KEYS / 2..KEYS {
+        l.write(put(&format!("k/{i}"))).await?;
+    }
+    c.converged().await?;
+    ensure!(
+        c.node(id).status().purged.is_none(),
+        "the follower's log was purged"
+    );
+    c.stop(id).await?;
+    Ok((c, id))
+}
+
+/// The segments of the log in `wal`, oldest first.
+fn segments(wal: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(wal)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|x| x == "wal"));
+    files.sort();
+    Ok(files)
+}
+
+/// Takes the oldest segment of node `id`'s log away, and answers where it went.
+fn lose_oldest_segment(c: &Cluster, id: u64) -> Result<(PathBuf, PathBuf)> {
+    let wal = c.dir(id).join("wal");
+    let all = segments(&wal)?;
+    ensure!(all.len() >= 3, "the log spans {} segments only", all.len());
+    let aside = c.dir(id).with_extension("oldest-segment");
+    std::fs::rename(&all[0], &aside)?;
+    Ok((all[0].clone(), aside))
+}
+
+async fn holds_every_key(n: &MetaNode) -> Result<()> {
+    for i in 0..KEYS {
+        let key = format!("k/{i}");
+        n.kv_get(Consistency::Local, &key)
+            .await?
+            .with_context(|| format!("{key} was lost"))?;
+    }
+    Ok(())
+}
+
+/// Starts node `id`, which must come back whole: purged past its lost front, holding every
+/// key, taking the cluster's next writes, and opening as usual after that.
+async fn starts_whole(mut c: Cluster, id: u64) -> Result<()> {
+    let n = c.start(id).await?;
+    ensure!(
+        n.status().purged.is_some(),
+        "the log was not purged over its lost front"
+    );
+    holds_every_key(&n).await?;
+    let l = c.leader().await?;
+    l.write(put("after")).await?;
+    c.converged().await?;
+    drop((n, l));
+    c.stop(id).await?;
+    let n = c.start(id).await?;
+    holds_every_key(&n).await?;
+    n.kv_get(Consistency::Local, "after")
+        .await?
+        .context("the write after the restart was lost")?;
+    c.converged().await?;
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_registry_covers_its_lost_oldest_segment_starts() -> Result<()> {
+    let (c, id) = stopped_follower(false).await?;
+    lose_oldest_segment(&c, id)?;
+    starts_whole(c, id).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_snapshot_covers_its_lost_oldest_segment_starts() -> Result<()> {
+    let (c, id) = stopped_follower(true).await?;
+    lose_oldest_segment(&c, id)?;
+    // Only the snapshot holds the lost entries.
+    std::fs::remove_dir_all(c.dir(id).join("registry"))?;
+    starts_whole(c, id).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result<()> {
+    let (mut c, id) = stopped_follower(false).await?;
+    let (oldest, aside) = lose_oldest_segment(&c, id)?;
+    std::fs::remove_dir_all(c.dir(id).join("registry"))?;
+    let wal = c.dir(id).join("wal");
+    let before = segments(&wal)?;
+    let refused = c
+        .start_refused(id, "a member that lost entries nothing else holds")
+        .await?;
+    ensure!(
+        refused.contains(&wal.display().to_string())
+            && refused.contains("records no purge")
+            && refused.contains("oldest segment"),
+        "the refusal names the log and why: {refused}"
+    );
+    ensure!(
+        segments(&wal)? == before,
+        "the refused start changed the log's segments"
+    );
+    // With the segment back, the member replays its log into a new registry.
+    std::fs::rename(&aside, &oldest)?;
+    let n = c.start(id).await?;
+    c.converged().await?;
+    holds_every_key(&n).await?;
+    drop(n);
+    c.shutdown().await
+}
