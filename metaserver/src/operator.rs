@@ -52,6 +52,17 @@ impl ShardsFile {
     }
 }
 
+/// The first shard id that `shards` lists again, with the position (from 1) where it comes
+/// again. The server refuses such a batch, but a file split into several batches would have
+/// the later entry overwrite the earlier one.
+fn listed_twice(shards: &[ShardBody]) -> Option<(u64, usize)> {
+    let mut seen = std::collections::HashSet::with_capacity(shards.len());
+    shards
+        .iter()
+        .position(|s| !seen.insert(s.id))
+        .map(|i| (shards[i].id, i + 1))
+}
+
 /// `metaserver status`: the member's view, as pretty JSON.
 pub async fn status(args: ClientArgs) -> Result<()> {
     print_view::<ClusterView>(&args, "/v1/cluster").await
@@ -245,6 +256,13 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
             (datanode.epoch, shards)
         }
     };
+    if let Some((id, at)) = listed_twice(&shards) {
+        bail!(
+            "{} lists shard {id} twice (again as its shard number {at}): a datanode holds one \
+             replica of a shard; nothing was registered",
+            args.file.display()
+        );
+    }
     if shards.is_empty() && !args.prune {
         bail!("{} lists no shards", args.file.display());
     }
@@ -403,6 +421,23 @@ mod tests {
     use axum::response::IntoResponse;
 
     use super::*;
+
+    #[test]
+    fn a_shard_listed_twice_is_found_across_batches() {
+        let shard = |id| ShardBody {
+            id,
+            generation: 1,
+            size: 1,
+        };
+        let mut shards: Vec<ShardBody> = (1..=MAX_SHARDS_PER_BATCH as u64).map(shard).collect();
+        assert_eq!(listed_twice(&shards), None);
+        shards.push(shard(1));
+        assert_eq!(
+            listed_twice(&shards),
+            Some((1, MAX_SHARDS_PER_BATCH + 1)),
+            "a duplicate in a later batch than the first"
+        );
+    }
 
     #[test]
     fn a_shards_file_that_does_not_parse_says_what_is_wrong() {

@@ -112,6 +112,31 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     assert!(len > 0);
     assert_eq!(v["bytes"], len);
 
+    // A shard listed twice is refused before anything is sent, also when the two entries
+    // would go in different batches (the server sees each batch alone).
+    let twice = cwd.join("twice.json");
+    let mut listed: Vec<Value> = (1000..11_000)
+        .map(|id| json!({"id": id, "generation": 1, "size": 1}))
+        .collect();
+    listed.push(json!({"id": 1000, "generation": 1, "size": 2}));
+    std::fs::write(&twice, Value::Array(listed).to_string()).unwrap();
+    let (ok, _, err) = run(
+        &[
+            "register",
+            "--server",
+            &addr,
+            "--datanode",
+            "7",
+            "--file",
+            twice.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok && err.contains("shard 1000 twice"), "{err}");
+    let v = poll(&http, &format!("{base}/v1/datanodes/7"), None, |_| true).await;
+    assert_eq!(v["shards"], 4, "a refused file registered shards");
+
     // Unknown datanode: a clear error, non-zero exit.
     let (ok, _, err) = run(
         &[
