@@ -339,10 +339,14 @@ const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 *
 /// file next to FILE, fsyncs it, verifies it as a restore would read it (every record, the
 /// counts and the checksum), and only then renames it into place and fsyncs the directory.
 ///
+/// FILE may be a symbolic link: the file it leads to is replaced, and the link kept. A path
+/// that is neither (a directory, a device) is refused before anything is asked of the member.
+///
 /// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
 /// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
 pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     let op = Operator::new(&args)?;
+    let file = &crate::scratch::backup_target(file)?;
     let built: Value = op
         .send(|| {
             op.request(reqwest::Method::POST, "/v1/cluster/snapshot")

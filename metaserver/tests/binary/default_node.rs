@@ -111,6 +111,23 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     let len = std::fs::metadata(&backup).unwrap().len();
     assert!(len > 0);
     assert_eq!(v["bytes"], len);
+    // Saved through a symbolic link, the backup replaces the file the link leads to; a path
+    // that is no file at all is refused, and left as it was.
+    let link = cwd.join("latest.snap");
+    std::os::unix::fs::symlink(&backup, &link).unwrap();
+    std::fs::write(&backup, b"an older backup").unwrap();
+    let save = |to: &std::path::Path| {
+        let to = to.to_str().unwrap().to_owned();
+        let addr = addr.clone();
+        async move { run(&["snapshot", "save", "--server", &addr, &to], &[]).await }
+    };
+    let (ok, _, err) = save(&link).await;
+    assert!(ok, "{err}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert_eq!(std::fs::metadata(&backup).unwrap().len(), len);
+    let (ok, _, err) = save(cwd).await;
+    assert!(!ok && err.contains("is a directory"), "{err}");
+    assert!(cwd.is_dir());
 
     // A shard listed twice is refused before anything is sent, also when the two entries
     // would go in different batches (the server sees each batch alone).
