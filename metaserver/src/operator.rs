@@ -380,19 +380,26 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     // Owned here, not by the blocking thread that checks: an interrupted save removes it.
     let scratch_dir = crate::scratch::ScratchDir::new_in(&dir)?;
     let scratch = scratch_dir.path().to_path_buf();
-    let verified =
-        tokio::task::spawn_blocking(move || meta_consensus::Backup::open(&path, &scratch))
-            .await
-            .context("the backup reader stopped")?
-            .with_context(|| {
-                format!(
-                    "the downloaded snapshot is not a usable backup, or could not be checked (the \
-                     check builds a scratch registry in {}, which takes up to about three times \
-                     the snapshot's {bytes} bytes); {} was left as it was",
-                    dir.display(),
-                    file.display()
-                )
-            })?;
+    let verified = tokio::task::spawn_blocking(move || {
+        let backup = meta_consensus::Backup::open(&path, &scratch)?;
+        // A backup no restore can take is no backup: say so now, not when it is needed.
+        crate::restore::restorable(&backup).context(
+            "no restore can take this snapshot (a plain download of GET /v1/cluster/snapshot \
+             still copies it)",
+        )?;
+        anyhow::Ok(backup)
+    })
+    .await
+    .context("the backup reader stopped")?
+    .with_context(|| {
+        format!(
+            "the downloaded snapshot is not a usable backup, or could not be checked (the \
+             check builds a scratch registry in {}, which takes up to about three times \
+             the snapshot's {bytes} bytes); {} was left as it was",
+            dir.display(),
+            file.display()
+        )
+    })?;
     let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
     drop(verified);
     temp.persist(file)

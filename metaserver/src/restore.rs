@@ -94,14 +94,24 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
 /// The smallest epoch the restored datanodes get ([`epoch_floor`]), checked before anything
 /// is written: one the registry cannot take refuses the restore.
 async fn min_epoch(backup: &Arc<Backup>) -> Result<u64> {
-    let datanodes = read(backup, |b| b.datanodes()).await?;
-    let floors = read(backup, |b| b.highest_epoch_floor()).await?;
+    let backup = backup.clone();
+    let min_epoch = tokio::task::spawn_blocking(move || restorable(&backup))
+        .await
+        .context("the backup reader stopped")?;
+    min_epoch.context("nothing was written")
+}
+
+/// The smallest epoch a restore of `backup` now gives its datanodes ([`epoch_floor`]), or why
+/// no restore can take it: its epochs are so high that the registry takes no floor above them
+/// (an operator asked for such a floor or `min_epoch`). Blocking (reads the backup).
+pub(crate) fn restorable(backup: &Backup) -> Result<u64> {
+    let datanodes = backup.datanodes().context("reading the backup")?;
+    let floors = backup.highest_epoch_floor().context("reading the backup")?;
     let min_epoch = epoch_floor(now_micros(), &datanodes, floors);
     if min_epoch > MAX_MIN_EPOCH {
         bail!(
             "the backup holds epochs up to {}: a restore cannot give its datanodes epochs \
-             above them (the registry takes epoch floors up to {MAX_MIN_EPOCH}); nothing was \
-             written",
+             above them (the registry takes epoch floors up to {MAX_MIN_EPOCH})",
             min_epoch - 1
         );
     }

@@ -358,8 +358,9 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
 }
 
 /// A backup whose epochs are above what a restore can give (a datanode registered at the
-/// highest floor a registration may ask for, then again) is refused before anything is sent,
-/// and the error says so without claiming that the restore stopped part way.
+/// highest floor a registration may ask for, then again) is refused by `snapshot save`, which
+/// keeps no file, and, downloaded as it is, by a restore before anything is sent, whose error
+/// says so without claiming that the restore stopped part way.
 #[tokio::test]
 async fn a_backup_whose_epochs_are_too_high_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -372,7 +373,20 @@ async fn a_backup_whose_epochs_are_too_high_is_refused_before_anything_is_writte
     let backup = dir.path().join("backup.snap");
     let backup = backup.to_str().unwrap();
     let (saved, _, err) = run(&["snapshot", "save", "--server", &addr, backup], &[]).await;
-    assert!(saved, "{err}");
+    assert!(!saved && err.contains("no restore can take"), "{err}");
+    assert!(!Path::new(backup).exists(), "the refused save kept a file");
+    // A plain download copies it still.
+    ok(Method::POST, &addr, "/v1/cluster/snapshot", None).await;
+    let url = format!("http://{addr}/v1/cluster/snapshot");
+    let bytes = client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    std::fs::write(backup, &bytes).unwrap();
     let (restored, _, err) = run(&["snapshot", "restore", "--server", &addr, backup], &[]).await;
     assert!(!restored);
     assert!(err.contains("holds epochs up to"), "{err}");
