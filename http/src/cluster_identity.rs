@@ -273,11 +273,18 @@ pub fn refuses_as_other_cluster(status: reqwest::StatusCode, body: &[u8]) -> boo
 
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
 pub async fn identity(State(node): State<MetaNode>) -> Response {
-    (
+    let mut answer = (
         axum::http::StatusCode::NO_CONTENT,
         [(IDENTITY, node.id().to_string())],
     )
-        .into_response()
+        .into_response();
+    // The cluster it belongs to, so that an initialize can tell a node of another cluster.
+    if let Some(value) = header_value(&node.config().cluster_id)
+        .and_then(|v| axum::http::HeaderValue::from_str(&v).ok())
+    {
+        answer.headers_mut().insert(CLUSTER, value);
+    }
+    answer
 }
 
 /// Adds what every request from this node to another member carries: the token, this
@@ -372,6 +379,63 @@ impl MemberLink<'_> {
                 "this node knows no cluster id to ask with".into(),
             )),
         }
+    }
+
+    /// Asks what answers at the address of each of `members` but `me`, before a cluster of them
+    /// is initialized here (which cannot be undone): [`ApiError::WrongNode`] if another node
+    /// answers, [`ApiError::OtherCluster`] if the node belongs to another cluster already (it
+    /// would refuse every message of the new one), [`ApiError::Conflict`] if it refuses the
+    /// token or is not a metaserver. A member that does not answer, or answers 5xx, passes:
+    /// members may start after the one that initializes. The question carries no cluster id,
+    /// so no node adopts one; builds that do not name their cluster pass.
+    pub async fn check_init_members(
+        &self,
+        me: u64,
+        members: &std::collections::BTreeMap<u64, String>,
+    ) -> Result<(), ApiError> {
+        let asks = members
+            .iter()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, addr)| self.check_init_member(*id, addr));
+        futures::future::try_join_all(asks).await.map(|_| ())
+    }
+
+    async fn check_init_member(&self, id: u64, addr: &str) -> Result<(), ApiError> {
+        let mut request = self
+            .client
+            .post(format!("http://{addr}{PATH_IDENTITY}"))
+            .timeout(std::time::Duration::from_secs(5))
+            .header(TO, id.to_string());
+        if let Some(value) = self.token.header_value() {
+            request = request.header(axum::http::header::AUTHORIZATION, value);
+        }
+        let Ok(answer) = request.send().await else {
+            return Ok(());
+        };
+        if is_node(&answer, id) {
+            let theirs = answer.headers().get(CLUSTER).and_then(parse);
+            return match theirs {
+                Some(theirs) if Some(theirs) != self.cluster.get() => {
+                    Err(ApiError::OtherCluster(format!(
+                        "node {id} at {addr} belongs to a cluster already ({theirs:016x}), and \
+                         would refuse every message of the one initialized here: if this node \
+                         is a member of that cluster whose data dir was lost, start it without \
+                         --init and it rejoins; to form a new cluster, start node {id} on an \
+                         empty data dir first"
+                    )))
+                }
+                _ => Ok(()),
+            };
+        }
+        let status = answer.status();
+        if status.is_server_error() {
+            return Ok(());
+        }
+        refusal(answer, addr).await?;
+        Err(ApiError::Conflict(format!(
+            "what answers at {addr} is not a metaserver node (it answered {status}): give node \
+             {id} the address it listens at"
+        )))
     }
 
     /// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).

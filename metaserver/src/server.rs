@@ -67,7 +67,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         tracing::warn!("{disagreement}");
     }
     if settings.init {
-        initialize_once(&node, &settings, &addr).await?;
+        initialize_once(&node, &settings, &addr, &token).await?;
     } else if !node.is_initialized().await? {
         // Also what a member whose data dir was lost looks like, which must not rejoin as is;
         // but mostly a new node, so not a warning.
@@ -175,8 +175,16 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     Ok(())
 }
 
-/// Initializes the cluster unless this node was ever initialized (or joined one).
-async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) -> Result<()> {
+/// Initializes the cluster unless this node was ever initialized (or joined one). Refuses
+/// (before anything is changed) when a member that answers is another node, or belongs to a
+/// cluster already: a member whose data dir was lost, started with `--init` again by mistake,
+/// would otherwise form a new cluster that every other member refuses.
+async fn initialize_once(
+    node: &MetaNode,
+    settings: &ServeSettings,
+    addr: &str,
+    token: &Token,
+) -> Result<()> {
     if node.is_initialized().await? {
         tracing::info!("already initialized; restarting from the data dir");
         return Ok(());
@@ -185,6 +193,14 @@ async fn initialize_once(node: &MetaNode, settings: &ServeSettings, addr: &str) 
     if let Some(warning) = settings.unnamed_in_peers(addr) {
         tracing::warn!("{warning}");
     }
+    let link = meta_http::cluster_identity::MemberLink {
+        client: &meta_http::network::peer_client(),
+        token,
+        cluster: &node.config().cluster_id,
+    };
+    link.check_init_members(settings.id, &members)
+        .await
+        .context("--init: a member named in --peers cannot join the cluster formed here")?;
     tracing::info!(?members, "initializing the cluster (first start)");
     let members = members
         .into_iter()

@@ -77,3 +77,76 @@ async fn a_node_restarted_at_another_address_is_moved_there() {
     assert_eq!(v["role"], "leader", "{v}");
     second.stop().await;
 }
+
+/// Initializing a cluster whose named members include a node of another cluster, or another
+/// node than named, is refused before anything is changed (a node that formed such a cluster
+/// could never lead it, nor be initialized again): over the API with 409, and at the start of a
+/// node given `--init`, which exits with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_not_initialized_over_a_node_of_another_cluster() {
+    let (b_dir, a_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let http = client();
+    let env = [("METASERVER_LISTEN", "127.0.0.1:0")];
+    // Node 1 of a one-node cluster, and node 9, which waits to be initialized.
+    let mut b = spawn(b_dir.path(), b_dir.path(), &[], &env, false);
+    let b_addr = b.address();
+    poll(&http, &format!("http://{b_addr}/readyz"), None, |_| true).await;
+    let waiting = ["serve", "--id", "9", "--init", "false"];
+    let mut a = spawn(a_dir.path(), a_dir.path(), &waiting, &env, false);
+    let a_addr = a.address();
+    let base = format!("http://{a_addr}");
+    poll(&http, &format!("{base}/healthz"), None, |_| true).await;
+
+    let init = |members: serde_json::Value| {
+        let http = http.clone();
+        let url = format!("{base}/v1/cluster/init");
+        async move {
+            let body = json!({ "members": members }).to_string();
+            send(&http, Method::POST, &url, None, Some(body))
+                .await
+                .unwrap()
+        }
+    };
+    let (status, v) = init(json!({"9": a_addr, "2": b_addr})).await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (409, json!("wrong_node")),
+        "{v}"
+    );
+    let (status, v) = init(json!({"9": a_addr, "1": b_addr})).await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (409, json!("other_cluster")),
+        "{v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("belongs to a cluster already"),
+        "{message}"
+    );
+    let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
+    assert_eq!(v["role"], "uninitialized", "{v}");
+    // The refusals changed nothing: node 9 forms a cluster of its own, node 1 still leads.
+    let (status, v) = init(json!({ "9": a_addr })).await;
+    assert_eq!(status, 200, "{v}");
+    let v = poll(&http, &format!("http://{b_addr}/v1/cluster"), None, |_| {
+        true
+    })
+    .await;
+    assert_eq!(v["role"], "leader", "{v}");
+    a.stop().await;
+
+    // Started with --init and --peers naming node 1, node 5 exits before it initializes.
+    let c_dir = tempfile::tempdir().unwrap();
+    let peers = format!("1={b_addr}");
+    let args = ["serve", "--id", "5", "--peers", &peers, "--init"];
+    let mut c = spawn(c_dir.path(), c_dir.path(), &args, &env, false);
+    let exit = c.wait_exit().await;
+    assert!(!exit.success(), "node 5 initialized a cluster over node 1");
+    assert!(
+        c.logs().contains("belongs to a cluster already"),
+        "{}",
+        c.logs()
+    );
+    b.stop().await;
+}

@@ -130,6 +130,10 @@ pub async fn init(
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
     body.validate(state.node.id(), state.node.addr())?;
+    state
+        .member_link()
+        .check_init_members(state.node.id(), &body.members)
+        .await?;
     let voters: Vec<u64> = body.members.keys().copied().collect();
     let members: BTreeMap<u64, Node> = body
         .members
