@@ -81,13 +81,16 @@ fn admin_routes() -> Router<SharedState> {
 /// The complete router of a node. It answers requests only: the leader's notices to the nodes
 /// a membership change removed come from [`crate::removal_notices::run`], spawned beside it.
 pub fn router(state: AppState) -> Router {
+    let token = state.token.clone();
     let app = routes(state);
     // A replay whose path an HTTP client would have changed comes with the path in a header;
-    // it is routed through everything else, as if it had come so (`raw_path.rs`).
+    // it is routed through everything else, as if it had come so (`raw_path.rs`). The token
+    // is checked first here too: an outsider learns nothing of the route.
     let inner = app.clone();
     app.route(
         PATH_RAW_REPLAY,
-        any(move |request| raw_path::serve(inner.clone(), request)),
+        any(move |request| raw_path::serve(inner.clone(), request))
+            .layer(from_fn_with_state(token, require_token)),
     )
 }
 

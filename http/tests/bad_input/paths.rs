@@ -190,6 +190,18 @@ pub fn raw_replays() -> Vec<Case> {
             400,
             "invalid_key",
         ),
+        // An outsider learns nothing of the route: the token is checked before its header.
+        Case {
+            headers: vec![],
+            ..case(
+                "raw replay without its path nor a token",
+                M::GET,
+                "/v1/raw-replay",
+                "",
+                401,
+                "unauthorized",
+            )
+        },
         Case {
             headers: vec![("x-metaserver-raw-path", "/v1/kv/k")],
             ..case(
