@@ -204,13 +204,21 @@ pub fn parse_consistency(value: Option<&str>) -> Result<ReadConsistency, ApiErro
 
 /// Validates `?limit=` (default 1,000, 1 to 10,000).
 pub fn parse_limit(limit: Option<&QueryNumber>) -> Result<usize, ApiError> {
-    match number(limit, "limit", "invalid_limit")? {
-        None => Ok(DEFAULT_PAGE_LIMIT),
-        Some(n) if (1..=MAX_PAGE_LIMIT as u64).contains(&n) => Ok(n as usize),
-        Some(n) => Err(ApiError::invalid(
-            "invalid_limit",
-            format!("limit must be between 1 and {MAX_PAGE_LIMIT}, not {n}"),
-        )),
+    let Some(limit) = limit else {
+        return Ok(DEFAULT_PAGE_LIMIT);
+    };
+    match crate::extract::parse_id(&limit.0) {
+        Ok(n) if (1..=MAX_PAGE_LIMIT as u64).contains(&n) => Ok(n as usize),
+        _ => {
+            let shown: String = limit.0.chars().take(64).collect();
+            Err(ApiError::invalid(
+                "invalid_limit",
+                format!(
+                    "limit must be a decimal number from 1 to {MAX_PAGE_LIMIT} without sign or \
+                     leading zeros, not {shown:?}"
+                ),
+            ))
+        }
     }
 }
 
@@ -398,7 +406,12 @@ mod tests {
         ] {
             let refused = limit(bad).unwrap_err();
             assert_eq!(refused.code(), "invalid_limit", "{bad:?}");
-            assert!(refused.to_string().contains("limit"), "{refused}");
+            assert!(
+                refused
+                    .to_string()
+                    .contains("limit must be a decimal number from 1 to 10000"),
+                "the message names the range the limit takes: {refused}"
+            );
         }
     }
 
