@@ -328,10 +328,11 @@ impl MemberLink<'_> {
     /// Asks the node at `addr` whether it may join this cluster, of version `cluster_version`,
     /// as node `id`: [`ApiError::OtherCluster`] if it answers that it belongs to another,
     /// [`ApiError::WrongNode`] if it is another node, [`ApiError::BuildTooOld`] if its build
-    /// cannot apply that version, [`ApiError::Conflict`] if it refuses this cluster's token.
-    /// `Ok` if it may (with the version of its build when a metaserver consented), or if it
-    /// cannot be asked (a node may be added before it is started). A fresh node that consents
-    /// belongs to this cluster from then on; one that refuses adopted nothing.
+    /// cannot apply that version, [`ApiError::Conflict`] if it refuses this cluster's token or
+    /// answers as no metaserver would (4xx). `Ok` if it may (with the version of its build when
+    /// a metaserver consented), or if it cannot be asked (a node may be added before it is
+    /// started). A fresh node that consents belongs to this cluster from then on; one that
+    /// refuses adopted nothing.
     pub async fn probe(
         &self,
         id: u64,
@@ -347,10 +348,15 @@ impl MemberLink<'_> {
             .await;
         match asked {
             Ok(answer) => {
-                let consented = answer.status() == reqwest::StatusCode::NO_CONTENT
+                let status = answer.status();
+                let consented = status == reqwest::StatusCode::NO_CONTENT
                     && answer.headers().contains_key(IDENTITY);
                 let version = consented.then(|| version_of(answer.headers()));
-                refusal(answer, addr).await.map(|()| version)
+                refusal(answer, addr).await?;
+                if status.is_client_error() {
+                    return Err(not_a_metaserver(id, addr, status));
+                }
+                Ok(version)
             }
             Err(_) => Ok(None),
         }
@@ -432,10 +438,7 @@ impl MemberLink<'_> {
             return Ok(());
         }
         refusal(answer, addr).await?;
-        Err(ApiError::Conflict(format!(
-            "what answers at {addr} is not a metaserver node (it answered {status}): give node \
-             {id} the address it listens at"
-        )))
+        Err(not_a_metaserver(id, addr, status))
     }
 
     /// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
@@ -452,6 +455,14 @@ impl MemberLink<'_> {
         let request = self.post(id, addr, PATH_IDENTITY)?;
         Some(request.header(MEMBER_ONLY, "1").send().await)
     }
+}
+
+/// The refusal of an address where something else than a metaserver answers.
+fn not_a_metaserver(id: u64, addr: &str, status: reqwest::StatusCode) -> ApiError {
+    ApiError::Conflict(format!(
+        "what answers at {addr} is not a metaserver node (it answered {status}): give node {id} \
+         the address it listens at"
+    ))
 }
 
 /// Whether an answer to [`PATH_IDENTITY`] is node `id`'s consent: 204 with its id.

@@ -35,6 +35,27 @@ async fn a_node_of_another_cluster_is_not_added_as_a_learner() {
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("--init"), "{message}");
 
+    // Another server at the address (it answers 404 to everything) is no metaserver.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_addr = other.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = other.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let answer = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    let body = json!({"id": 2, "addr": other_addr}).to_string();
+    let url = format!("{base}/v1/cluster/learners");
+    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not a metaserver node"), "{message}");
+
     // Nothing changed: no learner, and the cluster still takes writes.
     let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
     assert_eq!(v["learners"], json!([]), "{v}");
