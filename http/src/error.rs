@@ -33,7 +33,8 @@ pub enum ApiError {
     MethodNotAllowed,
     /// A shard batch or a prune carried an epoch that is not the datanode's current one (409).
     #[error(
-        "datanode {datanode}: epoch {epoch} is fenced (not the current incarnation), the current epoch is {current_epoch}"
+        "datanode {datanode}: epoch {epoch} is fenced ({}), the current epoch is {current_epoch}",
+        if epoch > current_epoch { "no registration gave it" } else { "not the current incarnation" }
     )]
     Fenced {
         /// The datanode the request was for.
@@ -453,6 +454,22 @@ mod tests {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
             assert_eq!(error.code(), code, "{error:?}");
         }
+    }
+
+    #[test]
+    fn a_fenced_epoch_says_whether_it_was_ever_given() {
+        let fenced = |epoch| {
+            ApiError::Fenced {
+                datanode: 7,
+                epoch,
+                current_epoch: 3,
+            }
+            .to_string()
+        };
+        let old = fenced(2);
+        assert!(old.contains("not the current incarnation"), "{old}");
+        let never = fenced(999);
+        assert!(never.contains("no registration gave it"), "{never}");
     }
 
     #[test]
