@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use common::Cluster;
-use meta_consensus::{Command, Consistency, MetaNode, NodeConfig};
+use meta_consensus::{Command, Consistency, NodeConfig};
 
 const KEYS: usize = 60;
 
@@ -73,16 +73,6 @@ fn lose_oldest_segment(c: &Cluster, id: u64) -> Result<(PathBuf, PathBuf)> {
     Ok((all[0].clone(), aside))
 }
 
-async fn holds_every_key(n: &MetaNode) -> Result<()> {
-    for i in 0..KEYS {
-        let key = format!("k/{i}");
-        n.kv_get(Consistency::Local, &key)
-            .await?
-            .with_context(|| format!("{key} was lost"))?;
-    }
-    Ok(())
-}
-
 /// Starts node `id`, which must come back whole: purged past its lost front, holding every
 /// key, taking the cluster's next writes, and opening as usual after that.
 async fn starts_whole(mut c: Cluster, id: u64) -> Result<()> {
@@ -91,14 +81,14 @@ async fn starts_whole(mut c: Cluster, id: u64) -> Result<()> {
         n.status().purged.is_some(),
         "the log was not purged over its lost front"
     );
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     let l = c.leader().await?;
     l.write(put("after")).await?;
     c.converged().await?;
     drop((n, l));
     c.stop(id).await?;
     let n = c.start(id).await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     n.kv_get(Consistency::Local, "after")
         .await?
         .context("the write after the restart was lost")?;
@@ -146,7 +136,7 @@ async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result
     std::fs::rename(&aside, &oldest)?;
     let n = c.start(id).await?;
     c.converged().await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     drop(n);
     c.shutdown().await
 }

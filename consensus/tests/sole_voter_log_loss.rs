@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
 use common::Cluster;
-use meta_consensus::{Command, Consistency, MetaNode};
+use meta_consensus::{Command, Consistency};
 
 const KEYS: usize = 40;
 
@@ -72,23 +72,13 @@ async fn refused_without_its_log(
     Ok(())
 }
 
-async fn holds_every_key(n: &MetaNode) -> Result<()> {
-    for i in 0..KEYS {
-        let key = format!("k/{i}");
-        n.kv_get(Consistency::Local, &key)
-            .await?
-            .with_context(|| format!("{key} was lost"))?;
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sole_voter_keeps_a_registry_its_log_fell_behind() -> Result<()> {
     let (mut c, last) = stopped_single_voter().await?;
     // About the last dozen writes' records.
     cut_log_tail(&c.dir(1).join("wal"), 600)?;
     let n = c.start(1).await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     let snapshot = n
         .status()
         .snapshot_index
@@ -105,7 +95,7 @@ async fn a_sole_voter_keeps_a_registry_its_log_fell_behind() -> Result<()> {
     drop((n, l));
     c.stop(1).await?;
     let n = c.start(1).await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     n.kv_get(Consistency::Local, "after")
         .await?
         .context("the write after the kept ones was lost")?;
@@ -128,7 +118,7 @@ async fn a_sole_voter_without_its_log_refuses_to_start_and_keeps_its_registry() 
     })
     .await?;
     let n = c.start(1).await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     c.shutdown().await
 }
 
@@ -148,7 +138,7 @@ async fn a_sole_voter_whose_log_lost_its_vote_refuses_to_start() -> Result<()> {
     c.stop(1).await?;
     refused_without_its_log(&mut c, |_| Ok(())).await?;
     let n = c.start(1).await?;
-    holds_every_key(&n).await?;
+    common::holds_keys(&n, KEYS).await?;
     c.leader().await?.write(put("after")).await?;
     drop(n);
     c.shutdown().await

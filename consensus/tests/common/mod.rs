@@ -286,6 +286,17 @@ pub async fn register(leader: &MetaNode, dn: u64, shards: std::ops::Range<u64>) 
     Ok(epoch)
 }
 
+/// Checks that `n`'s own registry holds the keys `k/0` to `k/{count - 1}`.
+pub async fn holds_keys(n: &MetaNode, count: usize) -> Result<()> {
+    for i in 0..count {
+        let key = format!("k/{i}");
+        n.kv_get(meta_consensus::Consistency::Local, &key)
+            .await?
+            .with_context(|| format!("{key} was lost"))?;
+    }
+    Ok(())
+}
+
 /// The file in `dir` whose name ends in `.ext` and sorts last (log segments and snapshots are
 /// named so that the newest sorts last).
 pub fn newest_file(dir: &std::path::Path, ext: &str) -> Result<PathBuf> {

@@ -65,19 +65,7 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         r#"[{"id":3,"generation":1,"size":30},{"id":4,"generation":2,"size":40}]"#,
     )
     .unwrap();
-    let (ok, out, err) = run(
-        &[
-            "register",
-            "--server",
-            &addr,
-            "--datanode",
-            "7",
-            "--file",
-            file.to_str().unwrap(),
-        ],
-        &[],
-    )
-    .await;
+    let (ok, out, err) = register_file(&addr, "7", &file, &[]).await;
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["accepted"], 2, "{out}");
@@ -137,37 +125,13 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         .collect();
     listed.push(json!({"id": 1000, "generation": 1, "size": 2}));
     std::fs::write(&twice, Value::Array(listed).to_string()).unwrap();
-    let (ok, _, err) = run(
-        &[
-            "register",
-            "--server",
-            &addr,
-            "--datanode",
-            "7",
-            "--file",
-            twice.to_str().unwrap(),
-        ],
-        &[],
-    )
-    .await;
+    let (ok, _, err) = register_file(&addr, "7", &twice, &[]).await;
     assert!(!ok && err.contains("shard 1000 twice"), "{err}");
     let v = poll(&http, &format!("{base}/v1/datanodes/7"), None, |_| true).await;
     assert_eq!(v["shards"], 4, "a refused file registered shards");
 
     // Unknown datanode: a clear error, non-zero exit.
-    let (ok, _, err) = run(
-        &[
-            "register",
-            "--server",
-            &addr,
-            "--datanode",
-            "99",
-            "--file",
-            file.to_str().unwrap(),
-        ],
-        &[],
-    )
-    .await;
+    let (ok, _, err) = register_file(&addr, "99", &file, &[]).await;
     assert!(!ok);
     assert!(err.contains("not_found"), "{err}");
 
@@ -215,20 +179,7 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         r#"[{"id":1,"generation":1,"size":10},{"id":3,"generation":1,"size":30}]"#,
     )
     .unwrap();
-    let (ok, out, err) = run(
-        &[
-            "register",
-            "--server",
-            &addr,
-            "--datanode",
-            "7",
-            "--file",
-            file.to_str().unwrap(),
-            "--prune",
-        ],
-        &[],
-    )
-    .await;
+    let (ok, out, err) = register_file(&addr, "7", &file, &["--prune"]).await;
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     // 1 and 3 were registered before: unchanged, now under the new epoch.
@@ -266,4 +217,25 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
         "{}",
         other.logs()
     );
+}
+
+/// `metaserver register --server ADDR --datanode ID --file FILE`, then `extra`.
+async fn register_file(
+    addr: &str,
+    datanode: &str,
+    file: &std::path::Path,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let file = file.to_str().unwrap();
+    let mut args = vec![
+        "register",
+        "--server",
+        addr,
+        "--datanode",
+        datanode,
+        "--file",
+        file,
+    ];
+    args.extend_from_slice(extra);
+    run(&args, &[]).await
 }
