@@ -11,12 +11,8 @@ use common::{register, shard, Cluster, WAIT};
 use meta_consensus::{Command, Consistency, MetaNode, Role};
 use openraft::async_runtime::watch::WatchReceiver as _;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
-    let c = Cluster::three().await?;
-    let old = c.leader().await?;
-    c.router.isolate(old.id());
-    // The other two elect a leader among themselves.
+/// The leader the other two nodes elect among themselves once `old`, their leader, was cut off.
+async fn replacement(c: &Cluster, old: &MetaNode) -> Result<MetaNode> {
     let others: Vec<MetaNode> = c
         .nodes
         .values()
@@ -24,10 +20,10 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
         .cloned()
         .collect();
     let deadline = std::time::Instant::now() + WAIT;
-    let new = loop {
+    loop {
         let l = others.iter().find(|n| n.status().role == Role::Leader);
         if let Some(l) = l {
-            break l.clone();
+            return Ok(l.clone());
         }
         ensure!(std::time::Instant::now() < deadline, "no new leader");
         others[0]
@@ -39,7 +35,15 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
             )
             .await
             .ok();
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.router.isolate(old.id());
+    let new = replacement(&c, &old).await?;
     let w = new
         .write(Command::Put {
             key: "after-cut".into(),
@@ -57,6 +61,37 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
     c.router.heal_all();
     old.wait_applied(w.index, WAIT).await?;
     assert!(old.kv_get(Consistency::Local, "after-cut").await?.is_some());
+    c.converged().await?;
+    c.shutdown().await
+}
+
+/// A deposed leader that learns of the new leader from its own read's round (its messages
+/// reach the others again, theirs do not reach it yet, as when a paused process resumes) sends
+/// the read on to the new leader, rather than answering that no leader is known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_sends_a_read_on_to_the_new_leader() -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.router.isolate(old.id());
+    let new = replacement(&c, &old).await?;
+    // The read starts while the old leader is still cut off (its round fails at once).
+    let read = tokio::spawn({
+        let old = old.clone();
+        async move { old.kv_get(Consistency::Linearizable, "k").await }
+    });
+    c.router.heal_all();
+    for n in c.nodes.keys().filter(|id| **id != old.id()) {
+        c.router.cut_one_way(*n, old.id());
+    }
+    match read.await? {
+        Err(meta_consensus::Error::ForwardToLeader { leader_id, .. }) => ensure!(
+            leader_id == new.id(),
+            "the read went to node {leader_id}, not to the new leader {}",
+            new.id()
+        ),
+        other => anyhow::bail!("the deposed leader answered the read with {other:?}"),
+    }
+    c.router.heal_all();
     c.converged().await?;
     c.shutdown().await
 }

@@ -290,6 +290,37 @@ impl Cluster {
         Some(process)
     }
 
+    /// Sends `signal` to node `id`'s process.
+    fn signal(&self, id: u64, signal: libc::c_int) -> anyhow::Result<()> {
+        let pid = self.nodes[&id]
+            .process
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("node {id} is not running"))?
+            .pid();
+        // SAFETY: kill(2) with a pid this cluster started and still owns.
+        anyhow::ensure!(
+            unsafe { libc::kill(pid as libc::pid_t, signal) } == 0,
+            "signal {signal} to node {id}: {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(())
+    }
+
+    /// Stops node `id`'s process (SIGSTOP) until [`Cluster::resume`]: it keeps its sockets, so
+    /// the kernel still accepts connections to it and queues what they send.
+    pub fn pause(&self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, libc::SIGSTOP)?;
+        note(format!("[{}] node {id} paused", self.name));
+        Ok(())
+    }
+
+    /// Lets node `id`'s process run again (SIGCONT).
+    pub fn resume(&self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, libc::SIGCONT)?;
+        note(format!("[{}] node {id} resumed", self.name));
+        Ok(())
+    }
+
     /// SIGKILL node `id`.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut process) = self.forget_process(id) {

@@ -1,6 +1,6 @@
 //! An HTTP request whose body is held back: the head and most of the body are sent, the rest only
 //! when the test says so. It keeps a request "in flight" for as long as a scenario needs, without
-//! timing assumptions.
+//! timing assumptions. Or one sent whole to a paused server, whose answer is read once it runs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -41,6 +41,27 @@ impl HeldRequest {
         Ok(HeldRequest {
             stream,
             rest: body[split..].to_vec(),
+        })
+    }
+
+    /// Sends a whole request without a body (its answer is read by [`HeldRequest::finish`]):
+    /// once this returns, the request waits in the server's socket, also while its process is
+    /// paused.
+    pub async fn send_whole(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+    ) -> anyhow::Result<HeldRequest> {
+        let mut stream = TcpStream::connect(addr).await?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.flush().await?;
+        Ok(HeldRequest {
+            stream,
+            rest: Vec::new(),
         })
     }
 

@@ -100,10 +100,13 @@ impl MetaNode {
                     let option = option.clone();
                     async move { raft.get_read_linearizer(option).await }
                 },
-                |e| {
-                    matches!(e, RaftError::APIError(L::ForwardToLeader(f))
-                        if f.reason == openraft::error::ForwardReason::LeaseExpired
-                            && f.leader_id.is_none())
+                // No leader known yet, or no quorum answered this node's round (a leader
+                // that was paused finds the others moved on to a newer term): within a while
+                // it learns the new leader, and the read goes there instead of failing.
+                |e| match e {
+                    RaftError::APIError(L::ForwardToLeader(f)) => f.leader_id.is_none(),
+                    RaftError::APIError(L::QuorumNotEnough(_)) => true,
+                    _ => false,
                 },
             )
             .await?;

@@ -342,8 +342,9 @@ impl MetaNode {
     }
 
     /// Runs `call` until it answers something other than openraft's lease refusal (a fresh
-    /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`), for at most
-    /// [`MetaNode::lease_wait`] (then [`Error::NoLeader`]) and at most the request timeout (then
+    /// leader waiting for its first quorum acknowledgement, `is_lease_refusal`; reads also
+    /// retry while no leader is known), for at most [`MetaNode::lease_wait`] from the first
+    /// refusal (then [`Error::NoLeader`]) and at most the request timeout (then
     /// [`Error::Timeout`]). Returns that other answer. A call the caller gives up on runs to
     /// its end (`uncancelled.rs`).
     pub(super) async fn retry_lease_refusal<T, E, F, Fut>(
@@ -357,9 +358,10 @@ impl MetaNode {
         F: FnMut(Raft) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
-        let now = tokio::time::Instant::now();
-        let deadline = now + self.inner.cfg.request_timeout;
-        let lease_deadline = deadline.min(now + self.lease_wait());
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
+        // Counted from the first refusal, not from the call: a process that was paused since
+        // the call began (SIGSTOP, a stalled VM) had no time to learn of a new leader.
+        let mut lease_deadline = None;
         loop {
             let attempt = uncancelled(call(self.inner.raft.clone()));
             let res = tokio::time::timeout_at(deadline, attempt)
@@ -367,14 +369,15 @@ impl MetaNode {
                 .map_err(|_| Error::Timeout)?;
             match res {
                 Err(e) if is_lease_refusal(&e) => {
+                    let now = tokio::time::Instant::now();
+                    let until = *lease_deadline
+                        .get_or_insert_with(|| deadline.min(now + self.lease_wait()));
                     // No election makes a node that is not a member lead: say so at once.
                     let why = self.no_leader();
-                    if !matches!(why, Error::NoLeader)
-                        || tokio::time::Instant::now() >= lease_deadline
-                    {
+                    if !matches!(why, Error::NoLeader) || now >= until {
                         return Err(why);
                     }
-                    let _ = self.await_metrics_change(lease_deadline).await;
+                    let _ = self.await_metrics_change(until).await;
                 }
                 other => return Ok(other),
             }
