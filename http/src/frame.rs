@@ -18,11 +18,30 @@ pub fn encode_frame<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, codec::Co
     Ok(out.into())
 }
 
+/// Why a framed body ended before its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The body failed, or ended inside a frame: its connection broke (a member stopping, a
+    /// connection closed), which says nothing of what was sent.
+    Broken(String),
+    /// The body announced a frame longer than its receiver takes: the sender speaks another
+    /// protocol, or the bytes were damaged.
+    TooLong(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Broken(e) | FrameError::TooLong(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Splits a body of chunks into frames (payloads, without their length).
 ///
 /// Ends after the last whole frame when the body ends. Yields one `Err` and ends if the body
 /// fails, ends inside a frame, or announces a frame longer than `max_frame` bytes.
-pub fn frames<S, E>(chunks: S, max_frame: usize) -> impl Stream<Item = Result<Bytes, String>>
+pub fn frames<S, E>(chunks: S, max_frame: usize) -> impl Stream<Item = Result<Bytes, FrameError>>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -34,7 +53,7 @@ where
                 let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
                 if len > max_frame {
                     let e = format!("a frame of {len} bytes (at most {max_frame} accepted)");
-                    return Some((Err(e), None));
+                    return Some((Err(FrameError::TooLong(e)), None));
                 }
                 if buf.len() >= 4 + len {
                     buf.advance(4);
@@ -44,11 +63,14 @@ where
             }
             match chunks.next().await {
                 Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                Some(Err(e)) => return Some((Err(format!("reading the stream: {e}")), None)),
+                Some(Err(e)) => {
+                    let e = format!("reading the stream: {e}");
+                    return Some((Err(FrameError::Broken(e)), None));
+                }
                 None if buf.is_empty() => return None,
                 None => {
                     let e = format!("the stream ended inside a frame ({} bytes)", buf.len());
-                    return Some((Err(e), None));
+                    return Some((Err(FrameError::Broken(e)), None));
                 }
             }
         }
@@ -69,7 +91,10 @@ mod tests {
         out
     }
 
-    async fn collect(chunks: Vec<Result<Bytes, String>>, max: usize) -> Vec<Result<Bytes, String>> {
+    async fn collect(
+        chunks: Vec<Result<Bytes, String>>,
+        max: usize,
+    ) -> Vec<Result<Bytes, FrameError>> {
         frames(futures::stream::iter(chunks), max).collect().await
     }
 
@@ -97,15 +122,18 @@ mod tests {
         let frame = encode_frame(&vec![5u8; 100]).unwrap();
         let got = collect(vec![Ok(frame.slice(..50))], 1024).await;
         assert_eq!(got.len(), 1);
-        assert!(got[0].as_ref().unwrap_err().contains("inside a frame"));
+        let broken = got[0].as_ref().unwrap_err();
+        assert!(matches!(broken, FrameError::Broken(e) if e.contains("inside a frame")));
 
         let got = collect(vec![Ok(frame.clone()), Ok(frame.clone())], 50).await;
         assert_eq!(got.len(), 1);
-        assert!(got[0].as_ref().unwrap_err().contains("at most 50"));
+        let long = got[0].as_ref().unwrap_err();
+        assert!(matches!(long, FrameError::TooLong(e) if e.contains("at most 50")));
 
         let got = collect(vec![Ok(frame.clone()), Err("reset".into())], 1024).await;
         assert_eq!(got.len(), 2);
         assert!(got[0].is_ok());
-        assert!(got[1].as_ref().unwrap_err().contains("reset"));
+        let failed = got[1].as_ref().unwrap_err();
+        assert!(matches!(failed, FrameError::Broken(e) if e.contains("reset")));
     }
 }

@@ -543,7 +543,9 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     cluster_identity::version_of(response.headers()),
                     Ordering::Relaxed,
                 );
-                let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES).boxed();
+                let frames: Frames = frames(response.bytes_stream(), MAX_RAFT_BODY_BYTES)
+                    .map(|frame| frame.map_err(|e| e.to_string()))
+                    .boxed();
                 Ok(frames)
             };
             let patience = self.patience.clone();

@@ -31,7 +31,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::bounded_body::bounded_raft_body;
 use crate::error::ApiError;
-use crate::frame::{encode_frame, frames};
+use crate::frame::{encode_frame, frames, FrameError};
 use crate::limits::{MAX_RAFT_BODY_BYTES, MAX_SMALL_RAFT_BODY_BYTES};
 use meta_consensus::codec;
 
@@ -160,10 +160,23 @@ async fn append_stream(State(node): State<MetaNode>, body: Body) -> Response {
     let refused: Arc<Mutex<Option<String>>> = Arc::default();
     let note = refused.clone();
     let requests = frames(body.into_data_stream(), MAX_RAFT_BODY_BYTES)
-        .map(|frame| frame.and_then(|f| decode_message(&f, rpc_bounds::check_append)))
+        .map(|frame| {
+            let refused = match frame {
+                Ok(f) => decode_message(&f, rpc_bounds::check_append),
+                Err(e @ FrameError::TooLong(_)) => Err(e.to_string()),
+                // The leader's connection broke off (it stopped, or closed it): routine.
+                Err(FrameError::Broken(e)) => {
+                    tracing::debug!("an append stream broke off: {e}");
+                    return Err(e);
+                }
+            };
+            if let Err(e) = &refused {
+                tracing::warn!("a frame of an append stream was refused (the sender is not a leader of this build, or the bytes were damaged): {e}");
+            }
+            refused
+        })
         .take_while(move |r| {
             if let Err(e) = r {
-                tracing::warn!("a frame of an append stream was refused (the sender is not a leader of this build, or the bytes were damaged): {e}");
                 *note.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
             }
             std::future::ready(r.is_ok())
