@@ -86,7 +86,7 @@ pub struct ServeArgs {
     /// Log entries kept after a snapshot for lagging followers [default: 10000].
     #[arg(long, env = "METASERVER_KEEP_LOGS")]
     pub keep_logs: Option<u64>,
-    /// Registry (sled) cache size in bytes [default: 67108864].
+    /// Registry (sled) cache size in bytes, at least 1 MiB [default: 67108864].
     #[arg(long, env = "METASERVER_SLED_CACHE_BYTES")]
     pub sled_cache_bytes: Option<u64>,
     /// Size of a write-ahead log segment file in bytes, from 256 to 1 GiB [default: 67108864].
