@@ -53,6 +53,25 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     }
     let token = Token::new(settings.token.as_deref());
     let cfg = settings.node_config(&addr);
+    // What this start runs with, defaults filled in: the one place an operator can confirm
+    // that a flag, variable or config file took effect.
+    tracing::info!(
+        barrier = ?cfg.barrier,
+        snapshot_rate = cfg.snapshot_max_bytes_per_sec,
+        snapshot_logs_since_last = cfg.snapshot_logs_since_last,
+        keep_logs = cfg.max_in_snapshot_log_to_keep,
+        sled_cache_bytes = cfg.sled_cache_bytes,
+        wal_segment_bytes = cfg.wal_segment_bytes,
+        max_pending_shards = cfg.max_pending_shards,
+        watch_history = cfg.watch_history,
+        min_free_bytes = cfg.min_free_bytes,
+        datanode_timeout_ms = cfg.datanode_timeout.as_millis() as u64,
+        follower_reads = settings.follower_reads,
+        idle_timeout = ?settings.idle_timeout,
+        stop_delay = ?settings.stop_delay,
+        token = settings.token.is_some(),
+        "settings in effect"
+    );
     let network = HttpNetwork::new(&cfg, token.clone());
     let node = MetaNode::open(cfg, network).await.with_context(|| {
         format!(

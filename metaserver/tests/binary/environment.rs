@@ -33,3 +33,33 @@ async fn a_bad_node_variable_fails_the_node_only() {
     assert!(!ok);
     assert!(err.contains("worker-threads"), "{err}");
 }
+
+/// A node logs the settings it runs with, defaults filled in, so that an operator can confirm
+/// that a variable took effect (and that a token is set, without the token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_logs_the_settings_in_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("METASERVER_LISTEN", "127.0.0.1:0"),
+        ("METASERVER_KEEP_LOGS", "123"),
+        ("METASERVER_TOKEN", "settings-secret"),
+        ("RUST_LOG", "info,openraft=warn"),
+    ];
+    let mut node = crate::common::spawn(dir.path(), dir.path(), &[], &env, false);
+    node.address();
+    node.stop().await;
+    let logs = node.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("settings in effect"))
+        .unwrap_or_else(|| panic!("no settings line in:\n{logs}"));
+    for expected in [
+        "keep_logs=123",
+        "barrier=Shared",
+        "wal_segment_bytes=67108864",
+        "token=true",
+    ] {
+        assert!(line.contains(expected), "{expected} missing from {line}");
+    }
+    assert!(!logs.contains("settings-secret"), "the token was logged");
+}
