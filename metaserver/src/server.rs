@@ -256,7 +256,8 @@ fn disagreements(
             ));
         }
     }
-    for (id, peer) in &settings.peers {
+    // This node's own entry gave it its address, named above if the cluster knows another.
+    for (id, peer) in settings.peers.iter().filter(|(id, _)| **id != settings.id) {
         match nodes.get(id) {
             Some(known) if known != peer => found.push(format!(
                 "--peers gives node {id} the address {peer}, but the cluster knows it at {known} \
@@ -332,6 +333,14 @@ mod tests {
         .into();
         let peers = disagreements(&settings, "10.0.0.1:7101", &nodes);
         assert_eq!(peers.len(), 2, "{peers:?}");
+        // Its own --peers entry, which gave it its address, is named once, as its address.
+        settings.peers.insert(1, "10.0.0.8:7101".to_owned());
+        let own = disagreements(&settings, "10.0.0.8:7101", &nodes);
+        assert_eq!(own.len(), 3, "{own:?}");
+        assert!(
+            !own.iter().any(|d| d.contains("--peers gives node 1")),
+            "{own:?}"
+        );
         // A one-node cluster has nobody to miss it.
         let alone: BTreeMap<u64, String> = [(1, "127.0.0.1:1".to_owned())].into();
         assert!(disagreements(&settings, "127.0.0.1:2", &alone).is_empty());
