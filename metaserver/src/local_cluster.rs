@@ -123,6 +123,10 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
     }
     check_serve_options(&args.serve_options)?;
     check_serve_values(&args.serve_options)?;
+    if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        // Every node would refuse it; say so before any starts.
+        bail!("--token (METASERVER_TOKEN) is empty: give a token or leave it unset");
+    }
     if std::env::var_os("METASERVER_CONFIG").is_some() {
         tracing::warn!("METASERVER_CONFIG is not passed on: {CONFIG_NOT_PASSED}");
     }
