@@ -185,8 +185,16 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
         );
     }
     // An empty token, which every node would refuse, is refused before any starts.
-    let args = ["local-cluster", "--base-port", "0", "--data-dir", data];
-    let (ok, out, err) = run(&args, &[("METASERVER_TOKEN", "")]).await;
+    let args = [
+        "local-cluster",
+        "--base-port",
+        "0",
+        "--data-dir",
+        data,
+        "--token",
+        "",
+    ];
+    let (ok, out, err) = run(&args, &[]).await;
     assert!(!ok && err.contains("is empty"), "{err}");
     assert!(!out.contains("running"), "{out}");
     assert!(!std::path::Path::new(data).exists(), "nothing was started");
