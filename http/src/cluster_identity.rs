@@ -393,7 +393,8 @@ impl MemberLink<'_> {
     /// would refuse every message of the new one), [`ApiError::Conflict`] if it refuses the
     /// token or is not a metaserver. A member that does not answer, or answers 5xx, passes:
     /// members may start after the one that initializes. The question carries no cluster id,
-    /// so no node adopts one; builds that do not name their cluster pass.
+    /// so no node adopts one; builds that do not name their cluster pass. A node that holds
+    /// a cluster id is refused whatever the id: the initialize makes a fresh one.
     pub async fn check_init_members(
         &self,
         me: u64,
@@ -419,17 +420,17 @@ impl MemberLink<'_> {
             return Ok(());
         };
         if is_node(&answer, id) {
+            // Any cluster's: the initialize records a fresh id, also over one this node adopted
+            // (from a failed add) that the peer may have adopted too.
             let theirs = answer.headers().get(CLUSTER).and_then(parse);
             return match theirs {
-                Some(theirs) if Some(theirs) != self.cluster.get() => {
-                    Err(ApiError::OtherCluster(format!(
-                        "node {id} at {addr} belongs to a cluster already ({theirs:016x}), and \
+                Some(theirs) => Err(ApiError::OtherCluster(format!(
+                    "node {id} at {addr} belongs to a cluster already ({theirs:016x}), and \
                          would refuse every message of the one initialized here: if this node \
                          is a member of that cluster whose data dir was lost, start it without \
                          --init and it rejoins; to form a new cluster, start node {id} on an \
                          empty data dir first"
-                    )))
-                }
+                ))),
                 _ => Ok(()),
             };
         }

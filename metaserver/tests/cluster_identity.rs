@@ -147,6 +147,30 @@ async fn a_cluster_is_not_initialized_over_a_node_of_another_cluster() {
     );
     let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
     assert_eq!(v["role"], "uninitialized", "{v}");
+    // Node 10 adopted a cluster's id (as the probe of a failed add leaves it), and so did
+    // node 9: the initialize would give node 9 a fresh id, which node 10 refuses.
+    let d_dir = tempfile::tempdir().unwrap();
+    let waiting = ["serve", "--id", "10", "--init", "false"];
+    let mut d = spawn(d_dir.path(), d_dir.path(), &waiting, &env, false);
+    let d_addr = d.address();
+    poll(&http, &format!("http://{d_addr}/healthz"), None, |_| true).await;
+    for (id, addr) in [("9", &a_addr), ("10", &d_addr)] {
+        let adopted = http
+            .post(format!("http://{addr}/raft/identity"))
+            .header("x-metaserver-cluster", "00000000000000ab")
+            .header("x-metaserver-to", id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(adopted.status(), 204, "node {id} adopts the id");
+    }
+    let (status, v) = init(json!({"9": a_addr, "10": d_addr})).await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (409, json!("other_cluster")),
+        "{v}"
+    );
+    d.stop().await;
     // The refusals changed nothing: node 9 forms a cluster of its own, node 1 still leads.
     let (status, v) = init(json!({ "9": a_addr })).await;
     assert_eq!(status, 200, "{v}");
