@@ -422,17 +422,15 @@ impl MemberLink<'_> {
         if is_node(&answer, id) {
             // Any cluster's: the initialize records a fresh id, also over one this node adopted
             // (from a failed add) that the peer may have adopted too.
-            let theirs = answer.headers().get(CLUSTER).and_then(parse);
-            return match theirs {
-                Some(theirs) => Err(ApiError::OtherCluster(format!(
-                    "node {id} at {addr} belongs to a cluster already ({theirs:016x}), and \
-                         would refuse every message of the one initialized here: if this node \
-                         is a member of that cluster whose data dir was lost, start it without \
-                         --init and it rejoins; to form a new cluster, start node {id} on an \
-                         empty data dir first"
-                ))),
-                _ => Ok(()),
+            let Some(theirs) = answer.headers().get(CLUSTER).and_then(parse) else {
+                return Ok(());
             };
+            return Err(ApiError::OtherCluster(format!(
+                "node {id} at {addr} belongs to a cluster already ({theirs:016x}), and would \
+                 refuse every message of the one initialized here: if this node is a member of \
+                 that cluster whose data dir was lost, start it without --init and it rejoins; \
+                 to form a new cluster, start node {id} on an empty data dir first"
+            )));
         }
         let status = answer.status();
         if status.is_server_error() {
