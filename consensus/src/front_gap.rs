@@ -1,5 +1,5 @@
-//! A log whose oldest records are gone though it records no purge (its oldest segment was
-//! deleted or lost), found when a node opens, and what the node does about it.
+//! A log whose oldest entries are gone though it records no purge of them (its oldest segment
+//! was deleted or lost), found when a node opens, and what the node does about it.
 //!
 //! openraft reads a log as the entries after its purge point, so it cannot start from such a
 //! log (it fails with "log entry not found" at the first missing index, naming no file). When
@@ -29,16 +29,17 @@ pub(crate) struct FrontGap {
 
 impl FrontGap {
     /// The gap at the front of `log` (in `log_dir`), if there is one. `Ok(None)`: the log
-    /// starts at its purge point or at entry 0. [`Error::LogDamaged`] when neither the newest
+    /// begins right after its purge point, or at entry 0. [`Error::LogDamaged`] when neither the newest
     /// snapshot nor the registry holds the entries before the log's first one.
     pub(crate) fn of(
         sm: &StateMachine,
         log: &LogStore,
         log_dir: &Path,
     ) -> Result<Option<FrontGap>> {
-        let Some(first) = log.unpurged_start() else {
+        let Some((from, to)) = log.lost_front() else {
             return Ok(None);
         };
+        let first = to + 1;
         let snapshot = sm
             .shared()
             .current_snapshot()
@@ -58,12 +59,11 @@ impl FrontGap {
         Err(Error::LogDamaged {
             path: log_dir.to_path_buf(),
             reason: format!(
-                "begins at entry {first} and records no purge: entries 0 to {} are missing (its \
-                 oldest segment was deleted or lost), and neither the newest snapshot (last \
-                 entry: {}) nor the registry (last entry: {}) holds them. The log is left as it is. \
-                 Put the missing segment back; or replace this member's data dir (remove it \
-                 from the voters, wipe the dir, add it again as a learner)",
-                first - 1,
+                "lacks entries {from} to {to} (its oldest segment was deleted or lost: the log \
+                 begins at entry {first}, and records no purge of them), and neither the newest \
+                 snapshot (last entry: {}) nor the registry (last entry: {}) holds them. The \
+                 log is left as it is. Put the missing segment back; or replace this member's \
+                 data dir (remove it from the voters, wipe the dir, add it again as a learner)",
                 held(snapshot),
                 held(applied),
             ),
@@ -77,8 +77,8 @@ impl FrontGap {
     pub(crate) async fn close(&self, sm: &mut StateMachine, log: &LogStore) -> Result<()> {
         tracing::warn!(
             first = self.first,
-            "the log begins at entry {} and records no purge (its oldest segment was deleted or \
-             lost); the {} holds the entries before it: purging the log up to it",
+            "the log begins at entry {} and records no purge of the entries before it (its \
+             oldest segment was deleted or lost); the {} holds them: purging the log up to it",
             self.first,
             if self.snapshot.is_some() {
                 "newest snapshot"

@@ -105,6 +105,20 @@ impl Index {
         Ok(())
     }
 
+    /// [`Index::push`] for an entry replayed from the files, which may also begin the log's
+    /// entries past the purge point (or past entry 0): the records before it are gone, and
+    /// [`LogStore::lost_front`] names them.
+    fn push_replayed(&mut self, lsn: Lsn, log_id: LogId, bytes: usize) -> Result<()> {
+        let past_start = log_id.index >= self.next_index();
+        if self.entries.is_empty() && past_start {
+            self.first = log_id.index;
+            self.entries
+                .push_back((lsn, log_id, u32::try_from(bytes).unwrap_or(u32::MAX)));
+            return Ok(());
+        }
+        self.push(lsn, log_id, bytes)
+    }
+
     /// Drops entries with index > `after` (all of them for `None`).
     fn truncate_after(&mut self, after: Option<u64>) {
         let keep = match after {
@@ -222,13 +236,15 @@ impl LogStore {
                         continue;
                     }
                     // A gap is damage to the files (a segment lost or cut): say where.
-                    index.push(lsn, e.log_id, bytes.len()).map_err(|e| {
-                        Error::Raft(format!(
-                            "{e}, at record {lsn} of the log in {}: a segment before it is \
+                    index
+                        .push_replayed(lsn, e.log_id, bytes.len())
+                        .map_err(|e| {
+                            Error::Raft(format!(
+                                "{e}, at record {lsn} of the log in {}: a segment before it is \
                              missing or damaged",
-                            dir.display()
-                        ))
-                    })?;
+                                dir.display()
+                            ))
+                        })?;
                 }
                 LogRecord::Vote(v) => {
                     index.vote = Some(v);
@@ -307,13 +323,13 @@ impl LogStore {
         self.shared.index.read().last_purged
     }
 
-    /// The index of the log's first entry when the log records no purge and that entry is not
-    /// entry 0, the first a cluster's log holds: the records before it are gone
-    /// (`front_gap.rs`).
-    pub(crate) fn unpurged_start(&self) -> Option<u64> {
+    /// The entries missing at the front of the log, `(from, to)`, when its first entry does
+    /// not follow its purge point (or is not entry 0, the first a cluster's log holds, in a log
+    /// never purged): their records are gone (`front_gap.rs`).
+    pub(crate) fn lost_front(&self) -> Option<(u64, u64)> {
         let idx = self.shared.index.read();
-        let starts_late = !idx.entries.is_empty() && idx.first > 0;
-        (idx.last_purged.is_none() && starts_late).then_some(idx.first)
+        let from = idx.last_purged.map_or(0, |p| p.index + 1);
+        (!idx.entries.is_empty() && idx.first > from).then(|| (from, idx.first - 1))
     }
 
     /// Whether the log holds no Raft state at all: no entry, none purged, no vote (a new member,

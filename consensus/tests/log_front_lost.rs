@@ -28,10 +28,27 @@ fn put(key: &str) -> Command {
     }
 }
 
+/// As [`small_segments`], but a snapshot purges the log up to 10 entries before it: the
+/// record of that purge lies in a later segment than the oldest one left.
+fn small_segments_purged(cfg: &mut NodeConfig) {
+    cfg.wal_segment_bytes = 4096;
+    cfg.max_in_snapshot_log_to_keep = 10;
+}
+
 /// A converged three-voter cluster with small log segments that took [`KEYS`] writes, and a
-/// follower of it (built a snapshot first, if `snapshot`), stopped.
+/// follower of it (built a snapshot half way, if `snapshot`), stopped; its log is never purged.
 async fn stopped_follower(snapshot: bool) -> Result<(Cluster, u64)> {
-    let mut c = Cluster::three_tuned(small_segments).await?;
+    let (c, id, purged) = stopped_follower_tuned(small_segments, snapshot).await?;
+    ensure!(purged.is_none(), "the follower's log was purged");
+    Ok((c, id))
+}
+
+/// As [`stopped_follower`], tuned by `tune`; also answers the follower's purge point.
+async fn stopped_follower_tuned(
+    tune: fn(&mut NodeConfig),
+    snapshot: bool,
+) -> Result<(Cluster, u64, Option<u64>)> {
+    let mut c = Cluster::three_tuned(tune).await?;
     let l = c.leader().await?;
     for i in 0..KEYS / 2 {
         l.write(put(&format!("k/{i}"))).await?;
@@ -45,12 +62,9 @@ async fn stopped_follower(snapshot: bool) -> Result<(Cluster, u64)> {
         l.write(put(&format!("k/{i}"))).await?;
     }
     c.converged().await?;
-    ensure!(
-        c.node(id).status().purged.is_none(),
-        "the follower's log was purged"
-    );
+    let purged = c.node(id).status().purged;
     c.stop(id).await?;
-    Ok((c, id))
+    Ok((c, id, purged))
 }
 
 /// The segments of the log in `wal`, oldest first.
@@ -112,6 +126,15 @@ async fn a_member_whose_snapshot_covers_its_lost_oldest_segment_starts() -> Resu
     starts_whole(c, id).await
 }
 
+/// The oldest segment left after a purge is lost: the log begins past its purge point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_lost_its_oldest_segment_after_a_purge_starts() -> Result<()> {
+    let (c, id, purged) = stopped_follower_tuned(small_segments_purged, true).await?;
+    ensure!(purged.is_some(), "the follower's log was not purged");
+    lose_oldest_segment(&c, id)?;
+    starts_whole(c, id).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result<()> {
     let (mut c, id) = stopped_follower(false).await?;
@@ -124,7 +147,7 @@ async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result
         .await?;
     ensure!(
         refused.contains(&wal.display().to_string())
-            && refused.contains("records no purge")
+            && refused.contains("lacks entries 0 to")
             && refused.contains("oldest segment"),
         "the refusal names the log and why: {refused}"
     );
