@@ -163,3 +163,44 @@ async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result
     drop(n);
     c.shutdown().await
 }
+
+/// The oldest segment held the follower's vote (written when it first heard of the leader's
+/// term, and not again while the term stays): the member that comes back without it rejoins
+/// as one that lost its data dir, voting for nobody until it has the log back (it may have
+/// voted in this term already).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lost_oldest_segment_held_its_vote_rejoins() -> Result<()> {
+    let (mut c, id) = stopped_follower(false).await?;
+    lose_oldest_segment(&c, id)?;
+    // Cut off until it was looked at: the leader's first message would give it a vote again.
+    let others: Vec<u64> = c.nodes.keys().copied().collect();
+    for other in &others {
+        c.router.cut(id, *other);
+    }
+    let n = c.start(id).await?;
+    ensure!(
+        n.status().term == 0,
+        "the lost segment did not hold the vote"
+    );
+    ensure!(
+        n.is_rejoining(),
+        "a member that lost its vote is not rejoining"
+    );
+    c.router.heal_all();
+    c.converged().await?;
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while n.is_rejoining() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the rejoin never ended"
+        );
+        n.raft()
+            .wait(Some(std::time::Duration::from_millis(100)))
+            .metrics(|_| false, "a metrics change")
+            .await
+            .ok();
+    }
+    common::holds_keys(&n, KEYS).await?;
+    drop(n);
+    c.shutdown().await
+}

@@ -118,10 +118,11 @@ async fn a_purge_that_cannot_delete_an_emptied_segment_holds_and_the_log_goes_on
     assert!(refused.is_err(), "and the log refuses further writes");
 }
 
-/// A log whose oldest live segment is gone (its entries after the purge point missing) is
-/// refused at open, with a message that names the log's dir and the record where the gap is.
+/// A log whose oldest live segment is gone (its entries after the purge point missing) opens,
+/// naming the entries it lacks, for the node to judge (`front_gap.rs`); one that lost a segment
+/// in the middle is refused at open, with a message that names the file.
 #[tokio::test(flavor = "current_thread")]
-async fn a_gap_after_the_purge_point_is_refused_naming_the_dir() {
+async fn a_gap_after_the_purge_point_is_named_and_one_within_the_log_refused() {
     let dir = tempfile::tempdir().unwrap();
     let opts = WalOptions {
         segment_bytes: 512,
@@ -138,10 +139,20 @@ async fn a_gap_after_the_purge_point_is_refused_naming_the_dir() {
         .collect();
     segments.sort();
     assert!(segments.len() > 2, "{segments:?}");
+    let kept = dir.path().join("kept");
+    std::fs::copy(&segments[0], &kept).unwrap();
     std::fs::remove_file(&segments[0]).unwrap();
+    let log = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let (from, to) = log.lost_front().expect("the lost front is named");
+    assert_eq!(from, 21, "the entries after the purge point are lost");
+    assert!(to > from && to < 60, "lost {from} to {to}");
+    drop(log);
+    std::fs::rename(&kept, &segments[0]).unwrap();
+    std::fs::remove_file(&segments[1]).unwrap();
+    // The log itself finds records missing between two segments.
     let e = LogStore::open(dir.path(), opts).err().expect("refused");
     let message = e.to_string();
-    assert!(message.contains("does not follow"), "{message}");
+    assert!(message.contains("are missing"), "{message}");
     assert!(
         message.contains(&*dir.path().to_string_lossy()),
         "{message}"

@@ -16,6 +16,16 @@ use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::sole_voter;
 use crate::state_machine::StateMachine;
 
+/// Whether the log lost its vote, on a member of several voters: it holds entries of an
+/// elected term (a vote always came first), or a purge point, but no vote (the segment that
+/// held the vote was lost). Such a member may have voted in the current term already; it
+/// rejoins as one that lost its data dir does (`rejoin_marker.rs`), voting for nobody until
+/// it has the log back. The only voter of a cluster is refused instead (`sole_voter.rs`).
+pub(super) fn lost_its_vote(sm: &StateMachine, log: &LogStore, me: crate::types::NodeId) -> bool {
+    let elected = log.summary().0.is_some_and(|last| last.leader_id.term > 0);
+    log.vote().is_none() && elected && !sole_voter::is_sole_voter(&sm.shared().applied().1, me)
+}
+
 /// What [`repair`] does once the log and registry are open.
 pub(super) enum Repair {
     /// Keep the registry, ahead of the log, as a snapshot (`registry_ahead.rs`).
