@@ -76,6 +76,15 @@ async fn a_full_report_ends_with_a_prune() {
         .map(|s| s["id"].as_u64().unwrap())
         .collect();
     assert_eq!(held, [1, 4]);
+    // A later page of an unknown datanode is 404, as its first page is, not an empty end.
+    let next = t.get("/v1/datanodes/7/shards?limit=1").await.json()["next"].clone();
+    let next = next.as_str().expect("a cursor");
+    let a = t.get(&format!("/v1/datanodes/7/shards?after={next}")).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = t
+        .get(&format!("/v1/datanodes/99/shards?after={next}"))
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
     assert_eq!(t.get("/v1/datanodes/7").await.json()["shards"], 2);
     assert_eq!(
         t.get("/v1/shards/2").await.json(),

@@ -372,8 +372,9 @@ pub async fn list_shards(
         )
         .await
         .map_err(listing_error(after))?;
-    if result.items.is_empty() && after.is_none() {
-        // An empty first page: tell an unknown datanode from one without shards.
+    if result.items.is_empty() {
+        // An empty page: tell an unknown datanode from one without shards (also on a later
+        // page: one removed while it was listed is not a list that ended).
         let known = state
             .node
             .datanode(meta_consensus::Consistency::Local, id)
