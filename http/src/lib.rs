@@ -4,6 +4,7 @@
 //! It talks to the node API of `meta-consensus` only, never to the log or the registry
 //! directly.
 
+pub mod answer_budget;
 pub mod append_stream;
 pub mod auth;
 pub mod bounded_body;

@@ -7,6 +7,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{any, get, post, put};
 use axum::Router;
 
+use crate::answer_budget;
 use crate::auth::require_token;
 use crate::bounded_body::bounded_raft_body;
 use crate::cluster_identity::{self, check_cluster, check_member, PATH_IDENTITY};
@@ -139,6 +140,10 @@ fn routes(state: AppState) -> Router {
         .route_layer(from_fn(tag_route))
         // A path no route takes asks for the token too: an outsider learns nothing of the routes.
         .fallback(not_found.layer(from_fn_with_state(state.token.clone(), require_token)))
+        .layer(from_fn_with_state(
+            state.answer_budget.clone(),
+            answer_budget::limit,
+        ))
         .layer(from_fn_with_state(state.metrics.clone(), record))
         .with_state(state)
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::extract::FromRef;
 use meta_consensus::{ClusterStatus, Consistency, MetaNode, Role};
 
+use crate::answer_budget::AnswerBudget;
 use crate::auth::Token;
 use crate::cluster_identity::Refused;
 use crate::error::ApiError;
@@ -39,6 +40,8 @@ pub struct AppState {
     /// Watches that may wait at once (default [`WATCH_SLOTS`]): each holds a connection for
     /// up to a minute, and datanodes need connections too.
     pub watch_slots: Arc<tokio::sync::Semaphore>,
+    /// The bytes of large answers that may wait to be read at once (`answer_budget.rs`).
+    pub answer_budget: AnswerBudget,
     /// The messages between members refused, as logged: once per cause, then at most every
     /// 30 s.
     pub(crate) refusals: Arc<LogThrottle<Refused>>,
@@ -95,6 +98,7 @@ impl AppState {
             readiness,
             body_timeout: BODY_TIMEOUT,
             watch_slots: Arc::new(tokio::sync::Semaphore::new(WATCH_SLOTS)),
+            answer_budget: AnswerBudget::default(),
             refusals: Arc::default(),
         }
     }
@@ -111,6 +115,13 @@ impl AppState {
     /// At most `slots` watches wait at once; more are refused with 503 `overloaded`.
     pub fn with_watch_slots(mut self, slots: usize) -> Self {
         self.watch_slots = Arc::new(tokio::sync::Semaphore::new(slots));
+        self
+    }
+
+    /// Large answers may hold `bytes` at once while they wait to be read (default
+    /// [`crate::answer_budget::DEFAULT_BUDGET_BYTES`]).
+    pub fn with_answer_budget(mut self, bytes: usize) -> Self {
+        self.answer_budget = AnswerBudget::new(bytes);
         self
     }
 

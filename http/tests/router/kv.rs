@@ -113,3 +113,43 @@ async fn key_value() {
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
 }
+
+/// Large answers that wait to be read hold a budget of memory: past it, a large answer is
+/// refused 503 `overloaded` (the client asks again), and once the first was read, the next
+/// passes.
+#[tokio::test]
+async fn large_answers_past_the_budget_wait_for_one_to_be_read() {
+    use tower::ServiceExt;
+    let t = leader_node(None).await;
+    // 120 keys of about 1,000 bytes: a listing of about 120 KB.
+    for i in 0..120 {
+        let key = format!("big/{i:03}{}", "k".repeat(990));
+        let a = t.send(Method::PUT, &format!("/v1/kv/{key}"), "v").await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let state = meta_http::AppState::new(t.node.clone(), meta_http::Token::new(None));
+    let app = meta_http::router(state.with_answer_budget(200 << 10));
+    let ask = || {
+        let request = axum::http::Request::get("/v1/kv?prefix=big/")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    // Answered, not read yet.
+    let first = ask().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = ask().await.unwrap();
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = axum::body::to_bytes(second.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "overloaded", "{error}");
+    let listed = axum::body::to_bytes(first.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed).unwrap();
+    assert_eq!(listed["keys"].as_array().map(Vec::len), Some(120));
+    let third = ask().await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+}
