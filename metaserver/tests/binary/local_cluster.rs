@@ -166,16 +166,9 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cluster");
     let data = data.to_str().unwrap();
+    let local = ["local-cluster", "--base-port", "0", "--data-dir", data];
     for option in ["--data-dir", "--id=4", "--init"] {
-        let args = [
-            "local-cluster",
-            "--base-port",
-            "0",
-            "--data-dir",
-            data,
-            "--",
-        ];
-        let args: Vec<&str> = args.into_iter().chain([option, "x"]).collect();
+        let args: Vec<&str> = local.into_iter().chain(["--", option, "x"]).collect();
         let (ok, _, err) = run(&args, &[]).await;
         assert!(!ok, "{option} accepted");
         let name = option.split('=').next().unwrap();
@@ -185,15 +178,7 @@ async fn local_cluster_refuses_serve_options_it_sets_itself() {
         );
     }
     // An empty token, which every node would refuse, is refused before any starts.
-    let args = [
-        "local-cluster",
-        "--base-port",
-        "0",
-        "--data-dir",
-        data,
-        "--token",
-        "",
-    ];
+    let args: Vec<&str> = local.into_iter().chain(["--token", ""]).collect();
     let (ok, out, err) = run(&args, &[]).await;
     assert!(!ok && err.contains("is empty"), "{err}");
     assert!(!out.contains("running"), "{out}");
