@@ -185,7 +185,6 @@ impl Forwarder {
         let mut request = self
             .client
             .request(replay.method, &url)
-            .timeout(FORWARD_TIMEOUT)
             .header(FORWARDED_BY, self.id)
             .body(replay.body);
         if let Some(ReadIndexHint(index)) = read_index {
@@ -212,9 +211,19 @@ impl Forwarder {
                 }
             }
         }
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(e) => return leader_failed(target, &e, acts).into_response(),
+        // The time limit is the answer's head's, and then each piece's of its body
+        // (`with_patience`): a long answer that its client reads slowly is not cut off.
+        let late = || {
+            ApiError::Timeout(format!(
+                "the leader (node {} at {}) did not answer in time",
+                target.leader_id, target.addr
+            ))
+            .into_response()
+        };
+        let response = match tokio::time::timeout(FORWARD_TIMEOUT, request.send()).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
+            Err(_) => return late(),
         };
         let status = response.status();
         let mut relayed = Response::builder().status(status.as_u16());
@@ -232,9 +241,10 @@ impl Forwarder {
         if refusal && small {
             // A route or a query this node took and the leader does not know: the leader runs
             // an older build (this one's leader would take it as this node did).
-            let body = match response.bytes().await {
-                Ok(body) => body,
-                Err(e) => return leader_failed(target, &e, acts).into_response(),
+            let body = match tokio::time::timeout(FORWARD_TIMEOUT, response.bytes()).await {
+                Ok(Ok(body)) => body,
+                Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
+                Err(_) => return late(),
             };
             if let Some(refused) = unknown_to_older_build(&body) {
                 return ApiError::ClusterVersion {
@@ -255,9 +265,10 @@ impl Forwarder {
         let body = if ask_again && status == StatusCode::SERVICE_UNAVAILABLE && small {
             // A leader's refusal of a read or a membership change is read here: one that says it
             // does not lead makes the request go on to the next leader (`failover.rs`).
-            let body = match response.bytes().await {
-                Ok(body) => body,
-                Err(e) => return leader_failed(target, &e, acts).into_response(),
+            let body = match tokio::time::timeout(FORWARD_TIMEOUT, response.bytes()).await {
+                Ok(Ok(body)) => body,
+                Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
+                Err(_) => return late(),
             };
             if let Some(refused) = no_leader_message(&body) {
                 return ApiError::NoLeader(format!(
@@ -268,12 +279,45 @@ impl Forwarder {
             }
             Body::from(body)
         } else {
-            Body::from_stream(response.bytes_stream())
+            Body::from_stream(with_patience(
+                Box::pin(response.bytes_stream()),
+                FORWARD_TIMEOUT,
+            ))
         };
         relayed
             .body(body)
             .unwrap_or_else(|e| ApiError::Internal(e.to_string()).into_response())
     }
+}
+
+/// `chunks`, ended with an error once none came for `patience` after it was asked for: a
+/// leader that stalls in the middle of an answer does not hold its client for ever, while a
+/// client that reads a long answer slowly (the pieces are asked for as it reads) is not cut
+/// off, as a limit on the whole exchange cut it.
+fn with_patience<S, E>(
+    chunks: S,
+    patience: Duration,
+) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    futures::stream::unfold(Some(chunks), move |state| async move {
+        let mut chunks = state?;
+        match tokio::time::timeout(patience, chunks.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(chunks))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
+            Ok(None) => None,
+            Err(_) => {
+                let stalled = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the leader stopped sending its answer",
+                );
+                Some((Err(stalled), None))
+            }
+        }
+    })
 }
 
 /// 415 `unsupported_encoding` for a body sent with a `Content-Encoding` other than
@@ -424,6 +468,31 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pieces that come within the patience pass however long the whole takes; a stall past
+    /// it ends the body with an error.
+    #[tokio::test(start_paused = true)]
+    async fn a_relayed_body_ends_only_when_the_leader_stalls() {
+        use futures::StreamExt;
+        let patience = Duration::from_secs(30);
+        let slow = |gaps: Vec<u64>| {
+            Box::pin(futures::stream::iter(gaps).then(|gap| async move {
+                tokio::time::sleep(Duration::from_secs(gap)).await;
+                Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"x"))
+            }))
+        };
+        // Ten pieces 20 s apart: 200 s in all, each within the patience.
+        let whole: Vec<_> = with_patience(slow(vec![20; 10]), patience).collect().await;
+        assert_eq!(whole.len(), 10);
+        assert!(whole.iter().all(Result::is_ok));
+        let stalled: Vec<_> = with_patience(slow(vec![1, 31, 1]), patience)
+            .collect()
+            .await;
+        assert_eq!(stalled.len(), 2, "the piece after the stall ends it");
+        assert!(stalled[0].is_ok());
+        let e = stalled[1].as_ref().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    }
 
     #[test]
     fn only_an_identity_encoding_is_taken() {
