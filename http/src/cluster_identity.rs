@@ -329,10 +329,10 @@ impl MemberLink<'_> {
     /// as node `id`: [`ApiError::OtherCluster`] if it answers that it belongs to another,
     /// [`ApiError::WrongNode`] if it is another node, [`ApiError::BuildTooOld`] if its build
     /// cannot apply that version, [`ApiError::Conflict`] if it refuses this cluster's token or
-    /// answers as no metaserver would (4xx). `Ok` if it may (with the version of its build when
-    /// a metaserver consented), or if it cannot be asked (a node may be added before it is
-    /// started). A fresh node that consents belongs to this cluster from then on; one that
-    /// refuses adopted nothing.
+    /// answers as no metaserver would (4xx, or 5xx without naming its build). `Ok` if it may
+    /// (with the version of its build when a metaserver consented), or if it cannot be asked (a
+    /// node may be added before it is started). A fresh node that consents belongs to this
+    /// cluster from then on; one that refuses adopted nothing.
     pub async fn probe(
         &self,
         id: u64,
@@ -352,8 +352,9 @@ impl MemberLink<'_> {
                 let consented = status == reqwest::StatusCode::NO_CONTENT
                     && answer.headers().contains_key(IDENTITY);
                 let version = consented.then(|| version_of(answer.headers()));
+                let metaserver = answer.headers().contains_key(VERSION);
                 refusal(answer, addr).await?;
-                if status.is_client_error() {
+                if status.is_client_error() || (status.is_server_error() && !metaserver) {
                     return Err(not_a_metaserver(id, addr, status));
                 }
                 Ok(version)
@@ -391,8 +392,8 @@ impl MemberLink<'_> {
     /// is initialized here (which cannot be undone): [`ApiError::WrongNode`] if another node
     /// answers, [`ApiError::OtherCluster`] if the node belongs to another cluster already (it
     /// would refuse every message of the new one), [`ApiError::Conflict`] if it refuses the
-    /// token or is not a metaserver. A member that does not answer, or answers 5xx, passes:
-    /// members may start after the one that initializes. The question carries no cluster id,
+    /// token or is not a metaserver. A member that does not answer, or whose metaserver answers
+    /// 5xx (it is stopping, say), passes: members may start after the one that initializes. The question carries no cluster id,
     /// so no node adopts one; builds that do not name their cluster pass. A node that holds
     /// a cluster id is refused whatever the id: the initialize makes a fresh one.
     pub async fn check_init_members(
@@ -433,7 +434,9 @@ impl MemberLink<'_> {
             )));
         }
         let status = answer.status();
-        if status.is_server_error() {
+        // A metaserver names its build on every answer of these routes, also a refusal.
+        let metaserver = answer.headers().contains_key(VERSION);
+        if status.is_server_error() && metaserver {
             return Ok(());
         }
         refusal(answer, addr).await?;

@@ -35,26 +35,18 @@ async fn a_node_of_another_cluster_is_not_added_as_a_learner() {
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("--init"), "{message}");
 
-    // Another server at the address (it answers 404 to everything) is no metaserver.
-    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let other_addr = other.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((mut socket, _)) = other.accept().await {
-            let mut request = [0u8; 4096];
-            let _ = socket.read(&mut request).await;
-            let answer = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-            let _ = socket.write_all(answer.as_bytes()).await;
-        }
-    });
-    let body = json!({"id": 2, "addr": other_addr}).to_string();
-    let url = format!("{base}/v1/cluster/learners");
-    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
-        .await
-        .unwrap();
-    assert_eq!(status, 409, "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("not a metaserver node"), "{message}");
+    // Another server at the address (it answers 404, or 501, to everything) is no metaserver.
+    for status_line in ["404 Not Found", "501 Not Implemented"] {
+        let other_addr = other_server(status_line).await;
+        let body = json!({"id": 2, "addr": other_addr}).to_string();
+        let url = format!("{base}/v1/cluster/learners");
+        let (status, v) = send(&http, Method::POST, &url, None, Some(body))
+            .await
+            .unwrap();
+        assert_eq!(status, 409, "{status_line}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not a metaserver node"), "{message}");
+    }
 
     // Nothing changed: no learner, and the cluster still takes writes.
     let v = poll(&http, &format!("{base}/v1/cluster"), None, |_| true).await;
@@ -72,6 +64,24 @@ async fn a_node_of_another_cluster_is_not_added_as_a_learner() {
     assert_eq!(status, 200, "{v}");
     a.stop().await;
     b.stop().await;
+}
+
+/// The address of a server that answers every request with `status_line`, as a server of
+/// another kind than a metaserver would.
+async fn other_server(status_line: &'static str) -> String {
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = other.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = other.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let answer =
+                format!("HTTP/1.1 {status_line}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    addr
 }
 
 /// A node restarted at another address has the cluster move it there: a one-node cluster's
@@ -132,6 +142,13 @@ async fn a_cluster_is_not_initialized_over_a_node_of_another_cluster() {
     assert_eq!(
         (status, v["error"]["code"].clone()),
         (409, json!("wrong_node")),
+        "{v}"
+    );
+    let not_metaserver = other_server("501 Not Implemented").await;
+    let (status, v) = init(json!({"9": a_addr, "3": not_metaserver})).await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (409, json!("conflict")),
         "{v}"
     );
     let (status, v) = init(json!({"9": a_addr, "1": b_addr})).await;
