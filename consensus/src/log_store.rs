@@ -332,6 +332,36 @@ impl LogStore {
         (!idx.entries.is_empty() && idx.first > from).then(|| (from, idx.first - 1))
     }
 
+    /// Restores the vote of a log that lost the record holding it (its oldest segment was
+    /// lost), and makes it durable. Blocking; before Raft starts. Every vote change is written
+    /// in a record after the ones before it, so a vote whose record is gone while entries after
+    /// it remain is the one under which the newest entry was taken: a node takes a leader's
+    /// entries only once it holds that leader's vote, committed, and a later change would be in
+    /// a later record. `Ok(None)`: the log holds its vote, or nothing of an elected term.
+    pub(crate) fn restore_lost_vote(&self) -> Result<Option<Vote>> {
+        let vote = {
+            let idx = self.shared.index.read();
+            match idx.last_log_id() {
+                Some(last) if idx.vote.is_none() && last.leader_id.term > 0 => {
+                    Vote::new_committed(last.leader_id.term, last.leader_id.node_id)
+                }
+                _ => return Ok(None),
+            }
+        };
+        let bytes = encode(&LogRecordRef::Vote(&vote))
+            .map_err(|e| Error::Raft(format!("encode a restored vote: {e}")))?;
+        let wal = &self.shared.wal;
+        let lsn = wal
+            .append(&bytes)
+            .map_err(|e| Error::storage("write a restored vote", e))?;
+        wal.sync(lsn)
+            .map_err(|e| Error::storage("write a restored vote", e))?;
+        let mut idx = self.shared.index.write();
+        idx.vote = Some(vote);
+        idx.vote_lsn = lsn;
+        Ok(Some(vote))
+    }
+
     /// Whether the log holds no Raft state at all: no entry, none purged, no vote (a new member,
     /// or one whose data dir was lost).
     pub(crate) fn holds_no_state(&self) -> bool {

@@ -213,7 +213,7 @@ impl MetaNode {
             // Before Raft starts (and once the registry was judged: a sole voter whose log lost
             // its vote refuses above): its first message from a leader gives the node a term.
             let marker = RejoinMarker::new(&c.data_dir);
-            if log.holds_no_state() || recovery::lost_its_vote(&sm, &log, c.id) {
+            if log.holds_no_state() {
                 marker.set()?;
             }
             let rejoining = marker.is_set();

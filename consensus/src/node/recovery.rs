@@ -1,7 +1,7 @@
 //! What a node checks and repairs of its log, registry and snapshots before Raft starts, where
 //! openraft would refuse (or panic at) the state it finds: a registry ahead of its log, the
-//! only voter's lost vote, a log that lost its oldest segment, a newest snapshot behind the
-//! log's purge point.
+//! only voter's lost vote, a log that lost its oldest segment (and with it, maybe, its vote),
+//! a newest snapshot behind the log's purge point.
 
 use std::sync::Arc;
 
@@ -15,16 +15,6 @@ use crate::rebuild_source::RebuildSource;
 use crate::registry_ahead::{RegistryAhead, Remedy};
 use crate::sole_voter;
 use crate::state_machine::StateMachine;
-
-/// Whether the log lost its vote, on a member of several voters: it holds entries of an
-/// elected term (a vote always came first), or a purge point, but no vote (the segment that
-/// held the vote was lost). Such a member may have voted in the current term already; it
-/// rejoins as one that lost its data dir does (`rejoin_marker.rs`), voting for nobody until
-/// it has the log back. The only voter of a cluster is refused instead (`sole_voter.rs`).
-pub(super) fn lost_its_vote(sm: &StateMachine, log: &LogStore, me: crate::types::NodeId) -> bool {
-    let elected = log.summary().0.is_some_and(|last| last.leader_id.term > 0);
-    log.vote().is_none() && elected && !sole_voter::is_sole_voter(&sm.shared().applied().1, me)
-}
 
 /// What [`repair`] does once the log and registry are open.
 pub(super) enum Repair {
@@ -46,6 +36,13 @@ pub(super) fn open_log_and_registry(
         Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
         None => LogStore::open(&c.wal_dir(), wal_opts)?,
     };
+    if let Some(vote) = log.restore_lost_vote()? {
+        tracing::warn!(
+            %vote,
+            "the log holds entries but no vote (the segment that held it was lost): restored \
+             the vote its newest entry was taken under"
+        );
+    }
     let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
     let purged = log.last_purged().map(|l| l.index);
     let open_sm = || {
