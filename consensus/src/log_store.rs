@@ -337,7 +337,11 @@ impl LogStore {
     /// in a record after the ones before it, so a vote whose record is gone while entries after
     /// it remain is the one under which the newest entry was taken: a node takes a leader's
     /// entries only once it holds that leader's vote, committed, and a later change would be in
-    /// a later record. `Ok(None)`: the log holds its vote, or nothing of an elected term.
+    /// a later record. The restored vote is the newest entry's own leader's: that vote, unless
+    /// a leader of a later term sent the entry (catching this node up on older entries) and
+    /// the node stopped before that leader's first entry, of its own term, arrived; then it is
+    /// older than the one lost. `Ok(None)`: the log holds its vote, or nothing of an elected
+    /// term.
     pub(crate) fn restore_lost_vote(&self) -> Result<Option<Vote>> {
         let vote = {
             let idx = self.shared.index.read();
