@@ -332,26 +332,31 @@ impl LogStore {
         (!idx.entries.is_empty() && idx.first > from).then(|| (from, idx.first - 1))
     }
 
-    /// Restores the vote of a log that lost the record holding it (its oldest segment was
-    /// lost), and makes it durable. Blocking; before Raft starts. Every vote change is written
-    /// in a record after the ones before it, so a vote whose record is gone while entries after
-    /// it remain is the one under which the newest entry was taken: a node takes a leader's
-    /// entries only once it holds that leader's vote, committed, and a later change would be in
-    /// a later record. The restored vote is the newest entry's own leader's: that vote, unless
-    /// a leader of a later term sent the entry (catching this node up on older entries) and
-    /// the node stopped before that leader's first entry, of its own term, arrived; then it is
-    /// older than the one lost. `Ok(None)`: the log holds its vote, or nothing of an elected
-    /// term.
-    pub(crate) fn restore_lost_vote(&self) -> Result<Option<Vote>> {
-        let vote = {
-            let idx = self.shared.index.read();
-            match idx.last_log_id() {
-                Some(last) if idx.vote.is_none() && last.leader_id.term > 0 => {
-                    Vote::new_committed(last.leader_id.term, last.leader_id.node_id)
-                }
-                _ => return Ok(None),
+    /// The vote of a log that lost the record holding it (its oldest segment was lost), taken
+    /// as this log's vote from now on, in memory; [`LogStore::persist_vote`] makes it durable.
+    /// Every vote change is written in a record after the ones before it, so a vote whose
+    /// record is gone while entries after it remain is the one under which the newest entry
+    /// was taken: a node takes a leader's entries only once it holds that leader's vote,
+    /// committed, and a later change would be in a later record. The restored vote is the
+    /// newest entry's own leader's: that vote, unless a leader of a later term sent the entry
+    /// (catching this node up on older entries) and the node stopped before that leader's
+    /// first entry, of its own term, arrived; then it is older than the one lost. `None`: the
+    /// log holds its vote, or nothing of an elected term.
+    pub(crate) fn restore_lost_vote(&self) -> Option<Vote> {
+        let mut idx = self.shared.index.write();
+        let vote = match idx.last_log_id() {
+            Some(last) if idx.vote.is_none() && last.leader_id.term > 0 => {
+                Vote::new_committed(last.leader_id.term, last.leader_id.node_id)
             }
+            _ => return None,
         };
+        idx.vote = Some(vote);
+        Some(vote)
+    }
+
+    /// Writes `vote`, this log's vote, in a record of its own and waits until it is durable.
+    /// Blocking; before Raft starts.
+    pub(crate) fn persist_vote(&self, vote: Vote) -> Result<()> {
         let bytes = encode(&LogRecordRef::Vote(&vote))
             .map_err(|e| Error::Raft(format!("encode a restored vote: {e}")))?;
         let wal = &self.shared.wal;
@@ -360,10 +365,8 @@ impl LogStore {
             .map_err(|e| Error::storage("write a restored vote", e))?;
         wal.sync(lsn)
             .map_err(|e| Error::storage("write a restored vote", e))?;
-        let mut idx = self.shared.index.write();
-        idx.vote = Some(vote);
-        idx.vote_lsn = lsn;
-        Ok(Some(vote))
+        self.shared.index.write().vote_lsn = lsn;
+        Ok(())
     }
 
     /// Whether the log holds no Raft state at all: no entry, none purged, no vote (a new member,

@@ -36,13 +36,8 @@ pub(super) fn open_log_and_registry(
         Some(fs) => LogStore::open_with(fs.clone(), &c.wal_dir(), wal_opts)?,
         None => LogStore::open(&c.wal_dir(), wal_opts)?,
     };
-    if let Some(vote) = log.restore_lost_vote()? {
-        tracing::warn!(
-            %vote,
-            "the log holds entries but no vote (the segment that held it was lost): restored \
-             the vote its newest entry was taken under"
-        );
-    }
+    // Judged with the restored vote; written only once the start is not refused.
+    let restored = log.restore_lost_vote();
     let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
     let purged = log.last_purged().map(|l| l.index);
     let open_sm = || {
@@ -87,6 +82,14 @@ pub(super) fn open_log_and_registry(
     if keep.is_none() {
         // A registry kept as a snapshot purges the log past any lost front.
         keep = FrontGap::of(&sm, &log, &c.wal_dir())?.map(Repair::CloseFrontGap);
+    }
+    if let Some(vote) = restored {
+        log.persist_vote(vote)?;
+        tracing::warn!(
+            %vote,
+            "the log holds entries but no vote (the segment that held it was lost): restored \
+             the vote its newest entry was taken under"
+        );
     }
     Ok((log, sm, keep))
 }
