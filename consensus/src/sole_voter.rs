@@ -1,7 +1,8 @@
 //! The only voter of a cluster elects itself, so its log's vote is all that keeps it from
 //! leading a term older than entries it holds: a node whose registry or newest snapshot
-//! reaches an entry of a later term than its log's vote (the log, or the part of it holding
-//! the vote, is gone) would lead an older term over them and wedge its log for good ("inverted
+//! reaches an entry of a later term than its log's vote (the log is gone, or lost its newest
+//! entries with the vote; a vote lost with the oldest segment alone is restored from the
+//! newest entry, `LogStore::restore_lost_vote`) would lead an older term over them and wedge its log for good ("inverted
 //! log order" at every later start). Such a node refuses to start instead. A member of several
 //! voters needs no such check: the others hold the newer terms, and a node that lost its log
 //! learns the term from them before it votes (`rejoin_marker.rs`).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use common::Cluster;
-use meta_consensus::{Command, Consistency, NodeConfig};
+use meta_consensus::{Command, Consistency, MetaNode, NodeConfig};
 
 const KEYS: usize = 60;
 
@@ -75,6 +75,17 @@ fn segments(wal: &Path) -> Result<Vec<PathBuf>> {
     files.retain(|p| p.extension().is_some_and(|x| x == "wal"));
     files.sort();
     Ok(files)
+}
+
+/// A converged three-voter cluster tuned by `tune` that took [`KEYS`] writes, and its leader.
+async fn written(tune: fn(&mut NodeConfig)) -> Result<(Cluster, MetaNode)> {
+    let c = Cluster::three_tuned(tune).await?;
+    let l = c.leader().await?;
+    for i in 0..KEYS {
+        l.write(put(&format!("k/{i}"))).await?;
+    }
+    c.converged().await?;
+    Ok((c, l))
 }
 
 /// Takes the oldest segment of node `id`'s log away, and answers where it went.
@@ -175,13 +186,8 @@ async fn a_lost_oldest_segment_that_nothing_covers_refuses_the_start() -> Result
 /// from its newest entry, not with none (with none it could vote twice in a term).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_lost_oldest_segment_held_its_vote_gets_it_back() -> Result<()> {
-    let mut c = Cluster::three_tuned(small_segments).await?;
-    let l = c.leader().await?;
-    for i in 0..KEYS {
-        l.write(put(&format!("k/{i}"))).await?;
-    }
+    let (mut c, l) = written(small_segments).await?;
     let id = if l.id() == 1 { 2 } else { 1 };
-    c.converged().await?;
     let term = c.node(id).status().term;
     drop(l);
     c.stop(id).await?;
@@ -208,12 +214,7 @@ async fn a_member_whose_lost_oldest_segment_held_its_vote_gets_it_back() -> Resu
 /// votes restored, elect a leader and hold every write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_whose_members_all_lost_their_oldest_segment_elects_a_leader() -> Result<()> {
-    let mut c = Cluster::three_tuned(small_segments).await?;
-    let l = c.leader().await?;
-    for i in 0..KEYS {
-        l.write(put(&format!("k/{i}"))).await?;
-    }
-    c.converged().await?;
+    let (mut c, l) = written(small_segments).await?;
     drop(l);
     for id in 1..=3 {
         c.stop(id).await?;

@@ -318,11 +318,22 @@ impl MemberLink<'_> {
     /// `POST path` at `addr` for node `id`; `None` while this node knows no cluster id.
     pub fn post(&self, id: u64, addr: &str, path: &str) -> Option<reqwest::RequestBuilder> {
         self.cluster.get()?;
+        Some(self.post_carrying(self.cluster, id, addr, path))
+    }
+
+    /// `POST path` at `addr` for node `id`, carrying `cluster`'s id if it knows one.
+    fn post_carrying(
+        &self,
+        cluster: &ClusterId,
+        id: u64,
+        addr: &str,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
         let request = self
             .client
             .post(format!("http://{addr}{path}"))
             .timeout(std::time::Duration::from_secs(5));
-        Some(addressed(request, self.token, self.cluster, id))
+        addressed(request, self.token, cluster, id)
     }
 
     /// Asks the node at `addr` whether it may join this cluster, of version `cluster_version`,
@@ -390,12 +401,13 @@ impl MemberLink<'_> {
 
     /// Asks what answers at the address of each of `members` but `me`, before a cluster of them
     /// is initialized here (which cannot be undone): [`ApiError::WrongNode`] if another node
-    /// answers, [`ApiError::OtherCluster`] if the node belongs to another cluster already (it
-    /// would refuse every message of the new one), [`ApiError::Conflict`] if it refuses the
-    /// token or is not a metaserver. A member that does not answer, or whose metaserver answers
-    /// 5xx (it is stopping, say), passes: members may start after the one that initializes. The question carries no cluster id,
-    /// so no node adopts one; builds that do not name their cluster pass. A node that holds
-    /// a cluster id is refused whatever the id: the initialize makes a fresh one.
+    /// answers, [`ApiError::OtherCluster`] if the node belongs to a cluster already (it would
+    /// refuse every message of the new one), [`ApiError::Conflict`] if it refuses the token or
+    /// is not a metaserver. A member that does not answer, or whose metaserver answers 5xx (it
+    /// is stopping, say), passes: members may start after the one that initializes. The
+    /// question carries no cluster id, so no node adopts one; builds that do not name their
+    /// cluster pass. A node that holds a cluster id is refused whatever the id: the initialize
+    /// makes a fresh one.
     pub async fn check_init_members(
         &self,
         me: u64,
@@ -409,14 +421,7 @@ impl MemberLink<'_> {
     }
 
     async fn check_init_member(&self, id: u64, addr: &str) -> Result<(), ApiError> {
-        let mut request = self
-            .client
-            .post(format!("http://{addr}{PATH_IDENTITY}"))
-            .timeout(std::time::Duration::from_secs(5))
-            .header(TO, id.to_string());
-        if let Some(value) = self.token.header_value() {
-            request = request.header(axum::http::header::AUTHORIZATION, value);
-        }
+        let request = self.post_carrying(&ClusterId::default(), id, addr, PATH_IDENTITY);
         let Ok(answer) = request.send().await else {
             return Ok(());
         };

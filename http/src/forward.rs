@@ -126,7 +126,7 @@ pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error, acts: bool) 
     if e.is_connect() {
         ApiError::NoLeader(format!("{leader} is unreachable: {e}"))
     } else if e.is_timeout() {
-        ApiError::Timeout(format!("{leader} did not answer in time"))
+        leader_late(target)
     } else if acts {
         ApiError::OutcomeUnknown(format!(
             "{leader} broke off the exchange after the request went out ({e}): it may have been \
@@ -134,6 +134,27 @@ pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error, acts: bool) 
         ))
     } else {
         ApiError::NoLeader(format!("{leader} broke off the exchange: {e}"))
+    }
+}
+
+/// The leader `target` did not answer within [`FORWARD_TIMEOUT`].
+fn leader_late(target: &ForwardTo) -> ApiError {
+    ApiError::Timeout(format!(
+        "the leader (node {} at {}) did not answer in time",
+        target.leader_id, target.addr
+    ))
+}
+
+/// The whole body of the leader's short answer `response`, within [`FORWARD_TIMEOUT`].
+async fn small_body(
+    response: reqwest::Response,
+    target: &ForwardTo,
+    acts: bool,
+) -> Result<bytes::Bytes, ApiError> {
+    match tokio::time::timeout(FORWARD_TIMEOUT, response.bytes()).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(leader_failed(target, &e, acts)),
+        Err(_) => Err(leader_late(target)),
     }
 }
 
@@ -213,17 +234,10 @@ impl Forwarder {
         }
         // The time limit is the answer's head's, and then each piece's of its body
         // (`with_patience`): a long answer that its client reads slowly is not cut off.
-        let late = || {
-            ApiError::Timeout(format!(
-                "the leader (node {} at {}) did not answer in time",
-                target.leader_id, target.addr
-            ))
-            .into_response()
-        };
         let response = match tokio::time::timeout(FORWARD_TIMEOUT, request.send()).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
-            Err(_) => return late(),
+            Err(_) => return leader_late(target).into_response(),
         };
         let status = response.status();
         let mut relayed = Response::builder().status(status.as_u16());
@@ -241,10 +255,9 @@ impl Forwarder {
         if refusal && small {
             // A route or a query this node took and the leader does not know: the leader runs
             // an older build (this one's leader would take it as this node did).
-            let body = match tokio::time::timeout(FORWARD_TIMEOUT, response.bytes()).await {
-                Ok(Ok(body)) => body,
-                Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
-                Err(_) => return late(),
+            let body = match small_body(response, target, acts).await {
+                Ok(body) => body,
+                Err(failed) => return failed.into_response(),
             };
             if let Some(refused) = unknown_to_older_build(&body) {
                 return ApiError::ClusterVersion {
@@ -265,10 +278,9 @@ impl Forwarder {
         let body = if ask_again && status == StatusCode::SERVICE_UNAVAILABLE && small {
             // A leader's refusal of a read or a membership change is read here: one that says it
             // does not lead makes the request go on to the next leader (`failover.rs`).
-            let body = match tokio::time::timeout(FORWARD_TIMEOUT, response.bytes()).await {
-                Ok(Ok(body)) => body,
-                Ok(Err(e)) => return leader_failed(target, &e, acts).into_response(),
-                Err(_) => return late(),
+            let body = match small_body(response, target, acts).await {
+                Ok(body) => body,
+                Err(failed) => return failed.into_response(),
             };
             if let Some(refused) = no_leader_message(&body) {
                 return ApiError::NoLeader(format!(

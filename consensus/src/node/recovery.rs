@@ -51,10 +51,10 @@ pub(super) fn open_log_and_registry(
         )
     };
     let mut sm = open_sm()?;
-    let mut keep = None;
+    let mut repair = None;
     if let Some(ahead) = RegistryAhead::of(&sm, &log) {
         match ahead.remedy(&sm, c.id) {
-            Remedy::Keep => keep = Some(Repair::KeepRegistry(ahead)),
+            Remedy::Keep => repair = Some(Repair::KeepRegistry(ahead)),
             Remedy::Rebuild => {
                 tracing::warn!(
                     applied = ahead.applied.index,
@@ -73,15 +73,15 @@ pub(super) fn open_log_and_registry(
     // A registry behind the log's purge point (deleted, say) is completed from the newest
     // snapshot by openraft: without one that reaches the purge point, say so.
     let source = RebuildSource {
-        purged: log.last_purged().map(|l| l.index),
+        purged,
         snapshot: sm.shared().last_snapshot().map(|s| s.index),
         snapshot_file: None,
     };
     let applied = sm.shared().applied().0.map_or(0, |l| l.index);
     source.check_behind(&c.registry_dir(), applied)?;
-    if keep.is_none() {
+    if repair.is_none() {
         // A registry kept as a snapshot purges the log past any lost front.
-        keep = FrontGap::of(&sm, &log, &c.wal_dir())?.map(Repair::CloseFrontGap);
+        repair = FrontGap::of(&sm, &log, &c.wal_dir())?.map(Repair::CloseFrontGap);
     }
     if let Some(vote) = restored {
         log.persist_vote(vote)?;
@@ -91,11 +91,12 @@ pub(super) fn open_log_and_registry(
              the vote its newest entry was taken under"
         );
     }
-    Ok((log, sm, keep))
+    Ok((log, sm, repair))
 }
 
-/// Does what [`open_log_and_registry`] found needed, then replaces a snapshot behind the
-/// log's purge point. Before Raft starts.
+/// Does what [`open_log_and_registry`] found needed, or else replaces a snapshot behind the
+/// log's purge point (either repair leaves the log purged up to the newest snapshot). Before
+/// Raft starts.
 pub(super) async fn repair(
     repair: Option<Repair>,
     sm: &mut StateMachine,
@@ -103,10 +104,7 @@ pub(super) async fn repair(
 ) -> Result<()> {
     match repair {
         Some(Repair::KeepRegistry(ahead)) => ahead.keep(sm, log).await,
-        Some(Repair::CloseFrontGap(gap)) => {
-            gap.close(sm, log).await?;
-            replace_snapshot_behind_purge(sm, log).await
-        }
+        Some(Repair::CloseFrontGap(gap)) => gap.close(sm, log).await,
         None => replace_snapshot_behind_purge(sm, log).await,
     }
 }
