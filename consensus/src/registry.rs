@@ -402,6 +402,48 @@ impl Registry {
         Ok(out)
     }
 
+    /// Registered datanodes by id, after the cursor (the hex of the last id of the previous
+    /// page): at most `limit` of them.
+    pub(crate) fn datanode_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<DatanodeInfo>> {
+        let limit = check_limit(limit)?;
+        let start = match after {
+            None => keys::datanode(0).to_vec(),
+            Some(c) => {
+                let raw = cursor_bytes(c, 8)?;
+                keys::successor(&keys::datanode(u64::from_be_bytes(
+                    raw.try_into().expect("8 bytes"),
+                )))
+            }
+        };
+        let g = self.current();
+        let _view = g.reading();
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in g.tree.range(start..) {
+            let (k, v) = item.map_err(|e| Error::registry("list datanodes", e))?;
+            if k.first() != Some(&keys::DATANODE) {
+                break;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let id = keys::one_id(&k).ok_or_else(|| bad_key("datanode", &k))?;
+            let rec: DatanodeRecord =
+                codec::decode(&v).map_err(|e| Error::corrupt(format!("datanode {id}"), e))?;
+            items.push(datanode_info(id, rec));
+        }
+        let next = more.then(|| {
+            let last = items.last().map(|d| d.id).unwrap_or(0);
+            keys::to_hex(&last.to_be_bytes())
+        });
+        Ok(Page { items, next })
+    }
+
     /// The highest epoch floor the registry keeps: the cluster's (`Command::RaiseEpochFloor`)
     /// and those of removed datanodes' ids; 0 if none.
     pub(crate) fn highest_epoch_floor(&self) -> Result<u64> {

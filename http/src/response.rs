@@ -29,8 +29,10 @@ pub struct DatanodeView {
 /// `GET /v1/datanodes`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatanodeList {
-    /// Every registered datanode, by id.
+    /// Registered datanodes, by id.
     pub datanodes: Vec<DatanodeView>,
+    /// Cursor for the next page (`?after=`), `null` on the last page.
+    pub next: Option<String>,
 }
 
 /// `POST /v1/datanodes/{id}/heartbeat`.

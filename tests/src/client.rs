@@ -298,37 +298,16 @@ impl Api {
         prefix: &str,
         consistency: Consistency,
     ) -> Result<Vec<(String, u64)>, ApiError> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let mut query = vec![
-                ("prefix", prefix.to_owned()),
-                ("limit", String::from("10000")),
-                ("consistency", consistency.as_str().to_owned()),
-            ];
-            if let Some(cursor) = &after {
-                query.push(("after", cursor.clone()));
+        let url = format!("{}/v1/kv", self.base);
+        self.all_pages(&url, &[("prefix", prefix)], consistency, "keys", |key| {
+            let name = key.get("key").and_then(Value::as_str);
+            let rev = key.get("revision").and_then(Value::as_u64);
+            match (name, rev) {
+                (Some(name), Some(rev)) => Ok((name.to_owned(), rev)),
+                _ => Err(ApiError::NoAnswer(format!("bad key entry {key}"))),
             }
-            let page: Value = self
-                .json(self.http.get(format!("{}/v1/kv", self.base)).query(&query))
-                .await?;
-            let keys = page
-                .get("keys")
-                .and_then(Value::as_array)
-                .ok_or_else(|| ApiError::NoAnswer(format!("no keys in {page}")))?;
-            for key in keys {
-                let name = key.get("key").and_then(Value::as_str);
-                let rev = key.get("revision").and_then(Value::as_u64);
-                match (name, rev) {
-                    (Some(name), Some(rev)) => out.push((name.to_owned(), rev)),
-                    _ => return Err(ApiError::NoAnswer(format!("bad key entry {key}"))),
-                }
-            }
-            match next_cursor(&page) {
-                Some(cursor) => after = Some(cursor),
-                None => return Ok(out),
-            }
-        }
+        })
+        .await
     }
 
     /// `GET /v1/shards` (all pages), or `GET /v1/datanodes/{id}/shards` with `datanode`.
@@ -341,66 +320,71 @@ impl Api {
             Some(id) => format!("{}/v1/datanodes/{id}/shards", self.base),
             None => format!("{}/v1/shards", self.base),
         };
+        self.all_pages(&url, &[], consistency, "shards", |item| {
+            parse_shard_entry(item, datanode)
+        })
+        .await
+    }
+
+    /// `GET /v1/datanodes` (all pages).
+    pub async fn datanodes(
+        &self,
+        consistency: Consistency,
+    ) -> Result<Vec<DatanodeEntry>, ApiError> {
+        let url = format!("{}/v1/datanodes", self.base);
+        self.all_pages(&url, &[], consistency, "datanodes", |d| {
+            let f = |k: &str| d.get(k).and_then(Value::as_u64);
+            match (
+                f("id"),
+                f("epoch"),
+                f("shards"),
+                d.get("addr").and_then(Value::as_str),
+            ) {
+                (Some(id), Some(epoch), Some(shards), Some(addr)) => Ok(DatanodeEntry {
+                    id,
+                    addr: addr.to_owned(),
+                    epoch,
+                    shards,
+                }),
+                _ => Err(ApiError::NoAnswer(format!("bad datanode entry {d}"))),
+            }
+        })
+        .await
+    }
+
+    /// Every item of a paginated listing at `url` (field `field` of each page, read by
+    /// `parse`), following `next` in pages of 10,000.
+    async fn all_pages<T>(
+        &self,
+        url: &str,
+        params: &[(&str, &str)],
+        consistency: Consistency,
+        field: &str,
+        parse: impl Fn(&Value) -> Result<T, ApiError>,
+    ) -> Result<Vec<T>, ApiError> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let mut query = vec![
-                ("limit", String::from("10000")),
-                ("consistency", consistency.as_str().to_owned()),
-            ];
+            let mut query: Vec<(&str, String)> =
+                params.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+            query.push(("limit", String::from("10000")));
+            query.push(("consistency", consistency.as_str().to_owned()));
             if let Some(cursor) = &after {
                 query.push(("after", cursor.clone()));
             }
-            let page: Value = self.json(self.http.get(&url).query(&query)).await?;
-            let shards = page
-                .get("shards")
+            let page: Value = self.json(self.http.get(url).query(&query)).await?;
+            let items = page
+                .get(field)
                 .and_then(Value::as_array)
-                .ok_or_else(|| ApiError::NoAnswer(format!("no shards in page {page}")))?;
-            for item in shards {
-                out.push(parse_shard_entry(item, datanode)?);
+                .ok_or_else(|| ApiError::NoAnswer(format!("no {field} in page {page}")))?;
+            for item in items {
+                out.push(parse(item)?);
             }
             match next_cursor(&page) {
                 Some(cursor) => after = Some(cursor),
                 None => return Ok(out),
             }
         }
-    }
-
-    /// `GET /v1/datanodes`.
-    pub async fn datanodes(
-        &self,
-        consistency: Consistency,
-    ) -> Result<Vec<DatanodeEntry>, ApiError> {
-        let value: Value = self
-            .json(
-                self.http
-                    .get(format!("{}/v1/datanodes", self.base))
-                    .query(&[("consistency", consistency.as_str())]),
-            )
-            .await?;
-        let list = value
-            .get("datanodes")
-            .and_then(Value::as_array)
-            .ok_or_else(|| ApiError::NoAnswer(format!("no datanodes in {value}")))?;
-        list.iter()
-            .map(|d| {
-                let f = |k: &str| d.get(k).and_then(Value::as_u64);
-                match (
-                    f("id"),
-                    f("epoch"),
-                    f("shards"),
-                    d.get("addr").and_then(Value::as_str),
-                ) {
-                    (Some(id), Some(epoch), Some(shards), Some(addr)) => Ok(DatanodeEntry {
-                        id,
-                        addr: addr.to_owned(),
-                        epoch,
-                        shards,
-                    }),
-                    _ => Err(ApiError::NoAnswer(format!("bad datanode entry {d}"))),
-                }
-            })
-            .collect()
     }
 
     /// `GET /v1/cluster`.

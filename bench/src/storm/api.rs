@@ -261,25 +261,36 @@ impl Api {
         Ok(text)
     }
 
-    /// `GET /v1/datanodes?consistency=linearizable`: each datanode's replica count, by id.
+    /// `GET /v1/datanodes?consistency=linearizable`, every page: each datanode's replica
+    /// count, by id.
     pub async fn replica_counts(
         &self,
         base: &str,
     ) -> Result<std::collections::BTreeMap<u64, u64>, CallError> {
-        let url = format!("{base}/v1/datanodes?consistency=linearizable");
-        let resp = self.http.get(&url).send().await;
-        let value: serde_json::Value = Self::json(&url, resp).await?;
-        let list = value["datanodes"]
-            .as_array()
-            .ok_or_else(|| CallError::Fatal(format!("GET {url}: no \"datanodes\" array")))?;
-        list.iter()
-            .map(|d| match (d["id"].as_u64(), d["shards"].as_u64()) {
-                (Some(id), Some(shards)) => Ok((id, shards)),
-                _ => Err(CallError::Fatal(format!(
-                    "GET {url}: a datanode without id or shards: {d}"
-                ))),
-            })
-            .collect()
+        let mut counts = std::collections::BTreeMap::new();
+        let mut after = String::new();
+        loop {
+            let url = format!("{base}/v1/datanodes?consistency=linearizable&limit=10000{after}");
+            let resp = self.http.get(&url).send().await;
+            let value: serde_json::Value = Self::json(&url, resp).await?;
+            let list = value["datanodes"]
+                .as_array()
+                .ok_or_else(|| CallError::Fatal(format!("GET {url}: no \"datanodes\" array")))?;
+            for d in list {
+                match (d["id"].as_u64(), d["shards"].as_u64()) {
+                    (Some(id), Some(shards)) => counts.insert(id, shards),
+                    _ => {
+                        return Err(CallError::Fatal(format!(
+                            "GET {url}: a datanode without id or shards: {d}"
+                        )))
+                    }
+                };
+            }
+            match value["next"].as_str() {
+                Some(next) => after = format!("&after={next}"),
+                None => return Ok(counts),
+            }
+        }
     }
 
     async fn json<T: serde::de::DeserializeOwned>(

@@ -77,7 +77,7 @@ impl MetaNode {
     pub async fn liveness(&self) -> Result<LivenessReport> {
         self.check_open()?;
         let seen_upto = self.applied_before_read();
-        let datanodes = self.datanodes(Consistency::Lease).await?;
+        let datanodes = self.every_datanode(Consistency::Lease).await?;
         let term = self.term();
         let now = Instant::now();
         let mut liveness = self.inner.liveness.lock();

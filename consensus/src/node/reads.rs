@@ -148,8 +148,23 @@ impl MetaNode {
         self.read_point(c, move |sm| sm.datanode(id)).await
     }
 
-    pub async fn datanodes(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
+    /// Every registered datanode, by id, in one read.
+    pub(super) async fn every_datanode(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
         self.read(c, |sm| sm.registry.datanodes()).await
+    }
+
+    /// Registered datanodes by id, paginated like [`MetaNode::shards`].
+    pub async fn datanodes(
+        &self,
+        c: Consistency,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<DatanodeInfo>> {
+        let after = after.map(str::to_string);
+        self.read(c, move |sm| {
+            sm.registry.datanode_page(after.as_deref(), limit)
+        })
+        .await
     }
 
     /// A shard's replica set; `None` if no datanode holds it.

@@ -49,20 +49,27 @@ pub async fn register(
     }
 }
 
-/// `GET /v1/datanodes`.
+/// `GET /v1/datanodes?after=&limit=`.
 pub async fn list(
     State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
-    Query(query): Query<ReadQuery>,
+    Query(query): Query<PageQuery>,
     _: NoBody,
 ) -> Result<axum::Json<DatanodeList>, ApiError> {
-    let consistency = query.validate()?;
-    let datanodes = state
+    let (page, consistency) = query.validate()?;
+    let after = page.after.as_deref();
+    let result = state
         .node
-        .datanodes(state.read_consistency(consistency, replayed).await?)
-        .await?;
+        .datanodes(
+            state.read_consistency(consistency, replayed).await?,
+            after,
+            page.limit,
+        )
+        .await
+        .map_err(listing_error(after))?;
     Ok(axum::Json(DatanodeList {
-        datanodes: datanodes.into_iter().map(DatanodeView::from).collect(),
+        datanodes: result.items.into_iter().map(DatanodeView::from).collect(),
+        next: result.next,
     }))
 }
 

@@ -23,7 +23,10 @@ async fn datanodes_and_shards() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
         a.json(),
-        json!({"datanodes":[{"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0}]})
+        json!({
+            "datanodes":[{"id":7,"addr":"10.0.0.7:9000","epoch":epoch,"shards":0}],
+            "next":null
+        })
     );
     for consistency in ["local", "lease", "linearizable"] {
         let a = t
@@ -148,11 +151,19 @@ async fn datanodes_and_shards() {
     assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
     assert_eq!(a.error_code(), "not_found");
     assert_eq!(t.get("/v1/shards/1").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(t.get("/v1/datanodes").await.json(), json!({"datanodes":[]}));
+    assert_eq!(
+        t.get("/v1/datanodes").await.json(),
+        json!({"datanodes":[],"next":null})
+    );
 }
 
 /// Follows `next` cursors until the end, returning the shard items in order.
 async fn all_pages(t: &common::TestNode, path: &str, limit: u64) -> Vec<Value> {
+    pages_of(t, path, "shards", limit).await
+}
+
+/// Follows `next` cursors until the end, returning the items of `field` in order.
+async fn pages_of(t: &common::TestNode, path: &str, field: &str, limit: u64) -> Vec<Value> {
     let mut items = Vec::new();
     let mut after: Option<String> = None;
     for _ in 0..100 {
@@ -163,7 +174,7 @@ async fn all_pages(t: &common::TestNode, path: &str, limit: u64) -> Vec<Value> {
         let a = t.get(&uri).await;
         assert_eq!(a.status, StatusCode::OK, "{a:?}");
         let v = a.json();
-        let page = v["shards"].as_array().unwrap();
+        let page = v[field].as_array().unwrap();
         assert!(page.len() as u64 <= limit);
         items.extend(page.iter().cloned());
         match v["next"].as_str() {
@@ -217,4 +228,53 @@ async fn shard_listings_paginate() {
     assert_eq!(v, json!({"shards":[],"next":null}));
     let a = t.get("/v1/datanodes/4/shards").await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_datanode_listing_paginates() {
+    let t = leader_node(None).await;
+    // Ids on both sides of a byte boundary, registered out of order.
+    let ids = [300u64, 2, 255, 1, 256, 9, 7];
+    for id in ids {
+        t.register_datanode(id).await;
+    }
+    let mut sorted = ids.to_vec();
+    sorted.sort();
+    for limit in [1, 2, 3, 7, 10] {
+        let listed: Vec<u64> = pages_of(&t, "/v1/datanodes", "datanodes", limit)
+            .await
+            .iter()
+            .map(|d| d["id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(listed, sorted, "limit {limit}");
+    }
+
+    // A page that ends the listing says so, also when it is exactly full.
+    let v = t.get("/v1/datanodes?limit=7").await.json();
+    assert_eq!(v["datanodes"].as_array().unwrap().len(), 7);
+    assert_eq!(v["next"], Value::Null);
+    let v = t.get("/v1/datanodes?limit=6").await.json();
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let v = t.get(&format!("/v1/datanodes?after={next}")).await.json();
+    assert_eq!(v["datanodes"][0]["id"], 300);
+    assert_eq!(v["next"], Value::Null);
+
+    // A cursor holds its place when the datanode it names is removed.
+    let v = t.get("/v1/datanodes?limit=2").await.json();
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/2", String::new())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let v = t
+        .get(&format!("/v1/datanodes?limit=2&after={next}"))
+        .await
+        .json();
+    let ids: Vec<u64> = v["datanodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [7, 9]);
 }
