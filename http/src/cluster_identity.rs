@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::auth::Token;
 use crate::error::ApiError;
 use crate::log_throttle::LogThrottle;
+use crate::peer_client::PeerClient;
 use crate::state::SharedState;
 
 /// The header that carries the sender's cluster id.
@@ -309,7 +310,7 @@ pub fn addressed(
 /// identity, telling it it was removed): the connection pool, the token and the cluster's id.
 #[derive(Clone, Copy)]
 pub struct MemberLink<'a> {
-    pub client: &'a reqwest::Client,
+    pub client: &'a PeerClient,
     pub token: &'a Token,
     pub cluster: &'a ClusterId,
 }
@@ -331,7 +332,8 @@ impl MemberLink<'_> {
     ) -> reqwest::RequestBuilder {
         let request = self
             .client
-            .post(format!("http://{addr}{path}"))
+            .http()
+            .post(self.client.url(addr, path))
             .timeout(std::time::Duration::from_secs(5));
         addressed(request, self.token, cluster, id)
     }

@@ -48,6 +48,7 @@ use crate::forward::FORWARDED_BY;
 use crate::forward_batch::Refusal;
 use crate::leader_exchange::LeaderLink;
 use crate::metrics::{FollowerReadOutcome, Metrics};
+use crate::peer_client::PeerClient;
 use crate::state::SharedState;
 
 /// The leader's route that answers read indexes.
@@ -146,7 +147,7 @@ impl FollowerReads {
         id: u64,
         build_version: u32,
         cluster: ClusterId,
-        client: reqwest::Client,
+        client: PeerClient,
         token: Token,
         metrics: Metrics,
     ) -> Self {
@@ -488,7 +489,7 @@ mod tests {
             leader: LeaderLink {
                 id: 2,
                 build_version: meta_consensus::BUILD_VERSION,
-                client: crate::network::peer_client(),
+                client: crate::PeerClient::plain(),
                 token: Token::new(None),
                 cluster: ClusterId::default(),
             },

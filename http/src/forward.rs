@@ -33,7 +33,7 @@ use crate::failover;
 use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
-use crate::network::peer_client;
+use crate::peer_client::PeerClient;
 use crate::raw_path;
 use crate::state::SharedState;
 
@@ -55,7 +55,7 @@ const RELAYED: [HeaderName; 3] = [
 #[derive(Clone, Debug)]
 pub struct Forwarder {
     id: u64,
-    client: reqwest::Client,
+    client: PeerClient,
     token: Token,
     /// Sent with a replayed request, so the leader can tell a member's replay (whose read
     /// index it may trust) from a client's request that only claims to be one.
@@ -159,9 +159,15 @@ async fn small_body(
 }
 
 impl Forwarder {
-    /// The forwarder of node `id` (a build of `build_version`) of cluster `cluster`.
-    pub fn new(id: u64, build_version: u32, token: Token, cluster: ClusterId) -> Self {
-        let client = peer_client();
+    /// The forwarder of node `id` (a build of `build_version`) of cluster `cluster`, speaking
+    /// to the leader with `client`.
+    pub fn new(
+        id: u64,
+        build_version: u32,
+        token: Token,
+        cluster: ClusterId,
+        client: PeerClient,
+    ) -> Self {
         Forwarder {
             id,
             batcher: Batcher::new(
@@ -179,7 +185,7 @@ impl Forwarder {
     }
 
     /// The connection pool to the leader (shared with everything else that asks it).
-    pub fn client(&self) -> &reqwest::Client {
+    pub fn client(&self) -> &PeerClient {
         &self.client
     }
 
@@ -196,7 +202,7 @@ impl Forwarder {
         read_index: Option<ReadIndexHint>,
         replay: Replay,
     ) -> Response {
-        let (url, raw_path) = raw_path::replay_url(&target.addr, replay.path());
+        let (url, raw_path) = raw_path::replay_url(&self.client, &target.addr, replay.path());
         tracing::debug!(leader = target.leader_id, %url, "forwarding to the leader");
         // A request that may be asked again (a read, a heartbeat, a membership change: see
         // [`may_ask_again`]) whose exchange broke is not answered `outcome_unknown`, as a write
@@ -205,6 +211,7 @@ impl Forwarder {
         let acts = !ask_again;
         let mut request = self
             .client
+            .http()
             .request(replay.method, &url)
             .header(FORWARDED_BY, self.id)
             .body(replay.body);
@@ -612,6 +619,7 @@ mod tests {
             meta_consensus::BUILD_VERSION,
             Token::new(None),
             ClusterId::default(),
+            PeerClient::plain(),
         )
     }
 

@@ -33,6 +33,7 @@ use crate::auth::Token;
 use crate::cluster_identity::version_of;
 use crate::error::{ApiError, ForwardTo};
 use crate::leader_exchange::LeaderLink;
+use crate::peer_client::PeerClient;
 use crate::request::validate_command;
 
 /// The leader's route for batches of forwarded commands.
@@ -205,7 +206,7 @@ impl Batcher {
         id: u64,
         build_version: u32,
         cluster: ClusterId,
-        client: reqwest::Client,
+        client: PeerClient,
         token: Token,
         timeout: Duration,
     ) -> Self {

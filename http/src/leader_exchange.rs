@@ -19,6 +19,7 @@ use crate::auth::Token;
 use crate::cluster_identity::{addressed, VERSION};
 use crate::error::{ApiError, ForwardTo};
 use crate::forward::{leader_failed, FORWARDED_BY};
+use crate::peer_client::PeerClient;
 
 /// Where and how a member sends exchanges to the leader.
 #[derive(Debug)]
@@ -28,7 +29,7 @@ pub(crate) struct LeaderLink {
     /// This member's build version (its configured one, which tests set below the build's):
     /// the leader answers in forms that build decodes.
     pub build_version: u32,
-    pub client: reqwest::Client,
+    pub client: PeerClient,
     pub token: Token,
     /// This member's cluster: the leader refuses an exchange of another cluster, and one for
     /// another node (the process at the address may no longer be the leader it was).
@@ -60,7 +61,8 @@ impl LeaderLink {
             .map_err(|e| ApiError::Internal(format!("encoding {what}: {e}")))?;
         let post = self
             .client
-            .post(format!("http://{}{path}", target.addr))
+            .http()
+            .post(self.client.url(&target.addr, path))
             .timeout(timeout)
             .header(FORWARDED_BY, self.id)
             // The leader answers only in forms this build decodes (`forward_batch::serve`).
@@ -136,7 +138,7 @@ mod tests {
         let link = LeaderLink {
             id: 2,
             build_version: 1,
-            client: crate::network::peer_client(),
+            client: PeerClient::plain(),
             token: Token::new(None),
             cluster: ClusterId::default(),
         };

@@ -25,6 +25,7 @@ mod log_throttle;
 pub mod metrics;
 pub mod network;
 pub mod node_metrics;
+pub mod peer_client;
 pub mod raft_routes;
 pub mod raw_path;
 #[cfg(test)]
@@ -36,6 +37,7 @@ pub mod router;
 pub mod server;
 pub mod state;
 mod term_probe;
+pub mod tls;
 pub mod writer;
 
 pub use auth::Token;
@@ -43,6 +45,8 @@ pub use connection_limit::LimitedListener;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use network::HttpNetwork;
+pub use peer_client::PeerClient;
 pub use router::router;
 pub use server::Server;
 pub use state::AppState;
+pub use tls::{Tls, TlsError};

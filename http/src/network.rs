@@ -43,6 +43,7 @@ use crate::cluster_identity;
 use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::log_throttle::LogThrottle;
+use crate::peer_client::PeerClient;
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
@@ -52,9 +53,6 @@ use crate::term_probe::HttpTermProbe;
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 use meta_consensus::codec;
-
-/// How long connecting to a peer may take before it counts as unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Slowest pace (bytes per second) assumed for sending, decoding and durably appending an RPC
 /// body on a busy peer: each RPC's deadline grows by its body's size at this pace. 10 MB/s
@@ -140,27 +138,11 @@ fn rpc_error(
     }
 }
 
-/// Builds the pooled HTTP client used between nodes (and for forwarding to the leader).
-pub fn peer_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .connect_timeout(CONNECT_TIMEOUT)
-        // Below the members' reserve's header timeout, so that a pooled connection is never
-        // used just as the other member closes it (the request would be lost in between, and
-        // its outcome unknown).
-        .pool_idle_timeout(crate::server::MEMBERS_IDLE_TIMEOUT - Duration::from_secs(1))
-        .pool_max_idle_per_host(64)
-        .tcp_keepalive(Duration::from_secs(30))
-        .build()
-        .expect("building an HTTP client without TLS cannot fail")
-}
-
 /// openraft's network factory over HTTP. Cloning shares the connection pool.
 #[derive(Clone, Debug)]
 pub struct HttpNetwork {
     id: NodeId,
-    client: reqwest::Client,
+    client: PeerClient,
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
@@ -184,7 +166,7 @@ impl HttpNetwork {
     pub fn new(cfg: &NodeConfig, token: Token) -> Self {
         HttpNetwork {
             id: cfg.id,
-            client: peer_client(),
+            client: PeerClient::plain(),
             token,
             cluster: cfg.cluster_id.clone(),
             removal: cfg.removal_notice.clone(),
@@ -195,6 +177,14 @@ impl HttpNetwork {
             snapshot_notices: Arc::default(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
         }
+    }
+}
+
+impl HttpNetwork {
+    /// Speaks to the members with `client` (TLS, when the node has it) rather than plain HTTP.
+    pub fn with_client(mut self, client: PeerClient) -> Self {
+        self.client = client;
+        self
     }
 }
 
@@ -212,7 +202,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
     type Network = HttpConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> HttpConnection {
-        let base = format!("http://{}", node.addr);
+        let base = self.client.url(&node.addr, "");
         // Parsed once: AppendEntries is the hottest RPC and URL parsing is not free.
         let append_url = reqwest::Url::parse(&format!("{base}{PATH_APPEND}")).ok();
         HttpConnection {
@@ -246,7 +236,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
 pub struct HttpConnection {
     from: NodeId,
     target: NodeId,
-    /// The target's address, and `http://` + it.
+    /// The target's address, and the scheme (`http://` or `https://`) + it.
     addr: String,
     base: String,
     /// `base` + [`PATH_APPEND`], parsed; `None` if the address does not parse (then every
@@ -255,7 +245,7 @@ pub struct HttpConnection {
     /// The members' current addresses: a member moved by a membership change is sent its
     /// messages at its new address (openraft keeps this connection across that change).
     addresses: Addresses,
-    client: reqwest::Client,
+    client: PeerClient,
     token: Token,
     cluster: ClusterId,
     removal: RemovalNotice,
@@ -278,15 +268,15 @@ impl HttpConnection {
             return;
         };
         tracing::info!(target_node = self.target, from = %self.addr, to = %addr, "member moved");
-        self.base = format!("http://{addr}");
+        self.base = self.client.url(&addr, "");
         self.append_url = reqwest::Url::parse(&format!("{}{PATH_APPEND}", self.base)).ok();
         self.addr = addr;
     }
 
     fn request(&self, path: &str) -> reqwest::RequestBuilder {
         let builder = match &self.append_url {
-            Some(url) if path == PATH_APPEND => self.client.post(url.clone()),
-            _ => self.client.post(format!("{}{}", self.base, path)),
+            Some(url) if path == PATH_APPEND => self.client.http().post(url.clone()),
+            _ => self.client.http().post(format!("{}{}", self.base, path)),
         };
         let mut request = builder.header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
         if let Some(sender) = &self.sender {

@@ -14,6 +14,7 @@ use axum::Router;
 use tower::util::ServiceExt;
 
 use crate::error::ApiError;
+use crate::peer_client::PeerClient;
 
 /// The route a replay takes when its path would not survive the URL parser.
 pub const PATH_RAW_REPLAY: &str = "/v1/raw-replay";
@@ -24,15 +25,19 @@ pub const RAW_PATH: axum::http::HeaderName =
 
 /// Where to replay `path_and_query` at `addr`: the URL, and the header to send with it when the
 /// URL goes to [`PATH_RAW_REPLAY`] because an HTTP client would send another path.
-pub fn replay_url(addr: &str, path_and_query: &str) -> (String, Option<HeaderValue>) {
-    let url = format!("http://{addr}{path_and_query}");
+pub fn replay_url(
+    client: &PeerClient,
+    addr: &str,
+    path_and_query: &str,
+) -> (String, Option<HeaderValue>) {
+    let url = client.url(addr, path_and_query);
     let (path, query) = match path_and_query.split_once('?') {
         Some((path, query)) => (path, Some(query)),
         None => (path_and_query, None),
     };
     let kept = reqwest::Url::parse(&url).is_ok_and(|u| u.path() == path && u.query() == query);
     match HeaderValue::from_str(path_and_query) {
-        Ok(raw) if !kept => (format!("http://{addr}{PATH_RAW_REPLAY}"), Some(raw)),
+        Ok(raw) if !kept => (client.url(addr, PATH_RAW_REPLAY), Some(raw)),
         _ => (url, None),
     }
 }
@@ -76,12 +81,12 @@ mod tests {
 
     #[test]
     fn only_paths_the_url_parser_would_change_take_the_raw_route() {
-        let plain = replay_url("h:1", "/v1/kv/a/b?consistency=lease");
+        let plain = replay_url(&PeerClient::plain(), "h:1", "/v1/kv/a/b?consistency=lease");
         assert_eq!(
             plain,
             ("http://h:1/v1/kv/a/b?consistency=lease".into(), None)
         );
-        let escaped = replay_url("h:1", "/v1/kv/a%20b/%C3%A9");
+        let escaped = replay_url(&PeerClient::plain(), "h:1", "/v1/kv/a%20b/%C3%A9");
         assert_eq!(escaped.1, None);
         for dotted in [
             "/v1/kv/a/%2E%2E/b",
@@ -89,7 +94,7 @@ mod tests {
             "/v1/kv/%2e",
             "/v1/kv/./x",
         ] {
-            let (url, raw) = replay_url("h:1", dotted);
+            let (url, raw) = replay_url(&PeerClient::plain(), "h:1", dotted);
             assert_eq!(url, "http://h:1/v1/raw-replay", "{dotted}");
             assert_eq!(raw.unwrap().to_str().unwrap(), dotted);
         }

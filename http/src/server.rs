@@ -12,6 +12,9 @@
 //!
 //! A connection in the listener's reserve for members (`connection_limit.rs`) is served by the
 //! router behind a filter that passes only traffic between members.
+//!
+//! With TLS (`tls.rs`) every connection is served over TLS once its handshake, run in a task
+//! of its own so that a slow client holds up no other, completes within the idle timeout.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,11 +29,14 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
 
-use crate::connection_limit::LimitedListener;
+use crate::connection_limit::{LimitedListener, LimitedStream};
 use crate::error::ApiError;
 use crate::forward::FORWARDED_BY;
 use crate::in_flight::{self, InFlight};
+use crate::tls::Tls;
 
 /// How long a connection may wait for its next request's headers unless told otherwise: above
 /// the idle timeout of common HTTP clients' pools (60 s for this server's own peer client, 90 s
@@ -44,6 +50,7 @@ pub struct Server {
     listener: LimitedListener,
     app: Router,
     idle_timeout: Option<Duration>,
+    tls: Option<Tls>,
 }
 
 impl Server {
@@ -53,7 +60,14 @@ impl Server {
             listener,
             app,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            tls: None,
         }
+    }
+
+    /// Serves every connection over TLS with `tls`'s certificate; `None` serves plain HTTP.
+    pub fn tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Closes a connection that waits this long for a request's headers; `None` never does.
@@ -71,7 +85,12 @@ impl Server {
             mut listener,
             app,
             idle_timeout,
+            tls,
         } = self;
+        let acceptor = tls.map(|tls| tls.acceptor());
+        let handshake_timeout = idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
+        // Connections whose TLS handshake completed, to be served by this loop.
+        let (secured_tx, mut secured) = tokio::sync::mpsc::channel(64);
         let mut http = hyper::server::conn::http1::Builder::new();
         // A client may send its request and then shut its side down (HTTP/1.0 style tools):
         // it still gets its answer, rather than the request running with nobody told.
@@ -97,12 +116,38 @@ impl Server {
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let (mut stream, peer) = tokio::select! {
-                accepted = listener.accept() => accepted,
+            let accepted = tokio::select! {
+                accepted = listener.accept() => Accepted::Plain(accepted),
+                Some(secured) = secured.recv() => Accepted::Secured(secured),
                 () = &mut shutdown => break,
             };
-            stream.set_write_stall_limit(idle_timeout);
-            let (builder, service) = if stream.members_only() {
+            let (stream, peer, members_only) = match (accepted, &acceptor) {
+                (Accepted::Plain((mut stream, peer)), None) => {
+                    stream.set_write_stall_limit(idle_timeout);
+                    let members_only = stream.members_only();
+                    (Either::Left(stream), peer, members_only)
+                }
+                (Accepted::Plain((mut stream, peer)), Some(acceptor)) => {
+                    stream.set_write_stall_limit(idle_timeout);
+                    let handshake = acceptor.accept(stream);
+                    let secured_tx = secured_tx.clone();
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(handshake_timeout, handshake).await {
+                            Ok(Ok(stream)) => {
+                                let _ = secured_tx.send((Box::new(stream), peer)).await;
+                            }
+                            Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        }
+                    });
+                    continue;
+                }
+                (Accepted::Secured((stream, peer)), _) => {
+                    let members_only = stream.get_ref().0.members_only();
+                    (Either::Right(stream), peer, members_only)
+                }
+            };
+            let (builder, service) = if members_only {
                 (&members_http, members_app.clone())
             } else {
                 (&http, app.clone())
@@ -117,6 +162,8 @@ impl Server {
             });
         }
         drop(listener);
+        // Handshakes still running end with nobody to serve them.
+        drop(secured);
         // Every connection is told to close once its request is answered; once no request is
         // being answered, those left answer nothing (a client still sending a request's
         // headers would hold the drain until its header-read timeout): they get `FLUSH_GRACE`
@@ -131,6 +178,12 @@ impl Server {
             } => {}
         }
     }
+}
+
+/// A connection the serving loop takes: accepted (plain, or to be secured), or secured.
+enum Accepted {
+    Plain((LimitedStream, std::net::SocketAddr)),
+    Secured((Box<TlsStream<LimitedStream>>, std::net::SocketAddr)),
 }
 
 /// How long a shutting-down server waits, once no request is being answered, for its remaining

@@ -17,6 +17,7 @@ use crate::forward::Forwarder;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::node_metrics::NodeCollector;
+use crate::peer_client::PeerClient;
 use crate::request::ReadConsistency;
 
 /// What the admin and Raft routers serve from. Cloning is cheap, but it touches every field's
@@ -75,13 +76,20 @@ pub const WATCH_SLOTS: usize = 1024;
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl AppState {
-    /// State for serving `node`; the node's figures are added to the metrics registry.
+    /// State for serving `node`, speaking plain HTTP to other members; the node's figures are
+    /// added to the metrics registry.
     pub fn new(node: MetaNode, token: Token) -> Self {
+        Self::with_peer_client(node, token, PeerClient::plain())
+    }
+
+    /// State for serving `node`, speaking to other members with `client` (TLS, when the node
+    /// has it).
+    pub fn with_peer_client(node: MetaNode, token: Token, client: PeerClient) -> Self {
         let metrics = Metrics::new(Some(Box::new(NodeCollector::new(node.clone()))));
         let readiness = Arc::new(Readiness::new(&node.status()));
         let build = node.config().build_version;
         let cluster = node.config().cluster_id.clone();
-        let forwarder = Forwarder::new(node.id(), build, token.clone(), cluster);
+        let forwarder = Forwarder::new(node.id(), build, token.clone(), cluster, client);
         AppState {
             follower_reads: FollowerReads::new(
                 node.id(),

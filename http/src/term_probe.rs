@@ -6,6 +6,7 @@ use meta_consensus::{codec, ClusterId, NodeId, TermAnswer, TermProbe};
 
 use crate::auth::Token;
 use crate::cluster_identity;
+use crate::peer_client::PeerClient;
 use crate::raft_routes::{RemoteResult, PATH_TERM};
 
 /// Largest answer read: a membership of a few members' addresses is far smaller.
@@ -13,13 +14,13 @@ const MAX_ANSWER_BYTES: u64 = 1 << 20;
 
 /// Asks members over the node's pooled peer client, with the cluster's token and id.
 pub(crate) struct HttpTermProbe {
-    client: reqwest::Client,
+    client: PeerClient,
     token: Token,
     cluster: ClusterId,
 }
 
 impl HttpTermProbe {
-    pub(crate) fn new(client: reqwest::Client, token: Token, cluster: ClusterId) -> Self {
+    pub(crate) fn new(client: PeerClient, token: Token, cluster: ClusterId) -> Self {
         HttpTermProbe {
             client,
             token,

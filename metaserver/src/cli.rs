@@ -74,6 +74,17 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve over TLS with this certificate chain (PEM, the node's own first; it must name the
+    /// host of the node's advertised address), and speak TLS to the other members. Give
+    /// --tls-key and --tls-ca with it; every member of a cluster has TLS, or none.
+    #[arg(long, env = "METASERVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "METASERVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The certificate authorities (PEM) the other members' certificates are checked against.
+    #[arg(long, env = "METASERVER_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     /// WAL barriers: `shared` (group commit) or `own` (an fsync per log entry, benchmarks) [default: shared].
     #[arg(long, env = "METASERVER_BARRIER")]
     pub barrier: Option<String>,
@@ -165,13 +176,18 @@ pub struct LocalClusterArgs {
 /// How operator commands reach a member.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Any member, `host:port` or `http://host:port`; or several, comma-separated: a request
-    /// that one cannot answer (down, restarting, removed, no leader) goes to the next.
+    /// Any member, `host:port`, `http://host:port` or `https://host:port`; or several,
+    /// comma-separated: a request that one cannot answer (down, restarting, removed, no
+    /// leader) goes to the next.
     #[arg(long, env = "METASERVER_SERVER", default_value = "127.0.0.1:7101")]
     pub server: String,
     /// Bearer token, if the cluster requires one.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Speak TLS to the members, checking their certificates against these authorities
+    /// (PEM); `host:port` addresses then mean `https://host:port`.
+    #[arg(long, env = "METASERVER_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Options of `shards`.

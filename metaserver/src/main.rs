@@ -14,6 +14,7 @@ mod scratch;
 mod server;
 mod settings;
 mod shutdown;
+mod tls_files;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -521,6 +521,7 @@ mod tests {
                     client: ClientArgs {
                         server: addr,
                         token: None,
+                        tls_ca: None,
                     },
                     datanode: 7,
                     file,
@@ -563,6 +564,7 @@ mod tests {
         Operator::new(&ClientArgs {
             server: addr,
             token: None,
+            tls_ca: None,
         })
         .unwrap()
     }
@@ -727,6 +729,7 @@ mod tests {
             ClientArgs {
                 server: addr,
                 token: None,
+                tls_ca: None,
             },
             &file,
         )
@@ -777,6 +780,7 @@ mod tests {
             client: ClientArgs {
                 server: format!("{down},{addr}"),
                 token: None,
+                tls_ca: None,
             },
             after: None,
             datanode: None,

@@ -8,21 +8,19 @@
 use std::time::Duration;
 
 use meta_consensus::MetaNode;
-use meta_http::Token;
+use meta_http::{PeerClient, Token};
 
 /// Longest wait between two rounds of asking.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs until the membership names this node at `addr`, the node is no member, or it stops.
-pub async fn follow(node: MetaNode, token: Token, addr: String) {
+pub async fn follow(node: MetaNode, token: Token, client: PeerClient, addr: String) {
     // A node listening on all interfaces without --advertise has no address to give (it warns
     // at start); asking to be moved to 0.0.0.0 would be refused for ever.
     if crate::settings::unspecified(&addr) {
         return;
     }
     let id = node.id();
-    // The client members talk to each other with (directly: no proxy from the environment).
-    let client = meta_http::network::peer_client();
     let mut backoff = Duration::from_millis(500);
     loop {
         let members = node.status().nodes;
@@ -38,7 +36,8 @@ pub async fn follow(node: MetaNode, token: Token, addr: String) {
         );
         for askee in askees {
             let mut request = client
-                .put(format!("http://{askee}/v1/cluster/members/{id}"))
+                .http()
+                .put(client.url(&askee, &format!("/v1/cluster/members/{id}")))
                 .timeout(Duration::from_secs(20))
                 .body(serde_json::json!({ "addr": addr }).to_string());
             if let Some(value) = token.header_value() {

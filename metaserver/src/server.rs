@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use meta_consensus::{MetaNode, Node};
-use meta_http::{AppState, HttpNetwork, LimitedListener, Server, Token};
+use meta_http::{AppState, HttpNetwork, LimitedListener, PeerClient, Server, Token};
 
 use crate::open_files;
 use crate::relocation;
@@ -52,6 +52,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         );
     }
     let token = Token::new(settings.token.as_deref());
+    // Read before anything opens the data dir: a file that cannot be used stops the start.
+    let tls = match &settings.tls {
+        Some(files) => Some(files.load().context("loading the TLS files")?),
+        None => None,
+    };
+    let peers = PeerClient::new(tls.as_ref());
     let cfg = settings.node_config(&addr);
     // What this start runs with, defaults filled in: the one place an operator can confirm
     // that a flag, variable or config file took effect.
@@ -70,9 +76,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         idle_timeout = ?settings.idle_timeout,
         stop_delay = ?settings.stop_delay,
         token = settings.token.is_some(),
+        tls = settings.tls.is_some(),
         "settings in effect"
     );
-    let network = HttpNetwork::new(&cfg, token.clone());
+    let network = HttpNetwork::new(&cfg, token.clone()).with_client(peers.clone());
     let node = MetaNode::open(cfg, network).await.with_context(|| {
         format!(
             "opening node {} in {}",
@@ -86,7 +93,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         tracing::warn!("{disagreement}");
     }
     if settings.init {
-        initialize_once(&node, &settings, &addr, &token).await?;
+        initialize_once(&node, &settings, &addr, &token, &peers).await?;
     } else if !node.is_initialized().await? {
         // Also what a member whose data dir was lost looks like, which must not rejoin as is;
         // but mostly a new node, so not a warning.
@@ -97,7 +104,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         );
     }
 
-    let state = AppState::new(node.clone(), token.clone())
+    let state = AppState::with_peer_client(node.clone(), token.clone(), peers.clone())
         .with_follower_reads(settings.follower_reads)
         .with_watch_slots((max_connections / 2).max(1));
     let readiness = state.readiness.clone();
@@ -111,12 +118,13 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = Server::new(LimitedListener::new(listener, max_connections), app)
-        .idle_timeout(settings.idle_timeout);
+        .idle_timeout(settings.idle_timeout)
+        .tls(tls);
     let server = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));
     // Once it answers at its address: a member restarted elsewhere has the cluster move it.
-    tokio::spawn(relocation::follow(node.clone(), token, addr.clone()));
+    tokio::spawn(relocation::follow(node.clone(), token, peers, addr.clone()));
     // A node whose Raft core stopped (a storage failure) can serve nothing until it restarts:
     // it stops like a signalled one and exits with an error, so a supervisor restarts it and
     // recovery reads the log back from the disk (a failed fsync is never retried in place).
@@ -203,6 +211,7 @@ async fn initialize_once(
     settings: &ServeSettings,
     addr: &str,
     token: &Token,
+    peers: &PeerClient,
 ) -> Result<()> {
     if node.is_initialized().await? {
         tracing::info!("already initialized; restarting from the data dir");
@@ -213,7 +222,7 @@ async fn initialize_once(
         tracing::warn!("{warning}");
     }
     let link = meta_http::cluster_identity::MemberLink {
-        client: &meta_http::network::peer_client(),
+        client: peers,
         token,
         cluster: &node.config().cluster_id,
     };

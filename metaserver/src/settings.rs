@@ -10,6 +10,7 @@ use meta_consensus::{BarrierMode, NodeConfig};
 use serde::Deserialize;
 
 use crate::cli::ServeArgs;
+use crate::tls_files::TlsFiles;
 
 /// The most `--emulated-sync-latency-us` may add to a sync.
 const MAX_EMULATED_SYNC_LATENCY: Duration = Duration::from_secs(1);
@@ -30,6 +31,9 @@ struct FileSettings {
     peers: Option<String>,
     init: Option<bool>,
     token: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
     barrier: Option<String>,
     /// `snapshot_rate`, as the flag; `snapshot_max_bytes_per_sec`, as the runtime setting.
     #[serde(alias = "snapshot_max_bytes_per_sec")]
@@ -68,6 +72,8 @@ pub struct ServeSettings {
     pub init: bool,
     /// Shared secret.
     pub token: Option<String>,
+    /// The node's TLS files, if it speaks TLS.
+    pub tls: Option<TlsFiles>,
     /// WAL barrier mode.
     pub barrier: BarrierMode,
     /// Snapshot export and download rate (bytes/s, 0 = unlimited).
@@ -185,6 +191,11 @@ impl ServeSettings {
             // also over a token the config file sets.
             bail!("--token (METASERVER_TOKEN) is empty: give a token or leave it unset");
         }
+        let tls = TlsFiles::resolve(
+            args.tls_cert.clone().or(file.tls_cert),
+            args.tls_key.clone().or(file.tls_key),
+            args.tls_ca.clone().or(file.tls_ca),
+        )?;
         let init = args
             .init
             .or(file.init)
@@ -210,6 +221,7 @@ impl ServeSettings {
             peers,
             init,
             token,
+            tls,
             barrier,
             snapshot_rate: args.snapshot_rate.or(file.snapshot_rate).unwrap_or(0),
             snapshot_logs_since_last: args

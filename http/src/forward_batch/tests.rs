@@ -114,7 +114,7 @@ fn batcher(timeout: Duration) -> Batcher {
         2,
         meta_consensus::BUILD_VERSION,
         ClusterId::default(),
-        crate::network::peer_client(),
+        crate::PeerClient::plain(),
         Token::new(None),
         timeout,
     )

@@ -18,3 +18,4 @@ mod read_failover;
 mod readiness;
 mod rejoin;
 mod snapshot_room;
+mod tls;

@@ -81,12 +81,15 @@ impl Refused {
 impl Operator {
     /// A client of `--server`: one member, or several separated by commas.
     pub fn new(args: &ClientArgs) -> Result<Self> {
-        let members = Members::parse(&args.server)?;
-        let http = reqwest::Client::builder()
+        let members = Members::parse(&args.server, args.tls_ca.is_some())?;
+        let mut http = reqwest::Client::builder()
             .no_proxy()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()
-            .context("building the HTTP client")?;
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(ca) = &args.tls_ca {
+            let tls = meta_http::tls::client_config_from(ca).context("--tls-ca")?;
+            http = http.use_preconfigured_tls(tls).https_only(true);
+        }
+        let http = http.build().context("building the HTTP client")?;
         Ok(Operator {
             members,
             token: args.token.clone().filter(|t| !t.is_empty()),

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{bail, Result};
 
-/// The members' base URLs (`http://host:port`), in the order given, and the one asked now.
+/// The members' base URLs (`http://host:port`, or `https://` over TLS), in the order given, and
+/// the one asked now.
 #[derive(Debug)]
 pub(crate) struct Members {
     bases: Vec<String>,
@@ -16,23 +17,28 @@ pub(crate) struct Members {
 
 impl Members {
     /// Parses `--server`: one member or several, comma-separated, each `host:port` or
-    /// `http://host:port`. The first is asked first.
-    pub(crate) fn parse(server: &str) -> Result<Members> {
+    /// `http://host:port`, or with `tls` (`--tls-ca` given) `host:port` or `https://host:port`.
+    /// The first is asked first.
+    pub(crate) fn parse(server: &str, tls: bool) -> Result<Members> {
+        let scheme = if tls { "https://" } else { "http://" };
         let mut bases = Vec::new();
         for one in server.split(',').map(str::trim) {
             let one = one.trim_end_matches('/');
             if one.is_empty() {
                 bail!("--server {server:?} names an empty address: give host:port, or several separated by commas");
             }
-            // The server speaks plain HTTP (put TLS in front of it, if at all): an https://
-            // address would only fail on every request.
-            if one.starts_with("https://") {
-                bail!("--server {one}: the metaserver speaks plain HTTP; give host:port or http://host:port");
+            // A cluster speaks TLS or plain HTTP: an address of the other kind would only fail
+            // on every request.
+            if one.starts_with("https://") && !tls {
+                bail!("--server {one}: give --tls-ca (METASERVER_TLS_CA), the authority the members' certificates are checked against, to speak TLS");
             }
-            let base = if one.starts_with("http://") {
+            if one.starts_with("http://") && tls {
+                bail!("--server {one}: with --tls-ca (METASERVER_TLS_CA) the members are asked over TLS; give host:port or https://host:port");
+            }
+            let base = if one.starts_with(scheme) {
                 one.to_owned()
             } else {
-                format!("http://{one}")
+                format!("{scheme}{one}")
             };
             let url = reqwest::Url::parse(&base)
                 .map_err(|e| anyhow::anyhow!("--server {one:?} is not an address ({e})"))?;
@@ -45,7 +51,7 @@ impl Members {
                 && url.fragment().is_none()
                 && url.username().is_empty();
             if !host_and_port {
-                bail!("--server {one:?} is not host:port (or http://host:port)");
+                bail!("--server {one:?} is not host:port (or {scheme}host:port)");
             }
             if !bases.contains(&base) {
                 bases.push(base);
@@ -89,11 +95,14 @@ mod tests {
 
     #[test]
     fn parses_one_or_several_members() {
-        let one = Members::parse("127.0.0.1:7101").unwrap();
-        assert_eq!(Members::parse("a:80").unwrap().current(), "http://a:80");
+        let one = Members::parse("127.0.0.1:7101", false).unwrap();
+        assert_eq!(
+            Members::parse("a:80", false).unwrap().current(),
+            "http://a:80"
+        );
         assert_eq!(one.current(), "http://127.0.0.1:7101");
         assert_eq!(one.len(), 1);
-        let three = Members::parse("a:1, http://b:2/,a:1,c:3").unwrap();
+        let three = Members::parse("a:1, http://b:2/,a:1,c:3", false).unwrap();
         assert_eq!(three.bases, ["http://a:1", "http://b:2", "http://c:3"]);
         assert_eq!(three.len(), 3);
         for bad in [
@@ -108,13 +117,17 @@ mod tests {
             "127.0.0.1:7101/v1",
             "a:1?x=1",
         ] {
-            assert!(Members::parse(bad).is_err(), "{bad:?}");
+            assert!(Members::parse(bad, false).is_err(), "{bad:?}");
         }
+        // With TLS, bare addresses are https; plain ones are refused.
+        let tls = Members::parse("a:1,https://b:2", true).unwrap();
+        assert_eq!(tls.bases, ["https://a:1", "https://b:2"]);
+        assert!(Members::parse("http://a:1", true).is_err());
     }
 
     #[test]
     fn moves_on_round_the_members_and_says_when_each_was_asked() {
-        let members = Members::parse("a:1,b:2,c:3").unwrap();
+        let members = Members::parse("a:1,b:2,c:3", false).unwrap();
         assert!(!members.next("http://a:1"));
         assert_eq!(members.current(), "http://b:2");
         // A second failure of a request that asked a (another request moved on already).
@@ -123,7 +136,7 @@ mod tests {
         assert!(!members.next("http://b:2"));
         assert!(members.next("http://c:3"), "every member was asked");
         assert_eq!(members.current(), "http://a:1");
-        let one = Members::parse("a:1").unwrap();
+        let one = Members::parse("a:1", false).unwrap();
         assert!(one.next("http://a:1"), "the only member: pause");
         assert_eq!(one.current(), "http://a:1");
     }

@@ -1,0 +1,132 @@
+//! A node served over TLS (`Server::tls`): clients that trust its authority are answered,
+//! plain HTTP and clients that trust another authority are not, a client that never completes
+//! its handshake holds up no other, and unusable TLS files are refused naming the file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use meta_http::{LimitedListener, Server, Tls, TlsError, Token};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+use crate::common::{leader_node, DEADLINE};
+
+/// A certificate authority and a certificate it signed for 127.0.0.1, written as PEM files.
+struct Certificates {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn certificates(dir: &Path, name: &str) -> Certificates {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} test authority"));
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    let write = |file: &str, pem: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    Certificates {
+        ca: write("ca.pem", ca.pem()),
+        cert: write("cert.pem", cert.pem()),
+        key: write("key.pem", key.serialize_pem()),
+    }
+}
+
+fn client_trusting(ca: &Path) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(DEADLINE)
+        .use_preconfigured_tls(meta_http::tls::client_config_from(ca).unwrap())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_node_served_over_tls_answers_only_over_tls_with_its_authority() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let theirs = certificates(dir.path(), "theirs");
+    let tls = Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
+
+    let t = leader_node(None).await;
+    let app = meta_http::router(meta_http::AppState::new(t.node.clone(), Token::new(None)));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(
+        Server::new(LimitedListener::new(listener, 100), app)
+            .tls(Some(tls))
+            .serve(async {
+                let _ = stopped.await;
+            }),
+    );
+
+    // A connection that opens and never says anything does not hold up the others: the
+    // handshakes run on their own.
+    let silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+
+    let trusting = client_trusting(&ours.ca);
+    let url = format!("https://{addr}/v1/kv/k");
+    let answer = trusting.put(&url).body("v").send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer = trusting.get(&url).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "v");
+
+    // Plain HTTP gets no answer, and neither does a client of another authority.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let refused = plain.get(format!("http://{addr}/healthz")).send().await;
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = client_trusting(&theirs.ca)
+        .get(format!("https://{addr}/healthz"))
+        .send()
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // The node still serves, with the silent client still connected.
+    let answer = trusting
+        .get(format!("https://{addr}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+
+    let _ = stop.send(());
+    drop(silent);
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
+
+#[test]
+fn unusable_tls_files_are_refused_naming_the_file() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let theirs = certificates(dir.path(), "theirs");
+    let missing = dir.path().join("missing.pem");
+
+    let err = Tls::load(&missing, &ours.key, &ours.ca).unwrap_err();
+    assert!(matches!(err, TlsError::File { .. }), "{err}");
+    assert!(err.to_string().contains("missing.pem"), "{err}");
+
+    // A key file holds no certificate, and a certificate no key.
+    let err = Tls::load(&ours.key, &ours.key, &ours.ca).unwrap_err();
+    assert!(err.to_string().contains("ours-key.pem"), "{err}");
+    let err = Tls::load(&ours.cert, &ours.cert, &ours.ca).unwrap_err();
+    assert!(err.to_string().contains("private key"), "{err}");
+
+    // Another certificate's key.
+    let err = Tls::load(&ours.cert, &theirs.key, &ours.ca).unwrap_err();
+    assert!(matches!(err, TlsError::Config(_)), "{err}");
+    assert!(err.to_string().contains("ours-cert.pem"), "{err}");
+}
