@@ -225,6 +225,13 @@ impl LimitedStream {
         self.members_only
     }
 
+    /// The first byte the client sent, left unread; `None` if it closed without sending one.
+    pub async fn first_byte(&self) -> io::Result<Option<u8>> {
+        let mut byte = [0u8; 1];
+        let n = self.tcp.peek(&mut byte).await?;
+        Ok((n == 1).then_some(byte[0]))
+    }
+
     /// Fails a write (and so ends the connection) once the client has taken none of its
     /// answer for `limit`: a client that stops reading would otherwise hold its slot, and the
     /// answer's memory, for ever. A client that reads slowly is not cut.

@@ -129,13 +129,15 @@ impl Server {
                 }
                 (Accepted::Plain((mut stream, peer)), Some(acceptor)) => {
                     stream.set_write_stall_limit(idle_timeout);
-                    let handshake = acceptor.accept(stream);
+                    let acceptor = acceptor.clone();
                     let secured_tx = secured_tx.clone();
                     tokio::spawn(async move {
-                        match tokio::time::timeout(handshake_timeout, handshake).await {
-                            Ok(Ok(stream)) => {
+                        let secured = secure(acceptor, stream);
+                        match tokio::time::timeout(handshake_timeout, secured).await {
+                            Ok(Ok(Some(stream))) => {
                                 let _ = secured_tx.send((Box::new(stream), peer)).await;
                             }
+                            Ok(Ok(None)) => {}
                             Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
                             Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                         }
@@ -177,6 +179,47 @@ impl Server {
                 tokio::time::sleep(FLUSH_GRACE).await;
             } => {}
         }
+    }
+}
+
+/// How long a plain HTTP request at a TLS port is read (and dropped) after its answer.
+const DRAIN_PLAIN_REQUEST: Duration = Duration::from_secs(1);
+
+/// The first byte of a TLS connection: a handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// What a plain HTTP request at a TLS port is answered, in plain HTTP, before the connection is
+/// closed: a client pointed at `http://` learns why it gets no answer.
+const TLS_REQUIRED: &str = r#"{"error":{"code":"tls_required","message":"this node speaks TLS only: ask https://host:port (operator commands: --tls-ca)"}}"#;
+
+/// Runs the TLS handshake on `stream`; `None` (the connection closed) when the client sent
+/// something else than a TLS handshake first: a plain HTTP request is answered
+/// [`TLS_REQUIRED`].
+async fn secure(
+    acceptor: tokio_rustls::TlsAcceptor,
+    mut stream: LimitedStream,
+) -> std::io::Result<Option<TlsStream<LimitedStream>>> {
+    match stream.first_byte().await? {
+        Some(TLS_HANDSHAKE) => acceptor.accept(stream).await.map(Some),
+        Some(b) if b.is_ascii_uppercase() => {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let answer = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{TLS_REQUIRED}",
+                TLS_REQUIRED.len()
+            );
+            stream.write_all(answer.as_bytes()).await?;
+            stream.shutdown().await?;
+            // The request is read and dropped until the client closes (for a moment at most):
+            // closing with it unread would reset the connection, and the client could lose
+            // the answer.
+            let mut sink = tokio::io::sink();
+            let _ =
+                tokio::time::timeout(DRAIN_PLAIN_REQUEST, tokio::io::copy(&mut stream, &mut sink))
+                    .await;
+            Ok(None)
+        }
+        _ => Ok(None),
     }
 }
 

@@ -1,7 +1,7 @@
 //! A three-node cluster over TLS, as an operator sets one up: every member started with
 //! `--tls-cert`, `--tls-key` and `--tls-ca`. The cluster forms (the init check asks the
 //! members over TLS), writes sent to a follower reach the leader and reads at a follower are
-//! answered, plain HTTP is not answered, and operator commands speak TLS with `--tls-ca`.
+//! answered, plain HTTP is told to use TLS, and operator commands speak TLS with `--tls-ca`.
 
 mod common;
 
@@ -33,7 +33,7 @@ fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_over_tls_serves_and_refuses_plain_http() {
+async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     let certs_dir = tempfile::tempdir().unwrap();
     let (ca, cert, key) = certificates(certs_dir.path());
     let http = reqwest::Client::builder()
@@ -99,13 +99,12 @@ async fn a_cluster_over_tls_serves_and_refuses_plain_http() {
     let (status, v) = send(&http, Method::GET, &url, None, None).await.unwrap();
     assert_eq!((status, v), (200, json!("v")));
 
-    // Plain HTTP gets no answer.
+    // Plain HTTP is told to use TLS.
     let plain = common::client();
-    let refused = plain
-        .get(format!("http://{}/healthz", addrs[0]))
-        .send()
-        .await;
-    assert!(refused.is_err(), "{refused:?}");
+    let url = format!("http://{}/v1/cluster", addrs[0]);
+    let (status, v) = send(&plain, Method::GET, &url, None, None).await.unwrap();
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "tls_required", "{v}");
 
     // Operator commands speak TLS with --tls-ca, to host:port or https://host:port.
     let ca_arg = ca.to_str().unwrap();

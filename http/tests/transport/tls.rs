@@ -1,5 +1,5 @@
 //! A node served over TLS (`Server::tls`): clients that trust its authority are answered,
-//! plain HTTP and clients that trust another authority are not, a client that never completes
+//! plain HTTP is told to use TLS, clients that trust another authority are not answered, a client that never completes
 //! its handshake holds up no other, and unusable TLS files are refused naming the file.
 
 use std::path::{Path, PathBuf};
@@ -82,10 +82,20 @@ async fn a_node_served_over_tls_answers_only_over_tls_with_its_authority() {
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.text().await.unwrap(), "v");
 
-    // Plain HTTP gets no answer, and neither does a client of another authority.
+    // Plain HTTP is told to use TLS, and changes nothing; a client of another authority gets
+    // no answer.
     let plain = reqwest::Client::builder().no_proxy().build().unwrap();
-    let refused = plain.get(format!("http://{addr}/healthz")).send().await;
-    assert!(refused.is_err(), "{refused:?}");
+    let refused = plain
+        .put(format!("http://{addr}/v1/kv/k"))
+        .body("plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "tls_required", "{body}");
+    let answer = trusting.get(&url).send().await.unwrap();
+    assert_eq!(answer.text().await.unwrap(), "v");
     let refused = client_trusting(&theirs.ca)
         .get(format!("https://{addr}/healthz"))
         .send()
