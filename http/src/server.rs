@@ -202,7 +202,7 @@ async fn secure(
     match stream.first_byte().await? {
         Some(TLS_HANDSHAKE) => acceptor.accept(stream).await.map(Some),
         Some(b) if b.is_ascii_uppercase() => {
-            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            use tokio::io::AsyncWriteExt as _;
             let answer = format!(
                 "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
                  content-length: {}\r\nconnection: close\r\n\r\n{TLS_REQUIRED}",
