@@ -1,15 +1,29 @@
 //! TLS for the API and between members: a node's certificate and key, which it answers every
-//! connection with, and the certificate authority it checks other members' certificates
+//! connection with, and the certificate authorities it checks other members' certificates
 //! against when it connects to them.
 //!
 //! A node either speaks TLS on its one port or plain HTTP, never both: a cluster is all TLS or
 //! all plain. Clients are not asked for certificates; the token (`auth.rs`) says who may ask.
+//!
+//! The files are read again while the node runs ([`Tls::keep_fresh`]): a renewed certificate,
+//! or a new authority, takes effect for the connections made after it, with no restart. A
+//! change that does not make a working set (a certificate written before its key) is not
+//! taken, and the node keeps what it has.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+/// How often [`Tls::keep_fresh`] reads the files again.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Why the TLS files could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -31,17 +45,84 @@ pub enum TlsError {
 }
 
 /// A node's TLS: what it answers connections with, and what it trusts when it connects.
+/// Cloning shares it: a reload reaches every clone.
 #[derive(Clone)]
 pub struct Tls {
+    files: Arc<Files>,
+    identity: Arc<Identity>,
+    trust: Arc<Trust>,
     server: Arc<rustls::ServerConfig>,
-    roots: Arc<rustls::RootCertStore>,
+    /// The files' bytes as last taken, or last refused: a refused set is not tried (and
+    /// logged) again until one of them changes.
+    seen: Arc<Mutex<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tls")
-            .field("roots", &self.roots.len())
+            .field("files", &self.files)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where the node's TLS is read from.
+#[derive(Debug)]
+struct Files {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
+/// What the files make: the node's identity and the verifier of the members' certificates.
+struct Loaded {
+    identity: Arc<CertifiedKey>,
+    verifier: Arc<WebPkiServerVerifier>,
+}
+
+impl Files {
+    /// The three files' bytes, one after the other (a change to any shows).
+    fn read(&self) -> Result<Vec<u8>, TlsError> {
+        let mut all = Vec::new();
+        for (what, path) in [
+            ("the certificate", &self.cert),
+            ("the private key", &self.key),
+            ("the certificate authority", &self.ca),
+        ] {
+            let bytes = std::fs::read(path).map_err(|e| file_error(what, path, e))?;
+            all.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            all.extend_from_slice(&bytes);
+        }
+        Ok(all)
+    }
+
+    /// Reads and checks the files: the key must be the certificate's.
+    fn load(&self) -> Result<Loaded, TlsError> {
+        let provider = provider();
+        let chain = certificates(&self.cert, "the certificate")?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| file_error("the private key", &self.key, e))?;
+        let identity = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+            TlsError::Config(format!(
+                "the certificate {} and the key {} do not make a TLS identity: {e}",
+                self.cert.display(),
+                self.key.display()
+            ))
+        })?;
+        let verifier = WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots(&self.ca)?),
+            Arc::new(provider),
+        )
+        .build()
+        .map_err(|e| {
+            TlsError::Config(format!(
+                "the certificate authority {}: {e}",
+                self.ca.display()
+            ))
+        })?;
+        Ok(Loaded {
+            identity: Arc::new(identity),
+            verifier,
+        })
     }
 }
 
@@ -51,71 +132,173 @@ impl Tls {
     /// more certificates). Fails, naming the file, when one cannot be read or the key does not
     /// go with the certificate.
     pub fn load(cert: &Path, key: &Path, ca: &Path) -> Result<Tls, TlsError> {
-        let chain = certificates(cert, "the certificate")?;
-        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::File {
-            what: "the private key",
-            path: key.to_owned(),
-            message: e.to_string(),
-        })?;
-        let roots = roots(ca)?;
-        let server = rustls::ServerConfig::builder_with_provider(provider())
+        let files = Files {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            ca: ca.to_owned(),
+        };
+        let seen = files.read()?;
+        let loaded = files.load()?;
+        let identity = Arc::new(Identity(RwLock::new(loaded.identity)));
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .map_err(|e| {
-                TlsError::Config(format!(
-                    "the certificate {} and the key do not make a TLS identity: {e}",
-                    cert.display()
-                ))
-            })?;
+            .with_cert_resolver(identity.clone());
         Ok(Tls {
+            files: Arc::new(files),
+            identity,
+            trust: Arc::new(Trust(RwLock::new(loaded.verifier))),
             server: Arc::new(server),
-            roots: Arc::new(roots),
+            seen: Arc::new(Mutex::new(seen)),
         })
     }
 
-    /// Accepts TLS connections with the node's certificate.
+    /// Accepts TLS connections with the node's certificate (the newest one loaded).
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.server.clone())
     }
 
-    /// A client configuration that trusts the loaded authorities only.
+    /// A client configuration that trusts the loaded authorities only (the newest ones
+    /// loaded, also after it was made).
     pub fn client_config(&self) -> rustls::ClientConfig {
-        client_config(self.roots.clone())
+        rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
+            .with_safe_default_protocol_versions()
+            .expect("the aws-lc-rs provider supports the default protocol versions")
+            .dangerous()
+            // Not a weaker check: every certificate goes to the WebPKI verifier of the
+            // authorities loaded last.
+            .with_custom_certificate_verifier(self.trust.clone())
+            .with_no_client_auth()
+    }
+
+    /// Reads the files again and takes them if they changed since they were last taken (or
+    /// refused): `Ok(true)` when taken. A set that does not work is refused, and the node keeps
+    /// what it had.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let bytes = self.files.read()?;
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen == bytes {
+            return Ok(false);
+        }
+        // Not tried again until a file changes, whether taken or refused.
+        *seen = bytes;
+        let loaded = self.files.load()?;
+        *self.identity.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.identity;
+        *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.verifier;
+        Ok(true)
+    }
+
+    /// Reads the files every `every`, taking a changed set that works ([`Tls::reload`]), and
+    /// logs what it did. Runs until dropped.
+    pub async fn keep_fresh(self, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            let tls = self.clone();
+            match tokio::task::spawn_blocking(move || tls.reload()).await {
+                Ok(Ok(true)) => tracing::info!(files = ?self.files, "TLS files changed: taken"),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    "the TLS files changed but cannot be used ({e}); keeping the ones loaded before"
+                ),
+                Err(e) => tracing::warn!("reading the TLS files again failed: {e}"),
+            }
+        }
     }
 }
 
 /// A client configuration that trusts the authorities in `ca` (PEM) only: what an operator's
 /// command or a test uses to talk to a TLS cluster.
 pub fn client_config_from(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
-    Ok(client_config(Arc::new(roots(ca)?)))
+    Ok(
+        rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
+            .with_safe_default_protocol_versions()
+            .expect("the aws-lc-rs provider supports the default protocol versions")
+            .with_root_certificates(roots(ca)?)
+            .with_no_client_auth(),
+    )
 }
 
-fn client_config(roots: Arc<rustls::RootCertStore>) -> rustls::ClientConfig {
-    rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("the aws-lc-rs provider supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
+/// The node's certificate and key, as loaded last.
+#[derive(Debug)]
+struct Identity(RwLock<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for Identity {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+/// The WebPKI verifier of the authorities loaded last.
+#[derive(Debug)]
+struct Trust(RwLock<Arc<WebPkiServerVerifier>>);
+
+impl Trust {
+    fn current(&self) -> Arc<WebPkiServerVerifier> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl ServerCertVerifier for Trust {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.current().verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
+    }
+}
+
+fn provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::aws_lc_rs::default_provider()
+}
+
+fn file_error(what: &'static str, path: &Path, e: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        what,
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
 }
 
 fn certificates(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let fail = |message: String| TlsError::File {
-        what,
-        path: path.to_owned(),
-        message,
-    };
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| fail(e.to_string()))?
+        .map_err(|e| file_error(what, path, e))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| file_error(what, path, e))?;
     if certs.is_empty() {
-        return Err(fail("no PEM certificate in the file".into()));
+        return Err(file_error(what, path, "no PEM certificate in the file"));
     }
     Ok(certs)
 }
@@ -123,11 +306,9 @@ fn certificates(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'s
 fn roots(ca: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(ca, "the certificate authority")? {
-        roots.add(cert).map_err(|e| TlsError::File {
-            what: "the certificate authority",
-            path: ca.to_owned(),
-            message: e.to_string(),
-        })?;
+        roots
+            .add(cert)
+            .map_err(|e| file_error("the certificate authority", ca, e))?;
     }
     Ok(roots)
 }

@@ -58,6 +58,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         None => None,
     };
     let peers = PeerClient::new(tls.as_ref());
+    if let Some(tls) = &tls {
+        // Renewed certificates and new authorities are taken as the files change.
+        tokio::spawn(tls.clone().keep_fresh(meta_http::tls::RELOAD_INTERVAL));
+    }
     let cfg = settings.node_config(&addr);
     // What this start runs with, defaults filled in: the one place an operator can confirm
     // that a flag, variable or config file took effect.

@@ -1,11 +1,12 @@
 //! A node served over TLS (`Server::tls`): clients that trust its authority are answered,
 //! plain HTTP is told to use TLS, clients that trust another authority are not answered, a client that never completes
-//! its handshake holds up no other, and unusable TLS files are refused naming the file.
+//! its handshake holds up no other, changed files are taken by later connections (unless they
+//! do not work together), and unusable TLS files are refused naming the file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use meta_http::{LimitedListener, Server, Tls, TlsError, Token};
+use meta_http::{LimitedListener, PeerClient, Server, Tls, TlsError, Token};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -57,18 +58,8 @@ async fn a_node_served_over_tls_answers_only_over_tls_with_its_authority() {
     let theirs = certificates(dir.path(), "theirs");
     let tls = Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
 
-    let t = leader_node(None).await;
-    let app = meta_http::router(meta_http::AppState::new(t.node.clone(), Token::new(None)));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(
-        Server::new(LimitedListener::new(listener, 100), app)
-            .tls(Some(tls))
-            .serve(async {
-                let _ = stopped.await;
-            }),
-    );
+    let served = Served::start(tls).await;
+    let addr = served.addr;
 
     // A connection that opens and never says anything does not hold up the others: the
     // handshakes run on their own.
@@ -110,12 +101,107 @@ async fn a_node_served_over_tls_answers_only_over_tls_with_its_authority() {
         .unwrap();
     assert_eq!(answer.status(), 200);
 
-    let _ = stop.send(());
     drop(silent);
-    tokio::time::timeout(Duration::from_secs(10), served)
+    served.stop().await;
+}
+
+/// A leader node served over TLS on an ephemeral port.
+struct Served {
+    addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    _node: crate::common::TestNode,
+}
+
+impl Served {
+    async fn start(tls: Tls) -> Served {
+        let node = leader_node(None).await;
+        let app = meta_http::router(meta_http::AppState::new(
+            node.node.clone(),
+            Token::new(None),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(
+            Server::new(LimitedListener::new(listener, 100), app)
+                .tls(Some(tls))
+                .serve(async {
+                    let _ = stopped.await;
+                }),
+        );
+        Served {
+            addr,
+            stop,
+            task,
+            _node: node,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the server stops")
+            .unwrap();
+    }
+}
+
+/// Whether a new client trusting `ca` is answered at `addr`.
+async fn answered(ca: &Path, addr: std::net::SocketAddr) -> bool {
+    client_trusting(ca)
+        .get(format!("https://{addr}/healthz"))
+        .send()
         .await
-        .expect("the server stops")
+        .is_ok_and(|a| a.status() == 200)
+}
+
+#[tokio::test]
+async fn changed_tls_files_are_taken_by_later_connections() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let theirs = certificates(dir.path(), "theirs");
+    let files = Certificates {
+        ca: dir.path().join("node-ca.pem"),
+        cert: dir.path().join("node-cert.pem"),
+        key: dir.path().join("node-key.pem"),
+    };
+    let install = |from: &Certificates| {
+        std::fs::copy(&from.ca, &files.ca).unwrap();
+        std::fs::copy(&from.cert, &files.cert).unwrap();
+        std::fs::copy(&from.key, &files.key).unwrap();
+    };
+    install(&ours);
+    let tls = Tls::load(&files.cert, &files.key, &files.ca).unwrap();
+    // The node's own client for the other members, made at start as the binary makes it.
+    let peers = PeerClient::new(Some(&tls));
+    let served = Served::start(tls.clone()).await;
+    let addr = served.addr;
+    assert!(!tls.reload().unwrap(), "nothing changed");
+    assert!(answered(&ours.ca, addr).await);
+
+    // New files: later connections are answered with the new certificate, and the node's
+    // client checks members against the new authority.
+    install(&theirs);
+    assert!(tls.reload().unwrap());
+    assert!(answered(&theirs.ca, addr).await);
+    assert!(!answered(&ours.ca, addr).await);
+    let asked = peers
+        .http()
+        .get(peers.url(&addr.to_string(), "/healthz"))
+        .send()
+        .await
         .unwrap();
+    assert_eq!(asked.status(), 200);
+
+    // A key that is not the certificate's is refused, and the node keeps what it had; the
+    // refused set is not tried again until a file changes.
+    std::fs::copy(&ours.key, &files.key).unwrap();
+    let err = tls.reload().unwrap_err();
+    assert!(matches!(err, TlsError::Config(_)), "{err}");
+    assert!(answered(&theirs.ca, addr).await);
+    assert!(!tls.reload().unwrap());
+    served.stop().await;
 }
 
 #[test]
