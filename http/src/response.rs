@@ -69,8 +69,10 @@ pub struct LivenessView {
     pub timeout_ms: u64,
     /// How long this leader has been collecting heartbeats, in ms.
     pub collecting_ms: u64,
-    /// Every registered datanode (in the state asked for, if any), by id.
+    /// Registered datanodes (in the state asked for, if any), by id.
     pub datanodes: Vec<DatanodeLivenessView>,
+    /// Cursor for the next page (`?after=`), `null` on the last page.
+    pub next: Option<String>,
 }
 
 /// `DELETE /v1/datanodes/{id}`.

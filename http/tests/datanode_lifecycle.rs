@@ -163,6 +163,49 @@ async fn heartbeats_and_liveness() {
     assert_eq!(ids(t.get("/v1/liveness?state=unknown").await.json()), [8]);
     assert!(ids(t.get("/v1/liveness?state=down").await.json()).is_empty());
 
+    // Pages by id, within the state asked for: the cursor is a datanode listing's.
+    for id in [3, 12, 9] {
+        t.register_datanode(id).await;
+    }
+    let v = t.get("/v1/liveness?limit=2").await.json();
+    assert_eq!(ids(v.clone()), [3, 7]);
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let v = t
+        .get(&format!("/v1/liveness?limit=2&after={next}"))
+        .await
+        .json();
+    assert_eq!(ids(v.clone()), [8, 9]);
+    let next = v["next"].as_str().expect("a next cursor").to_owned();
+    let v = t.get(&format!("/v1/liveness?after={next}")).await.json();
+    assert_eq!((ids(v.clone()), &v["next"]), (vec![12], &Value::Null));
+    let v = t.get("/v1/liveness?state=unknown&limit=3").await.json();
+    assert_eq!(
+        (ids(v.clone()), &v["next"]),
+        (vec![3, 8, 9], &json!("0000000000000009"))
+    );
+    let v = t.get("/v1/datanodes?limit=1").await.json();
+    let next = v["next"].as_str().unwrap().to_owned();
+    let v = t
+        .get(&format!("/v1/liveness?after={next}&state=alive"))
+        .await
+        .json();
+    assert_eq!((ids(v.clone()), &v["next"]), (vec![7], &Value::Null));
+    for bad in ["0000000000000009x", "000000000000000A", "9"] {
+        let a = t.get(&format!("/v1/liveness?after={bad}")).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(a.error_code(), "invalid_cursor", "{bad}");
+    }
+    for id in [3, 12, 9] {
+        let a = t
+            .send(
+                Method::DELETE,
+                &format!("/v1/datanodes/{id}"),
+                String::new(),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+
     // The former incarnation is fenced; an unknown datanode is 404.
     let a = heartbeat(&t, 7, old).await;
     assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");

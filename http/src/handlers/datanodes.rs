@@ -10,8 +10,8 @@ use crate::error::ApiError;
 use crate::extract::{Id, Json, NoBody, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
 use crate::request::{
-    DeregisterQuery, EpochBody, LivenessQuery, PageQuery, ReadQuery, RegisterDatanodeBody,
-    RegisterShardsBody,
+    id_cursor_of, DeregisterQuery, EpochBody, LivenessQuery, PageQuery, ReadQuery,
+    RegisterDatanodeBody, RegisterShardsBody,
 };
 use crate::response::{
     DatanodeList, DatanodeLivenessView, DatanodeRegistered, DatanodeRemoved, DatanodeView,
@@ -326,32 +326,41 @@ pub async fn heartbeat(
     }
 }
 
-/// `GET /v1/liveness` (`?state=`): every registered datanode with its liveness, or those in
-/// one state; answered by the leader.
+/// `GET /v1/liveness` (`?state=&after=&limit=`): registered datanodes with their liveness, or
+/// those in one state, a page at a time by id; answered by the leader.
 pub async fn liveness(
     State(state): State<SharedState>,
     Query(query): Query<LivenessQuery>,
     _: NoBody,
 ) -> Result<axum::Json<LivenessView>, ApiError> {
-    let wanted = query.validate()?;
+    let (wanted, after, limit) = query.validate()?;
     let report = state.node.liveness().await?;
+    let mut listed = report
+        .datanodes
+        .into_iter()
+        .filter(|(d, l)| wanted.is_none_or(|w| w == l.state) && after.is_none_or(|a| d.id > a));
+    let datanodes: Vec<DatanodeLivenessView> = listed
+        .by_ref()
+        .take(limit)
+        .map(|(d, l)| DatanodeLivenessView {
+            id: d.id,
+            addr: d.addr,
+            epoch: d.epoch,
+            shards: d.shards,
+            state: l.state.name().into(),
+            heard_ms_ago: l.heard_ago.map(millis),
+        })
+        .collect();
+    let next = match (listed.next(), datanodes.last()) {
+        (Some(_), Some(last)) => Some(id_cursor_of(last.id)),
+        _ => None,
+    };
     Ok(axum::Json(LivenessView {
         leader_id: report.leader,
         timeout_ms: millis(report.timeout),
         collecting_ms: millis(report.collecting),
-        datanodes: report
-            .datanodes
-            .into_iter()
-            .filter(|(_, l)| wanted.is_none_or(|w| w == l.state))
-            .map(|(d, l)| DatanodeLivenessView {
-                id: d.id,
-                addr: d.addr,
-                epoch: d.epoch,
-                shards: d.shards,
-                state: l.state.name().into(),
-                heard_ms_ago: l.heard_ago.map(millis),
-            })
-            .collect(),
+        datanodes,
+        next,
     }))
 }
 

@@ -19,27 +19,43 @@ pub struct ReadQuery {
     pub consistency: Option<String>,
 }
 
-/// Query of `GET /v1/liveness`: `?state=` keeps the datanodes in that state.
+/// Query of `GET /v1/liveness`: `?state=` keeps the datanodes in that state; `?after=` and
+/// `?limit=` page them by id, as `GET /v1/datanodes` does.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LivenessQuery {
     /// `alive`, `down` or `unknown`; all when absent.
     pub state: Option<String>,
+    /// Cursor from the previous page's `next`.
+    pub after: Option<String>,
+    /// Page size, 1 to 10,000 (default 1,000).
+    pub limit: Option<QueryNumber>,
 }
 
 impl LivenessQuery {
-    /// The state asked for, if any.
-    pub fn validate(&self) -> Result<Option<DatanodeState>, ApiError> {
-        match self.state.as_deref() {
-            None => Ok(None),
-            Some("alive") => Ok(Some(DatanodeState::Alive)),
-            Some("down") => Ok(Some(DatanodeState::Down)),
-            Some("unknown") => Ok(Some(DatanodeState::Unknown)),
-            Some(other) => Err(ApiError::invalid(
-                "invalid_state",
-                format!("state must be \"alive\", \"down\" or \"unknown\", not {other:?}"),
-            )),
-        }
+    /// The state asked for, if any; the id the page starts after, if any; the page size.
+    pub fn validate(self) -> Result<(Option<DatanodeState>, Option<u64>, usize), ApiError> {
+        let state = parse_state(self.state.as_deref())?;
+        let limit = parse_limit(self.limit.as_ref())?;
+        let after = match parse_cursor(self.after)? {
+            None => None,
+            Some(cursor) => Some(id_cursor(&cursor).ok_or_else(|| invalid_cursor(&cursor))?),
+        };
+        Ok((state, after, limit))
+    }
+}
+
+/// Parses `?state=`.
+fn parse_state(state: Option<&str>) -> Result<Option<DatanodeState>, ApiError> {
+    match state {
+        None => Ok(None),
+        Some("alive") => Ok(Some(DatanodeState::Alive)),
+        Some("down") => Ok(Some(DatanodeState::Down)),
+        Some("unknown") => Ok(Some(DatanodeState::Unknown)),
+        Some(other) => Err(ApiError::invalid(
+            "invalid_state",
+            format!("state must be \"alive\", \"down\" or \"unknown\", not {other:?}"),
+        )),
     }
 }
 
@@ -244,6 +260,21 @@ pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
 }
 
 /// The error for a cursor that is not one this server handed out.
+/// The datanode id a datanode listing's cursor names (16 hex digits, as `next` gives it).
+pub fn id_cursor(cursor: &str) -> Option<u64> {
+    (cursor.len() == 16
+        && cursor
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    .then(|| u64::from_str_radix(cursor, 16).ok())
+    .flatten()
+}
+
+/// The cursor of a page of datanodes that ended at `id` ([`id_cursor`] reads it back).
+pub fn id_cursor_of(id: u64) -> String {
+    format!("{id:016x}")
+}
+
 pub fn invalid_cursor(cursor: &str) -> ApiError {
     let shown: String = cursor.chars().take(64).collect();
     ApiError::invalid(

@@ -94,7 +94,7 @@ pub fn lifecycle(epoch: u64) -> Vec<Case> {
         case(
             "liveness with an unknown query",
             M::GET,
-            "/v1/liveness?limit=1",
+            "/v1/liveness?consistency=lease",
             "",
             400,
             "invalid_query",

@@ -1,0 +1,405 @@
+//! The operator commands' tests: their parsing, and their requests against servers on
+//! loopback that answer as members would.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+use super::*;
+
+#[test]
+fn a_shard_listed_twice_is_found_across_batches() {
+    let shard = |id| ShardBody {
+        id,
+        generation: 1,
+        size: 1,
+    };
+    let mut shards: Vec<ShardBody> = (1..=MAX_SHARDS_PER_BATCH as u64).map(shard).collect();
+    assert_eq!(listed_twice(&shards), None);
+    shards.push(shard(1));
+    assert_eq!(
+        listed_twice(&shards),
+        Some((1, MAX_SHARDS_PER_BATCH + 1)),
+        "a duplicate in a later batch than the first"
+    );
+}
+
+#[test]
+fn a_shards_file_that_does_not_parse_says_what_is_wrong() {
+    let list = ShardsFile::parse(r#" [{"id":1,"generation":2,"size":3}]"#).unwrap();
+    assert!(matches!(list, ShardsFile::List(s) if s.len() == 1));
+    let batch = ShardsFile::parse(r#"{"epoch":4,"shards":[]}"#).unwrap();
+    assert!(matches!(
+        batch,
+        ShardsFile::Batch(BatchFile { epoch: 4, .. })
+    ));
+    let error = |text: &str| format!("{:#}", ShardsFile::parse(text).unwrap_err());
+    let missing = error(r#"[{"id":1,"generation":2}]"#);
+    assert!(missing.contains("missing field `size`"), "{missing}");
+    let unknown = error(r#"{"epoch":4,"shards":[],"datanode":7}"#);
+    assert!(unknown.contains("unknown field `datanode`"), "{unknown}");
+    assert!(error("7").contains("no JSON list or object"));
+}
+
+/// A server on loopback that answers the n-th request (from 0) with `status(n)`, counting.
+async fn server(status: fn(usize) -> StatusCode) -> (String, Arc<AtomicUsize>) {
+    answering(move |n| (status(n), "{}")).await
+}
+
+/// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting;
+/// a 503 with `Retry-After`, as a member's (but those where waiting does not help) is.
+async fn answering(
+    answer: impl Fn(usize) -> (StatusCode, &'static str) + Clone + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
+    answering_with(move |n| {
+        let (status, body) = answer(n);
+        let mut response = (status, body).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            let retry = axum::http::HeaderValue::from_static("1");
+            response.headers_mut().insert("retry-after", retry);
+        }
+        response
+    })
+    .await
+}
+
+/// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting.
+async fn answering_with(
+    answer: impl Fn(usize) -> axum::response::Response + Clone + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let app = axum::Router::new().fallback(move || {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        let answer = answer(n);
+        async move { answer }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, count)
+}
+
+/// A shards file without an epoch takes the datanode's: one not registered is told to
+/// register first, and a lookup refused otherwise (a wrong token, say) is not.
+#[tokio::test]
+async fn a_datanode_lookup_that_fails_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shards.json");
+    std::fs::write(&file, r#"[{"id":1,"generation":1,"size":1}]"#).unwrap();
+    let register_at = |status: StatusCode| {
+        let file = file.clone();
+        async move {
+            let (addr, _) = answering(move |_| (status, "{}")).await;
+            let args = RegisterArgs {
+                client: ClientArgs {
+                    server: addr,
+                    token: None,
+                    tls_ca: None,
+                },
+                datanode: 7,
+                file,
+                prune: false,
+            };
+            format!("{:#}", register(args).await.unwrap_err())
+        }
+    };
+    let unknown = register_at(StatusCode::NOT_FOUND).await;
+    assert!(
+        unknown.contains("datanode 7 is not registered"),
+        "{unknown}"
+    );
+    let refused = register_at(StatusCode::UNAUTHORIZED).await;
+    assert!(
+        refused.contains("looking up datanode 7's epoch"),
+        "{refused}"
+    );
+    assert!(!refused.contains("register it first"), "{refused}");
+}
+
+/// A request that no member given could answer names how many were tried, not only the
+/// last one.
+#[tokio::test]
+async fn a_request_no_member_answered_says_all_were_tried() {
+    let closed = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let op = operator(format!("{},{}", closed(), closed()));
+    let e = op
+        .send(|| op.request(reqwest::Method::GET, "/v1/cluster"))
+        .await
+        .unwrap_err();
+    let text = format!("{e:#}");
+    assert!(text.contains("the last of the 2 members given"), "{text}");
+}
+
+fn operator(addr: String) -> Operator {
+    Operator::new(&ClientArgs {
+        server: addr,
+        token: None,
+        tls_ca: None,
+    })
+    .unwrap()
+}
+
+/// Sent again without a leader (503), and when the outcome is unknown (504: its leader
+/// crashed while it ran; the callers send only requests that apply once).
+#[tokio::test]
+async fn requests_are_sent_again_without_a_leader_or_an_outcome_and_not_after_a_refusal() {
+    let (addr, count) = server(|n| match n {
+        0 => StatusCode::SERVICE_UNAVAILABLE,
+        1 => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::OK,
+    })
+    .await;
+    let op = operator(addr);
+    op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+
+    let (addr, count) = server(|_| StatusCode::CONFLICT).await;
+    let op = operator(addr);
+    let err = op
+        .send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("409"), "{err}");
+    assert_eq!(count.load(Ordering::SeqCst), 1, "a refusal is not retried");
+}
+
+/// An address nothing listens at: connections to it are refused, as to a stopped member.
+/// The socket keeps it bound (without listening) so that no other test takes it.
+fn closed_port() -> (String, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap().to_string(), socket)
+}
+
+/// With several members, a request that one cannot answer (it is down, or serves no
+/// cluster) goes to the next, whether it is sent until it is answered or once; the only
+/// member that serves no cluster (503 without `Retry-After`) is not asked again.
+#[tokio::test]
+async fn a_request_goes_to_the_next_member_when_one_cannot_answer() {
+    let (ok, ok_count) = server(|_| StatusCode::OK).await;
+    let (down, _kept) = closed_port();
+    let op = operator(format!("{down},{ok}"));
+    op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap();
+    assert_eq!(ok_count.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        op.member(),
+        format!("http://{ok}"),
+        "it stays with the one that answers"
+    );
+    // So does a request that is sent once (status, a listing, a registration).
+    let op = operator(format!("{down},{ok}"));
+    let _: Value = op.get_json("/v1/cluster").await.unwrap();
+    assert_eq!(ok_count.load(Ordering::SeqCst), 2);
+    let err = operator(down.clone())
+        .get_json::<Value>("/v1/cluster")
+        .await;
+    assert!(
+        format!("{:#}", err.unwrap_err()).contains(&down),
+        "names the member"
+    );
+
+    let removed = || {
+        let body = r#"{"error":{"code":"no_leader","message":"removed"}}"#;
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    };
+    let (alone, count) = answering_with(move |_| removed()).await;
+    let op = operator(alone.clone());
+    let refused = op
+        .answer_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap()
+        .expect_err("refused");
+    assert_eq!(refused.code(), Some("no_leader"));
+    assert_eq!(count.load(Ordering::SeqCst), 1, "not asked again");
+
+    let (ok, ok_count) = server(|_| StatusCode::OK).await;
+    let op = operator(format!("{alone},{ok}"));
+    op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap();
+    assert_eq!(ok_count.load(Ordering::SeqCst), 1);
+}
+
+/// A request cut off before its answer (the member went away) is sent again, as a 504 is.
+#[tokio::test]
+async fn a_request_cut_off_before_its_answer_is_sent_again() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (ok_addr, ok_count) = server(|_| StatusCode::OK).await;
+    let cut = Arc::new(AtomicUsize::new(0));
+    let cuts = cut.clone();
+    tokio::spawn(async move {
+        // The first connection is cut; later ones are passed to a member that answers.
+        let (first, _) = listener.accept().await.unwrap();
+        cuts.fetch_add(1, Ordering::SeqCst);
+        drop(first);
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let ok_addr = ok_addr.clone();
+            tokio::spawn(async move {
+                let mut upstream = tokio::net::TcpStream::connect(ok_addr).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+            });
+        }
+    });
+    let op = operator(addr);
+    op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (cut.load(Ordering::SeqCst), ok_count.load(Ordering::SeqCst)),
+        (1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_batch_says_how_far_the_registration_got() {
+    let (addr, count) = answering(|n| match n {
+        0 => (
+            StatusCode::OK,
+            r#"{"accepted":9000,"unchanged":1000,"stale":[],"index":7}"#,
+        ),
+        _ => (StatusCode::CONFLICT, r#"{"error":{"code":"fenced"}}"#),
+    })
+    .await;
+    let op = operator(addr);
+    let shards: Vec<ShardBody> = (0..MAX_SHARDS_PER_BATCH as u64 + 5)
+        .map(|id| ShardBody {
+            id,
+            generation: 1,
+            size: 1,
+        })
+        .collect();
+    let err = register_batches(&op, 7, 3, &shards).await.unwrap_err();
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("registered 10000 of 10005 shards (9000 accepted, 1000 unchanged)"),
+        "{message}"
+    );
+    assert!(message.contains("409"), "{message}");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
+    // The member answers the build, then serves bytes that are no snapshot (a damaged
+    // file, or another server at the address).
+    let (addr, _) = answering(|n| match n {
+        0 => (StatusCode::OK, "{}"),
+        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("meta.snap");
+    std::fs::write(&file, b"the earlier backup").unwrap();
+    let err = snapshot_save(
+        ClientArgs {
+            server: addr,
+            token: None,
+            tls_ca: None,
+        },
+        &file,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("not a usable backup"),
+        "{err:#}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"the earlier backup");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("meta.snap")],
+        "no temp file is left"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_gives_back_the_history_its_index_counts_in() {
+    // A member that counts in history "aaaa" refuses an index given without it (as a
+    // restored cluster's member refuses the old cluster's), and answers one given with it.
+    let app = axum::Router::new().fallback(|uri: axum::http::Uri| async move {
+        let query = uri.query().unwrap_or_default().to_owned();
+        if !query.contains("after=") {
+            (
+                StatusCode::OK,
+                r#"{"index":5,"history":"aaaa","events":[]}"#,
+            )
+        } else if query.contains("history=aaaa") {
+            (
+                StatusCode::OK,
+                r#"{"index":6,"history":"aaaa","events":[{"index":6,"kind":"kv_put","key":"k"}]}"#,
+            )
+        } else {
+            (
+                StatusCode::GONE,
+                r#"{"error":{"code":"compacted","message":"no history given"}}"#,
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The first member given is down: the watch moves on to the next.
+    let (down, _kept) = closed_port();
+    let args = WatchArgs {
+        client: ClientArgs {
+            server: format!("{down},{addr}"),
+            token: None,
+            tls_ca: None,
+        },
+        after: None,
+        datanode: None,
+        prefix: None,
+        once: true,
+    };
+    watch(args).await.unwrap();
+}
+
+/// `metaserver liveness` follows the report's pages and prints them as one.
+#[tokio::test]
+async fn the_liveness_report_is_read_page_after_page() {
+    let entry = |id: u64| {
+        format!(
+            r#"{{"id":{id},"addr":"h:1","epoch":1,"shards":0,"state":"alive","heard_ms_ago":5}}"#
+        )
+    };
+    let first = format!(
+        r#"{{"leader_id":1,"timeout_ms":10,"collecting_ms":1,"datanodes":[{},{}],"next":"0000000000000004"}}"#,
+        entry(3),
+        entry(4)
+    );
+    let last = format!(
+        r#"{{"leader_id":1,"timeout_ms":10,"collecting_ms":2,"datanodes":[{}],"next":null}}"#,
+        entry(9)
+    );
+    // Each page is answered only to the question that names where it starts.
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let answer = match uri.query() {
+            Some("limit=10000") => (StatusCode::OK, first.clone()),
+            Some("limit=10000&after=0000000000000004") => (StatusCode::OK, last.clone()),
+            _ => (StatusCode::BAD_REQUEST, format!("unexpected {uri}")),
+        };
+        async move { answer }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let report = liveness_report(&operator(addr)).await.unwrap();
+    let ids: Vec<u64> = report.datanodes.iter().map(|d| d.id).collect();
+    assert_eq!(ids, [3, 4, 9]);
+    assert_eq!((report.collecting_ms, report.next), (2, None));
+}
