@@ -418,6 +418,17 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     })?;
     let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
     drop(verified);
+    // A backup that replaces another keeps its permissions (a new one is the owner's only).
+    if let Ok(existing) = std::fs::metadata(file) {
+        temp.as_file()
+            .set_permissions(existing.permissions())
+            .with_context(|| {
+                format!(
+                    "giving the new backup the permissions of {}",
+                    file.display()
+                )
+            })?;
+    }
     temp.persist(file)
         .with_context(|| format!("renaming the snapshot to {}", file.display()))?;
     std::fs::File::open(&dir)

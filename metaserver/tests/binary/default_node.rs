@@ -104,6 +104,9 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     let link = cwd.join("latest.snap");
     std::os::unix::fs::symlink(&backup, &link).unwrap();
     std::fs::write(&backup, b"an older backup").unwrap();
+    // The file replaced keeps its permissions.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&backup, std::fs::Permissions::from_mode(0o640)).unwrap();
     let save = |to: &std::path::Path| {
         let to = to.to_str().unwrap().to_owned();
         let addr = addr.clone();
@@ -113,6 +116,8 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     assert!(ok, "{err}");
     assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
     assert_eq!(std::fs::metadata(&backup).unwrap().len(), len);
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "{mode:o}");
     let (ok, _, err) = save(cwd).await;
     assert!(!ok && err.contains("is a directory"), "{err}");
     assert!(cwd.is_dir());
