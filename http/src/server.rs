@@ -88,7 +88,10 @@ impl Server {
             tls,
         } = self;
         let acceptor = tls.map(|tls| tls.acceptor());
+        // A handshake gets as long as a request's headers: a connection of the members'
+        // reserve that completes none soon is not a member's.
         let handshake_timeout = idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
+        let members_handshake_timeout = handshake_timeout.min(MEMBERS_IDLE_TIMEOUT);
         // Connections whose TLS handshake completed, to be served by this loop.
         let (secured_tx, mut secured) = tokio::sync::mpsc::channel(64);
         let mut http = hyper::server::conn::http1::Builder::new();
@@ -129,11 +132,16 @@ impl Server {
                 }
                 (Accepted::Plain((mut stream, peer)), Some(acceptor)) => {
                     stream.set_write_stall_limit(idle_timeout);
+                    let limit = if stream.members_only() {
+                        members_handshake_timeout
+                    } else {
+                        handshake_timeout
+                    };
                     let acceptor = acceptor.clone();
                     let secured_tx = secured_tx.clone();
                     tokio::spawn(async move {
                         let secured = secure(acceptor, stream);
-                        match tokio::time::timeout(handshake_timeout, secured).await {
+                        match tokio::time::timeout(limit, secured).await {
                             Ok(Ok(Some(stream))) => {
                                 let _ = secured_tx.send((Box::new(stream), peer)).await;
                             }

@@ -226,3 +226,40 @@ fn unusable_tls_files_are_refused_naming_the_file() {
     assert!(matches!(err, TlsError::Config(_)), "{err}");
     assert!(err.to_string().contains("ours-cert.pem"), "{err}");
 }
+
+/// A connection in the members' reserve that completes no handshake is closed after the
+/// reserve's own short wait, not the idle timeout: outsiders cannot keep the members out.
+#[tokio::test(start_paused = true)]
+async fn a_reserve_connection_without_a_handshake_is_closed_soon() {
+    use tokio::io::AsyncReadExt as _;
+
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let tls = Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let tcp = meta_http::connection_limit::bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let idle = meta_http::server::MEMBERS_IDLE_TIMEOUT * 20;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        Server::new(LimitedListener::new(tcp, 1), app)
+            .idle_timeout(Some(idle))
+            .tls(Some(tls))
+            .serve(async {
+                let _ = stopped.await;
+            }),
+    );
+    // The one slot, taken by a client that says nothing; the next connection is the reserve's.
+    let first = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut reserve = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let before = tokio::time::Instant::now();
+    let mut bytes = Vec::new();
+    let _ = reserve.read_to_end(&mut bytes).await;
+    assert!(bytes.is_empty());
+    assert!(before.elapsed() < idle, "{:?}", before.elapsed());
+    let _ = stop.send(());
+    drop(first);
+    task.await.unwrap();
+}
