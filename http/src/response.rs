@@ -259,6 +259,13 @@ pub struct ClusterView {
     /// recent answer), on the leader only.
     #[serde(default)]
     pub member_versions: BTreeMap<u64, Option<u32>>,
+    /// Bytes free on this node's data dir's file system (`null`: it could not be read).
+    #[serde(default)]
+    pub data_dir_free_bytes: Option<u64>,
+    /// The free space below which this node, leading, refuses writes that add data
+    /// (`--min-free-bytes`; 0: never).
+    #[serde(default)]
+    pub min_free_bytes: u64,
     /// While this node rejoins (it started on an empty data dir and does not hold the
     /// cluster's log yet): the term enough other voters told it (`term_floor`, `null` until
     /// they did) and, until then, which of them it is waiting for (`waiting`). Absent otherwise.

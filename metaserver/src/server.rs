@@ -114,6 +114,11 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let readiness = state.readiness.clone();
     // While this node leads, the nodes a membership change removes are told so.
     tokio::spawn(meta_http::removal_notices::run(state.clone()));
+    // While this node leads short of disk, a voter with room takes over.
+    tokio::spawn(meta_http::disk_handover::run(
+        state.clone(),
+        meta_http::disk_handover::CHECK_EVERY,
+    ));
     let app = meta_http::router(state);
     // Tests and scripts read the bound address (port 0 picks a free one) from this line. A
     // node serves on whether or not anyone reads it (`metaserver | head -1`).

@@ -86,6 +86,8 @@ impl From<ClusterStatus> for ClusterView {
             build_version: s.build_version,
             epoch_floor: s.epoch_floor,
             member_versions: s.member_versions,
+            data_dir_free_bytes: s.data_dir_free_bytes,
+            min_free_bytes: s.min_free_bytes,
             rejoin: s.rejoin.map(|r| RejoinView {
                 term_floor: r.term_floor,
                 waiting: r.waiting,

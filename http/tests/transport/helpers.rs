@@ -153,6 +153,11 @@ async fn launch(
     if notices == Notices::Sent {
         tokio::spawn(meta_http::removal_notices::run(state.clone()));
     }
+    // As the binary does, checked more often.
+    tokio::spawn(meta_http::disk_handover::run(
+        state.clone(),
+        std::time::Duration::from_millis(200),
+    ));
     let app = meta_http::router(state);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

@@ -10,6 +10,7 @@ mod common;
 
 mod cluster;
 mod cluster_version;
+mod disk_handover;
 mod faults;
 mod follower_reads;
 mod helpers;

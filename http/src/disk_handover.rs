@@ -1,0 +1,166 @@
+//! A leader short of disk hands its leadership to a voter that has room. The free-space guard
+//! (`meta-consensus`'s `node/free_space.rs`) has the leader refuse every write that adds data
+//! while its data dir has less than `min_free_bytes` free; since every write goes through the
+//! leader, one full disk would stop the whole cluster's writes though the other members have
+//! room. So a leader that finds itself short asks the other voters how much room they have
+//! (`GET /v1/cluster`) and moves the leadership to the one with the most, among those with at
+//! least twice their own reserve free: a margin, so that the leadership does not come straight
+//! back, and nobody takes it who would refuse the writes as well.
+//!
+//! [`choose`] is the choice, plain code tested without a runtime.
+
+use std::time::{Duration, Instant};
+
+use meta_consensus::Role;
+
+use crate::state::AppState;
+
+/// How often the node looks at its own free space while it leads.
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// How long a voter may take to say how much room it has.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A leader short of disk that finds no voter with room says so at most this often.
+const STUCK_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// A voter's room, as it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub id: u64,
+    /// Bytes free on its data dir's file system (`None`: it could not tell).
+    pub free: Option<u64>,
+    /// Its own `min_free_bytes`.
+    pub reserve: u64,
+}
+
+/// The voters to hand the leadership to, best first: those with at least twice their reserve
+/// free (and some space free at all), the most free first.
+pub fn choose(rooms: &[Room]) -> Vec<u64> {
+    let mut fit: Vec<(u64, u64)> = rooms
+        .iter()
+        .filter_map(|r| {
+            let free = r.free?;
+            (free > 0 && free >= r.reserve.saturating_mul(2)).then_some((free, r.id))
+        })
+        .collect();
+    fit.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    fit.into_iter().map(|(_, id)| id).collect()
+}
+
+/// Every `every`, while this node leads with less than its reserve free, moves the leadership
+/// to a voter with room ([`choose`]). Runs until the node closes.
+pub async fn run(state: AppState, every: Duration) {
+    let closing = state.node.closing();
+    tokio::pin!(closing);
+    let mut last_stuck_warning: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = &mut closing => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let status = state.node.status();
+        if status.role != Role::Leader {
+            continue;
+        }
+        let reserve = status.min_free_bytes;
+        let Some(free) = status.data_dir_free_bytes else {
+            continue;
+        };
+        if reserve == 0 || free >= reserve {
+            continue;
+        }
+        let others: Vec<(u64, String)> = status
+            .voters
+            .iter()
+            .filter(|&&v| v != status.id)
+            .filter_map(|v| status.nodes.get(v).map(|a| (*v, a.clone())))
+            .collect();
+        let mut rooms = Vec::new();
+        for (id, addr) in others {
+            rooms.push(ask_room(&state, id, &addr).await);
+        }
+        let mut handed = None;
+        for to in choose(&rooms) {
+            match state.node.transfer_leadership(to).await {
+                Ok((leader, _)) if leader == to => {
+                    handed = Some(to);
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(to, "handing leadership over for want of disk: {e}"),
+            }
+        }
+        match handed {
+            Some(to) => tracing::info!(
+                free,
+                reserve,
+                to,
+                "this leader's data dir is short of space: handed leadership to a voter with room"
+            ),
+            None if last_stuck_warning.is_none_or(|t| t.elapsed() >= STUCK_WARN_EVERY) => {
+                last_stuck_warning = Some(Instant::now());
+                tracing::warn!(
+                    free,
+                    reserve,
+                    ?rooms,
+                    "this leader's data dir is short of space and no voter has room (twice its \
+                     reserve free) to take over: writes that add data stay refused"
+                );
+            }
+            None => {}
+        }
+    }
+}
+
+/// Asks voter `id` at `addr` how much room it has; `free` is `None` if it does not say.
+async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
+    let link = state.member_link();
+    let mut request = link
+        .client
+        .http()
+        .get(link.client.url(addr, "/v1/cluster"))
+        .timeout(ASK_TIMEOUT);
+    if let Some(token) = link.token.header_value() {
+        request = request.header(reqwest::header::AUTHORIZATION, token);
+    }
+    let answer: Option<serde_json::Value> = match request.send().await {
+        Ok(r) if r.status().is_success() => r.json().await.ok(),
+        _ => None,
+    };
+    // Only the node asked for: another at its address says nothing of it.
+    let answer = answer.filter(|v| v["id"].as_u64() == Some(id));
+    Room {
+        id,
+        free: answer
+            .as_ref()
+            .and_then(|v| v["data_dir_free_bytes"].as_u64()),
+        reserve: answer
+            .as_ref()
+            .and_then(|v| v["min_free_bytes"].as_u64())
+            .unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_voter_with_the_most_room_goes_first_and_none_without_twice_its_reserve() {
+        let room = |id, free, reserve| Room { id, free, reserve };
+        assert_eq!(
+            choose(&[
+                room(2, Some(300), 100),
+                room(3, Some(500), 100),
+                room(4, Some(199), 100),
+                room(5, None, 0),
+                room(6, Some(0), 0),
+                room(7, Some(10), 0),
+            ]),
+            [3, 2, 7]
+        );
+        assert!(choose(&[room(2, Some(150), 100)]).is_empty());
+        assert!(choose(&[]).is_empty());
+    }
+}
