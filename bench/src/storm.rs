@@ -10,6 +10,7 @@
 
 mod admin_probe;
 mod api;
+mod certs;
 mod chart;
 mod cluster;
 mod cpu_usage;
@@ -31,6 +32,7 @@ use anyhow::{Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use self::api::Api;
+use self::certs::BenchCerts;
 use self::cluster::Cluster;
 use self::options::{Arm, Options, ServerFlags};
 use self::reads::{ReadArm, ReadWorkload};
@@ -119,8 +121,12 @@ fn single_workload<'a>(
 /// Runs every round and arm, each on a fresh cluster, collecting into `results`.
 async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Result<()> {
     Reaper::install();
-    let api = Api::new()?;
     let runs_dir = out_dir()?.join("storm-runs");
+    let mut server = options.server_flags();
+    if options.arms.contains(&Arm::Tls) && (options.runs_single() || options.runs_storm()) {
+        server.certs = Some(BenchCerts::make(&runs_dir.join("tls"))?);
+    }
+    let api = Api::new(server.certs.as_ref().map(|c| c.ca.as_path()))?;
     let per_arm = if options.runs_single() {
         single_points(&options.clients).len()
     } else {
@@ -142,7 +148,6 @@ async fn drive(options: &Options, binary: &Path, results: &mut Results) -> Resul
             .progress_chars("=> "),
     );
     overall.enable_steady_tick(Duration::from_millis(200));
-    let server = options.server_flags();
     // The slow-sync pass's servers: every WAL sync slowed on purpose.
     let mut slow_sync_server = server.clone();
     slow_sync_server.extra.push(format!(

@@ -51,17 +51,19 @@ pub struct AdminProbe {
 }
 
 impl AdminProbe {
-    /// Starts both probes on a thread of their own, each issuing a read every `interval`.
+    /// Starts both probes on a thread of their own, each issuing a read every `interval` with
+    /// a client of its own that trusts what `api` trusts.
     /// Shard reads (with `?consistency=` `consistency`) walk over ids below `shard_ids` with a
     /// stride, so they hit shards registered early and late.
     pub fn start(
+        api: &Api,
         bases: Vec<String>,
         shard_ids: u64,
         interval: Duration,
         consistency: &str,
     ) -> Result<AdminProbe> {
         let consistency = consistency.to_string();
-        let api = Api::new()?;
+        let api = api.fresh()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -53,6 +53,8 @@ impl std::error::Error for CallError {}
 #[derive(Clone)]
 pub struct Api {
     http: reqwest::Client,
+    /// The authority the `tls` arm's members are checked against (PEM), if that arm runs.
+    ca: Option<std::sync::Arc<Vec<u8>>>,
 }
 
 #[derive(Serialize)]
@@ -82,18 +84,37 @@ struct ShardsBody<'a> {
 }
 
 impl Api {
-    /// A client that keeps every connection alive and pools them per member without limit.
-    pub fn new() -> Result<Api> {
-        let http = reqwest::Client::builder()
+    /// A client that keeps every connection alive and pools them per member without limit,
+    /// trusting the authority in `ca` (PEM) for `https://` members, if given.
+    pub fn new(ca: Option<&std::path::Path>) -> Result<Api> {
+        let ca = match ca {
+            Some(path) => Some(std::sync::Arc::new(
+                std::fs::read(path).with_context(|| format!("read {}", path.display()))?,
+            )),
+            None => None,
+        };
+        Self::with_ca(ca)
+    }
+
+    /// Another client, with a pool of its own, that trusts what this one trusts.
+    pub fn fresh(&self) -> Result<Api> {
+        Self::with_ca(self.ca.clone())
+    }
+
+    fn with_ca(ca: Option<std::sync::Arc<Vec<u8>>>) -> Result<Api> {
+        let mut builder = reqwest::Client::builder()
             .no_proxy()
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(300))
             .tcp_nodelay(true)
             .timeout(Duration::from_secs(60))
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .context("build HTTP client")?;
-        Ok(Api { http })
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(pem) = &ca {
+            let cert = reqwest::Certificate::from_pem(pem).context("the run's CA certificate")?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder.build().context("build HTTP client")?;
+        Ok(Api { http, ca })
     }
 
     /// POSTs `body` as JSON to `url`; decodes the answer.

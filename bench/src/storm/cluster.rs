@@ -79,7 +79,7 @@ impl Cluster {
                 .args(["--listen", "127.0.0.1:0"])
                 .arg("--data-dir")
                 .arg(&data)
-                .args(["--barrier", arm.name()])
+                .args(["--barrier", arm.barrier()])
                 .env("RUST_LOG", &server.log)
                 .stdin(Stdio::null())
                 .stdout(out)
@@ -88,6 +88,13 @@ impl Cluster {
                 command.args(["--worker-threads", &server.worker_threads.to_string()]);
             }
             command.args(&server.extra);
+            if arm == Arm::Tls {
+                let certs = server
+                    .certs
+                    .as_ref()
+                    .context("the tls arm without certificates")?;
+                command.args(certs.server_flags());
+            }
             // Only the flags above configure the servers: no setting leaks in from this environment.
             for (key, _) in std::env::vars_os() {
                 if key.to_string_lossy().starts_with("METASERVER_") {
@@ -111,7 +118,8 @@ impl Cluster {
         for i in 0..cluster.members.len() {
             let addr = cluster.listening_address(i, deadline).await?;
             let m = &mut cluster.members[i];
-            m.base = format!("http://{addr}");
+            let scheme = if arm == Arm::Tls { "https" } else { "http" };
+            m.base = format!("{scheme}://{addr}");
             members.insert(m.id.to_string(), addr.into());
         }
         let members = serde_json::Value::Object(members);

@@ -7,20 +7,32 @@ use clap::Parser;
 
 use super::cluster::MEMBERS;
 
-/// Which barrier mode a cluster runs with: the server's `barrier` setting (`--barrier`, `METASERVER_BARRIER`).
+/// How a cluster runs: its barrier mode (the server's `barrier` setting, `--barrier`), and
+/// whether its members speak TLS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arm {
     /// Writers share fsync barriers (the default design).
     Shared,
     /// Every log entry (every client write) takes its own barrier (the naive design).
     Own,
+    /// As `shared`, with every member, and the bench's clients, on TLS: what TLS costs.
+    Tls,
 }
 
 impl Arm {
-    /// The arm's name as the server configuration and the JSON output spell it.
+    /// The arm's name as the JSON output spells it.
     pub fn name(self) -> &'static str {
         match self {
             Arm::Shared => "shared",
+            Arm::Own => "own",
+            Arm::Tls => "tls",
+        }
+    }
+
+    /// The server's `--barrier` setting of the arm.
+    pub fn barrier(self) -> &'static str {
+        match self {
+            Arm::Shared | Arm::Tls => "shared",
             Arm::Own => "own",
         }
     }
@@ -124,6 +136,8 @@ pub struct ServerFlags {
     pub worker_threads: usize,
     /// Further flags, passed as given.
     pub extra: Vec<String>,
+    /// The `tls` arm's certificates (made when that arm runs).
+    pub certs: Option<super::certs::BenchCerts>,
 }
 
 impl Options {
@@ -222,6 +236,7 @@ impl Options {
                 .server_threads
                 .unwrap_or((cores / MEMBERS as usize).max(1)),
             extra: self.server_arg.clone(),
+            certs: None,
         }
     }
 }

@@ -105,7 +105,7 @@ impl ReadWorkload<'_> {
             .map(|c| {
                 let base = bases[c % bases.len()].clone();
                 Ok(tokio::spawn(client_loop(
-                    Api::new()?,
+                    self.api.fresh()?,
                     base,
                     c as u64,
                     measure_from,

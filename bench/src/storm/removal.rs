@@ -86,7 +86,7 @@ pub async fn run(
         done.context("a registering task")??;
     }
 
-    let probe = AdminProbe::start(bases, replicas, admin_interval, admin_consistency)?;
+    let probe = AdminProbe::start(api, bases, replicas, admin_interval, admin_consistency)?;
     // Let the probes run a little before, so the reads around the removal's start count too.
     tokio::time::sleep(admin_interval * 10).await;
     let start = Instant::now();

@@ -138,6 +138,7 @@ impl StormWorkload<'_> {
         let before = WalFigures::read(self.api, &leader_base).await;
         let groups = self.datanodes.div_ceil(REPLICATION);
         let probe = AdminProbe::start(
+            self.api,
             bases.clone(),
             groups * self.shards_per_datanode,
             self.admin_interval,
@@ -156,7 +157,7 @@ impl StormWorkload<'_> {
             .map(|datanode| {
                 let base = bases[(datanode as usize) % bases.len()].clone();
                 Ok(tokio::spawn(datanode_storm(
-                    Api::new()?,
+                    self.api.fresh()?,
                     base,
                     datanode,
                     self.shards_per_datanode,

@@ -1,4 +1,4 @@
-//! The storm's results: every measured run, summarised as medians per arm with shared/own ratios,
+//! The storm's results: every measured run, summarised as medians per arm with the ratios of [`RATIOS`],
 //! printed as markdown tables, checked against the targets, and written as JSON and a chart.
 
 use anyhow::Result;
@@ -10,6 +10,10 @@ use super::reads::{self, ReadPoint};
 use super::restart::{Pass, StormPoint, LOST_EVERY};
 use super::single::{Route, SinglePoint};
 use crate::report::{median, out_dir, print_table, write_json};
+
+/// The arms compared in the medians' tables, each as the first's rate over the second's:
+/// what sharing barriers gains, and what TLS costs.
+const RATIOS: [(Arm, Arm); 2] = [(Arm::Shared, Arm::Own), (Arm::Tls, Arm::Shared)];
 
 /// Everything one invocation measured.
 #[derive(Default)]
@@ -343,9 +347,12 @@ impl Results {
             header.push(format!("{} p50 / p99 ms", a.name()));
             header.push(format!("{} records/barrier", a.name()));
         }
-        let ratio = arms.contains(&Arm::Shared) && arms.contains(&Arm::Own);
-        if ratio {
-            header.push("shared/own".into());
+        let ratios: Vec<(Arm, Arm)> = RATIOS
+            .into_iter()
+            .filter(|(a, b)| arms.contains(a) && arms.contains(b))
+            .collect();
+        for (a, b) in &ratios {
+            header.push(format!("{}/{}", a.name(), b.name()));
         }
         let rows: Vec<Vec<String>> = self
             .single_points()
@@ -362,11 +369,11 @@ impl Results {
                         None => row.extend(["-".into(), "-".into(), "-".into()]),
                     }
                 }
-                if ratio {
+                for (a, b) in &ratios {
                     let r = self
-                        .single_summary_via(Arm::Shared, c, route)
-                        .zip(self.single_summary_via(Arm::Own, c, route))
-                        .map(|(s, o)| s.per_sec / o.per_sec);
+                        .single_summary_via(*a, c, route)
+                        .zip(self.single_summary_via(*b, c, route))
+                        .map(|(x, y)| x.per_sec / y.per_sec);
                     row.push(opt(r, 2));
                 }
                 row
@@ -410,14 +417,15 @@ impl Results {
             ],
             &rows,
         );
-        if let (Some(s), Some(o)) = (
-            self.storm_summary(Arm::Shared),
-            self.storm_summary(Arm::Own),
-        ) {
-            println!(
-                "\nshared/own replicas/s ratio: {:.2}",
-                s.per_sec / o.per_sec
-            );
+        for (a, b) in RATIOS {
+            if let (Some(x), Some(y)) = (self.storm_summary(a), self.storm_summary(b)) {
+                println!(
+                    "\n{}/{} replicas/s ratio: {:.2}",
+                    a.name(),
+                    b.name(),
+                    x.per_sec / y.per_sec
+                );
+            }
         }
     }
 

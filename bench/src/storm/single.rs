@@ -135,7 +135,7 @@ impl SingleWorkload<'_> {
             .into_iter()
             .map(|(base, datanode, epoch)| {
                 // A client of its own, as a separate datanode process has.
-                let api = Api::new()?;
+                let api = self.api.fresh()?;
                 Ok(tokio::spawn(client_loop(
                     api,
                     base,
