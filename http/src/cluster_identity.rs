@@ -16,7 +16,7 @@ use std::time::Instant;
 use crate::auth::Token;
 use crate::error::ApiError;
 use crate::log_throttle::LogThrottle;
-use crate::peer_client::PeerClient;
+use crate::peer_client::{failure, tls_error, PeerClient};
 use crate::state::SharedState;
 
 /// The header that carries the sender's cluster id.
@@ -372,7 +372,12 @@ impl MemberLink<'_> {
                 }
                 Ok(version)
             }
-            Err(_) => Ok(None),
+            // Something answers there that this node cannot trust: adding it would leave a
+            // member no message reaches.
+            Err(e) => match tls_error(&e) {
+                Some(tls) => Err(untrusted(id, addr, tls)),
+                None => Ok(None),
+            },
         }
     }
 
@@ -392,9 +397,13 @@ impl MemberLink<'_> {
                     "what answers at {addr} is not node {id} of this cluster"
                 )))
             }
-            Some(Err(e)) => Err(ApiError::Conflict(format!(
-                "node {id} does not answer at {addr} ({e}): start it there first"
-            ))),
+            Some(Err(e)) => Err(match tls_error(&e) {
+                Some(tls) => untrusted(id, addr, tls),
+                None => ApiError::Conflict(format!(
+                    "node {id} does not answer at {addr} ({}): start it there first",
+                    failure(&e)
+                )),
+            }),
             None => Err(ApiError::Conflict(
                 "this node knows no cluster id to ask with".into(),
             )),
@@ -424,8 +433,14 @@ impl MemberLink<'_> {
 
     async fn check_init_member(&self, id: u64, addr: &str) -> Result<(), ApiError> {
         let request = self.post_carrying(&ClusterId::default(), id, addr, PATH_IDENTITY);
-        let Ok(answer) = request.send().await else {
-            return Ok(());
+        let answer = match request.send().await {
+            Ok(answer) => answer,
+            Err(e) => {
+                return match tls_error(&e) {
+                    Some(tls) => Err(untrusted(id, addr, tls)),
+                    None => Ok(()),
+                }
+            }
         };
         if is_node(&answer, id) {
             // Any cluster's: the initialize records a fresh id, also over one this node adopted
@@ -464,6 +479,14 @@ impl MemberLink<'_> {
         let request = self.post(id, addr, PATH_IDENTITY)?;
         Some(request.header(MEMBER_ONLY, "1").send().await)
     }
+}
+
+/// The refusal of a member whose TLS handshake failed: it answers, but this node cannot trust
+/// it (or it does not speak TLS), so no message of the cluster would reach it.
+fn untrusted(id: u64, addr: &str, tls: &rustls::Error) -> ApiError {
+    ApiError::Conflict(format!(
+        "node {id} at {addr} answers, but the TLS handshake with it failed ({tls}): it needs a          certificate that an authority of --tls-ca signed for the host of {addr} (and TLS, as          every member of this cluster has)"
+    ))
 }
 
 /// The refusal of an address where something else than a metaserver answers.

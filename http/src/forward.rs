@@ -33,7 +33,7 @@ use crate::failover;
 use crate::follower_read::READ_INDEX;
 use crate::forward_batch::Batcher;
 use crate::limits::MAX_BODY_BYTES;
-use crate::peer_client::PeerClient;
+use crate::peer_client::{failure, PeerClient};
 use crate::raw_path;
 use crate::state::SharedState;
 
@@ -124,7 +124,7 @@ fn is_heartbeat(path: &str) -> bool {
 pub(crate) fn leader_failed(target: &ForwardTo, e: &reqwest::Error, acts: bool) -> ApiError {
     let leader = format!("the leader (node {} at {})", target.leader_id, target.addr);
     if e.is_connect() {
-        ApiError::NoLeader(format!("{leader} is unreachable: {e}"))
+        ApiError::NoLeader(format!("{leader} is unreachable: {}", failure(e)))
     } else if e.is_timeout() {
         leader_late(target)
     } else if acts {

@@ -43,7 +43,7 @@ use crate::cluster_identity;
 use crate::frame::frames;
 use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::log_throttle::LogThrottle;
-use crate::peer_client::PeerClient;
+use crate::peer_client::{failure, PeerClient};
 use crate::raft_routes::{
     encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
@@ -120,21 +120,21 @@ fn rpc_error(
     timeout: Duration,
     e: reqwest::Error,
 ) -> RPCError<TypeConfig> {
-    if e.is_timeout() {
+    // The causes too: a refused certificate is otherwise told from a network failure by
+    // nothing. A connection that could not be made in time is unreachable, not an RPC that
+    // timed out.
+    let why = || format!("node {target} at {base}: {}", failure(&e));
+    if e.is_connect() || (e.is_request() && !e.is_timeout()) {
+        RPCError::Unreachable(Unreachable::from_string(why()))
+    } else if e.is_timeout() {
         RPCError::Timeout(Timeout {
             action,
             id: from,
             target,
             timeout,
         })
-    } else if e.is_connect() || e.is_request() {
-        RPCError::Unreachable(Unreachable::from_string(format!(
-            "node {target} at {base}: {e}"
-        )))
     } else {
-        RPCError::Network(NetworkError::from_string(format!(
-            "node {target} at {base}: {e}"
-        )))
+        RPCError::Network(NetworkError::from_string(why()))
     }
 }
 

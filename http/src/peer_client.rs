@@ -68,3 +68,66 @@ impl PeerClient {
         format!("{}://{addr}{path_and_query}", self.scheme)
     }
 }
+
+/// `e` with every cause it wraps, `: `-separated. reqwest's own message names none ("error
+/// sending request for url ..."), which makes a refused certificate read as a network failure.
+pub fn failure(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        // hyper and tokio-rustls wrap errors in ones that print the same.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// The TLS error among `e`'s causes, if the exchange failed in the TLS handshake (a
+/// certificate refused on either side, a peer that does not speak TLS) rather than for want of
+/// a connection: then something answers at the address, but this node cannot trust it.
+pub fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause: Option<&'a (dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        // tokio-rustls hands rustls's errors on inside an I/O error (itself inside another),
+        // whose `source` skips the error it wraps.
+        cause = match c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused certificate, as reqwest hands it on: a rustls error inside two I/O errors.
+    #[test]
+    fn a_tls_error_is_found_inside_the_errors_that_wrap_it() {
+        let rustls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
+        let outer = std::io::Error::other(inner);
+        assert!(matches!(
+            tls_error(&outer),
+            Some(rustls::Error::InvalidCertificate(_))
+        ));
+        assert!(
+            failure(&outer).contains("UnknownIssuer"),
+            "{}",
+            failure(&outer)
+        );
+        let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(tls_error(&plain).is_none());
+    }
+}

@@ -36,6 +36,7 @@ use crate::connection_limit::{LimitedListener, LimitedStream};
 use crate::error::ApiError;
 use crate::forward::FORWARDED_BY;
 use crate::in_flight::{self, InFlight};
+use crate::log_throttle::LogThrottle;
 use crate::tls::Tls;
 
 /// How long a connection may wait for its next request's headers unless told otherwise: above
@@ -92,6 +93,8 @@ impl Server {
         // reserve that completes none soon is not a member's.
         let handshake_timeout = idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
         let members_handshake_timeout = handshake_timeout.min(MEMBERS_IDLE_TIMEOUT);
+        // Clients that refused this node's certificate, logged once in a while.
+        let refusals: Arc<LogThrottle<()>> = Arc::default();
         // Connections whose TLS handshake completed, to be served by this loop.
         let (secured_tx, mut secured) = tokio::sync::mpsc::channel(64);
         let mut http = hyper::server::conn::http1::Builder::new();
@@ -139,6 +142,7 @@ impl Server {
                     };
                     let acceptor = acceptor.clone();
                     let secured_tx = secured_tx.clone();
+                    let refusals = refusals.clone();
                     tokio::spawn(async move {
                         let secured = secure(acceptor, stream);
                         match tokio::time::timeout(limit, secured).await {
@@ -146,7 +150,7 @@ impl Server {
                                 let _ = secured_tx.send((Box::new(stream), peer)).await;
                             }
                             Ok(Ok(None)) => {}
-                            Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                            Ok(Err(e)) => handshake_failed(&refusals, peer, &e),
                             Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                         }
                     });
@@ -228,6 +232,27 @@ async fn secure(
             Ok(None)
         }
         _ => Ok(None),
+    }
+}
+
+/// Logs a failed TLS handshake: at WARN (once in a while) when the client refused this node's
+/// certificate, which the node cannot tell otherwise; at debug when it did not speak TLS, went
+/// away, or sent garbage.
+fn handshake_failed(refusals: &LogThrottle<()>, peer: std::net::SocketAddr, e: &std::io::Error) {
+    let refused = crate::peer_client::tls_error(e).and_then(crate::tls::refusal_of_our_certificate);
+    match refused {
+        Some(alert) => match refusals.note((), (), std::time::Instant::now()) {
+            Some(unlogged) => tracing::warn!(
+                %peer,
+                ?alert,
+                unlogged,
+                "a client refused this node's certificate: check that --tls-cert is current, \
+                 signed by an authority in the members' --tls-ca, and names the host of this \
+                 node's address"
+            ),
+            None => tracing::debug!(%peer, ?alert, "a client refused this node's certificate"),
+        },
+        None => tracing::debug!(%peer, "TLS handshake failed: {e}"),
     }
 }
 

@@ -6,7 +6,7 @@ use meta_consensus::{codec, ClusterId, NodeId, TermAnswer, TermProbe};
 
 use crate::auth::Token;
 use crate::cluster_identity;
-use crate::peer_client::PeerClient;
+use crate::peer_client::{failure, PeerClient};
 use crate::raft_routes::{RemoteResult, PATH_TERM};
 
 /// Largest answer read: a membership of a few members' addresses is far smaller.
@@ -54,7 +54,7 @@ impl TermProbe for HttpTermProbe {
             let answer = request
                 .send()
                 .await
-                .map_err(|e| format!("at {addr}: {e}"))?;
+                .map_err(|e| format!("at {addr}: {}", failure(&e)))?;
             let status = answer.status();
             if !status.is_success() {
                 return Err(format!("at {addr}: answered {status}"));

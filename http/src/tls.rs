@@ -25,6 +25,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 /// How often [`Tls::keep_fresh`] reads the files again.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
+/// A certificate that expires within this long is warned about.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 86_400);
+
 /// Why the TLS files could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -95,15 +98,64 @@ impl Files {
         Ok(all)
     }
 
+    /// Checks `identity` as a member checks this node's certificate (with `verifier`) when it
+    /// connects to `host`, at `now`.
+    fn check_identity(
+        &self,
+        identity: &CertifiedKey,
+        verifier: &WebPkiServerVerifier,
+        host: &str,
+        now: UnixTime,
+    ) -> Result<(), TlsError> {
+        let refused = |why: String| {
+            TlsError::Config(format!(
+                "the other members would refuse this node's certificate {} at {host}: {why}",
+                self.cert.display()
+            ))
+        };
+        let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+            .map_err(|e| refused(format!("{host:?} is no host name or IP address ({e})")))?;
+        let (end_entity, intermediates) = identity
+            .cert
+            .split_first()
+            .ok_or_else(|| refused("the file holds no certificate".into()))?;
+        verifier
+            .verify_server_cert(end_entity, intermediates, &name, &[], now)
+            .map(|_| ())
+            .map_err(|e| {
+                refused(format!(
+                    "{e} (it must be signed by an authority of {}, name {host}, and be valid now)",
+                    self.ca.display()
+                ))
+            })
+    }
+
     /// Reads and checks the files: the key must be the certificate's.
     fn load(&self) -> Result<Loaded, TlsError> {
         let provider = provider();
         let chain = certificates(&self.cert, "the certificate")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|e| file_error("the private key", &self.key, e))?;
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| {
+            let text = std::fs::read_to_string(&self.key).unwrap_or_default();
+            let why = if text.contains("ENCRYPTED") {
+                "the key is encrypted: give it unencrypted (`openssl pkey -in KEY -out PLAIN`), \
+                 readable by this user only"
+                    .to_string()
+            } else if matches!(e, rustls::pki_types::pem::Error::NoItemsFound) {
+                "no PEM private key in the file".to_string()
+            } else {
+                e.to_string()
+            };
+            file_error("the private key", &self.key, why)
+        })?;
         let identity = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+            let why = match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                    "the key is not the certificate's".to_string()
+                }
+                e => e.to_string(),
+            };
             TlsError::Config(format!(
-                "the certificate {} and the key {} do not make a TLS identity: {e}",
+                "the certificate {} and the key {} do not make a TLS identity: {why}",
                 self.cert.display(),
                 self.key.display()
             ))
@@ -140,11 +192,13 @@ impl Tls {
         let seen = files.read()?;
         let loaded = files.load()?;
         let identity = Arc::new(Identity(RwLock::new(loaded.identity)));
-        let server = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
+        let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_no_client_auth()
             .with_cert_resolver(identity.clone());
+        // The one protocol served, said in the handshake for clients that ask.
+        server.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Tls {
             files: Arc::new(files),
             identity,
@@ -172,10 +226,26 @@ impl Tls {
             .with_no_client_auth()
     }
 
+    /// Checks that the other members would accept this node's certificate from a node at
+    /// `host` (its advertised address's host): signed by an authority of its own `--tls-ca`
+    /// (which the members share), naming `host`, and valid now. A node whose certificate fails
+    /// this reaches no member, and no member reaches it, with no other sign of why.
+    pub fn check_identity(&self, host: &str) -> Result<(), TlsError> {
+        let identity = self
+            .identity
+            .0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let verifier = self.trust.current();
+        self.files
+            .check_identity(&identity, &verifier, host, UnixTime::now())
+    }
+
     /// Reads the files again and takes them if they changed since they were last taken (or
-    /// refused): `Ok(true)` when taken. A set that does not work is refused, and the node keeps
-    /// what it had.
-    pub fn reload(&self) -> Result<bool, TlsError> {
+    /// refused): `Ok(true)` when taken. A set that does not work, or (with `host`) whose
+    /// certificate fails [`Tls::check_identity`], is refused, and the node keeps what it had.
+    pub fn reload(&self, host: Option<&str>) -> Result<bool, TlsError> {
         let bytes = self.files.read()?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if *seen == bytes {
@@ -184,18 +254,57 @@ impl Tls {
         // Not tried again until a file changes, whether taken or refused.
         *seen = bytes;
         let loaded = self.files.load()?;
+        if let Some(host) = host {
+            self.files
+                .check_identity(&loaded.identity, &loaded.verifier, host, UnixTime::now())?;
+        }
         *self.identity.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.identity;
         *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.verifier;
         Ok(true)
     }
 
-    /// Reads the files every `every`, taking a changed set that works ([`Tls::reload`]), and
-    /// logs what it did. Runs until dropped.
-    pub async fn keep_fresh(self, every: Duration) {
+    /// Whether this node's certificate, as it is, is still accepted `ahead` from now (at
+    /// `host`): `false` when it expires before then.
+    pub fn valid_for(&self, host: &str, ahead: Duration) -> bool {
+        let identity = self
+            .identity
+            .0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let then = UnixTime::since_unix_epoch(Duration::from_secs(
+            UnixTime::now().as_secs().saturating_add(ahead.as_secs()),
+        ));
+        self.files
+            .check_identity(&identity, &self.trust.current(), host, then)
+            .is_ok()
+    }
+
+    /// Reads the files every `every`, taking a changed set that works ([`Tls::reload`], checked
+    /// for `host` if given), and logs what it did; warns, at most every hour, while the
+    /// certificate expires within [`EXPIRY_WARNING`]. Runs until dropped.
+    pub async fn keep_fresh(self, every: Duration, host: Option<String>) {
+        let mut warned: Option<std::time::Instant> = None;
         loop {
             tokio::time::sleep(every).await;
             let tls = self.clone();
-            match tokio::task::spawn_blocking(move || tls.reload()).await {
+            let for_host = host.clone();
+            let reloaded =
+                tokio::task::spawn_blocking(move || tls.reload(for_host.as_deref())).await;
+            if let Some(host) = &host {
+                let due = warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600));
+                if due && !self.valid_for(host, EXPIRY_WARNING) {
+                    warned = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        cert = %self.files.cert.display(),
+                        "this node's certificate expires within {} days: renew it (the file is \
+                         read again every {}s)",
+                        EXPIRY_WARNING.as_secs() / 86_400,
+                        every.as_secs()
+                    );
+                }
+            }
+            match reloaded {
                 Ok(Ok(true)) => tracing::info!(files = ?self.files, "TLS files changed: taken"),
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => tracing::warn!(
@@ -204,6 +313,24 @@ impl Tls {
                 Err(e) => tracing::warn!("reading the TLS files again failed: {e}"),
             }
         }
+    }
+}
+
+/// The alert with which a client refused this node's certificate, if that is how a handshake
+/// failed: the node's own certificate is then at fault (expired, not signed by the members'
+/// authority, not naming the node's host), which only the other end can tell.
+pub fn refusal_of_our_certificate(e: &rustls::Error) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::AlertReceived(
+            alert @ (A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA),
+        ) => Some(*alert),
+        _ => None,
     }
 }
 

@@ -57,10 +57,23 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         Some(files) => Some(files.load().context("loading the TLS files")?),
         None => None,
     };
+    // The host the members reach this node at, which its certificate must name (none to check
+    // while it advertises no reachable address: it warned above).
+    let host = (!crate::settings::unspecified(&addr)).then(|| {
+        addr.rsplit_once(':')
+            .map_or(addr.as_str(), |(h, _)| h)
+            .to_owned()
+    });
+    if let (Some(tls), Some(host)) = (&tls, &host) {
+        tls.check_identity(host).context("--tls-cert")?;
+    }
     let peers = PeerClient::new(tls.as_ref());
     if let Some(tls) = &tls {
         // Renewed certificates and new authorities are taken as the files change.
-        tokio::spawn(tls.clone().keep_fresh(meta_http::tls::RELOAD_INTERVAL));
+        tokio::spawn(
+            tls.clone()
+                .keep_fresh(meta_http::tls::RELOAD_INTERVAL, host.clone()),
+        );
     }
     let cfg = settings.node_config(&addr);
     // What this start runs with, defaults filled in: the one place an operator can confirm

@@ -146,3 +146,104 @@ async fn a_node_given_part_of_its_tls_files_does_not_start() {
     );
     assert!(!data.exists(), "nothing was made");
 }
+
+/// A node whose certificate the members would refuse does not start; a member that answers
+/// over TLS with a certificate this node does not trust is not added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_the_members_would_refuse_are_refused_first() {
+    let ours_dir = tempfile::tempdir().unwrap();
+    let theirs_dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(ours_dir.path());
+    let (their_ca, their_cert, their_key) = certificates(theirs_dir.path());
+    let tls = |(ca, cert, key): (&Path, &Path, &Path)| {
+        vec![
+            "--tls-cert".to_string(),
+            cert.to_str().unwrap().to_string(),
+            "--tls-key".to_string(),
+            key.to_str().unwrap().to_string(),
+            "--tls-ca".to_string(),
+            ca.to_str().unwrap().to_string(),
+        ]
+    };
+
+    // Its certificate names 127.0.0.1, not the host it is reached at.
+    let data = ours_dir.path().join("elsewhere");
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--advertise",
+        "localhost:7999",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(tls((&ca, &cert, &key)));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, _, err) = run(&args, &[]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("would refuse this node's certificate"),
+        "{err}"
+    );
+    assert!(err.contains("localhost"), "{err}");
+    assert!(!data.exists(), "nothing was made");
+
+    // Node 2 has TLS of its own: another authority than the cluster's signed its certificate.
+    let start = |dir: &Path, id: &str, files: (&Path, &Path, &Path), init: bool| {
+        let data = dir.join(format!("node{id}"));
+        let mut args: Vec<String> = [
+            "serve",
+            "--id",
+            id,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--worker-threads",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(tls(files));
+        if init {
+            args.push("--init".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        spawn(dir, dir, &args, &[], false)
+    };
+    let mut one = start(ours_dir.path(), "1", (&ca, &cert, &key), true);
+    let theirs = (
+        their_ca.as_path(),
+        their_cert.as_path(),
+        their_key.as_path(),
+    );
+    let mut two = start(theirs_dir.path(), "2", theirs, false);
+    let (one_addr, two_addr) = (one.address(), two.address());
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(30))
+        .use_preconfigured_tls(meta_http::tls::client_config_from(&ca).unwrap())
+        .build()
+        .unwrap();
+    poll(&http, &format!("https://{one_addr}/readyz"), None, |_| true).await;
+    let url = format!("https://{one_addr}/v1/cluster/learners");
+    let body = json!({"id": 2, "addr": two_addr}).to_string();
+    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("TLS handshake"), "{message}");
+    let v = poll(
+        &http,
+        &format!("https://{one_addr}/v1/cluster"),
+        None,
+        |_| true,
+    )
+    .await;
+    assert_eq!(v["learners"], json!([]), "{v}");
+    one.stop().await;
+    two.stop().await;
+}

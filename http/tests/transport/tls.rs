@@ -20,6 +20,15 @@ struct Certificates {
 }
 
 fn certificates(dir: &Path, name: &str) -> Certificates {
+    certificates_with(dir, name, |_| {})
+}
+
+/// [`certificates`], with the member certificate's parameters changed by `change`.
+fn certificates_with(
+    dir: &Path,
+    name: &str,
+    change: impl FnOnce(&mut rcgen::CertificateParams),
+) -> Certificates {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -28,7 +37,8 @@ fn certificates(dir: &Path, name: &str) -> Certificates {
         .push(rcgen::DnType::CommonName, format!("{name} test authority"));
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    change(&mut params);
     let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
     let write = |file: &str, pem: String| {
         let path = dir.join(format!("{name}-{file}"));
@@ -177,13 +187,13 @@ async fn changed_tls_files_are_taken_by_later_connections() {
     let peers = PeerClient::new(Some(&tls));
     let served = Served::start(tls.clone()).await;
     let addr = served.addr;
-    assert!(!tls.reload().unwrap(), "nothing changed");
+    assert!(!tls.reload(None).unwrap(), "nothing changed");
     assert!(answered(&ours.ca, addr).await);
 
     // New files: later connections are answered with the new certificate, and the node's
     // client checks members against the new authority.
     install(&theirs);
-    assert!(tls.reload().unwrap());
+    assert!(tls.reload(None).unwrap());
     assert!(answered(&theirs.ca, addr).await);
     assert!(!answered(&ours.ca, addr).await);
     let asked = peers
@@ -197,10 +207,10 @@ async fn changed_tls_files_are_taken_by_later_connections() {
     // A key that is not the certificate's is refused, and the node keeps what it had; the
     // refused set is not tried again until a file changes.
     std::fs::copy(&ours.key, &files.key).unwrap();
-    let err = tls.reload().unwrap_err();
+    let err = tls.reload(None).unwrap_err();
     assert!(matches!(err, TlsError::Config(_)), "{err}");
     assert!(answered(&theirs.ca, addr).await);
-    assert!(!tls.reload().unwrap());
+    assert!(!tls.reload(None).unwrap());
     served.stop().await;
 }
 
@@ -219,11 +229,20 @@ fn unusable_tls_files_are_refused_naming_the_file() {
     let err = Tls::load(&ours.key, &ours.key, &ours.ca).unwrap_err();
     assert!(err.to_string().contains("ours-key.pem"), "{err}");
     let err = Tls::load(&ours.cert, &ours.cert, &ours.ca).unwrap_err();
-    assert!(err.to_string().contains("private key"), "{err}");
+    assert!(err.to_string().contains("no PEM private key"), "{err}");
+    let encrypted = dir.path().join("encrypted.pem");
+    std::fs::write(
+        &encrypted,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let err = Tls::load(&ours.cert, &encrypted, &ours.ca).unwrap_err();
+    assert!(err.to_string().contains("the key is encrypted"), "{err}");
 
     // Another certificate's key.
     let err = Tls::load(&ours.cert, &theirs.key, &ours.ca).unwrap_err();
     assert!(matches!(err, TlsError::Config(_)), "{err}");
+    assert!(err.to_string().contains("not the certificate's"), "{err}");
     assert!(err.to_string().contains("ours-cert.pem"), "{err}");
 }
 
@@ -262,4 +281,66 @@ async fn a_reserve_connection_without_a_handshake_is_closed_soon() {
     let _ = stop.send(());
     drop(first);
     task.await.unwrap();
+}
+
+/// A node checks its own certificate as the members will: signed by an authority of its
+/// `--tls-ca`, naming the node's host, valid now; and says when it expires soon.
+#[test]
+fn a_certificate_the_members_would_refuse_is_found_before_it_is_used() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let theirs = certificates(dir.path(), "theirs");
+    let tls = Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
+    tls.check_identity("127.0.0.1").unwrap();
+    let err = tls.check_identity("127.0.0.2").unwrap_err();
+    assert!(err.to_string().contains("ours-cert.pem"), "{err}");
+    assert!(err.to_string().contains("127.0.0.2"), "{err}");
+
+    // Signed by another authority than the members'.
+    let foreign = Tls::load(&ours.cert, &ours.key, &theirs.ca).unwrap();
+    let err = foreign.check_identity("127.0.0.1").unwrap_err();
+    assert!(err.to_string().contains("theirs-ca.pem"), "{err}");
+
+    // Expired, and valid for a while yet.
+    let expired = certificates_with(dir.path(), "expired", |p| {
+        p.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2020, 1, 1);
+    });
+    let tls = Tls::load(&expired.cert, &expired.key, &expired.ca).unwrap();
+    let err = tls.check_identity("127.0.0.1").unwrap_err();
+    assert!(err.to_string().contains("expired"), "{err}");
+    let until_2100 = certificates_with(dir.path(), "until-2100", |p| {
+        p.not_after = rcgen::date_time_ymd(2100, 1, 1);
+    });
+    let tls = Tls::load(&until_2100.cert, &until_2100.key, &until_2100.ca).unwrap();
+    let day = Duration::from_secs(86_400);
+    assert!(tls.valid_for("127.0.0.1", day));
+    assert!(!tls.valid_for("127.0.0.1", day * 365 * 200));
+}
+
+/// With the node's host, a reload refuses files whose certificate does not name it.
+#[test]
+fn a_reload_refuses_a_certificate_for_another_host() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let elsewhere = certificates_with(dir.path(), "elsewhere", |p| {
+        p.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.2".parse().unwrap())];
+    });
+    let files = dir.path().join("node");
+    std::fs::create_dir(&files).unwrap();
+    let (ca, cert, key) = (files.join("ca"), files.join("cert"), files.join("key"));
+    for (from, to) in [(&ours.ca, &ca), (&ours.cert, &cert), (&ours.key, &key)] {
+        std::fs::copy(from, to).unwrap();
+    }
+    let tls = Tls::load(&cert, &key, &ca).unwrap();
+    for (from, to) in [
+        (&elsewhere.ca, &ca),
+        (&elsewhere.cert, &cert),
+        (&elsewhere.key, &key),
+    ] {
+        std::fs::copy(from, to).unwrap();
+    }
+    let err = tls.reload(Some("127.0.0.1")).unwrap_err();
+    assert!(err.to_string().contains("127.0.0.1"), "{err}");
+    tls.check_identity("127.0.0.1").unwrap();
 }
