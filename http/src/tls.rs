@@ -318,7 +318,9 @@ impl Tls {
 
 /// The alert with which a client refused this node's certificate, if that is how a handshake
 /// failed: the node's own certificate is then at fault (expired, not signed by the members'
-/// authority, not naming the node's host), which only the other end can tell.
+/// authority, not naming the node's host), which only the other end can tell. A signature
+/// that does not verify (`DecryptError`) is, in a handshake, almost always the certificate's
+/// (signed by another authority of the same name).
 pub fn refusal_of_our_certificate(e: &rustls::Error) -> Option<rustls::AlertDescription> {
     use rustls::AlertDescription as A;
     match e {
@@ -328,7 +330,8 @@ pub fn refusal_of_our_certificate(e: &rustls::Error) -> Option<rustls::AlertDesc
             | A::CertificateRevoked
             | A::CertificateExpired
             | A::CertificateUnknown
-            | A::UnknownCA),
+            | A::UnknownCA
+            | A::DecryptError),
         ) => Some(*alert),
         _ => None,
     }

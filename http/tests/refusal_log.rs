@@ -1,7 +1,7 @@
-//! How often a node logs the messages between members it refuses. The only test of its binary:
-//! it sets the process's subscriber to read what the node logs, which a test running beside it
-//! would write to as well (and a subscriber set for one thread misses the lines of callsites
-//! that other threads' tests reached first).
+//! What a node logs of what it refuses: the messages between members of another cluster, and
+//! TLS clients that refuse its certificate, and how often. The binary's tests share the
+//! process's subscriber (a subscriber set for one thread misses the lines of callsites that
+//! other threads' tests reached first); each counts only lines no other test of it writes.
 
 mod common;
 
@@ -25,18 +25,29 @@ impl std::io::Write for Captured {
     }
 }
 
+/// What the process logs, from the first call on.
+fn captured() -> Captured {
+    static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            captured
+        })
+        .clone()
+}
+
 /// A member of another cluster (a node wiped and initialized anew by mistake) retries several
 /// times a second for as long as it runs: each cause of refusal is logged once, and again only
 /// after a while, not once per message.
 #[tokio::test]
 async fn a_repeated_refusal_is_logged_once_per_cause() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let captured = captured();
     let leader = leader_node(None).await;
     let app = &leader.app;
     for _ in 0..5 {
@@ -56,5 +67,85 @@ async fn a_repeated_refusal_is_logged_once_per_cause() {
         lines("refused a message for node 7"),
         1,
         "one line for the other node:\n{logged}"
+    );
+}
+
+/// Clients that refuse this node's certificate (signed by an authority they do not trust) are
+/// logged at WARN, once for several: only they can tell that the certificate is at fault.
+#[tokio::test]
+async fn clients_that_refuse_the_certificate_are_logged_once_in_a_while() {
+    let captured = captured();
+    let dir = tempfile::TempDir::new().unwrap();
+    let make = |name: &str| {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} authority"));
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        let path = |file: &str| dir.path().join(format!("{name}-{file}"));
+        std::fs::write(path("ca"), ca.pem()).unwrap();
+        std::fs::write(path("cert"), cert.pem()).unwrap();
+        std::fs::write(path("key"), key.serialize_pem()).unwrap();
+        (path("ca"), path("cert"), path("key"))
+    };
+    let (ca, cert, key) = make("ours");
+    let (their_ca, _, _) = make("theirs");
+    let tls = meta_http::Tls::load(&cert, &key, &ca).unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let tcp = meta_http::connection_limit::bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(
+        meta_http::Server::new(meta_http::LimitedListener::new(tcp, 100), app)
+            .tls(Some(tls))
+            .serve(async {
+                let _ = stopped.await;
+            }),
+    );
+    let refusing = reqwest::Client::builder()
+        .no_proxy()
+        .use_preconfigured_tls(meta_http::tls::client_config_from(&their_ca).unwrap())
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let refused = refusing.get(format!("https://{addr}/")).send().await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    let trusting = reqwest::Client::builder()
+        .no_proxy()
+        .use_preconfigured_tls(meta_http::tls::client_config_from(&ca).unwrap())
+        .build()
+        .unwrap();
+    let a = trusting
+        .get(format!("https://{addr}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status(), StatusCode::OK);
+    // The refusals reach the node's handshakes after the clients gave up.
+    let logged = || String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let refused = "refused this node's certificate";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !logged().contains(refused) {
+        assert!(std::time::Instant::now() < deadline, "{}", logged());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    served.await.unwrap();
+    let logged = logged();
+    let warned: Vec<&str> = logged.lines().filter(|l| l.contains(refused)).collect();
+    assert_eq!(warned.len(), 1, "{logged}");
+    assert!(
+        warned[0].contains("WARN") && warned[0].contains("UnknownCA"),
+        "{logged}"
     );
 }
