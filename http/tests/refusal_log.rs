@@ -76,28 +76,10 @@ async fn a_repeated_refusal_is_logged_once_per_cause() {
 async fn clients_that_refuse_the_certificate_are_logged_once_in_a_while() {
     let captured = captured();
     let dir = tempfile::TempDir::new().unwrap();
-    let make = |name: &str| {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("{name} authority"));
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
-        let path = |file: &str| dir.path().join(format!("{name}-{file}"));
-        std::fs::write(path("ca"), ca.pem()).unwrap();
-        std::fs::write(path("cert"), cert.pem()).unwrap();
-        std::fs::write(path("key"), key.serialize_pem()).unwrap();
-        (path("ca"), path("cert"), path("key"))
-    };
-    let (ca, cert, key) = make("ours");
-    let (their_ca, _, _) = make("theirs");
-    let tls = meta_http::Tls::load(&cert, &key, &ca).unwrap();
+    let ours = common::certificates(dir.path(), "ours");
+    let theirs = common::certificates(dir.path(), "theirs");
+    let (ca, their_ca) = (ours.ca.clone(), theirs.ca);
+    let tls = meta_http::Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
     let tcp = meta_http::connection_limit::bind("127.0.0.1:0")
         .await

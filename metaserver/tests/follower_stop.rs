@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, poll, send, spawn};
+use common::{client, poll, send};
 use reqwest::Method;
 use serde_json::json;
 
@@ -12,26 +12,7 @@ use serde_json::json;
 async fn a_stopped_follower_exits_at_once() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let http = client();
-    let mut nodes = Vec::new();
-    let mut addrs = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let id = (i + 1).to_string();
-        let data = dir.path().join("data");
-        let args = [
-            "serve",
-            "--id",
-            &id,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--worker-threads",
-            "1",
-        ];
-        let mut node = spawn(dir.path(), dir.path(), &args, &[], false);
-        addrs.push(node.address());
-        nodes.push(node);
-    }
+    let (mut nodes, addrs) = common::spawn_members(&dirs, &[]);
     let members = json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
     let url = format!("http://{}/v1/cluster/init", addrs[0]);
     let (status, v) = send(&http, Method::POST, &url, None, Some(members.to_string()))

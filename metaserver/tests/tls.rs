@@ -2,6 +2,7 @@
 //! `--tls-cert`, `--tls-key` and `--tls-ca`. The cluster forms (the init check asks the
 //! members over TLS), writes sent to a follower reach the leader and reads at a follower are
 //! answered, plain HTTP is told to use TLS, and operator commands speak TLS with `--tls-ca`.
+//! Certificates the members would refuse are refused before they are used.
 
 mod common;
 
@@ -11,65 +12,71 @@ use common::{poll, run, send, spawn};
 use reqwest::Method;
 use serde_json::json;
 
-/// Writes a certificate authority and a certificate it signed for 127.0.0.1 (every member's,
-/// as they all listen there) as PEM files: (authority, certificate, key).
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    let files = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    std::fs::write(&files.0, ca.pem()).unwrap();
-    std::fs::write(&files.1, cert.pem()).unwrap();
-    std::fs::write(&files.2, key.serialize_pem()).unwrap();
-    files
+/// A certificate authority and a certificate it signed for 127.0.0.1 (every member's, as they
+/// all listen there), as PEM files.
+struct Files {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl Files {
+    /// Makes them in `dir`.
+    fn make(dir: &Path) -> Files {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let name = dir.display().to_string();
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("authority of {name}"));
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let files = Files {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+        };
+        std::fs::write(&files.ca, ca.pem()).unwrap();
+        std::fs::write(&files.cert, cert.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        files
+    }
+
+    /// The `serve` flags that give a node these files.
+    fn flags(&self) -> Vec<String> {
+        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+        vec![
+            "--tls-cert".into(),
+            path(&self.cert),
+            "--tls-key".into(),
+            path(&self.key),
+            "--tls-ca".into(),
+            path(&self.ca),
+        ]
+    }
+
+    /// A client that trusts the authority.
+    fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(30))
+            .use_preconfigured_tls(meta_http::tls::client_config_from(&self.ca).unwrap())
+            .build()
+            .unwrap()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     let certs_dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = certificates(certs_dir.path());
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(std::time::Duration::from_secs(30))
-        .use_preconfigured_tls(meta_http::tls::client_config_from(&ca).unwrap())
-        .build()
-        .unwrap();
+    let files = Files::make(certs_dir.path());
+    let http = files.client();
 
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = Vec::new();
-    let mut addrs = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let id = (i + 1).to_string();
-        let data = dir.path().join("data");
-        let args = [
-            "serve",
-            "--id",
-            &id,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--worker-threads",
-            "1",
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-            "--tls-ca",
-            ca.to_str().unwrap(),
-        ];
-        let mut node = spawn(dir.path(), dir.path(), &args, &[], false);
-        addrs.push(node.address());
-        nodes.push(node);
-    }
+    let (mut nodes, addrs) = common::spawn_members(&dirs, &files.flags());
     let members = json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
     let url = format!("https://{}/v1/cluster/init", addrs[0]);
     let (status, v) = send(&http, Method::POST, &url, None, Some(members.to_string()))
@@ -107,7 +114,7 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     assert_eq!(v["error"]["code"], "tls_required", "{v}");
 
     // Operator commands speak TLS with --tls-ca, to host:port or https://host:port.
-    let ca_arg = ca.to_str().unwrap();
+    let ca_arg = files.ca.to_str().unwrap();
     for server in [addrs[0].clone(), format!("https://{}", addrs[1])] {
         let (ok, out, err) = run(&["status", "--server", &server, "--tls-ca", ca_arg], &[]).await;
         assert!(ok, "{server}: {err}");
@@ -127,7 +134,7 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_given_part_of_its_tls_files_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, cert, _) = certificates(dir.path());
+    let files = Files::make(dir.path());
     let data = dir.path().join("data");
     let args = [
         "serve",
@@ -136,7 +143,7 @@ async fn a_node_given_part_of_its_tls_files_does_not_start() {
         "--data-dir",
         data.to_str().unwrap(),
         "--tls-cert",
-        cert.to_str().unwrap(),
+        files.cert.to_str().unwrap(),
     ];
     let (ok, _, err) = run(&args, &[]).await;
     assert!(!ok);
@@ -147,39 +154,39 @@ async fn a_node_given_part_of_its_tls_files_does_not_start() {
     assert!(!data.exists(), "nothing was made");
 }
 
+/// `serve` of node `id` with its data in `dir`, on a port of the system's choosing, with
+/// `extra` flags.
+fn serve_args(id: &str, dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--id",
+        id,
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.join(format!("node{id}")).to_str().unwrap(),
+        "--worker-threads",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend_from_slice(extra);
+    args
+}
+
 /// A node whose certificate the members would refuse does not start; a member that answers
 /// over TLS with a certificate this node does not trust is not added.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_the_members_would_refuse_are_refused_first() {
     let ours_dir = tempfile::tempdir().unwrap();
     let theirs_dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = certificates(ours_dir.path());
-    let (their_ca, their_cert, their_key) = certificates(theirs_dir.path());
-    let tls = |(ca, cert, key): (&Path, &Path, &Path)| {
-        vec![
-            "--tls-cert".to_string(),
-            cert.to_str().unwrap().to_string(),
-            "--tls-key".to_string(),
-            key.to_str().unwrap().to_string(),
-            "--tls-ca".to_string(),
-            ca.to_str().unwrap().to_string(),
-        ]
-    };
+    let ours = Files::make(ours_dir.path());
+    let theirs = Files::make(theirs_dir.path());
 
     // Its certificate names 127.0.0.1, not the host it is reached at.
-    let data = ours_dir.path().join("elsewhere");
-    let mut args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--advertise",
-        "localhost:7999",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(tls((&ca, &cert, &key)));
+    let mut extra = vec!["--advertise".to_string(), "localhost:7999".to_string()];
+    extra.extend(ours.flags());
+    let args = serve_args("1", ours_dir.path(), &extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (ok, _, err) = run(&args, &[]).await;
     assert!(!ok);
@@ -188,45 +195,22 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
         "{err}"
     );
     assert!(err.contains("localhost"), "{err}");
-    assert!(!data.exists(), "nothing was made");
+    assert!(!ours_dir.path().join("node1").exists(), "nothing was made");
 
     // Node 2 has TLS of its own: another authority than the cluster's signed its certificate.
-    let start = |dir: &Path, id: &str, files: (&Path, &Path, &Path), init: bool| {
-        let data = dir.join(format!("node{id}"));
-        let mut args: Vec<String> = [
-            "serve",
-            "--id",
-            id,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--worker-threads",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(tls(files));
+    let start = |dir: &Path, id: &str, files: &Files, init: bool| {
+        let mut extra = files.flags();
         if init {
-            args.push("--init".into());
+            extra.push("--init".into());
         }
+        let args = serve_args(id, dir, &extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         spawn(dir, dir, &args, &[], false)
     };
-    let mut one = start(ours_dir.path(), "1", (&ca, &cert, &key), true);
-    let theirs = (
-        their_ca.as_path(),
-        their_cert.as_path(),
-        their_key.as_path(),
-    );
-    let mut two = start(theirs_dir.path(), "2", theirs, false);
+    let mut one = start(ours_dir.path(), "1", &ours, true);
+    let mut two = start(theirs_dir.path(), "2", &theirs, false);
     let (one_addr, two_addr) = (one.address(), two.address());
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(std::time::Duration::from_secs(30))
-        .use_preconfigured_tls(meta_http::tls::client_config_from(&ca).unwrap())
-        .build()
-        .unwrap();
+    let http = ours.client();
     poll(&http, &format!("https://{one_addr}/readyz"), None, |_| true).await;
     let url = format!("https://{one_addr}/v1/cluster/learners");
     let body = json!({"id": 2, "addr": two_addr}).to_string();

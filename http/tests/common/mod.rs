@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -209,4 +210,45 @@ pub fn refusing() -> (socket2::Socket, String) {
         .unwrap()
         .to_string();
     (socket, addr)
+}
+
+/// A certificate authority (named for `name`) and a certificate it signed for 127.0.0.1,
+/// written as PEM files into `dir`.
+pub struct Certificates {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+pub fn certificates(dir: &Path, name: &str) -> Certificates {
+    certificates_with(dir, name, |_| {})
+}
+
+/// [`certificates`], with the member certificate's parameters changed by `change`.
+pub fn certificates_with(
+    dir: &Path,
+    name: &str,
+    change: impl FnOnce(&mut rcgen::CertificateParams),
+) -> Certificates {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} test authority"));
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    change(&mut params);
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    let write = |file: &str, pem: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    Certificates {
+        ca: write("ca.pem", ca.pem()),
+        cert: write("cert.pem", cert.pem()),
+        key: write("key.pem", key.serialize_pem()),
+    }
 }

@@ -3,54 +3,14 @@
 //! its handshake holds up no other, changed files are taken by later connections (unless they
 //! do not work together), and unusable TLS files are refused naming the file.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use meta_http::{LimitedListener, PeerClient, Server, Tls, TlsError, Token};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
-use crate::common::{leader_node, DEADLINE};
-
-/// A certificate authority and a certificate it signed for 127.0.0.1, written as PEM files.
-struct Certificates {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-fn certificates(dir: &Path, name: &str) -> Certificates {
-    certificates_with(dir, name, |_| {})
-}
-
-/// [`certificates`], with the member certificate's parameters changed by `change`.
-fn certificates_with(
-    dir: &Path,
-    name: &str,
-    change: impl FnOnce(&mut rcgen::CertificateParams),
-) -> Certificates {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("{name} test authority"));
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    change(&mut params);
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    let write = |file: &str, pem: String| {
-        let path = dir.join(format!("{name}-{file}"));
-        std::fs::write(&path, pem).unwrap();
-        path
-    };
-    Certificates {
-        ca: write("ca.pem", ca.pem()),
-        cert: write("cert.pem", cert.pem()),
-        key: write("key.pem", key.serialize_pem()),
-    }
-}
+use crate::common::{certificates, certificates_with, leader_node, Certificates, DEADLINE};
 
 fn client_trusting(ca: &Path) -> reqwest::Client {
     reqwest::Client::builder()

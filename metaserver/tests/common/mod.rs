@@ -55,6 +55,34 @@ pub fn spawn(cwd: &Path, log_dir: &Path, args: &[&str], env: &[(&str, &str)], gr
     spawn_with_open_files(cwd, log_dir, args, env, group, None)
 }
 
+/// Starts nodes 1 to `dirs.len()` (`serve`, each with its data under its own dir, one worker
+/// thread, and `extra` flags) on ports of the system's choosing; returns them and their
+/// addresses. The caller forms the cluster.
+pub fn spawn_members(dirs: &[tempfile::TempDir], extra: &[String]) -> (Vec<Proc>, Vec<String>) {
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let id = (i + 1).to_string();
+        let data = dir.path().join("data");
+        let mut args = vec![
+            "serve",
+            "--id",
+            &id,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--worker-threads",
+            "1",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        let mut node = spawn(dir.path(), dir.path(), &args, &[], false);
+        addrs.push(node.address());
+        nodes.push(node);
+    }
+    (nodes, addrs)
+}
+
 /// Like [`spawn`], with the child's soft and hard limit of open files set to `open_files`.
 pub fn spawn_with_open_files(
     cwd: &Path,
