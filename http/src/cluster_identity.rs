@@ -484,8 +484,16 @@ impl MemberLink<'_> {
 /// The refusal of a member whose TLS handshake failed: it answers, but this node cannot trust
 /// it (or it does not speak TLS), so no message of the cluster would reach it.
 fn untrusted(id: u64, addr: &str, tls: &rustls::Error) -> ApiError {
+    if matches!(tls, rustls::Error::InvalidMessage(_)) {
+        // It answered something that is no TLS: plain HTTP.
+        return ApiError::Conflict(format!(
+            "node {id} at {addr} does not speak TLS ({tls}), and every member of this cluster \
+             does: start it with --tls-cert, --tls-key and --tls-ca"
+        ));
+    }
     ApiError::Conflict(format!(
-        "node {id} at {addr} answers, but the TLS handshake with it failed ({tls}): it needs a          certificate that an authority of --tls-ca signed for the host of {addr} (and TLS, as          every member of this cluster has)"
+        "node {id} at {addr} answers, but the TLS handshake with it failed ({tls}): it needs a \
+         certificate that an authority of --tls-ca signed for the host of {addr}"
     ))
 }
 
@@ -517,10 +525,21 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
             "the node at {addr} refuses this cluster's token: start it with the same --token"
         )));
     }
-    if status != reqwest::StatusCode::CONFLICT {
+    if status != reqwest::StatusCode::CONFLICT && status != reqwest::StatusCode::BAD_REQUEST {
         return Ok(());
     }
+    let bad_request = status == reqwest::StatusCode::BAD_REQUEST;
     let text = answer.text().await.unwrap_or_default();
+    if bad_request {
+        // A TLS node answers a plain request so (`server.rs`); any other 400 is no member's.
+        return match text.contains("\"tls_required\"") {
+            true => Err(ApiError::Conflict(format!(
+                "the node at {addr} speaks TLS only, and this cluster plain HTTP: every member \
+                 has TLS, or none"
+            ))),
+            false => Ok(()),
+        };
+    }
     let error = serde_json::from_str::<serde_json::Value>(&text).ok();
     let code = error
         .as_ref()

@@ -34,6 +34,14 @@ pub struct Room {
     pub reserve: u64,
 }
 
+impl Room {
+    /// Whether the voter says it is short of disk: as leader, it would refuse every write that
+    /// adds data.
+    pub fn short(&self) -> bool {
+        self.free.is_some_and(|free| free < self.reserve)
+    }
+}
+
 /// The voters to hand the leadership to, best first: those with at least twice their reserve
 /// free (and some space free at all), the most free first.
 pub fn choose(rooms: &[Room]) -> Vec<u64> {
@@ -114,7 +122,7 @@ pub async fn run(state: AppState, every: Duration) {
 }
 
 /// Asks voter `id` at `addr` how much room it has; `free` is `None` if it does not say.
-async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
+pub(crate) async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
     let link = state.member_link();
     let mut request = link
         .client

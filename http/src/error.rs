@@ -344,13 +344,15 @@ impl IntoResponse for ApiError {
         // "Forward to leader" is a hand-off to the forwarding layer, not a failure; an
         // overload is logged by the listener, at most every few seconds, not per request; no
         // leader is an election under way, which the Raft log tells once, not once per
-        // datanode request.
+        // datanode request; a leader short of disk says so itself, once a minute, and hands
+        // over if it can.
         let quiet = matches!(
             self,
             ApiError::ForwardToLeader { .. }
                 | ApiError::Overloaded(_)
                 | ApiError::NoLeader(_)
                 | ApiError::NotServing(_)
+                | ApiError::InsufficientStorage(_)
         );
         if status.is_server_error() && !quiet {
             tracing::warn!(code = self.code(), "request failed: {self}");

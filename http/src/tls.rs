@@ -76,10 +76,18 @@ struct Files {
     ca: PathBuf,
 }
 
-/// What the files make: the node's identity and the verifier of the members' certificates.
+/// What the files make: the node's identity and what the members' certificates are checked
+/// against.
 struct Loaded {
     identity: Arc<CertifiedKey>,
+    trusted: Trusted,
+}
+
+/// The authorities of `--tls-ca`, and the verifier of the members' certificates they make.
+#[derive(Debug, Clone)]
+struct Trusted {
     verifier: Arc<WebPkiServerVerifier>,
+    roots: Arc<rustls::RootCertStore>,
 }
 
 impl Files {
@@ -98,36 +106,48 @@ impl Files {
         Ok(all)
     }
 
-    /// Checks `identity` as a member checks this node's certificate (with `verifier`) when it
-    /// connects to `host`, at `now`.
+    /// Checks `identity` as a member checks this node's certificate (against `roots`) when it
+    /// connects to `host`, at `now`: the chain and its validity always, the name with a host.
     fn check_identity(
         &self,
         identity: &CertifiedKey,
-        verifier: &WebPkiServerVerifier,
-        host: &str,
+        roots: &rustls::RootCertStore,
+        host: Option<&str>,
         now: UnixTime,
     ) -> Result<(), TlsError> {
+        let at = host.map(|h| format!(" at {h}")).unwrap_or_default();
         let refused = |why: String| {
             TlsError::Config(format!(
-                "the other members would refuse this node's certificate {} at {host}: {why}",
+                "the other members would refuse this node's certificate {}{at}: {why}",
                 self.cert.display()
             ))
         };
-        let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
-            .map_err(|e| refused(format!("{host:?} is no host name or IP address ({e})")))?;
         let (end_entity, intermediates) = identity
             .cert
             .split_first()
             .ok_or_else(|| refused("the file holds no certificate".into()))?;
-        verifier
-            .verify_server_cert(end_entity, intermediates, &name, &[], now)
-            .map(|_| ())
-            .map_err(|e| {
-                refused(format!(
-                    "{e} (it must be signed by an authority of {}, name {host}, and be valid now)",
-                    self.ca.display()
-                ))
-            })
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)
+            .map_err(|e| refused(e.to_string()))?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            roots,
+            intermediates,
+            now,
+            provider().signature_verification_algorithms.all,
+        )
+        .map_err(|e| {
+            refused(format!(
+                "{e} (it must be signed by an authority of {}, and be valid now)",
+                self.ca.display()
+            ))
+        })?;
+        let Some(host) = host else {
+            return Ok(());
+        };
+        let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+            .map_err(|e| refused(format!("{host:?} is no host name or IP address ({e})")))?;
+        rustls::client::verify_server_name(&parsed, &name)
+            .map_err(|e| refused(format!("{e} (it must name {host})")))
     }
 
     /// Reads and checks the files: the key must be the certificate's.
@@ -160,20 +180,19 @@ impl Files {
                 self.key.display()
             ))
         })?;
-        let verifier = WebPkiServerVerifier::builder_with_provider(
-            Arc::new(roots(&self.ca)?),
-            Arc::new(provider),
-        )
-        .build()
-        .map_err(|e| {
-            TlsError::Config(format!(
-                "the certificate authority {}: {e}",
-                self.ca.display()
-            ))
-        })?;
+        let roots = Arc::new(roots(&self.ca)?);
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(roots.clone(), Arc::new(provider))
+                .build()
+                .map_err(|e| {
+                    TlsError::Config(format!(
+                        "the certificate authority {}: {e}",
+                        self.ca.display()
+                    ))
+                })?;
         Ok(Loaded {
             identity: Arc::new(identity),
-            verifier,
+            trusted: Trusted { verifier, roots },
         })
     }
 }
@@ -202,7 +221,7 @@ impl Tls {
         Ok(Tls {
             files: Arc::new(files),
             identity,
-            trust: Arc::new(Trust(RwLock::new(loaded.verifier))),
+            trust: Arc::new(Trust(RwLock::new(loaded.trusted))),
             server: Arc::new(server),
             seen: Arc::new(Mutex::new(seen)),
         })
@@ -227,19 +246,23 @@ impl Tls {
     }
 
     /// Checks that the other members would accept this node's certificate from a node at
-    /// `host` (its advertised address's host): signed by an authority of its own `--tls-ca`
-    /// (which the members share), naming `host`, and valid now. A node whose certificate fails
-    /// this reaches no member, and no member reaches it, with no other sign of why.
-    pub fn check_identity(&self, host: &str) -> Result<(), TlsError> {
+    /// `host` (its advertised address's host, if it has one to give): signed by an authority of
+    /// its own `--tls-ca` (which the members share), valid now, and naming `host`. A node
+    /// whose certificate fails this reaches no member, and no member reaches it, with no other
+    /// sign of why.
+    pub fn check_identity(&self, host: Option<&str>) -> Result<(), TlsError> {
+        self.check_identity_at(host, UnixTime::now())
+    }
+
+    fn check_identity_at(&self, host: Option<&str>, now: UnixTime) -> Result<(), TlsError> {
         let identity = self
             .identity
             .0
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let verifier = self.trust.current();
-        self.files
-            .check_identity(&identity, &verifier, host, UnixTime::now())
+        let roots = self.trust.trusted().roots;
+        self.files.check_identity(&identity, &roots, host, now)
     }
 
     /// Reads the files again and takes them if they changed since they were last taken (or
@@ -254,58 +277,60 @@ impl Tls {
         // Not tried again until a file changes, whether taken or refused.
         *seen = bytes;
         let loaded = self.files.load()?;
-        if let Some(host) = host {
-            self.files
-                .check_identity(&loaded.identity, &loaded.verifier, host, UnixTime::now())?;
-        }
+        self.files.check_identity(
+            &loaded.identity,
+            &loaded.trusted.roots,
+            host,
+            UnixTime::now(),
+        )?;
         *self.identity.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.identity;
-        *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.verifier;
+        *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.trusted;
         Ok(true)
     }
 
     /// Whether this node's certificate, as it is, is still accepted `ahead` from now (at
-    /// `host`): `false` when it expires before then.
-    pub fn valid_for(&self, host: &str, ahead: Duration) -> bool {
-        let identity = self
-            .identity
-            .0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+    /// `host`, if given): `false` when it expires before then.
+    pub fn valid_for(&self, host: Option<&str>, ahead: Duration) -> bool {
         let then = UnixTime::since_unix_epoch(Duration::from_secs(
             UnixTime::now().as_secs().saturating_add(ahead.as_secs()),
         ));
-        self.files
-            .check_identity(&identity, &self.trust.current(), host, then)
-            .is_ok()
+        self.check_identity_at(host, then).is_ok()
+    }
+
+    /// The whole days, at most [`EXPIRY_WARNING`]'s, before this node's certificate expires,
+    /// if it expires within that; `Some(0)` for one that is no longer accepted.
+    pub fn expires_within_days(&self, host: Option<&str>) -> Option<u64> {
+        let day = Duration::from_secs(86_400);
+        (0..=EXPIRY_WARNING.as_secs() / 86_400).find(|d| !self.valid_for(host, day * *d as u32))
     }
 
     /// Reads the files every `every`, taking a changed set that works ([`Tls::reload`], checked
-    /// for `host` if given), and logs what it did; warns, at most every hour, while the
-    /// certificate expires within [`EXPIRY_WARNING`]. Runs until dropped.
+    /// for `host` if given), and logs what it did; warns, at start and then at most every hour,
+    /// while the certificate expires within [`EXPIRY_WARNING`]. Runs until dropped.
     pub async fn keep_fresh(self, every: Duration, host: Option<String>) {
         let mut warned: Option<std::time::Instant> = None;
         loop {
-            tokio::time::sleep(every).await;
-            let tls = self.clone();
-            let for_host = host.clone();
-            let reloaded =
-                tokio::task::spawn_blocking(move || tls.reload(for_host.as_deref())).await;
-            if let Some(host) = &host {
-                let due = warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600));
-                if due && !self.valid_for(host, EXPIRY_WARNING) {
+            let due = warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600));
+            if due {
+                if let Some(days) = self.expires_within_days(host.as_deref()) {
                     warned = Some(std::time::Instant::now());
                     tracing::warn!(
                         cert = %self.files.cert.display(),
-                        "this node's certificate expires within {} days: renew it (the file is \
-                         read again every {}s)",
-                        EXPIRY_WARNING.as_secs() / 86_400,
+                        "this node's certificate expires within {days} day(s), or has: renew \
+                         it (the file is read again every {}s)",
                         every.as_secs()
                     );
                 }
             }
-            match reloaded {
-                Ok(Ok(true)) => tracing::info!(files = ?self.files, "TLS files changed: taken"),
+            tokio::time::sleep(every).await;
+            let tls = self.clone();
+            let for_host = host.clone();
+            match tokio::task::spawn_blocking(move || tls.reload(for_host.as_deref())).await {
+                Ok(Ok(true)) => {
+                    tracing::info!(files = ?self.files, "TLS files changed: taken");
+                    // A renewed certificate is looked at again at once.
+                    warned = None;
+                }
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => tracing::warn!(
                     "the TLS files changed but cannot be used ({e}); keeping the ones loaded before"
@@ -359,13 +384,17 @@ impl ResolvesServerCert for Identity {
     }
 }
 
-/// The WebPKI verifier of the authorities loaded last.
+/// The authorities loaded last, and their WebPKI verifier.
 #[derive(Debug)]
-struct Trust(RwLock<Arc<WebPkiServerVerifier>>);
+struct Trust(RwLock<Trusted>);
 
 impl Trust {
-    fn current(&self) -> Arc<WebPkiServerVerifier> {
+    fn trusted(&self) -> Trusted {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn current(&self) -> Arc<WebPkiServerVerifier> {
+        self.trusted().verifier
     }
 }
 

@@ -418,8 +418,12 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     })?;
     let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
     drop(verified);
-    // A backup that replaces another keeps its permissions (a new one is the owner's only).
+    // A backup that replaces another keeps its permissions (a new one is the owner's only),
+    // and its owner and group where this user may give them (root, or a group it is in).
     if let Ok(existing) = std::fs::metadata(file) {
+        use std::os::unix::fs::MetadataExt as _;
+        let (uid, gid) = (existing.uid(), existing.gid());
+        let _ = std::os::unix::fs::fchown(temp.as_file(), Some(uid), Some(gid));
         temp.as_file()
             .set_permissions(existing.permissions())
             .with_context(|| {

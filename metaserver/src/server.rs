@@ -64,8 +64,14 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             .map_or(addr.as_str(), |(h, _)| h)
             .to_owned()
     });
-    if let (Some(tls), Some(host)) = (&tls, &host) {
-        tls.check_identity(host).context("--tls-cert")?;
+    if let Some(tls) = &tls {
+        if host.is_none() {
+            tracing::warn!(
+                "without --advertise, the certificate's names are not checked against the host \
+                 peers reach this node at"
+            );
+        }
+        tls.check_identity(host.as_deref()).context("--tls-cert")?;
     }
     let peers = PeerClient::new(tls.as_ref());
     if let Some(tls) = &tls {

@@ -175,7 +175,8 @@ fn serve_args(id: &str, dir: &Path, extra: &[String]) -> Vec<String> {
 }
 
 /// A node whose certificate the members would refuse does not start; a member that answers
-/// over TLS with a certificate this node does not trust is not added.
+/// over TLS with a certificate this node does not trust is not added, nor one without TLS to a
+/// cluster with it, nor the other way round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_the_members_would_refuse_are_refused_first() {
     let ours_dir = tempfile::tempdir().unwrap();
@@ -198,8 +199,8 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
     assert!(!ours_dir.path().join("node1").exists(), "nothing was made");
 
     // Node 2 has TLS of its own: another authority than the cluster's signed its certificate.
-    let start = |dir: &Path, id: &str, files: &Files, init: bool| {
-        let mut extra = files.flags();
+    let start = |dir: &Path, id: &str, files: Option<&Files>, init: bool| {
+        let mut extra = files.map(Files::flags).unwrap_or_default();
         if init {
             extra.push("--init".into());
         }
@@ -207,8 +208,8 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         spawn(dir, dir, &args, &[], false)
     };
-    let mut one = start(ours_dir.path(), "1", &ours, true);
-    let mut two = start(theirs_dir.path(), "2", &theirs, false);
+    let mut one = start(ours_dir.path(), "1", Some(&ours), true);
+    let mut two = start(theirs_dir.path(), "2", Some(&theirs), false);
     let (one_addr, two_addr) = (one.address(), two.address());
     let http = ours.client();
     poll(&http, &format!("https://{one_addr}/readyz"), None, |_| true).await;
@@ -228,6 +229,31 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
     )
     .await;
     assert_eq!(v["learners"], json!([]), "{v}");
-    one.stop().await;
-    two.stop().await;
+
+    // A member without TLS is not added to a cluster with it, nor the other way round.
+    let plain_dir = tempfile::tempdir().unwrap();
+    let mut three = start(plain_dir.path(), "3", None, false);
+    let three_addr = three.address();
+    let body = json!({"id": 3, "addr": three_addr}).to_string();
+    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("does not speak TLS"), "{message}");
+    let mut four = start(plain_dir.path(), "4", None, true);
+    let plain = common::client();
+    let four_url = format!("http://{}", four.address());
+    poll(&plain, &format!("{four_url}/readyz"), None, |_| true).await;
+    let body = json!({"id": 2, "addr": two_addr}).to_string();
+    let url = format!("{four_url}/v1/cluster/learners");
+    let (status, v) = send(&plain, Method::POST, &url, None, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("speaks TLS only"), "{message}");
+    for node in [&mut one, &mut two, &mut three, &mut four] {
+        node.stop().await;
+    }
 }

@@ -240,6 +240,19 @@ pub async fn set_leader(
     Json(body): Json<SetLeaderBody>,
 ) -> Result<axum::Json<LeaderView>, ApiError> {
     let to = body.validate()?;
+    // Not to a voter short of disk: it would refuse the writes (and hand the leadership on).
+    let status = state.node.status();
+    if let Some(addr) = status.nodes.get(&to).filter(|_| to != status.id) {
+        let room = crate::disk_handover::ask_room(&state, to, addr).await;
+        if room.short() {
+            return Err(ApiError::Conflict(format!(
+                "node {to} is short of disk ({} bytes free, below its --min-free-bytes {}): as \
+                 leader it would refuse every write that adds data",
+                room.free.unwrap_or(0),
+                room.reserve
+            )));
+        }
+    }
     let (leader, term) = state.node.transfer_leadership(to).await?;
     Ok(axum::Json(LeaderView { leader, term }))
 }

@@ -251,14 +251,21 @@ fn a_certificate_the_members_would_refuse_is_found_before_it_is_used() {
     let ours = certificates(dir.path(), "ours");
     let theirs = certificates(dir.path(), "theirs");
     let tls = Tls::load(&ours.cert, &ours.key, &ours.ca).unwrap();
-    tls.check_identity("127.0.0.1").unwrap();
-    let err = tls.check_identity("127.0.0.2").unwrap_err();
+    tls.check_identity(Some("127.0.0.1")).unwrap();
+    let err = tls.check_identity(Some("127.0.0.2")).unwrap_err();
     assert!(err.to_string().contains("ours-cert.pem"), "{err}");
     assert!(err.to_string().contains("127.0.0.2"), "{err}");
 
     // Signed by another authority than the members'.
     let foreign = Tls::load(&ours.cert, &ours.key, &theirs.ca).unwrap();
-    let err = foreign.check_identity("127.0.0.1").unwrap_err();
+    let err = foreign.check_identity(Some("127.0.0.1")).unwrap_err();
+    // Also for a node that gives no host (it listens on every interface): only the name is
+    // not checked.
+    foreign.check_identity(None).unwrap_err();
+    Tls::load(&ours.cert, &ours.key, &ours.ca)
+        .unwrap()
+        .check_identity(None)
+        .unwrap();
     assert!(err.to_string().contains("theirs-ca.pem"), "{err}");
 
     // Expired, and valid for a while yet.
@@ -267,15 +274,18 @@ fn a_certificate_the_members_would_refuse_is_found_before_it_is_used() {
         p.not_after = rcgen::date_time_ymd(2020, 1, 1);
     });
     let tls = Tls::load(&expired.cert, &expired.key, &expired.ca).unwrap();
-    let err = tls.check_identity("127.0.0.1").unwrap_err();
+    let err = tls.check_identity(Some("127.0.0.1")).unwrap_err();
     assert!(err.to_string().contains("expired"), "{err}");
+    tls.check_identity(None).unwrap_err();
+    assert_eq!(tls.expires_within_days(None), Some(0));
     let until_2100 = certificates_with(dir.path(), "until-2100", |p| {
         p.not_after = rcgen::date_time_ymd(2100, 1, 1);
     });
     let tls = Tls::load(&until_2100.cert, &until_2100.key, &until_2100.ca).unwrap();
     let day = Duration::from_secs(86_400);
-    assert!(tls.valid_for("127.0.0.1", day));
-    assert!(!tls.valid_for("127.0.0.1", day * 365 * 200));
+    assert!(tls.valid_for(Some("127.0.0.1"), day));
+    assert!(!tls.valid_for(Some("127.0.0.1"), day * 365 * 200));
+    assert_eq!(tls.expires_within_days(Some("127.0.0.1")), None);
 }
 
 /// With the node's host, a reload refuses files whose certificate does not name it.
@@ -302,5 +312,5 @@ fn a_reload_refuses_a_certificate_for_another_host() {
     }
     let err = tls.reload(Some("127.0.0.1")).unwrap_err();
     assert!(err.to_string().contains("127.0.0.1"), "{err}");
-    tls.check_identity("127.0.0.1").unwrap();
+    tls.check_identity(Some("127.0.0.1")).unwrap();
 }

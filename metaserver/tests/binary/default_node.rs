@@ -107,6 +107,12 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     // The file replaced keeps its permissions.
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&backup, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // And its group, where the test may give it another (as root).
+    // SAFETY: geteuid has no preconditions.
+    let other_group = (unsafe { libc::geteuid() } == 0).then_some(65_534);
+    if let Some(gid) = other_group {
+        std::os::unix::fs::chown(&backup, None, Some(gid)).unwrap();
+    }
     let save = |to: &std::path::Path| {
         let to = to.to_str().unwrap().to_owned();
         let addr = addr.clone();
@@ -118,6 +124,10 @@ async fn no_arguments_serve_and_keep_data_across_restart() {
     assert_eq!(std::fs::metadata(&backup).unwrap().len(), len);
     let mode = std::fs::metadata(&backup).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o640, "{mode:o}");
+    if let Some(gid) = other_group {
+        use std::os::unix::fs::MetadataExt as _;
+        assert_eq!(std::fs::metadata(&backup).unwrap().gid(), gid);
+    }
     let (ok, _, err) = save(cwd).await;
     assert!(!ok && err.contains("is a directory"), "{err}");
     assert!(cwd.is_dir());
