@@ -112,6 +112,15 @@ impl LimitedListener {
         }
     }
 
+    /// A handle that reads this listener's connections when asked (for the metrics).
+    pub fn gauge(&self) -> ConnectionGauge {
+        ConnectionGauge {
+            slots: self.slots.clone(),
+            member_slots: self.member_slots.clone(),
+            max: self.max_connections,
+        }
+    }
+
     /// Connections open now, in slots and in the members' reserve.
     pub fn open_connections(&self) -> usize {
         self.max_connections + MEMBER_CONNECTIONS
@@ -193,6 +202,31 @@ impl axum::serve::Listener for LimitedListener {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+}
+
+/// A listener's connections, read when asked ([`LimitedListener::gauge`]).
+#[derive(Clone, Debug)]
+pub struct ConnectionGauge {
+    slots: Arc<Semaphore>,
+    member_slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionGauge {
+    /// Connections open in the slots.
+    pub fn open(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+
+    /// Connections open in the members' reserve (only while every slot is taken).
+    pub fn open_in_reserve(&self) -> usize {
+        MEMBER_CONNECTIONS - self.member_slots.available_permits()
+    }
+
+    /// The slots.
+    pub fn slots(&self) -> usize {
+        self.max
     }
 }
 

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod bounded_body;
 pub mod cluster_identity;
 pub mod connection_limit;
+pub mod connection_metrics;
 pub mod disk_handover;
 pub mod error;
 pub mod extract;

@@ -4,6 +4,7 @@
 //! route. The node's own figures (WAL, Raft, snapshots, registry size) are read from the node at
 //! scrape time by a collector registered next to them (see `node_metrics`).
 
+use crate::connection_metrics::ConnectionMetrics;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -85,6 +86,7 @@ struct Inner {
     latency: Family<RouteLabels, Histogram>,
     follower_reads: Family<FollowerReadLabels, Counter>,
     read_index_exchanges: Counter,
+    connections: ConnectionMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -122,6 +124,14 @@ impl Metrics {
             "Exchanges this follower sent the leader for a read index (reads share them)",
             read_index_exchanges.clone(),
         );
+        let connections = ConnectionMetrics::default();
+        registry.register(
+            "metaserver_tls_handshake_failures",
+            "TLS handshakes of clients that failed, by reason (certificate_refused: the client \
+             refused this node's certificate)",
+            connections.handshake_failures.clone(),
+        );
+        registry.register_collector(Box::new(connections.collector()));
         if let Some(collector) = node_collector {
             registry.register_collector(collector);
         }
@@ -132,8 +142,14 @@ impl Metrics {
                 latency,
                 follower_reads,
                 read_index_exchanges,
+                connections,
             }),
         }
+    }
+
+    /// The listener's connections and failed TLS handshakes.
+    pub fn connections(&self) -> &ConnectionMetrics {
+        &self.inner.connections
     }
 
     /// Records one answered request.

@@ -33,6 +33,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::either::Either;
 
 use crate::connection_limit::{LimitedListener, LimitedStream};
+use crate::connection_metrics::{ConnectionMetrics, HandshakeFailure};
 use crate::error::ApiError;
 use crate::forward::FORWARDED_BY;
 use crate::in_flight::{self, InFlight};
@@ -52,6 +53,7 @@ pub struct Server {
     app: Router,
     idle_timeout: Option<Duration>,
     tls: Option<Tls>,
+    metrics: ConnectionMetrics,
 }
 
 impl Server {
@@ -62,12 +64,21 @@ impl Server {
             app,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             tls: None,
+            metrics: ConnectionMetrics::default(),
         }
     }
 
     /// Serves every connection over TLS with `tls`'s certificate; `None` serves plain HTTP.
     pub fn tls(mut self, tls: Option<Tls>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Counts the listener's connections and failed TLS handshakes in `metrics` (the node's
+    /// `Metrics::connections`).
+    pub fn metrics(mut self, metrics: ConnectionMetrics) -> Self {
+        metrics.watch(self.listener.gauge());
+        self.metrics = metrics;
         self
     }
 
@@ -87,6 +98,7 @@ impl Server {
             app,
             idle_timeout,
             tls,
+            metrics,
         } = self;
         let acceptor = tls.map(|tls| tls.acceptor());
         // A handshake gets as long as a request's headers: a connection of the members'
@@ -143,15 +155,21 @@ impl Server {
                     let acceptor = acceptor.clone();
                     let secured_tx = secured_tx.clone();
                     let refusals = refusals.clone();
+                    let metrics = metrics.clone();
                     tokio::spawn(async move {
                         let secured = secure(acceptor, stream);
                         match tokio::time::timeout(limit, secured).await {
                             Ok(Ok(Some(stream))) => {
                                 let _ = secured_tx.send((Box::new(stream), peer)).await;
                             }
-                            Ok(Ok(None)) => {}
-                            Ok(Err(e)) => handshake_failed(&refusals, peer, &e),
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                            Ok(Ok(None)) => metrics.handshake_failed(HandshakeFailure::NotTls),
+                            Ok(Err(e)) => {
+                                metrics.handshake_failed(handshake_failed(&refusals, peer, &e));
+                            }
+                            Err(_) => {
+                                metrics.handshake_failed(HandshakeFailure::Timeout);
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                            }
                         }
                     });
                     continue;
@@ -235,25 +253,34 @@ async fn secure(
     }
 }
 
-/// Logs a failed TLS handshake: at WARN (once in a while) when the client refused this node's
-/// certificate, which the node cannot tell otherwise; at debug when it did not speak TLS, went
-/// away, or sent garbage.
-fn handshake_failed(refusals: &LogThrottle<()>, peer: std::net::SocketAddr, e: &std::io::Error) {
-    let refused = crate::peer_client::tls_error(e).and_then(crate::tls::refusal_of_our_certificate);
-    match refused {
-        Some(alert) => match refusals.note((), (), std::time::Instant::now()) {
-            Some(unlogged) => tracing::warn!(
-                %peer,
-                ?alert,
-                unlogged,
-                "a client refused this node's certificate: check that --tls-cert is current, \
-                 signed by an authority in the members' --tls-ca, and names the host of this \
-                 node's address"
-            ),
-            None => tracing::debug!(%peer, ?alert, "a client refused this node's certificate"),
-        },
-        None => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+/// Logs a failed TLS handshake, and says why it failed: at WARN (once in a while) when the
+/// client refused this node's certificate, which the node cannot tell otherwise; at debug when
+/// it did not speak TLS, went away, or sent garbage.
+fn handshake_failed(
+    refusals: &LogThrottle<()>,
+    peer: std::net::SocketAddr,
+    e: &std::io::Error,
+) -> HandshakeFailure {
+    let tls = crate::peer_client::tls_error(e);
+    let Some(alert) = tls.and_then(crate::tls::refusal_of_our_certificate) else {
+        tracing::debug!(%peer, "TLS handshake failed: {e}");
+        return match tls {
+            Some(rustls::Error::InvalidMessage(_)) => HandshakeFailure::NotTls,
+            _ => HandshakeFailure::Other,
+        };
+    };
+    match refusals.note((), (), std::time::Instant::now()) {
+        Some(unlogged) => tracing::warn!(
+            %peer,
+            ?alert,
+            unlogged,
+            "a client refused this node's certificate: check that --tls-cert is current, \
+             signed by an authority in the members' --tls-ca, and names the host of this \
+             node's address"
+        ),
+        None => tracing::debug!(%peer, ?alert, "a client refused this node's certificate"),
     }
+    HandshakeFailure::CertificateRefused
 }
 
 /// A connection the serving loop takes: accepted (plain, or to be secured), or secured.

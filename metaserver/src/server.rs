@@ -138,6 +138,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         state.clone(),
         meta_http::disk_handover::CHECK_EVERY,
     ));
+    let metrics = state.metrics.clone();
     let app = meta_http::router(state);
     // Tests and scripts read the bound address (port 0 picks a free one) from this line. A
     // node serves on whether or not anyone reads it (`metaserver | head -1`).
@@ -147,7 +148,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = Server::new(LimitedListener::new(listener, max_connections), app)
         .idle_timeout(settings.idle_timeout)
-        .tls(tls);
+        .tls(tls)
+        .metrics(metrics.connections().clone());
     let server = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use meta_http::connection_metrics::HandshakeFailure;
 use meta_http::{LimitedListener, PeerClient, Server, Tls, TlsError, Token};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -63,6 +64,20 @@ async fn a_node_served_over_tls_answers_only_over_tls_with_its_authority() {
         .await;
     assert!(refused.is_err(), "{refused:?}");
 
+    // Both counted, once the node's end of each connection is done with it.
+    let connections = served.metrics.connections();
+    crate::common::wait_for(
+        || {
+            connections.handshake_failures(HandshakeFailure::NotTls) == 1
+                && connections.handshake_failures(HandshakeFailure::CertificateRefused) == 1
+        },
+        "the plain request and the refusal are counted",
+    )
+    .await;
+    let text = served.metrics.encode().unwrap();
+    assert!(text.contains("metaserver_connection_slots 100\n"), "{text}");
+    assert!(text.contains("metaserver_connections_open "), "{text}");
+
     // The node still serves, with the silent client still connected.
     let answer = trusting
         .get(format!("https://{addr}/healthz"))
@@ -80,22 +95,23 @@ struct Served {
     addr: std::net::SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    metrics: meta_http::Metrics,
     _node: crate::common::TestNode,
 }
 
 impl Served {
     async fn start(tls: Tls) -> Served {
         let node = leader_node(None).await;
-        let app = meta_http::router(meta_http::AppState::new(
-            node.node.clone(),
-            Token::new(None),
-        ));
+        let state = meta_http::AppState::new(node.node.clone(), Token::new(None));
+        let metrics = state.metrics.clone();
+        let app = meta_http::router(state);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(
             Server::new(LimitedListener::new(listener, 100), app)
                 .tls(Some(tls))
+                .metrics(metrics.connections().clone())
                 .serve(async {
                     let _ = stopped.await;
                 }),
@@ -104,6 +120,7 @@ impl Served {
             addr,
             stop,
             task,
+            metrics,
             _node: node,
         }
     }
