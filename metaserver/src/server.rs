@@ -71,7 +71,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
                  peers reach this node at"
             );
         }
-        tls.check_identity(host.as_deref()).context("--tls-cert")?;
+        tls.check_identity(host.as_deref())
+            .context("the TLS certificate (--tls-cert, METASERVER_TLS_CERT or tls_cert)")?;
     }
     let peers = PeerClient::new(tls.as_ref());
     if let Some(tls) = &tls {
