@@ -58,11 +58,6 @@ impl PeerClient {
         &self.http
     }
 
-    /// `http` or `https`.
-    pub fn scheme(&self) -> &'static str {
-        self.scheme
-    }
-
     /// The URL of `path_and_query` (starting with `/`) at the member at `addr` (`host:port`).
     pub fn url(&self, addr: &str, path_and_query: &str) -> String {
         format!("{}://{addr}{path_and_query}", self.scheme)

@@ -24,7 +24,7 @@ pub use datanodes::{
 pub use fields::{validate_addr, validate_key, validate_new_key, validate_value};
 pub use object_only::ObjectOnly;
 pub use query::{
-    id_cursor, id_cursor_of, invalid_cursor, parse_consistency, parse_cursor, parse_limit,
-    DeregisterQuery, KvListQuery, KvWriteQuery, LivenessQuery, PageQuery, PageRequest, QueryNumber,
-    ReadConsistency, ReadQuery, WatchQuery, WatchRequest,
+    id_cursor_of, invalid_cursor, parse_consistency, parse_cursor, parse_limit, DeregisterQuery,
+    KvListQuery, KvWriteQuery, LivenessQuery, PageQuery, PageRequest, QueryNumber, ReadConsistency,
+    ReadQuery, WatchQuery, WatchRequest,
 };

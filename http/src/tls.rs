@@ -57,7 +57,7 @@ pub struct Tls {
     server: Arc<rustls::ServerConfig>,
     /// The files' bytes as last taken, or last refused: a refused set is not tried (and
     /// logged) again until one of them changes.
-    seen: Arc<Mutex<Vec<u8>>>,
+    seen: Arc<Mutex<Contents>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -90,20 +90,24 @@ struct Trusted {
     roots: Arc<rustls::RootCertStore>,
 }
 
+/// What the three files held when read: what is parsed, and what a later read is compared
+/// with.
+#[derive(PartialEq, Eq)]
+struct Contents {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    ca: Vec<u8>,
+}
+
 impl Files {
-    /// The three files' bytes, one after the other (a change to any shows).
-    fn read(&self) -> Result<Vec<u8>, TlsError> {
-        let mut all = Vec::new();
-        for (what, path) in [
-            ("the certificate", &self.cert),
-            ("the private key", &self.key),
-            ("the certificate authority", &self.ca),
-        ] {
-            let bytes = std::fs::read(path).map_err(|e| file_error(what, path, e))?;
-            all.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            all.extend_from_slice(&bytes);
-        }
-        Ok(all)
+    /// Reads the three files.
+    fn read(&self) -> Result<Contents, TlsError> {
+        let read = |what, path: &Path| std::fs::read(path).map_err(|e| file_error(what, path, e));
+        Ok(Contents {
+            cert: read("the certificate", &self.cert)?,
+            key: read("the private key", &self.key)?,
+            ca: read("the certificate authority", &self.ca)?,
+        })
     }
 
     /// Checks `identity` as a member checks this node's certificate (against `roots`) when it
@@ -150,13 +154,13 @@ impl Files {
             .map_err(|e| refused(format!("{e} (it must name {host})")))
     }
 
-    /// Reads and checks the files: the key must be the certificate's.
-    fn load(&self) -> Result<Loaded, TlsError> {
+    /// Parses and checks what the files held: the key must be the certificate's.
+    fn load(&self, contents: &Contents) -> Result<Loaded, TlsError> {
         let provider = provider();
-        let chain = certificates(&self.cert, "the certificate")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| {
-            let text = std::fs::read_to_string(&self.key).unwrap_or_default();
-            let why = if text.contains("ENCRYPTED") {
+        let chain = certificates(&contents.cert, &self.cert, "the certificate")?;
+        let key = PrivateKeyDer::from_pem_slice(&contents.key).map_err(|e| {
+            let encrypted = String::from_utf8_lossy(&contents.key).contains("ENCRYPTED");
+            let why = if encrypted {
                 "the key is encrypted: give it unencrypted (`openssl pkey -in KEY -out PLAIN`), \
                  readable by this user only"
                     .to_string()
@@ -180,7 +184,7 @@ impl Files {
                 self.key.display()
             ))
         })?;
-        let roots = Arc::new(roots(&self.ca)?);
+        let roots = Arc::new(roots(&contents.ca, &self.ca)?);
         let verifier =
             WebPkiServerVerifier::builder_with_provider(roots.clone(), Arc::new(provider))
                 .build()
@@ -209,7 +213,7 @@ impl Tls {
             ca: ca.to_owned(),
         };
         let seen = files.read()?;
-        let loaded = files.load()?;
+        let loaded = files.load(&seen)?;
         let identity = Arc::new(Identity(RwLock::new(loaded.identity)));
         let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
@@ -269,14 +273,15 @@ impl Tls {
     /// refused): `Ok(true)` when taken. A set that does not work, or (with `host`) whose
     /// certificate fails [`Tls::check_identity`], is refused, and the node keeps what it had.
     pub fn reload(&self, host: Option<&str>) -> Result<bool, TlsError> {
-        let bytes = self.files.read()?;
+        let contents = self.files.read()?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if *seen == bytes {
+        if *seen == contents {
             return Ok(false);
         }
-        // Not tried again until a file changes, whether taken or refused.
-        *seen = bytes;
-        let loaded = self.files.load()?;
+        // What was read is what is parsed; not tried again until a file changes, whether
+        // taken or refused.
+        *seen = contents;
+        let loaded = self.files.load(&seen)?;
         self.files.check_identity(
             &loaded.identity,
             &loaded.trusted.roots,
@@ -365,11 +370,12 @@ pub fn refusal_of_our_certificate(e: &rustls::Error) -> Option<rustls::AlertDesc
 /// A client configuration that trusts the authorities in `ca` (PEM) only: what an operator's
 /// command or a test uses to talk to a TLS cluster.
 pub fn client_config_from(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
+    let pem = std::fs::read(ca).map_err(|e| file_error("the certificate authority", ca, e))?;
     Ok(
         rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
             .expect("the aws-lc-rs provider supports the default protocol versions")
-            .with_root_certificates(roots(ca)?)
+            .with_root_certificates(roots(&pem, ca)?)
             .with_no_client_auth(),
     )
 }
@@ -451,9 +457,13 @@ fn file_error(what: &'static str, path: &Path, e: impl std::fmt::Display) -> Tls
     }
 }
 
-fn certificates(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_error(what, path, e))?
+/// The PEM certificates in `pem`, read from `path`.
+fn certificates(
+    pem: &[u8],
+    path: &Path,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(what, path, e))?;
     if certs.is_empty() {
@@ -462,9 +472,10 @@ fn certificates(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'s
     Ok(certs)
 }
 
-fn roots(ca: &Path) -> Result<rustls::RootCertStore, TlsError> {
+/// The authorities in `pem`, read from `ca`.
+fn roots(pem: &[u8], ca: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in certificates(ca, "the certificate authority")? {
+    for cert in certificates(pem, ca, "the certificate authority")? {
         roots
             .add(cert)
             .map_err(|e| file_error("the certificate authority", ca, e))?;

@@ -213,13 +213,8 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
     let (one_addr, two_addr) = (one.address(), two.address());
     let http = ours.client();
     poll(&http, &format!("https://{one_addr}/readyz"), None, |_| true).await;
-    let url = format!("https://{one_addr}/v1/cluster/learners");
-    let body = json!({"id": 2, "addr": two_addr}).to_string();
-    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
-        .await
-        .unwrap();
-    assert_eq!(status, 409, "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
+    let one_url = format!("https://{one_addr}");
+    let message = refused_learner(&http, &one_url, 2, &two_addr).await;
     assert!(message.contains("TLS handshake"), "{message}");
     let v = poll(
         &http,
@@ -233,27 +228,27 @@ async fn certificates_the_members_would_refuse_are_refused_first() {
     // A member without TLS is not added to a cluster with it, nor the other way round.
     let plain_dir = tempfile::tempdir().unwrap();
     let mut three = start(plain_dir.path(), "3", None, false);
-    let three_addr = three.address();
-    let body = json!({"id": 3, "addr": three_addr}).to_string();
-    let (status, v) = send(&http, Method::POST, &url, None, Some(body))
-        .await
-        .unwrap();
-    assert_eq!(status, 409, "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
+    let message = refused_learner(&http, &one_url, 3, &three.address()).await;
     assert!(message.contains("does not speak TLS"), "{message}");
     let mut four = start(plain_dir.path(), "4", None, true);
     let plain = common::client();
     let four_url = format!("http://{}", four.address());
     poll(&plain, &format!("{four_url}/readyz"), None, |_| true).await;
-    let body = json!({"id": 2, "addr": two_addr}).to_string();
-    let url = format!("{four_url}/v1/cluster/learners");
-    let (status, v) = send(&plain, Method::POST, &url, None, Some(body))
-        .await
-        .unwrap();
-    assert_eq!(status, 409, "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
+    let message = refused_learner(&plain, &four_url, 2, &two_addr).await;
     assert!(message.contains("speaks TLS only"), "{message}");
     for node in [&mut one, &mut two, &mut three, &mut four] {
         node.stop().await;
     }
+}
+
+/// Asks the member at `base` to add node `id` at `addr` as a learner; the add must be refused
+/// with 409, whose message is returned.
+async fn refused_learner(http: &reqwest::Client, base: &str, id: u64, addr: &str) -> String {
+    let body = json!({"id": id, "addr": addr}).to_string();
+    let url = format!("{base}/v1/cluster/learners");
+    let (status, v) = send(http, Method::POST, &url, None, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    v["error"]["message"].as_str().unwrap().to_owned()
 }

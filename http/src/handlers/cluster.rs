@@ -241,10 +241,20 @@ pub async fn set_leader(
 ) -> Result<axum::Json<LeaderView>, ApiError> {
     let to = body.validate()?;
     // Not to a voter short of disk: it would refuse the writes (and hand the leadership on).
+    // Checked by the leader only (a follower sends the request on to it), which knows its
+    // own room and asks another voter for its.
     let status = state.node.status();
-    if let Some(addr) = status.nodes.get(&to).filter(|_| to != status.id) {
-        let room = crate::disk_handover::ask_room(&state, to, addr).await;
-        if room.short() {
+    if status.role == Role::Leader {
+        let room = match status.nodes.get(&to) {
+            _ if to == status.id => Some(crate::disk_handover::Room {
+                id: to,
+                free: status.data_dir_free_bytes,
+                reserve: status.min_free_bytes,
+            }),
+            Some(addr) => Some(crate::disk_handover::ask_room(&state, to, addr).await),
+            None => None,
+        };
+        if let Some(room) = room.filter(crate::disk_handover::Room::short) {
             return Err(ApiError::Conflict(format!(
                 "node {to} is short of disk ({} bytes free, below its --min-free-bytes {}): as \
                  leader it would refuse every write that adds data",

@@ -261,7 +261,7 @@ pub fn parse_cursor(after: Option<String>) -> Result<Option<String>, ApiError> {
 
 /// The error for a cursor that is not one this server handed out.
 /// The datanode id a datanode listing's cursor names (16 hex digits, as `next` gives it).
-pub fn id_cursor(cursor: &str) -> Option<u64> {
+fn id_cursor(cursor: &str) -> Option<u64> {
     (cursor.len() == 16
         && cursor
             .bytes()
