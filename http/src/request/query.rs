@@ -270,7 +270,7 @@ fn id_cursor(cursor: &str) -> Option<u64> {
     .flatten()
 }
 
-/// The cursor of a page of datanodes that ended at `id` ([`id_cursor`] reads it back).
+/// The cursor of a page of datanodes that ended at `id` (`?after=` reads it back).
 pub fn id_cursor_of(id: u64) -> String {
     format!("{id:016x}")
 }
