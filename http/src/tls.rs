@@ -58,6 +58,9 @@ pub struct Tls {
     /// The files' bytes as last taken, or last refused: a refused set is not tried (and
     /// logged) again until one of them changes.
     seen: Arc<Mutex<Contents>>,
+    /// Why the files could not be read at the last reload, if they could not: a file that
+    /// stays missing is reported once, not at every reload.
+    unreadable: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -228,6 +231,7 @@ impl Tls {
             trust: Arc::new(Trust(RwLock::new(loaded.trusted))),
             server: Arc::new(server),
             seen: Arc::new(Mutex::new(seen)),
+            unreadable: Arc::default(),
         })
     }
 
@@ -272,8 +276,20 @@ impl Tls {
     /// Reads the files again and takes them if they changed since they were last taken (or
     /// refused): `Ok(true)` when taken. A set that does not work, or (with `host`) whose
     /// certificate fails [`Tls::check_identity`], is refused, and the node keeps what it had.
+    /// A refusal is returned once: the same set, or a file that still cannot be read for the
+    /// same reason, is `Ok(false)` until something changes.
     pub fn reload(&self, host: Option<&str>) -> Result<bool, TlsError> {
-        let contents = self.files.read()?;
+        let read = self.files.read();
+        {
+            let mut unreadable = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());
+            let why = read.as_ref().err().map(|e| e.to_string());
+            let same = why.is_some() && *unreadable == why;
+            *unreadable = why;
+            if same {
+                return Ok(false);
+            }
+        }
+        let contents = read?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if *seen == contents {
             return Ok(false);
@@ -338,7 +354,8 @@ impl Tls {
                 }
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => tracing::warn!(
-                    "the TLS files changed but cannot be used ({e}); keeping the ones loaded before"
+                    "the TLS files cannot be used ({e}); keeping the ones loaded before until \
+                     they change (the node would not start with them)"
                 ),
                 Err(e) => tracing::warn!("reading the TLS files again failed: {e}"),
             }

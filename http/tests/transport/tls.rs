@@ -1,7 +1,8 @@
 //! A node served over TLS (`Server::tls`): clients that trust its authority are answered,
 //! plain HTTP is told to use TLS, clients that trust another authority are not answered, a client that never completes
 //! its handshake holds up no other, changed files are taken by later connections (unless they
-//! do not work together), and unusable TLS files are refused naming the file.
+//! do not work together), a missing file is reported once, and unusable TLS files are refused
+//! naming the file.
 
 use std::path::Path;
 use std::time::Duration;
@@ -330,4 +331,29 @@ fn a_reload_refuses_a_certificate_for_another_host() {
     let err = tls.reload(Some("127.0.0.1")).unwrap_err();
     assert!(err.to_string().contains("127.0.0.1"), "{err}");
     tls.check_identity(Some("127.0.0.1")).unwrap();
+}
+
+/// A file that goes missing is reported by one reload, not by every one while it stays
+/// missing; once it is back (the same bytes), nothing changed, and a file that goes missing
+/// again is reported again.
+#[test]
+fn a_missing_file_is_reported_once_while_it_stays_missing() {
+    let dir = TempDir::new().unwrap();
+    let ours = certificates(dir.path(), "ours");
+    let ca = dir.path().join("node-ca.pem");
+    std::fs::copy(&ours.ca, &ca).unwrap();
+    let tls = Tls::load(&ours.cert, &ours.key, &ca).unwrap();
+
+    std::fs::remove_file(&ca).unwrap();
+    let err = tls.reload(None).unwrap_err();
+    assert!(matches!(err, TlsError::File { .. }), "{err}");
+    assert!(err.to_string().contains("node-ca.pem"), "{err}");
+    for _ in 0..3 {
+        assert!(!tls.reload(None).unwrap(), "reported again");
+    }
+
+    std::fs::copy(&ours.ca, &ca).unwrap();
+    assert!(!tls.reload(None).unwrap(), "the same bytes are no change");
+    std::fs::remove_file(&ca).unwrap();
+    assert!(tls.reload(None).is_err(), "missing again: reported again");
 }
