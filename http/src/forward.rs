@@ -93,8 +93,8 @@ impl Replay {
 /// answering: a read (changes nothing wherever it is answered), a heartbeat (the leader notes in
 /// memory when it heard the datanode: a leader that hears it again, or a new leader that hears it
 /// first, notes what the datanode meant), or a membership change (a target state: adding a
-/// learner again at its address, setting the same voters, address or leader again, changes
-/// nothing; removing a learner again answers 404). Writes of commands are not (`writer.rs` says
+/// learner again at its address, setting the same voters, address or leader again, or making
+/// a voter a voter again, changes nothing; removing a learner or a voter again answers 404). Writes of commands are not (`writer.rs` says
 /// which of their refusals may be sent on).
 fn may_ask_again(method: &Method, path: &str) -> bool {
     match *method {
@@ -102,10 +102,13 @@ fn may_ask_again(method: &Method, path: &str) -> bool {
         Method::POST => path == "/v1/cluster/learners" || is_heartbeat(path),
         Method::PUT => {
             path == "/v1/cluster/voters"
+                || path.starts_with("/v1/cluster/voters/")
                 || path == "/v1/cluster/leader"
                 || path.starts_with("/v1/cluster/members/")
         }
-        Method::DELETE => path.starts_with("/v1/cluster/learners/"),
+        Method::DELETE => {
+            path.starts_with("/v1/cluster/learners/") || path.starts_with("/v1/cluster/voters/")
+        }
         _ => false,
     }
 }
@@ -576,6 +579,8 @@ mod tests {
         assert!(again(Method::PUT, "/v1/cluster/leader"));
         assert!(again(Method::PUT, "/v1/cluster/members/4"));
         assert!(again(Method::DELETE, "/v1/cluster/learners/4"));
+        assert!(again(Method::PUT, "/v1/cluster/voters/4"));
+        assert!(again(Method::DELETE, "/v1/cluster/voters/4"));
         // A heartbeat: the leader notes in memory when it heard the datanode.
         assert!(again(Method::POST, "/v1/datanodes/7/heartbeat"));
         assert!(!again(Method::POST, "/v1/datanodes//heartbeat"));

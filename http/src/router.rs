@@ -64,6 +64,10 @@ fn admin_routes() -> Router<SharedState> {
             axum::routing::delete(cluster::remove_learner),
         )
         .route("/v1/cluster/voters", put(cluster::change_voters))
+        .route(
+            "/v1/cluster/voters/{id}",
+            put(cluster::add_voter).delete(cluster::remove_voter),
+        )
         .route("/v1/cluster/leader", put(cluster::set_leader))
         .route("/v1/cluster/epoch-floor", put(cluster::raise_epoch_floor))
         .route("/v1/cluster/members/{id}", put(cluster::change_address))

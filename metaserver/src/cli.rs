@@ -39,6 +39,9 @@ pub enum Command {
     /// Snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Change the cluster's members: add, promote, remove, move the leadership.
+    #[command(subcommand)]
+    Member(MemberCommand),
 }
 
 /// Options of a node. Unset options fall back to the environment, the config file, then the
@@ -254,5 +257,52 @@ pub enum SnapshotCommand {
         client: ClientArgs,
         /// The backup to restore.
         file: PathBuf,
+    },
+}
+
+/// The `member` commands. Each goes to any member (the leader makes the change), rides out a
+/// leader change, and prints the membership (or the leader) it leaves.
+#[derive(Debug, Clone, Subcommand)]
+pub enum MemberCommand {
+    /// Add node ID, started at ADDR without --init, as a learner (it catches up without
+    /// voting); with --voter, then make it a voter once it caught up.
+    Add {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The node's id (its --id).
+        id: u64,
+        /// The address the members reach it at, `host:port` (its --advertise, else --listen).
+        addr: String,
+        /// Make it a voter too, once it caught up.
+        #[arg(long)]
+        voter: bool,
+        /// How long to wait, with --voter, for it to catch up.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
+    /// Make learner ID a voter, once it caught up (the other voters stay).
+    Promote {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The learner's id.
+        id: u64,
+        /// How long to wait for it to catch up.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
+    /// Remove node ID from the cluster: a voter leaves the voters (the others stay), a learner
+    /// the learners. Stop it afterwards.
+    Remove {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The member's id.
+        id: u64,
+    },
+    /// Move the leadership to voter ID.
+    Leader {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The voter's id.
+        id: u64,
     },
 }

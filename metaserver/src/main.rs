@@ -46,6 +46,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
             interruptible(restore::restore(client, &file)).await
         }
+        Command::Member(command) => operator::member(command).await,
     }
 }
 

@@ -1,6 +1,5 @@
 //! Operator commands over the admin API: `status`, `shards`, `register`, `watch` and
-//! `snapshot save`
-//! (`snapshot restore` is in `restore.rs`).
+//! `snapshot save` (`snapshot restore` is in `restore.rs`, `member` in `membership.rs`).
 //! Any member will do: writes sent to a follower are forwarded to the leader.
 
 use std::io::Write;
@@ -22,8 +21,10 @@ use crate::output;
 
 mod client;
 mod members;
+mod membership;
 
 pub(crate) use client::Operator;
+pub(crate) use membership::member;
 
 /// The shards file: a bare list, or a batch with its epoch.
 #[derive(Debug)]

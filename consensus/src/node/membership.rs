@@ -211,12 +211,63 @@ impl MetaNode {
                 "the voter set cannot be empty".into(),
             ));
         }
+        self.change_voters_from(|_| Ok(voters.clone())).await
+    }
+
+    /// Makes learner `id` a voter too, the other voters staying as they are: the change that
+    /// [`MetaNode::change_voters`] makes with the current voters and `id`, computed by the
+    /// leader under its membership lock, so that two such changes made at once both count.
+    /// No change if `id` is a voter already.
+    pub async fn add_voter(&self, id: NodeId) -> Result<()> {
+        self.change_voters_from(|current| {
+            let mut voters = current.clone();
+            voters.insert(id);
+            Ok(voters)
+        })
+        .await
+    }
+
+    /// Makes voter `id` leave the cluster, the other voters staying as they are (computed as
+    /// [`MetaNode::add_voter`] is). [`Error::NotFound`] if `id` is not a voter (also when a
+    /// first call did it), [`Error::Conflict`] if it is the only one.
+    pub async fn remove_voter(&self, id: NodeId) -> Result<()> {
+        self.change_voters_from(|current| {
+            if !current.contains(&id) {
+                return Err(Error::NotFound(format!("node {id} is not a voter")));
+            }
+            if current.len() == 1 {
+                return Err(Error::Conflict(format!(
+                    "node {id} is the only voter: a cluster needs one (add and promote another \
+                     member first)"
+                )));
+            }
+            let mut voters = current.clone();
+            voters.remove(&id);
+            Ok(voters)
+        })
+        .await
+    }
+
+    /// Changes the voters to what `target` makes of the current ones (the newer set, while a
+    /// change is half done), checked as [`MetaNode::change_voters`] says. No change when that
+    /// is the current set and no change is half done.
+    async fn change_voters_from(
+        &self,
+        target: impl FnOnce(&BTreeSet<NodeId>) -> Result<BTreeSet<NodeId>>,
+    ) -> Result<()> {
         // Not `one_change`: from a joint membership openraft goes to these voters itself (a
         // joint of the newer set and these, then these), keeping any node of either set that
         // they name; finishing the half-done change first would make its replaced voters leave.
         self.check_open()?;
         self.forward_if_follower()?;
         let _one = self.inner.changing.lock().await;
+        let view = self.change_view()?;
+        let sets = view.membership_config.membership().get_joint_config();
+        let current = sets.last().cloned().unwrap_or_default();
+        let voters = target(&current)?;
+        if sets.len() == 1 && voters == current {
+            return Ok(());
+        }
         // A leader that just took office has heard from no one yet, and one whose learner
         // just caught up may not have its acknowledgement in its metrics yet: give them a lease
         // before the checks below refuse the change for want of a majority or of a caught-up

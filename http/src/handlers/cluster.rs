@@ -232,6 +232,33 @@ pub async fn change_voters(
     Ok(axum::Json(membership(&state)))
 }
 
+/// `PUT /v1/cluster/voters/{id}`: makes learner `id` a voter too, the other voters staying (the
+/// leader computes the set, so two such requests at once both count); checked as
+/// `PUT /v1/cluster/voters` is. No change if it is a voter already.
+pub async fn add_voter(
+    _: NoQuery,
+    State(state): State<SharedState>,
+    Path(Id(id)): Path<Id>,
+    _: NoBody,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    state.node.add_voter(id).await?;
+    Ok(axum::Json(membership(&state)))
+}
+
+/// `DELETE /v1/cluster/voters/{id}`: voter `id` leaves the cluster, the other voters staying
+/// (404 if it is not a voter, 409 if it is the only one, or if the others lack an answering
+/// majority).
+pub async fn remove_voter(
+    _: NoQuery,
+    State(state): State<SharedState>,
+    Path(Id(id)): Path<Id>,
+    _: NoBody,
+) -> Result<axum::Json<MembershipView>, ApiError> {
+    // The removed voter is told by the leader (`removal_notices.rs`).
+    state.node.remove_voter(id).await?;
+    Ok(axum::Json(membership(&state)))
+}
+
 /// `PUT /v1/cluster/leader` `{"id":N}`: moves the leadership to voter N, which must answer the
 /// leader and hold its log (409 otherwise); answers once N leads.
 pub async fn set_leader(

@@ -74,6 +74,38 @@ async fn cluster_membership_and_config() {
     assert_eq!(a.error_code(), "conflict");
     let v = t.get("/v1/cluster").await.json();
     assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
+    // The same, one voter named in the path; and the only voter cannot leave.
+    for (method, path, status, cause) in [
+        (
+            Method::PUT,
+            "/v1/cluster/voters/4",
+            409,
+            "cannot become a voter yet",
+        ),
+        (
+            Method::PUT,
+            "/v1/cluster/voters/5",
+            400,
+            "add it as a learner first",
+        ),
+        (Method::PUT, "/v1/cluster/voters/1", 200, ""),
+        (
+            Method::DELETE,
+            "/v1/cluster/voters/1",
+            409,
+            "the only voter",
+        ),
+        (Method::DELETE, "/v1/cluster/voters/4", 404, "not a voter"),
+    ] {
+        let a = t.send(method.clone(), path, "").await;
+        assert_eq!(a.status.as_u16(), status, "{method} {path}: {a:?}");
+        if !cause.is_empty() {
+            let message = a.error_message();
+            assert!(message.contains(cause), "{method} {path}: {message}");
+        }
+    }
+    let v = t.get("/v1/cluster").await.json();
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
     let a = t.send(Method::PUT, "/v1/kv/still-writable", "x").await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     // A learner again at its address is a no-op. At another address, a voter, or at a

@@ -596,3 +596,59 @@ async fn a_member_initialized_anew_is_told_its_peers_refuse_it() {
     wiped.stop().await;
     stop_all(servers).await;
 }
+
+/// Voters one at a time, named in the path: two learners promoted by two requests at once (one
+/// through a follower) both become voters, since the leader computes each new set under its
+/// membership lock; promoting a voter again changes nothing; a voter removed through a
+/// follower leaves, and asking again answers 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_are_added_and_removed_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster(&dir).await;
+    for id in [4, 5] {
+        let learner = start(id, &dir).await;
+        join_as_learner(the_leader(&servers), &learner).await;
+        servers.insert(id, learner);
+    }
+    let client = Client::new();
+    let leader = the_leader(&servers);
+    let follower = servers
+        .values()
+        .find(|s| s.node.status().role == Role::Follower)
+        .unwrap();
+    let put = reqwest::Method::PUT;
+    let (four, five) = tokio::join!(
+        client.send(put.clone(), leader, "/v1/cluster/voters/4", None),
+        client.send(put.clone(), follower, "/v1/cluster/voters/5", None),
+    );
+    assert_eq!(four.0, 200, "{four:?}");
+    assert_eq!(five.0, 200, "{five:?}");
+    let voters = |v: &Value| v["voters"].clone();
+    let (_, v) = client
+        .send(reqwest::Method::GET, leader, "/v1/cluster", None)
+        .await;
+    assert_eq!(voters(&v), json!([1, 2, 3, 4, 5]), "{v}");
+    assert_eq!(v["learners"], json!([]), "{v}");
+    let (status, v) = client
+        .send(put.clone(), follower, "/v1/cluster/voters/4", None)
+        .await;
+    assert_eq!((status, voters(&v)), (200, json!([1, 2, 3, 4, 5])), "{v}");
+
+    let delete = reqwest::Method::DELETE;
+    let (status, v) = client
+        .send(delete.clone(), follower, "/v1/cluster/voters/5", None)
+        .await;
+    assert_eq!((status, voters(&v)), (200, json!([1, 2, 3, 4])), "{v}");
+    let (status, v) = client
+        .send(delete.clone(), leader, "/v1/cluster/voters/5", None)
+        .await;
+    assert_eq!(status, 404, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("node 5 is not a voter"),
+        "{v}"
+    );
+    stop_all(servers).await;
+}

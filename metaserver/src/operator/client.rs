@@ -76,6 +76,13 @@ impl Refused {
     pub fn code(&self) -> Option<&str> {
         self.error.as_ref().map(|(code, _)| code.as_str())
     }
+
+    /// The API's error message, else the body as it came.
+    pub fn message(&self) -> &str {
+        self.error
+            .as_ref()
+            .map_or(&self.body, |(_, message)| message)
+    }
 }
 
 impl Operator {

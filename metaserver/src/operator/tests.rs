@@ -403,3 +403,35 @@ async fn the_liveness_report_is_read_page_after_page() {
     assert_eq!(ids, [3, 4, 9]);
     assert_eq!((report.collecting_ms, report.next), (2, None));
 }
+
+/// `member promote` asks again while the leader answers 409 (the learner catches up), and
+/// stops at once at another refusal, or once its wait is over.
+#[tokio::test]
+async fn a_promotion_waits_for_the_learner_to_catch_up() {
+    let view = r#"{"voters":[1,4],"joint":null,"learners":[]}"#;
+    let (addr, asked) = answering(move |n| match n {
+        0 | 1 => (
+            StatusCode::CONFLICT,
+            r#"{"error":{"code":"conflict","message":"learner 4 cannot become a voter yet"}}"#,
+        ),
+        _ => (StatusCode::OK, view),
+    })
+    .await;
+    let long = std::time::Duration::from_secs(60);
+    let promoted = membership::promote(&operator(addr), 4, long).await.unwrap();
+    assert_eq!(promoted.voters, vec![1, 4]);
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
+
+    let (addr, asked) = answering(|_| (StatusCode::BAD_REQUEST, "{}")).await;
+    membership::promote(&operator(addr), 4, long)
+        .await
+        .unwrap_err();
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "a 400 is not asked again");
+
+    let (addr, asked) = answering(|_| (StatusCode::CONFLICT, "{}")).await;
+    let e = membership::promote(&operator(addr), 4, std::time::Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("making node 4 a voter"), "{e:#}");
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "no wait: asked once");
+}

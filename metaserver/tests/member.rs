@@ -1,0 +1,77 @@
+//! `metaserver member`: a cluster grown from one node to three, its leadership moved and a
+//! voter removed, with the commands an operator runs, sent to any member.
+
+mod common;
+
+use common::{client, poll, run, send};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Runs `metaserver member ARGS --server SERVER`; its printed JSON on success, else the test
+/// fails with its stderr.
+async fn member(args: &[&str], server: &str) -> Value {
+    let (ok, out, err) = member_answer(args, server).await;
+    assert!(ok, "member {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("member {args:?}: {e}: {out}"))
+}
+
+async fn member_answer(args: &[&str], server: &str) -> (bool, String, String) {
+    let mut all = vec!["member"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--server", server]);
+    run(&all, &[]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_grows_moves_its_leader_and_shrinks_by_commands() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let http = client();
+    let (mut nodes, addrs) = common::spawn_members(&dirs, &[]);
+    let members = json!({"members": {"1": addrs[0]}});
+    let url = format!("http://{}/v1/cluster/init", addrs[0]);
+    let (status, v) = send(&http, Method::POST, &url, None, Some(members.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+
+    // Node 2 added and promoted in one command; node 3 added through a follower, then promoted.
+    let v = member(&["add", "2", &addrs[1], "--voter"], &addrs[0]).await;
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1, 2]), &json!([])));
+    let v = member(&["add", "3", &addrs[2]], &addrs[1]).await;
+    assert_eq!(
+        (&v["voters"], &v["learners"]),
+        (&json!([1, 2]), &json!([3]))
+    );
+    let both = format!("{},{}", addrs[1], addrs[0]);
+    let v = member(&["promote", "3"], &both).await;
+    assert_eq!(
+        (&v["voters"], &v["learners"]),
+        (&json!([1, 2, 3]), &json!([]))
+    );
+    // A node that is not even a learner is refused at once, not waited for.
+    let (ok, _, err) = member_answer(&["promote", "9", "--wait-secs", "600"], &addrs[0]).await;
+    assert!(!ok);
+    assert!(err.contains("add it as a learner first"), "{err}");
+
+    let v = member(&["leader", "2"], &addrs[2]).await;
+    assert_eq!(v["leader"], 2, "{v}");
+
+    let v = member(&["remove", "1"], &addrs[2]).await;
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([2, 3]), &json!([])));
+    poll(
+        &http,
+        &format!("http://{}/v1/cluster", addrs[1]),
+        None,
+        |v| v["voters"] == json!([2, 3]),
+    )
+    .await;
+    let (ok, _, err) = member_answer(&["remove", "1"], &addrs[1]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("node 1 is neither a voter nor a learner"),
+        "{err}"
+    );
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
