@@ -59,6 +59,40 @@ pub fn addresses_and_members() -> Vec<Case> {
             404,
             "not_found",
         ),
+        // One voter named in the path: a body (the whole set's form) is refused rather than
+        // ignored, and so is an id that is not a number.
+        case(
+            "a voter set sent to one voter's path",
+            M::PUT,
+            "/v1/cluster/voters/4",
+            r#"{"voters":[1,4]}"#,
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a body on a voter's removal",
+            M::DELETE,
+            "/v1/cluster/voters/4",
+            "{}",
+            400,
+            "unexpected_body",
+        ),
+        case(
+            "a voter id that is not a number",
+            M::PUT,
+            "/v1/cluster/voters/four",
+            "",
+            400,
+            "invalid_path",
+        ),
+        case(
+            "removing node 0 from the voters",
+            M::DELETE,
+            "/v1/cluster/voters/0",
+            "",
+            404,
+            "not_found",
+        ),
         case(
             "an epoch floor past 2^52, which leaves no room below 2^53",
             M::PUT,
