@@ -78,6 +78,7 @@ pub use cluster_version::{
 };
 pub use command::{Command, CommandResult, ShardReport};
 pub use config::{NodeConfig, MAX_PAYLOAD_ENTRIES};
+pub use data_dir::is_fresh as is_fresh_data_dir;
 pub use error::{Error, Result};
 pub use free_space::FreeSpace;
 pub use liveness::{DatanodeLiveness, DatanodeState};

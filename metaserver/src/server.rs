@@ -103,6 +103,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         tls = settings.tls.is_some(),
         "settings in effect"
     );
+    // On a first start, the members to initialize are checked before opening records this
+    // node's id in the data dir: a mistake in --id or --peers found after it would leave a dir
+    // that the corrected start refuses as another node's.
+    if settings.init && meta_consensus::is_fresh_data_dir(&settings.data_dir) {
+        settings.initial_members(&addr)?;
+    }
     let network = HttpNetwork::new(&cfg, token.clone()).with_client(peers.clone());
     let node = MetaNode::open(cfg, network).await.with_context(|| {
         format!(

@@ -1,5 +1,5 @@
-//! Settings from the environment: the node's `METASERVER_*` variables are read by the node
-//! only.
+//! Settings: the node's `METASERVER_*` variables are read by the node only, and a first start
+//! refused for its --peers leaves its data dir as it was.
 
 use std::time::Duration;
 
@@ -62,4 +62,50 @@ async fn a_node_logs_the_settings_in_effect() {
         assert!(line.contains(expected), "{expected} missing from {line}");
     }
     assert!(!logs.contains("settings-secret"), "the token was logged");
+}
+
+/// A first start with --init whose --peers cannot form a cluster (another node at this node's
+/// address: a wrong --id) is refused before the data dir records the wrong id, so the start
+/// with the right id goes on with the same dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_refused_for_its_peers_leaves_the_data_dir_unstamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let peers = format!("1={listen},2=127.0.0.1:1");
+    let args = |id: &'static str| {
+        [
+            "serve",
+            "--id",
+            id,
+            "--listen",
+            listen.as_str(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--peers",
+            peers.as_str(),
+            "--init",
+            "--worker-threads",
+            "1",
+        ]
+    };
+    let (ok, _, err) = crate::common::run(&args("4"), &[]).await;
+    assert!(!ok);
+    assert!(err.contains("each member needs its own address"), "{err}");
+    assert!(!data.join("node-id").exists(), "the dir records no id");
+
+    let mut node = crate::common::spawn(dir.path(), dir.path(), &args("1"), &[], false);
+    let addr = node.address();
+    assert_eq!(addr, listen);
+    node.stop().await;
+    assert!(
+        !node.logged("belongs to node"),
+        "the dir was taken: {}",
+        node.logs()
+    );
 }
