@@ -67,6 +67,23 @@ impl Failover {
     }
 }
 
+/// 503 `no_leader` for a request about to go to `leader`, when `node` has not heard from it for
+/// two election timeouts (`MetaNode::silent_leader`): it stopped, is paused or is cut off from
+/// this node, and no other leader was elected since, so no quorum may be left here. Answered
+/// at once, as a leader without a quorum answers, so that clients try another member; sent,
+/// the request would wait for the forwarding timeout (a write then answered `outcome_unknown`).
+pub(crate) fn refused_as_silent(node: &MetaNode, leader: NodeId) -> Option<ApiError> {
+    let (silent, for_how_long) = node.silent_leader()?;
+    (silent == leader).then(|| {
+        ApiError::NoLeader(format!(
+            "node {leader}, the last leader this node knew, has not been heard from for {} ms \
+             (stopped, paused, or cut off from this node), and no other leader was elected: \
+             try another member",
+            for_how_long.as_millis()
+        ))
+    })
+}
+
 /// Answers a read on `node`; `attempt` asks it once. An answer of 503 `no_leader` is not final
 /// while the cluster may elect a leader in time: the read is asked again once `node` learns of
 /// a leader other than the one it was asked of (or the same one in a later term), within what
@@ -93,6 +110,11 @@ where
             return response;
         }
         if !refused.elsewhere && node.lacks_quorum_since(asked) {
+            return response;
+        }
+        // Nothing is asked of a silent leader: waiting for the next one would last the whole
+        // request timeout where no quorum is left.
+        if node.silent_leader().is_some() {
             return response;
         }
         if node

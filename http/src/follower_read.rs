@@ -284,6 +284,9 @@ impl FollowerReads {
         lease: bool,
     ) -> Result<u64, ApiError> {
         let leader = target.leader_id;
+        if let Some(silent) = failover::refused_as_silent(node, leader) {
+            return Err(silent);
+        }
         let asked = self.link.read_index(target, lease);
         failover::unless_deposed(node, leader, asked).await
     }

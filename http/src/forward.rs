@@ -463,6 +463,9 @@ async fn answer(state: &SharedState, parts: Parts, body: Bytes, next: Next) -> R
         // Already forwarded once: the leader hint was stale. The 503 tells the client to retry.
         return response;
     }
+    if let Some(silent) = failover::refused_as_silent(&state.node, target.leader_id) {
+        return silent.into_response();
+    }
     let read_index = response.extensions().get::<ReadIndexHint>().copied();
     if !replay.may_ask_again() {
         return state.forwarder.replay(&target, read_index, replay).await;

@@ -81,6 +81,9 @@ impl Writer {
             // Who refused the write without acting on it, and the answer if nobody takes it.
             let (refused_by, why) = match next.take() {
                 Some((leader_id, addr)) => {
+                    if let Some(silent) = failover::refused_as_silent(&self.node, leader_id) {
+                        return Err(silent);
+                    }
                     let sent = self
                         .batcher
                         .send(ForwardTo { leader_id, addr }, cmd.clone());

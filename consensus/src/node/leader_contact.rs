@@ -1,7 +1,8 @@
 //! When this node last heard from its leader. openraft keeps naming a leader that fell silent
 //! (killed, cut off) for as long as no other is elected, which takes a quorum: a follower left
 //! without one would name a dead leader for ever, and look ready. Its status names no leader
-//! once the leader has been silent for longer than a live one ever is (`status_report.rs`).
+//! once the leader has been silent for longer than a live one ever is (`status_report.rs`), and
+//! requests are no longer sent to it ([`MetaNode::silent_leader`](super::MetaNode::silent_leader)).
 
 use std::time::{Duration, Instant};
 
@@ -29,15 +30,14 @@ impl LeaderContact {
         self.last = Some((leader, now));
     }
 
-    /// Whether `leader` was heard from within `window` before `now`. A leader not heard from
-    /// since this node opened counts from the opening: a node that just started gives its
-    /// leader that long to reach it.
-    pub(super) fn heard_within(&self, leader: NodeId, window: Duration, now: Instant) -> bool {
+    /// How long `leader` has been silent at `now`: since its last message, or since this node
+    /// opened if it took none (a node that just started gives its leader time to reach it).
+    pub(super) fn silence(&self, leader: NodeId, now: Instant) -> Duration {
         let since = match self.last {
             Some((l, at)) if l == leader => at,
             _ => self.opened,
         };
-        now.saturating_duration_since(since) <= window
+        now.saturating_duration_since(since)
     }
 }
 
@@ -46,21 +46,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_leader_is_heard_for_a_window_after_its_last_message() {
+    fn a_leader_is_silent_from_its_last_message() {
         let t0 = Instant::now();
-        let window = Duration::from_secs(2);
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let secs = Duration::from_secs;
+        let at = |s: u64| t0 + secs(s);
         let mut c = LeaderContact::new(t0);
-        // Just opened: the leader it remembers has the window to reach it.
-        assert!(c.heard_within(1, window, at(2)));
-        assert!(!c.heard_within(1, window, at(3)));
+        // Just opened: the leader it remembers is silent from the opening.
+        assert_eq!(c.silence(1, at(2)), secs(2));
         c.note(1, at(10));
-        assert!(c.heard_within(1, window, at(12)));
-        assert!(!c.heard_within(1, window, at(13)));
+        assert_eq!(c.silence(1, at(12)), secs(2));
+        assert_eq!(c.silence(1, at(9)), secs(0), "a clock read before the note");
         // Another leader's message says nothing of this one.
-        assert!(!c.heard_within(2, window, at(10)));
+        assert_eq!(c.silence(2, at(10)), secs(10));
         c.note(2, at(20));
-        assert!(c.heard_within(2, window, at(21)));
-        assert!(!c.heard_within(1, window, at(21)));
+        assert_eq!(c.silence(2, at(21)), secs(1));
+        assert_eq!(c.silence(1, at(21)), secs(21));
     }
 }

@@ -34,12 +34,7 @@ impl MetaNode {
         // sends a heartbeat every `heartbeat_ms`) is not named: openraft names it until another
         // is elected, which a follower left without a quorum waits for in vain.
         let silent = m.current_leader.is_some_and(|l| {
-            l != self.id()
-                && !self.inner.leader_contact.lock().heard_within(
-                    l,
-                    self.inner.cfg.election_timeout() * 2,
-                    std::time::Instant::now(),
-                )
+            l != self.id() && self.silence_of(l) > self.inner.cfg.election_timeout() * 2
         });
         let leader_id = if stopped || lost_quorum || removed || silent {
             None

@@ -386,3 +386,53 @@ async fn voter_changes_sent_to_a_leader_that_hands_over_are_answered() {
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
+
+/// A member whose leader fell silent (paused) and that cannot elect another (the third voter
+/// is down) answers 503 `no_leader` at once, naming the silence: a write, a linearizable read
+/// and a membership change. Sent to the silent leader, they waited for its answer: a write 30 s
+/// and then 504 `outcome_unknown`, a read 5 s for the read index and then 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_leader_fell_silent_refuses_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = patient_cluster(&dir).await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let mut others = servers.keys().copied().filter(|id| *id != leader);
+    let (down, last) = (others.next().unwrap(), others.next().unwrap());
+    let down = servers.remove(&down).unwrap().stop_keeping_port().await;
+    let paused = stop_leader(&mut servers, leader, Gone::Paused).await;
+    let node = servers[&last].node.clone();
+    wait_for(
+        || node.silent_leader().is_some_and(|(l, _)| l == leader),
+        "the leader falls silent",
+    )
+    .await;
+
+    let at = |path: &str| format!("http://{}{path}", servers[&last].addr);
+    for request in [
+        http.put(at("/v1/kv/k")).body("v"),
+        http.get(at("/v1/kv/k?consistency=linearizable")),
+        http.put(at("/v1/cluster/voters"))
+            .body(serde_json::json!({"voters": [last]}).to_string()),
+    ] {
+        let started = std::time::Instant::now();
+        let answer = request.bearer_auth(TOKEN).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(status, 503, "{body}");
+        // Not after waiting for a next leader, which lasts the request timeout (a minute).
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "answered after {:?}: {body}",
+            started.elapsed()
+        );
+        assert_eq!(body["error"]["code"], "no_leader", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("node {leader}, the last leader this node knew")),
+            "{message}"
+        );
+    }
+    stop_all(servers).await;
+    drop((down, paused));
+}
