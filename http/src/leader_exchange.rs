@@ -91,6 +91,13 @@ impl LeaderLink {
                     // the node named (409: the address now serves another); or the body came too
                     // slowly (408). It did nothing with the request, and a later try may succeed.
                     ApiError::NoLeader(refused)
+                } else if status == reqwest::StatusCode::UNAUTHORIZED {
+                    // This member's token is not the leader's: no request through it can reach
+                    // the leader, but one sent to another member can.
+                    ApiError::Unavailable(leader(format!(
+                        "refused this member's token ({status}): every member needs the same \
+                         --token; ask another member"
+                    )))
                 } else if status.is_client_error() {
                     // Its token, its limits: it did nothing with it, and will refuse it again.
                     ApiError::Internal(refused)
@@ -149,5 +156,35 @@ mod tests {
             .unwrap();
         // A test's member of an older build is answered as that build would be.
         assert_eq!(named.as_deref(), Some("1"));
+    }
+
+    /// A leader that refuses this member's token is no internal error of this member: the
+    /// client is told to ask another member, and why.
+    #[tokio::test]
+    async fn a_refused_token_sends_the_client_to_another_member() {
+        let app = Router::new().route(
+            "/refuse",
+            post(|| async { (axum::http::StatusCode::UNAUTHORIZED, "{}") }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let link = LeaderLink {
+            id: 2,
+            build_version: 1,
+            client: PeerClient::plain(),
+            token: Token::new(Some("other")),
+            cluster: ClusterId::default(),
+        };
+        let target = ForwardTo { leader_id: 1, addr };
+        let refused = link
+            .exchange::<_, ()>(&target, "/refuse", "a test", Duration::from_secs(10), &())
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, ApiError::Unavailable(_)), "{refused:?}");
+        assert!(
+            refused.to_string().contains("the same --token"),
+            "{refused}"
+        );
     }
 }

@@ -22,8 +22,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
-    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerRefusals, PeerVersions, ProbeMembers,
-    Removal, RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
+    Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, ProbeMembers, Removal,
+    RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -49,6 +49,7 @@ use crate::raft_routes::{
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
 use crate::term_probe::HttpTermProbe;
+use refusals::Refusals;
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -148,7 +149,7 @@ pub struct HttpNetwork {
     removal: RemovalNotice,
     addresses: Addresses,
     versions: PeerVersions,
-    refusals: PeerRefusals,
+    refusals: Refusals,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
     /// The snapshot sends logged at INFO, per member and snapshot file.
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
@@ -172,7 +173,7 @@ impl HttpNetwork {
             removal: cfg.removal_notice.clone(),
             addresses: cfg.addresses.clone(),
             versions: cfg.peer_versions.clone(),
-            refusals: cfg.peer_refusals.clone(),
+            refusals: Refusals::new(cfg.peer_refusals.clone()),
             patience: Arc::default(),
             snapshot_notices: Arc::default(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
@@ -251,9 +252,9 @@ pub struct HttpConnection {
     removal: RemovalNotice,
     /// Where the build version of each answer is noted (`cluster_identity::VERSION`).
     versions: PeerVersions,
-    /// Where the target's refusals of this node's messages as another cluster's are noted, and
-    /// its answers that take one (`cluster_identity::refuses_as_other_cluster`).
-    refusals: PeerRefusals,
+    /// Where the target's refusals of this node's messages are noted (as another cluster's,
+    /// or of its token), and its answers that take one.
+    refusals: Refusals,
     /// This node and its address ([`cluster_identity::FROM`]).
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
@@ -305,7 +306,7 @@ impl HttpConnection {
         status: reqwest::StatusCode,
         body: &[u8],
     ) -> Result<T, RemoteFailure> {
-        note_refusal(&self.refusals, self.target, status, body);
+        self.refusals.note(self.target, status, body);
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
             let message = format!("node {} answered {status}: {text}", self.target);
@@ -372,16 +373,6 @@ impl HttpConnection {
             .await
             .map_err(|e| self.rpc_error(action, timeout, e))?;
         self.answer(status, &bytes).map_err(RemoteFailure::into_rpc)
-    }
-}
-
-/// Notes in `refusals` whether `target`'s answer took this node's message (any success) or
-/// refused it as another cluster's.
-fn note_refusal(refusals: &PeerRefusals, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
-    if status.is_success() {
-        refusals.accepted(target);
-    } else if cluster_identity::refuses_as_other_cluster(status, body) {
-        refusals.refused(target);
     }
 }
 
@@ -518,7 +509,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 let status = response.status();
                 if !status.is_success() {
                     let body = response.bytes().await.unwrap_or_default();
-                    note_refusal(&refusals, target, status, &body);
+                    refusals.note(target, status, &body);
                     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
                     let message = format!("node {target} answered {status}: {text}");
                     // A peer that refuses the exchange (a token mismatch, not a member's
@@ -665,6 +656,8 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         .await
     }
 }
+
+mod refusals;
 
 #[cfg(test)]
 mod tests;

@@ -74,3 +74,78 @@ async fn the_token_is_enforced() {
 
     server.stop().await;
 }
+
+/// A member restarted with another token takes none of the others' messages, nor they its: both
+/// sides say so in their logs, naming the member, and a request sent through it is answered 503
+/// (ask another member), not 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_another_token_is_named_in_the_logs() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let http = client();
+    let token = ["--token".to_owned(), "first".to_owned()];
+    let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &token);
+    let members = serde_json::json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
+    let url = format!("http://{}/v1/cluster/init", addrs[0]);
+    let (status, v) = send(
+        &http,
+        Method::POST,
+        &url,
+        Some("first"),
+        Some(members.to_string()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    for addr in &addrs {
+        poll(&http, &format!("http://{addr}/readyz"), None, |_| true).await;
+    }
+    let view = poll(
+        &http,
+        &format!("http://{}/v1/cluster", addrs[0]),
+        Some("first"),
+        |v| v["leader_id"].is_u64(),
+    )
+    .await;
+    let leader = view["leader_id"].as_u64().unwrap() as usize;
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+
+    nodes[other - 1].stop().await;
+    let data = dirs[other - 1].path().join("data");
+    let id = other.to_string();
+    let args = [
+        "serve",
+        "--id",
+        &id,
+        "--listen",
+        &addrs[other - 1],
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--worker-threads",
+        "1",
+        "--token",
+        "second",
+    ];
+    let dir = dirs[other - 1].path();
+    nodes[other - 1] = crate::common::spawn(dir, dir, &args, &[], false);
+    nodes[other - 1].address();
+    let refused = |by: usize| format!("node {by} refuses this node's token");
+    let deadline = std::time::Instant::now() + crate::common::DEADLINE;
+    while !(nodes[leader - 1].logged(&refused(other)) && nodes[other - 1].logged(&refused(leader)))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning; leader:\n{}\nmember:\n{}",
+            nodes[leader - 1].logs(),
+            nodes[other - 1].logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let url = format!("http://{}/v1/kv/k", addrs[other - 1]);
+    let (status, v) = send(&http, Method::PUT, &url, Some("second"), Some("v".into()))
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{v}");
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
