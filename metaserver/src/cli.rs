@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "metaserver", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// Without a command: serve one node (id 1, 127.0.0.1:7101, ./metaserver-data) that
-    /// initializes itself as a one-node cluster on its first start.
+    /// initializes itself as a one-node cluster on its first start (not when given --peers,
+    /// or an --id other than 1: use `serve` for a member of a cluster).
     #[command(subcommand)]
     pub command: Option<Command>,
 

@@ -167,7 +167,8 @@ fn read_file(path: &Path) -> Result<FileSettings> {
 
 impl ServeSettings {
     /// Merges flags/environment over the config file over the defaults. `default_mode` is the
-    /// command-less `metaserver`: it initializes itself unless told otherwise or given peers.
+    /// command-less `metaserver`: as node 1 without peers, it initializes itself unless told
+    /// otherwise.
     pub fn resolve(args: &ServeArgs, default_mode: bool) -> Result<Self> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
@@ -196,16 +197,20 @@ impl ServeSettings {
             args.tls_key.clone().or(file.tls_key),
             args.tls_ca.clone().or(file.tls_ca),
         )?;
+        // The command-less node initializes itself only as the one node it is documented to
+        // be: an id other than 1 says it is meant to join a cluster (a forgotten `serve`), and
+        // a cluster of its own would refuse to join any (`other_cluster`) until wiped.
+        let id = args.id.or(file.id).unwrap_or(1);
         let init = args
             .init
             .or(file.init)
-            .unwrap_or(default_mode && peers.is_empty());
+            .unwrap_or(default_mode && peers.is_empty() && id == 1);
         let barrier = match args.barrier.as_deref().or(file.barrier.as_deref()) {
             Some(text) => parse_barrier(text)?,
             None => BarrierMode::Shared,
         };
         let settings = ServeSettings {
-            id: args.id.or(file.id).unwrap_or(1),
+            id,
             listen: args
                 .listen
                 .clone()
@@ -508,6 +513,18 @@ mod tests {
         assert_eq!(s.barrier, BarrierMode::Shared);
         let s = ServeSettings::resolve(&ServeArgs::default(), false).unwrap();
         assert!(!s.init, "serve initializes only with --init");
+        // Another id is a member meant for a cluster (a forgotten `serve`): it waits to be
+        // added, unless told to initialize.
+        let four = ServeArgs {
+            id: Some(4),
+            ..ServeArgs::default()
+        };
+        assert!(!ServeSettings::resolve(&four, true).unwrap().init);
+        let told = ServeArgs {
+            init: Some(true),
+            ..four
+        };
+        assert!(ServeSettings::resolve(&told, true).unwrap().init);
     }
 
     #[test]
