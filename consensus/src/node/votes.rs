@@ -104,12 +104,25 @@ impl MetaNode {
     /// one too many of whose voters refuse its messages as another cluster's. Nothing brings
     /// such a node up to date again, so it answers no read, not even a local one (stale by
     /// contract, but here falling further behind for good, or another cluster's state), and no
-    /// watch (which would never see another event).
+    /// watch (which would never see another event). [`Error::NotMember`] on a node in no
+    /// cluster yet: its empty state is no cluster's.
     pub(super) fn check_serving(&self) -> Result<()> {
         let metrics = self.inner.raft.metrics();
-        let removed = self.removed(&metrics.borrow_watched().membership_config);
+        let (removed, member) = {
+            let m = metrics.borrow_watched();
+            let member = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .next()
+                .is_some();
+            (self.removed(&m.membership_config), member)
+        };
         if let Some(members) = removed {
             return Err(Error::Removed { members });
+        }
+        if !member {
+            return Err(Error::NotMember);
         }
         drop(metrics);
         // Cheap while no member refuses, as always but on a misconfigured node.

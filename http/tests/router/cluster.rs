@@ -180,6 +180,20 @@ async fn init_on_a_fresh_node() {
     let t = open_node(None).await;
     let a = t.get("/v1/cluster").await;
     assert_eq!(a.json()["role"], "uninitialized", "{a:?}");
+    // Its empty state is no cluster's: not even a local read or a watch is answered from it.
+    for path in [
+        "/v1/kv/x?consistency=local",
+        "/v1/datanodes?consistency=local",
+        "/v1/watch?consistency=local&wait_ms=0",
+    ] {
+        let a = t.get(path).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {a:?}");
+        let message = a.error_message();
+        assert!(
+            message.contains("not a member of a cluster yet"),
+            "{path}: {message}"
+        );
+    }
     let a = t
         .send(
             Method::POST,
