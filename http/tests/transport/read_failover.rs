@@ -436,3 +436,31 @@ async fn a_member_whose_leader_fell_silent_refuses_at_once() {
     stop_all(servers).await;
     drop((down, paused));
 }
+
+/// A watch without `after` (a start) at a follower whose leader stopped answering (paused)
+/// answers within its `wait_ms` too: 504 `timeout`, since it has no events to answer with. It
+/// used to wait for the leader's read index until the exchange timed out (5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_start_answers_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    // Elections of 3 to 4 s: the follower still names the paused leader, and does not count it
+    // silent, when the start arrives.
+    let mut servers = start_cluster_tuned(&dir, Some(CATCH_UP), |_, cfg| {
+        cfg.election_min_ms = 3000;
+        cfg.election_max_ms = 4000;
+        cfg.request_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let url = format!("http://{}/v1/watch?wait_ms=500", servers[&follower].addr);
+    let port = stop_leader(&mut servers, leader, Gone::Paused).await;
+    let start = http.get(url).bearer_auth(TOKEN).send().await.unwrap();
+    let status = start.status().as_u16();
+    let text = start.text().await.unwrap();
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("within wait_ms (500 ms)"), "{text}");
+    stop_all(servers).await;
+    drop(port);
+}
