@@ -217,16 +217,12 @@ async fn check_empty(op: &Operator) -> Result<()> {
     let datanodes: DatanodeList = op.get_json_retrying("/v1/datanodes?limit=1").await?;
     let keys: KvKeyPage = op.get_json_retrying("/v1/kv?limit=1").await?;
     if !datanodes.datanodes.is_empty() || !keys.keys.is_empty() {
-        bail!(
-            "the cluster is not empty ({} datanode(s){}): a restore only goes into an empty \
-             cluster",
-            datanodes.datanodes.len(),
-            if keys.keys.is_empty() {
-                ""
-            } else {
-                " and some keys"
-            }
-        );
+        let holds = match (datanodes.datanodes.is_empty(), keys.keys.is_empty()) {
+            (false, false) => "datanodes and keys",
+            (false, true) => "datanodes",
+            _ => "keys",
+        };
+        bail!("the cluster is not empty (it holds {holds}): a restore only goes into an empty cluster");
     }
     Ok(())
 }
