@@ -157,8 +157,8 @@ impl Outage {
 /// index (or from now), one JSON event per line, until interrupted. It rides out a member that
 /// cannot answer for a while (503, a refused connection) by asking the next member given, or
 /// the same again, every second (every member counts the same indexes); a
-/// history that no longer holds its index (410 `compacted`) ends it with an error, and so does
-/// an address no request can be made to.
+/// history that no longer holds its index (410 `compacted`) ends it with an error, and so do
+/// an address no request can be made to and a lone member that says waiting does not help.
 pub async fn watch(args: WatchArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
     let mut filter: Vec<(&str, String)> = Vec::new();
@@ -208,6 +208,15 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             // A request that cannot be made at all (a bad address or scheme) never will be.
             Err(e) if e.is_builder() => {
                 return Err(anyhow::Error::new(e).context("watching"));
+            }
+            // A 503 without `Retry-After` says waiting does not help (the member was removed
+            // from its cluster, or its voters refuse it): with no other member to ask, stop.
+            Ok(r)
+                if op.one_member()
+                    && r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                    && !r.headers().contains_key(reqwest::header::RETRY_AFTER) =>
+            {
+                return Err(op.refusal(r).await)
             }
             Ok(r) => {
                 retrying.note(&asked, &format!("status {}", r.status()));

@@ -104,6 +104,11 @@ impl Operator {
         })
     }
 
+    /// Whether only one member was given (none to move on to).
+    pub(crate) fn one_member(&self) -> bool {
+        self.members.len() == 1
+    }
+
     /// The base URL of the member asked now.
     pub(crate) fn member(&self) -> &str {
         self.members.current()

@@ -435,3 +435,33 @@ async fn a_promotion_waits_for_the_learner_to_catch_up() {
     assert!(format!("{e:#}").contains("making node 4 a voter"), "{e:#}");
     assert_eq!(asked.load(Ordering::SeqCst), 1, "no wait: asked once");
 }
+
+/// A watch whose only member says waiting does not help (503 without `Retry-After`: removed
+/// from its cluster) stops with that member's error, instead of asking every second for ever.
+#[tokio::test]
+async fn a_watch_of_a_lone_member_that_serves_no_cluster_stops() {
+    let removed =
+        r#"{"error":{"code":"no_leader","message":"this node was removed from the cluster"}}"#;
+    let (addr, asked) =
+        answering_with(move |_| (StatusCode::SERVICE_UNAVAILABLE, removed).into_response()).await;
+    let args = WatchArgs {
+        client: ClientArgs {
+            server: addr,
+            token: None,
+            tls_ca: None,
+        },
+        after: Some(1),
+        datanode: None,
+        prefix: None,
+        once: true,
+    };
+    let e = tokio::time::timeout(std::time::Duration::from_secs(30), watch(args))
+        .await
+        .expect("the watch stops")
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("removed from the cluster"),
+        "{e:#}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+}
