@@ -97,8 +97,16 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         min_free_bytes = cfg.min_free_bytes,
         datanode_timeout_ms = cfg.datanode_timeout.as_millis() as u64,
         follower_reads = settings.follower_reads,
-        idle_timeout = ?settings.idle_timeout,
-        stop_delay = ?settings.stop_delay,
+        idle_timeout_secs = settings.idle_timeout.map_or(0, |t| t.as_secs()),
+        stop_delay_ms = settings.stop_delay.as_millis() as u64,
+        // The runtime's default when unset: one worker per core.
+        worker_threads = settings
+            .worker_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        id = settings.id,
+        %addr,
+        peers = ?settings.peers,
+        init = settings.init,
         token = settings.token.is_some(),
         tls = settings.tls.is_some(),
         "settings in effect"

@@ -43,6 +43,8 @@ async fn a_node_logs_the_settings_in_effect() {
         ("METASERVER_LISTEN", "127.0.0.1:0"),
         ("METASERVER_KEEP_LOGS", "123"),
         ("METASERVER_TOKEN", "settings-secret"),
+        ("METASERVER_WORKER_THREADS", "1"),
+        ("METASERVER_IDLE_TIMEOUT_SECS", "60"),
         ("RUST_LOG", "info,openraft=warn"),
     ];
     let mut node = crate::common::spawn(dir.path(), dir.path(), &[], &env, false);
@@ -58,6 +60,10 @@ async fn a_node_logs_the_settings_in_effect() {
         "barrier=Shared",
         "wal_segment_bytes=67108864",
         "token=true",
+        "worker_threads=1",
+        "idle_timeout_secs=60",
+        "stop_delay_ms=0",
+        "init=true",
     ] {
         assert!(line.contains(expected), "{expected} missing from {line}");
     }
