@@ -183,7 +183,6 @@ async fn init_on_a_fresh_node() {
     // Its empty state is no cluster's: not even a local read or a watch is answered from it.
     for path in [
         "/v1/kv/x?consistency=local",
-        "/v1/datanodes?consistency=local",
         "/v1/watch?consistency=local&wait_ms=0",
     ] {
         let a = t.get(path).await;

@@ -50,11 +50,10 @@ async fn no_leader_answers_503_with_retry_after() {
     let a = t.get("/v1/datanodes").await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
     assert_eq!(a.error_code(), "no_leader");
-    // A local read is answered from this node's state.
-    assert_eq!(
-        t.get("/v1/datanodes?consistency=local").await.status,
-        StatusCode::OK
-    );
+    // Not even a local read: its empty state is no cluster's.
+    let a = t.get("/v1/datanodes?consistency=local").await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert!(a.error_message().contains("not a member"), "{a:?}");
     assert_eq!(t.digest().await, before);
 }
 
