@@ -96,9 +96,16 @@ async fn the_watch_command_rides_out_504_and_503() {
                 .unwrap()
                 .to_string();
             seen.lock().unwrap().push(line);
+            // A member's 503 `no_leader` says when to ask again, as a member's does: one without
+            // would say waiting does not help.
+            let retry = if status == 503 {
+                "retry-after: 1\r\n"
+            } else {
+                ""
+            };
             let answer = format!(
                 "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-                 connection: close\r\n\r\n{body}",
+                 {retry}connection: close\r\n\r\n{body}",
                 body.len()
             );
             socket.write_all(answer.as_bytes()).await.unwrap();
