@@ -1,5 +1,6 @@
 //! `metaserver member`: a cluster grown from one node to three, its leadership moved and a
-//! voter removed, with the commands an operator runs, sent to any member.
+//! voter removed, with the commands an operator runs, sent to any member; and a command that
+//! waits for a leader says why.
 
 mod common;
 
@@ -74,4 +75,52 @@ async fn a_cluster_grows_moves_its_leader_and_shrinks_by_commands() {
     for node in &mut nodes {
         node.stop().await;
     }
+}
+
+/// A command that rides out a cluster without a leader says so on stderr once the wait is
+/// noticeable, naming why, rather than wait a minute in silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_waits_for_a_leader_says_why() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let started = std::time::Instant::now();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let (status, retry, body) = if started.elapsed() < std::time::Duration::from_secs(6) {
+                (
+                    503,
+                    "retry-after: 1\r\n",
+                    r#"{"error":{"code":"no_leader","message":"an election runs"}}"#,
+                )
+            } else {
+                (200, "", r#"{"voters":[1,4],"joint":null,"learners":[]}"#)
+            };
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 {retry}connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    let (ok, out, err) = member_answer(&["promote", "4"], &addr).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"voters\""), "{out}");
+    assert_eq!(
+        err.matches("cannot take the request yet").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("an election runs"), "{err}");
 }

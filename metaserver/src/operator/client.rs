@@ -11,6 +11,8 @@ use crate::cli::ClientArgs;
 pub(crate) const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// Its pause between tries.
 pub(crate) const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+/// After how long of asking again it says so on stderr, once.
+const RETRY_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long connecting to a member may take: one that does not accept connections this fast
 /// is down to a command, which asks the next member.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -220,7 +222,8 @@ impl Operator {
     /// `no_leader` from the only member (it was removed from the cluster, or its voters refuse
     /// it); with several, the next is asked. A request that may have been applied before its
     /// answer was lost may so be sent twice: callers send only requests that apply once (a
-    /// replica registered again is `unchanged`) or check.
+    /// replica registered again is `unchanged`) or check. After [`RETRY_NOTICE`] of this, it
+    /// says on stderr, once, what it waits for.
     pub(crate) async fn send_retrying(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
@@ -236,13 +239,17 @@ impl Operator {
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<std::result::Result<reqwest::Response, Refused>> {
-        let deadline = std::time::Instant::now() + RETRY_FOR;
+        let started = std::time::Instant::now();
+        let deadline = started + RETRY_FOR;
+        let mut told = false;
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
-            match build().send().await {
+            let why = match build().send().await {
                 Ok(r) if r.status().is_success() => return Ok(Ok(r)),
-                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {}
+                Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {
+                    Refused::read(r).await.message().to_owned()
+                }
                 Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
                     return Ok(Err(Refused::read(r).await))
                 }
@@ -251,13 +258,23 @@ impl Operator {
                     if refused.code() == Some("cluster_version") || self.members.len() == 1 {
                         return Ok(Err(refused));
                     }
+                    refused.message().to_owned()
                 }
-                Ok(_) => {}
+                Ok(r) => Refused::read(r).await.message().to_owned(),
                 Err(e) if e.is_builder() || last_try => {
                     return Err(e).with_context(|| self.contacting(&asked))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
-                Err(_) => {}
+                Err(e) => e.to_string(),
+            };
+            // Not silent for a minute: once the wait is noticeable, say what it waits for.
+            if !told && started.elapsed() >= RETRY_NOTICE {
+                told = true;
+                eprintln!(
+                    "metaserver: {asked} cannot take the request yet ({why}); asking again for \
+                     up to {} s in all",
+                    RETRY_FOR.as_secs()
+                );
             }
             if self.next_member(&asked) {
                 tokio::time::sleep(RETRY_PAUSE).await;
