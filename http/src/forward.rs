@@ -94,8 +94,8 @@ impl Replay {
 /// memory when it heard the datanode: a leader that hears it again, or a new leader that hears it
 /// first, notes what the datanode meant), or a membership change (a target state: adding a
 /// learner again at its address, setting the same voters, address or leader again, or making
-/// a voter a voter again, changes nothing; removing a learner or a voter again answers 404). Writes of commands are not (`writer.rs` says
-/// which of their refusals may be sent on).
+/// a voter a voter again, changes nothing; removing a learner or a voter again answers 404).
+/// Writes of commands are not (`writer.rs` says which of their refusals may be sent on).
 fn may_ask_again(method: &Method, path: &str) -> bool {
     match *method {
         Method::GET | Method::HEAD => true,

@@ -222,7 +222,10 @@ async fn check_empty(op: &Operator) -> Result<()> {
             (false, true) => "datanodes",
             _ => "keys",
         };
-        bail!("the cluster is not empty (it holds {holds}): a restore only goes into an empty cluster");
+        bail!(
+            "the cluster is not empty (it holds {holds}): a restore only goes into an empty \
+             cluster"
+        );
     }
     Ok(())
 }

@@ -373,7 +373,8 @@ async fn answering(status: u16, body: &'static [u8]) -> String {
 
 /// What a member answers for a write by what the leader did with its batch: refused it
 /// without acting (another cluster or node at the address, a body too slow: try again,
-/// 503; this member's token: ask another, 503), or took it and answered what the member cannot read (it may have acted: 504).
+/// 503; this member's token: ask another, 503), or took it and answered what the member
+/// cannot read (it may have acted: 504).
 #[tokio::test]
 async fn a_leaders_answer_maps_to_whether_it_may_have_acted() {
     let b = batcher(Duration::from_secs(5));
