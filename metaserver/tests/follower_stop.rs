@@ -4,38 +4,21 @@
 
 mod common;
 
-use common::{client, poll, send};
+use common::{client, send};
 use reqwest::Method;
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_follower_exits_at_once() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let http = client();
     let (mut nodes, addrs) = common::spawn_members(&dirs, &[]);
-    let members = json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
-    let url = format!("http://{}/v1/cluster/init", addrs[0]);
-    let (status, v) = send(&http, Method::POST, &url, None, Some(members.to_string()))
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{v}");
-    for addr in &addrs {
-        poll(&http, &format!("http://{addr}/readyz"), None, |_| true).await;
-    }
+    let leader = common::form_cluster(&http, "http", &addrs, None).await;
     // A write, then the cluster idles: the leader keeps its replication streams open.
     let url = format!("http://{}/v1/kv/k", addrs[0]);
     let (status, v) = send(&http, Method::PUT, &url, None, Some("v".into()))
         .await
         .unwrap();
     assert_eq!(status, 200, "{v}");
-    let view = poll(
-        &http,
-        &format!("http://{}/v1/cluster", addrs[0]),
-        None,
-        |v| v["leader_id"].is_u64(),
-    )
-    .await;
-    let leader = view["leader_id"].as_u64().unwrap() as usize;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
 
     nodes[follower - 1].stop().await;

@@ -77,23 +77,7 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
 
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let (mut nodes, addrs) = common::spawn_members(&dirs, &files.flags());
-    let members = json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
-    let url = format!("https://{}/v1/cluster/init", addrs[0]);
-    let (status, v) = send(&http, Method::POST, &url, None, Some(members.to_string()))
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{v}");
-    for addr in &addrs {
-        poll(&http, &format!("https://{addr}/readyz"), None, |_| true).await;
-    }
-    let view = poll(
-        &http,
-        &format!("https://{}/v1/cluster", addrs[0]),
-        None,
-        |v| v["leader_id"].is_u64(),
-    )
-    .await;
-    let leader = view["leader_id"].as_u64().unwrap() as usize;
+    let leader = common::form_cluster(&http, "https", &addrs, None).await;
     let followers: Vec<usize> = (1..=3).filter(|id| *id != leader).collect();
 
     // A write at a follower goes on to the leader; a read at the other follower sees it.

@@ -84,29 +84,7 @@ async fn a_member_with_another_token_is_named_in_the_logs() {
     let http = client();
     let token = ["--token".to_owned(), "first".to_owned()];
     let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &token);
-    let members = serde_json::json!({"members": {"1": addrs[0], "2": addrs[1], "3": addrs[2]}});
-    let url = format!("http://{}/v1/cluster/init", addrs[0]);
-    let (status, v) = send(
-        &http,
-        Method::POST,
-        &url,
-        Some("first"),
-        Some(members.to_string()),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 200, "{v}");
-    for addr in &addrs {
-        poll(&http, &format!("http://{addr}/readyz"), None, |_| true).await;
-    }
-    let view = poll(
-        &http,
-        &format!("http://{}/v1/cluster", addrs[0]),
-        Some("first"),
-        |v| v["leader_id"].is_u64(),
-    )
-    .await;
-    let leader = view["leader_id"].as_u64().unwrap() as usize;
+    let leader = crate::common::form_cluster(&http, "http", &addrs, Some("first")).await;
     let other = (1..=3).find(|id| *id != leader).unwrap();
 
     nodes[other - 1].stop().await;

@@ -308,6 +308,34 @@ pub async fn poll_status(http: &reqwest::Client, url: &str, status: u16) -> Valu
     }
 }
 
+/// Initializes a cluster of the members at `addrs` (nodes 1, 2, ..., spoken to over `scheme`,
+/// `http` or `https`, with `token` if any), waits until each is ready, and returns the
+/// leader's id.
+pub async fn form_cluster(
+    http: &reqwest::Client,
+    scheme: &str,
+    addrs: &[String],
+    token: Option<&str>,
+) -> usize {
+    let members: serde_json::Map<String, Value> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| ((i + 1).to_string(), Value::String(addr.clone())))
+        .collect();
+    let body = serde_json::json!({ "members": members }).to_string();
+    let url = format!("{scheme}://{}/v1/cluster/init", addrs[0]);
+    let (status, v) = send(http, reqwest::Method::POST, &url, token, Some(body))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+    for addr in addrs {
+        poll(http, &format!("{scheme}://{addr}/readyz"), None, |_| true).await;
+    }
+    let url = format!("{scheme}://{}/v1/cluster", addrs[0]);
+    let view = poll(http, &url, token, |v| v["leader_id"].is_u64()).await;
+    view["leader_id"].as_u64().unwrap() as usize
+}
+
 /// How long an operator command of the tests may run before it is killed and the test fails.
 pub const COMMAND_DEADLINE: Duration = Duration::from_secs(120);
 
