@@ -114,8 +114,8 @@ fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
 
 /// Whether `dir` was never a node's data dir: it records no node id and holds no log or
 /// registry (it may not exist). A first start can check what it would initialize before
-/// [`DataDirLock::acquire`] records its id, so that a mistake found then leaves nothing that
-/// the corrected start would refuse.
+/// opening the node records its id there, so that a mistake found then leaves nothing that the
+/// corrected start would refuse.
 pub fn is_fresh(dir: &Path) -> bool {
     !dir.join(NODE_ID).exists() && !holds_state(dir)
 }

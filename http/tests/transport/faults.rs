@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, keep_writing, put_kv, start_alone, start_cluster, start_cluster_tuned,
-    stop_all, stop_writing, the_leader, TOKEN,
+    hand_over, http_client, keep_writing, put_kv, slow_election_cluster, start_alone,
+    start_cluster, start_cluster_tuned, stop_all, stop_writing, the_leader, TOKEN,
 };
 
 /// A peer that cannot be replicated to is retried with openraft's backoff, not in a loop: a
@@ -210,14 +210,7 @@ async fn a_write_sent_to_a_leader_that_stopped_answering_is_answered_once_anothe
     let dir = tempfile::tempdir().unwrap();
     // Elections slow enough that the follower still names the old leader when the write
     // arrives, and a request timeout that outlasts the forwarding timeout.
-    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
-        cfg.election_min_ms = 3000;
-        cfg.election_max_ms = 4000;
-        cfg.request_timeout = Duration::from_secs(60);
-    })
-    .await;
-    let leader = the_leader(&servers).node.id();
-    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let (mut servers, leader, follower) = slow_election_cluster(&dir, None).await;
     let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
     port.stop_answering();
     assert_eq!(servers[&follower].node.status().leader_id, Some(leader));

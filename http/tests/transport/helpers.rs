@@ -287,7 +287,23 @@ pub async fn join_as_learner(leader: &Server, learner: &Server) {
     .await;
 }
 
-/// The server whose node leads.
+/// A three-node cluster whose elections take 3 to 4 s (a follower still names a leader that
+/// stopped a moment ago) and whose requests may wait a minute, with its leader and a follower.
+pub async fn slow_election_cluster(
+    dir: &TempDir,
+    follower_reads: Option<CatchUp>,
+) -> (BTreeMap<u64, Server>, u64, u64) {
+    let servers = start_cluster_tuned(dir, follower_reads, |_, cfg| {
+        cfg.election_min_ms = 3000;
+        cfg.election_max_ms = 4000;
+        cfg.request_timeout = std::time::Duration::from_secs(60);
+    })
+    .await;
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    (servers, leader, follower)
+}
+
 /// Stops every server of `servers`.
 pub async fn stop_all(servers: BTreeMap<u64, Server>) {
     for server in servers.into_values() {

@@ -11,8 +11,8 @@ use meta_http::follower_read::{CatchUp, CATCH_UP};
 
 use crate::common::wait_for;
 use crate::helpers::{
-    hand_over, http_client, put_kv, start_cluster_tuned, stop_all, the_leader, KeptPort, Server,
-    TOKEN,
+    hand_over, http_client, put_kv, slow_election_cluster, start_cluster_tuned, stop_all,
+    the_leader, KeptPort, Server, TOKEN,
 };
 
 /// How the old leader is gone.
@@ -219,20 +219,6 @@ async fn start_index(http: &reqwest::Client, url: &str) -> u64 {
     start["index"].as_u64().expect("a start index")
 }
 
-/// A three-node cluster whose elections take 3 to 4 s and whose requests may wait a minute,
-/// with its leader and a follower.
-async fn slow_election_cluster(dir: &tempfile::TempDir) -> (BTreeMap<u64, Server>, u64, u64) {
-    let servers = start_cluster_tuned(dir, Some(CATCH_UP), |_, cfg| {
-        cfg.election_min_ms = 3000;
-        cfg.election_max_ms = 4000;
-        cfg.request_timeout = Duration::from_secs(60);
-    })
-    .await;
-    let leader = the_leader(&servers).node.id();
-    let follower = *servers.keys().find(|id| **id != leader).unwrap();
-    (servers, leader, follower)
-}
-
 /// A long poll that reaches a follower whose leader stopped waits for the next leader only
 /// within its `wait_ms`, counted from its arrival, and then answers what the member applied:
 /// it never outlasts what its client waits for, even when the election takes longer.
@@ -241,7 +227,7 @@ async fn a_long_poll_outlives_its_leader_within_its_wait() {
     let dir = tempfile::tempdir().unwrap();
     // Elections of 3 to 4 s, longer than the wait: a long poll that waited for the next
     // leader past its wait would answer seconds late.
-    let (mut servers, leader, follower) = slow_election_cluster(&dir).await;
+    let (mut servers, leader, follower) = slow_election_cluster(&dir, Some(CATCH_UP)).await;
     let http = http_client();
     let url = format!("http://{}/v1/watch", servers[&follower].addr);
     let from = start_index(&http, &url).await;
@@ -452,7 +438,7 @@ async fn a_watch_start_answers_within_its_wait() {
     let dir = tempfile::tempdir().unwrap();
     // Elections of 3 to 4 s: the follower still names the paused leader, and does not count it
     // silent, when the start arrives.
-    let (mut servers, leader, follower) = slow_election_cluster(&dir).await;
+    let (mut servers, leader, follower) = slow_election_cluster(&dir, Some(CATCH_UP)).await;
     let http = http_client();
     let url = format!("http://{}/v1/watch?wait_ms=500", servers[&follower].addr);
     let port = stop_leader(&mut servers, leader, Gone::Paused).await;
