@@ -49,7 +49,7 @@ use crate::raft_routes::{
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
 use crate::term_probe::HttpTermProbe;
-use refusals::Refusals;
+use peer_failures::PeerFailures;
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -149,7 +149,7 @@ pub struct HttpNetwork {
     removal: RemovalNotice,
     addresses: Addresses,
     versions: PeerVersions,
-    refusals: Refusals,
+    refusals: PeerFailures,
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
     /// The snapshot sends logged at INFO, per member and snapshot file.
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
@@ -173,7 +173,7 @@ impl HttpNetwork {
             removal: cfg.removal_notice.clone(),
             addresses: cfg.addresses.clone(),
             versions: cfg.peer_versions.clone(),
-            refusals: Refusals::new(cfg.peer_refusals.clone()),
+            refusals: PeerFailures::new(cfg.peer_refusals.clone()),
             patience: Arc::default(),
             snapshot_notices: Arc::default(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
@@ -254,7 +254,7 @@ pub struct HttpConnection {
     versions: PeerVersions,
     /// Where the target's refusals of this node's messages are noted (as another cluster's,
     /// or of its token), and its answers that take one.
-    refusals: Refusals,
+    refusals: PeerFailures,
     /// This node and its address ([`cluster_identity::FROM`]).
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
@@ -351,7 +351,9 @@ impl HttpConnection {
             .await
             .map_err(|e| {
                 self.versions.forget(self.target);
-                self.rpc_error(action, timeout, e)
+                let failed = self.rpc_error(action, timeout, e);
+                self.refusals.failed(self.target, &failed);
+                failed
             })?;
         let status = response.status();
         if status.is_success() {
@@ -497,14 +499,16 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let session_version = version.clone();
             let connecting = async move {
                 let response = exchange.await.map_err(|e| {
-                    rpc_error(
+                    let failed = rpc_error(
                         from,
                         target,
                         &base,
                         RPCTypes::AppendEntries,
                         Duration::ZERO,
                         e,
-                    )
+                    );
+                    refusals.failed(target, &failed);
+                    failed
                 })?;
                 let status = response.status();
                 if !status.is_success() {
@@ -657,7 +661,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
     }
 }
 
-mod refusals;
+mod peer_failures;
 
 #[cfg(test)]
 mod tests;
