@@ -540,10 +540,17 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 timed_out: Box::new(timed_out),
             };
             let (patience, versions) = (self.patience.clone(), self.versions.clone());
+            let failures = self.refusals.clone();
             Ok(answers(Box::pin(connecting), outstanding, policy)
                 .inspect(move |answer| {
                     if carried.load(Ordering::Relaxed) {
                         patience.record(answer);
+                    }
+                    // A member that takes the connection and then answers nothing (a paused
+                    // process, a stalled host) ends the exchange this way; a refusal is noted
+                    // where it is read, and a failed connect where it fails.
+                    if let Err(e @ (RPCError::Network(_) | RPCError::Timeout(_))) = answer {
+                        failures.failed(target, e);
                     }
                     let v = version.load(Ordering::Relaxed);
                     if answer.is_err() {

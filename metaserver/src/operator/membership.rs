@@ -109,7 +109,11 @@ async fn remove(op: &Operator, id: u64) -> Result<MembershipView> {
             }
         }
     }
-    Err(anyhow!("node {id} is neither a voter nor a learner"))
+    // Also what a removal asked again looks like once the first one was made (its answer
+    // lost, or the next member given asked after it).
+    Err(anyhow!(
+        "node {id} is neither a voter nor a learner (if it was one, it is removed already)"
+    ))
 }
 
 /// Sends a membership change (`body` as JSON, none if null), asking again while no leader
