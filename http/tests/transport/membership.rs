@@ -451,6 +451,14 @@ async fn the_leader_moves_to_the_voter_named_over_http() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["leader"], json!(to), "{v}");
     let term = v["term"].as_u64().unwrap();
+    // A leader that just took office reports `leader_without_quorum` until its first round of
+    // heartbeats is acknowledged, a moment later.
+    let new = &servers[&to].node;
+    wait_for(
+        || new.status().role == Role::Leader,
+        "the new leader's first quorum",
+    )
+    .await;
     let (status, v) = client
         .send(reqwest::Method::GET, &servers[&to], "/v1/cluster", None)
         .await;
