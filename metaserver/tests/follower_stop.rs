@@ -28,15 +28,7 @@ async fn a_stopped_follower_exits_at_once() {
     // lines per retry are left out by the default log filter, which these nodes, run with
     // RUST_LOG=warn, do not use: `logging.rs` tests it).
     let said = format!("node {follower} does not answer this node's messages");
-    let deadline = std::time::Instant::now() + common::DEADLINE;
-    while !nodes[leader - 1].logged(&said) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not said: {}",
-            nodes[leader - 1].logs()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    nodes[leader - 1].wait_logged(&said).await;
     for (i, node) in nodes.iter_mut().enumerate() {
         if i + 1 != follower {
             node.stop().await;
@@ -54,15 +46,9 @@ async fn a_paused_follower_is_named_in_the_leaders_log() {
     let leader = common::form_cluster(&http, "http", &addrs, None).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     nodes[follower - 1].signal(libc::SIGSTOP);
+    // A paused process left by a failing test is killed when its `Proc` drops.
     let said = format!("node {follower} does not answer this node's messages");
-    let deadline = std::time::Instant::now() + common::DEADLINE;
-    while !nodes[leader - 1].logged(&said) {
-        if std::time::Instant::now() >= deadline {
-            nodes[follower - 1].signal(libc::SIGCONT);
-            panic!("not said: {}", nodes[leader - 1].logs());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    nodes[leader - 1].wait_logged(&said).await;
     nodes[follower - 1].signal(libc::SIGCONT);
     for node in &mut nodes {
         node.stop().await;

@@ -74,16 +74,19 @@ pub async fn watch(
         );
         let got = tokio::select! {
             read_index = read_index => read_index,
-            _ = tokio::time::sleep_until(until), if long_poll => break 0,
             // A start answers within its wait too (a member that knows no leader would take
             // the whole request timeout), but it has no events to answer with.
-            _ = tokio::time::sleep_until(until), if req.after.is_none() && !req.wait.is_zero() => {
-                return Err(ApiError::Timeout(format!(
-                    "no read index to start from came within wait_ms ({} ms): this member knows \
-                     no leader, or its leader did not answer in time; retry, or ask another member",
-                    req.wait.as_millis()
-                )));
-            }
+            _ = tokio::time::sleep_until(until), if !req.wait.is_zero() => match req.after {
+                Some(_) => break 0,
+                None => {
+                    return Err(ApiError::Timeout(format!(
+                        "no read index to start from came within wait_ms ({} ms): this member \
+                         knows no leader, or its leader did not answer in time; retry, or ask \
+                         another member",
+                        req.wait.as_millis()
+                    )))
+                }
+            },
             _ = state.node.closing() => match req.after {
                 Some(_) => break 0,
                 None => return Err(meta_consensus::Error::Shutdown.into()),

@@ -33,10 +33,11 @@ pub async fn member(command: MemberCommand) -> Result<()> {
         } => {
             let op = Operator::new(&client)?;
             let body = json!({ "id": id, "addr": addr });
-            let added: MembershipView = change(&op, Method::POST, "/v1/cluster/learners", body)
-                .await?
-                .map_err(|refused| op.refused_error(refused))
-                .with_context(|| format!("adding node {id} at {addr} as a learner"))?;
+            let added: MembershipView =
+                change(&op, Method::POST, "/v1/cluster/learners", Some(body))
+                    .await?
+                    .map_err(|refused| op.refused_error(refused))
+                    .with_context(|| format!("adding node {id} at {addr} as a learner"))?;
             if !voter {
                 return print(&added);
             }
@@ -56,11 +57,15 @@ pub async fn member(command: MemberCommand) -> Result<()> {
         }
         MemberCommand::Leader { client, id } => {
             let op = Operator::new(&client)?;
-            let leader: LeaderView =
-                change(&op, Method::PUT, "/v1/cluster/leader", json!({ "id": id }))
-                    .await?
-                    .map_err(|refused| op.refused_error(refused))
-                    .with_context(|| format!("moving the leadership to node {id}"))?;
+            let leader: LeaderView = change(
+                &op,
+                Method::PUT,
+                "/v1/cluster/leader",
+                Some(json!({ "id": id })),
+            )
+            .await?
+            .map_err(|refused| op.refused_error(refused))
+            .with_context(|| format!("moving the leadership to node {id}"))?;
             print(&leader)
         }
     }
@@ -74,7 +79,7 @@ pub(super) async fn promote(op: &Operator, id: u64, wait: Duration) -> Result<Me
     let deadline = Instant::now() + wait;
     let mut reported: Option<Instant> = None;
     loop {
-        let refused = match change(op, Method::PUT, &path, Value::Null).await? {
+        let refused = match change(op, Method::PUT, &path, None).await? {
             Ok(view) => return Ok(view),
             Err(refused) => refused,
         };
@@ -100,7 +105,7 @@ async fn remove(op: &Operator, id: u64) -> Result<MembershipView> {
     let as_voter = format!("/v1/cluster/voters/{id}");
     let as_learner = format!("/v1/cluster/learners/{id}");
     for path in [as_voter, as_learner] {
-        match change(op, Method::DELETE, &path, Value::Null).await? {
+        match change(op, Method::DELETE, &path, None).await? {
             Ok(view) => return Ok(view),
             Err(refused) if refused.status == StatusCode::NOT_FOUND => {}
             Err(refused) => {
@@ -116,22 +121,21 @@ async fn remove(op: &Operator, id: u64) -> Result<MembershipView> {
     ))
 }
 
-/// Sends a membership change (`body` as JSON, none if null), asking again while no leader
+/// Sends a membership change (with `body` as JSON, if any), asking again while no leader
 /// takes it ([`Operator::answer_retrying`]: each change names a state, so asking again changes
 /// nothing more); the answer decoded, or the refusal.
 async fn change<T: serde::de::DeserializeOwned>(
     op: &Operator,
     method: Method,
     path: &str,
-    body: Value,
+    body: Option<Value>,
 ) -> Result<std::result::Result<T, Refused>> {
     let answer = op
         .answer_retrying(|| {
             let request = op.request(method.clone(), path);
-            if body.is_null() {
-                request
-            } else {
-                request.json(&body)
+            match &body {
+                Some(body) => request.json(body),
+                None => request,
             }
         })
         .await?;

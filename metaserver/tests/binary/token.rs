@@ -107,17 +107,8 @@ async fn a_member_with_another_token_is_named_in_the_logs() {
     nodes[other - 1] = crate::common::spawn(dir, dir, &args, &[], false);
     nodes[other - 1].address();
     let refused = |by: usize| format!("node {by} refuses this node's token");
-    let deadline = std::time::Instant::now() + crate::common::DEADLINE;
-    while !(nodes[leader - 1].logged(&refused(other)) && nodes[other - 1].logged(&refused(leader)))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no warning; leader:\n{}\nmember:\n{}",
-            nodes[leader - 1].logs(),
-            nodes[other - 1].logs()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    nodes[leader - 1].wait_logged(&refused(other)).await;
+    nodes[other - 1].wait_logged(&refused(leader)).await;
     let url = format!("http://{}/v1/kv/k", addrs[other - 1]);
     let (status, v) = send(&http, Method::PUT, &url, Some("second"), Some("v".into()))
         .await

@@ -181,6 +181,20 @@ impl Proc {
         String::from_utf8_lossy(&std::fs::read(&self.stderr).unwrap_or_default()).contains(text)
     }
 
+    /// Waits until the process's stderr holds `text`; fails the test, with the log's tail, if it
+    /// does not within [`DEADLINE`].
+    pub async fn wait_logged(&self, text: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        while !self.logged(text) {
+            assert!(
+                Instant::now() < deadline,
+                "never logged {text:?}; stderr:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Fails unless the process's last stop drained its requests in time: a request that held
     /// the drain makes the server give up on it after its drain timeout and log so.
     pub fn assert_drained(&self) {
