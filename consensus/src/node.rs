@@ -31,6 +31,7 @@ mod free_space;
 mod handover;
 mod heartbeats;
 mod leader_contact;
+mod leader_silence;
 mod membership;
 mod reads;
 mod recovery;
@@ -124,6 +125,8 @@ struct Inner {
     led_since: parking_lot::Mutex<Option<(u64, std::time::Instant)>>,
     /// When this node last took a message of its leader (`node/leader_contact.rs`).
     leader_contact: parking_lot::Mutex<leader_contact::LeaderContact>,
+    /// How many times this node noticed its leader fall silent (`node/leader_silence.rs`).
+    silences: tokio::sync::watch::Sender<u64>,
     /// The term in which this node last asked a voter to take its leadership over (0: never).
     handed_over_in: AtomicU64,
     /// Why this node may not start elections now (`node/election_holds.rs`).
@@ -273,6 +276,7 @@ impl MetaNode {
                 leader_contact: parking_lot::Mutex::new(leader_contact::LeaderContact::new(
                     std::time::Instant::now(),
                 )),
+                silences: tokio::sync::watch::Sender::new(0),
                 handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),
             }),
@@ -284,6 +288,7 @@ impl MetaNode {
         node.await_loaded_metrics().await;
         node.note_membership_at_open();
         node.follow_metrics();
+        node.watch_leader_silence();
         node.rebuild_damaged_snapshots();
         if rejoining {
             node.end_rejoin_when_caught_up();

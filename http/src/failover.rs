@@ -12,6 +12,9 @@
 //! So a read also gives up on a leader that stopped answering (a paused process, a partition)
 //! once this node learns that another one leads (`unless_deposed`), instead of waiting for
 //! the exchange's timeout.
+//! Every request waiting on a leader also gives up once that leader has been silent for two
+//! election timeouts with no other elected (no quorum may be left here to elect one): a read
+//! or membership change answers 503 `no_leader`, a write 504 `outcome_unknown`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -76,12 +79,19 @@ pub(crate) fn refused_as_silent(node: &MetaNode, leader: NodeId) -> Option<ApiEr
     let (silent, for_how_long) = node.silent_leader()?;
     (silent == leader).then(|| {
         ApiError::NoLeader(format!(
-            "node {leader}, the last leader this node knew, has not been heard from for {} ms \
-             (stopped, paused, or cut off from this node), and no other leader was elected: \
-             try another member",
-            for_how_long.as_millis()
+            "node {leader}, the last leader this node knew, {}: try another member",
+            silence(for_how_long)
         ))
     })
+}
+
+/// How a silent leader is described in answers.
+fn silence(for_how_long: Duration) -> String {
+    format!(
+        "has not been heard from for {} ms (stopped, paused, or cut off from this node), and no \
+         other leader was elected",
+        for_how_long.as_millis()
+    )
 }
 
 /// Answers a read on `node`; `attempt` asks it once. An answer of 503 `no_leader` is not final
@@ -142,7 +152,13 @@ pub(crate) async fn unless_deposed<T>(
             "node {leader} no longer leads (asked in term {term}): asking the next leader"
         ))
     };
-    until_deposed(node, leader, Duration::ZERO, deposed, asked).await
+    let silent = |for_how_long| {
+        ApiError::NoLeader(format!(
+            "node {leader}, the leader this request was sent to, {}: try another member",
+            silence(for_how_long)
+        ))
+    };
+    until_deposed(node, leader, Duration::ZERO, deposed, silent, asked).await
 }
 
 /// [`unless_deposed`] for a leadership move asked of `leader`: another node leading is what it
@@ -161,7 +177,13 @@ pub(crate) async fn unless_moved_from<T>(
              another node leads: asking the next leader"
         ))
     };
-    until_deposed(node, leader, grace, deposed, asked).await
+    let silent = |for_how_long| {
+        ApiError::NoLeader(format!(
+            "node {leader}, asked to move the leadership, {}: try another member",
+            silence(for_how_long)
+        ))
+    };
+    until_deposed(node, leader, grace, deposed, silent, asked).await
 }
 
 /// Runs `sent`, a write sent to `leader`, unless `leader` is still silent two election
@@ -182,26 +204,38 @@ pub(crate) async fn unless_superseded<T>(
              and another leader was elected: the write may or may not have been made"
         ))
     };
-    until_deposed(node, leader, grace, superseded, sent).await
+    let silent = |for_how_long| {
+        ApiError::OutcomeUnknown(format!(
+            "node {leader}, the leader the write was sent to, {}: the write may or may not \
+             have been made",
+            silence(for_how_long)
+        ))
+    };
+    until_deposed(node, leader, grace, superseded, silent, sent).await
 }
 
 /// Runs `asked` (sent to `leader`) until `grace` after `node` learns that another node leads,
 /// or the same one in a later term (than `node`'s when asked); then drops it and answers
 /// `deposed(term)`. A target that `node`'s metrics already show deposed is dropped at once
 /// (after the grace), except while `node` itself leads: then `leader` is openraft's hint, the
-/// target of a hand-over not elected yet, and is asked without a watch.
+/// target of a hand-over not elected yet, and is asked without a watch. Dropped too, answering
+/// `silent(for how long)`, once `leader` has been silent for two election timeouts with no
+/// other leader elected (`MetaNode::leader_silenced`): no quorum may be left to elect one, and
+/// the request would wait for its forwarding timeout (a read 5 s, others 30 s).
 async fn until_deposed<T>(
     node: &MetaNode,
     leader: NodeId,
     grace: Duration,
     deposed: impl FnOnce(u64) -> ApiError,
+    silent: impl FnOnce(Duration) -> ApiError,
     asked: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
     let (named, term) = node.known_leader_and_term();
     if named == Some(node.id()) && leader != node.id() {
         return asked.await;
     }
-    // No timer runs while `leader` leads: requests to it wait here by the thousand.
+    // No timer runs while `leader` leads (the silence has one per node): requests to it wait
+    // here by the thousand.
     let superseded = async {
         if node.leader_after(Some(leader), term).await.is_none() {
             std::future::pending::<()>().await;
@@ -213,5 +247,6 @@ async fn until_deposed<T>(
     tokio::select! {
         answer = asked => answer,
         () = superseded => Err(deposed(term)),
+        for_how_long = node.leader_silenced(leader) => Err(silent(for_how_long)),
     }
 }

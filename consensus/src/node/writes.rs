@@ -215,34 +215,6 @@ impl MetaNode {
         self.led_before(at) && !self.handing_over()
     }
 
-    /// The leader openraft names, when it is another node that this node has not heard from
-    /// for two election timeouts (longer than a live leader is ever silent: it sends a
-    /// heartbeat every `heartbeat_ms`), and how long it has been silent: it stopped, is paused,
-    /// or is cut off from this node. openraft names it until another leader is elected, which
-    /// a follower left without a quorum waits for in vain; a request sent to it would wait for
-    /// an answer until it timed out.
-    pub fn silent_leader(&self) -> Option<(NodeId, Duration)> {
-        let (state, leader) = {
-            let metrics = self.inner.raft.server_metrics();
-            let m = metrics.borrow_watched();
-            (m.state, m.current_leader)
-        };
-        if state == openraft::ServerState::Leader {
-            return None;
-        }
-        let leader = leader.filter(|l| *l != self.id())?;
-        let silence = self.silence_of(leader);
-        (silence > self.inner.cfg.election_timeout() * 2).then_some((leader, silence))
-    }
-
-    /// How long `leader` has been silent (`leader_contact.rs`).
-    pub(super) fn silence_of(&self, leader: NodeId) -> Duration {
-        self.inner
-            .leader_contact
-            .lock()
-            .silence(leader, std::time::Instant::now())
-    }
-
     /// The leader (id and address) this node's metrics name, when that is another node (a
     /// follower's view: it may be stale). `None` on a leader or when no leader is known.
     pub fn leader_to_forward_to(&self) -> Option<(NodeId, String)> {

@@ -450,3 +450,71 @@ async fn a_watch_start_answers_within_its_wait() {
     stop_all(servers).await;
     drop(port);
 }
+
+/// Requests already waiting on a leader when it falls silent (paused, with the third voter down,
+/// so that no other leader can be elected) are answered once it has been silent for two
+/// election timeouts, naming the silence: a write 504 `outcome_unknown` (the leader may have
+/// made it), a linearizable read and a membership change 503 `no_leader`. They waited for
+/// their forwarding timeouts before: the read 5 s and then 504 `timeout`, the others 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_a_leader_that_falls_silent_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    // Silent after 4 s: the requests below are sent well before that, and the read's wait for
+    // the read index (5 s) has not ended when the silence is noticed.
+    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| {
+        cfg.election_min_ms = 1500;
+        cfg.election_max_ms = 2000;
+        cfg.request_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let mut others = servers.keys().copied().filter(|id| *id != leader);
+    let (down, last) = (others.next().unwrap(), others.next().unwrap());
+    let down = servers.remove(&down).unwrap().stop_keeping_port().await;
+    let paused = stop_leader(&mut servers, leader, Gone::Paused).await;
+    assert!(servers[&last].node.silent_leader().is_none());
+
+    let at = |path: &str| format!("http://{}{path}", servers[&last].addr);
+    let send = |request: reqwest::RequestBuilder| async move {
+        let started = std::time::Instant::now();
+        let answer = request.bearer_auth(TOKEN).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        (status, body, started.elapsed())
+    };
+    let (write, read, change) = tokio::join!(
+        send(http.put(at("/v1/kv/k")).body("v")),
+        send(http.get(at("/v1/kv/k?consistency=linearizable"))),
+        send(
+            http.put(at("/v1/cluster/voters"))
+                .body(serde_json::json!({"voters": [last]}).to_string())
+        ),
+    );
+    for ((status, body, took), (want_status, want_code, sent_to)) in [
+        (
+            write,
+            (504, "outcome_unknown", "the leader the write was sent to"),
+        ),
+        (
+            read,
+            (503, "no_leader", "the leader this request was sent to"),
+        ),
+        (
+            change,
+            (503, "no_leader", "the leader this request was sent to"),
+        ),
+    ] {
+        assert_eq!(status, want_status, "{body}");
+        assert_eq!(body["error"]["code"], want_code, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("node {leader}, {sent_to}"))
+                && message.contains("has not been heard from"),
+            "{message}"
+        );
+        assert!(took < Duration::from_secs(25), "answered after {took:?}");
+    }
+    stop_all(servers).await;
+    drop((down, paused));
+}
