@@ -9,6 +9,11 @@
 //!
 //! A leader sees the same from its side: the wiped member refuses its heartbeats, and the
 //! leader's status names it.
+//!
+//! Members that refuse this node's token (401: one side was started with another `--token`)
+//! are noted apart: each side's status names the other, and a member whose leader refuses its
+//! token says so when it answers that its leader is silent. Such a member holds this
+//! cluster's state, so it is not refused the way another cluster's member is.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -23,45 +28,69 @@ use crate::types::NodeId;
 /// than a candidate's election timeout.
 pub const RECENT: Duration = Duration::from_secs(30);
 
-/// Member id to when it last refused a message of this node as another cluster's; cleared by
-/// its next answer that takes one. Shared by the node and its transport.
+/// Member id to when it last refused a message of this node, as another cluster's or for its
+/// token; cleared by its next answer that takes one. Shared by the node and its transport.
 #[derive(Clone, Debug, Default)]
-pub struct PeerRefusals(Arc<Mutex<HashMap<NodeId, Instant>>>);
+pub struct PeerRefusals(Arc<Mutex<Refusals>>);
+
+#[derive(Debug, Default)]
+struct Refusals {
+    other_cluster: HashMap<NodeId, Instant>,
+    token: HashMap<NodeId, Instant>,
+}
 
 impl PeerRefusals {
     /// Member `id` refused a message of this node: it belongs to another cluster.
     pub fn refused(&self, id: NodeId) {
-        self.0.lock().insert(id, Instant::now());
+        self.0.lock().other_cluster.insert(id, Instant::now());
+    }
+
+    /// Member `id` refused a message of this node's for its token (401).
+    pub fn token_refused(&self, id: NodeId) {
+        self.0.lock().token.insert(id, Instant::now());
     }
 
     /// Member `id` took a message of this node (it answered as a member of its cluster).
     pub fn accepted(&self, id: NodeId) {
-        self.0.lock().remove(&id);
+        let mut refusals = self.0.lock();
+        refusals.other_cluster.remove(&id);
+        refusals.token.remove(&id);
     }
 
-    /// Whether any member's last answer refused this node's message (however long ago).
+    /// Whether any member's last answer refused this node's message as another cluster's
+    /// (however long ago).
     pub fn any(&self) -> bool {
-        !self.0.lock().is_empty()
+        !self.0.lock().other_cluster.is_empty()
     }
 
     /// How long to wait before sending member `id` another message, for it to be sent at
-    /// most every `pause` while the member's last answer refused one: such a member refuses
-    /// every message until it is wiped and rejoins, and each refusal costs both sides a
-    /// connection and a warning. `None`: send at once.
+    /// most every `pause` while the member's last answer refused one as another cluster's:
+    /// such a member refuses every message until it is wiped and rejoins, and each refusal
+    /// costs both sides a connection and a warning. `None`: send at once.
     pub fn wait_before_asking(&self, id: NodeId, pause: Duration) -> Option<Duration> {
-        let at = *self.0.lock().get(&id)?;
+        let at = *self.0.lock().other_cluster.get(&id)?;
         Some(pause.saturating_sub(at.elapsed())).filter(|wait| !wait.is_zero())
     }
 
-    /// The members whose last answer, within `recent`, refused this node's message.
+    /// The members whose last answer, within `recent`, refused this node's message as another
+    /// cluster's.
     pub fn within(&self, recent: Duration) -> BTreeSet<NodeId> {
-        self.0
-            .lock()
-            .iter()
-            .filter(|(_, at)| at.elapsed() < recent)
-            .map(|(id, _)| *id)
-            .collect()
+        lately(&self.0.lock().other_cluster, recent)
     }
+
+    /// The members whose last answer, within `recent`, refused this node's token.
+    pub fn token_within(&self, recent: Duration) -> BTreeSet<NodeId> {
+        lately(&self.0.lock().token, recent)
+    }
+}
+
+/// The members of `refused` that refused within `recent`.
+fn lately(refused: &HashMap<NodeId, Instant>, recent: Duration) -> BTreeSet<NodeId> {
+    refused
+        .iter()
+        .filter(|(_, at)| at.elapsed() < recent)
+        .map(|(id, _)| *id)
+        .collect()
 }
 
 /// Whether voters `voters` can elect no leader while `refusing` refuse every message: the
@@ -85,6 +114,25 @@ mod tests {
         refusals.accepted(2);
         assert_eq!(refusals.within(recent), BTreeSet::from([3]));
         assert_eq!(refusals.within(Duration::ZERO), BTreeSet::new(), "too old");
+    }
+
+    #[test]
+    fn a_refused_token_is_noted_apart_until_the_member_takes_a_message() {
+        let refusals = PeerRefusals::default();
+        refusals.token_refused(2);
+        refusals.refused(3);
+        let recent = Duration::from_secs(60);
+        assert_eq!(refusals.token_within(recent), BTreeSet::from([2]));
+        assert_eq!(refusals.within(recent), BTreeSet::from([3]));
+        assert_eq!(refusals.wait_before_asking(2, recent), None, "not paused");
+        refusals.accepted(2);
+        assert_eq!(refusals.token_within(recent), BTreeSet::new());
+        refusals.token_refused(3);
+        assert_eq!(
+            refusals.token_within(Duration::ZERO),
+            BTreeSet::new(),
+            "too old"
+        );
     }
 
     #[test]

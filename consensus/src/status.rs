@@ -117,6 +117,9 @@ pub struct ClusterStatus {
     /// (`peer_refusals.rs`): on a node initialized on its own by mistake, its former peers; on
     /// their leader, that node.
     pub refused_by: Vec<NodeId>,
+    /// The members whose answers lately refused this node's token (401): on a member started
+    /// with another `--token`, the others; on their leader, that member.
+    pub token_refused_by: Vec<NodeId>,
 }
 
 /// A rejoining node's progress (see [`ClusterStatus::rejoin`]).

@@ -80,16 +80,22 @@ pub(crate) fn refused_as_silent(node: &MetaNode, leader: NodeId) -> Option<ApiEr
     (silent == leader).then(|| {
         ApiError::NoLeader(format!(
             "node {leader}, the last leader this node knew, {}: try another member",
-            silence(for_how_long)
+            silence(node, leader, for_how_long)
         ))
     })
 }
 
-/// How a silent leader is described in answers.
-fn silence(for_how_long: Duration) -> String {
+/// How `node` describes its silent `leader` in answers: with the likely cause when `leader`
+/// lately refused this node's token (then this node refuses the leader's messages too).
+fn silence(node: &MetaNode, leader: NodeId, for_how_long: Duration) -> String {
+    let cause = if node.token_refused_by().contains(&leader) {
+        "it refuses this node's token (401), and this node its messages: every member needs \
+         the same --token"
+    } else {
+        "stopped, paused, or cut off from this node"
+    };
     format!(
-        "has not been heard from for {} ms (stopped, paused, or cut off from this node), and no \
-         other leader was elected",
+        "has not been heard from for {} ms ({cause}), and no other leader was elected",
         for_how_long.as_millis()
     )
 }
@@ -155,7 +161,7 @@ pub(crate) async fn unless_deposed<T>(
     let silent = |for_how_long| {
         ApiError::NoLeader(format!(
             "node {leader}, the leader this request was sent to, {}: try another member",
-            silence(for_how_long)
+            silence(node, leader, for_how_long)
         ))
     };
     until_deposed(node, leader, Duration::ZERO, deposed, silent, asked).await
@@ -180,7 +186,7 @@ pub(crate) async fn unless_moved_from<T>(
     let silent = |for_how_long| {
         ApiError::NoLeader(format!(
             "node {leader}, asked to move the leadership, {}: try another member",
-            silence(for_how_long)
+            silence(node, leader, for_how_long)
         ))
     };
     until_deposed(node, leader, grace, deposed, silent, asked).await
@@ -208,7 +214,7 @@ pub(crate) async fn unless_superseded<T>(
         ApiError::OutcomeUnknown(format!(
             "node {leader}, the leader the write was sent to, {}: the write may or may not \
              have been made",
-            silence(for_how_long)
+            silence(node, leader, for_how_long)
         ))
     };
     until_deposed(node, leader, grace, superseded, silent, sent).await

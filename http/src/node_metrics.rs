@@ -290,6 +290,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?;
     gauge(
         &mut enc,
+        "metaserver_members_refusing_token",
+        "Members whose answers lately refused this node's token (401)",
+        count(status.token_refused_by.len() as u64),
+    )?;
+    gauge(
+        &mut enc,
         "metaserver_snapshot_rate_bytes_per_second",
         "Snapshot export and download rate limit (0 = unlimited)",
         count(status.snapshot_rate),

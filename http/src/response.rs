@@ -283,6 +283,11 @@ pub struct ClusterView {
     /// `--init`), its former peers; on their leader, that node. Absent when none did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused_by: Vec<u64>,
+    /// The members whose answers lately refused this node's token (401: one side was started
+    /// with another `--token`): on such a member, the others; on their leader, that member.
+    /// Absent when none did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_refused_by: Vec<u64>,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).

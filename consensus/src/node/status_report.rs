@@ -132,6 +132,7 @@ impl MetaNode {
             rejoin: self.rejoin_status(),
             removal: removal.filter(|_| role == Role::Removed),
             refused_by: self.refused_by().into_iter().collect(),
+            token_refused_by: self.token_refused_by().into_iter().collect(),
         }
     }
 }

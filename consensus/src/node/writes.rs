@@ -89,6 +89,15 @@ impl MetaNode {
             .within(crate::peer_refusals::RECENT)
     }
 
+    /// The members whose answers lately refused this node's token (401), within the same
+    /// `RECENT` as [`MetaNode::refused_by`]: one side was started with another `--token`.
+    pub fn token_refused_by(&self) -> std::collections::BTreeSet<NodeId> {
+        self.inner
+            .cfg
+            .peer_refusals
+            .token_within(crate::peer_refusals::RECENT)
+    }
+
     /// Whether this node is a member of a cluster that has not removed it and whose voters
     /// take its messages: one that knows no leader waits for an election, and may learn of one.
     pub fn in_cluster(&self) -> bool {

@@ -97,6 +97,7 @@ impl From<ClusterStatus> for ClusterView {
                 members: r.members,
             }),
             refused_by: s.refused_by,
+            token_refused_by: s.token_refused_by,
         }
     }
 }

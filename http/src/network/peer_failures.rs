@@ -1,7 +1,7 @@
 //! What a node makes of its members' refusals of its Raft messages, and of failures to reach
-//! them: one that refuses them as another cluster's is noted for the node's status
-//! (`PeerRefusals`); one that refuses its token (401), and one that cannot be reached, are
-//! logged, once per member and then at most every 30 s with the count in between.
+//! them: one that refuses them as another cluster's, or for its token (401), is noted for the
+//! node's status (`PeerRefusals`); one that refuses its token, and one that cannot be reached,
+//! are logged, once per member and then at most every 30 s with the count in between.
 //!
 //! Without the token line, a member restarted with another `--token` looked merely slow: the
 //! leader's messages to it failed in silence, and its own requests to the leader failed as
@@ -21,15 +21,15 @@ use crate::log_throttle::LogThrottle;
 /// member.
 #[derive(Debug, Clone)]
 pub(super) struct PeerFailures {
-    cluster: PeerRefusals,
+    refusals: PeerRefusals,
     token: Arc<LogThrottle<NodeId>>,
     unreachable: Arc<LogThrottle<NodeId>>,
 }
 
 impl PeerFailures {
-    pub(super) fn new(cluster: PeerRefusals) -> Self {
+    pub(super) fn new(refusals: PeerRefusals) -> Self {
         PeerFailures {
-            cluster,
+            refusals,
             token: Arc::default(),
             unreachable: Arc::default(),
         }
@@ -38,9 +38,9 @@ impl PeerFailures {
     /// Notes `target`'s answer with `status` and `body` to one of this node's messages.
     pub(super) fn note(&self, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
         if status.is_success() {
-            self.cluster.accepted(target);
+            self.refusals.accepted(target);
         } else if cluster_identity::refuses_as_other_cluster(status, body) {
-            self.cluster.refused(target);
+            self.refusals.refused(target);
         } else if status == reqwest::StatusCode::UNAUTHORIZED {
             self.token_refused(target, Instant::now());
         }
@@ -48,7 +48,7 @@ impl PeerFailures {
 
     /// `target` took a message.
     pub(super) fn accepted(&self, target: NodeId) {
-        self.cluster.accepted(target);
+        self.refusals.accepted(target);
     }
 
     /// How long to wait before asking `target` again, after it refused this node's messages
@@ -58,7 +58,7 @@ impl PeerFailures {
         target: NodeId,
         pause: std::time::Duration,
     ) -> Option<std::time::Duration> {
-        self.cluster.wait_before_asking(target, pause)
+        self.refusals.wait_before_asking(target, pause)
     }
 
     /// A message to `target` failed, `why`, without an answer (not reached, or no answer in
@@ -83,6 +83,7 @@ impl PeerFailures {
 
     /// `target` refused this node's token at `now`; `true` if that was logged.
     fn token_refused(&self, target: NodeId, now: Instant) -> bool {
+        self.refusals.token_refused(target);
         let Some(unlogged) = self.token.note(target, (), now) else {
             return false;
         };
@@ -109,6 +110,10 @@ mod tests {
         assert!(refusals.token_refused(2, t0), "another member: logged");
         let later = t0 + crate::log_throttle::REPEAT_EVERY;
         assert!(refusals.token_refused(3, later), "again after a while");
+        // Each refusal is noted for the status, logged or not.
+        let recent = std::time::Duration::from_secs(60);
+        let noted = refusals.refusals.token_within(recent);
+        assert_eq!(noted, std::collections::BTreeSet::from([2, 3]));
     }
 
     #[test]

@@ -76,8 +76,9 @@ async fn the_token_is_enforced() {
 }
 
 /// A member restarted with another token takes none of the others' messages, nor they its: both
-/// sides say so in their logs, naming the member, and a request sent through it is answered 503
-/// (ask another member), not 500.
+/// sides say so in their logs and their status, naming the other, and a request sent through it
+/// is answered 503 (ask another member), not 500, naming the token once the member counts its
+/// leader silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_another_token_is_named_in_the_logs() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -114,6 +115,33 @@ async fn a_member_with_another_token_is_named_in_the_logs() {
         .await
         .unwrap();
     assert_eq!(status, 503, "{v}");
+    // Each side's status names the other.
+    let names = |v: &serde_json::Value, id: usize| {
+        v["token_refused_by"]
+            .as_array()
+            .is_some_and(|ids| ids.contains(&id.into()))
+    };
+    let status_of = |n: usize| format!("http://{}/v1/cluster", addrs[n - 1]);
+    poll(&http, &status_of(leader), Some("first"), |v| {
+        names(v, other)
+    })
+    .await;
+    // Once the member counts its leader silent (it hears nothing from it), it answers at once,
+    // naming the token.
+    poll(&http, &status_of(other), Some("second"), |v| {
+        names(v, leader) && v["leader_id"].is_null()
+    })
+    .await;
+    let (status, v) = send(&http, Method::PUT, &url, Some("second"), Some("v".into()))
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("node {leader}, the last leader"))
+            && message.contains("refuses this node's token"),
+        "{message}"
+    );
     for node in &mut nodes {
         node.stop().await;
     }
