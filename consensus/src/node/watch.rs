@@ -125,4 +125,19 @@ impl MetaNode {
     pub fn watch_floor(&self) -> u64 {
         self.inner.sm.feed.floor()
     }
+
+    /// [`Error::Compacted`] if this node no longer keeps the changes after `after`, as
+    /// [`MetaNode::watch`] would answer once it got its read index: the feed's floor only
+    /// rises, so a watch may be told at once rather than after asking a leader, which may
+    /// take its whole wait on a member that knows none. Before that, the refusals
+    /// [`MetaNode::watch`] gives whatever `after` is (a closed, removed or refused node).
+    pub fn check_watch_from(&self, after: u64) -> Result<()> {
+        self.check_open()?;
+        self.check_serving()?;
+        let floor = self.inner.sm.feed.floor();
+        if after < floor {
+            return Err(Error::Compacted { after, floor });
+        }
+        Ok(())
+    }
 }

@@ -44,6 +44,10 @@ pub async fn watch(
             )));
         }
     }
+    // Changes this member no longer keeps are gone whatever the leader says.
+    if let Some(after) = req.after {
+        state.node.check_watch_from(after)?;
+    }
     // Only a watch that may wait holds a slot; one that answers at once needs none.
     let _slot = if req.wait.is_zero() || req.after.is_none() {
         None

@@ -252,6 +252,48 @@ async fn a_long_poll_outlives_its_leader_within_its_wait() {
     drop(port);
 }
 
+/// A long poll from an index the member no longer keeps is answered 410 `compacted` at once,
+/// even at a member that knows no leader (two of three are down): it waited out its whole wait
+/// for a read index before, and only then said what it knew from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_index_is_told_at_once_without_a_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster_tuned(&dir, None, |_, cfg| cfg.watch_history = 2).await;
+    let http = http_client();
+    let leader = the_leader(&servers).node.id();
+    let follower = *servers.keys().find(|id| **id != leader).unwrap();
+    let url = format!("http://{}/v1/watch", servers[&follower].addr);
+    let from = start_index(&http, &url).await;
+    for i in 0..4 {
+        let put = put_kv(&servers[&leader], &format!("k{i}")).await;
+        assert_eq!(put.status(), 200);
+    }
+    let node = servers[&follower].node.clone();
+    wait_for(|| node.watch_floor() > from, "the follower's feed moves on").await;
+    let others: Vec<u64> = servers
+        .keys()
+        .copied()
+        .filter(|id| *id != follower)
+        .collect();
+    for id in others {
+        servers.remove(&id).unwrap().stop().await;
+    }
+    let sent = std::time::Instant::now();
+    let answer = http
+        .get(format!("{url}?after={from}&wait_ms=30000"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    assert_eq!(status, 410, "{text}");
+    assert!(text.contains("compacted"), "{text}");
+    assert!(took < Duration::from_secs(15), "answered after {took:?}");
+    stop_all(servers).await;
+}
+
 /// A long poll at the last member of a cluster that lost its quorum answers what the member
 /// applied at the end of its wait, as one whose leader does not answer: not 503 `no_leader`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
