@@ -86,6 +86,14 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
             "the host must be a name, an IPv4 address or an IPv6 address in brackets",
         ));
     }
+    // Digits and dots only is meant as an IPv4 address (resolvers read "999.2.3.4" or "7101" as
+    // one, or fail), never a name.
+    let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if numeric && host.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err(bad(
+            "a host of digits and dots must be an IPv4 address (four numbers 0-255)",
+        ));
+    }
     match port.parse::<u16>() {
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
         _ => Err(bad("the port must be 1 to 65535")),
@@ -145,6 +153,9 @@ mod tests {
             "localhost:1",
             "dn-7.example:65535",
             "[::1]:80",
+            "10.0.0.255:80",
+            "1a.example:80",
+            "3com:80",
         ] {
             assert!(validate_addr(good).is_ok(), "{good}");
         }
@@ -164,6 +175,10 @@ mod tests {
             "127.0.0.1:7121;2=127.0.0.1:7122",
             "a:1;b=c:2",
             "user@host:80",
+            "999.2.3.4:90",
+            "1.2.3:80",
+            "7101:80",
+            "1.2.3.4.5:80",
         ] {
             assert_eq!(
                 validate_addr(bad).unwrap_err().code(),
