@@ -1,19 +1,22 @@
-//! When this node last heard from its leader. openraft keeps naming a leader that fell silent
+//! When this node last heard from each leader. openraft keeps naming a leader that fell silent
 //! (killed, cut off) for as long as no other is elected, which takes a quorum: a follower left
 //! without one would name a dead leader for ever, and look ready. Its status names no leader
 //! once the leader has been silent for longer than a live one ever is (`status_report.rs`), and
 //! requests are no longer sent to it ([`MetaNode::silent_leader`](super::MetaNode::silent_leader)).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::types::NodeId;
 
-/// The leader's messages this node took, and when it opened.
+/// The leaders' messages this node took, and when it opened.
 #[derive(Debug)]
 pub(super) struct LeaderContact {
     opened: Instant,
-    /// The leader of the last message taken, and when it came.
-    last: Option<(NodeId, Instant)>,
+    /// When the last message of each leader was taken. Each leader's own: a node takes the
+    /// next leader's first message a moment before its metrics stop naming the last one, and
+    /// that one must not look silent since the node opened meanwhile.
+    last: HashMap<NodeId, Instant>,
 }
 
 impl LeaderContact {
@@ -21,22 +24,19 @@ impl LeaderContact {
     pub(super) fn new(now: Instant) -> Self {
         LeaderContact {
             opened: now,
-            last: None,
+            last: HashMap::new(),
         }
     }
 
     /// A message of `leader` was taken at `now`.
     pub(super) fn note(&mut self, leader: NodeId, now: Instant) {
-        self.last = Some((leader, now));
+        self.last.insert(leader, now);
     }
 
     /// How long `leader` has been silent at `now`: since its last message, or since this node
     /// opened if it took none (a node that just started gives its leader time to reach it).
     pub(super) fn silence(&self, leader: NodeId, now: Instant) -> Duration {
-        let since = match self.last {
-            Some((l, at)) if l == leader => at,
-            _ => self.opened,
-        };
+        let since = self.last.get(&leader).copied().unwrap_or(self.opened);
         now.saturating_duration_since(since)
     }
 }
@@ -60,6 +60,6 @@ mod tests {
         assert_eq!(c.silence(2, at(10)), secs(10));
         c.note(2, at(20));
         assert_eq!(c.silence(2, at(21)), secs(1));
-        assert_eq!(c.silence(1, at(21)), secs(21));
+        assert_eq!(c.silence(1, at(21)), secs(11), "since its own last message");
     }
 }
