@@ -110,7 +110,7 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
             Method::PUT,
             &from,
             &format!("/v1/datanodes/{id}"),
-            Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
+            Some(json!({"addr": format!("10.0.{}.{}:9000", id / 256 % 256, id % 256)}).to_string()),
         )
         .await;
         let epoch = v["epoch"].as_u64().unwrap();
@@ -199,7 +199,8 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
     let floor = summary["epoch_floor"].as_u64().unwrap();
     assert!(floor > REMOVED_EPOCH, "{out}");
     for id in [10, 11] {
-        let body = json!({"addr": format!("10.0.0.{id}:9000")}).to_string();
+        let body =
+            json!({"addr": format!("10.0.{}.{}:9000", id / 256 % 256, id % 256)}).to_string();
         let v = ok(Method::PUT, &to, &format!("/v1/datanodes/{id}"), Some(body)).await;
         assert!(v["epoch"].as_u64().unwrap() >= floor, "{v}");
     }

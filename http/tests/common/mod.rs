@@ -189,7 +189,7 @@ impl TestNode {
             .send(
                 Method::PUT,
                 &format!("/v1/datanodes/{id}"),
-                format!(r#"{{"addr":"10.0.0.{id}:9000"}}"#),
+                format!(r#"{{"addr":"10.0.{}.{}:9000"}}"#, id / 256 % 256, id % 256),
             )
             .await;
         assert_eq!(a.status, StatusCode::OK, "{a:?}");

@@ -25,7 +25,7 @@ pub async fn register_datanode(
             Method::PUT,
             &format!("{base}/v1/datanodes/{id}"),
             token,
-            Some(json!({"addr": format!("10.0.0.{id}:9000")}).to_string()),
+            Some(json!({"addr": format!("10.0.{}.{}:9000", id / 256 % 256, id % 256)}).to_string()),
         )
         .await
         .unwrap();
