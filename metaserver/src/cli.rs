@@ -29,6 +29,9 @@ pub enum Command {
     LocalCluster(LocalClusterArgs),
     /// Show a member's view of the cluster.
     Status(ClientArgs),
+    /// Ask every member for its status and readiness; fail, naming each problem, unless all
+    /// answer, are ready and follow one leader.
+    Health(HealthArgs),
     /// Show every datanode as the leader heard it: alive, down or unknown.
     Liveness(ClientArgs),
     /// List shard replicas (one JSON object per line), all or of one datanode.
@@ -192,6 +195,16 @@ pub struct ClientArgs {
     /// (PEM); `host:port` addresses then mean `https://host:port`.
     #[arg(long, env = "METASERVER_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+}
+
+/// Options of `health`.
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Print the report as JSON rather than as a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `shards`.

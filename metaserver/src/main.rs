@@ -36,6 +36,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Serve(args) => server::serve(ServeSettings::resolve(&args, false)?).await,
         Command::LocalCluster(args) => local_cluster::run(args).await,
         Command::Status(args) => operator::status(args).await,
+        Command::Health(args) => operator::health(args).await,
         Command::Liveness(args) => operator::liveness(args).await,
         Command::Shards(args) => operator::shards(args).await,
         Command::Register(args) => operator::register(args).await,

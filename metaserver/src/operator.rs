@@ -1,5 +1,6 @@
 //! Operator commands over the admin API: `status`, `shards`, `register`, `watch` and
-//! `snapshot save` (`snapshot restore` is in `restore.rs`, `member` in `membership.rs`).
+//! `snapshot save` (`snapshot restore` is in `restore.rs`, `member` in `membership.rs`,
+//! `health` in `health.rs`).
 //! Any member will do: writes sent to a follower are forwarded to the leader.
 
 use std::io::Write;
@@ -20,10 +21,12 @@ use crate::cli::{ClientArgs, RegisterArgs, ShardsArgs, WatchArgs};
 use crate::output;
 
 mod client;
+mod health;
 mod members;
 mod membership;
 
 pub(crate) use client::Operator;
+pub(crate) use health::health;
 pub(crate) use membership::member;
 
 /// The shards file: a bare list, or a batch with its epoch.

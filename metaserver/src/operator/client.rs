@@ -57,7 +57,7 @@ pub(crate) struct Refused {
 }
 
 impl Refused {
-    async fn read(response: reqwest::Response) -> Refused {
+    pub(crate) async fn read(response: reqwest::Response) -> Refused {
         let status = response.status();
         let body = response.text().await.unwrap_or_default();
         let error = serde_json::from_str::<Value>(&body).ok().and_then(|v| {

@@ -1,0 +1,325 @@
+//! `metaserver health`: every member's view at once, and whether the cluster is healthy. The
+//! members are the ones the first member that answers names (voters and learners); each is
+//! asked for its status (`GET /v1/cluster`) and readiness (`GET /readyz`) at its own address,
+//! all at once. The command exits with an error naming each problem, so that a script or a
+//! monitor can run it as it is.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use meta_http::response::ClusterView;
+use serde::Serialize;
+
+use super::client::Refused;
+use super::Operator;
+use crate::cli::{ClientArgs, HealthArgs};
+use crate::output;
+
+/// How long one member may take to answer: one slower than this counts as not answering.
+const MEMBER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What one member said.
+#[derive(Debug, Clone, Serialize)]
+struct MemberHealth {
+    id: u64,
+    addr: String,
+    /// Its own status, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<MemberStatus>,
+    /// Whether `/readyz` answered 200.
+    ready: bool,
+    /// Why it is not ready, or why it did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
+    /// On a leader: each member's lag as it counts it.
+    #[serde(skip)]
+    lags: BTreeMap<u64, u64>,
+}
+
+/// The part of a member's status the report shows.
+#[derive(Debug, Clone, Serialize)]
+struct MemberStatus {
+    role: String,
+    term: u64,
+    leader_id: Option<u64>,
+    applied: u64,
+    /// Entries it is behind the leader's last, as the leader counts them (`None` on the
+    /// leader, or when the leader did not answer).
+    lag: Option<u64>,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+struct Report {
+    healthy: bool,
+    leader_id: Option<u64>,
+    term: Option<u64>,
+    problems: Vec<String>,
+    members: Vec<MemberHealth>,
+}
+
+/// `metaserver health`.
+pub async fn health(args: HealthArgs) -> Result<()> {
+    let op = Operator::new(&args.client)?;
+    let view: ClusterView = op.get_json("/v1/cluster").await?;
+    if view.nodes.is_empty() {
+        bail!(
+            "{} is in no cluster yet: it names no members to ask",
+            op.member()
+        );
+    }
+    let asked = view
+        .nodes
+        .iter()
+        .map(|(id, addr)| ask(&args.client, *id, addr));
+    let mut members = futures::future::join_all(asked).await;
+    let report = judge(&mut members);
+    if args.json {
+        output::line(serde_json::to_string_pretty(&report)?)?;
+    } else {
+        output::lines(table(&report.members))?;
+    }
+    if !report.healthy {
+        bail!("the cluster is not healthy: {}", report.problems.join("; "));
+    }
+    Ok(())
+}
+
+/// Asks member `id` at `addr` for its status and readiness.
+async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
+    let mut health = MemberHealth {
+        id,
+        addr: addr.to_owned(),
+        status: None,
+        ready: false,
+        problem: None,
+        lags: BTreeMap::new(),
+    };
+    let one = ClientArgs {
+        server: addr.to_owned(),
+        ..client.clone()
+    };
+    let asked = async {
+        let op = Operator::new(&one)?;
+        let request = op
+            .request(reqwest::Method::GET, "/v1/cluster")
+            .timeout(MEMBER_TIMEOUT);
+        let view: ClusterView = op
+            .send_here(request)
+            .await?
+            .json()
+            .await
+            .context("reading its status")?;
+        let ready = op
+            .request(reqwest::Method::GET, "/readyz")
+            .timeout(MEMBER_TIMEOUT)
+            .send()
+            .await
+            .context("asking whether it is ready")?;
+        let not_ready = match ready.status().is_success() {
+            true => None,
+            false => Some(Refused::read(ready).await.message().to_owned()),
+        };
+        anyhow::Ok((view, not_ready))
+    };
+    match asked.await {
+        Ok((view, not_ready)) => {
+            health.lags = view
+                .replication
+                .iter()
+                .map(|(id, r)| (*id, r.lag))
+                .collect();
+            health.status = Some(MemberStatus {
+                role: view.role,
+                term: view.term,
+                leader_id: view.leader_id,
+                applied: view.applied,
+                lag: None,
+            });
+            health.ready = not_ready.is_none();
+            health.problem = not_ready.map(|why| format!("not ready: {why}"));
+        }
+        Err(e) => health.problem = Some(format!("does not answer: {e:#}")),
+    }
+    health
+}
+
+/// Fills in the leader's count of each member's lag, and says what is wrong: a member that
+/// does not answer or is not ready, no leader or more than one, a leader without a quorum,
+/// members that name another leader than the one that leads.
+fn judge(members: &mut [MemberHealth]) -> Report {
+    let mut problems = Vec::new();
+    let leading: Vec<(u64, u64)> = members
+        .iter()
+        .filter_map(|m| {
+            let s = m.status.as_ref()?;
+            s.role.starts_with("leader").then_some((m.id, s.term))
+        })
+        .collect();
+    // The newest term's leader, when several say they lead (the others are deposed and do
+    // not know it yet).
+    let leader = leading.iter().max_by_key(|(_, term)| *term).copied();
+    match leading.len() {
+        0 => problems.push("no member leads".to_owned()),
+        1 => {}
+        _ => {
+            let ids: Vec<String> = leading.iter().map(|(id, _)| id.to_string()).collect();
+            problems.push(format!("nodes {} each say they lead", ids.join(", ")));
+        }
+    }
+    let lags = leader
+        .and_then(|(id, _)| members.iter().find(|m| m.id == id))
+        .map(|m| m.lags.clone())
+        .unwrap_or_default();
+    for m in members.iter_mut() {
+        if let Some(why) = &m.problem {
+            problems.push(format!("node {} at {} {why}", m.id, m.addr));
+        }
+        let Some(s) = m.status.as_mut() else {
+            continue;
+        };
+        if s.role == "leader_without_quorum" {
+            problems.push(format!("node {} leads without a quorum", m.id));
+        }
+        if let Some((leader, term)) = leader {
+            if s.leader_id != Some(leader) {
+                let named = s
+                    .leader_id
+                    .map_or("no leader".to_owned(), |l| format!("node {l}"));
+                problems.push(format!(
+                    "node {} names {named} (term {}), not node {leader} (term {term})",
+                    m.id, s.term
+                ));
+            }
+        }
+        s.lag = lags.get(&m.id).copied();
+    }
+    Report {
+        healthy: problems.is_empty(),
+        leader_id: leader.map(|(id, _)| id),
+        term: leader.map(|(_, term)| term),
+        problems,
+        members: members.to_vec(),
+    }
+}
+
+/// The report as a table: a header, then one line per member.
+fn table(members: &[MemberHealth]) -> Vec<String> {
+    let mut rows = vec![[
+        "node", "address", "role", "term", "leader", "applied", "lag", "ready",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for m in members {
+        let cells = match &m.status {
+            Some(s) => vec![
+                s.role.clone(),
+                s.term.to_string(),
+                s.leader_id.map_or("-".into(), |l| l.to_string()),
+                s.applied.to_string(),
+                s.lag.map_or("-".into(), |l| l.to_string()),
+            ],
+            None => vec!["-".to_owned(); 5],
+        };
+        let ready = match (&m.problem, m.ready) {
+            (_, true) => "yes".to_owned(),
+            (Some(why), false) => format!("no: {why}"),
+            (None, false) => "no".to_owned(),
+        };
+        let mut row = vec![m.id.to_string(), m.addr.clone()];
+        row.extend(cells);
+        row.push(ready);
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            cells.join("  ").trim_end().to_owned()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, role: &str, term: u64, leader: Option<u64>) -> MemberHealth {
+        MemberHealth {
+            id,
+            addr: format!("h{id}:1"),
+            status: Some(MemberStatus {
+                role: role.into(),
+                term,
+                leader_id: leader,
+                applied: 10,
+                lag: None,
+            }),
+            ready: true,
+            problem: None,
+            lags: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn one_leader_that_all_follow_is_healthy_and_gives_the_lags() {
+        let mut leader = member(1, "leader", 3, Some(1));
+        leader.lags = BTreeMap::from([(2, 0), (3, 7)]);
+        let mut members = vec![
+            leader,
+            member(2, "follower", 3, Some(1)),
+            member(3, "learner", 3, Some(1)),
+        ];
+        let report = judge(&mut members);
+        assert!(report.healthy, "{:?}", report.problems);
+        assert_eq!((report.leader_id, report.term), (Some(1), Some(3)));
+        let lags: Vec<_> = report
+            .members
+            .iter()
+            .map(|m| m.status.as_ref().unwrap().lag)
+            .collect();
+        assert_eq!(lags, [None, Some(0), Some(7)]);
+        let table = table(&report.members);
+        assert_eq!(table.len(), 4);
+        assert_eq!(
+            table[3],
+            "3     h3:1     learner   3     1       10       7    yes"
+        );
+    }
+
+    #[test]
+    fn each_problem_is_named() {
+        let mut down = member(4, "follower", 3, None);
+        down.status = None;
+        down.ready = false;
+        down.problem = Some("does not answer: connection refused".into());
+        let mut members = vec![
+            member(1, "leader_without_quorum", 2, Some(1)),
+            member(2, "leader", 3, Some(2)),
+            member(3, "follower", 2, Some(1)),
+            down,
+        ];
+        let report = judge(&mut members);
+        assert!(!report.healthy);
+        assert_eq!(report.leader_id, Some(2), "the newest term's");
+        assert_eq!(
+            report.problems,
+            [
+                "nodes 1, 2 each say they lead",
+                "node 1 leads without a quorum",
+                "node 1 names node 1 (term 2), not node 2 (term 3)",
+                "node 3 names node 1 (term 2), not node 2 (term 3)",
+                "node 4 at h4:1 does not answer: connection refused",
+            ]
+        );
+        let report = judge(&mut [member(1, "follower", 1, None)]);
+        assert_eq!(report.problems, ["no member leads"]);
+    }
+}
