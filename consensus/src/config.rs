@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::free_space::FreeSpace;
 use crate::peer_refusals::PeerRefusals;
 use crate::removal_notice::RemovalNotice;
+use crate::snapshot_pace::SnapshotPace;
 use crate::types::NodeId;
 
 /// Most entries the leader puts in one AppendEntries request. Each entry holds one client
@@ -32,8 +33,12 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// `Shared` (group commit, the default) or `Own` (every log entry its own barrier; benches).
     pub barrier: BarrierMode,
-    /// Pace of snapshot export in bytes per second; 0 = unlimited. Changeable at runtime.
+    /// Pace of snapshot export, downloads and streams to members, in bytes per second; 0 =
+    /// unlimited. Changeable at runtime.
     pub snapshot_max_bytes_per_sec: u64,
+    /// The limiter that paces them, shared with the transport (which streams snapshots to
+    /// members through it); set to `snapshot_max_bytes_per_sec` when the node opens.
+    pub snapshot_pace: SnapshotPace,
     /// sled page cache size.
     pub sled_cache_bytes: u64,
     /// Build a snapshot automatically once this many entries were applied since the last one;
@@ -113,6 +118,7 @@ impl NodeConfig {
             data_dir: data_dir.into(),
             barrier: BarrierMode::Shared,
             snapshot_max_bytes_per_sec: 0,
+            snapshot_pace: SnapshotPace::default(),
             sled_cache_bytes: 64 << 20,
             snapshot_logs_since_last: 100_000,
             max_in_snapshot_log_to_keep: 10_000,

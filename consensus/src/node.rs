@@ -589,8 +589,8 @@ impl MetaNode {
         self.inner.sm.stats.reset_maxima();
     }
 
-    /// Changes the snapshot pace (bytes per second, 0 = unlimited) of exports and downloads,
-    /// effective at the next pause of each one running.
+    /// Changes the snapshot pace (bytes per second, 0 = unlimited) of exports, downloads and
+    /// snapshots streamed to members, effective at the next pause of each one running.
     pub fn set_snapshot_rate(&self, bytes_per_sec: u64) {
         self.inner.sm.limiter.set_rate(bytes_per_sec);
     }
@@ -606,7 +606,7 @@ impl MetaNode {
     where
         R: tokio::io::AsyncRead + Unpin,
     {
-        meta_store::AsyncThrottledReader::new(reader, self.inner.sm.limiter.clone())
+        self.inner.cfg.snapshot_pace.paced(reader)
     }
 
     /// Switches the WAL between shared barriers and one barrier per log entry (benchmarks).

@@ -23,7 +23,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _};
 use meta_consensus::{
     Addresses, ClusterId, Node, NodeConfig, NodeId, PeerVersions, ProbeMembers, Removal,
-    RemovalNotice, SnapshotData, TermProbe, TypeConfig, Vote,
+    RemovalNotice, SnapshotData, SnapshotPace, TermProbe, TypeConfig, Vote,
 };
 use openraft::alias::SnapshotOf;
 use openraft::errors::{
@@ -153,6 +153,9 @@ pub struct HttpNetwork {
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
     /// The snapshot sends logged at INFO, per member and snapshot file.
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
+    /// The node's snapshot rate limiter: snapshots streamed to members are paced with its
+    /// exports and downloads (`NodeConfig::snapshot_pace`).
+    snapshot_pace: SnapshotPace,
     /// This node and its address ([`cluster_identity::FROM`]), sent with every message.
     sender: Option<reqwest::header::HeaderValue>,
 }
@@ -176,6 +179,7 @@ impl HttpNetwork {
             refusals: PeerFailures::new(cfg.peer_refusals.clone()),
             patience: Arc::default(),
             snapshot_notices: Arc::default(),
+            snapshot_pace: cfg.snapshot_pace.clone(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
         }
     }
@@ -228,6 +232,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
                 .or_default()
                 .clone(),
             snapshot_notices: self.snapshot_notices.clone(),
+            snapshot_pace: self.snapshot_pace.clone(),
         }
     }
 }
@@ -259,6 +264,7 @@ pub struct HttpConnection {
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
+    snapshot_pace: SnapshotPace,
 }
 
 impl HttpConnection {
@@ -623,6 +629,9 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                 tracing::debug!(target_node = self.target, file = %path.display(), "streaming snapshot")
             }
         }
+        // Paced with the node's other snapshot traffic (the rate is the operator's bound on
+        // it); a node that begins to close lifts the rate, and so ends a pause.
+        let file = self.snapshot_pace.paced(file);
         let stream =
             futures::stream::once(async move { Ok::<Bytes, std::io::Error>(prefix.into()) }).chain(
                 tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024),

@@ -297,7 +297,7 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     gauge(
         &mut enc,
         "metaserver_snapshot_rate_bytes_per_second",
-        "Snapshot export and download rate limit (0 = unlimited)",
+        "Snapshot rate limit of exports, downloads and streams to members (0 = unlimited)",
         count(status.snapshot_rate),
     )?;
     gauge(

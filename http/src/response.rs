@@ -348,7 +348,7 @@ pub struct LeaderView {
 /// `GET /v1/config` and `PATCH /v1/config`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigView {
-    /// Snapshot export and download rate in bytes per second; 0 = unlimited.
+    /// Snapshot rate (exports, downloads, streams to members) in bytes per second; 0 = unlimited.
     pub snapshot_max_bytes_per_sec: u64,
 }
 

@@ -95,7 +95,8 @@ pub struct ServeArgs {
     /// WAL barriers: `shared` (group commit) or `own` (an fsync per log entry, benchmarks) [default: shared].
     #[arg(long, env = "METASERVER_BARRIER")]
     pub barrier: Option<String>,
-    /// Snapshot export and download rate in bytes per second, 0 = unlimited [default: 0].
+    /// Snapshot rate in bytes per second, of exports, downloads and snapshots streamed to
+    /// members, 0 = unlimited [default: 0].
     #[arg(long, env = "METASERVER_SNAPSHOT_RATE")]
     pub snapshot_rate: Option<u64>,
     /// Build a snapshot after this many applied entries, 0 = only on request [default: 100000].

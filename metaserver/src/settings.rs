@@ -76,7 +76,7 @@ pub struct ServeSettings {
     pub tls: Option<TlsFiles>,
     /// WAL barrier mode.
     pub barrier: BarrierMode,
-    /// Snapshot export and download rate (bytes/s, 0 = unlimited).
+    /// Snapshot rate of exports, downloads and streams to members (bytes/s, 0 = unlimited).
     pub snapshot_rate: u64,
     /// Automatic snapshot policy (0 = only on request); `None` keeps the node's default.
     pub snapshot_logs_since_last: Option<u64>,

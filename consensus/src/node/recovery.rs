@@ -3,9 +3,7 @@
 //! only voter's lost vote, a log that lost its oldest segment (and with it, maybe, its vote),
 //! a newest snapshot behind the log's purge point.
 
-use std::sync::Arc;
-
-use meta_store::{RateLimiter, WalOptions};
+use meta_store::WalOptions;
 
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
@@ -38,7 +36,8 @@ pub(super) fn open_log_and_registry(
     };
     // Judged with the restored vote; written only once the start is not refused.
     let restored = log.restore_lost_vote();
-    let limiter = Arc::new(RateLimiter::new(c.snapshot_max_bytes_per_sec));
+    let limiter = c.snapshot_pace.limiter();
+    limiter.set_rate(c.snapshot_max_bytes_per_sec);
     let purged = log.last_purged().map(|l| l.index);
     let open_sm = || {
         StateMachine::open(

@@ -118,7 +118,7 @@ impl SetLeaderBody {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigPatchBody {
-    /// Snapshot export and download rate in bytes per second; 0 = unlimited.
+    /// Snapshot rate (exports, downloads, streams to members) in bytes per second; 0 = unlimited.
     #[serde(default, deserialize_with = "not_null")]
     pub snapshot_max_bytes_per_sec: Option<u64>,
 }

@@ -18,5 +18,6 @@ mod membership;
 mod read_failover;
 mod readiness;
 mod rejoin;
+mod snapshot_pace;
 mod snapshot_room;
 mod tls;
