@@ -59,3 +59,26 @@ async fn a_change_behind_an_uncommitted_one_asks_again_only_after_a_change() {
     assert!(asked <= 10, "openraft was asked {asked} times");
     node.shutdown().await.unwrap();
 }
+
+/// A request waiting for the next leader gives up once its node begins to close: it held the
+/// drain for the whole wait, when every member stopped at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_the_next_leader_ends_when_the_node_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = NodeConfig::new(1, "local-1", dir.path().join("node-1"));
+    let node = MetaNode::open(cfg, LocalRouter::new().network(1))
+        .await
+        .unwrap();
+    node.lead_alone().await;
+    // Node 1 leads: a wait for a leader other than it, in its term, has nothing to wait for.
+    let other = node.clone();
+    let term = node.term();
+    let waiting = tokio::spawn(async move { other.next_leader(Some(1), term, WAIT * 3).await });
+    node.begin_close();
+    let next = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the wait ended once the node began to close")
+        .unwrap();
+    assert_eq!(next, None);
+    node.shutdown().await.unwrap();
+}

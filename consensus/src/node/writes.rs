@@ -157,16 +157,22 @@ impl MetaNode {
     /// core refused: see [`MetaNode::led_before`]): another node, or the same one elected again
     /// in a later term (`Some(Some((id, addr)))`), this node (`Some(None)`: write here), or
     /// `None` if none is known in time. With no `stale` leader, any leader will do.
+    /// `None` at once, too, once this node begins to close ([`MetaNode::begin_close`]): a
+    /// request waiting here would hold its drain (a whole cluster stopped at once waited out
+    /// the request timeout for a leader none of its stopping members would become), and its
+    /// client does better to ask another member.
     pub async fn next_leader(
         &self,
         stale: Option<NodeId>,
         term: u64,
         within: Duration,
     ) -> Option<Option<(NodeId, String)>> {
-        tokio::time::timeout(within, self.leader_after(stale, term))
-            .await
-            .ok()
-            .flatten()
+        tokio::select! {
+            next = tokio::time::timeout(within, self.leader_after(stale, term)) => {
+                next.ok().flatten()
+            }
+            () = self.closing() => None,
+        }
     }
 
     /// [`MetaNode::next_leader`] without a bound: `None` only once the Raft core stopped. It
