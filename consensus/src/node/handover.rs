@@ -130,10 +130,10 @@ impl MetaNode {
         if waited.is_err() {
             let m = self.change_view()?;
             let (matched, heard) = Self::progress_of(&m, to);
-            let (has, heard) = super::membership::progress_words(matched, heard);
+            let (has, heard) = super::membership::progress_words(matched, last, heard);
             return Err(Error::Conflict(format!(
-                "node {to} cannot take over: it has the log up to index {has} of the leader's \
-                 {last} and was last heard from {heard} (check that it runs and is reachable)"
+                "node {to} cannot take over: it has {has} and was last heard from {heard} (check \
+                 that it runs and is reachable)"
             )));
         }
         tracing::info!(to, "handing leadership over, as asked");

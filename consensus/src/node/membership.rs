@@ -543,12 +543,11 @@ impl MetaNode {
             let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
             let reachable = heard.is_some_and(|d| d < self.lease());
             if !(caught_up && reachable) {
-                let (has, heard) = progress_words(matched, heard);
+                let (has, heard) = progress_words(matched, last, heard);
                 return Err(Error::Conflict(format!(
-                    "learner {id} cannot become a voter yet: it has the log up to index {has} of \
-                     the leader's {last} and was last heard from {heard}; a voter that cannot \
-                     keep up could leave the cluster without a quorum (wait until it catches up, \
-                     or check that it runs and is reachable)"
+                    "learner {id} cannot become a voter yet: it has {has} and was last heard \
+                     from {heard}; a voter that cannot keep up could leave the cluster without a \
+                     quorum (wait until it catches up, or check that it runs and is reachable)"
                 )));
             }
         }
@@ -556,14 +555,34 @@ impl MetaNode {
     }
 }
 
-/// A member's progress as [`MetaNode::progress_of`] gives it, in words for an error: the index
-/// its log is known to reach (`none`), and when the leader last heard from it (`never`).
+/// A member's progress as [`MetaNode::progress_of`] gives it, in words for an error: how much
+/// of the log it is known to have, against the leader's `last` index, and when the leader last
+/// heard from it (`never`).
 pub(super) fn progress_words(
     matched: Option<u64>,
+    last: u64,
     heard: Option<std::time::Duration>,
 ) -> (String, String) {
     (
-        matched.map_or("none".to_owned(), |i| i.to_string()),
+        matched.map_or(
+            format!("none of the log yet (the leader's reaches index {last})"),
+            |i| format!("the log up to index {i} of the leader's {last}"),
+        ),
         heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_words;
+
+    #[test]
+    fn progress_reads_as_words() {
+        let (has, heard) = progress_words(None, 817, None);
+        assert_eq!(has, "none of the log yet (the leader's reaches index 817)");
+        assert_eq!(heard, "never");
+        let (has, heard) = progress_words(Some(5), 817, Some(std::time::Duration::from_millis(9)));
+        assert_eq!(has, "the log up to index 5 of the leader's 817");
+        assert_eq!(heard, "9 ms ago");
+    }
 }
