@@ -271,6 +271,28 @@ pub async fn start_alone(dir: &TempDir) -> Server {
     leader
 }
 
+/// Starts node 1 alone, writes keys `k0` to `k19` with values of `value_bytes`, builds a
+/// snapshot and waits until the log is purged up to it: a member that joins now needs the
+/// snapshot.
+pub async fn leader_with_purged_log(dir: &TempDir, value_bytes: usize) -> Server {
+    let leader = start_alone(dir).await;
+    for i in 0..20 {
+        let put = meta_consensus::Command::Put {
+            key: format!("k{i}"),
+            value: vec![7; value_bytes],
+            if_revision: None,
+        };
+        leader.node.write(put).await.unwrap();
+    }
+    let snapshot = leader.node.snapshot_now().await.unwrap();
+    wait_for(
+        || leader.node.status().purged >= Some(snapshot.index),
+        "the leader purges its log up to the snapshot",
+    )
+    .await;
+    leader
+}
+
 /// Adds `learner` to `leader`'s cluster as a learner (on the node, past the HTTP handler), and
 /// waits until it knows it is one.
 pub async fn join_as_learner(leader: &Server, learner: &Server) {

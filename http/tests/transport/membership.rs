@@ -607,6 +607,19 @@ async fn a_member_initialized_anew_is_told_its_peers_refuse_it() {
     stop_all(servers).await;
 }
 
+/// Nodes 1 to 3 as voters, and 4 and 5 as learners.
+async fn voters_and_two_learners(
+    dir: &tempfile::TempDir,
+) -> std::collections::BTreeMap<u64, Server> {
+    let mut servers = start_cluster(dir).await;
+    for id in [4, 5] {
+        let learner = start(id, dir).await;
+        join_as_learner(the_leader(&servers), &learner).await;
+        servers.insert(id, learner);
+    }
+    servers
+}
+
 /// Voters one at a time, named in the path: two learners promoted by two requests at once (one
 /// through a follower) both become voters, since the leader computes each new set under its
 /// membership lock; promoting a voter again changes nothing; a voter removed through a
@@ -614,12 +627,7 @@ async fn a_member_initialized_anew_is_told_its_peers_refuse_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voters_are_added_and_removed_one_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = start_cluster(&dir).await;
-    for id in [4, 5] {
-        let learner = start(id, &dir).await;
-        join_as_learner(the_leader(&servers), &learner).await;
-        servers.insert(id, learner);
-    }
+    let servers = voters_and_two_learners(&dir).await;
     let client = Client::new();
     let leader = the_leader(&servers);
     let follower = servers
@@ -671,12 +679,7 @@ async fn voters_are_added_and_removed_one_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_changes_through_a_learner_ride_out_leadership_moves() {
     let dir = tempfile::tempdir().unwrap();
-    let mut servers = start_cluster(&dir).await;
-    for id in [4, 5] {
-        let learner = start(id, &dir).await;
-        join_as_learner(the_leader(&servers), &learner).await;
-        servers.insert(id, learner);
-    }
+    let servers = voters_and_two_learners(&dir).await;
     let client = Client::new();
     let addr5 = servers[&5].addr.clone();
     for round in 0..80u64 {

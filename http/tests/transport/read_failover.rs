@@ -219,6 +219,15 @@ async fn start_index(http: &reqwest::Client, url: &str) -> u64 {
     start["index"].as_u64().expect("a start index")
 }
 
+/// Sends `GET url` with the token; answers its status, its body, and how long it took.
+async fn timed_get(http: &reqwest::Client, url: &str) -> (u16, String, Duration) {
+    let sent = std::time::Instant::now();
+    let answer = http.get(url).bearer_auth(TOKEN).send().await.unwrap();
+    let took = sent.elapsed();
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap(), took)
+}
+
 /// A long poll that reaches a follower whose leader stopped waits for the next leader only
 /// within its `wait_ms`, counted from its arrival, and then answers what the member applied:
 /// it never outlasts what its client waits for, even when the election takes longer.
@@ -233,16 +242,8 @@ async fn a_long_poll_outlives_its_leader_within_its_wait() {
     let from = start_index(&http, &url).await;
     let port = servers.remove(&leader).unwrap().stop_keeping_port().await;
     let wait = Duration::from_secs(1);
-    let sent = std::time::Instant::now();
-    let poll = http
-        .get(format!("{url}?after={from}&wait_ms={}", wait.as_millis()))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    let took = sent.elapsed();
-    let status = poll.status().as_u16();
-    let text = poll.text().await.unwrap();
+    let polled = format!("{url}?after={from}&wait_ms={}", wait.as_millis());
+    let (status, text, took) = timed_get(&http, &polled).await;
     assert_eq!(status, 200, "{text}");
     assert!(
         took < wait + Duration::from_millis(1500),
@@ -278,16 +279,8 @@ async fn a_watch_from_a_compacted_index_is_told_at_once_without_a_leader() {
     for id in others {
         servers.remove(&id).unwrap().stop().await;
     }
-    let sent = std::time::Instant::now();
-    let answer = http
-        .get(format!("{url}?after={from}&wait_ms=30000"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    let took = sent.elapsed();
-    let status = answer.status().as_u16();
-    let text = answer.text().await.unwrap();
+    let polled = format!("{url}?after={from}&wait_ms=30000");
+    let (status, text, took) = timed_get(&http, &polled).await;
     assert_eq!(status, 410, "{text}");
     assert!(text.contains("compacted"), "{text}");
     assert!(took < Duration::from_secs(15), "answered after {took:?}");

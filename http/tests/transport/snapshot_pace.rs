@@ -1,31 +1,17 @@
 //! The snapshot rate paces the snapshots a leader streams to members, with its exports and
 //! downloads: the operator's bound on a node's snapshot traffic holds whatever its cause.
 
-use meta_consensus::{Command, Node};
+use meta_consensus::Node;
 
 use crate::common::wait_for;
-use crate::helpers::{start_alone, start_with};
+use crate::helpers::{leader_with_purged_log, start_with};
 
 /// A learner that joins after the leader purged its log takes a snapshot; with a snapshot rate
 /// set, the leader's stream pauses to keep it (and the learner still gets all of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_streamed_to_a_member_is_paced() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = start_alone(&dir).await;
-    for i in 0..20 {
-        let put = Command::Put {
-            key: format!("k{i}"),
-            value: vec![7; 1000],
-            if_revision: None,
-        };
-        leader.node.write(put).await.unwrap();
-    }
-    let snapshot = leader.node.snapshot_now().await.unwrap();
-    wait_for(
-        || leader.node.status().purged >= Some(snapshot.index),
-        "the leader purges its log up to the snapshot",
-    )
-    .await;
+    let leader = leader_with_purged_log(&dir, 1000).await;
     // About a third of a second for the snapshot's 20 KB; built before the rate was set, so
     // every pause from now on is the stream's.
     leader.node.set_snapshot_rate(64 << 10);
