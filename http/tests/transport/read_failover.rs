@@ -415,6 +415,19 @@ async fn voter_changes_sent_to_a_leader_that_hands_over_are_answered() {
     stop_all(servers).await;
 }
 
+/// Stops one follower of `servers`, then pauses the leader: the last member cannot elect
+/// another. Answers the leader's id, the last member's, and the two ports kept.
+async fn pause_the_leader_with_one_down(
+    servers: &mut BTreeMap<u64, Server>,
+) -> (u64, u64, KeptPort, KeptPort) {
+    let leader = the_leader(servers).node.id();
+    let mut others = servers.keys().copied().filter(|id| *id != leader);
+    let (down, last) = (others.next().unwrap(), others.next().unwrap());
+    let down = servers.remove(&down).unwrap().stop_keeping_port().await;
+    let paused = stop_leader(servers, leader, Gone::Paused).await;
+    (leader, last, down, paused)
+}
+
 /// A member whose leader fell silent (paused) and that cannot elect another (the third voter
 /// is down) answers 503 `no_leader` at once, naming the silence: a write, a linearizable read
 /// and a membership change. Sent to the silent leader, they waited for its answer: a write 30 s
@@ -424,11 +437,7 @@ async fn a_member_whose_leader_fell_silent_refuses_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut servers = patient_cluster(&dir).await;
     let http = http_client();
-    let leader = the_leader(&servers).node.id();
-    let mut others = servers.keys().copied().filter(|id| *id != leader);
-    let (down, last) = (others.next().unwrap(), others.next().unwrap());
-    let down = servers.remove(&down).unwrap().stop_keeping_port().await;
-    let paused = stop_leader(&mut servers, leader, Gone::Paused).await;
+    let (leader, last, down, paused) = pause_the_leader_with_one_down(&mut servers).await;
     let node = servers[&last].node.clone();
     wait_for(
         || node.silent_leader().is_some_and(|(l, _)| l == leader),
@@ -503,11 +512,7 @@ async fn requests_waiting_on_a_leader_that_falls_silent_are_answered() {
     })
     .await;
     let http = http_client();
-    let leader = the_leader(&servers).node.id();
-    let mut others = servers.keys().copied().filter(|id| *id != leader);
-    let (down, last) = (others.next().unwrap(), others.next().unwrap());
-    let down = servers.remove(&down).unwrap().stop_keeping_port().await;
-    let paused = stop_leader(&mut servers, leader, Gone::Paused).await;
+    let (leader, last, down, paused) = pause_the_leader_with_one_down(&mut servers).await;
     assert!(servers[&last].node.silent_leader().is_none());
 
     let at = |path: &str| format!("http://{}{path}", servers[&last].addr);
