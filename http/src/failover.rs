@@ -133,15 +133,32 @@ where
         if node.silent_leader().is_some() {
             return response;
         }
-        if node
-            .next_leader(asked_of, term, failover.left(node))
-            .await
-            .is_none()
-        {
+        if !next_try(node, asked_of, term, &mut failover).await {
             return response;
         }
         tracing::debug!(tries, ?asked_of, "a read goes on to the next leader");
     }
+}
+
+/// Waits until a request that `refused_by` refused in `term` without acting on it may be asked
+/// again: once `node` learns of another leader, or the same one in a later term
+/// (`MetaNode::next_leader`), or, failing that within an election timeout, of the same leader
+/// again. A leader that refused for want of a quorum's acknowledgement may have one by then (a
+/// leader elected a moment ago on a loaded machine: a change sent through a learner waited for
+/// a next leader that never came, and failed). `false` once the request's time is up or the
+/// node closes: the request answers what it has.
+pub(crate) async fn next_try(
+    node: &MetaNode,
+    refused_by: Option<NodeId>,
+    term: u64,
+    failover: &mut Failover,
+) -> bool {
+    let within = failover.left(node);
+    let again_after = within.min(node.config().election_timeout());
+    node.next_leader(refused_by, term, again_after)
+        .await
+        .is_some()
+        || !(node.is_closing() || failover.left(node).is_zero())
 }
 
 /// Runs `asked`, a request that changes nothing, sent to `leader`, unless `node` learns first

@@ -66,7 +66,9 @@ impl Writer {
     /// the request timeout (at least two election timeouts): a failover that ends in time
     /// costs the client a slower answer, not an error. A crashed leader is noticed only after
     /// an election timeout, and a split vote takes another. A leader without a quorum refuses
-    /// at once (after its lease wait), as does a node in no cluster or removed from one. A
+    /// at once (after its lease wait), as does a node in no cluster or removed from one; one
+    /// that refused a forwarded write is asked again after an election timeout if no other
+    /// leader is known by then (`failover::next_try`). A
     /// write sent to a leader that stops answering is answered `outcome_unknown` once another
     /// leader is known and the old one stayed silent for two election timeouts more.
     pub async fn write(&self, cmd: Command) -> Result<Written, ApiError> {
@@ -124,11 +126,10 @@ impl Writer {
             if attempt == MAX_ATTEMPTS {
                 return Err(why);
             }
-            let within = failover.left(&self.node);
-            match self.node.next_leader(refused_by, term, within).await {
-                Some(leader) => next = leader,
-                None => return Err(why),
+            if !failover::next_try(&self.node, refused_by, term, &mut failover).await {
+                return Err(why);
             }
+            next = self.node.route(&cmd)?;
         }
         unreachable!("the last attempt returns")
     }

@@ -115,6 +115,11 @@ impl MetaNode {
         self.cluster_id().map(crate::history_name)
     }
 
+    /// Whether [`MetaNode::begin_close`] was called.
+    pub fn is_closing(&self) -> bool {
+        *self.inner.closing.borrow()
+    }
+
     /// Resolves once [`MetaNode::begin_close`] was called (at once if it was).
     pub async fn closing(&self) {
         let mut rx = self.inner.closing.subscribe();
