@@ -33,11 +33,40 @@ async fn health_reports_every_member_and_fails_on_one_down() {
     let lag = &report["members"][follower - 1]["status"]["lag"];
     assert!(lag.is_u64(), "{report}");
 
+    // A paused member first in the list: the command asks it for the members for 5 s at
+    // most, then the next (it waited 70 s), and names it.
+    nodes[follower - 1].signal(libc::SIGSTOP);
+    let servers = format!("{},{}", addrs[follower - 1], addrs[leader - 1]);
+    let started = std::time::Instant::now();
+    let (ok, out, err) = run(&["health", "--server", &servers], &[]).await;
+    let took = started.elapsed();
+    assert!(!ok, "{out}");
+    let silent = format!("node {follower} at {} does not answer", addrs[follower - 1]);
+    assert!(
+        err.contains("not healthy") && err.contains(&silent),
+        "{err}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    nodes[follower - 1].signal(libc::SIGCONT);
+
     nodes[follower - 1].stop().await;
     let (ok, out, err) = run(&["health", "--server", &addrs[leader - 1]], &[]).await;
     assert!(!ok, "{out}");
-    let down = format!("node {follower} at {} does not answer", addrs[follower - 1]);
-    assert!(err.contains("not healthy") && err.contains(&down), "{err}");
+    assert!(
+        err.contains("not healthy") && err.contains(&silent),
+        "{err}"
+    );
+    // A reader that goes away does not turn the verdict into success.
+    let mut command = std::process::Command::new(common::binary());
+    command
+        .args(["health", "--server", &addrs[leader - 1]])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = command.spawn().unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
     for node in &mut nodes {
         node.stop().await;
     }

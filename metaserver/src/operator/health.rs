@@ -35,6 +35,9 @@ struct MemberHealth {
     /// On a leader: each member's lag as it counts it.
     #[serde(skip)]
     lags: BTreeMap<u64, u64>,
+    /// The members that lately refused its token (`token_refused_by`).
+    #[serde(skip)]
+    token_refused_by: Vec<u64>,
 }
 
 /// The part of a member's status the report shows.
@@ -61,29 +64,53 @@ struct Report {
 
 /// `metaserver health`.
 pub async fn health(args: HealthArgs) -> Result<()> {
-    let op = Operator::new(&args.client)?;
-    let view: ClusterView = op.get_json("/v1/cluster").await?;
-    if view.nodes.is_empty() {
-        bail!(
-            "{} is in no cluster yet: it names no members to ask",
-            op.member()
-        );
-    }
-    let asked = view
-        .nodes
-        .iter()
-        .map(|(id, addr)| ask(&args.client, *id, addr));
+    let nodes = membership(&args.client).await?;
+    let asked = nodes.iter().map(|(id, addr)| ask(&args.client, *id, addr));
     let mut members = futures::future::join_all(asked).await;
     let report = judge(&mut members);
-    if args.json {
-        output::line(serde_json::to_string_pretty(&report)?)?;
-    } else {
-        output::lines(table(&report.members))?;
-    }
+    let printed = match args.json {
+        true => output::line(serde_json::to_string_pretty(&report)?),
+        false => output::lines(table(&report.members)),
+    };
+    // The verdict is the command's answer: a reader that went away (`| head`) does not make
+    // an unhealthy cluster exit 0.
     if !report.healthy {
         bail!("the cluster is not healthy: {}", report.problems.join("; "));
     }
-    Ok(())
+    printed
+}
+
+/// The members (id to address) that the first member given with `--server` that answers in
+/// time, and belongs to a cluster, names. Each member given is asked once, for at most
+/// [`MEMBER_TIMEOUT`]: a paused one, one that refuses the token, or one in no cluster yet
+/// makes the command ask the next, not wait or stop.
+async fn membership(client: &ClientArgs) -> Result<BTreeMap<u64, String>> {
+    let op = Operator::new(client)?;
+    let mut failures = Vec::new();
+    loop {
+        let asked = op.member().to_owned();
+        let request = op
+            .request(reqwest::Method::GET, "/v1/cluster")
+            .timeout(MEMBER_TIMEOUT);
+        let answer = match op.send_here(request).await {
+            Ok(response) => response
+                .json::<ClusterView>()
+                .await
+                .context("reading its status"),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(view) if !view.nodes.is_empty() => return Ok(view.nodes),
+            Ok(_) => failures.push(format!("{asked} is in no cluster yet")),
+            Err(e) => failures.push(format!("{e:#}")),
+        }
+        if op.next_member(&asked) {
+            bail!(
+                "no member given names the cluster's members: {}",
+                failures.join("; ")
+            );
+        }
+    }
 }
 
 /// Asks member `id` at `addr` for its status and readiness.
@@ -95,6 +122,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
         ready: false,
         problem: None,
         lags: BTreeMap::new(),
+        token_refused_by: Vec::new(),
     };
     let one = ClientArgs {
         server: addr.to_owned(),
@@ -130,6 +158,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
                 .iter()
                 .map(|(id, r)| (*id, r.lag))
                 .collect();
+            health.token_refused_by = view.token_refused_by.clone();
             health.status = Some(MemberStatus {
                 role: view.role,
                 term: view.term,
@@ -140,9 +169,22 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
             health.ready = not_ready.is_none();
             health.problem = not_ready.map(|why| format!("not ready: {why}"));
         }
-        Err(e) => health.problem = Some(format!("does not answer: {e:#}")),
+        Err(e) => health.problem = Some(unanswered(&e)),
     }
     health
+}
+
+/// Why a member's status could not be had, in words: it did not answer (not reached, or not
+/// in time), or it answered with a refusal (a wrong token, say).
+fn unanswered(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<super::client::Answered>() {
+        Some(answered) if answered.status == reqwest::StatusCode::UNAUTHORIZED => format!(
+            "refuses this command's token ({answered}); a member started with another --token \
+             refuses the other members' too"
+        ),
+        Some(answered) => format!("refused: {answered}"),
+        None => format!("does not answer: {e:#}"),
+    }
 }
 
 /// Fills in the leader's count of each member's lag, and says what is wrong: a member that
@@ -168,10 +210,17 @@ fn judge(members: &mut [MemberHealth]) -> Report {
             problems.push(format!("nodes {} each say they lead", ids.join(", ")));
         }
     }
-    let lags = leader
-        .and_then(|(id, _)| members.iter().find(|m| m.id == id))
-        .map(|m| m.lags.clone())
-        .unwrap_or_default();
+    let leading = leader.and_then(|(id, _)| members.iter().find(|m| m.id == id));
+    let lags = leading.map(|m| m.lags.clone()).unwrap_or_default();
+    if let Some(l) = leading {
+        for id in &l.token_refused_by {
+            problems.push(format!(
+                "node {id} and the leader, node {}, refuse each other's token (401): one of them \
+                 was started with another --token",
+                l.id
+            ));
+        }
+    }
     for m in members.iter_mut() {
         if let Some(why) = &m.problem {
             problems.push(format!("node {} at {} {why}", m.id, m.addr));
@@ -265,6 +314,7 @@ mod tests {
             ready: true,
             problem: None,
             lags: BTreeMap::new(),
+            token_refused_by: Vec::new(),
         }
     }
 
@@ -300,9 +350,11 @@ mod tests {
         down.status = None;
         down.ready = false;
         down.problem = Some("does not answer: connection refused".into());
+        let mut leader = member(2, "leader", 3, Some(2));
+        leader.token_refused_by = vec![3];
         let mut members = vec![
             member(1, "leader_without_quorum", 2, Some(1)),
-            member(2, "leader", 3, Some(2)),
+            leader,
             member(3, "follower", 2, Some(1)),
             down,
         ];
@@ -313,6 +365,8 @@ mod tests {
             report.problems,
             [
                 "nodes 1, 2 each say they lead",
+                "node 3 and the leader, node 2, refuse each other's token (401): one of them was \
+                 started with another --token",
                 "node 1 leads without a quorum",
                 "node 1 names node 1 (term 2), not node 2 (term 3)",
                 "node 3 names node 1 (term 2), not node 2 (term 3)",
