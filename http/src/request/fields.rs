@@ -86,18 +86,46 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
             "the host must be a name, an IPv4 address or an IPv6 address in brackets",
         ));
     }
-    // Digits and dots only is meant as an IPv4 address (resolvers read "999.2.3.4" or "7101" as
-    // one, or fail), never a name.
-    let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    if numeric && host.parse::<std::net::Ipv4Addr>().is_err() {
-        return Err(bad(
-            "a host of digits and dots must be an IPv4 address (four numbers 0-255)",
-        ));
+    if !host.starts_with('[') {
+        check_name(host).map_err(|why| bad(why))?;
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
         _ => Err(bad("the port must be 1 to 65535")),
     }
+}
+
+/// Checks a host that is not an IPv6 address: an IPv4 address, or a name whose labels (between
+/// dots; one trailing dot allowed) are 1 to 63 characters and neither start nor end with `-`.
+/// A host whose labels are all numbers (decimal, or hex as `0x7f`) is meant as an IPv4 address
+/// (resolvers read "999.2.3.4", "7101" or "0x7f.0.0.1" as one, or fail), never a name: it must
+/// be four decimal numbers 0-255.
+fn check_name(host: &str) -> Result<(), &'static str> {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let numeric = |label: &str| {
+        let hex = label
+            .strip_prefix("0x")
+            .or_else(|| label.strip_prefix("0X"));
+        match hex {
+            Some(digits) => digits.bytes().all(|b| b.is_ascii_hexdigit()),
+            None => label.bytes().all(|b| b.is_ascii_digit()),
+        }
+    };
+    if name.split('.').all(numeric) {
+        return match name.parse::<std::net::Ipv4Addr>() {
+            Ok(_) => Ok(()),
+            Err(_) => Err("a host of numbers must be an IPv4 address (four numbers 0-255)"),
+        };
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err("each part of a host name between dots must be 1 to 63 characters");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a part of a host name may not start or end with '-'");
+        }
+    }
+    Ok(())
 }
 
 /// Deserializes an optional body field that, when present, must hold a value: `null` is
@@ -156,6 +184,9 @@ mod tests {
             "10.0.0.255:80",
             "1a.example:80",
             "3com:80",
+            "example.com.:80",
+            "a_b.example:80",
+            "dn-7.rack-2:80",
         ] {
             assert!(validate_addr(good).is_ok(), "{good}");
         }
@@ -179,6 +210,12 @@ mod tests {
             "1.2.3:80",
             "7101:80",
             "1.2.3.4.5:80",
+            "0x7f.0.0.1:80",
+            "foo..bar:80",
+            "-bad.example:80",
+            "bad-.example:80",
+            ".example:80",
+            "example..:80",
         ] {
             assert_eq!(
                 validate_addr(bad).unwrap_err().code(),
@@ -186,6 +223,12 @@ mod tests {
                 "{bad}"
             );
         }
+        let long_label = format!("{}.example:80", "a".repeat(64));
+        assert_eq!(
+            validate_addr(&long_label).unwrap_err().code(),
+            "invalid_addr"
+        );
+        assert!(validate_addr(&format!("{}.example:80", "a".repeat(63))).is_ok());
         assert_eq!(
             validate_addr(&format!("{}:80", "h".repeat(300)))
                 .unwrap_err()
