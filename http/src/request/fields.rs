@@ -87,7 +87,7 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
         ));
     }
     if !host.starts_with('[') {
-        check_name(host).map_err(|why| bad(why))?;
+        check_name(host).map_err(&bad)?;
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
