@@ -78,11 +78,25 @@ impl Failover {
 pub(crate) fn refused_as_silent(node: &MetaNode, leader: NodeId) -> Option<ApiError> {
     let (silent, for_how_long) = node.silent_leader()?;
     (silent == leader).then(|| {
-        ApiError::NoLeader(format!(
-            "node {leader}, the last leader this node knew, {}: try another member",
-            silence(node, leader, for_how_long)
-        ))
+        no_leader(
+            node,
+            leader,
+            format!(
+                "node {leader}, the last leader this node knew, {}: try another member",
+                silence(node, leader, for_how_long)
+            ),
+        )
     })
+}
+
+/// 503 `no_leader` with `message`, about the silent `leader`: without `Retry-After` when the
+/// leader refuses this node's token, since asking this node again does not help until the
+/// token is fixed (`NotServing`, which is also not asked of the next leader).
+fn no_leader(node: &MetaNode, leader: NodeId, message: String) -> ApiError {
+    match node.token_refused_by().contains(&leader) {
+        true => ApiError::NotServing(message),
+        false => ApiError::NoLeader(message),
+    }
 }
 
 /// How `node` describes its silent `leader` in answers: with the likely cause when `leader`
@@ -176,10 +190,14 @@ pub(crate) async fn unless_deposed<T>(
         ))
     };
     let silent = |for_how_long| {
-        ApiError::NoLeader(format!(
-            "node {leader}, the leader this request was sent to, {}: try another member",
-            silence(node, leader, for_how_long)
-        ))
+        no_leader(
+            node,
+            leader,
+            format!(
+                "node {leader}, the leader this request was sent to, {}: try another member",
+                silence(node, leader, for_how_long)
+            ),
+        )
     };
     until_deposed(node, leader, Duration::ZERO, deposed, silent, asked).await
 }
@@ -201,10 +219,14 @@ pub(crate) async fn unless_moved_from<T>(
         ))
     };
     let silent = |for_how_long| {
-        ApiError::NoLeader(format!(
-            "node {leader}, asked to move the leadership, {}: try another member",
-            silence(node, leader, for_how_long)
-        ))
+        no_leader(
+            node,
+            leader,
+            format!(
+                "node {leader}, asked to move the leadership, {}: try another member",
+                silence(node, leader, for_how_long)
+            ),
+        )
     };
     until_deposed(node, leader, grace, deposed, silent, asked).await
 }
