@@ -17,6 +17,10 @@ pub(super) struct LeaderContact {
     /// next leader's first message a moment before its metrics stop naming the last one, and
     /// that one must not look silent since the node opened meanwhile.
     last: HashMap<NodeId, Instant>,
+    /// The leader last seen named, and when it was first seen named: one this node learned of
+    /// a moment ago (a paused leader that resumes and finds another elected) has had no time
+    /// to reach it, and is not silent since this node opened.
+    named: Option<(NodeId, Instant)>,
 }
 
 impl LeaderContact {
@@ -25,6 +29,7 @@ impl LeaderContact {
         LeaderContact {
             opened: now,
             last: HashMap::new(),
+            named: None,
         }
     }
 
@@ -33,11 +38,16 @@ impl LeaderContact {
         self.last.insert(leader, now);
     }
 
-    /// How long `leader` has been silent at `now`: since its last message, or since this node
-    /// opened if it took none (a node that just started gives its leader time to reach it).
-    pub(super) fn silence(&self, leader: NodeId, now: Instant) -> Duration {
-        let since = self.last.get(&leader).copied().unwrap_or(self.opened);
-        now.saturating_duration_since(since)
+    /// How long `leader`, named as the leader now, has been silent at `now`: since its last
+    /// message, or since this node opened if it took none (a node that just started gives its
+    /// leader time to reach it), but at most since it was first seen named.
+    pub(super) fn silence(&mut self, leader: NodeId, now: Instant) -> Duration {
+        let named_at = match self.named {
+            Some((named, at)) if named == leader => at,
+            _ => self.named.insert((leader, now)).1,
+        };
+        let heard = self.last.get(&leader).copied().unwrap_or(self.opened);
+        now.saturating_duration_since(heard.max(named_at))
     }
 }
 
@@ -46,20 +56,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_leader_is_silent_from_its_last_message() {
+    fn a_leader_is_silent_from_its_last_message_or_from_when_it_was_named() {
         let t0 = Instant::now();
         let secs = Duration::from_secs;
         let at = |s: u64| t0 + secs(s);
         let mut c = LeaderContact::new(t0);
-        // Just opened: the leader it remembers is silent from the opening.
+        // Named from the opening, never heard: silent since then.
+        assert_eq!(c.silence(1, at(0)), secs(0));
         assert_eq!(c.silence(1, at(2)), secs(2));
         c.note(1, at(10));
         assert_eq!(c.silence(1, at(12)), secs(2));
         assert_eq!(c.silence(1, at(9)), secs(0), "a clock read before the note");
-        // Another leader's message says nothing of this one.
-        assert_eq!(c.silence(2, at(10)), secs(10));
-        c.note(2, at(20));
-        assert_eq!(c.silence(2, at(21)), secs(1));
-        assert_eq!(c.silence(1, at(21)), secs(11), "since its own last message");
+        // The next leader's first message, while the metrics still name the last one: that
+        // one is silent since its own last message.
+        c.note(2, at(11));
+        assert_eq!(c.silence(1, at(13)), secs(3));
+        // A leader named a while after the opening and never heard (a paused node that
+        // resumes and finds another elected) is silent since it was named, not the opening.
+        let mut c = LeaderContact::new(t0);
+        assert_eq!(c.silence(3, at(30)), secs(0));
+        assert_eq!(c.silence(3, at(31)), secs(1));
+        c.note(3, at(32));
+        assert_eq!(c.silence(3, at(35)), secs(3));
     }
 }
