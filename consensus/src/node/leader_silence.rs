@@ -111,7 +111,7 @@ impl MetaNode {
     }
 
     /// How long `leader` has been silent (`leader_contact.rs`).
-    pub(super) fn silence_of(&self, leader: NodeId) -> Duration {
+    fn silence_of(&self, leader: NodeId) -> Duration {
         self.inner
             .leader_contact
             .lock()

@@ -30,12 +30,11 @@ impl MetaNode {
             && m.last_quorum_acked
                 .as_ref()
                 .is_none_or(|t| openraft::Instant::elapsed(&**t) >= self.lease());
-        // A leader silent for longer than a live one ever is (two election timeouts, while it
-        // sends a heartbeat every `heartbeat_ms`) is not named: openraft names it until another
+        // A silent leader (`leader_silence.rs`) is not named: openraft names it until another
         // is elected, which a follower left without a quorum waits for in vain.
-        let silent = m.current_leader.is_some_and(|l| {
-            l != self.id() && self.silence_of(l) > self.inner.cfg.election_timeout() * 2
-        });
+        let silent = self
+            .silent_leader()
+            .is_some_and(|(l, _)| m.current_leader == Some(l));
         let leader_id = if stopped || lost_quorum || removed || silent {
             None
         } else {

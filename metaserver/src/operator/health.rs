@@ -89,17 +89,7 @@ async fn membership(client: &ClientArgs) -> Result<BTreeMap<u64, String>> {
     let mut failures = Vec::new();
     loop {
         let asked = op.member().to_owned();
-        let request = op
-            .request(reqwest::Method::GET, "/v1/cluster")
-            .timeout(MEMBER_TIMEOUT);
-        let answer = match op.send_here(request).await {
-            Ok(response) => response
-                .json::<ClusterView>()
-                .await
-                .context("reading its status"),
-            Err(e) => Err(e),
-        };
-        match answer {
+        match status_of(&op).await {
             Ok(view) if !view.nodes.is_empty() => return Ok(view.nodes),
             Ok(_) => failures.push(format!("{asked} is in no cluster yet")),
             Err(e) => failures.push(format!("{e:#}")),
@@ -111,6 +101,18 @@ async fn membership(client: &ClientArgs) -> Result<BTreeMap<u64, String>> {
             );
         }
     }
+}
+
+/// The status of the member `op` asks now, within [`MEMBER_TIMEOUT`].
+async fn status_of(op: &Operator) -> Result<ClusterView> {
+    let request = op
+        .request(reqwest::Method::GET, "/v1/cluster")
+        .timeout(MEMBER_TIMEOUT);
+    op.send_here(request)
+        .await?
+        .json()
+        .await
+        .context("reading its status")
 }
 
 /// Asks member `id` at `addr` for its status and readiness.
@@ -130,15 +132,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
     };
     let asked = async {
         let op = Operator::new(&one)?;
-        let request = op
-            .request(reqwest::Method::GET, "/v1/cluster")
-            .timeout(MEMBER_TIMEOUT);
-        let view: ClusterView = op
-            .send_here(request)
-            .await?
-            .json()
-            .await
-            .context("reading its status")?;
+        let view = status_of(&op).await?;
         let ready = op
             .request(reqwest::Method::GET, "/readyz")
             .timeout(MEMBER_TIMEOUT)
