@@ -41,6 +41,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::hangup::Hangup;
+
 /// How long accepting pauses after an error that is not about one connection (for example
 /// `EMFILE` when the process's other files took the descriptors the slots left free).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -176,7 +178,7 @@ impl axum::serve::Listener for LimitedListener {
                         );
                     }
                     let stream = LimitedStream {
-                        tcp,
+                        tcp: Arc::new(tcp),
                         members_only,
                         _slot: slot,
                         stall_limit: None,
@@ -241,9 +243,13 @@ fn is_connection_error(e: &io::Error) -> bool {
 }
 
 /// An accepted connection; closing it frees its slot.
+///
+/// The socket is shared with the [`Hangup`] handles a request may take to learn that its client
+/// went away; reads and writes go through the socket's shared readiness (`try_read`,
+/// `try_write`), as tokio's own stream does.
 #[derive(Debug)]
 pub struct LimitedStream {
-    tcp: TcpStream,
+    tcp: Arc<TcpStream>,
     members_only: bool,
     _slot: OwnedSemaphorePermit,
     /// How long a write may wait for the client to take bytes; `None`: for ever.
@@ -264,6 +270,11 @@ impl LimitedStream {
         let mut byte = [0u8; 1];
         let n = self.tcp.peek(&mut byte).await?;
         Ok((n == 1).then_some(byte[0]))
+    }
+
+    /// A handle that tells when the client closes its side of this connection.
+    pub fn hangup(&self) -> Hangup {
+        Hangup::new(self.tcp.clone())
     }
 
     /// Fails a write (and so ends the connection) once the client has taken none of its
@@ -302,11 +313,35 @@ impl LimitedStream {
 
 impl AsyncRead for LimitedStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
+        loop {
+            std::task::ready!(self.tcp.poll_read_ready(cx))?;
+            match self.tcp.try_read_buf(buf) {
+                // A false readiness (the bytes were taken, or a `Hangup` looked at the socket)
+                // is cleared by the attempt: the next poll waits for the next event.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(_) => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+/// Writes with `write` once the socket may take bytes, as tokio's `TcpStream` does.
+fn poll_write_with<T>(
+    tcp: &TcpStream,
+    cx: &mut Context<'_>,
+    write: impl Fn(&TcpStream) -> io::Result<T>,
+) -> Poll<io::Result<T>> {
+    loop {
+        std::task::ready!(tcp.poll_write_ready(cx))?;
+        match write(tcp) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            written => return Poll::Ready(written),
+        }
     }
 }
 
@@ -316,7 +351,7 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        let polled = poll_write_with(&self.tcp, cx, |tcp| tcp.try_write(buf));
         self.watch_stall(cx, polled)
     }
 
@@ -325,21 +360,25 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        let polled = poll_write_with(&self.tcp, cx, |tcp| tcp.try_write_vectored(bufs));
         self.watch_stall(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        true
     }
 
+    /// TCP has nothing to flush.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.tcp).poll_flush(cx);
-        self.watch_stall(cx, polled)
+        self.watch_stall(cx, Poll::Ready(Ok(())))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match socket2::SockRef::from(&*self.tcp).shutdown(std::net::Shutdown::Write) {
+            // The client went away first: nothing is left to shut down.
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
+            shut => Poll::Ready(shut),
+        }
     }
 }
 
@@ -361,7 +400,7 @@ mod tests {
         let (first, _) = listener.accept().await;
         let (second, _) = listener.accept().await;
         assert!(first.tcp.nodelay().unwrap());
-        assert!(socket2::SockRef::from(&first.tcp).keepalive().unwrap());
+        assert!(socket2::SockRef::from(&*first.tcp).keepalive().unwrap());
         assert!(!first.members_only() && !second.members_only());
         assert_eq!(listener.open_connections(), 2);
         // Past the slots, the members' reserve.

@@ -20,6 +20,7 @@ pub mod forward;
 pub mod forward_batch;
 pub mod frame;
 pub mod handlers;
+pub mod hangup;
 mod in_flight;
 mod leader_exchange;
 pub mod limits;

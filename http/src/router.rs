@@ -55,7 +55,7 @@ fn admin_routes() -> Router<SharedState> {
             "/v1/kv/{*key}",
             put(kv::put).get(kv::get).delete(kv::delete),
         )
-        .route("/v1/watch", get(watch::watch))
+        .route(WATCH_PATH, get(watch::watch))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/learners", post(cluster::add_learner))
@@ -82,6 +82,9 @@ fn admin_routes() -> Router<SharedState> {
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
+
+/// The watch route: the server hands its requests a [`crate::hangup::Hangup`].
+pub const WATCH_PATH: &str = "/v1/watch";
 
 /// The complete router of a node. It answers requests only: the leader's notices to the nodes
 /// a membership change removed come from [`crate::removal_notices::run`], spawned beside it.

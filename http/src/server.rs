@@ -26,11 +26,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::Listener;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio_rustls::server::TlsStream;
 use tokio_util::either::Either;
+use tower::ServiceExt as _;
 
 use crate::connection_limit::{LimitedListener, LimitedStream};
 use crate::connection_metrics::{ConnectionMetrics, HandshakeFailure};
@@ -38,6 +40,7 @@ use crate::error::ApiError;
 use crate::forward::FORWARDED_BY;
 use crate::in_flight::{self, InFlight};
 use crate::log_throttle::LogThrottle;
+use crate::router::WATCH_PATH;
 use crate::tls::Tls;
 
 /// How long a connection may wait for its next request's headers unless told otherwise: above
@@ -139,11 +142,11 @@ impl Server {
                 Some(secured) = secured.recv() => Accepted::Secured(secured),
                 () = &mut shutdown => break,
             };
-            let (stream, peer, members_only) = match (accepted, &acceptor) {
+            let (stream, peer, members_only, hangup) = match (accepted, &acceptor) {
                 (Accepted::Plain((mut stream, peer)), None) => {
                     stream.set_write_stall_limit(idle_timeout);
-                    let members_only = stream.members_only();
-                    (Either::Left(stream), peer, members_only)
+                    let (members_only, hangup) = (stream.members_only(), stream.hangup());
+                    (Either::Left(stream), peer, members_only, hangup)
                 }
                 (Accepted::Plain((mut stream, peer)), Some(acceptor)) => {
                     stream.set_write_stall_limit(idle_timeout);
@@ -175,8 +178,9 @@ impl Server {
                     continue;
                 }
                 (Accepted::Secured((stream, peer)), _) => {
-                    let members_only = stream.get_ref().0.members_only();
-                    (Either::Right(stream), peer, members_only)
+                    let tcp = stream.get_ref().0;
+                    let (members_only, hangup) = (tcp.members_only(), tcp.hangup());
+                    (Either::Right(stream), peer, members_only, hangup)
                 }
             };
             let (builder, service) = if members_only {
@@ -184,6 +188,14 @@ impl Server {
             } else {
                 (&http, app.clone())
             };
+            // A long poll learns when its client goes away (`hangup.rs`); other requests do
+            // not wait long enough to need it.
+            let service = service.map_request(move |mut request: Request<Incoming>| {
+                if request.uri().path() == WATCH_PATH {
+                    request.extensions_mut().insert(hangup.clone());
+                }
+                request
+            });
             let service = TowerToHyperService::new(service);
             let connection =
                 graceful.watch(builder.serve_connection(TokioIo::new(stream), service));

@@ -10,6 +10,8 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use common::{leader_node, leader_node_tuned};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// The index a watch without `after` answers.
 async fn start(t: &common::TestNode) -> u64 {
@@ -327,4 +329,118 @@ async fn a_node_of_no_cluster_yet_asks_a_watcher_to_retry() {
         .await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
     assert!(a.headers.contains_key("retry-after"), "{a:?}");
+}
+
+/// Serves `t`'s node on a real listener, as a member does, with one watch slot.
+async fn serve_with_one_watch_slot(
+    t: &common::TestNode,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let state = meta_http::AppState::new(t.node.clone(), meta_http::Token::new(None));
+    let app = meta_http::router(state.with_watch_slots(1));
+    let tcp = meta_http::connection_limit::bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        meta_http::Server::new(meta_http::LimitedListener::new(tcp, 16), app).serve(async {
+            let _ = stopped.await;
+        }),
+    );
+    (addr, stop, task)
+}
+
+/// Sends a long poll from `from` on a new connection, and waits until it waits.
+async fn long_poll(t: &common::TestNode, addr: std::net::SocketAddr, from: u64) -> TcpStream {
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /v1/watch?after={from}&wait_ms=55000 HTTP/1.1\r\nHost: t\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while t.node.status().watches_waiting < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the long poll waits");
+    client
+}
+
+/// A long poll whose client went away gives its slots back at once, not at the end of its
+/// wait (55 s here): the next watch gets the one watch slot.
+#[tokio::test]
+async fn a_long_poll_whose_client_went_away_gives_its_slot_back() {
+    let t = leader_node(None).await;
+    let from = start(&t).await;
+    let (addr, stop, task) = serve_with_one_watch_slot(&t).await;
+    let gone = long_poll(&t, addr, from).await;
+    drop(gone);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while t.node.status().watches_waiting > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the abandoned long poll still waits");
+    // The slot is free: the next long poll waits, and a write answers it.
+    let mut next = long_poll(&t, addr, from).await;
+    t.send(Method::PUT, "/v1/kv/k", "v").await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), read_answer(&mut next))
+        .await
+        .expect("the second long poll is answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""key":"k""#), "{answer}");
+    stop.send(()).unwrap();
+    drop(next);
+    task.await.unwrap();
+}
+
+/// A client that closes only its sending side after a long poll is answered at once, with a
+/// page that claims no change (its index is the one asked from), and reads it.
+#[tokio::test]
+async fn a_long_poll_half_closed_by_its_client_is_answered_at_once() {
+    let t = leader_node(None).await;
+    let from = start(&t).await;
+    let (addr, stop, task) = serve_with_one_watch_slot(&t).await;
+    let mut client = long_poll(&t, addr, from).await;
+    client.shutdown().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(20), read_answer(&mut client))
+        .await
+        .expect("the half-closed long poll is answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body: Value =
+        serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(body["index"].as_u64(), Some(from), "{answer}");
+    assert_eq!(body["events"], json!([]), "{answer}");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// Reads one answer (headers and a body of `content-length` bytes) from `client`.
+async fn read_answer(client: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the whole answer: {bytes:?}");
+        bytes.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&bytes).to_string();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let length = text[..end]
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            })
+            .expect("a content-length");
+        if bytes.len() >= end + 4 + length {
+            return text;
+        }
+    }
 }

@@ -5,12 +5,14 @@
 //! take every connection slot from the datanodes.
 
 use axum::extract::State;
-use meta_consensus::{Change, ChangeEvent};
+use axum::Extension;
+use meta_consensus::{Change, ChangeBatch, ChangeEvent};
 
 use crate::error::ApiError;
 use crate::extract::{NoBody, Query};
 use crate::follower_read::ReplayedReadIndex;
-use crate::request::WatchQuery;
+use crate::hangup::Hangup;
+use crate::request::{WatchQuery, WatchRequest};
 use crate::response::{ChangeView, EventView, WatchPage};
 use crate::state::SharedState;
 
@@ -18,6 +20,7 @@ use crate::state::SharedState;
 pub async fn watch(
     State(state): State<SharedState>,
     Query(query): Query<WatchQuery>,
+    hangup: Option<Extension<Hangup>>,
     _: NoBody,
 ) -> Result<axum::Json<WatchPage>, ApiError> {
     // The wait counts from the request's arrival: asking the leader for its read index is part
@@ -61,6 +64,37 @@ pub async fn watch(
         })?;
         Some(slot)
     };
+    // A long poll whose client went away stops waiting, so that its slots go back at once
+    // (`hangup.rs`). Its page claims no change: its index is the one the client asked from,
+    // which a client that only closed its sending side reads and asks from again.
+    let long_poll = req.after.is_some() && !req.wait.is_zero();
+    let hung_up = async {
+        match &hangup {
+            Some(Extension(hangup)) if long_poll => hangup.closed().await,
+            _ => std::future::pending().await,
+        }
+    };
+    let after = req.after;
+    let batch = tokio::select! {
+        batch = changes(&state, req, arrived) => batch?,
+        () = hung_up => ChangeBatch {
+            events: Vec::new(),
+            index: after.unwrap_or_default(),
+        },
+    };
+    Ok(axum::Json(WatchPage {
+        index: batch.index,
+        history,
+        events: batch.events.into_iter().map(view).collect(),
+    }))
+}
+
+/// The page a watch answers: waits for the read index (see [`watch`]), then for changes.
+async fn changes(
+    state: &SharedState,
+    req: WatchRequest,
+    arrived: tokio::time::Instant,
+) -> Result<ChangeBatch, ApiError> {
     // Watches are never replayed at the leader: a read index in the request's headers is not
     // ours, and is not trusted. A node that begins to close answers at once: a long poll with
     // what this member applied (the page's index says how far that covers), a start with 503.
@@ -120,15 +154,11 @@ pub async fn watch(
             .saturating_sub(arrived.elapsed())
             .max(std::time::Duration::from_millis(1)),
     };
-    let batch = state
+    state
         .node
         .watch(req.after, read_index, req.filter, req.limit, wait)
-        .await?;
-    Ok(axum::Json(WatchPage {
-        index: batch.index,
-        history,
-        events: batch.events.into_iter().map(view).collect(),
-    }))
+        .await
+        .map_err(ApiError::from)
 }
 
 fn view(e: ChangeEvent) -> EventView {
