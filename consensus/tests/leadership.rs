@@ -65,6 +65,45 @@ async fn cut_leader_is_replaced_and_rejoins_after_heal() -> Result<()> {
     c.shutdown().await
 }
 
+/// A write a leader took just before it was cut off from the other voters is answered once no
+/// quorum has acknowledged the leader for two election timeouts (`outcome_unknown`: the others
+/// may elect a leader without it), not at the request timeout; a write sent to it after that
+/// is refused (`no_leader`: it was not taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_under_way_at_a_cut_off_leader_are_answered_when_its_quorum_falls_silent(
+) -> Result<()> {
+    let c = Cluster::three().await?;
+    let old = c.leader().await?;
+    let put = |key: &str| Command::Put {
+        key: key.into(),
+        value: vec![],
+        if_revision: None,
+    };
+    c.router.isolate(old.id());
+    let started = std::time::Instant::now();
+    let under_way = tokio::time::timeout(WAIT, old.write(put("under-way")))
+        .await
+        .context("the write under way was not answered")?;
+    let took = started.elapsed();
+    match under_way {
+        Err(meta_consensus::Error::OutcomeUnknown(why)) => {
+            ensure!(why.contains("no quorum of voters"), "{why}")
+        }
+        other => anyhow::bail!("the write under way was answered {other:?} after {took:?}"),
+    }
+    ensure!(
+        old.unacknowledged_for().is_some(),
+        "the silence is not reported"
+    );
+    match tokio::time::timeout(WAIT, old.write(put("after"))).await? {
+        Err(meta_consensus::Error::NoLeader) => {}
+        other => anyhow::bail!("a write sent after the silence was answered {other:?}"),
+    }
+    c.router.heal_all();
+    c.converged().await?;
+    c.shutdown().await
+}
+
 /// A deposed leader that learns of the new leader from its own read's round (its messages
 /// reach the others again, theirs do not reach it yet, as when a paused process resumes) sends
 /// the read on to the new leader, rather than answering that no leader is known.

@@ -4,7 +4,12 @@
 //! [`MetaNode::silent_leader`]), and those already waiting on it are told when it falls
 //! silent ([`MetaNode::leader_silenced`]), so that none waits for its own timeout.
 //!
-//! One task per node watches for the moment; a request waiting on a leader holds no timer.
+//! The leader's side of the same silence: a leader that no quorum acknowledges (it is cut off
+//! from the other voters, or they stopped) stays leader until it hears of a newer term, and
+//! the writes it took before its lease ran out wait for a quorum that does not come. They are
+//! told when the quorum's silence passes the same limit ([`MetaNode::quorum_silenced`]).
+//!
+//! One task per node watches for both moments; a request waiting holds no timer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,16 +50,66 @@ impl MetaNode {
         }
     }
 
+    /// How long no quorum of voters has acknowledged this node's leadership, when it leads a
+    /// cluster it is not the only voter of, and that is longer than the silence limit of a
+    /// [silent leader](MetaNode::silent_leader) (two election timeouts; a live quorum answers
+    /// every heartbeat): it is cut off from the other voters, or they stopped, and they may
+    /// have elected another leader already.
+    pub fn unacknowledged_for(&self) -> Option<Duration> {
+        let age = self.quorum_ack_age()?;
+        (age > self.silence_limit()).then_some(age)
+    }
+
+    /// Completes once this node's leadership is
+    /// [unacknowledged](MetaNode::unacknowledged_for) (at once if it is already), with for how
+    /// long; never while a quorum acknowledges it, nor while it does not lead.
+    pub async fn quorum_silenced(&self) -> Duration {
+        // Subscribed before the first look, as in `leader_silenced`.
+        let mut noticed = self.inner.silences.subscribe();
+        loop {
+            if let Some(age) = self.unacknowledged_for() {
+                return age;
+            }
+            if noticed.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// How long since a quorum last acknowledged this leader (since it was elected, if none
+    /// has yet); `None` when this node does not lead, or is its cluster's only voter.
+    fn quorum_ack_age(&self) -> Option<Duration> {
+        let (acked, term) = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            let sole = m.membership_config.membership().voter_ids().eq([self.id()]);
+            if m.state != openraft::ServerState::Leader || sole {
+                return None;
+            }
+            let acked = m
+                .last_quorum_acked
+                .as_ref()
+                .map(|t| openraft::Instant::elapsed(&**t));
+            (acked, m.current_term)
+        };
+        acked.or_else(|| {
+            let led = *self.inner.led_since.lock();
+            led.filter(|(t, _)| *t == term)
+                .map(|(_, since)| since.elapsed())
+        })
+    }
+
     /// Starts the task that tells [`MetaNode::leader_silenced`] waits when the leader falls
-    /// silent: it looks when the named leader's silence would pass the limit, and while it is
-    /// silent every heartbeat interval (so that a leader heard from again and silent again
-    /// counts again), until Raft stops.
+    /// silent, and [`MetaNode::quorum_silenced`] waits when this leader's quorum does: it looks
+    /// when a silence would pass the limit, and while one lasts every heartbeat interval (so
+    /// that a leader or quorum heard from again and silent again counts again), until Raft
+    /// stops.
     pub(super) fn watch_leader_silence(&self) {
         let inner = Arc::downgrade(&self.inner);
         // Server metrics change with the role, leader and membership only.
         let mut metrics = self.inner.raft.server_metrics();
         tokio::spawn(async move {
-            let mut silent_before = None;
+            let (mut silent_before, mut unacknowledged_before) = (None, false);
             loop {
                 let next_look = {
                     let Some(inner) = inner.upgrade() else {
@@ -62,11 +117,15 @@ impl MetaNode {
                     };
                     let node = MetaNode { inner };
                     let silent = node.silent_leader().map(|(leader, _)| leader);
-                    if silent.is_some() && silent != silent_before {
+                    let unacknowledged = node.unacknowledged_for().is_some();
+                    if (silent.is_some() && silent != silent_before)
+                        || (unacknowledged && !unacknowledged_before)
+                    {
                         node.inner.silences.send_modify(|n| *n += 1);
                     }
-                    silent_before = silent;
+                    (silent_before, unacknowledged_before) = (silent, unacknowledged);
                     node.next_silence_look(silent.is_some())
+                        .min(node.next_quorum_look())
                 };
                 tokio::select! {
                     () = tokio::time::sleep(next_look) => {}
@@ -92,6 +151,18 @@ impl MetaNode {
             }
             // A leader named later is a metrics change, which wakes the watch.
             None => self.silence_limit(),
+        }
+    }
+
+    /// How long until the silence watch looks at this leader's quorum again: just past the
+    /// moment its silence would pass the limit, or every heartbeat interval while it lasts.
+    fn next_quorum_look(&self) -> Duration {
+        let limit = self.silence_limit();
+        match self.quorum_ack_age() {
+            Some(age) if age > limit => Duration::from_millis(self.inner.cfg.heartbeat_ms),
+            Some(age) => limit - age + Duration::from_millis(1),
+            // Leading later is a metrics change, which wakes the watch.
+            None => limit,
         }
     }
 

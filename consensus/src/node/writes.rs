@@ -399,7 +399,10 @@ impl MetaNode {
         }
     }
 
-    /// Runs a client-write-like call through [`MetaNode::retry_lease_refusal`].
+    /// Runs a client-write-like call through [`MetaNode::retry_lease_refusal`]. A call under
+    /// way when this leader's quorum falls silent ([`MetaNode::quorum_silenced`]) is answered
+    /// [`Error::OutcomeUnknown`] then, not at the request timeout: its client asks another
+    /// member sooner.
     pub(super) async fn leader_call<T, F, Fut>(&self, call: F) -> Result<T>
     where
         T: Send + 'static,
@@ -412,9 +415,18 @@ impl MetaNode {
             > + Send
             + 'static,
     {
+        // A leader already unacknowledged takes no write (openraft refuses it once the lease
+        // ran out, `NoLeader`): only writes it took before are told of the silence.
+        let acknowledged = self.unacknowledged_for().is_none();
         let called = self.retry_lease_refusal(call, Self::lease_refusal);
         tokio::select! {
             res = called => res?.map_err(|e| self.write_error(e)),
+            silence = self.quorum_silenced(), if acknowledged => Err(Error::OutcomeUnknown(format!(
+                "no quorum of voters has acknowledged this leader for {} ms while the write \
+                 was under way (it is cut off from them, or they stopped): another leader may \
+                 be elected without it, or commit it; read it back before writing it again",
+                silence.as_millis()
+            ))),
             () = self.until_removed_and_not_leading() => Err(Error::OutcomeUnknown(
                 "this node was removed from the voters and stepped down while the write was \
                  under way: it learns no more of the log, and the new voters may still commit it"
