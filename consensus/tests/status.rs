@@ -76,6 +76,23 @@ async fn the_leader_reports_how_long_ago_it_heard_each_member() -> Result<()> {
     c.shutdown().await
 }
 
+/// A leader reports itself heard at every moment, also as a single voter with nothing written
+/// (its own record would otherwise grow from its election on, and a "member down" alert on the
+/// figure would fire on every idle single-node cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_reports_itself_heard_also_as_the_only_voter() -> Result<()> {
+    let c = Cluster::voters(1).await?;
+    let l = c.leader().await?;
+    // Time passes with nothing written, as on an idle cluster.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let own = heard(replication(&l, l.id()));
+    ensure!(
+        own == Some(0),
+        "the only voter reports itself heard {own:?} ms ago"
+    );
+    c.shutdown().await
+}
+
 /// A member that is down when leadership changes hands is still reported silent by the new
 /// leader, which never heard from it: from when it took office, growing (a "member down"
 /// alert on that figure must not clear because the leader changed).

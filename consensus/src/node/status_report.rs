@@ -55,15 +55,21 @@ impl MetaNode {
                             _ => 0,
                         };
                         // A member this leader never heard from (down since before it took
-                        // office) has been silent at least since then.
+                        // office) has been silent at least since then. The leader hears
+                        // itself always: openraft's record of it is of its own log's flushes,
+                        // which a single voter with nothing to write never refreshes (a "member
+                        // down" alert on it fired on every idle single-node cluster).
                         let (_, heard) = Self::progress_of(&m, *node);
-                        let heard = heard.or_else(|| {
-                            self.inner
-                                .led_since
-                                .lock()
-                                .filter(|(term, _)| *term == m.current_term)
-                                .map(|(_, since)| since.elapsed())
-                        });
+                        let heard = (*node == self.id())
+                            .then_some(std::time::Duration::ZERO)
+                            .or(heard)
+                            .or_else(|| {
+                                self.inner
+                                    .led_since
+                                    .lock()
+                                    .filter(|(term, _)| *term == m.current_term)
+                                    .map(|(_, since)| since.elapsed())
+                            });
                         ReplicationLag {
                             node: *node,
                             matched,
