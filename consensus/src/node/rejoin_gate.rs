@@ -223,8 +223,9 @@ impl MetaNode {
                 Ok(term) => {
                     tracing::info!(
                         term,
-                        "enough voters told this rejoining node the cluster's term: it \
-                         acknowledges leaders of that term or newer"
+                        "enough voters told this node the cluster's term: it acknowledges \
+                         leaders of that term or newer (a node that starts with no Raft state, \
+                         new or with its data dir lost, first asks)"
                     );
                     gate.floor = Some(term);
                     gate.warned = None;

@@ -306,8 +306,9 @@ impl MetaNode {
                     node.inner.rejoining.store(false, Ordering::Release);
                     node.set_election_holds(|h| h.rejoin = false);
                     tracing::info!(
-                        "this node holds the cluster's log again: it votes and stands for \
-                         election again"
+                        "this node holds the cluster's log: it votes and stands for election \
+                         (a node that starts with no Raft state, new or with its data dir lost, \
+                         first gets the log)"
                     );
                 }
                 Ok(Err(e)) => tracing::warn!("ending the rejoin: {e}"),
