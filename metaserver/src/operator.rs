@@ -222,7 +222,9 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
                 return Err(op.refusal(r).await)
             }
             Ok(r) => {
-                retrying.note(&asked, &format!("status {}", r.status()));
+                let status = r.status();
+                let refused = client::Refused::read(r).await;
+                retrying.note(&asked, &format!("{status}: {}", refused.message()));
                 if op.next_member(&asked) {
                     tokio::time::sleep(WATCH_RETRY).await;
                 }
@@ -251,23 +253,31 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
 
 /// `metaserver register --datanode N --file shards.json`: registers the shards in batches of
 /// at most 10,000 under the datanode's current epoch (or the file's); with `--prune`, then
-/// drops the datanode's replicas that no batch of that epoch registered.
+/// drops the datanode's replicas that no batch of that epoch registered. Every request rides
+/// out a leader change or a cluster without a leader for a while
+/// ([`Operator::send_retrying`]): each applies once (a batch sent again is `unchanged`, a
+/// prune sent again finds nothing more to drop, and then counts none).
 pub async fn register(args: RegisterArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let parsed = ShardsFile::parse(&text).with_context(|| {
-        format!(
-            "{} is not a list of {{\"id\",\"generation\",\"size\"}} nor {{\"epoch\",\"shards\"}}",
-            args.file.display()
-        )
-    })?;
+    // With --prune, an empty file says the datanode holds nothing (`find ... > file`).
+    let parsed = if args.prune && text.trim().is_empty() {
+        ShardsFile::List(Vec::new())
+    } else {
+        ShardsFile::parse(&text).with_context(|| {
+            format!(
+                "{} is not a list of {{\"id\",\"generation\",\"size\"}} nor {{\"epoch\",\"shards\"}}",
+                args.file.display()
+            )
+        })?
+    };
     let (epoch, shards) = match parsed {
         ShardsFile::Batch(BatchFile { epoch, shards }) => (epoch, shards),
         ShardsFile::List(shards) => {
             let id = args.datanode;
             let datanode: DatanodeView = op
-                .get_json(&format!("/v1/datanodes/{id}"))
+                .get_json_retrying(&format!("/v1/datanodes/{id}"))
                 .await
                 .map_err(|e| {
                     let unknown = e
@@ -314,7 +324,7 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         let path = format!("/v1/datanodes/{}/prune", args.datanode);
         let body = serde_json::json!({ "epoch": epoch });
         let response = op
-            .send(|| op.request(reqwest::Method::POST, &path).json(&body))
+            .send_retrying(|| op.request(reqwest::Method::POST, &path).json(&body))
             .await?;
         let result: ShardsDeregistered = response.json().await.context("decoding the answer")?;
         out["pruned"] = result.removed.into();
@@ -340,7 +350,7 @@ async fn register_batches(
         let path = format!("/v1/datanodes/{datanode}/shards");
         let result: Result<ShardsRegistered> = async {
             let response = op
-                .send(|| op.request(reqwest::Method::POST, &path).json(&body))
+                .send_retrying(|| op.request(reqwest::Method::POST, &path).json(&body))
                 .await?;
             response.json().await.context("decoding the answer")
         }

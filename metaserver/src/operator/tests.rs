@@ -119,6 +119,66 @@ async fn a_datanode_lookup_that_fails_says_why() {
     assert!(!refused.contains("register it first"), "{refused}");
 }
 
+/// `register` rides out a cluster without a leader (503) in each of its requests: the epoch
+/// lookup, the batches and the prune; with `--prune`, an empty file is a datanode that holds
+/// nothing.
+#[tokio::test]
+async fn register_rides_out_a_cluster_without_a_leader() {
+    const NO_LEADER: (StatusCode, &str) = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        r#"{"error":{"code":"no_leader","message":"no leader is known"}}"#,
+    );
+    const DATANODE: (StatusCode, &str) = (
+        StatusCode::OK,
+        r#"{"id":7,"addr":"10.0.0.7:9000","epoch":3,"shards":1}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let register_from =
+        |text: &'static str, prune: bool, answer: fn(usize) -> (StatusCode, &'static str)| {
+            let file = dir.path().join("shards.json");
+            async move {
+                std::fs::write(&file, text).unwrap();
+                let (addr, count) = answering(answer).await;
+                let args = RegisterArgs {
+                    client: ClientArgs {
+                        server: addr,
+                        token: None,
+                        tls_ca: None,
+                    },
+                    datanode: 7,
+                    file,
+                    prune,
+                };
+                register(args).await.map(|()| count.load(Ordering::SeqCst))
+            }
+        };
+    // Lookup, batch: each refused once first.
+    let asked = register_from(
+        r#"[{"id":1,"generation":1,"size":1}]"#,
+        false,
+        |n| match n {
+            0 | 2 => NO_LEADER,
+            1 => DATANODE,
+            _ => (
+                StatusCode::OK,
+                r#"{"accepted":1,"unchanged":0,"stale":[],"index":9}"#,
+            ),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(asked, 4);
+    // Lookup, prune, with an empty file.
+    let asked = register_from("\n", true, |n| match n {
+        0 | 2 => NO_LEADER,
+        1 => DATANODE,
+        _ => (StatusCode::OK, r#"{"removed":1,"index":9}"#),
+    })
+    .await
+    .unwrap();
+    assert_eq!(asked, 4);
+}
+
 /// A request that no member given could answer names how many were tried, not only the
 /// last one.
 #[tokio::test]
