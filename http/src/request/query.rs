@@ -85,11 +85,17 @@ impl QueryNumber {
             let shown: String = self.0.chars().take(64).collect();
             ApiError::invalid(
                 code,
-                format!(
-                    "{name}={shown:?} is not a decimal number from 0 to {} without sign or \
-                     leading zeros",
-                    u64::MAX
-                ),
+                // Its range is checked once it parses, with a message that names it.
+                match self.0.bytes().all(|b| b.is_ascii_digit()) && !self.0.is_empty() {
+                    true if self.0.len() > 1 && self.0.starts_with('0') => {
+                        format!("{name}={shown:?} has a leading zero: write the number without it")
+                    }
+                    true => format!("{name}={shown:?} is too large (past 2^64 - 1)"),
+                    false => format!(
+                        "{name}={shown:?} is not a whole decimal number (digits only, without \
+                         sign or leading zeros)"
+                    ),
+                },
             )
         })
     }
@@ -443,6 +449,29 @@ mod tests {
                     .contains("limit must be a decimal number from 1 to 10000"),
                 "the message names the range the limit takes: {refused}"
             );
+        }
+    }
+
+    /// A number that does not parse is told what is wrong with it, not a range it does not take
+    /// (each parameter's own range is checked after, and named then).
+    #[test]
+    fn a_number_that_does_not_parse_is_told_why() {
+        let message = |text: &str| {
+            QueryNumber(text.into())
+                .parse("wait_ms", "invalid_wait")
+                .unwrap_err()
+                .to_string()
+        };
+        for (text, says) in [
+            ("abc", "is not a whole decimal number"),
+            ("", "is not a whole decimal number"),
+            ("-1", "is not a whole decimal number"),
+            ("007", "has a leading zero"),
+            ("18446744073709551616", "is too large"),
+        ] {
+            let m = message(text);
+            assert!(m.contains(says), "{text:?}: {m}");
+            assert!(!m.contains("18446744073709551615"), "{text:?}: {m}");
         }
     }
 
