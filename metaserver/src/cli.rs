@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 /// The metaserver: a replicated shard registry for a storage cluster.
@@ -76,7 +77,13 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_PEERS")]
     pub peers: Option<String>,
     /// Initialize the cluster (of --peers, or of this node alone) on the first start only.
-    #[arg(long, env = "METASERVER_INIT", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(
+        long,
+        env = "METASERVER_INIT",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = BoolishValueParser::new()
+    )]
     pub init: Option<bool>,
     /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
@@ -145,7 +152,7 @@ pub struct ServeArgs {
     /// Whether a follower answers linearizable and lease reads from its own registry once it
     /// applied the leader's read index, instead of replaying them at the leader
     /// [default: true].
-    #[arg(long, env = "METASERVER_FOLLOWER_READS")]
+    #[arg(long, env = "METASERVER_FOLLOWER_READS", value_parser = BoolishValueParser::new())]
     pub follower_reads: Option<bool>,
     /// Milliseconds a stopping node keeps serving, with `/readyz` answering 503, before it
     /// closes its port: long enough for a load balancer's readiness checks to take it out of
@@ -320,4 +327,31 @@ pub enum MemberCommand {
         /// The voter's id.
         id: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The switches take what environments write for yes and no (`METASERVER_INIT=1`), not
+    /// only `true` and `false`.
+    #[test]
+    fn switches_take_the_usual_spellings_of_yes_and_no() {
+        let serve = |args: &[&str]| match Cli::try_parse_from(
+            ["metaserver", "serve"].iter().chain(args).copied(),
+        ) {
+            Ok(Cli {
+                command: Some(Command::Serve(serve)),
+                ..
+            }) => serve,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        for (given, meant) in [("1", true), ("yes", true), ("on", true), ("0", false)] {
+            let args = serve(&["--init", given, "--follower-reads", given]);
+            assert_eq!(args.init, Some(meant), "{given}");
+            assert_eq!(args.follower_reads, Some(meant), "{given}");
+        }
+        assert_eq!(serve(&["--init"]).init, Some(true));
+        assert!(Cli::try_parse_from(["metaserver", "serve", "--init", "maybe"]).is_err());
+    }
 }
