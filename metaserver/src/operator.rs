@@ -431,10 +431,14 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     .await
     .context("the backup reader stopped")?
     .with_context(|| {
+        let kept = match file.exists() {
+            true => "was left as it was",
+            false => "was not written",
+        };
         format!(
             "the downloaded snapshot is not a usable backup, or could not be checked (the \
              check builds a scratch registry in {}, which takes up to about three times \
-             the snapshot's {bytes} bytes); {} was left as it was",
+             the snapshot's {bytes} bytes); {} {kept}",
             dir.display(),
             file.display()
         )

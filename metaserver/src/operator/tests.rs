@@ -375,7 +375,23 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
         format!("{err:#}").contains("not a usable backup"),
         "{err:#}"
     );
+    assert!(format!("{err:#}").contains("was left as it was"), "{err:#}");
     assert_eq!(std::fs::read(&file).unwrap(), b"the earlier backup");
+    // Without an earlier backup, nothing is said to be left.
+    let (addr, _) = answering(|n| match n {
+        0 => (StatusCode::OK, "{}"),
+        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+    })
+    .await;
+    let new = dir.path().join("new.snap");
+    let args = ClientArgs {
+        server: addr,
+        token: None,
+        tls_ca: None,
+    };
+    let err = snapshot_save(args, &new).await.unwrap_err();
+    assert!(format!("{err:#}").contains("was not written"), "{err:#}");
+    assert!(!new.exists());
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
