@@ -22,6 +22,12 @@ impl FreeSpace {
         FreeSpace(Arc::new(move |_| Ok(bytes)))
     }
 
+    /// A file system whose free bytes `probe` tells for a dir (for tests: one that fills as
+    /// files land).
+    pub fn with(probe: impl Fn(&Path) -> io::Result<u64> + Send + Sync + 'static) -> FreeSpace {
+        FreeSpace(Arc::new(probe))
+    }
+
     /// The bytes free on the file system holding `dir`.
     pub fn of(&self, dir: &Path) -> io::Result<u64> {
         (self.0)(dir)

@@ -111,7 +111,7 @@ pub async fn run(state: AppState, every: Duration) {
                 tracing::warn!(
                     free,
                     reserve,
-                    ?rooms,
+                    rooms = %describe(&rooms),
                     "this leader's data dir is short of space and no voter has room (twice its \
                      reserve free) to take over: writes that add data stay refused"
                 );
@@ -119,6 +119,15 @@ pub async fn run(state: AppState, every: Duration) {
             None => {}
         }
     }
+}
+
+/// The voters' rooms in words, for the log: `node 2: 25968640 bytes free, 16777216 in reserve`.
+fn describe(rooms: &[Room]) -> String {
+    let room = |r: &Room| match r.free {
+        Some(free) => format!("node {}: {free} bytes free, {} in reserve", r.id, r.reserve),
+        None => format!("node {}: did not answer", r.id),
+    };
+    rooms.iter().map(room).collect::<Vec<_>>().join("; ")
 }
 
 /// Asks voter `id` at `addr` how much room it has; `free` is `None` if it does not say.
@@ -153,6 +162,26 @@ pub(crate) async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rooms_are_described_in_words() {
+        let rooms = [
+            Room {
+                id: 2,
+                free: Some(10),
+                reserve: 16,
+            },
+            Room {
+                id: 3,
+                free: None,
+                reserve: 0,
+            },
+        ];
+        assert_eq!(
+            describe(&rooms),
+            "node 2: 10 bytes free, 16 in reserve; node 3: did not answer"
+        );
+    }
 
     #[test]
     fn the_voter_with_the_most_room_goes_first_and_none_without_twice_its_reserve() {

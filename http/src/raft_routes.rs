@@ -333,7 +333,7 @@ async fn receive_snapshot(
     }
     // The room to install it covers the room to receive it.
     match announced {
-        Some(bytes) => node.check_room_for_snapshot(bytes),
+        Some(bytes) => node.check_room_for_snapshot(bytes, false),
         None => node.check_room_to_receive(0),
     }
     .map_err(refuse_for_room)?;
@@ -368,11 +368,12 @@ async fn receive_snapshot(
     }
     file.flush().await.map_err(failed)?;
     drop(file);
-    tracing::info!(bytes = received, "snapshot received, installing");
+    tracing::debug!(bytes = received, "snapshot received, installing");
     let result = node.install_received_snapshot(vote, temp).await;
     match &result {
+        Ok(_) => tracing::info!(bytes = received, "received a snapshot from the leader"),
         // The node logged it (a full disk refuses every resend; it says so once in a while).
-        Err(meta_consensus::Error::NoRoomForSnapshot { .. }) | Ok(_) => {}
+        Err(meta_consensus::Error::NoRoomForSnapshot { .. }) => {}
         Err(e) => tracing::warn!("installing a received snapshot failed: {e}"),
     }
     Ok(reply(result.map_err(|e| e.to_string())))

@@ -187,9 +187,14 @@ fn a_crash_before_the_rename_leaves_no_final_file_and_the_temp_is_cleaned() {
     );
     assert_eq!(store.newest().unwrap().unwrap().path, old);
 
-    // The next open removes the temp file and keeps the complete snapshot.
+    // So is the temp file of an earlier build, named `.tmp-snap-<name>`.
+    let earlier = temp.with_file_name(format!(".tmp-snap-{}.snap", name(3)));
+    std::fs::write(&earlier, b"partial").unwrap();
+
+    // The next open removes the temp files and keeps the complete snapshot.
     let reopened = SnapshotStore::open(dir.path(), 1).unwrap();
     assert!(!temp.exists());
+    assert!(!earlier.exists());
     assert_eq!(
         dir_entries(reopened.dir()),
         vec![format!("{}.snap", name(1))]

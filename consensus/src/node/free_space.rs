@@ -23,17 +23,18 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// about twice a second while the disk stays full, and the count is in the metrics.
 const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(30);
 
-/// Room an install takes, in multiples of the received snapshot's bytes: the file's copy in the
-/// snapshot dir (made only when the file cannot be moved there, but counted always) and a new
-/// registry generation, which sled stores in up to about twice the snapshot's bytes. An
-/// estimate on the safe side; the old generation is freed only after.
+/// Room receiving and installing a snapshot takes, in multiples of its bytes: the received file
+/// (moved into the snapshot dir, or copied there when it cannot be moved, which the file's own
+/// room covers once it is deleted) and a new registry generation, which sled stores in up to
+/// about twice the snapshot's bytes. An estimate on the safe side; the old generation is freed
+/// only after.
 const INSTALL_ROOM_FACTOR: u64 = 3;
 
-/// The free space installing a snapshot of `bytes` needs, keeping `reserve` free after.
-fn install_room(bytes: u64, reserve: u64) -> u64 {
-    bytes
-        .saturating_mul(INSTALL_ROOM_FACTOR)
-        .saturating_add(reserve)
+/// The free space receiving and installing a snapshot of `bytes` needs, keeping `reserve` free
+/// after; once the file landed, its own bytes are taken already (`landed`).
+fn install_room(bytes: u64, reserve: u64, landed: bool) -> u64 {
+    let factor = INSTALL_ROOM_FACTOR - u64::from(landed);
+    bytes.saturating_mul(factor).saturating_add(reserve)
 }
 
 /// Whether `cmd` adds data (refused when space is short) rather than removing it. The cluster's
@@ -110,14 +111,15 @@ impl MetaNode {
         self.check_room(received, |reserve| reserve)
     }
 
-    /// [`Error::NoRoomForSnapshot`] if installing a received snapshot file of `bytes` could
-    /// leave the data dir's file system with less than `min_free_bytes` free (see
-    /// `install_room`). Reads the free space afresh. Also when `min_free_bytes` is 0: an
-    /// install that runs out of space stops the node, which then receives the snapshot again
-    /// at its next start and stops again. A file system whose free space cannot be read
-    /// refuses nothing. One `statvfs`.
-    pub fn check_room_for_snapshot(&self, bytes: u64) -> Result<()> {
-        self.check_room(bytes, |reserve| install_room(bytes, reserve))
+    /// [`Error::NoRoomForSnapshot`] if receiving and installing a snapshot file of `bytes`
+    /// could leave the data dir's file system with less than `min_free_bytes` free (see
+    /// `install_room`); `landed`: the file is in the data dir already, and takes its room.
+    /// Reads the free space afresh. Also when `min_free_bytes` is 0: an install that runs out
+    /// of space stops the node, which then receives the snapshot again at its next start and
+    /// stops again. A file system whose free space cannot be read refuses nothing. One
+    /// `statvfs`.
+    pub fn check_room_for_snapshot(&self, bytes: u64, landed: bool) -> Result<()> {
+        self.check_room(bytes, |reserve| install_room(bytes, reserve, landed))
     }
 
     /// [`Error::NoRoomForSnapshot`] (counted) for a snapshot of `bytes` if the data dir's file
@@ -137,9 +139,9 @@ impl MetaNode {
                 REFUSAL_WARN_EVERY,
             ) {
                 tracing::warn!(
-                    "refusing a snapshot from the leader: {refused}; the leader sends it again \
-                     until there is room (metaserver_snapshot_install_refusals_total counts the \
-                     refusals; this is logged at most every {}s)",
+                    "refusing a snapshot from the leader: {refused} \
+                     (metaserver_snapshot_install_refusals_total counts the refusals; this is \
+                     logged at most every {}s)",
                     REFUSAL_WARN_EVERY.as_secs()
                 );
             } else {
@@ -186,9 +188,10 @@ mod tests {
 
     #[test]
     fn an_install_needs_room_for_a_copy_a_new_registry_and_the_reserve() {
-        assert_eq!(install_room(0, 100), 100);
-        assert_eq!(install_room(10, 100), 130);
-        assert_eq!(install_room(u64::MAX / 2, 1), u64::MAX);
+        assert_eq!(install_room(0, 100, false), 100);
+        assert_eq!(install_room(10, 100, false), 130);
+        assert_eq!(install_room(10, 100, true), 120);
+        assert_eq!(install_room(u64::MAX / 2, 1, false), u64::MAX);
     }
 
     #[test]

@@ -183,7 +183,7 @@ impl MetaNode {
             let bytes = std::fs::metadata(&file)
                 .map_err(|e| Error::io("read received snapshot size", file.to_path_buf(), e))?
                 .len();
-            node.check_room_for_snapshot(bytes)?;
+            node.check_room_for_snapshot(bytes, true)?;
             SnapshotData::open_received(file)
         })
         .await?;

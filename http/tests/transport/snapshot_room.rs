@@ -3,6 +3,8 @@
 //! receive the snapshot but not to install it, refuses every one the leader sends, keeps
 //! running, and keeps no received file.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use meta_consensus::{Command, FreeSpace, Node, NodeConfig, Role};
 
 use crate::common::wait_for;
@@ -126,4 +128,59 @@ async fn a_member_without_a_reserve_still_refuses_a_snapshot_it_cannot_install()
         .state_machine
         .snapshot_install_refusals;
     assert!(refusals >= 2, "{refusals}");
+}
+
+/// The disk of the test below: this many bytes, less what lands in the data dir's incoming
+/// snapshot files.
+static DISK_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The bytes of the files in `dir` (none if it is missing).
+fn bytes_in(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |files| {
+        files
+            .filter_map(|f| f.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    })
+}
+
+/// A member with exactly the room the README asks for, three times the snapshot plus the
+/// reserve, takes the snapshot: once the file landed it takes its own room, which is not
+/// counted again (the member refused every try while it lacked a fourth time the size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_three_times_the_snapshot_and_the_reserve_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = leader_with_purged_log(&dir, 100).await;
+    let largest = std::fs::read_dir(dir.path().join("node1").join("snapshots"))
+        .unwrap()
+        .filter_map(|f| f.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .expect("the leader keeps its snapshot");
+    const RESERVE: u64 = 1 << 20;
+    DISK_BYTES.store(3 * largest + RESERVE, Ordering::SeqCst);
+    let learner = start_tuned(2, &dir, None, |cfg| {
+        cfg.min_free_bytes = RESERVE;
+        cfg.free_space = FreeSpace::with(|data_dir| {
+            let landed = bytes_in(&data_dir.join("snapshots-incoming"));
+            Ok(DISK_BYTES.load(Ordering::SeqCst).saturating_sub(landed))
+        });
+    })
+    .await;
+    leader
+        .node
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || learner.node.status().state_machine.snapshot_installs >= 1,
+        "the learner installs the leader's snapshot",
+    )
+    .await;
+    let refusals = learner
+        .node
+        .status()
+        .state_machine
+        .snapshot_install_refusals;
+    assert_eq!(refusals, 0, "refused {refusals} times first");
 }

@@ -25,8 +25,9 @@ pub(super) fn sync_dir(op: &'static str, dir: &Path) -> Result<()> {
 pub const DEFAULT_KEEP: usize = 2;
 /// The extension of complete snapshot files.
 pub(crate) const EXTENSION: &str = "snap";
-/// The prefix of temp files; anything with it is removed when the store opens.
-pub(crate) const TEMP_PREFIX: &str = ".tmp-snap-";
+/// The prefix of temp files (before the snapshot's name); anything with it is removed when the
+/// store opens, also the `.tmp-snap-` files of earlier builds.
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 const MAX_NAME_LEN: usize = 200;
 
 /// A directory of snapshot files named `<name>.snap`, where names sort by age (for example a
