@@ -52,6 +52,14 @@ pub enum Error {
          that add data are refused until space is freed (deletes still work)"
     )]
     InsufficientStorage { free: u64, reserve: u64 },
+    /// The leader's disk is nearly full, and another voter may have room: the leader hands its
+    /// leadership over (the HTTP layer's disk hand-over looks every few seconds) and refuses
+    /// writes that add data until then. Nothing was proposed: the next leader takes the write.
+    #[error(
+        "this leader's disk is nearly full ({free} bytes free, {reserve} kept in reserve) and it \
+         hands its leadership to a voter with room: nothing was written; ask again in a moment"
+    )]
+    HandingOverForDisk { free: u64, reserve: u64 },
     /// A snapshot from the leader was refused: receiving or installing it could fill the data
     /// dir's file system. The node keeps its registry and log as they were; the leader sends
     /// the snapshot again.

@@ -92,6 +92,10 @@ struct Inner {
     free_space: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
     /// When a refused snapshot was last logged as a warning (`free_space.rs`).
     room_warned: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Whether the last look for a voter with room to take the leadership (the HTTP layer's
+    /// disk hand-over) found one, or none looked yet: a leader short of disk then refuses
+    /// writes as one handing over (`no_leader`: ask again), not as one that stays short (507).
+    room_elsewhere: std::sync::atomic::AtomicBool,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: Arc<tokio::sync::Semaphore>,
     /// Completes once openraft's state machine worker dropped the state machine
@@ -260,6 +264,7 @@ impl MetaNode {
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
+                room_elsewhere: std::sync::atomic::AtomicBool::new(true),
                 write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),
                 sm_released: parking_lot::Mutex::new(Some(sm_released)),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),

@@ -104,6 +104,31 @@ async fn writes_under_way_at_a_cut_off_leader_are_answered_when_its_quorum_falls
     c.shutdown().await
 }
 
+/// A leader short of disk refuses writes that add data as one about to hand its leadership
+/// over (nothing written: ask again, and a follower sends the write on to the next leader)
+/// while another voter may have room; once a look for one found none, as one that stays short
+/// (507 over HTTP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_short_of_disk_refuses_as_handing_over_until_no_voter_has_room() -> Result<()> {
+    let c = Cluster::three_tuned(|cfg| cfg.min_free_bytes = u64::MAX).await?;
+    let l = c.leader().await?;
+    let put = || Command::Put {
+        key: "k".into(),
+        value: vec![],
+        if_revision: None,
+    };
+    match l.write(put()).await {
+        Err(meta_consensus::Error::HandingOverForDisk { .. }) => {}
+        other => anyhow::bail!("before any look: {other:?}"),
+    }
+    l.note_room_elsewhere(false);
+    match l.write(put()).await {
+        Err(meta_consensus::Error::InsufficientStorage { .. }) => {}
+        other => anyhow::bail!("once no voter has room: {other:?}"),
+    }
+    c.shutdown().await
+}
+
 /// A deposed leader that learns of the new leader from its own read's round (its messages
 /// reach the others again, theirs do not reach it yet, as when a paused process resumes) sends
 /// the read on to the new leader, rather than answering that no leader is known.

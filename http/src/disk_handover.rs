@@ -68,16 +68,17 @@ pub async fn run(state: AppState, every: Duration) {
             _ = tokio::time::sleep(every) => {}
         }
         let status = state.node.status();
-        if status.role != Role::Leader {
-            continue;
-        }
-        let reserve = status.min_free_bytes;
-        let Some(free) = status.data_dir_free_bytes else {
+        let short = match (status.role, status.data_dir_free_bytes) {
+            (Role::Leader, Some(free)) if status.min_free_bytes > free => Some(free),
+            _ => None,
+        };
+        let Some(free) = short else {
+            // Should it lead short of disk later, it refuses writes as one handing over until
+            // it looked.
+            state.node.note_room_elsewhere(true);
             continue;
         };
-        if reserve == 0 || free >= reserve {
-            continue;
-        }
+        let reserve = status.min_free_bytes;
         let others: Vec<(u64, String)> = status
             .voters
             .iter()
@@ -88,8 +89,12 @@ pub async fn run(state: AppState, every: Duration) {
         for (id, addr) in others {
             rooms.push(ask_room(&state, id, &addr).await);
         }
+        let fit = choose(&rooms);
+        // Writes refused meanwhile say whether asking again helps: it does while a voter
+        // with room may take over (503 `no_leader`), not once none has room (507).
+        state.node.note_room_elsewhere(!fit.is_empty());
         let mut handed = None;
-        for to in choose(&rooms) {
+        for to in fit {
             match state.node.transfer_leadership(to).await {
                 Ok((leader, _)) if leader == to => {
                     handed = Some(to);

@@ -265,6 +265,7 @@ impl From<meta_consensus::Error> for ApiError {
             E::Conflict(m) => ApiError::Conflict(m),
             e @ E::Compacted { .. } => ApiError::Compacted(e.to_string()),
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
+            e @ E::HandingOverForDisk { .. } => ApiError::NoLeader(e.to_string()),
             e @ (E::InsufficientStorage { .. }
             | E::NoRoomForSnapshot { .. }
             | E::NoRoomToBuildSnapshot(_)) => ApiError::InsufficientStorage(e.to_string()),
@@ -481,6 +482,26 @@ mod tests {
         ));
         assert_eq!(e.status().as_u16(), 507, "{e:?}");
         assert_eq!(e.code(), "insufficient_storage");
+    }
+
+    /// A leader short of disk that hands its leadership over says to ask again (503
+    /// `no_leader`, with `Retry-After`; a follower sends the write on to the next leader); one
+    /// that stays short says 507.
+    #[test]
+    fn a_leader_handing_over_for_disk_says_to_ask_again() {
+        let e = ApiError::from(meta_consensus::Error::HandingOverForDisk {
+            free: 1,
+            reserve: 2,
+        });
+        assert_eq!(e.code(), "no_leader", "{e:?}");
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let e = ApiError::from(meta_consensus::Error::InsufficientStorage {
+            free: 1,
+            reserve: 2,
+        });
+        assert_eq!(e.status().as_u16(), 507, "{e:?}");
     }
 
     #[test]

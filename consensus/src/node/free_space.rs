@@ -12,6 +12,8 @@
 
 use std::time::{Duration, Instant};
 
+use openraft::async_runtime::watch::WatchReceiver as _;
+
 use super::MetaNode;
 use crate::command::Command;
 use crate::error::{Error, Result};
@@ -78,9 +80,21 @@ impl MetaNode {
         }
     }
 
+    /// Notes what the last look for a voter with room to take this leader's place found
+    /// (the HTTP layer's disk hand-over): a leader short of disk refuses writes that add data
+    /// with [`Error::HandingOverForDisk`] while one may have room (also before the first look),
+    /// with [`Error::InsufficientStorage`] once none has.
+    pub fn note_room_elsewhere(&self, some_voter_has_room: bool) {
+        self.inner
+            .room_elsewhere
+            .store(some_voter_has_room, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// [`Error::InsufficientStorage`] if `cmd` adds data and the data dir's file system has less
-    /// than `min_free_bytes` free (read at most every [`RECHECK`]). A file system whose free
-    /// space cannot be read refuses nothing.
+    /// than `min_free_bytes` free (read at most every [`RECHECK`]), or
+    /// [`Error::HandingOverForDisk`] when another voter may have room (see
+    /// [`MetaNode::note_room_elsewhere`]). A file system whose free space cannot be read
+    /// refuses nothing.
     pub(super) fn check_free_space(&self, cmd: &Command) -> Result<()> {
         let reserve = self.inner.cfg.min_free_bytes;
         if reserve == 0 || !adds_data(cmd) {
@@ -98,6 +112,18 @@ impl MetaNode {
             }
         };
         if free < reserve {
+            let alone = {
+                let metrics = self.inner.raft.metrics();
+                let m = metrics.borrow_watched();
+                m.membership_config.membership().voter_ids().eq([self.id()])
+            };
+            let elsewhere = self
+                .inner
+                .room_elsewhere
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if elsewhere && !alone {
+                return Err(Error::HandingOverForDisk { free, reserve });
+            }
             return Err(Error::InsufficientStorage { free, reserve });
         }
         Ok(())
