@@ -50,6 +50,11 @@ struct MemberStatus {
     /// Entries it is behind the leader's last, as the leader counts them (`None` on the
     /// leader, or when the leader did not answer).
     lag: Option<u64>,
+    /// Bytes free on its data dir's file system, when it could tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_dir_free_bytes: Option<u64>,
+    /// Its `--min-free-bytes`.
+    min_free_bytes: u64,
 }
 
 /// The whole report.
@@ -159,6 +164,8 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
                 leader_id: view.leader_id,
                 applied: view.applied,
                 lag: None,
+                data_dir_free_bytes: view.data_dir_free_bytes,
+                min_free_bytes: view.min_free_bytes,
             });
             health.ready = not_ready.is_none();
             health.problem = not_ready.map(|why| format!("not ready: {why}"));
@@ -183,7 +190,7 @@ fn unanswered(e: &anyhow::Error) -> String {
 
 /// Fills in the leader's count of each member's lag, and says what is wrong: a member that
 /// does not answer or is not ready, no leader or more than one, a leader without a quorum,
-/// members that name another leader than the one that leads.
+/// members that name another leader than the one that leads, a member short of disk.
 fn judge(members: &mut [MemberHealth]) -> Report {
     let mut problems = Vec::new();
     let leading: Vec<(u64, u64)> = members
@@ -224,6 +231,14 @@ fn judge(members: &mut [MemberHealth]) -> Report {
         };
         if s.role == "leader_without_quorum" {
             problems.push(format!("node {} leads without a quorum", m.id));
+        }
+        match s.data_dir_free_bytes {
+            Some(free) if free < s.min_free_bytes => problems.push(format!(
+                "node {} is short of disk: {free} bytes free, {} kept in reserve (leading, it \
+                 refuses writes that add data; following, it stops once the disk is full)",
+                m.id, s.min_free_bytes
+            )),
+            _ => {}
         }
         if let Some((leader, term)) = leader {
             if s.leader_id != Some(leader) {
@@ -304,6 +319,8 @@ mod tests {
                 leader_id: leader,
                 applied: 10,
                 lag: None,
+                data_dir_free_bytes: Some(1 << 30),
+                min_free_bytes: 1 << 27,
             }),
             ready: true,
             problem: None,
@@ -346,6 +363,7 @@ mod tests {
         down.problem = Some("does not answer: connection refused".into());
         let mut leader = member(2, "leader", 3, Some(2));
         leader.token_refused_by = vec![3];
+        leader.status.as_mut().unwrap().data_dir_free_bytes = Some(100);
         let mut members = vec![
             member(1, "leader_without_quorum", 2, Some(1)),
             leader,
@@ -363,6 +381,8 @@ mod tests {
                  started with another --token",
                 "node 1 leads without a quorum",
                 "node 1 names node 1 (term 2), not node 2 (term 3)",
+                "node 2 is short of disk: 100 bytes free, 134217728 kept in reserve (leading, it \
+                 refuses writes that add data; following, it stops once the disk is full)",
                 "node 3 names node 1 (term 2), not node 2 (term 3)",
                 "node 4 at h4:1 does not answer: connection refused",
             ]
