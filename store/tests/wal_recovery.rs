@@ -392,3 +392,21 @@ fn a_missing_newest_segment_is_refused() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// A newest segment shorter than a preallocated one (its preallocation failed on a full disk, or
+/// an earlier start had preallocation off) is preallocated at open, its records kept.
+#[test]
+fn a_short_newest_segment_is_preallocated_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    write_records(dir.path(), &opts(false, 1 << 20), 3);
+    let newest = segments(dir.path()).pop().unwrap();
+    assert!(std::fs::metadata(&newest).unwrap().len() < 1 << 20);
+    let wal = Wal::open(dir.path(), opts(true, 1 << 20)).unwrap();
+    assert_eq!(std::fs::metadata(&newest).unwrap().len(), 1 << 20);
+    assert_eq!(payloads(&wal), ["record-01", "record-02", "record-03"]);
+    wal.append(b"record-04").unwrap();
+    wal.close().unwrap();
+    let wal = Wal::open(dir.path(), opts(true, 1 << 20)).unwrap();
+    assert_eq!(payloads(&wal).len(), 4);
+    wal.close().unwrap();
+}

@@ -203,10 +203,30 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, opts: &WalOptions) -> Res
     // so that the log can start with everything durable. First: the newest segment may hold the
     // purge marker that makes the segments removed below obsolete, and it must not be lost
     // with them gone.
-    last.segment
-        .file
-        .sync_data()
-        .map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
+    // A newest segment shorter than a preallocated one (its creation's preallocation failed on
+    // a full disk, or an earlier start had preallocation off) is preallocated now: appends would
+    // otherwise grow it, each barrier would update its size too, and a full disk would fail
+    // an append rather than this open.
+    let grown = match prealloc(opts) {
+        Some(len) => {
+            let size = last
+                .segment
+                .file
+                .size()
+                .map_err(|e| Error::io("stat recovered segment", &last.segment.path, e))?;
+            if size < len {
+                segment::preallocate(&*last.segment.file, len, &last.segment.path)?;
+            }
+            size < len
+        }
+        None => false,
+    };
+    let synced = match grown {
+        // Its new size too.
+        true => last.segment.file.sync_all(),
+        false => last.segment.file.sync_data(),
+    };
+    synced.map_err(|e| Error::io("fsync recovered segment", &last.segment.path, e))?;
     for seg in &obsolete {
         fs.remove_file(&seg.path)
             .map_err(|e| Error::io("remove purged segment", &seg.path, e))?;
