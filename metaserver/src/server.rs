@@ -201,7 +201,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             None
         }
         why = node.stopped() => {
-            tracing::error!("the Raft core stopped: {why}; shutting down to be restarted");
+            tracing::error!(
+                data_dir = %settings.data_dir.display(),
+                "the Raft core stopped: {why}; shutting down to be restarted"
+            );
             Some(why)
         }
     };
@@ -232,7 +235,10 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             Ok(Err(e)) => tracing::warn!("closing the node after its core stopped: {e}"),
             Err(_) => tracing::warn!("still closing the node after {CLOSE_TIMEOUT:?}"),
         }
-        tracing::error!("the Raft core stopped: {why}; exiting with status 1");
+        tracing::error!(
+            data_dir = %settings.data_dir.display(),
+            "the Raft core stopped: {why}; exiting with status 1"
+        );
         std::process::exit(1);
     }
     let Ok(closed) = closed else {
