@@ -129,6 +129,41 @@ async fn a_leader_short_of_disk_refuses_as_handing_over_until_no_voter_has_room(
     c.shutdown().await
 }
 
+/// Voters short of disk that leave no majority with room stop writes that add data at the
+/// leader (their disks would fill, and stop them); deletes still pass, and one short voter of
+/// three leaves a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_short_of_disk_without_a_majority_with_room_stop_writes_that_add_data() -> Result<()>
+{
+    let c = Cluster::three().await?;
+    let l = c.leader().await?;
+    let others: std::collections::BTreeSet<_> =
+        c.nodes.keys().copied().filter(|id| *id != l.id()).collect();
+    let put = || Command::Put {
+        key: "k".into(),
+        value: vec![],
+        if_revision: None,
+    };
+    l.note_voters_short_of_disk(others.clone());
+    match l.write(put()).await {
+        Err(meta_consensus::Error::QuorumShortOfDisk { short }) => {
+            ensure!(
+                short.iter().copied().eq(others.iter().copied()),
+                "{short:?}"
+            )
+        }
+        other => anyhow::bail!("with two of three voters short: {other:?}"),
+    }
+    let delete = Command::Delete {
+        key: "k".into(),
+        if_revision: None,
+    };
+    l.write(delete).await.context("a delete passes")?;
+    l.note_voters_short_of_disk(others.into_iter().take(1).collect());
+    l.write(put()).await.context("one short voter of three")?;
+    c.shutdown().await
+}
+
 /// A deposed leader that learns of the new leader from its own read's round (its messages
 /// reach the others again, theirs do not reach it yet, as when a paused process resumes) sends
 /// the read on to the new leader, rather than answering that no leader is known.

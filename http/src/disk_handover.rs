@@ -7,11 +7,18 @@
 //! least twice their own reserve free: a margin, so that the leadership does not come straight
 //! back, and nobody takes it who would refuse the writes as well.
 //!
+//! The same look guards the followers: they cannot refuse what the leader commits, and a write
+//! that fills their disks stops them, and a cluster whose majority stopped takes nothing. So
+//! the leader notes the voters that say they are short (`MetaNode::note_voters_short_of_disk`)
+//! and refuses writes that add data while they leave no majority of the voters with room.
+//!
 //! [`choose`] is the choice, plain code tested without a runtime.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use meta_consensus::Role;
+use openraft::async_runtime::watch::WatchReceiver as _;
 
 use crate::state::AppState;
 
@@ -56,20 +63,38 @@ pub fn choose(rooms: &[Room]) -> Vec<u64> {
     fit.into_iter().map(|(_, id)| id).collect()
 }
 
-/// Every `every`, while this node leads with less than its reserve free, moves the leadership
-/// to a voter with room ([`choose`]). Runs until the node closes.
+/// Every `every` (and at once when its role, leader or membership changes), while this node
+/// leads: asks the other voters for their room, has writes that add data refused while those
+/// short of disk leave no majority with room, and, while this node has less than its reserve
+/// free, moves the leadership to a voter with room ([`choose`]). Runs until the node closes.
 pub async fn run(state: AppState, every: Duration) {
     let closing = state.node.closing();
     tokio::pin!(closing);
     let mut last_stuck_warning: Option<Instant> = None;
+    // Role, leader and membership changes: a new leader looks at once, before it took many
+    // writes that could fill its followers' disks.
+    let mut metrics = state.node.raft().server_metrics();
     loop {
         tokio::select! {
             _ = &mut closing => return,
             _ = tokio::time::sleep(every) => {}
+            changed = metrics.changed() => if changed.is_err() {
+                return;
+            },
         }
         let status = state.node.status();
-        let short = match (status.role, status.data_dir_free_bytes) {
-            (Role::Leader, Some(free)) if status.min_free_bytes > free => Some(free),
+        if status.role != Role::Leader {
+            state.node.note_voters_short_of_disk(BTreeSet::new());
+            state.node.note_room_elsewhere(true);
+            continue;
+        }
+        let rooms = ask_rooms(&state, &status).await;
+        // Followers cannot refuse what the leader commits: writes that add data stop while
+        // those short of disk leave no majority with room (`note_voters_short_of_disk`).
+        let short_voters = rooms.iter().filter(|r| r.short()).map(|r| r.id).collect();
+        state.node.note_voters_short_of_disk(short_voters);
+        let short = match status.data_dir_free_bytes {
+            Some(free) if status.min_free_bytes > free => Some(free),
             _ => None,
         };
         let Some(free) = short else {
@@ -79,16 +104,6 @@ pub async fn run(state: AppState, every: Duration) {
             continue;
         };
         let reserve = status.min_free_bytes;
-        let others: Vec<(u64, String)> = status
-            .voters
-            .iter()
-            .filter(|&&v| v != status.id)
-            .filter_map(|v| status.nodes.get(v).map(|a| (*v, a.clone())))
-            .collect();
-        let mut rooms = Vec::new();
-        for (id, addr) in others {
-            rooms.push(ask_room(&state, id, &addr).await);
-        }
         let fit = choose(&rooms);
         // Writes refused meanwhile say whether asking again helps: it does while a voter
         // with room may take over (503 `no_leader`), not once none has room (507).
@@ -133,6 +148,17 @@ fn describe(rooms: &[Room]) -> String {
         None => format!("node {}: did not answer", r.id),
     };
     rooms.iter().map(room).collect::<Vec<_>>().join("; ")
+}
+
+/// Asks the other voters of `status` how much room they have, all at once.
+async fn ask_rooms(state: &AppState, status: &meta_consensus::ClusterStatus) -> Vec<Room> {
+    let asked = status
+        .voters
+        .iter()
+        .filter(|&&v| v != status.id)
+        .filter_map(|v| status.nodes.get(v).map(|a| (*v, a.clone())))
+        .map(|(id, addr)| async move { ask_room(state, id, &addr).await });
+    futures::future::join_all(asked).await
 }
 
 /// Asks voter `id` at `addr` how much room it has; `free` is `None` if it does not say.

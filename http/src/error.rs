@@ -267,6 +267,7 @@ impl From<meta_consensus::Error> for ApiError {
             e @ E::OtherCluster { .. } => ApiError::OtherCluster(e.to_string()),
             e @ E::HandingOverForDisk { .. } => ApiError::NoLeader(e.to_string()),
             e @ (E::InsufficientStorage { .. }
+            | E::QuorumShortOfDisk { .. }
             | E::NoRoomForSnapshot { .. }
             | E::NoRoomToBuildSnapshot(_)) => ApiError::InsufficientStorage(e.to_string()),
             E::ClusterVersionTooLow { ref behind, .. } => ApiError::ClusterVersion {

@@ -17,6 +17,7 @@ use openraft::async_runtime::watch::WatchReceiver as _;
 use super::MetaNode;
 use crate::command::Command;
 use crate::error::{Error, Result};
+use crate::types::NodeId;
 
 /// How long a reading of the free space is used before the next one.
 const RECHECK: Duration = Duration::from_millis(100);
@@ -90,15 +91,55 @@ impl MetaNode {
             .store(some_voter_has_room, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Notes the other voters that last said they are short of disk (less than their own
+    /// `min_free_bytes` free), as the HTTP layer's disk look asks them while this node leads:
+    /// writes that add data are refused ([`Error::QuorumShortOfDisk`]) while they leave no
+    /// majority of the voters with room. Followers cannot refuse what the leader commits: a
+    /// write that fills their disks stops them, and a cluster whose majority stopped takes
+    /// nothing. Cleared (an empty set) when this node does not lead.
+    pub fn note_voters_short_of_disk(&self, short: std::collections::BTreeSet<NodeId>) {
+        *self.inner.voters_short.lock() = short;
+    }
+
+    /// [`Error::QuorumShortOfDisk`] if the voters noted short of disk
+    /// ([`MetaNode::note_voters_short_of_disk`]) leave a voter set without a majority that has
+    /// room; this node is counted as having room (the caller checked).
+    fn check_quorum_room(&self) -> Result<()> {
+        let short = self.inner.voters_short.lock().clone();
+        if short.is_empty() {
+            return Ok(());
+        }
+        let sets = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.membership_config.membership().get_joint_config().clone()
+        };
+        let lacking = sets.iter().any(|set| {
+            let room = set.iter().filter(|id| !short.contains(id)).count();
+            room * 2 <= set.len()
+        });
+        if lacking {
+            let voters: std::collections::BTreeSet<NodeId> = sets.into_iter().flatten().collect();
+            return Err(Error::QuorumShortOfDisk {
+                short: short.intersection(&voters).copied().collect(),
+            });
+        }
+        Ok(())
+    }
+
     /// [`Error::InsufficientStorage`] if `cmd` adds data and the data dir's file system has less
     /// than `min_free_bytes` free (read at most every [`RECHECK`]), or
     /// [`Error::HandingOverForDisk`] when another voter may have room (see
-    /// [`MetaNode::note_room_elsewhere`]). A file system whose free space cannot be read
+    /// [`MetaNode::note_room_elsewhere`]); [`Error::QuorumShortOfDisk`] when other voters short
+    /// of disk leave no majority with room. A file system whose free space cannot be read
     /// refuses nothing.
     pub(super) fn check_free_space(&self, cmd: &Command) -> Result<()> {
         let reserve = self.inner.cfg.min_free_bytes;
-        if reserve == 0 || !adds_data(cmd) {
+        if !adds_data(cmd) {
             return Ok(());
+        }
+        if reserve == 0 {
+            return self.check_quorum_room();
         }
         let free = {
             let mut last = self.inner.free_space.lock();
@@ -126,7 +167,7 @@ impl MetaNode {
             }
             return Err(Error::InsufficientStorage { free, reserve });
         }
-        Ok(())
+        self.check_quorum_room()
     }
 
     /// [`Error::NoRoomForSnapshot`] if, with `received` bytes of a snapshot from the leader

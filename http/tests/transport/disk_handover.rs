@@ -75,3 +75,41 @@ async fn a_leader_short_of_disk_hands_over_to_a_voter_with_room() {
     assert!(v["data_dir_free_bytes"].is_u64(), "{v}");
     stop_all(servers).await;
 }
+
+/// Voters short of disk that leave no majority with room stop writes that add data, however
+/// much room the leader has (507 naming them): followers cannot refuse what the leader commits,
+/// and those writes would fill their disks and stop them. Deletes still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_short_of_disk_stop_the_writes_that_would_fill_them() {
+    let dir = TempDir::new().unwrap();
+    let servers = start_cluster_tuned(&dir, Some(meta_http::follower_read::CATCH_UP), |id, cfg| {
+        if id != 1 {
+            cfg.min_free_bytes = u64::MAX;
+        }
+    })
+    .await;
+    let client = Client::new();
+    // Node 1 leads once the others hand it their leadership (they are short themselves), and
+    // refuses once its look found them short.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (status, v) = client
+            .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
+            .await;
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        if status == 507 && message.contains("voters [2, 3] are short of disk") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes are not refused: {status} {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(servers[&1].node.status().leader_id, Some(1));
+    let (status, v) = client
+        .send(Method::DELETE, &servers[&1], "/v1/kv/k", None)
+        .await;
+    assert!(status == 200 || status == 404, "{status} {v}");
+    stop_all(servers).await;
+}
