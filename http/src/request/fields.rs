@@ -89,7 +89,10 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
     if !host.starts_with('[') {
         check_name(host).map_err(&bad)?;
     }
+    // Written one way only: `host:07101` names the same port as `host:7101`, and would pass
+    // the check that no two members share an address.
     match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.starts_with('0') => Err(bad("the port must not start with 0")),
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
         _ => Err(bad("the port must be 1 to 65535")),
     }
@@ -216,6 +219,9 @@ mod tests {
             "bad-.example:80",
             ".example:80",
             "example..:80",
+            "host:080",
+            "127.0.0.1:07101",
+            "010.0.0.1:80",
         ] {
             assert_eq!(
                 validate_addr(bad).unwrap_err().code(),
