@@ -1,10 +1,7 @@
 //! The snapshot rate paces the snapshots a leader streams to members, with its exports and
 //! downloads: the operator's bound on a node's snapshot traffic holds whatever its cause.
 
-use meta_consensus::Node;
-
-use crate::common::wait_for;
-use crate::helpers::{leader_with_purged_log, start_with};
+use crate::helpers::{join_by_snapshot, leader_with_purged_log, start_with};
 
 /// A learner that joins after the leader purged its log takes a snapshot; with a snapshot rate
 /// set, the leader's stream pauses to keep it (and the learner still gets all of it).
@@ -18,16 +15,7 @@ async fn a_snapshot_streamed_to_a_member_is_paced() {
     let paused_before = leader.node.status().snapshot_throttle_pauses;
 
     let learner = start_with(2, &dir, None).await;
-    leader
-        .node
-        .add_learner(2, Node::new(learner.addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || learner.node.status().state_machine.snapshot_installs >= 1,
-        "the learner installs the leader's snapshot",
-    )
-    .await;
+    join_by_snapshot(&leader, &learner).await;
     assert!(
         leader.node.status().snapshot_throttle_pauses > paused_before,
         "the stream was not paced"

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use meta_consensus::{Command, FreeSpace, Node, NodeConfig, Role};
 
 use crate::common::wait_for;
-use crate::helpers::{leader_with_purged_log, start_tuned, Client, Server};
+use crate::helpers::{join_by_snapshot, leader_with_purged_log, start_tuned, Client, Server};
 
 /// Starts a leader with a purged log, then adds learner 2 (configured by `tune`) and waits
 /// until it refused the leader's snapshot twice; checks that it stayed as it was and that the
@@ -167,16 +167,7 @@ async fn a_member_with_three_times_the_snapshot_and_the_reserve_takes_it() {
         });
     })
     .await;
-    leader
-        .node
-        .add_learner(2, Node::new(learner.addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || learner.node.status().state_machine.snapshot_installs >= 1,
-        "the learner installs the leader's snapshot",
-    )
-    .await;
+    join_by_snapshot(&leader, &learner).await;
     let refusals = learner
         .node
         .status()

@@ -82,6 +82,20 @@ async fn answering_with(
     (addr, count)
 }
 
+/// `register`'s arguments for datanode 7 at the member at `addr`.
+fn register_args(addr: String, file: std::path::PathBuf, prune: bool) -> RegisterArgs {
+    RegisterArgs {
+        client: ClientArgs {
+            server: addr,
+            token: None,
+            tls_ca: None,
+        },
+        datanode: 7,
+        file,
+        prune,
+    }
+}
+
 /// A shards file without an epoch takes the datanode's: one not registered is told to
 /// register first, and a lookup refused otherwise (a wrong token, say) is not.
 #[tokio::test]
@@ -93,17 +107,12 @@ async fn a_datanode_lookup_that_fails_says_why() {
         let file = file.clone();
         async move {
             let (addr, _) = answering(move |_| (status, "{}")).await;
-            let args = RegisterArgs {
-                client: ClientArgs {
-                    server: addr,
-                    token: None,
-                    tls_ca: None,
-                },
-                datanode: 7,
-                file,
-                prune: false,
-            };
-            format!("{:#}", register(args).await.unwrap_err())
+            format!(
+                "{:#}",
+                register(register_args(addr, file, false))
+                    .await
+                    .unwrap_err()
+            )
         }
     };
     let unknown = register_at(StatusCode::NOT_FOUND).await;
@@ -139,16 +148,7 @@ async fn register_rides_out_a_cluster_without_a_leader() {
             async move {
                 std::fs::write(&file, text).unwrap();
                 let (addr, count) = answering(answer).await;
-                let args = RegisterArgs {
-                    client: ClientArgs {
-                        server: addr,
-                        token: None,
-                        tls_ca: None,
-                    },
-                    datanode: 7,
-                    file,
-                    prune,
-                };
+                let args = register_args(addr, file, prune);
                 register(args).await.map(|()| count.load(Ordering::SeqCst))
             }
         };
