@@ -387,9 +387,12 @@ impl MetaNode {
                     let now = tokio::time::Instant::now();
                     let until = *lease_deadline
                         .get_or_insert_with(|| deadline.min(now + self.lease_wait()));
-                    // No election makes a node that is not a member lead: say so at once.
+                    // No election makes a node that is not a member lead: say so at once. Nor
+                    // does waiting help a leader no quorum acknowledged for two election
+                    // timeouts (it is cut off): its clients do better to ask another member.
                     let why = self.no_leader();
-                    if !matches!(why, Error::NoLeader) || now >= until {
+                    let cut_off = self.unacknowledged_for().is_some();
+                    if !matches!(why, Error::NoLeader) || now >= until || cut_off {
                         return Err(why);
                     }
                     let _ = self.await_metrics_change(until).await;
