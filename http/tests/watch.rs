@@ -415,6 +415,18 @@ async fn a_long_poll_half_closed_by_its_client_is_answered_at_once() {
         serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
     assert_eq!(body["index"].as_u64(), Some(from), "{answer}");
     assert_eq!(body["events"], json!([]), "{answer}");
+    // An index past what the member applied is not handed back unchecked (it may be no index
+    // of this cluster's).
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let past = from + 1000;
+    let request = format!("GET /v1/watch?after={past}&wait_ms=55000 HTTP/1.1\r\nHost: t\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    client.shutdown().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(20), read_answer(&mut client))
+        .await
+        .expect("the half-closed long poll is answered");
+    assert!(!answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!answer.contains(&format!("\"index\":{past}")), "{answer}");
     stop.send(()).unwrap();
     task.await.unwrap();
 }

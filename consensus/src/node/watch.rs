@@ -131,6 +131,12 @@ impl MetaNode {
         self.inner.sm.feed.floor()
     }
 
+    /// The newest log index this node's change feed applied: every index up to it was handed
+    /// out by this cluster.
+    pub fn feed_applied(&self) -> u64 {
+        self.inner.sm.feed.applied()
+    }
+
     /// [`Error::Compacted`] if this node no longer keeps the changes after `after`, as
     /// [`MetaNode::watch`] would answer once it got its read index: the feed's floor only
     /// rises, so a watch may be told at once rather than after asking a leader, which may

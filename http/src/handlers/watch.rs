@@ -74,13 +74,24 @@ pub async fn watch(
             _ => std::future::pending().await,
         }
     };
-    let after = req.after;
+    let after = req.after.unwrap_or_default();
     let batch = tokio::select! {
         batch = changes(&state, req, arrived) => batch?,
-        () = hung_up => ChangeBatch {
-            events: Vec::new(),
-            index: after.unwrap_or_default(),
-        },
+        () = hung_up => {
+            // Only an index this member applied is known to be the cluster's; one past it (a
+            // member ahead handed it out, or another cluster did) is checked with the
+            // leader's read index, which the early answer does not wait for.
+            if after > state.node.feed_applied() {
+                return Err(ApiError::Unavailable(format!(
+                    "the client closed its side before this member could check after={after} \
+                     against the cluster's newest index; ask again"
+                )));
+            }
+            ChangeBatch {
+                events: Vec::new(),
+                index: after,
+            }
+        }
     };
     Ok(axum::Json(WatchPage {
         index: batch.index,
