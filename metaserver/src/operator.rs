@@ -130,6 +130,10 @@ pub async fn shards(args: ShardsArgs) -> Result<()> {
 /// How long `watch` waits before asking again after the member could not answer (no leader, a
 /// restart under way).
 const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the first request of a watch (the index to start from, answered at once by a
+/// member that can) may take: changes made while a member that stopped answering (a paused
+/// process) holds it would come before the start, and never be printed.
+const WATCH_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `watch` is asking again after failures, so that it says so on stderr once when it
 /// starts and once when a member answers again, not silently nor once a second.
@@ -181,8 +185,9 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     loop {
         let asked = op.member().to_owned();
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
-        if let Some(after) = after {
-            request = request.query(&[("after", after.to_string())]);
+        match after {
+            Some(after) => request = request.query(&[("after", after.to_string())]),
+            None => request = request.timeout(WATCH_START_TIMEOUT),
         }
         if let Some(history) = &history {
             request = request.query(&[("history", history)]);
@@ -231,7 +236,8 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
                 continue;
             }
             Err(e) => {
-                retrying.note(&asked, &e.to_string());
+                // With its causes: "error sending request" alone does not say what failed.
+                retrying.note(&asked, &format!("{:#}", anyhow::Error::new(e)));
                 if op.next_member(&asked) {
                     tokio::time::sleep(WATCH_RETRY).await;
                 }

@@ -442,7 +442,16 @@ async fn a_watch_gives_back_the_history_its_index_counts_in() {
         prefix: None,
         once: true,
     };
-    watch(args).await.unwrap();
+    watch(args.clone()).await.unwrap();
+    // A member that takes connections but never answers (a paused process) holds the start
+    // only a moment: changes made meanwhile would come before it, and never be printed.
+    let paused = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut args = args;
+    args.client.server = format!("{},{addr}", paused.local_addr().unwrap());
+    tokio::time::timeout(std::time::Duration::from_secs(20), watch(args))
+        .await
+        .expect("the watch waited on the paused member")
+        .unwrap();
 }
 
 /// `metaserver liveness` follows the report's pages and prints them as one.
