@@ -15,6 +15,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -86,7 +87,18 @@ struct Inner {
     latency: Family<RouteLabels, Histogram>,
     follower_reads: Family<FollowerReadLabels, Counter>,
     read_index_exchanges: Counter,
+    watch_slots_taken: Gauge,
     connections: ConnectionMetrics,
+}
+
+/// A watch slot counted in `metaserver_watch_slots_taken` while it lives.
+#[derive(Debug)]
+pub struct CountedWatchSlot(Gauge);
+
+impl Drop for CountedWatchSlot {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -124,6 +136,13 @@ impl Metrics {
             "Exchanges this follower sent the leader for a read index (reads share them)",
             read_index_exchanges.clone(),
         );
+        let watch_slots_taken = Gauge::default();
+        registry.register(
+            "metaserver_watch_slots_taken",
+            "Watches holding one of the waiting slots: waiting for a change, or for a read index \
+             to start from (metaserver_watches_waiting counts the former only)",
+            watch_slots_taken.clone(),
+        );
         let connections = ConnectionMetrics::default();
         registry.register(
             "metaserver_tls_handshake_failures",
@@ -142,9 +161,16 @@ impl Metrics {
                 latency,
                 follower_reads,
                 read_index_exchanges,
+                watch_slots_taken,
                 connections,
             }),
         }
+    }
+
+    /// Counts a watch slot taken until the returned guard drops.
+    pub fn watch_slot_taken(&self) -> CountedWatchSlot {
+        self.inner.watch_slots_taken.inc();
+        CountedWatchSlot(self.inner.watch_slots_taken.clone())
     }
 
     /// The listener's connections and failed TLS handshakes.

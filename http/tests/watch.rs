@@ -377,6 +377,7 @@ async fn a_long_poll_whose_client_went_away_gives_its_slot_back() {
     let from = start(&t).await;
     let (addr, stop, task) = serve_with_one_watch_slot(&t).await;
     let gone = long_poll(&t, addr, from).await;
+    assert_eq!(slots_taken(addr).await, 1);
     drop(gone);
     tokio::time::timeout(Duration::from_secs(20), async {
         while t.node.status().watches_waiting > 0 {
@@ -385,6 +386,7 @@ async fn a_long_poll_whose_client_went_away_gives_its_slot_back() {
     })
     .await
     .expect("the abandoned long poll still waits");
+    assert_eq!(slots_taken(addr).await, 0);
     // The slot is free: the next long poll waits, and a write answers it.
     let mut next = long_poll(&t, addr, from).await;
     t.send(Method::PUT, "/v1/kv/k", "v").await;
@@ -429,6 +431,21 @@ async fn a_long_poll_half_closed_by_its_client_is_answered_at_once() {
     assert!(!answer.contains(&format!("\"index\":{past}")), "{answer}");
     stop.send(()).unwrap();
     task.await.unwrap();
+}
+
+/// `metaserver_watch_slots_taken` of the server at `addr`.
+async fn slots_taken(addr: std::net::SocketAddr) -> u64 {
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut client).await;
+    let line = answer
+        .lines()
+        .find(|l| l.starts_with("metaserver_watch_slots_taken "))
+        .unwrap_or_else(|| panic!("no slot gauge: {answer}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// Reads one answer (headers and a body of `content-length` bytes) from `client`.

@@ -62,7 +62,7 @@ pub async fn watch(
                     .into(),
             )
         })?;
-        Some(slot)
+        Some((slot, state.metrics.watch_slot_taken()))
     };
     // A long poll whose client went away stops waiting, so that its slots go back at once
     // (`hangup.rs`). Its page claims no change: its index is the one the client asked from,
