@@ -76,13 +76,15 @@ pub struct ServeArgs {
     /// Initial members, `1=ADDR,2=ADDR,3=ADDR` (used with --init).
     #[arg(long, env = "METASERVER_PEERS")]
     pub peers: Option<String>,
-    /// Initialize the cluster (of --peers, or of this node alone) on the first start only.
+    /// Initialize the cluster (of --peers, or of this node alone) on the first start only
+    /// (true/false, yes/no, on/off or 1/0).
     #[arg(
         long,
         env = "METASERVER_INIT",
         num_args = 0..=1,
         default_missing_value = "true",
-        value_parser = BoolishValueParser::new()
+        value_parser = BoolishValueParser::new(),
+        hide_possible_values = true
     )]
     pub init: Option<bool>,
     /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
@@ -150,9 +152,14 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_IDLE_TIMEOUT_SECS")]
     pub idle_timeout_secs: Option<u64>,
     /// Whether a follower answers linearizable and lease reads from its own registry once it
-    /// applied the leader's read index, instead of replaying them at the leader
-    /// [default: true].
-    #[arg(long, env = "METASERVER_FOLLOWER_READS", value_parser = BoolishValueParser::new())]
+    /// applied the leader's read index, instead of replaying them at the leader (true/false,
+    /// yes/no, on/off or 1/0) [default: true].
+    #[arg(
+        long,
+        env = "METASERVER_FOLLOWER_READS",
+        value_parser = BoolishValueParser::new(),
+        hide_possible_values = true
+    )]
     pub follower_reads: Option<bool>,
     /// Milliseconds a stopping node keeps serving, with `/readyz` answering 503, before it
     /// closes its port: long enough for a load balancer's readiness checks to take it out of
