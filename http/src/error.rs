@@ -386,6 +386,13 @@ impl IntoResponse for ApiError {
             ApiError::ClusterVersion { retry: false, .. } | ApiError::NotServing(_) => {
                 response.headers_mut().remove(header::RETRY_AFTER);
             }
+            ApiError::Overloaded(_) => {
+                // A client that waits out the Retry-After on this connection would hold a
+                // connection slot of an overloaded node meanwhile.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             ApiError::BodyTimeout(_) => {
                 // The rest of the body may still come: the connection cannot be reused.
                 response
@@ -503,6 +510,16 @@ mod tests {
             reserve: 2,
         });
         assert_eq!(e.status().as_u16(), 507, "{e:?}");
+    }
+
+    /// An overloaded node closes the connection after its answer: a client waiting out the
+    /// Retry-After on it would hold one of its connection slots meanwhile.
+    #[test]
+    fn an_overload_closes_the_connection() {
+        let response = ApiError::Overloaded("full".into()).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     }
 
     #[test]
