@@ -3,6 +3,13 @@
 //! without one would name a dead leader for ever, and look ready. Its status names no leader
 //! once the leader has been silent for longer than a live one ever is (`status_report.rs`), and
 //! requests are no longer sent to it ([`MetaNode::silent_leader`](super::MetaNode::silent_leader)).
+//!
+//! Time this node itself stood still (a paused process, a stalled VM) is nobody's silence: the
+//! leader's messages wait in the socket meanwhile. A node that resumed would otherwise blame a
+//! healthy leader for its own pause, and answer the requests it holds `no_leader` or
+//! `outcome_unknown` before it read the leader's answers. The silence watch ticks every
+//! heartbeat interval ([`LeaderContact::tick`]); a tick that comes much later than that marks a
+//! stall, and silence counts from its end.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -21,6 +28,9 @@ pub(super) struct LeaderContact {
     /// a moment ago (a paused leader that resumes and finds another elected) has had no time
     /// to reach it, and is not silent since this node opened.
     named: Option<(NodeId, Instant)>,
+    /// When this node last ticked, and when it last resumed from a stall.
+    ticked: Instant,
+    resumed: Instant,
 }
 
 impl LeaderContact {
@@ -30,7 +40,18 @@ impl LeaderContact {
             opened: now,
             last: HashMap::new(),
             named: None,
+            ticked: now,
+            resumed: now,
         }
+    }
+
+    /// This node runs at `now`; a tick more than `stall` after the last one means it stood
+    /// still in between, and silence counts from `now`.
+    pub(super) fn tick(&mut self, now: Instant, stall: Duration) {
+        if now.saturating_duration_since(self.ticked) > stall {
+            self.resumed = now;
+        }
+        self.ticked = self.ticked.max(now);
     }
 
     /// A message of `leader` was taken at `now`.
@@ -40,20 +61,25 @@ impl LeaderContact {
 
     /// How long `leader`, named as the leader now, has been silent at `now`: since its last
     /// message, or since this node opened if it took none (a node that just started gives its
-    /// leader time to reach it), but at most since it was first seen named.
-    pub(super) fn silence(&mut self, leader: NodeId, now: Instant) -> Duration {
+    /// leader time to reach it), but at most since it was first seen named, and since this
+    /// node last resumed from a stall (a look before the first tick after one is a tick).
+    pub(super) fn silence(&mut self, leader: NodeId, now: Instant, stall: Duration) -> Duration {
+        self.tick(now, stall);
         let named_at = match self.named {
             Some((named, at)) if named == leader => at,
             _ => self.named.insert((leader, now)).1,
         };
         let heard = self.last.get(&leader).copied().unwrap_or(self.opened);
-        now.saturating_duration_since(heard.max(named_at))
+        now.saturating_duration_since(heard.max(named_at).max(self.resumed))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Longer than any test here runs: no tick marks a stall.
+    const DAY: Duration = Duration::from_secs(86_400);
 
     #[test]
     fn a_leader_is_silent_from_its_last_message_or_from_when_it_was_named() {
@@ -62,21 +88,50 @@ mod tests {
         let at = |s: u64| t0 + secs(s);
         let mut c = LeaderContact::new(t0);
         // Named from the opening, never heard: silent since then.
-        assert_eq!(c.silence(1, at(0)), secs(0));
-        assert_eq!(c.silence(1, at(2)), secs(2));
+        assert_eq!(c.silence(1, at(0), DAY), secs(0));
+        assert_eq!(c.silence(1, at(2), DAY), secs(2));
         c.note(1, at(10));
-        assert_eq!(c.silence(1, at(12)), secs(2));
-        assert_eq!(c.silence(1, at(9)), secs(0), "a clock read before the note");
+        assert_eq!(c.silence(1, at(12), DAY), secs(2));
+        assert_eq!(
+            c.silence(1, at(9), DAY),
+            secs(0),
+            "a clock read before the note"
+        );
         // The next leader's first message, while the metrics still name the last one: that
         // one is silent since its own last message.
         c.note(2, at(11));
-        assert_eq!(c.silence(1, at(13)), secs(3));
+        assert_eq!(c.silence(1, at(13), DAY), secs(3));
         // A leader named a while after the opening and never heard (a paused node that
         // resumes and finds another elected) is silent since it was named, not the opening.
         let mut c = LeaderContact::new(t0);
-        assert_eq!(c.silence(3, at(30)), secs(0));
-        assert_eq!(c.silence(3, at(31)), secs(1));
+        assert_eq!(c.silence(3, at(30), DAY), secs(0));
+        assert_eq!(c.silence(3, at(31), DAY), secs(1));
         c.note(3, at(32));
-        assert_eq!(c.silence(3, at(35)), secs(3));
+        assert_eq!(c.silence(3, at(35), DAY), secs(3));
+    }
+
+    /// Time this node stood still is nobody's silence: a tick (or a look) long after the last
+    /// one marks a stall, and silence counts from its end; regular ticks mark none.
+    #[test]
+    fn a_stall_of_this_node_is_not_its_leaders_silence() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let at = |m: u64| t0 + ms(m);
+        let stall = ms(1000);
+        let mut c = LeaderContact::new(t0);
+        c.note(1, at(0));
+        assert_eq!(c.silence(1, at(0), stall), ms(0), "named from the start");
+        // Ticks every 100 ms while the leader says nothing: its silence grows.
+        for m in (100..=3000).step_by(100) {
+            c.tick(at(m), stall);
+        }
+        assert_eq!(c.silence(1, at(3000), stall), ms(3000));
+        c.note(1, at(3000));
+        // This node stood still for 10 s: the next look (before any tick) finds no silence.
+        assert_eq!(c.silence(1, at(13_000), stall), ms(0));
+        // Nor after a tick that came late, then a while without the leader.
+        c.note(1, at(13_000));
+        c.tick(at(20_000), stall);
+        assert_eq!(c.silence(1, at(20_500), stall), ms(500));
     }
 }

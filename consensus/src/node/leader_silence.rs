@@ -9,7 +9,9 @@
 //! the writes it took before its lease ran out wait for a quorum that does not come. They are
 //! told when the quorum's silence passes the same limit ([`MetaNode::quorum_silenced`]).
 //!
-//! One task per node watches for both moments; a request waiting holds no timer.
+//! One task per node watches for both moments; a request waiting holds no timer. It also ticks
+//! every heartbeat interval, so that time this node itself stood still (a paused process) is
+//! not taken for its leader's silence (`leader_contact.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +118,10 @@ impl MetaNode {
                         return;
                     };
                     let node = MetaNode { inner };
+                    node.inner
+                        .leader_contact
+                        .lock()
+                        .tick(std::time::Instant::now(), node.stall_limit());
                     let silent = node.silent_leader().map(|(leader, _)| leader);
                     let unacknowledged = node.unacknowledged_for().is_some();
                     if (silent.is_some() && silent != silent_before)
@@ -124,8 +130,12 @@ impl MetaNode {
                         node.inner.silences.send_modify(|n| *n += 1);
                     }
                     (silent_before, unacknowledged_before) = (silent, unacknowledged);
+                    // At least every heartbeat interval: the ticks that tell this node's own
+                    // stalls from its leader's silence.
+                    let heartbeat = Duration::from_millis(node.inner.cfg.heartbeat_ms);
                     node.next_silence_look(silent.is_some())
                         .min(node.next_quorum_look())
+                        .min(heartbeat)
                 };
                 tokio::select! {
                     () = tokio::time::sleep(next_look) => {}
@@ -183,9 +193,17 @@ impl MetaNode {
 
     /// How long `leader` has been silent (`leader_contact.rs`).
     fn silence_of(&self, leader: NodeId) -> Duration {
-        self.inner
-            .leader_contact
-            .lock()
-            .silence(leader, std::time::Instant::now())
+        self.inner.leader_contact.lock().silence(
+            leader,
+            std::time::Instant::now(),
+            self.stall_limit(),
+        )
+    }
+
+    /// A gap between the silence watch's ticks (every heartbeat interval) longer than this is
+    /// a stall of this node (`leader_contact.rs`): an election timeout, well under the silence
+    /// limit, far over a tick's delay on a busy runtime.
+    fn stall_limit(&self) -> Duration {
+        self.inner.cfg.election_timeout()
     }
 }
