@@ -60,13 +60,15 @@ pub enum Error {
          hands its leadership to a voter with room: nothing was written; ask again in a moment"
     )]
     HandingOverForDisk { free: u64, reserve: u64 },
-    /// Voters short of disk leave no majority of the voters (of each voter set, while a change
-    /// is half done) with room: the writes that add data would fill their disks and stop them,
-    /// and the cluster with them. Refused until space is freed there; deletes still work.
+    /// Voters short of disk (or that did not say how much room they have) leave no majority of
+    /// the voters (of each voter set, while a change is half done) with room: writes would fill
+    /// their disks and stop them, and the cluster with them. Every write is refused (deletes
+    /// too: they are written to the voters' logs) until space is freed there.
     #[error(
-        "voters {short:?} are short of disk (less than their --min-free-bytes free): without \
-         them no majority of the voters has room for writes that add data, which would fill \
-         their disks and stop them; free space there (deletes still work)"
+        "voters {short:?} are short of disk (less than their --min-free-bytes free) or did not \
+         say how much room they have: without them no majority of the voters has room for \
+         writes, which would fill their disks and stop them; free space there, or add voters \
+         with room"
     )]
     QuorumShortOfDisk { short: Vec<NodeId> },
     /// A snapshot from the leader was refused: receiving or installing it could fill the data

@@ -25,6 +25,9 @@ use crate::state::AppState;
 /// How often the node looks at its own free space while it leads.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 
+/// A voter the leader has not heard from for this long is down, and has no room to count on.
+const SILENT_VOTER: Duration = Duration::from_secs(3);
+
 /// How long a voter may take to say how much room it has.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -83,15 +86,28 @@ pub async fn run(state: AppState, every: Duration) {
             },
         }
         let status = state.node.status();
-        if status.role != Role::Leader {
+        if !leads(status.role) {
             state.node.note_voters_short_of_disk(BTreeSet::new());
             state.node.note_room_elsewhere(true);
             continue;
         }
         let rooms = ask_rooms(&state, &status).await;
-        // Followers cannot refuse what the leader commits: writes that add data stop while
-        // those short of disk leave no majority with room (`note_voters_short_of_disk`).
-        let short_voters = rooms.iter().filter(|r| r.short()).map(|r| r.id).collect();
+        // Followers cannot refuse what the leader commits: writes stop while those short of
+        // disk, or down (they did not say, and the leader has not heard them lately: a write
+        // commits only with a majority), leave no majority with room
+        // (`note_voters_short_of_disk`). A voter that answers Raft but not this question (a
+        // busy one) is not counted against.
+        let silent = |id: u64| {
+            let heard = status.replication.iter().find(|r| r.node == id);
+            heard
+                .and_then(|r| r.heard_ms)
+                .is_none_or(|ms| ms > SILENT_VOTER.as_millis() as u64)
+        };
+        let short_voters = rooms
+            .iter()
+            .filter(|r| r.short() || (r.free.is_none() && silent(r.id)))
+            .map(|r| r.id)
+            .collect();
         state.node.note_voters_short_of_disk(short_voters);
         let short = match status.data_dir_free_bytes {
             Some(free) if status.min_free_bytes > free => Some(free),
@@ -150,6 +166,13 @@ fn describe(rooms: &[Room]) -> String {
     rooms.iter().map(room).collect::<Vec<_>>().join("; ")
 }
 
+/// Whether a node in `role` leads, for the disk look: also one no quorum acknowledged yet, as
+/// a leader elected a moment ago is (it looked only 5 s later, and took writes meanwhile that
+/// filled its followers' disks).
+fn leads(role: Role) -> bool {
+    matches!(role, Role::Leader | Role::LeaderWithoutQuorum)
+}
+
 /// Asks the other voters of `status` how much room they have, all at once.
 async fn ask_rooms(state: &AppState, status: &meta_consensus::ClusterStatus) -> Vec<Room> {
     let asked = status
@@ -193,6 +216,13 @@ pub(crate) async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leader_elected_a_moment_ago_looks() {
+        assert!(leads(Role::Leader));
+        assert!(leads(Role::LeaderWithoutQuorum));
+        assert!(!leads(Role::Follower) && !leads(Role::Candidate));
+    }
 
     #[test]
     fn rooms_are_described_in_words() {

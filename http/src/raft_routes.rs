@@ -333,7 +333,7 @@ async fn receive_snapshot(
     }
     // The room to install it covers the room to receive it.
     match announced {
-        Some(bytes) => node.check_room_for_snapshot(bytes, false),
+        Some(bytes) => node.check_room_for_snapshot(bytes, 0),
         None => node.check_room_to_receive(0),
     }
     .map_err(refuse_for_room)?;

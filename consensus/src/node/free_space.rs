@@ -34,10 +34,13 @@ const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(30);
 const INSTALL_ROOM_FACTOR: u64 = 3;
 
 /// The free space receiving and installing a snapshot of `bytes` needs, keeping `reserve` free
-/// after; once the file landed, its own bytes are taken already (`landed`).
-fn install_room(bytes: u64, reserve: u64, landed: bool) -> u64 {
-    let factor = INSTALL_ROOM_FACTOR - u64::from(landed);
-    bytes.saturating_mul(factor).saturating_add(reserve)
+/// after, less the `landed` bytes of it the file system holds already (the received file's
+/// blocks: rounded up, they may be more than its bytes).
+fn install_room(bytes: u64, reserve: u64, landed: u64) -> u64 {
+    bytes
+        .saturating_mul(INSTALL_ROOM_FACTOR)
+        .saturating_add(reserve)
+        .saturating_sub(landed)
 }
 
 /// Whether `cmd` adds data (refused when space is short) rather than removing it. The cluster's
@@ -91,12 +94,13 @@ impl MetaNode {
             .store(some_voter_has_room, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Notes the other voters that last said they are short of disk (less than their own
-    /// `min_free_bytes` free), as the HTTP layer's disk look asks them while this node leads:
-    /// writes that add data are refused ([`Error::QuorumShortOfDisk`]) while they leave no
-    /// majority of the voters with room. Followers cannot refuse what the leader commits: a
-    /// write that fills their disks stops them, and a cluster whose majority stopped takes
-    /// nothing. Cleared (an empty set) when this node does not lead.
+    /// Notes the other voters without known room: those that last said they are short of disk
+    /// (less than their own `min_free_bytes` free), and those that did not say (down, or cut
+    /// off), as the HTTP layer's disk look asks them while this node leads. Writes are refused
+    /// ([`Error::QuorumShortOfDisk`]; deletes too) while they leave no majority of the voters
+    /// with room. Followers cannot refuse what the leader commits: a write that fills their
+    /// disks stops them, and a cluster whose majority stopped takes nothing. Cleared (an empty
+    /// set) when this node does not lead.
     pub fn note_voters_short_of_disk(&self, short: std::collections::BTreeSet<NodeId>) {
         *self.inner.voters_short.lock() = short;
     }
@@ -127,19 +131,19 @@ impl MetaNode {
         Ok(())
     }
 
-    /// [`Error::InsufficientStorage`] if `cmd` adds data and the data dir's file system has less
-    /// than `min_free_bytes` free (read at most every [`RECHECK`]), or
-    /// [`Error::HandingOverForDisk`] when another voter may have room (see
-    /// [`MetaNode::note_room_elsewhere`]); [`Error::QuorumShortOfDisk`] when other voters short
-    /// of disk leave no majority with room. A file system whose free space cannot be read
+    /// [`Error::QuorumShortOfDisk`] for any write while other voters without room leave no
+    /// majority with room; else [`Error::InsufficientStorage`] if `cmd` adds data and the data
+    /// dir's file system has less than `min_free_bytes` free (read at most every [`RECHECK`]),
+    /// or [`Error::HandingOverForDisk`] when another voter may have room (see
+    /// [`MetaNode::note_room_elsewhere`]). A file system whose free space cannot be read
     /// refuses nothing.
     pub(super) fn check_free_space(&self, cmd: &Command) -> Result<()> {
+        // Every write goes to the followers' logs and registries, deletes too: one a majority
+        // has no room for stops them (a full follower stopped applying a delete).
+        self.check_quorum_room()?;
         let reserve = self.inner.cfg.min_free_bytes;
-        if !adds_data(cmd) {
+        if reserve == 0 || !adds_data(cmd) {
             return Ok(());
-        }
-        if reserve == 0 {
-            return self.check_quorum_room();
         }
         let free = {
             let mut last = self.inner.free_space.lock();
@@ -167,7 +171,7 @@ impl MetaNode {
             }
             return Err(Error::InsufficientStorage { free, reserve });
         }
-        self.check_quorum_room()
+        Ok(())
     }
 
     /// [`Error::NoRoomForSnapshot`] if, with `received` bytes of a snapshot from the leader
@@ -180,12 +184,13 @@ impl MetaNode {
 
     /// [`Error::NoRoomForSnapshot`] if receiving and installing a snapshot file of `bytes`
     /// could leave the data dir's file system with less than `min_free_bytes` free (see
-    /// `install_room`); `landed`: the file is in the data dir already, and takes its room.
+    /// `install_room`); `landed`: what the file takes of the data dir's file system already
+    /// (0 before it arrives).
     /// Reads the free space afresh. Also when `min_free_bytes` is 0: an install that runs out
     /// of space stops the node, which then receives the snapshot again at its next start and
     /// stops again. A file system whose free space cannot be read refuses nothing. One
     /// `statvfs`.
-    pub fn check_room_for_snapshot(&self, bytes: u64, landed: bool) -> Result<()> {
+    pub fn check_room_for_snapshot(&self, bytes: u64, landed: u64) -> Result<()> {
         self.check_room(bytes, |reserve| install_room(bytes, reserve, landed))
     }
 
@@ -255,10 +260,11 @@ mod tests {
 
     #[test]
     fn an_install_needs_room_for_a_copy_a_new_registry_and_the_reserve() {
-        assert_eq!(install_room(0, 100, false), 100);
-        assert_eq!(install_room(10, 100, false), 130);
-        assert_eq!(install_room(10, 100, true), 120);
-        assert_eq!(install_room(u64::MAX / 2, 1, false), u64::MAX);
+        assert_eq!(install_room(0, 100, 0), 100);
+        assert_eq!(install_room(10, 100, 0), 130);
+        assert_eq!(install_room(10, 100, 10), 120);
+        assert_eq!(install_room(10, 100, 4096), 0, "a block of 4 KiB holds it");
+        assert_eq!(install_room(u64::MAX / 2, 1, 0), u64::MAX);
     }
 
     #[test]

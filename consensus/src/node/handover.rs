@@ -14,7 +14,8 @@ use crate::uncancelled::uncancelled;
 
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
-    /// from within the lease to take over, and waits at most `within` until another node leads
+    /// from within the lease (one not short of disk, if any: see
+    /// [`MetaNode::note_voters_short_of_disk`]) to take over, and waits at most `within` until another node leads
     /// and this node applied every entry of its log (so the requests it took as leader are
     /// answered before it closes). Returns that node, or `None` if this node did not lead, had
     /// no such voter, or nobody took over in time; the stop then goes ahead and the others
@@ -25,6 +26,8 @@ impl MetaNode {
             return Ok(None);
         };
         let me = self.id();
+        // A voter the disk look found short of disk would refuse writes, then hand over again.
+        let short = self.inner.voters_short.lock().clone();
         let Some(to) = m
             .membership_config
             .membership()
@@ -32,7 +35,7 @@ impl MetaNode {
             .filter(|&v| v != me)
             .map(|v| (v, Self::progress_of(&m, v)))
             .filter(|(_, (_, heard))| heard.is_some_and(|d| d < self.lease()))
-            .max_by_key(|(_, (matched, _))| *matched)
+            .max_by_key(|(v, (matched, _))| (!short.contains(v), *matched))
             .map(|(v, _)| v)
         else {
             return Ok(None);

@@ -180,10 +180,11 @@ impl MetaNode {
         }
         let node = self.clone();
         let (meta, data) = blocking(move || {
-            let bytes = std::fs::metadata(&file)
-                .map_err(|e| Error::io("read received snapshot size", file.to_path_buf(), e))?
-                .len();
-            node.check_room_for_snapshot(bytes, true)?;
+            let meta = std::fs::metadata(&file)
+                .map_err(|e| Error::io("read received snapshot size", file.to_path_buf(), e))?;
+            // What the file takes of the file system: its blocks, more than its bytes.
+            let landed = std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512);
+            node.check_room_for_snapshot(meta.len(), landed.max(meta.len()))?;
             SnapshotData::open_received(file)
         })
         .await?;

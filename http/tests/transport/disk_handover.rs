@@ -76,9 +76,9 @@ async fn a_leader_short_of_disk_hands_over_to_a_voter_with_room() {
     stop_all(servers).await;
 }
 
-/// Voters short of disk that leave no majority with room stop writes that add data, however
-/// much room the leader has (507 naming them): followers cannot refuse what the leader commits,
-/// and those writes would fill their disks and stop them. Deletes still pass.
+/// Voters short of disk that leave no majority with room stop writes, however much room the
+/// leader has (507 naming them), deletes too: followers cannot refuse what the leader commits,
+/// and those writes would fill their disks and stop them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voters_short_of_disk_stop_the_writes_that_would_fill_them() {
     let dir = TempDir::new().unwrap();
@@ -107,9 +107,56 @@ async fn voters_short_of_disk_stop_the_writes_that_would_fill_them() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(servers[&1].node.status().leader_id, Some(1));
+    // Deletes too: they are written to the short voters' logs and registries.
     let (status, v) = client
         .send(Method::DELETE, &servers[&1], "/v1/kv/k", None)
         .await;
-    assert!(status == 200 || status == 404, "{status} {v}");
+    assert_eq!(status, 507, "{v}");
+    stop_all(servers).await;
+}
+
+/// A voter that is down counts as one without room: a write commits only with a majority, so
+/// with one voter of three down and another short of disk, the short one's disk would take
+/// every write until it stopped, and the cluster with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_voter_that_a_quorum_needs_is_not_filled_while_another_is_down() {
+    let dir = TempDir::new().unwrap();
+    let mut servers =
+        start_cluster_tuned(&dir, Some(meta_http::follower_read::CATCH_UP), |id, cfg| {
+            if id == 2 {
+                cfg.min_free_bytes = u64::MAX;
+            }
+        })
+        .await;
+    let client = Client::new();
+    // Node 1 leads (node 2, short, would hand its leadership on).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while servers[&1].node.status().leader_id != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "node 1 never led");
+        if let Some(leader) = servers[&1].node.status().leader_id {
+            let _ = servers[&leader].node.transfer_leadership(1).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // With node 2 short only, a majority (1 and 3) has room: writes go on.
+    let (status, v) = client
+        .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    servers.remove(&3).unwrap().stop().await;
+    loop {
+        let (status, v) = client
+            .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
+            .await;
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        if status == 507 && message.contains("voters [2, 3]") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline + std::time::Duration::from_secs(20),
+            "writes are not refused: {status} {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     stop_all(servers).await;
 }

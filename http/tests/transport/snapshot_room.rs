@@ -134,19 +134,22 @@ async fn a_member_without_a_reserve_still_refuses_a_snapshot_it_cannot_install()
 /// snapshot files.
 static DISK_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// The bytes of the files in `dir` (none if it is missing).
+/// What the files in `dir` take of its file system (none if it is missing): their blocks,
+/// which round their bytes up.
 fn bytes_in(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
     std::fs::read_dir(dir).map_or(0, |files| {
         files
             .filter_map(|f| f.ok()?.metadata().ok())
-            .map(|m| m.len())
+            .map(|m| m.blocks() * 512)
             .sum()
     })
 }
 
 /// A member with exactly the room the README asks for, three times the snapshot plus the
-/// reserve, takes the snapshot: once the file landed it takes its own room, which is not
-/// counted again (the member refused every try while it lacked a fourth time the size).
+/// reserve, takes the snapshot: once the file landed it takes its own room (its blocks, a little
+/// more than its bytes), which is not counted again (the member refused every try while it
+/// lacked a fourth time the size, then while it lacked the rounding).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_three_times_the_snapshot_and_the_reserve_takes_it() {
     let dir = tempfile::tempdir().unwrap();
