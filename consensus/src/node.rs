@@ -534,9 +534,16 @@ impl MetaNode {
     }
 
     /// Why openraft's core task ended, if it did: its last metrics carry the fatal error, or
-    /// its metrics channel is closed.
+    /// its metrics channel is closed. A registry that failed a commit counts as such an end
+    /// (a read's commit found the failure: the core learns of it only at the next apply, and
+    /// meanwhile the node looked ready but answered every read with an error).
     fn core_failure(&self) -> Option<String> {
         use futures::FutureExt as _;
+        if self.inner.sm.has_failed() {
+            return Some(
+                "the registry failed a write (a full disk?); the next start rebuilds it".into(),
+            );
+        }
         let mut rx = self.inner.raft.metrics();
         if let Err(fatal) = &rx.borrow_and_update().running_state {
             return Some(fatal.to_string());

@@ -437,9 +437,15 @@ impl SmShared {
         committed
     }
 
+    /// Whether a commit of the deferred batch failed: the node serves nothing more until it
+    /// restarts (and rebuilds the registry).
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
     /// Applying failed part way: refuse to apply or read further, and have the next start
     /// rebuild the registry rather than trust what sled kept of it.
-    fn fail(&self) {
+    pub(crate) fn fail(&self) {
         self.failed.store(true, Ordering::Release);
         self.registry.distrust();
     }

@@ -74,3 +74,20 @@ async fn a_shutdown_returns_only_once_openraft_stopped_applying() {
     // Nothing but this handle holds the state machine (and with it sled's lock on the registry).
     assert_eq!(Arc::strong_count(&node.inner.sm), 1);
 }
+
+/// A registry that failed a commit (found by a read's commit, before the next apply) stops the
+/// node: it served nothing, yet looked ready, until an entry came to apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_failed_a_commit_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = open_one(dir.path()).await;
+    let members = [(1, crate::Node::new("local-1"))].into();
+    node.initialize(members).await.unwrap();
+    node.inner.sm.fail();
+    let why = tokio::time::timeout(WAIT, node.stopped())
+        .await
+        .expect("the node runs on after its registry failed");
+    assert!(why.contains("registry failed a write"), "{why}");
+    assert_eq!(node.status().role, crate::Role::Shutdown);
+    node.shutdown().await.unwrap();
+}
