@@ -134,6 +134,29 @@ async fn a_leader_short_of_disk_refuses_as_handing_over_until_no_voter_has_room(
         Err(meta_consensus::Error::InsufficientStorage { .. }) => {}
         other => anyhow::bail!("once no voter has room: {other:?}"),
     }
+    // A delete passes a leader short of disk, but not once another voter is short too: with
+    // both, no majority has room for it.
+    let delete = || Command::Delete {
+        key: "k".into(),
+        if_revision: None,
+    };
+    l.write(delete())
+        .await
+        .context("a delete at a short leader")?;
+    let other = c
+        .nodes
+        .keys()
+        .copied()
+        .find(|id| *id != l.id())
+        .context("a voter")?;
+    l.note_voters_short_of_disk([other].into());
+    match l.write(delete()).await {
+        Err(meta_consensus::Error::QuorumShortOfDisk { short }) => ensure!(
+            short.contains(&l.id()) && short.contains(&other),
+            "{short:?}"
+        ),
+        other => anyhow::bail!("a delete with the leader and another voter short: {other:?}"),
+    }
     c.shutdown().await
 }
 
@@ -169,8 +192,29 @@ async fn voters_short_of_disk_without_a_majority_with_room_stop_writes() -> Resu
         Err(meta_consensus::Error::QuorumShortOfDisk { .. }) => {}
         other => anyhow::bail!("a delete with two of three voters short: {other:?}"),
     }
-    l.note_voters_short_of_disk(others.into_iter().take(1).collect());
+    let short: std::collections::BTreeSet<_> = others.iter().copied().take(1).collect();
+    l.note_voters_short_of_disk(short.clone());
     l.write(put()).await.context("one short voter of three")?;
+    // The other voter falls silent: a write commits only with the short one now, and is
+    // refused once the silence passes an election timeout, without waiting for a disk look.
+    let other = *others.difference(&short).next().context("a third voter")?;
+    c.router.cut(l.id(), other);
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match l.write(put()).await {
+            Err(meta_consensus::Error::QuorumShortOfDisk { short }) => {
+                ensure!(short.contains(&other), "{short:?}");
+                break;
+            }
+            Ok(_) => ensure!(
+                std::time::Instant::now() < deadline,
+                "writes go on with voter {other} silent"
+            ),
+            Err(e) => anyhow::bail!("with voter {other} silent: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.router.heal_all();
     c.shutdown().await
 }
 

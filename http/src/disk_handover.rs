@@ -25,9 +25,6 @@ use crate::state::AppState;
 /// How often the node looks at its own free space while it leads.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 
-/// A voter the leader has not heard from for this long is down, and has no room to count on.
-const SILENT_VOTER: Duration = Duration::from_secs(3);
-
 /// How long a voter may take to say how much room it has.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -93,21 +90,9 @@ pub async fn run(state: AppState, every: Duration) {
         }
         let rooms = ask_rooms(&state, &status).await;
         // Followers cannot refuse what the leader commits: writes stop while those short of
-        // disk, or down (they did not say, and the leader has not heard them lately: a write
-        // commits only with a majority), leave no majority with room
-        // (`note_voters_short_of_disk`). A voter that answers Raft but not this question (a
-        // busy one) is not counted against.
-        let silent = |id: u64| {
-            let heard = status.replication.iter().find(|r| r.node == id);
-            heard
-                .and_then(|r| r.heard_ms)
-                .is_none_or(|ms| ms > SILENT_VOTER.as_millis() as u64)
-        };
-        let short_voters = rooms
-            .iter()
-            .filter(|r| r.short() || (r.free.is_none() && silent(r.id)))
-            .map(|r| r.id)
-            .collect();
+        // disk leave no majority with room, with the voters down (which the leader tells on
+        // each write: `note_voters_short_of_disk`).
+        let short_voters = rooms.iter().filter(|r| r.short()).map(|r| r.id).collect();
         state.node.note_voters_short_of_disk(short_voters);
         let short = match status.data_dir_free_bytes {
             Some(free) if status.min_free_bytes > free => Some(free),
