@@ -10,7 +10,8 @@
 //! The same look guards the followers: they cannot refuse what the leader commits, and a write
 //! that fills their disks stops them, and a cluster whose majority stopped takes nothing. So
 //! the leader notes the voters that say they are short (`MetaNode::note_voters_short_of_disk`)
-//! and refuses writes that add data while they leave no majority of the voters with room.
+//! and refuses every write while they, with the voters down, leave no majority of the voters
+//! with room.
 //!
 //! [`choose`] is the choice, plain code tested without a runtime.
 
@@ -64,8 +65,8 @@ pub fn choose(rooms: &[Room]) -> Vec<u64> {
 }
 
 /// Every `every` (and at once when its role, leader or membership changes), while this node
-/// leads: asks the other voters for their room, has writes that add data refused while those
-/// short of disk leave no majority with room, and, while this node has less than its reserve
+/// leads: asks the other voters for their room, has writes refused while those short of disk
+/// (with those down) leave no majority with room, and, while this node has less than its reserve
 /// free, moves the leadership to a voter with room ([`choose`]). Runs until the node closes.
 pub async fn run(state: AppState, every: Duration) {
     let closing = state.node.closing();

@@ -98,9 +98,9 @@ impl MetaNode {
     /// Notes the other voters that last said they are short of disk (less than their own
     /// `min_free_bytes` free), as the HTTP layer's disk look asks them while this node leads.
     /// Writes are refused ([`Error::QuorumShortOfDisk`]; deletes too) while they, with the
-    /// voters down, leave no majority of the voters with room. Followers cannot refuse what the leader commits: a write that fills their
-    /// disks stops them, and a cluster whose majority stopped takes nothing. Cleared (an empty
-    /// set) when this node does not lead.
+    /// voters down, leave no majority of the voters with room. Followers cannot refuse what the
+    /// leader commits: a write that fills their disks stops them, and a cluster whose majority
+    /// stopped takes nothing. Cleared (an empty set) when this node does not lead.
     pub fn note_voters_short_of_disk(&self, short: std::collections::BTreeSet<NodeId>) {
         *self.inner.voters_short.lock() = short;
     }
@@ -144,13 +144,6 @@ impl MetaNode {
             });
         }
         Ok(())
-    }
-
-    /// How long this node has led in `term` (`None`: it does not, or not yet recorded).
-    fn led_for(&self, term: u64) -> Option<Duration> {
-        let led = *self.inner.led_since.lock();
-        led.filter(|(t, _)| *t == term)
-            .map(|(_, since)| since.elapsed())
     }
 
     /// [`Error::QuorumShortOfDisk`] for any write while the voters without room (this node

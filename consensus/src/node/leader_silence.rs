@@ -94,11 +94,7 @@ impl MetaNode {
                 .map(|t| openraft::Instant::elapsed(&**t));
             (acked, m.current_term)
         };
-        acked.or_else(|| {
-            let led = *self.inner.led_since.lock();
-            led.filter(|(t, _)| *t == term)
-                .map(|(_, since)| since.elapsed())
-        })
+        acked.or_else(|| self.led_for(term))
     }
 
     /// Starts the task that tells [`MetaNode::leader_silenced`] waits when the leader falls

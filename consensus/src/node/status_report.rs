@@ -63,13 +63,7 @@ impl MetaNode {
                         let heard = (*node == self.id())
                             .then_some(std::time::Duration::ZERO)
                             .or(heard)
-                            .or_else(|| {
-                                self.inner
-                                    .led_since
-                                    .lock()
-                                    .filter(|(term, _)| *term == m.current_term)
-                                    .map(|(_, since)| since.elapsed())
-                            });
+                            .or_else(|| self.led_for(m.current_term));
                         ReplicationLag {
                             node: *node,
                             matched,

@@ -205,6 +205,14 @@ impl MetaNode {
         }
     }
 
+    /// How long this node has led in `term` (`None`: it does not lead in that term, or its
+    /// election is not recorded yet).
+    pub(super) fn led_for(&self, term: u64) -> Option<std::time::Duration> {
+        let led = *self.inner.led_since.lock();
+        led.filter(|(t, _)| *t == term)
+            .map(|(_, since)| since.elapsed())
+    }
+
     /// Whether this node leads, and has led since before `at` in its current term: a write its
     /// core refused after `at` was refused by a leader (one handing its leadership over, or
     /// without a quorum), not by a node still campaigning, which may lead a moment later.

@@ -293,15 +293,20 @@ pub async fn leader_with_purged_log(dir: &TempDir, value_bytes: usize) -> Server
     leader
 }
 
-/// Adds `learner` to `leader`'s cluster as a learner (on the node), and waits until it
-/// installed a snapshot from the leader (one whose log the leader purged needs one).
-pub async fn join_by_snapshot(leader: &Server, learner: &Server) {
+/// Adds `learner` to `leader`'s cluster as a learner, on the node (past the HTTP handler).
+async fn add_learner(leader: &Server, learner: &Server) {
     let node = Node::new(learner.addr.clone());
     leader
         .node
         .add_learner(learner.node.id(), node)
         .await
         .unwrap();
+}
+
+/// Adds `learner` to `leader`'s cluster as a learner (on the node), and waits until it
+/// installed a snapshot from the leader (one whose log the leader purged needs one).
+pub async fn join_by_snapshot(leader: &Server, learner: &Server) {
+    add_learner(leader, learner).await;
     wait_for(
         || learner.node.status().state_machine.snapshot_installs >= 1,
         "the learner installs the leader's snapshot",
@@ -312,12 +317,7 @@ pub async fn join_by_snapshot(leader: &Server, learner: &Server) {
 /// Adds `learner` to `leader`'s cluster as a learner (on the node, past the HTTP handler), and
 /// waits until it knows it is one.
 pub async fn join_as_learner(leader: &Server, learner: &Server) {
-    let node = Node::new(learner.addr.clone());
-    leader
-        .node
-        .add_learner(learner.node.id(), node)
-        .await
-        .unwrap();
+    add_learner(leader, learner).await;
     wait_for(
         || learner.node.status().role == Role::Learner,
         "the learner joins",
