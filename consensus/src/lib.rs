@@ -69,6 +69,7 @@ mod types;
 mod uncancelled;
 mod untold_removals;
 mod view;
+mod voter_rooms;
 
 pub use addresses::Addresses;
 pub use backup::Backup;

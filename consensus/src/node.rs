@@ -96,9 +96,9 @@ struct Inner {
     /// disk hand-over) found one, or none looked yet: a leader short of disk then refuses
     /// writes as one handing over (`no_leader`: ask again), not as one that stays short (507).
     room_elsewhere: std::sync::atomic::AtomicBool,
-    /// The other voters that last said they are short of disk, as the HTTP layer's disk look
-    /// asks them while this node leads (`free_space.rs`).
-    voters_short: parking_lot::Mutex<std::collections::BTreeSet<NodeId>>,
+    /// The other voters short of disk, as the HTTP layer's disk look and the voters' alarms
+    /// told this node while it leads (`free_space.rs`).
+    voter_rooms: parking_lot::Mutex<crate::voter_rooms::VoterRooms>,
     /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
     write_window: Arc<tokio::sync::Semaphore>,
     /// Completes once openraft's state machine worker dropped the state machine
@@ -268,7 +268,7 @@ impl MetaNode {
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
                 room_elsewhere: std::sync::atomic::AtomicBool::new(true),
-                voters_short: parking_lot::Mutex::default(),
+                voter_rooms: parking_lot::Mutex::default(),
                 write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),
                 sm_released: parking_lot::Mutex::new(Some(sm_released)),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),

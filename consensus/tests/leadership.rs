@@ -149,7 +149,7 @@ async fn a_leader_short_of_disk_refuses_as_handing_over_until_no_voter_has_room(
         .copied()
         .find(|id| *id != l.id())
         .context("a voter")?;
-    l.note_voters_short_of_disk([other].into());
+    l.note_voters_short_of_disk([other].into(), std::time::Instant::now());
     match l.write(delete()).await {
         Err(meta_consensus::Error::QuorumShortOfDisk { short }) => ensure!(
             short.contains(&l.id()) && short.contains(&other),
@@ -173,7 +173,7 @@ async fn voters_short_of_disk_without_a_majority_with_room_stop_writes() -> Resu
         value: vec![],
         if_revision: None,
     };
-    l.note_voters_short_of_disk(others.clone());
+    l.note_voters_short_of_disk(others.clone(), std::time::Instant::now());
     match l.write(put()).await {
         Err(meta_consensus::Error::QuorumShortOfDisk { short }) => {
             ensure!(
@@ -193,7 +193,7 @@ async fn voters_short_of_disk_without_a_majority_with_room_stop_writes() -> Resu
         other => anyhow::bail!("a delete with two of three voters short: {other:?}"),
     }
     let short: std::collections::BTreeSet<_> = others.iter().copied().take(1).collect();
-    l.note_voters_short_of_disk(short.clone());
+    l.note_voters_short_of_disk(short.clone(), std::time::Instant::now());
     l.write(put()).await.context("one short voter of three")?;
     // The other voter falls silent: a write commits only with the short one now, and is
     // refused once the silence passes an election timeout, without waiting for a disk look.
@@ -234,7 +234,7 @@ async fn a_stopping_leader_hands_over_to_a_voter_with_room() -> Result<()> {
         .max_by_key(|r| (r.matched, r.node))
         .map(|r| r.node)
         .context("no other voter")?;
-    l.note_voters_short_of_disk([first_pick].into());
+    l.note_voters_short_of_disk([first_pick].into(), std::time::Instant::now());
     let to = l.hand_over_leadership(WAIT).await?;
     ensure!(
         to.is_some_and(|to| to != first_pick),

@@ -11,11 +11,11 @@
 //! that fills their disks stops them, and a cluster whose majority stopped takes nothing. So
 //! the leader notes the voters that say they are short (`MetaNode::note_voters_short_of_disk`)
 //! and refuses every write while they, with the voters down, leave no majority of the voters
-//! with room.
+//! with room. A voter that goes short between two looks tells the leader itself, at once
+//! (`disk_alarm.rs`).
 //!
 //! [`choose`] is the choice, plain code tested without a runtime.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use meta_consensus::Role;
@@ -85,16 +85,17 @@ pub async fn run(state: AppState, every: Duration) {
         }
         let status = state.node.status();
         if !leads(status.role) {
-            state.node.note_voters_short_of_disk(BTreeSet::new());
+            state.node.forget_voter_rooms();
             state.node.note_room_elsewhere(true);
             continue;
         }
+        let asked_at = Instant::now();
         let rooms = ask_rooms(&state, &status).await;
         // Followers cannot refuse what the leader commits: writes stop while those short of
         // disk leave no majority with room, with the voters down (which the leader tells on
         // each write: `note_voters_short_of_disk`).
         let short_voters = rooms.iter().filter(|r| r.short()).map(|r| r.id).collect();
-        state.node.note_voters_short_of_disk(short_voters);
+        state.node.note_voters_short_of_disk(short_voters, asked_at);
         let short = match status.data_dir_free_bytes {
             Some(free) if status.min_free_bytes > free => Some(free),
             _ => None,

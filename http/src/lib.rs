@@ -11,6 +11,7 @@ pub mod bounded_body;
 pub mod cluster_identity;
 pub mod connection_limit;
 pub mod connection_metrics;
+pub mod disk_alarm;
 pub mod disk_handover;
 pub mod error;
 pub mod extract;

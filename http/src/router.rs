@@ -11,6 +11,7 @@ use crate::answer_budget;
 use crate::auth::require_token;
 use crate::bounded_body::bounded_raft_body;
 use crate::cluster_identity::{self, check_cluster, check_member, PATH_IDENTITY};
+use crate::disk_alarm::{self, PATH_ROOM};
 use crate::extract::{method_not_allowed, not_found};
 use crate::follower_read::{self, PATH_READ_INDEX};
 use crate::forward::forward_to_leader;
@@ -107,6 +108,7 @@ fn routes(state: AppState) -> Router {
     let state = SharedState::new(state);
     let node = state.node.clone();
     let reader = state.node.clone();
+    let alarmed = state.node.clone();
     Router::new()
         .merge(v1_routes(&state))
         .merge(
@@ -128,6 +130,15 @@ fn routes(state: AppState) -> Router {
                     bounded_raft_body,
                 ))
                 .layer(DefaultBodyLimit::max(MAX_FORWARD_BATCH_BYTES))
+                .layer(from_fn_with_state(state.clone(), check_member)),
+        )
+        .route(
+            PATH_ROOM,
+            post(move |body| disk_alarm::serve(alarmed.clone(), body))
+                .layer(from_fn_with_state(
+                    MAX_SMALL_RAFT_BODY_BYTES,
+                    bounded_raft_body,
+                ))
                 .layer(from_fn_with_state(state.clone(), check_member)),
         )
         .route(

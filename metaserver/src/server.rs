@@ -153,6 +153,11 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         state.clone(),
         meta_http::disk_handover::CHECK_EVERY,
     ));
+    // A voter short of disk tells its leader at once.
+    tokio::spawn(meta_http::disk_alarm::run(
+        state.clone(),
+        meta_http::disk_alarm::CHECK_EVERY,
+    ));
     let metrics = state.metrics.clone();
     let app = meta_http::router(state);
     // Tests and scripts read the bound address (port 0 picks a free one) from this line. A

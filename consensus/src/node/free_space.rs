@@ -95,14 +95,47 @@ impl MetaNode {
             .store(some_voter_has_room, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Notes the other voters that last said they are short of disk (less than their own
-    /// `min_free_bytes` free), as the HTTP layer's disk look asks them while this node leads.
-    /// Writes are refused ([`Error::QuorumShortOfDisk`]; deletes too) while they, with the
-    /// voters down, leave no majority of the voters with room. Followers cannot refuse what the
-    /// leader commits: a write that fills their disks stops them, and a cluster whose majority
-    /// stopped takes nothing. Cleared (an empty set) when this node does not lead.
-    pub fn note_voters_short_of_disk(&self, short: std::collections::BTreeSet<NodeId>) {
-        *self.inner.voters_short.lock() = short;
+    /// Notes what the HTTP layer's disk look found while this node leads: the other voters
+    /// `short` of disk (less than their own `min_free_bytes` free), asked from `asked_at` on;
+    /// a voter's alarm received since ([`MetaNode::note_voter_alarm`]) stands. Writes are
+    /// refused ([`Error::QuorumShortOfDisk`]; deletes too) while the voters short of disk, with
+    /// the voters down, leave no majority of the voters with room. Followers cannot refuse what
+    /// the leader commits: a write that fills their disks stops them, and a cluster whose
+    /// majority stopped takes nothing.
+    pub fn note_voters_short_of_disk(
+        &self,
+        short: std::collections::BTreeSet<NodeId>,
+        asked_at: Instant,
+    ) {
+        self.inner.voter_rooms.lock().looked(short, asked_at);
+    }
+
+    /// Forgets which voters are short of disk: this node does not lead.
+    pub fn forget_voter_rooms(&self) {
+        self.inner.voter_rooms.lock().clear();
+    }
+
+    /// Voter `from` says it is `short` of disk, or has room again: a voter that finds itself
+    /// short tells its leader at once, so that writes stop (as
+    /// [`MetaNode::note_voters_short_of_disk`] says) without waiting for the next disk look.
+    /// `None` if this node does not lead or `from` is not another voter (nothing noted);
+    /// otherwise whether it changed what this leader knew of `from`.
+    pub fn note_voter_alarm(&self, from: NodeId, short: bool) -> Option<bool> {
+        let m = self.leader_view()?;
+        let voter = from != self.id()
+            && m.membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == from);
+        if !voter {
+            return None;
+        }
+        Some(
+            self.inner
+                .voter_rooms
+                .lock()
+                .alarmed(from, short, Instant::now()),
+        )
     }
 
     /// [`Error::QuorumShortOfDisk`] if the voters without room leave a voter set without a
@@ -112,7 +145,7 @@ impl MetaNode {
     /// commits only with a majority; looked at on each write, as the disk look comes only
     /// every few seconds). Nothing to look at while no other voter is noted short.
     fn check_quorum_room(&self, self_short: bool) -> Result<()> {
-        let mut short = self.inner.voters_short.lock().clone();
+        let mut short = self.inner.voter_rooms.lock().short().clone();
         // No other voter short: this node's own rules hold (a single voter, or a leader short
         // of disk that hands over, takes deletes).
         if short.is_empty() {

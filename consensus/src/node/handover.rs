@@ -15,8 +15,8 @@ use crate::uncancelled::uncancelled;
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
     /// from within the lease (one not short of disk, if any: see
-    /// [`MetaNode::note_voters_short_of_disk`]) to take over, and waits at most `within` until another node leads
-    /// and this node applied every entry of its log (so the requests it took as leader are
+    /// [`MetaNode::note_voters_short_of_disk`]) to take over, and waits at most `within` until
+    /// another node leads and this node applied every entry of its log (so the requests it took as leader are
     /// answered before it closes). Returns that node, or `None` if this node did not lead, had
     /// no such voter, or nobody took over in time; the stop then goes ahead and the others
     /// elect a leader after the election timeout, as after a crash. Changes no data.
@@ -27,7 +27,7 @@ impl MetaNode {
         };
         let me = self.id();
         // A voter the disk look found short of disk would refuse writes, then hand over again.
-        let short = self.inner.voters_short.lock().clone();
+        let short = self.inner.voter_rooms.lock().short().clone();
         let Some(to) = m
             .membership_config
             .membership()

@@ -14,6 +14,7 @@ async fn raft_routes_refuse_garbage() {
         "/raft/pre-vote",
         "/raft/transfer-leader",
         "/raft/snapshot",
+        "/raft/room",
     ] {
         let a = t.send(Method::POST, path, vec![1u8, 2, 3]).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}");
@@ -29,6 +30,7 @@ async fn raft_routes_refuse_garbage() {
         "/raft/removed",
         "/raft/identity",
         "/raft/read-index",
+        "/raft/room",
     ] {
         let a = call(&t.app, Method::POST, path, "", &[("content-length", &huge)]).await;
         assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {a:?}");
@@ -36,6 +38,27 @@ async fn raft_routes_refuse_garbage() {
         assert_eq!(a.headers["connection"], "close", "{path}");
     }
     assert_eq!(t.node.status().role, Role::Leader);
+}
+
+/// A room notice from a node that is not another voter of the leader's cluster (an outsider
+/// holding the token, or the leader itself) notes nothing: 409, and writes still pass.
+#[tokio::test]
+async fn a_room_notice_from_no_other_voter_notes_nothing() {
+    let t = leader_node(None).await;
+    for id in [t.node.id(), 99] {
+        let body = format!(r#"{{"id":{id},"short":true,"free":0,"reserve":1}}"#);
+        let a = t.send(Method::POST, "/raft/room", body).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "node {id}: {a:?}");
+        assert!(
+            a.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("node {id} is another voter")),
+            "{a:?}"
+        );
+    }
+    let a = t.send(Method::PUT, "/v1/kv/k", "v").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
 }
 
 /// A Raft message past the bounds of terms and indexes is refused, whoever sent it: a vote

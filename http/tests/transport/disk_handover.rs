@@ -1,12 +1,17 @@
 //! A leader short of disk hands its leadership to a voter with room, so that writes go on:
 //! node 1 here never has enough (its reserve is all the disk there is), the others do.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use meta_consensus::FreeSpace;
 use reqwest::Method;
 use serde_json::json;
 use tempfile::TempDir;
 
 use crate::common::wait_for;
-use crate::helpers::{start_cluster_tuned, stop_all, Client};
+use crate::helpers::{start_cluster_looking_rarely, start_cluster_tuned, stop_all, Client, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_short_of_disk_hands_over_to_a_voter_with_room() {
@@ -91,21 +96,13 @@ async fn voters_short_of_disk_stop_the_writes_that_would_fill_them() {
     let client = Client::new();
     // Node 1 leads once the others hand it their leadership (they are short themselves), and
     // refuses once its look found them short.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (status, v) = client
-            .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
-            .await;
-        let message = v["error"]["message"].as_str().unwrap_or_default();
-        if status == 507 && message.contains("voters [2, 3] are short of disk") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "writes are not refused: {status} {v}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    write_until(
+        &client,
+        &servers[&1],
+        507,
+        "voters [2, 3] are short of disk",
+    )
+    .await;
     assert_eq!(servers[&1].node.status().leader_id, Some(1));
     // Deletes too: they are written to the short voters' logs and registries.
     let (status, v) = client
@@ -130,6 +127,19 @@ async fn a_short_voter_that_a_quorum_needs_is_not_filled_while_another_is_down()
         .await;
     let client = Client::new();
     // Node 1 leads (node 2, short, would hand its leadership on).
+    make_node_1_lead(&servers).await;
+    // With node 2 short only, a majority (1 and 3) has room: writes go on.
+    let (status, v) = client
+        .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    servers.remove(&3).unwrap().stop().await;
+    write_until(&client, &servers[&1], 507, "voters [2, 3]").await;
+    stop_all(servers).await;
+}
+
+/// Has node 1 lead, asking whoever leads to hand over, for at most 20 s.
+async fn make_node_1_lead(servers: &BTreeMap<u64, Server>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while servers[&1].node.status().leader_id != Some(1) {
         assert!(std::time::Instant::now() < deadline, "node 1 never led");
@@ -138,25 +148,57 @@ async fn a_short_voter_that_a_quorum_needs_is_not_filled_while_another_is_down()
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    // With node 2 short only, a majority (1 and 3) has room: writes go on.
-    let (status, v) = client
-        .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
-        .await;
-    assert_eq!(status, 200, "{v}");
-    servers.remove(&3).unwrap().stop().await;
+}
+
+/// Sends writes to `server` until one is answered `status` with a message containing
+/// `contains`, for at most 20 s.
+async fn write_until(client: &Client, server: &Server, status: u16, contains: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let (status, v) = client
-            .send(Method::PUT, &servers[&1], "/v1/kv/k", Some(json!("v")))
+        let (answered, v) = client
+            .send(Method::PUT, server, "/v1/kv/k", Some(json!("v")))
             .await;
         let message = v["error"]["message"].as_str().unwrap_or_default();
-        if status == 507 && message.contains("voters [2, 3]") {
-            break;
+        if answered == status && message.contains(contains) {
+            return;
         }
         assert!(
-            std::time::Instant::now() < deadline + std::time::Duration::from_secs(20),
-            "writes are not refused: {status} {v}"
+            std::time::Instant::now() < deadline,
+            "no write answered {status} ({contains}): the last {answered} {v}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Voters that go short of disk between two of the leader's disk looks tell it themselves: the
+/// writes that would fill them stop at once, not at the next look (here the leader looks only
+/// when its role, leader or membership changes), and resume once the voters say they have
+/// room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_that_go_short_of_disk_tell_the_leader_at_once() {
+    let dir = TempDir::new().unwrap();
+    let free = Arc::new(AtomicU64::new(u64::MAX));
+    let servers = start_cluster_looking_rarely(&dir, |id, cfg| {
+        if id != 1 {
+            let free = free.clone();
+            cfg.free_space = FreeSpace::with(move |_| Ok(free.load(Ordering::Relaxed)));
+            cfg.min_free_bytes = 1 << 30;
+        }
+    })
+    .await;
+    let client = Client::new();
+    make_node_1_lead(&servers).await;
+    write_until(&client, &servers[&1], 200, "").await;
+    free.store(0, Ordering::Relaxed);
+    write_until(
+        &client,
+        &servers[&1],
+        507,
+        "voters [2, 3] are short of disk",
+    )
+    .await;
+    assert_eq!(servers[&1].node.status().leader_id, Some(1));
+    free.store(u64::MAX, Ordering::Relaxed);
+    write_until(&client, &servers[&1], 200, "").await;
     stop_all(servers).await;
 }

@@ -97,7 +97,7 @@ pub async fn start_tuned(
     tune: impl FnOnce(&mut NodeConfig),
 ) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    launch(id, dir, listener, follower_reads, tune, Notices::Sent).await
+    launch(id, dir, listener, follower_reads, tune, Tasks::USUAL).await
 }
 
 /// Starts node `id` at the address `port` kept (where a node served before it was stopped),
@@ -112,17 +112,28 @@ pub async fn start_at(id: u64, dir: &TempDir, port: KeptPort) -> Server {
         listener,
         Some(meta_http::follower_read::CATCH_UP),
         |_| {},
-        Notices::Sent,
+        Tasks::USUAL,
     )
     .await
 }
 
-/// Whether a leader tells the nodes a membership change removed (as the binary's leader
-/// does), or leaves them to learn it from the answers to their vote requests.
+/// The tasks the binary runs beside each node, as a test runs them.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Notices {
-    Sent,
-    NotSent,
+struct Tasks {
+    /// Whether a leader tells the nodes a membership change removed (as the binary's leader
+    /// does), or leaves them to learn it from the answers to their vote requests.
+    removal_notices: bool,
+    /// How often a leader's disk look asks the voters for their room (also when its role,
+    /// leader or membership changes).
+    disk_look_every: std::time::Duration,
+}
+
+impl Tasks {
+    /// As the binary runs them, the disk look more often.
+    const USUAL: Tasks = Tasks {
+        removal_notices: true,
+        disk_look_every: std::time::Duration::from_millis(200),
+    };
 }
 
 async fn launch(
@@ -131,7 +142,7 @@ async fn launch(
     listener: TcpListener,
     follower_reads: Option<CatchUp>,
     tune: impl FnOnce(&mut NodeConfig),
-    notices: Notices,
+    tasks: Tasks,
 ) -> Server {
     let addr = listener.local_addr().unwrap().to_string();
     let mut cfg = test_config(id, &addr, &dir.path().join(format!("node{id}")));
@@ -150,13 +161,16 @@ async fn launch(
     if let Some(catch_up) = follower_reads {
         state = state.with_follower_read_catch_up(catch_up);
     }
-    if notices == Notices::Sent {
+    if tasks.removal_notices {
         tokio::spawn(meta_http::removal_notices::run(state.clone()));
     }
-    // As the binary does, checked more often.
     tokio::spawn(meta_http::disk_handover::run(
         state.clone(),
-        std::time::Duration::from_millis(200),
+        tasks.disk_look_every,
+    ));
+    tokio::spawn(meta_http::disk_alarm::run(
+        state.clone(),
+        meta_http::disk_alarm::CHECK_EVERY,
     ));
     let app = meta_http::router(state);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -397,27 +411,45 @@ pub async fn start_cluster_tuned(
     follower_reads: Option<CatchUp>,
     tune: impl Fn(u64, &mut NodeConfig),
 ) -> BTreeMap<u64, Server> {
-    cluster(dir, follower_reads, tune, Notices::Sent).await
+    cluster(dir, follower_reads, tune, Tasks::USUAL).await
+}
+
+/// [`start_cluster_tuned`], but a leader's disk look asks the voters for their room only when
+/// its role, leader or membership changes: what it learns of their disks otherwise comes from
+/// their own alarms.
+pub async fn start_cluster_looking_rarely(
+    dir: &TempDir,
+    tune: impl Fn(u64, &mut NodeConfig),
+) -> BTreeMap<u64, Server> {
+    let tasks = Tasks {
+        disk_look_every: std::time::Duration::from_secs(3600),
+        ..Tasks::USUAL
+    };
+    cluster(dir, Some(meta_http::follower_read::CATCH_UP), tune, tasks).await
 }
 
 /// [`start_cluster`], but a leader sends no removal notices: a removed node learns it only from
 /// the answers to its vote requests.
 pub async fn start_cluster_without_notices(dir: &TempDir) -> BTreeMap<u64, Server> {
     let catch_up = Some(meta_http::follower_read::CATCH_UP);
-    cluster(dir, catch_up, |_, _| {}, Notices::NotSent).await
+    let tasks = Tasks {
+        removal_notices: false,
+        ..Tasks::USUAL
+    };
+    cluster(dir, catch_up, |_, _| {}, tasks).await
 }
 
 async fn cluster(
     dir: &TempDir,
     follower_reads: Option<CatchUp>,
     tune: impl Fn(u64, &mut NodeConfig),
-    notices: Notices,
+    tasks: Tasks,
 ) -> BTreeMap<u64, Server> {
     let mut servers = BTreeMap::new();
     for id in 1..=3 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tune = |cfg: &mut NodeConfig| tune(id, cfg);
-        let server = launch(id, dir, listener, follower_reads, tune, notices).await;
+        let server = launch(id, dir, listener, follower_reads, tune, tasks).await;
         servers.insert(id, server);
     }
     let members = servers
