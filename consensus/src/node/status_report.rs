@@ -83,7 +83,9 @@ impl MetaNode {
             Role::Removed
         } else if lost_quorum {
             Role::LeaderWithoutQuorum
-        } else if membership.voter_ids().next().is_none() {
+        } else if membership.voter_ids().next().is_none() && m.current_leader.is_none() {
+            // A learner that waits for its first snapshot holds no membership yet either, but
+            // a leader replicates to it: it is a learner.
             Role::Uninitialized
         } else {
             Role::from(m.state)

@@ -36,9 +36,11 @@ async fn refused_twice(dir: &tempfile::TempDir, tune: fn(&mut NodeConfig)) -> Se
         "the learner refuses the leader's snapshot twice",
     )
     .await;
-    // Still running, and still without the membership, which comes with the snapshot.
+    // Still running, and still without the membership, which comes with the snapshot; a
+    // learner all the same (the leader replicates to it), not a node of no cluster.
     let status = learner.node.status();
-    assert_eq!(status.role, Role::Uninitialized, "{status:?}");
+    assert_eq!(status.role, Role::Learner, "{status:?}");
+    assert_eq!(status.leader_id, Some(1), "{status:?}");
     assert_eq!(status.state_machine.snapshot_installs, 0, "{status:?}");
     assert!(
         snapshot_index.is_some() && status.applied < snapshot_index,
