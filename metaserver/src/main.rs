@@ -2,6 +2,7 @@
 //! them, and operator commands. Only this crate knows the CLI, config files, signals and
 //! logging setup.
 
+mod boolish;
 mod cli;
 mod local_cluster;
 mod logging;

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use meta_consensus::{BarrierMode, NodeConfig};
 use serde::Deserialize;
 
+use crate::boolish::Boolish;
 use crate::cli::ServeArgs;
 use crate::tls_files::TlsFiles;
 
@@ -29,7 +30,7 @@ struct FileSettings {
     advertise: Option<String>,
     data_dir: Option<PathBuf>,
     peers: Option<String>,
-    init: Option<bool>,
+    init: Option<Boolish>,
     token: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -49,7 +50,7 @@ struct FileSettings {
     datanode_timeout_ms: Option<u64>,
     emulated_sync_latency_us: Option<u64>,
     idle_timeout_secs: Option<u64>,
-    follower_reads: Option<bool>,
+    follower_reads: Option<Boolish>,
     stop_delay_ms: Option<u64>,
 }
 
@@ -203,7 +204,7 @@ impl ServeSettings {
         let id = args.id.or(file.id).unwrap_or(1);
         let init = args
             .init
-            .or(file.init)
+            .or(file.init.map(|b| b.0))
             .unwrap_or(default_mode && peers.is_empty() && id == 1);
         let barrier = match args.barrier.as_deref().or(file.barrier.as_deref()) {
             Some(text) => parse_barrier(text)?,
@@ -253,7 +254,10 @@ impl ServeSettings {
                 Some(0) => None,
                 Some(secs) => Some(Duration::from_secs(secs)),
             },
-            follower_reads: args.follower_reads.or(file.follower_reads).unwrap_or(true),
+            follower_reads: args
+                .follower_reads
+                .or(file.follower_reads.map(|b| b.0))
+                .unwrap_or(true),
             stop_delay: Duration::from_millis(
                 args.stop_delay_ms.or(file.stop_delay_ms).unwrap_or(0),
             ),
