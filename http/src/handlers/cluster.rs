@@ -270,9 +270,10 @@ pub async fn set_leader(
     let to = body.validate()?;
     // Not to a voter short of disk: it would refuse the writes (and hand the leadership on).
     // Checked by the leader only (a follower sends the request on to it), which knows its
-    // own room and asks another voter for its.
+    // own room and asks another voter for its; also one elected a moment ago, which no
+    // quorum acknowledged yet (the check was skipped then, and a voter short of disk led).
     let status = state.node.status();
-    if status.role == Role::Leader {
+    if matches!(status.role, Role::Leader | Role::LeaderWithoutQuorum) {
         let room = match status.nodes.get(&to) {
             _ if to == status.id => Some(crate::disk_handover::Room {
                 id: to,
