@@ -91,3 +91,28 @@ async fn a_registry_that_failed_a_commit_stops_the_node() {
     assert_eq!(node.status().role, crate::Role::Shutdown);
     node.shutdown().await.unwrap();
 }
+
+/// A node whose core stopped (here its registry failed) or that shuts down passes no Raft
+/// message on to openraft, which would refuse it with an error logged for each (a leader's
+/// heartbeats and a candidate's votes keep coming until the process exits): it answers
+/// [`crate::Error::Shutdown`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_passes_no_raft_message_to_its_core() {
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = open_one(dir.path()).await;
+    let heartbeat = || AppendEntriesRequest {
+        vote: crate::Vote::new_committed(1, 2),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let ballot = || VoteRequest::new(crate::Vote::new(1, 2), None);
+    node.inner.sm.fail();
+    let append = node.append_entries(heartbeat()).await;
+    assert!(matches!(append, Err(crate::Error::Shutdown)), "{append:?}");
+    let vote = node.vote(ballot()).await;
+    assert!(matches!(vote, Err(crate::Error::Shutdown)), "{vote:?}");
+    node.shutdown().await.unwrap();
+}

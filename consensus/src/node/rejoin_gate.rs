@@ -145,7 +145,10 @@ impl MetaNode {
 
     /// Admits an AppendEntries request of the leader whose vote is `vote` ([`Self::admit_leader`])
     /// and then notes its commit index `leader_commit` for the rejoin (`node/votes.rs`).
+    /// [`Error::Shutdown`] once this node shuts down or its core stopped: openraft would
+    /// refuse the request too, logging an error for each.
     pub(super) async fn admit_append(&self, vote: &Vote, leader_commit: Option<u64>) -> Result<()> {
+        self.check_open()?;
         self.admit_leader(vote).await?;
         self.note_leader_commit(vote, leader_commit);
         Ok(())

@@ -178,6 +178,8 @@ impl MetaNode {
     }
 
     fn check_vote(&self, rpc: &VoteRequest<TypeConfig>) -> Result<()> {
+        // Not passed to a core that stopped or is stopping: openraft logs an error for each.
+        self.check_open()?;
         self.check_lease_given(rpc)?;
         // A node with no Raft state at open set the marker (`rejoining`), so this covers it too.
         let rejoining = self.inner.rejoining.load(Ordering::Acquire)
