@@ -335,6 +335,13 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
         let result: ShardsDeregistered = response.json().await.context("decoding the answer")?;
         out["pruned"] = result.removed.into();
     }
+    let resent = op.resent_after_unknown();
+    if resent > 0 {
+        out["resent_after_unknown_outcome"] = resent.into();
+        eprintln!(
+            "metaserver: {resent} request(s) were sent again after an attempt whose outcome is              unknown (504, or cut off before the answer): replicas an earlier attempt registered              count as unchanged, and those it pruned are not in pruned"
+        );
+    }
     output::line(out)
 }
 

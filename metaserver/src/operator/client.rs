@@ -1,6 +1,8 @@
 //! The operator commands' client of the cluster: the members given with `--server`, the token,
 //! and how a request is sent again (to the next member) when a member cannot answer.
 
+use std::sync::atomic::Ordering;
+
 use anyhow::{Context, Result};
 use serde_json::Value;
 
@@ -26,6 +28,8 @@ pub struct Operator {
     members: Members,
     token: Option<String>,
     http: reqwest::Client,
+    /// Requests answered after being sent again once an attempt's outcome was unknown.
+    resent_after_unknown: std::sync::atomic::AtomicU32,
 }
 
 /// A member's answer that is not a success, as an error.
@@ -103,7 +107,15 @@ impl Operator {
             members,
             token: args.token.clone().filter(|t| !t.is_empty()),
             http,
+            resent_after_unknown: Default::default(),
         })
+    }
+
+    /// How many requests [`Operator::send_retrying`] got answered only after sending them again
+    /// once an attempt's outcome was unknown (a 504, or cut off before its answer): an earlier
+    /// attempt may have taken effect, and the answer counts only what the last one did.
+    pub(crate) fn resent_after_unknown(&self) -> u32 {
+        self.resent_after_unknown.load(Ordering::Relaxed)
     }
 
     /// Whether only one member was given (none to move on to).
@@ -242,12 +254,20 @@ impl Operator {
         let started = std::time::Instant::now();
         let deadline = started + RETRY_FOR;
         let mut told = false;
+        // Whether an attempt may have taken effect unseen (a 504, or cut off after it was sent).
+        let mut unknown = false;
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
             let why = match build().send().await {
-                Ok(r) if r.status().is_success() => return Ok(Ok(r)),
+                Ok(r) if r.status().is_success() => {
+                    if unknown {
+                        self.resent_after_unknown.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(Ok(r));
+                }
                 Ok(r) if r.status() == reqwest::StatusCode::GATEWAY_TIMEOUT && !last_try => {
+                    unknown = true;
                     Refused::read(r).await.message().to_owned()
                 }
                 Ok(r) if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE || last_try => {
@@ -265,7 +285,10 @@ impl Operator {
                     return Err(e).with_context(|| self.contacting(&asked))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
-                Err(e) => e.to_string(),
+                Err(e) => {
+                    unknown |= !e.is_connect();
+                    e.to_string()
+                }
             };
             // Not silent for a minute: once the wait is noticeable, say what it waits for.
             if !told && started.elapsed() >= RETRY_NOTICE {

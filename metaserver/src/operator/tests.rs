@@ -220,6 +220,22 @@ async fn requests_are_sent_again_without_a_leader_or_an_outcome_and_not_after_a_
         .await
         .unwrap();
     assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        op.resent_after_unknown(),
+        1,
+        "the 504's attempt may have applied"
+    );
+    // A 503 says nothing was done: sent again, the answer is the whole outcome.
+    let (addr, _) = server(|n| match n {
+        0 => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    })
+    .await;
+    let op = operator(addr);
+    op.send_retrying(|| op.request(reqwest::Method::PUT, "/x"))
+        .await
+        .unwrap();
+    assert_eq!(op.resent_after_unknown(), 0);
 
     let (addr, count) = server(|_| StatusCode::CONFLICT).await;
     let op = operator(addr);
@@ -318,6 +334,11 @@ async fn a_request_cut_off_before_its_answer_is_sent_again() {
     assert_eq!(
         (cut.load(Ordering::SeqCst), ok_count.load(Ordering::SeqCst)),
         (1, 1)
+    );
+    assert_eq!(
+        op.resent_after_unknown(),
+        1,
+        "the cut attempt may have applied"
     );
 }
 
