@@ -348,6 +348,23 @@ async fn a_voter_change_left_half_done_is_finished_by_the_next_change() -> Resul
     c.shutdown().await
 }
 
+/// A voter of the older set only, while a change that replaces it is half done, is a voter
+/// still: removing it finishes the change (it was refused as "not a voter", 404, and the
+/// README names this removal as the way to finish the change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_voter_a_half_done_change_replaces_finishes_it() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let (leader, gone, after) = half_done_voter_change(&mut c).await?;
+    leader.remove_voter(gone).await?;
+    assert_eq!(configs(&leader), vec![after]);
+    assert!(leader.status().learners.is_empty(), "node {gone} left");
+    match leader.remove_voter(gone).await {
+        Err(meta_consensus::Error::NotFound(_)) => {}
+        other => anyhow::bail!("removed again: {other:?}"),
+    }
+    c.shutdown().await
+}
+
 /// A voter change sent while one was left half done goes from the joint membership to the
 /// voters it names, which may be any of either set: the replaced voter too. It used to finish
 /// the half-done change first, which made the replaced voter leave, and then refuse it (400,

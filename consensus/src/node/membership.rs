@@ -211,7 +211,7 @@ impl MetaNode {
                 "the voter set cannot be empty".into(),
             ));
         }
-        self.change_voters_from(|_| Ok(voters.clone())).await
+        self.change_voters_from(|_, _| Ok(voters.clone())).await
     }
 
     /// Makes learner `id` a voter too, the other voters staying as they are: the change that
@@ -219,7 +219,7 @@ impl MetaNode {
     /// leader under its membership lock, so that two such changes made at once both count.
     /// No change if `id` is a voter already.
     pub async fn add_voter(&self, id: NodeId) -> Result<()> {
-        self.change_voters_from(|current| {
+        self.change_voters_from(|current, _| {
             let mut voters = current.clone();
             voters.insert(id);
             Ok(voters)
@@ -228,14 +228,16 @@ impl MetaNode {
     }
 
     /// Makes voter `id` leave the cluster, the other voters staying as they are (computed as
-    /// [`MetaNode::add_voter`] is). [`Error::NotFound`] if `id` is not a voter (also when a
-    /// first call did it), [`Error::Conflict`] if it is the only one.
+    /// [`MetaNode::add_voter`] is). While a change is half done, a voter of the older set only
+    /// (one the change replaces) is a voter too: its removal finishes the change.
+    /// [`Error::NotFound`] if `id` is not a voter (also when a first call did it),
+    /// [`Error::Conflict`] if it is the only one.
     pub async fn remove_voter(&self, id: NodeId) -> Result<()> {
-        self.change_voters_from(|current| {
-            if !current.contains(&id) {
+        self.change_voters_from(|current, sets| {
+            if !sets.iter().any(|set| set.contains(&id)) {
                 return Err(Error::NotFound(format!("node {id} is not a voter")));
             }
-            if current.len() == 1 {
+            if current.len() == 1 && current.contains(&id) {
                 return Err(Error::Conflict(format!(
                     "node {id} is the only voter: a cluster needs one (add and promote another \
                      member first)"
@@ -249,11 +251,12 @@ impl MetaNode {
     }
 
     /// Changes the voters to what `target` makes of the current ones (the newer set, while a
-    /// change is half done), checked as [`MetaNode::change_voters`] says. No change when that
-    /// is the current set and no change is half done.
+    /// change is half done) and of every voter set (two while a change is half done), checked
+    /// as [`MetaNode::change_voters`] says. No change when that is the current set and no
+    /// change is half done.
     async fn change_voters_from(
         &self,
-        target: impl FnOnce(&BTreeSet<NodeId>) -> Result<BTreeSet<NodeId>>,
+        target: impl FnOnce(&BTreeSet<NodeId>, &[BTreeSet<NodeId>]) -> Result<BTreeSet<NodeId>>,
     ) -> Result<()> {
         // Not `one_change`: from a joint membership openraft goes to these voters itself (a
         // joint of the newer set and these, then these), keeping any node of either set that
@@ -264,7 +267,7 @@ impl MetaNode {
         let view = self.change_view()?;
         let sets = view.membership_config.membership().get_joint_config();
         let current = sets.last().cloned().unwrap_or_default();
-        let voters = target(&current)?;
+        let voters = target(&current, sets)?;
         if sets.len() == 1 && voters == current {
             return Ok(());
         }
