@@ -222,6 +222,13 @@ impl Readiness {
         if status.role == Role::Removed {
             return Err("removed from the cluster".into());
         }
+        if let Some(why) = status.rejoin.as_ref().and_then(|r| r.waiting.as_ref()) {
+            // Holds no membership yet either, but a leader contacted it: no init needed.
+            return Err(format!(
+                "rejoining its cluster: waits for enough voters to tell it the cluster's term \
+                 ({why})"
+            ));
+        }
         if !member {
             return Err("not a member of a cluster".into());
         }

@@ -160,6 +160,21 @@ impl MetaNode {
         self.inner.rejoining.load(Ordering::Acquire)
     }
 
+    /// [`Error::Rejoining`] saying why this node, holding no membership yet, waits: a leader
+    /// contacted it and too few voters told it the cluster's term. `None` if it does not wait
+    /// so (a node that no leader contacted is in no cluster yet).
+    pub(super) fn rejoin_wait(&self) -> Option<Error> {
+        if !self.is_rejoining() {
+            return None;
+        }
+        let why = self.inner.rejoin_gate.lock().warned.clone()?;
+        Some(Error::Rejoining(format!(
+            "this node holds no Raft state (it is new, or its data dir was lost) and a leader \
+             of its cluster contacted it: it acknowledges no leader until enough of the other \
+             voters tell it the cluster's term ({why}); it needs no --init or init request"
+        )))
+    }
+
     /// What this node learned of the cluster's term while it rejoins; `None` otherwise.
     pub(super) fn rejoin_status(&self) -> Option<RejoinStatus> {
         if !self.is_rejoining() {

@@ -122,7 +122,7 @@ impl MetaNode {
             return Err(Error::Removed { members });
         }
         if !member {
-            return Err(Error::NotMember);
+            return Err(self.rejoin_wait().unwrap_or(Error::NotMember));
         }
         drop(metrics);
         // Cheap while no member refuses, as always but on a misconfigured node.

@@ -61,7 +61,7 @@ impl MetaNode {
         let m = metrics.borrow_watched();
         let membership = m.membership_config.membership();
         if membership.voter_ids().next().is_none() {
-            return Error::NotMember;
+            return self.rejoin_wait().unwrap_or(Error::NotMember);
         }
         if let Some(members) = self.removed(&m.membership_config) {
             return Error::Removed { members };
