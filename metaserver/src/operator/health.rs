@@ -241,7 +241,8 @@ fn judge(members: &mut [MemberHealth]) -> Report {
             _ => {}
         }
         if let Some((leader, term)) = leader {
-            if s.leader_id != Some(leader) {
+            // The leader itself names none while no quorum acknowledged it (said above).
+            if s.leader_id != Some(leader) && m.id != leader {
                 let named = s
                     .leader_id
                     .map_or("no leader".to_owned(), |l| format!("node {l}"));
@@ -389,5 +390,17 @@ mod tests {
         );
         let report = judge(&mut [member(1, "follower", 1, None)]);
         assert_eq!(report.problems, ["no member leads"]);
+    }
+
+    #[test]
+    fn a_leader_without_a_quorum_is_not_said_to_name_another() {
+        // Such a leader knows no leader (itself unconfirmed); it was reported as naming
+        // "no leader, not node 3".
+        let mut members = vec![
+            member(3, "leader_without_quorum", 13, None),
+            member(1, "follower", 13, Some(3)),
+        ];
+        let report = judge(&mut members);
+        assert_eq!(report.problems, ["node 3 leads without a quorum"]);
     }
 }
