@@ -303,10 +303,10 @@ impl HttpConnection {
     }
 
     /// Decodes a peer's answer: a refusal of the request (4xx: another cluster, another
-    /// node, another token) is `Unreachable`, as for a streamed append, so that openraft backs
-    /// off at once rather than resend what will be refused again; another non-2xx status or an
-    /// undecodable body is a network error; an error the peer reports (it is shutting down, its
-    /// storage failed) is `Unreachable`.
+    /// node, another token) is `Refused`, `Unreachable` to openraft, as for a streamed append,
+    /// so that openraft backs off at once rather than resend what will be refused again;
+    /// another non-2xx status or an undecodable body is a network error; an error the peer
+    /// reports (it is shutting down, its storage failed, it does not vote) is `Refused` too.
     fn answer<T: DeserializeOwned>(
         &self,
         status: reqwest::StatusCode,
@@ -317,16 +317,35 @@ impl HttpConnection {
             let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
             let message = format!("node {} answered {status}: {text}", self.target);
             return Err(if status.is_client_error() {
-                RemoteFailure::Unreachable(message)
+                RemoteFailure::Refused(message)
             } else {
                 RemoteFailure::Network(message)
             });
         }
         let result: RemoteResult<T> = codec::decode(body)
             .map_err(|e| RemoteFailure::Network(format!("node {}: {e}", self.target)))?;
-        result.map_err(|message| {
-            RemoteFailure::Unreachable(format!("node {}: {message}", self.target))
-        })
+        result.map_err(|message| RemoteFailure::Refused(format!("node {}: {message}", self.target)))
+    }
+
+    /// Asks for a vote or a pre-vote at `path`. A peer that answers refusing it (it does not
+    /// vote yet, it gave a lease to a leader, it refuses this node's token or cluster) gave no
+    /// vote: that is its answer, a rejection, not a failure to reach it, which openraft warns
+    /// of as an unreachable node (several times a second from a member with a wrong token; the
+    /// refusal is logged once here, `peer_failures.rs`).
+    async fn ask_vote(
+        &self,
+        path: &str,
+        rpc: &VoteRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let body = codec::encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        match self.exchange(path, RPCTypes::Vote, body, option).await {
+            Err(Failed::Answered(RemoteFailure::Refused(why))) => {
+                tracing::debug!(target = self.target, "vote refused: {why}");
+                Ok(VoteResponse::new(rpc.vote, None, false))
+            }
+            answer => answer.map_err(Failed::into_rpc),
+        }
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -348,6 +367,19 @@ impl HttpConnection {
         body: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
+        self.exchange(path, action, body, option)
+            .await
+            .map_err(Failed::into_rpc)
+    }
+
+    /// [`HttpConnection::send`], telling a peer's answer from no answer.
+    async fn exchange<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        action: RPCTypes,
+        body: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, Failed> {
         let timeout = rpc_timeout(option, body.len());
         let response = self
             .request(path)
@@ -359,7 +391,7 @@ impl HttpConnection {
                 self.versions.forget(self.target);
                 let failed = self.rpc_error(action, timeout, e);
                 self.refusals.failed(self.target, &failed);
-                failed
+                Failed::NoAnswer(failed)
             })?;
         let status = response.status();
         if status.is_success() {
@@ -379,8 +411,25 @@ impl HttpConnection {
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| self.rpc_error(action, timeout, e))?;
-        self.answer(status, &bytes).map_err(RemoteFailure::into_rpc)
+            .map_err(|e| Failed::NoAnswer(self.rpc_error(action, timeout, e)))?;
+        self.answer(status, &bytes).map_err(Failed::Answered)
+    }
+}
+
+/// How an exchange with a peer failed.
+enum Failed {
+    /// No answer: no connection, no answer in time, an answer cut off.
+    NoAnswer(RPCError<TypeConfig>),
+    /// The peer answered, refusing the request or failing it.
+    Answered(RemoteFailure),
+}
+
+impl Failed {
+    fn into_rpc(self) -> RPCError<TypeConfig> {
+        match self {
+            Failed::NoAnswer(e) => e,
+            Failed::Answered(failure) => failure.into_rpc(),
+        }
     }
 }
 
@@ -397,23 +446,22 @@ const APPEND_WINDOW: usize = 1;
 
 /// A peer's failure, before it becomes one of openraft's error types.
 enum RemoteFailure {
-    Unreachable(String),
+    /// It refused the request, or reports an error of its own: `Unreachable` to openraft.
+    Refused(String),
     Network(String),
 }
 
 impl RemoteFailure {
     fn into_rpc(self) -> RPCError<TypeConfig> {
         match self {
-            RemoteFailure::Unreachable(m) => RPCError::Unreachable(Unreachable::from_string(m)),
+            RemoteFailure::Refused(m) => RPCError::Unreachable(Unreachable::from_string(m)),
             RemoteFailure::Network(m) => RPCError::Network(NetworkError::from_string(m)),
         }
     }
 
     fn into_streaming(self) -> StreamingError<TypeConfig> {
         match self {
-            RemoteFailure::Unreachable(m) => {
-                StreamingError::Unreachable(Unreachable::from_string(m))
-            }
+            RemoteFailure::Refused(m) => StreamingError::Unreachable(Unreachable::from_string(m)),
             RemoteFailure::Network(m) => StreamingError::Network(NetworkError::from_string(m)),
         }
     }
@@ -576,7 +624,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.follow_move();
-        self.call(PATH_VOTE, RPCTypes::Vote, &rpc, &option).await
+        self.ask_vote(PATH_VOTE, &rpc, &option).await
     }
 
     async fn pre_vote(
@@ -585,8 +633,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.follow_move();
-        self.call(PATH_PRE_VOTE, RPCTypes::Vote, &rpc, &option)
-            .await
+        self.ask_vote(PATH_PRE_VOTE, &rpc, &option).await
     }
 
     async fn full_snapshot(

@@ -123,32 +123,54 @@ async fn heartbeats_leave_an_appends_patience_alone() {
     );
 }
 
-/// A peer that refuses a vote request (another cluster, another node, another token) is
+/// A peer that refuses a request (another cluster, another node, another token) is
 /// unreachable to openraft, which backs off; a failure of the peer's own is a network error.
+/// A refused vote request is a vote not given, not a failure: openraft warned of each as an
+/// unreachable node (several a second from a member with a wrong token, and at each restart
+/// from members that keep a leader's lease).
 #[tokio::test]
-async fn a_refused_request_is_unreachable_and_a_failed_one_a_network_error() {
+async fn a_refused_request_is_unreachable_and_a_refused_vote_is_no_vote() {
     use axum::routing::post;
     use meta_consensus::{Node, Vote};
 
+    let not_voting: RemoteResult<()> = Err("not voting: a lease".into());
+    let not_voting = codec::encode(&not_voting).unwrap();
     let app = axum::Router::new()
         .route(
             PATH_VOTE,
-            post(|| async { (axum::http::StatusCode::CONFLICT, "other_cluster") }),
+            post(|| async { (axum::http::StatusCode::UNAUTHORIZED, "token") }),
         )
+        .route(PATH_PRE_VOTE, post(move || async move { not_voting }))
         .route(
-            PATH_PRE_VOTE,
-            post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "broken") }),
+            PATH_TRANSFER_LEADER,
+            post(|| async { (axum::http::StatusCode::CONFLICT, "other_cluster") }),
         );
     let (_dir, mut network) = network_of_node_1();
     let mut peer = network.new_client(2, &Node::new(serve(app).await)).await;
     let option = RPCOption::new(Duration::from_secs(5));
     let rpc = VoteRequest::new(Vote::new(2, 1), None);
-    let refused = peer.vote(rpc.clone(), option.clone()).await;
+    for (kind, answer) in [
+        ("vote", peer.vote(rpc.clone(), option.clone()).await),
+        ("pre-vote", peer.pre_vote(rpc.clone(), option.clone()).await),
+    ] {
+        match answer {
+            Ok(r) => assert!(!r.vote_granted && r.vote == rpc.vote, "{kind}: {r:?}"),
+            Err(e) => panic!("a refused {kind} is a failure: {e:?}"),
+        }
+    }
+    let transfer = TransferLeaderRequest::new(Vote::new_committed(2, 1), 2, None);
+    let refused = peer.transfer_leader(transfer, option.clone()).await;
     assert!(
         matches!(refused, Err(RPCError::Unreachable(_))),
         "{refused:?}"
     );
-    let failed = peer.pre_vote(rpc, option).await;
+    // A failure of the peer's own is a network error, for a vote too.
+    let app = axum::Router::new().route(
+        PATH_VOTE,
+        post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "broken") }),
+    );
+    let mut peer = network.new_client(2, &Node::new(serve(app).await)).await;
+    let failed = peer.vote(rpc, option).await;
     assert!(matches!(failed, Err(RPCError::Network(_))), "{failed:?}");
 }
 
