@@ -60,15 +60,15 @@ pub enum Error {
          hands its leadership to a voter with room: nothing was written; ask again in a moment"
     )]
     HandingOverForDisk { free: u64, reserve: u64 },
-    /// Voters short of disk (or that did not say how much room they have) leave no majority of
+    /// Voters short of disk (or down: not heard within an election timeout) leave no majority of
     /// the voters (of each voter set, while a change is half done) with room: writes would fill
     /// their disks and stop them, and the cluster with them. Every write is refused (deletes
     /// too: they are written to the voters' logs) until space is freed there.
     #[error(
-        "voters {short:?} are short of disk (less than their --min-free-bytes free) or did not \
-         say how much room they have: without them no majority of the voters has room for \
-         writes, which would fill their disks and stop them; free space there, or add voters \
-         with room"
+        "voters {short:?} are short of disk (less than their --min-free-bytes free) or down \
+         (not heard within an election timeout): without them no majority of the voters has \
+         room for writes, which would fill their disks and stop them; free space there, or \
+         add voters with room"
     )]
     QuorumShortOfDisk { short: Vec<NodeId> },
     /// A snapshot from the leader was refused: receiving or installing it could fill the data

@@ -86,6 +86,8 @@ struct Inner {
     log: LogStore,
     incoming: PathBuf,
     shut: AtomicBool,
+    /// Set once a planned stop began ([`MetaNode::hand_over_leadership`]).
+    stopping: AtomicBool,
     /// Set by [`MetaNode::begin_close`].
     closing: tokio::sync::watch::Sender<bool>,
     /// The data dir's free bytes, and when they were read (`free_space.rs`).
@@ -264,6 +266,7 @@ impl MetaNode {
                 log,
                 incoming,
                 shut: AtomicBool::new(false),
+                stopping: AtomicBool::new(false),
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
@@ -539,14 +542,16 @@ impl MetaNode {
     /// meanwhile the node looked ready but answered every read with an error).
     fn core_failure(&self) -> Option<String> {
         use futures::FutureExt as _;
+        // The core's own error first: when the log and the registry fail at once (a full
+        // disk), it names the log's failure, which the registry's would hide.
+        let mut rx = self.inner.raft.metrics();
+        if let Err(fatal) = &rx.borrow_and_update().running_state {
+            return Some(fatal.to_string());
+        }
         if self.inner.sm.has_failed() {
             return Some(
                 "the registry failed a write (a full disk?); the next start rebuilds it".into(),
             );
-        }
-        let mut rx = self.inner.raft.metrics();
-        if let Err(fatal) = &rx.borrow_and_update().running_state {
-            return Some(fatal.to_string());
         }
         matches!(rx.changed().now_or_never(), Some(Err(_))).then(|| "the Raft core ended".into())
     }

@@ -120,6 +120,8 @@ pub struct ClusterStatus {
     /// The members whose answers lately refused this node's token (401): on a member started
     /// with another `--token`, the others; on their leader, that member.
     pub token_refused_by: Vec<NodeId>,
+    /// This node began a planned stop: it hands its leadership over (if it leads) and closes.
+    pub stopping: bool,
 }
 
 /// A rejoining node's progress (see [`ClusterStatus::rejoin`]).

@@ -27,7 +27,7 @@ use crate::state::AppState;
 pub const PATH_ROOM: &str = "/raft/room";
 
 /// How often a voter reads its own free space.
-pub const CHECK_EVERY: Duration = Duration::from_millis(250);
+pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// How often a voter short of disk tells its leader again.
 pub const REPEAT_EVERY: Duration = Duration::from_secs(1);
@@ -112,8 +112,9 @@ pub async fn run(state: AppState, every: Duration) {
                     free,
                     reserve,
                     "this node's data dir is short of space (less than --min-free-bytes free): \
-                     as a voter it tells its leader, which refuses writes while the voters short \
-                     of disk leave no majority with room"
+                     leading, it refuses writes that add data and hands the leadership to a \
+                     voter with room; as another voter, it tells the leader, which refuses \
+                     writes while the voters short of disk leave no majority with room"
                 );
             } else {
                 tracing::info!(free, reserve, "this node's data dir has room again");

@@ -40,6 +40,8 @@ pub struct Room {
     pub free: Option<u64>,
     /// Its own `min_free_bytes`.
     pub reserve: u64,
+    /// It began a planned stop: it takes no leadership.
+    pub stopping: bool,
 }
 
 impl Room {
@@ -51,10 +53,13 @@ impl Room {
 }
 
 /// The voters to hand the leadership to, best first: those with at least twice their reserve
-/// free (and some space free at all), the most free first.
+/// free (and some space free at all), the most free first; none that is stopping (a short
+/// leader that a stopping one handed over to gave the leadership back to it, and the cluster
+/// had no leader for an election timeout).
 pub fn choose(rooms: &[Room]) -> Vec<u64> {
     let mut fit: Vec<(u64, u64)> = rooms
         .iter()
+        .filter(|r| !r.stopping)
         .filter_map(|r| {
             let free = r.free?;
             (free > 0 && free >= r.reserve.saturating_mul(2)).then_some((free, r.id))
@@ -147,6 +152,7 @@ pub async fn run(state: AppState, every: Duration) {
 /// The voters' rooms in words, for the log: `node 2: 25968640 bytes free, 16777216 in reserve`.
 fn describe(rooms: &[Room]) -> String {
     let room = |r: &Room| match r.free {
+        Some(free) if r.stopping => format!("node {}: {free} bytes free, stopping", r.id),
         Some(free) => format!("node {}: {free} bytes free, {} in reserve", r.id, r.reserve),
         None => format!("node {}: did not answer", r.id),
     };
@@ -197,6 +203,9 @@ pub(crate) async fn ask_room(state: &AppState, id: u64, addr: &str) -> Room {
             .as_ref()
             .and_then(|v| v["min_free_bytes"].as_u64())
             .unwrap_or(0),
+        stopping: answer
+            .as_ref()
+            .is_some_and(|v| v["stopping"].as_bool() == Some(true)),
     }
 }
 
@@ -218,22 +227,36 @@ mod tests {
                 id: 2,
                 free: Some(10),
                 reserve: 16,
+                stopping: false,
             },
             Room {
                 id: 3,
                 free: None,
                 reserve: 0,
+                stopping: false,
+            },
+            Room {
+                id: 4,
+                free: Some(99),
+                reserve: 16,
+                stopping: true,
             },
         ];
         assert_eq!(
             describe(&rooms),
-            "node 2: 10 bytes free, 16 in reserve; node 3: did not answer"
+            "node 2: 10 bytes free, 16 in reserve; node 3: did not answer; node 4: 99 bytes \
+             free, stopping"
         );
     }
 
     #[test]
     fn the_voter_with_the_most_room_goes_first_and_none_without_twice_its_reserve() {
-        let room = |id, free, reserve| Room { id, free, reserve };
+        let room = |id, free, reserve| Room {
+            id,
+            free,
+            reserve,
+            stopping: false,
+        };
         assert_eq!(
             choose(&[
                 room(2, Some(300), 100),
@@ -247,5 +270,10 @@ mod tests {
         );
         assert!(choose(&[room(2, Some(150), 100)]).is_empty());
         assert!(choose(&[]).is_empty());
+        let stopping = Room {
+            stopping: true,
+            ..room(3, Some(500), 100)
+        };
+        assert_eq!(choose(&[room(2, Some(300), 100), stopping]), [2]);
     }
 }

@@ -288,6 +288,10 @@ pub struct ClusterView {
     /// Absent when none did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub token_refused_by: Vec<u64>,
+    /// `true` once this node began a planned stop (it hands its leadership over, if it leads,
+    /// and closes): no leadership is handed to it. Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopping: bool,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).

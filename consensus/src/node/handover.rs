@@ -22,6 +22,11 @@ impl MetaNode {
     /// elect a leader after the election timeout, as after a crash. Changes no data.
     pub async fn hand_over_leadership(&self, within: Duration) -> Result<Option<NodeId>> {
         self.check_open()?;
+        // Said in the status from now on: a leader short of disk must not hand the leadership
+        // (back) to this node, which is about to close.
+        self.inner
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
         let Some(m) = self.leader_view() else {
             return Ok(None);
         };

@@ -98,6 +98,7 @@ impl From<ClusterStatus> for ClusterView {
             }),
             refused_by: s.refused_by,
             token_refused_by: s.token_refused_by,
+            stopping: s.stopping,
         }
     }
 }
@@ -279,10 +280,16 @@ pub async fn set_leader(
                 id: to,
                 free: status.data_dir_free_bytes,
                 reserve: status.min_free_bytes,
+                stopping: status.stopping,
             }),
             Some(addr) => Some(crate::disk_handover::ask_room(&state, to, addr).await),
             None => None,
         };
+        if room.is_some_and(|r| r.stopping) {
+            return Err(ApiError::Conflict(format!(
+                "node {to} is stopping: it would close right after taking the leadership"
+            )));
+        }
         if let Some(room) = room.filter(crate::disk_handover::Room::short) {
             return Err(ApiError::Conflict(format!(
                 "node {to} is short of disk ({} bytes free, below its --min-free-bytes {}): as \

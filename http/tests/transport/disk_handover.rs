@@ -11,7 +11,10 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use crate::common::wait_for;
-use crate::helpers::{start_cluster_looking_rarely, start_cluster_tuned, stop_all, Client, Server};
+use crate::helpers::{
+    hand_over, start_cluster_looking_rarely, start_cluster_tuned, stop_all, the_leader, Client,
+    Server,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_short_of_disk_hands_over_to_a_voter_with_room() {
@@ -200,5 +203,43 @@ async fn voters_that_go_short_of_disk_tell_the_leader_at_once() {
     assert_eq!(servers[&1].node.status().leader_id, Some(1));
     free.store(u64::MAX, Ordering::Relaxed);
     write_until(&client, &servers[&1], 200, "").await;
+    stop_all(servers).await;
+}
+
+/// A node that began a planned stop says so (`stopping` in `GET /v1/cluster`), and takes no
+/// leadership: a leader short of disk that the stopping one had handed over to gave the
+/// leadership back to it, and the cluster had no leader for an election timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_takes_no_leadership() {
+    let dir = TempDir::new().unwrap();
+    let servers =
+        start_cluster_tuned(&dir, Some(meta_http::follower_read::CATCH_UP), |_, _| {}).await;
+    let client = Client::new();
+    let old = the_leader(&servers).node.id();
+    let new = hand_over(&servers[&old]).await;
+    let (status, v) = client
+        .send(Method::GET, &servers[&old], "/v1/cluster", None)
+        .await;
+    assert_eq!((status, &v["stopping"]), (200, &json!(true)), "{v}");
+    let (_, v) = client
+        .send(Method::GET, &servers[&new], "/v1/cluster", None)
+        .await;
+    assert!(v.get("stopping").is_none(), "{v}");
+    let (status, v) = client
+        .send(
+            Method::PUT,
+            &servers[&new],
+            "/v1/cluster/leader",
+            Some(json!({ "id": old })),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is stopping"),
+        "{v}"
+    );
     stop_all(servers).await;
 }
