@@ -342,7 +342,12 @@ impl HttpConnection {
         match self.exchange(path, RPCTypes::Vote, body, option).await {
             Err(Failed::Answered(RemoteFailure::Refused(why))) => {
                 tracing::debug!(target = self.target, "vote refused: {why}");
-                Ok(VoteResponse::new(rpc.vote, None, false))
+                // With the least vote there is: openraft adopts a vote higher than its own
+                // from an answer, and a pre-vote asks with the candidate's next term, which it
+                // has not taken (answered with the request's own vote, every refused pre-vote
+                // round raised the candidate's term; with the term before, a vote of a higher
+                // node id in the candidate's term made it forget its leader).
+                Ok(VoteResponse::new(Vote::new(0, 0), None, false))
             }
             answer => answer.map_err(Failed::into_rpc),
         }
