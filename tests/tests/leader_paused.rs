@@ -24,10 +24,21 @@ async fn scenario(cluster: &mut Cluster, _seed: u64) -> anyhow::Result<()> {
         .get(old.id)
         .ok_or_else(|| anyhow::anyhow!("node {} has no address", old.id))?;
     cluster.pause(old.id)?;
+    // Queued first, before the others elect a leader: at the front of the queue, the paused
+    // node handles them before it learns that another leads (they were answered 503
+    // `no_leader`: a leader without a quorum's acknowledgements, which it could not read).
+    let early = queue_reads_at(addr).await;
     let queued = queue_reads(cluster, old.id, addr).await;
     cluster.resume(old.id)?;
-    let queued = queued?;
+    let (early, queued) = (early?, queued?);
     let mut refused = Vec::new();
+    for (path, read) in early {
+        let (status, body) = read.finish(STEP).await?;
+        // Sent before the write of `after`: either value.
+        if status != 200 || !matches!(body.as_str(), "before" | "after") {
+            refused.push(format!("{path} (early): {status} {body}"));
+        }
+    }
     for (path, read) in queued {
         let (status, body) = read.finish(STEP).await?;
         if status != 200 || body != "after" {
@@ -52,6 +63,21 @@ async fn scenario(cluster: &mut Cluster, _seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Queues reads of each consistency that asks the leader at `addr`, the paused node.
+async fn queue_reads_at(addr: std::net::SocketAddr) -> anyhow::Result<Vec<(String, HeldRequest)>> {
+    let mut queued = Vec::new();
+    for consistency in ["linearizable", "lease"] {
+        for _ in 0..READS_EACH {
+            let path = format!("/v1/kv/k?consistency={consistency}");
+            queued.push((
+                path.clone(),
+                HeldRequest::send_whole(addr, "GET", &path).await?,
+            ));
+        }
+    }
+    Ok(queued)
+}
+
 /// While node `paused` is paused: waits for the others to elect a leader, writes `after` there
 /// and queues reads of it at `addr`, the paused node.
 async fn queue_reads(
@@ -70,17 +96,7 @@ async fn queue_reads(
         "node {paused} paused; node {} leads at term {} and wrote k at {revision}",
         new.id, new.term
     ));
-    let mut queued = Vec::new();
-    for consistency in ["linearizable", "lease"] {
-        for _ in 0..READS_EACH {
-            let path = format!("/v1/kv/k?consistency={consistency}");
-            queued.push((
-                path.clone(),
-                HeldRequest::send_whole(addr, "GET", &path).await?,
-            ));
-        }
-    }
-    Ok(queued)
+    queue_reads_at(addr).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

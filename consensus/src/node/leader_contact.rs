@@ -59,6 +59,14 @@ impl LeaderContact {
         self.last.insert(leader, now);
     }
 
+    /// Whether this node stood still lately, at `now`: it resumed from a stall (a gap of more
+    /// than `stall` between two ticks) within `within`, or it stands still now (its next tick
+    /// is more than `stall` late: a node that just resumed runs what it holds before the tick).
+    pub(super) fn stalled_lately(&self, now: Instant, stall: Duration, within: Duration) -> bool {
+        now.saturating_duration_since(self.ticked) > stall
+            || now.saturating_duration_since(self.resumed) < within && self.resumed != self.opened
+    }
+
     /// How long `leader`, named as the leader now, has been silent at `now`: since its last
     /// message, or since this node opened if it took none (a node that just started gives its
     /// leader time to reach it), but at most since it was first seen named, and since this
@@ -133,5 +141,52 @@ mod tests {
         c.note(1, at(13_000));
         c.tick(at(20_000), stall);
         assert_eq!(c.silence(1, at(20_500), stall), ms(500));
+    }
+
+    /// A leader that stood still lately is not taken for one without a quorum: a paused leader
+    /// that resumes lacks the acknowledgements it could not read, and learns a moment later
+    /// that another leads; the requests it held were answered 503 `no_leader` meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_that_stood_still_lately_is_not_taken_for_one_without_a_quorum() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::NodeConfig::new(1, "local-1", dir.path().join("node-1"));
+        let network = crate::transport::LocalRouter::new().network(1);
+        let node = crate::MetaNode::open(cfg, network).await.unwrap();
+        node.lead_alone().await;
+        // Once the node notes when it took office (its metrics watch does, a moment after).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !node.led_before(Instant::now()) {
+            assert!(Instant::now() < deadline, "never noted its office");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let asked = Instant::now();
+        assert!(node.lacks_quorum_since(asked));
+        // Its ticks stopped 10 s ago: it stands still now (its next tick marks the stall).
+        node.inner.leader_contact.lock().ticked = Instant::now() - Duration::from_secs(10);
+        assert!(!node.lacks_quorum_since(asked));
+        node.shutdown().await.unwrap();
+    }
+
+    /// A node stood still lately while its tick is late, and for a while after it resumed;
+    /// not on regular ticks, nor for being opened a moment ago.
+    #[test]
+    fn a_node_stood_still_lately_while_its_tick_is_late_and_a_while_after() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let at = |m: u64| t0 + ms(m);
+        let (stall, within) = (ms(1000), ms(2000));
+        let mut c = LeaderContact::new(t0);
+        assert!(!c.stalled_lately(at(0), stall, within), "just opened");
+        for m in (100..=3000).step_by(100) {
+            c.tick(at(m), stall);
+            assert!(!c.stalled_lately(at(m), stall, within), "{m}");
+        }
+        // Paused for 7 s: before its first tick, and after it for `within`.
+        assert!(c.stalled_lately(at(10_000), stall, within));
+        c.tick(at(10_005), stall);
+        for m in (10_100..=13_000).step_by(100) {
+            c.tick(at(m), stall);
+            assert_eq!(c.stalled_lately(at(m), stall, within), m < 12_005, "{m}");
+        }
     }
 }

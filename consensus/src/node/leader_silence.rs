@@ -187,6 +187,16 @@ impl MetaNode {
         m.current_leader.filter(|l| *l != self.id())
     }
 
+    /// Whether this node stood still lately: it resumed from a stall within an election
+    /// timeout, or stands still now (`leader_contact.rs`).
+    pub(super) fn stalled_lately(&self) -> bool {
+        self.inner.leader_contact.lock().stalled_lately(
+            std::time::Instant::now(),
+            self.stall_limit(),
+            self.stall_limit(),
+        )
+    }
+
     /// How long `leader` has been silent (`leader_contact.rs`).
     fn silence_of(&self, leader: NodeId) -> Duration {
         self.inner.leader_contact.lock().silence(

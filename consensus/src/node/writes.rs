@@ -231,11 +231,14 @@ impl MetaNode {
     }
 
     /// Whether a `no_leader` refusal that this node's core gave after `at` comes from a leader
-    /// without a quorum: it led since before `at` (see [`MetaNode::led_before`]) and is not
-    /// handing its leadership over (whose refusals end with the next leader's election). Such a
-    /// refusal is answered at once, so that clients try another member.
+    /// without a quorum: it led since before `at` (see [`MetaNode::led_before`]), is not
+    /// handing its leadership over (whose refusals end with the next leader's election), and
+    /// did not stand still lately (a paused leader that resumes lacks the acknowledgements it
+    /// could not read, and learns a moment later that another leads: the requests it held go
+    /// on to that leader, rather than answered `no_leader`). Such a refusal is answered at
+    /// once, so that clients try another member.
     pub fn lacks_quorum_since(&self, at: std::time::Instant) -> bool {
-        self.led_before(at) && !self.handing_over()
+        self.led_before(at) && !self.handing_over() && !self.stalled_lately()
     }
 
     /// The leader (id and address) this node's metrics name, when that is another node (a
