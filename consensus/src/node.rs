@@ -318,9 +318,13 @@ impl MetaNode {
         let mut metrics = self.inner.raft.server_metrics();
         // A weak handle: the task must not keep a node that shut down alive.
         let inner = Arc::downgrade(&self.inner);
+        let me = self.id();
         tokio::spawn(async move {
             let mut seen = None;
             let mut leader = None;
+            // The first look shows the leader this node's saved vote names, from its last run:
+            // it may be down now (every member restarting), so it is not said to lead.
+            let mut first = true;
             loop {
                 {
                     let m = metrics.borrow_watched();
@@ -341,6 +345,10 @@ impl MetaNode {
                         leader = m.current_leader;
                         let term = m.vote.leader_id().term;
                         match leader {
+                            Some(id) if first && id != me => tracing::info!(
+                                term,
+                                "node {id} led when this node last ran (not heard from since)"
+                            ),
                             Some(id) => tracing::info!(term, "node {id} leads"),
                             None => tracing::info!(term, "no leader known"),
                         }
@@ -361,6 +369,7 @@ impl MetaNode {
                         );
                     }
                 }
+                first = false;
                 if metrics.changed().await.is_err() {
                     return;
                 }
