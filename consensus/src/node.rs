@@ -88,6 +88,8 @@ struct Inner {
     shut: AtomicBool,
     /// Set once a planned stop began ([`MetaNode::hand_over_leadership`]).
     stopping: AtomicBool,
+    /// When a refused vote was last logged as a warning (`node/votes.rs`).
+    vote_refusal_warned: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Set by [`MetaNode::begin_close`].
     closing: tokio::sync::watch::Sender<bool>,
     /// The data dir's free bytes, and when they were read (`free_space.rs`).
@@ -267,6 +269,7 @@ impl MetaNode {
                 incoming,
                 shut: AtomicBool::new(false),
                 stopping: AtomicBool::new(false),
+                vote_refusal_warned: parking_lot::Mutex::new(None),
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),

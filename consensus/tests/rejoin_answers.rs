@@ -51,3 +51,36 @@ async fn a_wiped_voter_that_waits_for_the_term_says_so_not_that_it_needs_an_init
     );
     c.shutdown().await
 }
+
+/// A node with no Raft state that no leader reached yet but that knows its cluster (a
+/// member's message gave it the id: a voter whose data dir was lost, restarted while too few
+/// voters are up to elect a leader) says that it waits for that cluster, not that it should
+/// be initialized; a node that knows no cluster still says it is in none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_a_known_cluster_waits_for_its_leader_not_for_an_init() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    // No leader to reach it: the others are down.
+    for id in 1..=3 {
+        c.stop(id).await?;
+    }
+    std::fs::remove_dir_all(c.dir(3))?;
+    let empty = c.start(3).await?;
+    let put = || Command::Put {
+        key: "k".into(),
+        value: vec![],
+        if_revision: None,
+    };
+    match empty.write(put()).await {
+        Err(Error::NotMember) => {}
+        other => anyhow::bail!("a node of no cluster: {other:?}"),
+    }
+    empty.accept_cluster(0xab).await?;
+    match empty.write(put()).await {
+        Err(Error::Rejoining(why)) => ensure!(
+            why.contains("belongs to cluster 00000000000000ab") && why.contains("needs no --init"),
+            "{why}"
+        ),
+        other => anyhow::bail!("a node of a known cluster: {other:?}"),
+    }
+    c.shutdown().await
+}

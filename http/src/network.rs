@@ -340,6 +340,13 @@ impl HttpConnection {
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let body = codec::encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         match self.exchange(path, RPCTypes::Vote, body, option).await {
+            // No answer (a member down) is no vote either: the failure is logged once in 30 s
+            // (`peer_failures.rs`), where openraft warned of each, about once a second per
+            // member down while no leader is elected.
+            Err(Failed::NoAnswer(e)) => {
+                tracing::debug!(target = self.target, "no answer to a vote request: {e}");
+                Ok(VoteResponse::new(Vote::new(0, 0), None, false))
+            }
             Err(Failed::Answered(RemoteFailure::Refused(why))) => {
                 tracing::debug!(target = self.target, "vote refused: {why}");
                 // With the least vote there is: openraft adopts a vote higher than its own

@@ -339,7 +339,9 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
     if resent > 0 {
         out["resent_after_unknown_outcome"] = resent.into();
         eprintln!(
-            "metaserver: {resent} request(s) were sent again after an attempt whose outcome is              unknown (504, or cut off before the answer): replicas an earlier attempt registered              count as unchanged, and those it pruned are not in pruned"
+            "metaserver: {resent} request(s) were sent again after an attempt whose outcome is \
+             unknown (504, or cut off before the answer): replicas an earlier attempt registered \
+             count as unchanged, and those it pruned are not in pruned"
         );
     }
     output::line(out)

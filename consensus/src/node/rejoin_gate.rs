@@ -167,7 +167,17 @@ impl MetaNode {
         if !self.is_rejoining() {
             return None;
         }
-        let why = self.inner.rejoin_gate.lock().warned.clone()?;
+        let Some(why) = self.inner.rejoin_gate.lock().warned.clone() else {
+            // No leader reached it yet, but it knows its cluster (a member's message, or the
+            // question asked before it was added, gave it the id): it waits for that cluster.
+            let cluster = self.cluster_id()?;
+            return Some(Error::Rejoining(format!(
+                "this node holds no Raft state (it is new, or its data dir was lost) and \
+                 belongs to cluster {cluster:016x}: it waits for that cluster's leader to reach \
+                 it, which takes enough of the cluster's voters up; it needs no --init or init \
+                 request"
+            )));
+        };
         Some(Error::Rejoining(format!(
             "this node holds no Raft state (it is new, or its data dir was lost) and a leader \
              of its cluster contacted it: it acknowledges no leader until enough of the other \

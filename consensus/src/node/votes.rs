@@ -187,12 +187,18 @@ impl MetaNode {
         // `initialize` writes the membership at index 0; a first leader's entries follow it.
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
         if rejoining && established {
-            tracing::warn!(
-                candidate = %rpc.vote,
-                "refusing to vote: this node started with no Raft state and does not hold the \
-                 cluster's log yet; if it was a voter and stays so, its data dir was lost: \
-                 remove it from the voters and add it back as a learner"
-            );
+            // A candidate asks again every election timeout: a warning at most every 30 s.
+            let mut warned = self.inner.vote_refusal_warned.lock();
+            if warned.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(30)) {
+                *warned = Some(std::time::Instant::now());
+                tracing::warn!(
+                    candidate = %rpc.vote,
+                    "refusing to vote: this node started with no Raft state and does not hold \
+                     the cluster's log yet; if it was a voter and stays so, its data dir was \
+                     lost: remove it from the voters and add it back as a learner"
+                );
+            }
+            drop(warned);
             return Err(Error::NotVoting(
                 "this node started with no Raft state and votes only in a cluster's first \
                  election until it holds the cluster's log"

@@ -169,6 +169,14 @@ async fn a_refused_request_is_unreachable_and_a_refused_vote_is_no_vote() {
         matches!(refused, Err(RPCError::Unreachable(_))),
         "{refused:?}"
     );
+    // No answer is no vote either.
+    let down = crate::refused_port::RefusedPort::new();
+    let addr = format!("127.0.0.1:{}", down.port);
+    let mut absent = network.new_client(3, &Node::new(addr)).await;
+    match absent.vote(rpc.clone(), option.clone()).await {
+        Ok(r) => assert!(!r.vote_granted && r.vote == Vote::new(0, 0), "{r:?}"),
+        Err(e) => panic!("a vote nobody answered is a failure: {e:?}"),
+    }
     // A failure of the peer's own is a network error, for a vote too.
     let app = axum::Router::new().route(
         PATH_VOTE,
