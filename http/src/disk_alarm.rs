@@ -140,17 +140,16 @@ pub async fn run(state: AppState, every: Duration) {
     }
 }
 
-/// The leader and its address, if this node is a voter another node leads.
+/// The leader and its address (`MetaNode::leader_to_forward_to`), if this node is a voter
+/// another node leads.
 fn leader_of_voter(node: &MetaNode) -> Option<(u64, String)> {
-    let metrics = node.raft().metrics();
-    let m = metrics.borrow_watched();
-    let leader = m.current_leader.filter(|l| *l != node.id())?;
-    let membership = m.membership_config.membership();
-    if !membership.voter_ids().any(|v| v == node.id()) {
-        return None;
-    }
-    let addr = membership.get_node(&leader)?.addr.clone();
-    Some((leader, addr))
+    let voter = {
+        let metrics = node.raft().metrics();
+        let m = metrics.borrow_watched();
+        let mut voters = m.membership_config.membership().voter_ids();
+        voters.any(|v| v == node.id())
+    };
+    voter.then(|| node.leader_to_forward_to()).flatten()
 }
 
 /// Sends `notice` to `leader` at `addr`; `Err` says why it did not take it.

@@ -276,7 +276,7 @@ impl MetaNode {
 
 /// Whether something last done at `last` (never: `None`) is due again at `now`, `every`
 /// apart; if so, `last` becomes `now`.
-fn due(last: &mut Option<Instant>, now: Instant, every: Duration) -> bool {
+pub(super) fn due(last: &mut Option<Instant>, now: Instant, every: Duration) -> bool {
     match *last {
         Some(at) if now.saturating_duration_since(at) < every => false,
         _ => {

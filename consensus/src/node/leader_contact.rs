@@ -63,8 +63,9 @@ impl LeaderContact {
     /// than `stall` between two ticks) within `within`, or it stands still now (its next tick
     /// is more than `stall` late: a node that just resumed runs what it holds before the tick).
     pub(super) fn stalled_lately(&self, now: Instant, stall: Duration, within: Duration) -> bool {
-        now.saturating_duration_since(self.ticked) > stall
-            || now.saturating_duration_since(self.resumed) < within && self.resumed != self.opened
+        let late = now.saturating_duration_since(self.ticked) > stall;
+        let resumed = self.resumed != self.opened;
+        late || (resumed && now.saturating_duration_since(self.resumed) < within)
     }
 
     /// How long `leader`, named as the leader now, has been silent at `now`: since its last

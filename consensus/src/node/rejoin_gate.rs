@@ -161,8 +161,8 @@ impl MetaNode {
     }
 
     /// [`Error::Rejoining`] saying why this node, holding no membership yet, waits: a leader
-    /// contacted it and too few voters told it the cluster's term. `None` if it does not wait
-    /// so (a node that no leader contacted is in no cluster yet).
+    /// contacted it and too few voters told it the cluster's term, or no leader reached it yet
+    /// but it knows its cluster. `None` for a node that knows no cluster (it is in none yet).
     pub(super) fn rejoin_wait(&self) -> Option<Error> {
         if !self.is_rejoining() {
             return None;

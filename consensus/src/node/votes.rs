@@ -188,9 +188,12 @@ impl MetaNode {
         let established = rpc.last_log_id.as_ref().is_some_and(|l| l.index > 0);
         if rejoining && established {
             // A candidate asks again every election timeout: a warning at most every 30 s.
-            let mut warned = self.inner.vote_refusal_warned.lock();
-            if warned.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(30)) {
-                *warned = Some(std::time::Instant::now());
+            let warn = super::free_space::due(
+                &mut self.inner.vote_refusal_warned.lock(),
+                std::time::Instant::now(),
+                std::time::Duration::from_secs(30),
+            );
+            if warn {
                 tracing::warn!(
                     candidate = %rpc.vote,
                     "refusing to vote: this node started with no Raft state and does not hold \
@@ -198,7 +201,6 @@ impl MetaNode {
                      lost: remove it from the voters and add it back as a learner"
                 );
             }
-            drop(warned);
             return Err(Error::NotVoting(
                 "this node started with no Raft state and votes only in a cluster's first \
                  election until it holds the cluster's log"
