@@ -142,7 +142,7 @@ struct Inner {
     handed_over_in: AtomicU64,
     /// Why this node may not start elections now (`node/election_holds.rs`).
     election_holds: parking_lot::Mutex<election_holds::ElectionHolds>,
-    /// A membership named this node, or it opened with one: one that leaves it out now means
+    /// A committed membership named this node, or it opened with one: one that leaves it out means
     /// it was removed, not that it is a learner still catching up (`node/votes.rs`).
     was_named: AtomicBool,
 }
@@ -356,13 +356,14 @@ impl MetaNode {
                             None => tracing::info!(term, "no leader known"),
                         }
                     }
+                    // Only a committed membership counts as naming this node (see
+                    // `MetaNode::note_named`).
+                    if let Some(inner) = inner.upgrade() {
+                        MetaNode { inner }.note_named(&m.committed_membership_config);
+                    }
                     let config = &m.membership_config;
                     if seen != Some(*config.log_id()) {
                         seen = Some(*config.log_id());
-                        if let Some(inner) = inner.upgrade() {
-                            let named = config.membership().get_node(&inner.cfg.id).is_some();
-                            inner.was_named.fetch_or(named, Ordering::Relaxed);
-                        }
                         addresses.set(
                             config
                                 .membership()

@@ -12,6 +12,17 @@ use meta_consensus::{Consistency, Error, MetaNode, Node, Role};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
+/// Writes one key through `node`: one more entry in the log.
+async fn kv_put(node: &MetaNode, key: &str) -> Result<()> {
+    let put = meta_consensus::Command::Put {
+        key: key.into(),
+        value: vec![1],
+        if_revision: None,
+    };
+    node.write(put).await?;
+    Ok(())
+}
+
 /// Polls until `node` reports `role` (at most [`WAIT`]). The role also depends on a removal
 /// notice, which is not in openraft's metrics: waiting for a metrics change could miss it.
 async fn until_role(node: &MetaNode, role: Role) -> Result<()> {
@@ -566,5 +577,113 @@ async fn a_learner_promoted_at_once_is_promoted_once_it_caught_up() -> Result<()
         .voter_ids()
         .collect();
     assert_eq!(members, voters);
+    c.shutdown().await
+}
+
+/// A learner whose addition was lost with the office of the leader that appended it (no voter
+/// got the entry) has that entry truncated when the next leader probes its log: for a moment
+/// the last membership in its log leaves it out after one named it. It was never removed: it
+/// reports itself a learner throughout, not `Removed` (which tells an operator to stop it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_whose_addition_was_lost_never_reports_itself_removed() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let old = c.leader().await?;
+    let last = |n: &MetaNode| n.status().last_log_index.unwrap_or(0);
+    // openraft's first probe of a new member's log, whose leader's log ends at `end`, asks
+    // whether it holds the entry at `end / 16 * 8 - 1`. The entries are laid so that this is
+    // the lost addition: the log the voters share ends at `k - 1`, the addition is at `k`,
+    // and the next leader's log ends at `2k + 1` once it adds node 4 again.
+    while (last(&old) + 2) % 8 != 0 {
+        kv_put(&old, "fill").await?;
+    }
+    let shared = last(&old);
+    c.wait_applied(shared).await?;
+    let learner = c.start(4).await?;
+    let named = |m: &openraft::RaftMetrics<meta_consensus::TypeConfig>| {
+        m.membership_config.membership().get_node(&4).is_some()
+    };
+    // Every state openraft reports on node 4, with the role node 4 reports in it.
+    let watched = learner.clone();
+    let roles = tokio::spawn(async move {
+        let mut metrics = watched.raft().metrics();
+        let (mut roles, mut was_named, mut unnamed_after) = (Vec::new(), false, false);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let (now_named, committed) = {
+                let m = metrics.borrow_watched();
+                let committed = m
+                    .committed_membership_config
+                    .membership()
+                    .get_node(&4)
+                    .is_some();
+                (named(&m), committed)
+            };
+            unnamed_after |= was_named && !now_named;
+            was_named |= now_named;
+            let role = watched.status().role;
+            if roles.last() != Some(&role) {
+                roles.push(role);
+            }
+            if committed && role == Role::Learner {
+                return (roles, unnamed_after);
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return (roles, unnamed_after),
+            }
+        }
+    });
+    let others: Vec<_> = (1..=3).filter(|i| *i != old.id()).collect();
+    for other in &others {
+        c.router.cut(old.id(), *other);
+    }
+    anyhow::ensure!(
+        last(&old) == shared,
+        "the leader appended more before the cut"
+    );
+    // The cut-off leader appends the addition and sends it to node 4, but to no voter.
+    let raft = old.raft().clone();
+    let lost = tokio::spawn(async move { raft.add_learner(4, Node::new(addr(4)), false).await });
+    learner
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| named(m), "node 4 holds its first addition")
+        .await?;
+    // The other voters elect a leader, which never had that entry, and add node 4 again.
+    let deadline = std::time::Instant::now() + WAIT;
+    let new = loop {
+        if let Some(n) = others
+            .iter()
+            .map(|i| c.node(*i))
+            .find(|n| n.status().role == Role::Leader)
+        {
+            break n.clone();
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no new leader");
+        c.node(others[0])
+            .raft()
+            .wait(Some(std::time::Duration::from_millis(200)))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != old.id()),
+                "a new leader",
+            )
+            .await
+            .ok();
+    };
+    while last(&new) < 2 * (shared + 1) {
+        kv_put(&new, "fill").await?;
+    }
+    new.add_learner(4, Node::new(addr(4))).await?;
+    let (roles, unnamed_after) = roles.await?;
+    anyhow::ensure!(
+        unnamed_after,
+        "node 4's log never left it out after naming it (roles {roles:?})"
+    );
+    anyhow::ensure!(
+        !roles.contains(&Role::Removed) && roles.last() == Some(&Role::Learner),
+        "the learner reported {roles:?}"
+    );
+    lost.abort();
+    c.router.heal_all();
     c.shutdown().await
 }

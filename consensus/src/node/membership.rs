@@ -408,7 +408,7 @@ impl MetaNode {
         let Some(m) = self.leader_view() else {
             return Err(self.not_leading());
         };
-        match self.removed(&m.membership_config) {
+        match self.removed(&m) {
             Some(members) => Err(Error::Removed { members }),
             None => Ok(m),
         }

@@ -20,7 +20,7 @@ impl MetaNode {
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect();
         let stopped = self.inner.shut.load(Ordering::Acquire) || self.core_stopped();
-        let removal = self.removal(&m.membership_config);
+        let removal = self.removal(&m);
         let removed = removal.is_some();
         // A leader no quorum acknowledged within the lease may be deposed already: it is not
         // reported as leader (a single voter is its own quorum).

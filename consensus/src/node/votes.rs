@@ -24,8 +24,27 @@ use super::MetaNode;
 use crate::error::{Error, Result};
 use crate::rejoin_marker::RejoinMarker;
 use crate::removal_notice::Removal;
-use crate::types::TypeConfig;
+use crate::types::{StoredMembership, TypeConfig};
 use crate::uncancelled::uncancelled;
+
+/// The metrics that carry both this node's membership and its committed one (openraft's full
+/// metrics and its server metrics).
+pub(super) trait Memberships {
+    /// The last membership in this node's log, and the last committed one.
+    fn memberships(&self) -> (&StoredMembership, &StoredMembership);
+}
+
+impl Memberships for openraft::RaftMetrics<TypeConfig> {
+    fn memberships(&self) -> (&StoredMembership, &StoredMembership) {
+        (&self.membership_config, &self.committed_membership_config)
+    }
+}
+
+impl Memberships for openraft::metrics::RaftServerMetrics<TypeConfig> {
+    fn memberships(&self) -> (&StoredMembership, &StoredMembership) {
+        (&self.membership_config, &self.committed_membership_config)
+    }
+}
 
 impl MetaNode {
     /// Answers a vote request. Refused with [`Error::NotVoting`] (the candidate counts it as no
@@ -90,14 +109,11 @@ impl MetaNode {
     }
 
     /// The members of the cluster this node was removed from, if it was: its own membership
-    /// names others but not it, although one named it before (a learner that is catching up
-    /// holds memberships from before it was added until it reaches the entry that adds it),
-    /// or a member's notice is about a newer membership than its own.
-    pub(super) fn removed(
-        &self,
-        config: &crate::types::StoredMembership,
-    ) -> Option<Vec<crate::types::NodeId>> {
-        self.removal(config).map(|r| r.members)
+    /// names others but not it, although a committed one named it before (a learner that is
+    /// catching up holds memberships from before it was added until it reaches the entry that
+    /// adds it), or a member's notice is about a newer membership than its own.
+    pub(super) fn removed(&self, m: &impl Memberships) -> Option<Vec<crate::types::NodeId>> {
+        self.removal(m).map(|r| r.members)
     }
 
     /// [`Error::Removed`] on a node removed from the cluster, [`Error::RefusedByMembers`] on
@@ -116,7 +132,7 @@ impl MetaNode {
                 .voter_ids()
                 .next()
                 .is_some();
-            (self.removed(&m.membership_config), member)
+            (self.removed(&*m), member)
         };
         if let Some(members) = removed {
             return Err(Error::Removed { members });
@@ -135,10 +151,11 @@ impl MetaNode {
     }
 
     /// As [`MetaNode::removed`], with the log index of the membership that left this node out.
-    pub(super) fn removal(&self, config: &crate::types::StoredMembership) -> Option<Removal> {
+    pub(super) fn removal(&self, m: &impl Memberships) -> Option<Removal> {
+        let (config, committed) = m.memberships();
         let membership = config.membership();
         let named = membership.get_node(&self.id()).is_some();
-        let was_named = self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named;
+        let was_named = self.note_named(committed);
         let own = config.log_id().as_ref().map(|l| l.index);
         if removed_from(membership.voter_ids().next().is_some(), named, was_named) {
             return Some(Removal {
@@ -147,6 +164,15 @@ impl MetaNode {
             });
         }
         self.inner.cfg.removal_notice.applying_to(own)
+    }
+
+    /// Whether a membership named this node before, noting it if `committed` (its committed
+    /// membership) does now. Only a committed one counts: an uncommitted entry that adds this node can
+    /// be lost with its leader's office, and the next leader's log then truncates it away,
+    /// leaving a membership that names others but not this node (it was never removed).
+    pub(super) fn note_named(&self, committed: &StoredMembership) -> bool {
+        let named = committed.membership().get_node(&self.id()).is_some();
+        self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named
     }
 
     /// Notes whether the membership this node opened with counts as naming it: any that has

@@ -25,7 +25,7 @@ impl MetaNode {
         let removed = {
             let metrics = self.inner.raft.metrics();
             let m = metrics.borrow_watched();
-            self.removed(&m.membership_config)
+            self.removed(&*m)
         };
         if let Some(members) = removed {
             return Error::Removed { members };
@@ -63,7 +63,7 @@ impl MetaNode {
         if membership.voter_ids().next().is_none() {
             return self.rejoin_wait().unwrap_or(Error::NotMember);
         }
-        if let Some(members) = self.removed(&m.membership_config) {
+        if let Some(members) = self.removed(&*m) {
             return Error::Removed { members };
         }
         let refusing = self.refused_by();
@@ -262,7 +262,7 @@ impl MetaNode {
             return None;
         }
         let leader = m.current_leader.filter(|l| *l != self.id())?;
-        if self.removed(&m.membership_config).is_some() {
+        if self.removed(m).is_some() {
             return None;
         }
         let noted = self.noted_address(leader);
@@ -457,7 +457,7 @@ impl MetaNode {
     async fn until_removed_and_not_leading(&self) {
         let mut metrics = self.inner.raft.server_metrics();
         let gone = |m: &openraft::metrics::RaftServerMetrics<TypeConfig>| {
-            m.state != openraft::ServerState::Leader && self.removed(&m.membership_config).is_some()
+            m.state != openraft::ServerState::Leader && self.removed(m).is_some()
         };
         // Removed before the call: the call refuses it itself (`Removed`).
         let before = gone(&metrics.borrow_and_update());
