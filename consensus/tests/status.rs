@@ -181,3 +181,39 @@ async fn a_follower_left_without_a_quorum_names_no_silent_leader() -> Result<()>
     while !until_named(&c, true).await? {}
     c.shutdown().await
 }
+
+/// A restarted follower's saved vote names the leader of its last run, which openraft names at
+/// once; that leader may be down now. The follower names it only once it hears from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_names_its_last_leader_only_once_it_hears_from_it() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?.id();
+    let follower = (1..=3).find(|id| *id != leader).context("a follower")?;
+    ensure!(c.node(follower).status().leader_id == Some(leader));
+    // Cut from the leader only: the other voter keeps hearing the leader and votes for nobody
+    // else, so the follower's saved vote stays the one it restarts with.
+    c.router.cut(leader, follower);
+    c.stop(follower).await?;
+    let node = c.start(follower).await?;
+    let saved = || node.raft().server_metrics().borrow_watched().current_leader;
+    ensure!(
+        saved() == Some(leader),
+        "openraft names no leader after the restart: the test shows nothing"
+    );
+    let status = node.status();
+    // Openraft still named it after the status was taken: it named it all along.
+    if saved() == Some(leader) {
+        ensure!(status.leader_id.is_none(), "{status:?}");
+    }
+    c.router.heal(leader, follower);
+    let deadline = Instant::now() + WAIT;
+    while node.status().leader_id != Some(leader) {
+        ensure!(
+            Instant::now() < deadline,
+            "node {follower} never named its leader again: {:?}",
+            node.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await
+}

@@ -59,6 +59,11 @@ impl LeaderContact {
         self.last.insert(leader, now);
     }
 
+    /// Whether a message of `leader` was taken since this node opened.
+    pub(super) fn heard_from(&self, leader: NodeId) -> bool {
+        self.last.contains_key(&leader)
+    }
+
     /// Whether this node stood still lately, at `now`: it resumed from a stall (a gap of more
     /// than `stall` between two ticks) within `within`, or it stands still now (its next tick
     /// is more than `stall` late: a node that just resumed runs what it holds before the tick).

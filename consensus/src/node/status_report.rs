@@ -35,7 +35,12 @@ impl MetaNode {
         let silent = self
             .silent_leader()
             .is_some_and(|(l, _)| m.current_leader == Some(l));
-        let leader_id = if stopped || lost_quorum || removed || silent {
+        // A restarted node's saved vote names the leader of its last run, which openraft names
+        // at once: it may be down. It is named once its word arrives.
+        let unheard = m.state != openraft::ServerState::Leader
+            && m.current_leader
+                .is_some_and(|l| l != self.id() && !self.inner.leader_contact.lock().heard_from(l));
+        let leader_id = if stopped || lost_quorum || removed || silent || unheard {
             None
         } else {
             m.current_leader
