@@ -132,4 +132,8 @@ pub struct RejoinStatus {
     pub term_floor: Option<u64>,
     /// Why the last probe fell short (which voters did not answer), if it did.
     pub waiting: Option<String>,
+    /// Whether it knows which cluster it belongs to (a member's message, or the question
+    /// asked before it was added, told it): it waits for that cluster's leader, not for an
+    /// init.
+    pub knows_cluster: bool,
 }

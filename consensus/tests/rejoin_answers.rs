@@ -5,7 +5,7 @@ mod common;
 
 use anyhow::{ensure, Result};
 use common::Cluster;
-use meta_consensus::{Command, Error};
+use meta_consensus::{Command, Error, MetaNode};
 use openraft::async_runtime::watch::WatchReceiver as _;
 
 /// A node with no Raft state that a leader contacted, while too few voters answer its question
@@ -74,10 +74,15 @@ async fn a_node_of_a_known_cluster_waits_for_its_leader_not_for_an_init() -> Res
         Err(Error::NotMember) => {}
         other => anyhow::bail!("a node of no cluster: {other:?}"),
     }
-    empty.accept_cluster(0xab).await?;
+    let knows = |n: &MetaNode| n.status().rejoin.map(|r| r.knows_cluster);
+    ensure!(knows(&empty) == Some(false), "{:?}", empty.status().rejoin);
+    empty.accept_cluster(0xabcdef12).await?;
+    ensure!(knows(&empty) == Some(true), "{:?}", empty.status().rejoin);
     match empty.write(put()).await {
         Err(Error::Rejoining(why)) => ensure!(
-            why.contains("belongs to cluster 00000000000000ab") && why.contains("needs no --init"),
+            why.contains("belongs to a cluster")
+                && why.contains("needs no --init")
+                && !why.contains("abcdef12"),
             "{why}"
         ),
         other => anyhow::bail!("a node of a known cluster: {other:?}"),

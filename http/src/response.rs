@@ -268,7 +268,8 @@ pub struct ClusterView {
     pub min_free_bytes: u64,
     /// While this node rejoins (it started on an empty data dir and does not hold the
     /// cluster's log yet): the term enough other voters told it (`term_floor`, `null` until
-    /// they did) and, until then, which of them it is waiting for (`waiting`). Absent otherwise.
+    /// they did), until then which of them it is waiting for (`waiting`), and whether it knows
+    /// which cluster it belongs to (`knows_cluster`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejoin: Option<RejoinView>,
     /// On a node whose role is `removed`: the membership that left it out (`membership_index`,
@@ -299,6 +300,9 @@ pub struct ClusterView {
 pub struct RejoinView {
     pub term_floor: Option<u64>,
     pub waiting: Option<String>,
+    /// It knows which cluster it belongs to: it waits for that cluster's leader.
+    #[serde(default)]
+    pub knows_cluster: bool,
 }
 
 /// The membership a removed node was left out of (see [`ClusterView::removed_from`]).

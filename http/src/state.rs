@@ -229,6 +229,13 @@ impl Readiness {
                  ({why})"
             ));
         }
+        if !member && status.rejoin.as_ref().is_some_and(|r| r.knows_cluster) {
+            return Err(
+                "rejoining its cluster: waits for the cluster's leader to reach it, which \
+                 takes enough of its voters up (it needs no init)"
+                    .into(),
+            );
+        }
         if !member {
             return Err("not a member of a cluster".into());
         }

@@ -170,13 +170,14 @@ impl MetaNode {
         let Some(why) = self.inner.rejoin_gate.lock().warned.clone() else {
             // No leader reached it yet, but it knows its cluster (a member's message, or the
             // question asked before it was added, gave it the id): it waits for that cluster.
-            let cluster = self.cluster_id()?;
-            return Some(Error::Rejoining(format!(
+            // The id itself stays secret.
+            self.cluster_id()?;
+            return Some(Error::Rejoining(
                 "this node holds no Raft state (it is new, or its data dir was lost) and \
-                 belongs to cluster {cluster:016x}: it waits for that cluster's leader to reach \
-                 it, which takes enough of the cluster's voters up; it needs no --init or init \
-                 request"
-            )));
+                 belongs to a cluster: it waits for that cluster's leader to reach it, which \
+                 takes enough of the cluster's voters up; it needs no --init or init request"
+                    .into(),
+            ));
         };
         Some(Error::Rejoining(format!(
             "this node holds no Raft state (it is new, or its data dir was lost) and a leader \
@@ -195,6 +196,7 @@ impl MetaNode {
             term_floor: gate.floor,
             // Cleared once the floor is known.
             waiting: gate.warned.clone(),
+            knows_cluster: self.cluster_id().is_some(),
         })
     }
 

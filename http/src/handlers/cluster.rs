@@ -91,6 +91,7 @@ impl From<ClusterStatus> for ClusterView {
             rejoin: s.rejoin.map(|r| RejoinView {
                 term_floor: r.term_floor,
                 waiting: r.waiting,
+                knows_cluster: r.knows_cluster,
             }),
             removed_from: s.removal.map(|r| RemovedFromView {
                 membership_index: r.membership_index,

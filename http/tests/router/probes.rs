@@ -53,5 +53,21 @@ async fn readyz_waits_for_a_cluster() {
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.error_code(), "not_ready");
     assert!(a.headers.contains_key("retry-after"));
+    assert!(
+        a.error_message().contains("not a member of a cluster"),
+        "{a:?}"
+    );
     assert_eq!(t.get("/healthz").await.status, StatusCode::OK);
+    // A node with no Raft state that learned its cluster (a wiped voter no leader reached
+    // yet) waits for that cluster's leader: no init.
+    t.node.accept_cluster(0xabcdef12).await.unwrap();
+    let a = t.get("/readyz").await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    let message = a.error_message();
+    assert!(
+        message.contains("rejoining its cluster") && message.contains("needs no init"),
+        "{message}"
+    );
+    let a = t.get("/v1/cluster").await;
+    assert_eq!(a.json()["rejoin"]["knows_cluster"], true, "{a:?}");
 }
