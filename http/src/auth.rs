@@ -1,13 +1,18 @@
 //! Bearer-token authentication for every route except the probes and metrics.
 //!
-//! With a token configured, a request needs `Authorization: Bearer <token>`; the token is
-//! compared in constant time. `/healthz`, `/readyz` and `/metrics` are always open. The Raft
-//! RPCs between nodes carry the same token.
+//! With a token configured, a request needs `Authorization: Bearer <token>`; tokens are
+//! compared in constant time. `/healthz`, `/readyz` and `/metrics` are always open. The
+//! members' own traffic (the Raft RPCs, and the requests a member forwards or replays at its
+//! leader) carries the member token: the client token unless a separate one is given, so that
+//! a client (a datanode) cannot speak for a member. With a separate member token, the routes
+//! under `/raft/` and the raw replay route take only it, and a request on the other routes that
+//! carries only the client token has the headers a member's request carries removed before it
+//! is served: it counts as a client's.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, HeaderName};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
@@ -17,64 +22,137 @@ use crate::error::ApiError;
 /// Paths served without a token.
 pub const OPEN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
-/// The shared secret, if any. Cloning is cheap.
+/// The headers by which a request says it comes from a member (a forward, a replayed read, a
+/// member's identity). A client's request has them removed when a separate member token is set.
+const MEMBER_HEADERS: [HeaderName; 8] = [
+    crate::forward::FORWARDED_BY,
+    crate::follower_read::READ_INDEX,
+    crate::cluster_identity::CLUSTER,
+    crate::cluster_identity::FROM,
+    crate::cluster_identity::TO,
+    crate::cluster_identity::MEMBER_ONLY,
+    crate::cluster_identity::IDENTITY,
+    crate::raw_path::RAW_PATH,
+];
+
+/// The secrets, if any: the clients' token and the members' own. Cloning is cheap.
 #[derive(Clone, Default)]
-pub struct Token(Option<Arc<str>>);
+pub struct Token {
+    client: Option<Arc<str>>,
+    /// A separate member token; `None`: the members use the client token.
+    member: Option<Arc<str>>,
+}
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(_) => f.write_str("Token(<set>)"),
-            None => f.write_str("Token(<none>)"),
-        }
+        let set = |t: &Option<Arc<str>>| if t.is_some() { "<set>" } else { "<none>" };
+        write!(
+            f,
+            "Token(client: {}, member: {})",
+            set(&self.client),
+            set(&self.member)
+        )
     }
 }
 
 impl Token {
     /// A token that requests must present; `None` or an empty string disables authentication.
+    /// The members use it too, unless [`Token::with_member`] gives them their own.
     pub fn new(token: Option<&str>) -> Self {
-        Token(token.filter(|t| !t.is_empty()).map(Arc::from))
+        Token {
+            client: token.filter(|t| !t.is_empty()).map(Arc::from),
+            member: None,
+        }
     }
 
-    /// Whether authentication is on.
+    /// This token with a separate member token (`None` or empty: the members use the client
+    /// token). Only the member token opens the members' routes; it opens every other route
+    /// too (a member forwards its clients' requests with it).
+    pub fn with_member(mut self, member: Option<&str>) -> Self {
+        self.member = member.filter(|t| !t.is_empty()).map(Arc::from);
+        self
+    }
+
+    /// Whether authentication is on (a client token is set).
     pub fn is_set(&self) -> bool {
-        self.0.is_some()
+        self.client.is_some()
     }
 
-    /// The `Authorization` header value to send to peers, if a token is set.
+    /// The token the members' traffic carries, if any.
+    fn member_token(&self) -> Option<&Arc<str>> {
+        self.member.as_ref().or(self.client.as_ref())
+    }
+
+    /// The `Authorization` header value to send to peers (the member token), if a token is set.
     pub fn header_value(&self) -> Option<String> {
-        self.0.as_ref().map(|t| format!("Bearer {t}"))
+        self.member_token().map(|t| format!("Bearer {t}"))
     }
 
-    /// Whether the headers carry the right token (always true without a token).
+    /// Whether the headers may use a client route: they carry the client or the member token
+    /// (always true without a client token).
     pub fn accepts(&self, headers: &HeaderMap) -> bool {
-        let Some(expected) = &self.0 else {
-            return true;
-        };
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return false;
-        };
-        // The scheme's name is case-insensitive (RFC 9110, section 11.1).
-        let value = value.as_bytes();
-        let Some(presented) = value
-            .get(..7)
-            .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
-            .map(|_| &value[7..])
-        else {
-            return false;
-        };
-        // The length is not secret; the bytes are compared in constant time.
-        presented.ct_eq(expected.as_bytes()).into()
+        self.client.is_none()
+            || presents(headers, self.client.as_deref())
+            || presents(headers, self.member.as_deref())
+    }
+
+    /// Whether the headers carry the member token (always true without any token).
+    pub fn accepts_member(&self, headers: &HeaderMap) -> bool {
+        match self.member_token() {
+            None => true,
+            Some(t) => presents(headers, Some(t)),
+        }
     }
 }
 
-/// Middleware: 401 `unauthorized` unless the path is open or the token matches.
-pub async fn require_token(State(token): State<Token>, request: Request, next: Next) -> Response {
-    if token.is_set()
-        && !OPEN_PATHS.contains(&request.uri().path())
-        && !token.accepts(request.headers())
-    {
+/// Whether `headers` present `expected` as a bearer token (never for `None`).
+fn presents(headers: &HeaderMap, expected: Option<&str>) -> bool {
+    let Some(expected) = expected else {
+        return false;
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return false;
+    };
+    // The scheme's name is case-insensitive (RFC 9110, section 11.1).
+    let value = value.as_bytes();
+    let Some(presented) = value
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+        .map(|_| &value[7..])
+    else {
+        return false;
+    };
+    // The length is not secret; the bytes are compared in constant time.
+    presented.ct_eq(expected.as_bytes()).into()
+}
+
+/// Whether `path` is one of the members' own routes.
+fn members_path(path: &str) -> bool {
+    path.starts_with("/raft/") || path == crate::raw_path::PATH_RAW_REPLAY
+}
+
+/// Middleware: 401 `unauthorized` unless the path is open or the token matches (the member
+/// token on the members' routes). A client's request loses the member headers (see the
+/// module's comment).
+pub async fn require_token(
+    State(token): State<Token>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    if OPEN_PATHS.contains(&path) {
+        return next.run(request).await;
+    }
+    if members_path(path) {
+        if !token.accepts_member(request.headers()) {
+            return ApiError::Unauthorized.into_response();
+        }
+    } else if !token.accepts(request.headers()) {
         return ApiError::Unauthorized.into_response();
+    } else if token.member.is_some() && !token.accepts_member(request.headers()) {
+        for name in &MEMBER_HEADERS {
+            request.headers_mut().remove(name);
+        }
     }
     next.run(request).await
 }
@@ -113,7 +191,43 @@ mod tests {
     }
 
     #[test]
-    fn debug_hides_the_secret() {
-        assert!(!format!("{:?}", Token::new(Some("s3cret"))).contains("s3cret"));
+    fn debug_hides_the_secrets() {
+        let token = Token::new(Some("s3cret")).with_member(Some("m3mber"));
+        let shown = format!("{token:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("m3mber"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_separate_member_token_opens_the_members_routes_alone() {
+        let token = Token::new(Some("s3cret")).with_member(Some("m3mber"));
+        assert!(token.accepts(&headers("Bearer s3cret")));
+        assert!(token.accepts(&headers("Bearer m3mber")));
+        assert!(!token.accepts(&headers("Bearer other")));
+        assert!(token.accepts_member(&headers("Bearer m3mber")));
+        assert!(!token.accepts_member(&headers("Bearer s3cret")));
+        assert!(!token.accepts_member(&HeaderMap::new()));
+        assert_eq!(token.header_value().as_deref(), Some("Bearer m3mber"));
+        // Without one, the client token is the members' too.
+        let token = Token::new(Some("s3cret"));
+        assert!(token.accepts_member(&headers("Bearer s3cret")));
+        assert!(!token.accepts_member(&headers("Bearer m3mber")));
+        // A member token alone guards the members' routes; the others stay open.
+        let token = Token::new(None).with_member(Some("m3mber"));
+        assert!(token.accepts(&HeaderMap::new()));
+        assert!(!token.accepts_member(&HeaderMap::new()));
+        assert_eq!(token.header_value().as_deref(), Some("Bearer m3mber"));
+    }
+
+    #[test]
+    fn the_members_routes() {
+        assert!(members_path("/raft/append"));
+        assert!(members_path("/raft/room"));
+        assert!(members_path("/v1/raw-replay"));
+        assert!(!members_path("/v1/raft/x"));
+        assert!(!members_path("/v1/cluster"));
+        assert!(!members_path("/raft"));
     }
 }

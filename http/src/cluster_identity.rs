@@ -522,7 +522,8 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
     let status = answer.status();
     if status == reqwest::StatusCode::UNAUTHORIZED {
         return Err(ApiError::Conflict(format!(
-            "the node at {addr} refuses this cluster's token: start it with the same --token"
+            "the node at {addr} refuses this cluster's token: start it with the same --token \
+             and --member-token"
         )));
     }
     if status != reqwest::StatusCode::CONFLICT && status != reqwest::StatusCode::BAD_REQUEST {

@@ -104,7 +104,7 @@ fn no_leader(node: &MetaNode, leader: NodeId, message: String) -> ApiError {
 fn silence(node: &MetaNode, leader: NodeId, for_how_long: Duration) -> String {
     let cause = if node.token_refused_by().contains(&leader) {
         "it refuses this node's token (401), and this node its messages: every member needs \
-         the same --token"
+         the same --token and --member-token"
     } else {
         "stopped, paused, or cut off from this node"
     };

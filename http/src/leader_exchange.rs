@@ -96,7 +96,7 @@ impl LeaderLink {
                     // the leader, but one sent to another member can.
                     ApiError::Unavailable(leader(format!(
                         "refused this member's token ({status}): every member needs the same \
-                         --token; ask another member"
+                         --token and --member-token; ask another member"
                     )))
                 } else if status.is_client_error() {
                     // Its token, its limits: it did nothing with it, and will refuse it again.

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every request but /healthz, /readyz, /metrics.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The members' own token, for the Raft traffic and the requests members forward to their
+    /// leader (default: --token). Only it opens the members' routes: a client holding --token
+    /// cannot speak for a member. The same on every member.
+    #[arg(long, env = "METASERVER_MEMBER_TOKEN", hide_env_values = true)]
+    pub member_token: Option<String>,
     /// Serve over TLS with this certificate chain (PEM, the node's own first; it must name the
     /// host of the node's advertised address), and speak TLS to the other members. Give
     /// --tls-key and --tls-ca with it; every member of a cluster has TLS, or none.

@@ -51,7 +51,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             "every WAL sync is slowed on purpose (emulating a slower disk; benchmarks only)"
         );
     }
-    let token = Token::new(settings.token.as_deref());
+    let token = Token::new(settings.token.as_deref()).with_member(settings.member_token.as_deref());
     // Read before anything opens the data dir: a file that cannot be used stops the start.
     let tls = match &settings.tls {
         Some(files) => Some(files.load().context("loading the TLS files")?),
@@ -108,6 +108,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         peers = ?settings.peers,
         init = settings.init,
         token = settings.token.is_some(),
+        member_token = settings.member_token.is_some(),
         tls = settings.tls.is_some(),
         "settings in effect"
     );

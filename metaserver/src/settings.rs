@@ -32,6 +32,7 @@ struct FileSettings {
     peers: Option<String>,
     init: Option<Boolish>,
     token: Option<String>,
+    member_token: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_ca: Option<PathBuf>,
@@ -73,6 +74,8 @@ pub struct ServeSettings {
     pub init: bool,
     /// Shared secret.
     pub token: Option<String>,
+    /// The members' own secret (`None`: they use `token`).
+    pub member_token: Option<String>,
     /// The node's TLS files, if it speaks TLS.
     pub tls: Option<TlsFiles>,
     /// WAL barrier mode.
@@ -193,6 +196,13 @@ impl ServeSettings {
             // also over a token the config file sets.
             bail!("--token (METASERVER_TOKEN) is empty: give a token or leave it unset");
         }
+        let member_token = args.member_token.clone().or(file.member_token);
+        if member_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            bail!(
+                "--member-token (METASERVER_MEMBER_TOKEN) is empty: give a token or leave it \
+                 unset"
+            );
+        }
         let tls = TlsFiles::resolve(
             args.tls_cert.clone().or(file.tls_cert),
             args.tls_key.clone().or(file.tls_key),
@@ -227,6 +237,7 @@ impl ServeSettings {
             peers,
             init,
             token,
+            member_token,
             tls,
             barrier,
             snapshot_rate: args.snapshot_rate.or(file.snapshot_rate).unwrap_or(0),
@@ -610,6 +621,13 @@ mod tests {
                 },
                 "--token",
             ),
+            (
+                ServeArgs {
+                    member_token: Some(" ".into()),
+                    ..d()
+                },
+                "--member-token",
+            ),
             // A flag's empty token does not hide the file's either.
             (
                 ServeArgs {
@@ -702,11 +720,15 @@ mod tests {
             assert!(format!("{err:#}").contains(what), "{what}: {err:#}");
         }
         let args = ServeArgs {
-            config: Some(file),
+            config: Some(file.clone()),
             ..d()
         };
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.token.as_deref(), Some("s3cret"));
+        assert_eq!(s.member_token, None);
+        std::fs::write(&file, "member_token = \"m3mber\"\n").unwrap();
+        let s = ServeSettings::resolve(&args, false).unwrap();
+        assert_eq!(s.member_token.as_deref(), Some("m3mber"));
     }
 
     #[test]

@@ -167,9 +167,9 @@ impl MetaNode {
     }
 
     /// Whether a membership named this node before, noting it if `committed` (its committed
-    /// membership) does now. Only a committed one counts: an uncommitted entry that adds this node can
-    /// be lost with its leader's office, and the next leader's log then truncates it away,
-    /// leaving a membership that names others but not this node (it was never removed).
+    /// membership) does now. Only a committed one counts: an uncommitted entry that adds this
+    /// node can be lost with its leader's office, and the next leader's log then truncates it
+    /// away, leaving a membership that names others but not this node (it was never removed).
     pub(super) fn note_named(&self, committed: &StoredMembership) -> bool {
         let named = committed.membership().get_node(&self.id()).is_some();
         self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named

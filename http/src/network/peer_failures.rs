@@ -91,7 +91,7 @@ impl PeerFailures {
             target_node = target,
             unlogged,
             "node {target} refuses this node's token (401): every member needs the same --token \
-             (METASERVER_TOKEN); until then it takes none of this node's messages"
+             (METASERVER_TOKEN) and --member-token; until then it takes none of this node's messages"
         );
         true
     }

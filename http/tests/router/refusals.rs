@@ -159,3 +159,67 @@ async fn stalled_and_oversized_bodies_are_refused() {
         json!({"datanodes":[],"next":null})
     );
 }
+
+/// With a separate member token, only it opens the members' routes: a client holding the client
+/// token cannot speak for a member. Its requests elsewhere are served, without the headers a
+/// member's request carries (here a forward's marker and cluster id, which a forwarded request
+/// is refused by when it names another cluster).
+#[tokio::test]
+async fn a_member_token_keeps_clients_off_the_members_routes() {
+    let t = leader_node(None).await;
+    let token = Token::new(Some("s3cret")).with_member(Some("m3mber"));
+    let app = meta_http::router(AppState::new(t.node.clone(), token));
+    let before = t.digest().await;
+    let client = ("authorization", "Bearer s3cret");
+    let member = ("authorization", "Bearer m3mber");
+    let raw = ("x-metaserver-raw-path", "/v1/kv/raw");
+    let routes = [
+        (Method::POST, "/raft/vote", ""),
+        (Method::POST, "/raft/append", ""),
+        (Method::POST, "/raft/append-stream", ""),
+        (
+            Method::POST,
+            "/raft/room",
+            r#"{"id":1,"short":true,"free":1,"reserve":2}"#,
+        ),
+        (Method::POST, "/raft/identity", ""),
+        (Method::POST, "/raft/term", ""),
+        (Method::PUT, "/v1/raw-replay", "x"),
+    ];
+    for (method, uri, body) in routes.clone() {
+        let a = call(&app, method.clone(), uri, body.to_owned(), &[client, raw]).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{method} {uri}: {a:?}");
+    }
+    assert_eq!(
+        t.digest().await,
+        before,
+        "a refused request changed nothing"
+    );
+    for (method, uri, body) in routes {
+        let a = call(&app, method.clone(), uri, body.to_owned(), &[member, raw]).await;
+        assert_ne!(a.status, StatusCode::UNAUTHORIZED, "{method} {uri}: {a:?}");
+    }
+    let other = ("x-metaserver-cluster", "00000000000000ff");
+    let by = ("x-metaserver-forwarded-by", "2");
+    let a = call(
+        &app,
+        Method::PUT,
+        "/v1/kv/a",
+        "x".to_owned(),
+        &[member, other, by],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+    assert_eq!(a.error_code(), "other_cluster");
+    let a = call(
+        &app,
+        Method::PUT,
+        "/v1/kv/a",
+        "x".to_owned(),
+        &[client, other, by],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = call(&app, Method::GET, "/v1/cluster", String::new(), &[]).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{a:?}");
+}

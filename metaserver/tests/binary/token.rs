@@ -126,30 +126,80 @@ async fn a_member_with_another_token_is_named_in_the_logs() {
         names(v, other)
     })
     .await;
-    // Once the member counts its leader silent (it hears nothing from it), it answers at once,
-    // naming the token.
     poll(&http, &status_of(other), Some("second"), |v| {
-        names(v, leader) && v["leader_id"].is_null()
+        names(v, leader)
     })
     .await;
-    let answer = http
-        .put(&url)
-        .bearer_auth("second")
-        .body("v")
-        .send()
+    // Once the member counts its leader silent (it hears nothing from it), it answers at once,
+    // naming the token. Until then it sends requests on to that leader, which refuses them.
+    let last_leader = format!("node {leader}, the last leader");
+    let deadline = std::time::Instant::now() + crate::common::DEADLINE;
+    let (retry_after, message) = loop {
+        let answer = http
+            .put(&url)
+            .bearer_auth("second")
+            .body("v")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 503);
+        let retry_after = answer.headers().get("retry-after").cloned();
+        let v: serde_json::Value = answer.json().await.unwrap();
+        let message = v["error"]["message"].as_str().unwrap().to_owned();
+        if message.contains(&last_leader) {
+            break (retry_after, message);
+        }
+        assert!(std::time::Instant::now() < deadline, "{message}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // Asking this member again does not help until the token is fixed.
+    assert_eq!(retry_after, None, "{message}");
+    assert!(message.contains("refuses this node's token"), "{message}");
+    let status = send(&http, Method::GET, &status_of(other), Some("second"), None)
+        .await
+        .unwrap()
+        .1;
+    assert!(status["leader_id"].is_null(), "{status}");
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
+
+/// With a member token, the members speak with it (a cluster forms and a write through a
+/// follower is forwarded to the leader), and the client token does not open their routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_token_is_the_members_own() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let http = client();
+    let args = ["--token", "client", "--member-token", "member"].map(str::to_owned);
+    let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &args);
+    let leader = crate::common::form_cluster(&http, "http", &addrs, Some("client")).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let url = format!("http://{}/v1/kv/k", addrs[follower - 1]);
+    let (status, v) = send(&http, Method::PUT, &url, Some("client"), Some("v".into()))
         .await
         .unwrap();
-    assert_eq!(answer.status(), 503);
-    // Asking this member again does not help until the token is fixed.
-    let retry_after = answer.headers().get("retry-after").cloned();
-    let v: serde_json::Value = answer.json().await.unwrap();
-    assert_eq!(retry_after, None, "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains(&format!("node {leader}, the last leader"))
-            && message.contains("refuses this node's token"),
-        "{message}"
-    );
+    assert_eq!(status, 200, "{v}");
+    for path in ["/raft/append", "/raft/identity"] {
+        let url = format!("http://{}{path}", addrs[leader - 1]);
+        let (status, v) = send(&http, Method::POST, &url, Some("client"), None)
+            .await
+            .unwrap();
+        assert_eq!(status, 401, "{path}: {v}");
+    }
+    let (ok, out, err) = run(
+        &[
+            "status",
+            "--server",
+            &addrs[leader - 1],
+            "--token",
+            "client",
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"leader\""), "{out}");
     for node in &mut nodes {
         node.stop().await;
     }
