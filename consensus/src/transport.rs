@@ -33,6 +33,10 @@ struct RouterInner {
     cut: RwLock<HashSet<(NodeId, NodeId)>>,
     /// What nodes that are not running answer a term probe with (`LocalRouter::stand_in`).
     stand_ins: RwLock<HashMap<NodeId, TermAnswer>>,
+    /// Held directed links (from, to): their messages wait, unanswered, until released.
+    held: RwLock<HashSet<(NodeId, NodeId)>>,
+    /// Bumped whenever a held link is released.
+    released: tokio::sync::watch::Sender<u64>,
 }
 
 /// Connects the nodes of one process. Cheap to clone.
@@ -114,9 +118,30 @@ impl LocalRouter {
         }
     }
 
-    /// Heals every link.
+    /// Heals every link, and releases every held one.
     pub fn heal_all(&self) {
         self.inner.cut.write().clear();
+        self.inner.held.write().clear();
+        self.inner.released.send_modify(|n| *n += 1);
+    }
+
+    /// Holds the links between `a` and `b` in both directions: their messages wait, unanswered,
+    /// until [`LocalRouter::heal_all`] (as a paused process's do), where a cut link fails them
+    /// at once.
+    pub fn hold(&self, a: NodeId, b: NodeId) {
+        let mut held = self.inner.held.write();
+        held.insert((a, b));
+        held.insert((b, a));
+    }
+
+    /// Completes once the link from `from` to `to` is not held.
+    async fn unheld(&self, from: NodeId, to: NodeId) {
+        let mut released = self.inner.released.subscribe();
+        while self.inner.held.read().contains(&(from, to)) {
+            if released.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     fn target(&self, from: NodeId, to: NodeId) -> Result<MetaNode, Unreachable<TypeConfig>> {
@@ -210,6 +235,7 @@ impl LocalConnection {
         rpc: VoteRequest<TypeConfig>,
         pre: bool,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.router.unheld(self.from, self.target).await;
         let target = self.target()?;
         let removal = target.removal_of(&rpc);
         let answer = if pre {
@@ -238,6 +264,7 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.router.unheld(self.from, self.target).await;
         let target = self.target()?;
         target
             .append_entries(rpc)
@@ -299,6 +326,7 @@ impl RaftNetworkV2<TypeConfig> for LocalConnection {
         req: TransferLeaderRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.router.unheld(self.from, self.target).await;
         let target = self.target()?;
         target
             .handle_transfer_leader(req)

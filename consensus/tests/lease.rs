@@ -152,3 +152,37 @@ async fn a_restarted_follower_stands_for_no_election_within_the_old_leaders_leas
     c.converged().await.context("after healing")?;
     c.shutdown().await
 }
+
+/// A leader that no quorum has acknowledged for two election timeouts (its messages to the
+/// followers go unanswered, as to paused processes) refuses a read at once, `NoLeader`, as it
+/// does a write, so that its clients ask another member: it does not send a round of its own
+/// that nobody answers and wait for it. (Its status says so from one election timeout on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_no_quorum_acknowledges_refuses_reads_at_once() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let lease = c.config(leader.id()).election_timeout();
+    for other in (1..=3).filter(|id| *id != leader.id()) {
+        c.router.hold(leader.id(), other);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while leader.unacknowledged_for().is_none() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            leader.status().role
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for consistency in [Consistency::Linearizable, Consistency::Lease] {
+        // Its own round would wait out the lease (an election timeout) for answers.
+        let read = leader.kv_get(consistency, "k");
+        match tokio::time::timeout(lease / 2, read).await {
+            Ok(Err(meta_consensus::Error::NoLeader)) => {}
+            Ok(other) => anyhow::bail!("{consistency:?}: {other:?}"),
+            Err(_) => anyhow::bail!("{consistency:?}: the read waited for a round nobody answers"),
+        }
+    }
+    c.router.heal_all();
+    c.shutdown().await
+}

@@ -324,7 +324,10 @@ pub struct ReadIndexHint(pub u64);
 /// Renders an error response with the given status, code and message.
 pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
     let body = ErrorBody {
-        error: ErrorDetail { code, message },
+        error: ErrorDetail {
+            code,
+            message: bounded(message),
+        },
     };
     let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{\"error\":{}}".to_vec());
     let mut response = (status, bytes).into_response();
@@ -338,6 +341,26 @@ pub fn error_response(status: StatusCode, code: &str, message: String) -> Respon
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     }
     response
+}
+
+/// The most of a message an error body carries: a message that quotes what the client sent
+/// (an unknown field's name, a query string) is cut there, so that a 2 MiB body is not sent
+/// back whole.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message`, cut at [`MAX_MESSAGE_BYTES`] (at a character's boundary), saying how much was cut.
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = message.len() - end;
+    message.truncate(end);
+    message.push_str(&format!("... ({cut} more bytes)"));
+    message
 }
 
 impl IntoResponse for ApiError {
@@ -414,6 +437,23 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_message_is_cut() {
+        let short = "unknown field `x`".to_owned();
+        assert_eq!(bounded(short.clone()), short);
+        // A multi-byte character across the limit is not split.
+        let long = format!("unknown field `{}`", "é".repeat(1_000_000));
+        let cut = bounded(long.clone());
+        assert!(cut.len() < MAX_MESSAGE_BYTES + 40, "{}", cut.len());
+        assert!(cut.starts_with("unknown field `éé"));
+        let more = long.len() - (MAX_MESSAGE_BYTES - 1);
+        assert!(
+            cut.ends_with(&format!("... ({more} more bytes)")),
+            "{}",
+            &cut[4000..]
+        );
+    }
 
     #[test]
     fn every_variant_has_a_distinct_status_and_code() {

@@ -93,6 +93,13 @@ impl MetaNode {
         if let Some(forward) = self.leader_elsewhere() {
             return Err(forward);
         }
+        // A leader no quorum acknowledged for two election timeouts (it is cut off) refuses at
+        // once, as it does a write: a round of its own would wait out the lease for answers
+        // that do not come. Not one that stood still lately: it has not read the
+        // acknowledgements that wait for it yet.
+        if self.unacknowledged_for().is_some() && !self.stalled_lately() {
+            return Err(Error::NoLeader);
+        }
         use openraft::error::LinearizableReadError as L;
         let lin = self
             .retry_lease_refusal(

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use meta_consensus::Consistency;
 
 use crate::error::{error_response, ApiError};
-use crate::extract::NoQuery;
+use crate::extract::{NoBody, NoQuery};
 use crate::follower_read::ReplayedReadIndex;
 use crate::response::HealthView;
 use crate::state::{Readiness, SharedState};
@@ -17,7 +17,7 @@ pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; char
 
 /// `GET /healthz`: the process serves. The probes take no query string: one is refused (400
 /// `invalid_query`) like on every other route that takes none.
-pub async fn healthz(_: NoQuery) -> axum::Json<HealthView> {
+pub async fn healthz(_: NoQuery, _: NoBody) -> axum::Json<HealthView> {
     axum::Json(HealthView {
         status: "ok".into(),
     })
@@ -30,7 +30,7 @@ const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
 /// `not_ready` saying what it waits for.
-pub async fn readyz(State(state): State<SharedState>, _: NoQuery) -> Response {
+pub async fn readyz(State(state): State<SharedState>, _: NoQuery, _: NoBody) -> Response {
     let mut status = state.node.status();
     let mut leader_index = None;
     if !state.readiness.caught_up() && Readiness::member_with_leader(&status).is_ok() {
@@ -65,7 +65,11 @@ pub async fn readyz(State(state): State<SharedState>, _: NoQuery) -> Response {
 }
 
 /// `GET /metrics`: Prometheus (OpenMetrics) text.
-pub async fn metrics(State(state): State<SharedState>, _: NoQuery) -> Result<Response, ApiError> {
+pub async fn metrics(
+    State(state): State<SharedState>,
+    _: NoQuery,
+    _: NoBody,
+) -> Result<Response, ApiError> {
     let text = state
         .metrics
         .encode()

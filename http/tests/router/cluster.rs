@@ -45,6 +45,15 @@ async fn cluster_membership_and_config() {
         .await;
     assert_eq!(a.status, StatusCode::CONFLICT);
     assert_eq!(a.error_code(), "already_initialized");
+    // Whatever members it names: an initialized node says that first.
+    for members in [
+        r#"{"members":{"2":"127.0.0.1:2"}}"#,
+        r#"{"members":{"1":"127.0.0.1:1","2":"127.0.0.1:2"}}"#,
+    ] {
+        let a = t.send(Method::POST, "/v1/cluster/init", members).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{members}: {a:?}");
+        assert_eq!(a.error_code(), "already_initialized", "{members}");
+    }
 
     // A learner that is never reachable still joins the membership.
     let (_four, four) = refusing();

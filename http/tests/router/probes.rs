@@ -1,7 +1,7 @@
 //! The probes and the metrics: `/healthz`, `/readyz` (which waits for a cluster) and
 //! `/metrics`.
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use serde_json::json;
 
 use crate::common::{leader_node, open_node};
@@ -43,6 +43,12 @@ async fn probes_and_metrics() {
         "metaserver_registry_replicas 0",
     ] {
         assert!(text.contains(metric), "missing {metric} in:\n{text}");
+    }
+    // Like every route that takes no body, the probes refuse one.
+    for uri in ["/healthz", "/readyz", "/metrics"] {
+        let a = t.send(Method::GET, uri, "garbage").await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{uri}: {a:?}");
+        assert_eq!(a.error_code(), "unexpected_body", "{uri}");
     }
 }
 
