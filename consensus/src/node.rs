@@ -359,7 +359,13 @@ impl MetaNode {
                     // Only a committed membership counts as naming this node (see
                     // `MetaNode::note_named`).
                     if let Some(inner) = inner.upgrade() {
-                        MetaNode { inner }.note_named(&m.committed_membership_config);
+                        let node = MetaNode { inner };
+                        node.note_named(&m.committed_membership_config);
+                        let now = std::time::Instant::now();
+                        node.inner
+                            .leader_contact
+                            .lock()
+                            .named(m.current_leader, now);
                     }
                     let config = &m.membership_config;
                     if seen != Some(*config.log_id()) {

@@ -143,8 +143,9 @@ where
             return response;
         }
         // Nothing is asked of a silent leader: waiting for the next one would last the whole
-        // request timeout where no quorum is left.
-        if node.silent_leader().is_some() {
+        // request timeout where no quorum is left. Nor is one waited for where none was
+        // elected for that long.
+        if node.silent_leader().is_some() || node.long_leaderless().is_some() {
             return response;
         }
         if !next_try(node, asked_of, term, &mut failover).await {

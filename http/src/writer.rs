@@ -99,7 +99,8 @@ impl Writer {
                 // lead, or hands its leadership over) or no leader (none known, or this
                 // leader has no quorum). A leader that hands over is not asked again in its
                 // term; a node that was campaigning when asked may lead next. A leader without
-                // a quorum answers at once, so that its clients try another member.
+                // a quorum answers at once, so that its clients try another member, as does a
+                // node that has known no leader for two election timeouts.
                 None => {
                     let asked = std::time::Instant::now();
                     match self.node.write(cmd.clone()).await {
@@ -123,7 +124,9 @@ impl Writer {
                 }
                 why => why,
             };
-            if attempt == MAX_ATTEMPTS {
+            // No leader elected for two election timeouts: waiting for one would last the
+            // request's timeout.
+            if attempt == MAX_ATTEMPTS || self.node.long_leaderless().is_some() {
                 return Err(why);
             }
             if !failover::next_try(&self.node, refused_by, term, &mut failover).await {

@@ -31,6 +31,8 @@ pub(super) struct LeaderContact {
     /// When this node last ticked, and when it last resumed from a stall.
     ticked: Instant,
     resumed: Instant,
+    /// Since when openraft names no leader (`None` while it names one).
+    leaderless_since: Option<Instant>,
 }
 
 impl LeaderContact {
@@ -42,7 +44,27 @@ impl LeaderContact {
             named: None,
             ticked: now,
             resumed: now,
+            leaderless_since: Some(now),
         }
+    }
+
+    /// Openraft names `leader` (or none) as of `now`.
+    pub(super) fn named(&mut self, leader: Option<NodeId>, now: Instant) {
+        match leader {
+            Some(_) => self.leaderless_since = None,
+            None => {
+                self.leaderless_since.get_or_insert(now);
+            }
+        }
+    }
+
+    /// How long openraft has named no leader at `now`, if it names none: since it named the
+    /// last, or since this node opened, but at most since this node last resumed from a stall
+    /// (as [`LeaderContact::silence`]).
+    pub(super) fn leaderless_for(&mut self, now: Instant, stall: Duration) -> Option<Duration> {
+        self.tick(now, stall);
+        let since = self.leaderless_since?;
+        Some(now.saturating_duration_since(since.max(self.resumed)))
     }
 
     /// This node runs at `now`; a tick more than `stall` after the last one means it stood
@@ -94,6 +116,30 @@ mod tests {
 
     /// Longer than any test here runs: no tick marks a stall.
     const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn no_leader_is_named_from_the_open_or_from_when_the_last_was_named() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut c = LeaderContact::new(t0);
+        assert_eq!(
+            c.leaderless_for(at(10), DAY),
+            Some(Duration::from_millis(10))
+        );
+        c.named(Some(1), at(20));
+        assert_eq!(c.leaderless_for(at(30), DAY), None);
+        c.named(None, at(40));
+        // Metrics that change again while none is named do not restart the count.
+        c.named(None, at(50));
+        assert_eq!(
+            c.leaderless_for(at(60), DAY),
+            Some(Duration::from_millis(20))
+        );
+        // A stall of this node is nobody's fault: the count starts again when it resumes.
+        let stall = Duration::from_millis(100);
+        c.tick(at(60), stall);
+        assert_eq!(c.leaderless_for(at(500), stall), Some(Duration::ZERO));
+    }
 
     #[test]
     fn a_leader_is_silent_from_its_last_message_or_from_when_it_was_named() {

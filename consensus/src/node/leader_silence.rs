@@ -173,6 +173,21 @@ impl MetaNode {
     }
 
     /// Longer than a live leader is ever silent: two election timeouts.
+    /// How long openraft has named no leader on this node, when that is longer than the
+    /// silence limit of a [silent leader](MetaNode::silent_leader) (two election timeouts, in
+    /// which an election that a quorum of voters answers ends): too few voters answer to elect
+    /// one (they stopped, or are cut off from this node). A request that waits for a leader
+    /// then would wait for its own timeout: it is refused at once instead. `None` while a
+    /// leader is named (this node too), or until then.
+    pub fn long_leaderless(&self) -> Option<Duration> {
+        let leaderless = self
+            .inner
+            .leader_contact
+            .lock()
+            .leaderless_for(std::time::Instant::now(), self.stall_limit())?;
+        (leaderless > self.silence_limit()).then_some(leaderless)
+    }
+
     fn silence_limit(&self) -> Duration {
         self.inner.cfg.election_timeout() * 2
     }

@@ -402,7 +402,10 @@ impl MetaNode {
                     // does waiting help a leader no quorum acknowledged for two election
                     // timeouts (it is cut off): its clients do better to ask another member.
                     let why = self.no_leader();
-                    let cut_off = self.unacknowledged_for().is_some();
+                    // Nor one that has known no leader for that long (too few voters answer
+                    // to elect one).
+                    let cut_off =
+                        self.unacknowledged_for().is_some() || self.long_leaderless().is_some();
                     if !matches!(why, Error::NoLeader) || now >= until || cut_off {
                         return Err(why);
                     }

@@ -341,3 +341,44 @@ async fn a_learner_the_membership_rules_out_is_refused_for_that_before_its_addre
     }
     assert_eq!(t.get("/v1/cluster").await.json()["learners"], json!([]));
 }
+
+/// A node that has known no leader for two election timeouts (here the first of three voters
+/// of a new cluster, the others never started) answers 503 `no_leader` at once: waiting for an
+/// election that too few voters answer would hold every request for its whole timeout.
+#[tokio::test]
+async fn a_node_without_a_leader_for_long_refuses_at_once() {
+    let t = open_node(None).await;
+    let members = std::collections::BTreeMap::from([
+        (1, meta_consensus::Node::new("127.0.0.1:1")),
+        (2, meta_consensus::Node::new("127.0.0.1:2")),
+        (3, meta_consensus::Node::new("127.0.0.1:3")),
+    ]);
+    t.node.initialize(members).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.node.long_leaderless().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            t.node.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // An election timeout: a request that waited for a leader would take its whole timeout.
+    let within = Duration::from_millis(600);
+    for (method, uri, body) in [
+        (Method::PUT, "/v1/kv/k", "v"),
+        (Method::GET, "/v1/kv/k", ""),
+        (Method::GET, "/v1/kv/k?consistency=lease", ""),
+        (Method::PUT, "/v1/datanodes/1", r#"{"addr":"10.0.0.1:1"}"#),
+    ] {
+        let a = tokio::time::timeout(within, t.send(method.clone(), uri, body))
+            .await
+            .unwrap_or_else(|_| panic!("{method} {uri} waited for a leader"));
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{method} {uri}: {a:?}"
+        );
+        assert_eq!(a.error_code(), "no_leader", "{method} {uri}");
+    }
+}
