@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
+use crate::log_throttle::LogThrottle;
 
 /// Paths served without a token.
 pub const OPEN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
@@ -41,6 +42,9 @@ pub struct Token {
     client: Option<Arc<str>>,
     /// A separate member token; `None`: the members use the client token.
     member: Option<Arc<str>>,
+    /// The members whose messages were refused for their token, logged once per member and
+    /// then at most every 30 s.
+    refused: Arc<LogThrottle<u64>>,
 }
 
 impl std::fmt::Debug for Token {
@@ -62,6 +66,7 @@ impl Token {
         Token {
             client: token.filter(|t| !t.is_empty()).map(Arc::from),
             member: None,
+            refused: Arc::default(),
         }
     }
 
@@ -94,6 +99,28 @@ impl Token {
         self.client.is_none()
             || presents(headers, self.client.as_deref())
             || presents(headers, self.member.as_deref())
+    }
+
+    /// Logs that a message a member sent (it names its sender, `x-metaserver-from`) was
+    /// refused for its token: the other side logs it too, but a member that sends no token to
+    /// one that wants one hears no refusal of its own. Once per member, then at most every
+    /// 30 s; a request that names no sender is a client's, and is not logged.
+    fn log_member_refusal(&self, headers: &HeaderMap) {
+        let Some((id, _)) = headers
+            .get(crate::cluster_identity::FROM)
+            .and_then(crate::cluster_identity::parse_from)
+        else {
+            return;
+        };
+        if let Some(unlogged) = self.refused.note(id, (), std::time::Instant::now()) {
+            tracing::warn!(
+                from_node = id,
+                unlogged,
+                "refused a message from node {id}: it carries no token or another one than \
+                 this node's; every member needs the same --token (METASERVER_TOKEN) and \
+                 --member-token; until then this node takes none of its messages"
+            );
+        }
     }
 
     /// Whether the headers carry the member token (always true without any token).
@@ -145,6 +172,7 @@ pub async fn require_token(
     }
     if members_path(path) {
         if !token.accepts_member(request.headers()) {
+            token.log_member_refusal(request.headers());
             return ApiError::Unauthorized.into_response();
         }
     } else if !token.accepts(request.headers()) {

@@ -60,7 +60,7 @@ pub fn from_value(id: u64, addr: &str) -> Option<axum::http::HeaderValue> {
 }
 
 /// The sender and address a [`FROM`] header names, if it is one.
-fn parse_from(value: &axum::http::HeaderValue) -> Option<(u64, &str)> {
+pub(crate) fn parse_from(value: &axum::http::HeaderValue) -> Option<(u64, &str)> {
     let (id, addr) = value.to_str().ok()?.split_once('=')?;
     let id = id.parse().ok()?;
     (!addr.is_empty() && addr.len() <= 256).then_some((id, addr))

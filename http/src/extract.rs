@@ -84,7 +84,25 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         .map(|o| o.0)
         .map_err(|e| {
             use serde_json::error::Category;
+            // The typed read stops at the first field it refuses (an unknown one, say), before
+            // it reads the rest: on failure, the whole document's syntax is read once more, so
+            // that `{"a":` is malformed JSON, not an unknown field. A number too large for any
+            // type (`1e400`) is well-formed JSON of the wrong shape.
+            let e = match e.classify() {
+                Category::Data => match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                    Err(syntax) if !out_of_range(&syntax) => syntax,
+                    _ => e,
+                },
+                _ => e,
+            };
             match e.classify() {
+                _ if out_of_range(&e) => ApiError::invalid(
+                    "invalid_body",
+                    format!(
+                        "invalid request body: {e} (numbers here are whole, from 0 to \
+                         18446744073709551615)"
+                    ),
+                ),
                 Category::Data => {
                     // serde_json reads an integer past u64 as a float, and says so; say why.
                     let hint = if e.to_string().contains("floating point") {
@@ -99,6 +117,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 }
             }
         })
+}
+
+/// Whether `e` is serde_json's refusal of a number no type holds (a float past `f64`).
+fn out_of_range(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("number out of range")
 }
 
 /// Maps a failure to buffer a body: too large is 413 `body_too_large`, anything else 400.

@@ -77,7 +77,8 @@ pub struct ServeArgs {
     #[arg(long, env = "METASERVER_PEERS")]
     pub peers: Option<String>,
     /// Initialize the cluster (of --peers, or of this node alone) on the first start only
-    /// (true/false, yes/no, on/off or 1/0).
+    /// (true/false, yes/no, on/off or 1/0) [default: false with `serve`; without a command,
+    /// true unless given --peers or an --id other than 1].
     #[arg(
         long,
         env = "METASERVER_INIT",

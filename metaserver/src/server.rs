@@ -105,6 +105,7 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         id = settings.id,
         %addr,
+        data_dir = %settings.data_dir.display(),
         peers = ?settings.peers,
         init = settings.init,
         token = settings.token.is_some(),

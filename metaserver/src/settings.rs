@@ -166,6 +166,17 @@ pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
 fn read_file(path: &Path) -> Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
+    // The two names of one setting: toml's own error for both would say the first is given
+    // twice.
+    if let Ok(table) = toml::from_str::<toml::Table>(&text) {
+        if table.contains_key("snapshot_rate") && table.contains_key("snapshot_max_bytes_per_sec") {
+            bail!(
+                "config file {}: snapshot_rate and snapshot_max_bytes_per_sec are two names of \
+                 one setting: give one",
+                path.display()
+            );
+        }
+    }
     toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
 }
 
@@ -729,6 +740,9 @@ mod tests {
         std::fs::write(&file, "member_token = \"m3mber\"\n").unwrap();
         let s = ServeSettings::resolve(&args, false).unwrap();
         assert_eq!(s.member_token.as_deref(), Some("m3mber"));
+        std::fs::write(&file, "snapshot_rate = 1\nsnapshot_max_bytes_per_sec = 2\n").unwrap();
+        let err = format!("{:#}", ServeSettings::resolve(&args, false).unwrap_err());
+        assert!(err.contains("two names of one setting"), "{err}");
     }
 
     #[test]

@@ -134,12 +134,12 @@ pub async fn init(
     State(state): State<SharedState>,
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
-    // Said first: an initialized node's answer is that, whatever members the body names (its
-    // checks would name another cause, and ask the addresses it names).
+    body.validate(state.node.id(), state.node.addr())?;
+    // Before the members are asked: an initialized node's answer is that (the members'
+    // answers would name another cause), and it asks no address a request names.
     if state.node.is_initialized().await? {
         return Err(meta_consensus::Error::AlreadyInitialized.into());
     }
-    body.validate(state.node.id(), state.node.addr())?;
     state
         .member_link()
         .check_init_members(state.node.id(), &body.members)

@@ -55,6 +55,40 @@ pub fn json(epoch: u64) -> Vec<Case> {
             400,
             "malformed_json",
         ),
+        // Malformed after a field the route does not know: still malformed, not unknown.
+        case(
+            "truncated after an unknown field",
+            M::PUT,
+            "/v1/datanodes/1",
+            r#"{"a":"#,
+            400,
+            "malformed_json",
+        ),
+        case(
+            "a second document after an unknown field",
+            M::POST,
+            shards,
+            r#"{"a":1}{"b":2}"#,
+            400,
+            "malformed_json",
+        ),
+        case(
+            "a trailing comma after a field the route knows",
+            M::POST,
+            shards,
+            format!(r#"{{"epoch":{epoch},}}"#),
+            400,
+            "malformed_json",
+        ),
+        // Well-formed, but no number type holds it.
+        case(
+            "a number past any float",
+            M::POST,
+            shards,
+            r#"{"epoch":1e400,"shards":[]}"#,
+            400,
+            "invalid_body",
+        ),
         // A field that may be left out may not be null: null would read as "left out".
         case(
             "a null rate",

@@ -204,3 +204,37 @@ async fn a_member_token_is_the_members_own() {
         node.stop().await;
     }
 }
+
+/// A member restarted with a token while the others have none hears no refusal of its own
+/// messages (the others take any): it says that it refuses theirs, naming the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_wants_a_token_the_others_do_not_send_says_so() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let http = client();
+    let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &[]);
+    let leader = crate::common::form_cluster(&http, "http", &addrs, None).await;
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+    nodes[other - 1].stop().await;
+    let data = dirs[other - 1].path().join("data");
+    let id = other.to_string();
+    let args = [
+        "serve",
+        "--id",
+        &id,
+        "--listen",
+        &addrs[other - 1],
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--worker-threads",
+        "1",
+    ];
+    let dir = dirs[other - 1].path();
+    nodes[other - 1] = crate::common::spawn(dir, dir, &args, &[("METASERVER_TOKEN", "tok")], false);
+    nodes[other - 1].address();
+    nodes[other - 1]
+        .wait_logged(&format!("refused a message from node {leader}"))
+        .await;
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
