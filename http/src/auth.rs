@@ -42,9 +42,10 @@ pub struct Token {
     client: Option<Arc<str>>,
     /// A separate member token; `None`: the members use the client token.
     member: Option<Arc<str>>,
-    /// The members whose messages were refused for their token, logged once per member and
-    /// then at most every 30 s.
-    refused: Arc<LogThrottle<u64>>,
+    /// When a member's message was last logged as refused for its token: at most every 30 s,
+    /// whichever sender it names (the name is the sender's claim: an outsider naming a new
+    /// one each time must not write a line each time).
+    refused: Arc<LogThrottle<()>>,
 }
 
 impl std::fmt::Debug for Token {
@@ -103,8 +104,9 @@ impl Token {
 
     /// Logs that a message a member sent (it names its sender, `x-metaserver-from`) was
     /// refused for its token: the other side logs it too, but a member that sends no token to
-    /// one that wants one hears no refusal of its own. Once per member, then at most every
-    /// 30 s; a request that names no sender is a client's, and is not logged.
+    /// one that wants one hears no refusal of its own. At most every 30 s, with the count of
+    /// the refusals in between; a request that names no sender is a client's, and is not
+    /// logged.
     fn log_member_refusal(&self, headers: &HeaderMap) {
         let Some((id, _)) = headers
             .get(crate::cluster_identity::FROM)
@@ -112,7 +114,7 @@ impl Token {
         else {
             return;
         };
-        if let Some(unlogged) = self.refused.note(id, (), std::time::Instant::now()) {
+        if let Some(unlogged) = self.refused.note((), (), std::time::Instant::now()) {
             tracing::warn!(
                 from_node = id,
                 unlogged,
