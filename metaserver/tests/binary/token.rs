@@ -5,6 +5,36 @@ use reqwest::Method;
 use crate::common::{client, poll, run, send, spawn};
 use crate::helpers::register_datanode;
 
+/// Stops member `id` of `nodes` and starts it again on its data dir and address, with `extra`
+/// arguments and `env`.
+async fn restart(
+    nodes: &mut [crate::common::Proc],
+    dirs: &[tempfile::TempDir],
+    addrs: &[String],
+    id: usize,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) {
+    nodes[id - 1].stop().await;
+    let data = dirs[id - 1].path().join("data");
+    let number = id.to_string();
+    let mut args = vec![
+        "serve",
+        "--id",
+        &number,
+        "--listen",
+        &addrs[id - 1],
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--worker-threads",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let dir = dirs[id - 1].path();
+    nodes[id - 1] = spawn(dir, dir, &args, env, false);
+    nodes[id - 1].address();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_enforced() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,25 +118,15 @@ async fn a_member_with_another_token_is_named_in_the_logs() {
     let leader = crate::common::form_cluster(&http, "http", &addrs, Some("first")).await;
     let other = (1..=3).find(|id| *id != leader).unwrap();
 
-    nodes[other - 1].stop().await;
-    let data = dirs[other - 1].path().join("data");
-    let id = other.to_string();
-    let args = [
-        "serve",
-        "--id",
-        &id,
-        "--listen",
-        &addrs[other - 1],
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--worker-threads",
-        "1",
-        "--token",
-        "second",
-    ];
-    let dir = dirs[other - 1].path();
-    nodes[other - 1] = crate::common::spawn(dir, dir, &args, &[], false);
-    nodes[other - 1].address();
+    restart(
+        &mut nodes,
+        &dirs,
+        &addrs,
+        other,
+        &["--token", "second"],
+        &[],
+    )
+    .await;
     let refused = |by: usize| format!("node {by} refuses this node's token");
     nodes[leader - 1].wait_logged(&refused(other)).await;
     nodes[other - 1].wait_logged(&refused(leader)).await;
@@ -214,23 +234,8 @@ async fn a_member_that_wants_a_token_the_others_do_not_send_says_so() {
     let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &[]);
     let leader = crate::common::form_cluster(&http, "http", &addrs, None).await;
     let other = (1..=3).find(|id| *id != leader).unwrap();
-    nodes[other - 1].stop().await;
-    let data = dirs[other - 1].path().join("data");
-    let id = other.to_string();
-    let args = [
-        "serve",
-        "--id",
-        &id,
-        "--listen",
-        &addrs[other - 1],
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--worker-threads",
-        "1",
-    ];
-    let dir = dirs[other - 1].path();
-    nodes[other - 1] = crate::common::spawn(dir, dir, &args, &[("METASERVER_TOKEN", "tok")], false);
-    nodes[other - 1].address();
+    let env = [("METASERVER_TOKEN", "tok")];
+    restart(&mut nodes, &dirs, &addrs, other, &[], &env).await;
     nodes[other - 1]
         .wait_logged(&format!("refused a message from node {leader}"))
         .await;
