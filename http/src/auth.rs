@@ -118,9 +118,10 @@ impl Token {
             tracing::warn!(
                 from_node = id,
                 unlogged,
-                "refused a message from node {id}: it carries no token or another one than \
-                 this node's; every member needs the same --token (METASERVER_TOKEN) and \
-                 --member-token; until then this node takes none of its messages"
+                "refused a message that names node {id} as its sender: it carries no token or \
+                 another one than this node's; every member needs the same --token \
+                 (METASERVER_TOKEN) and --member-token; until then this node takes none of its \
+                 messages"
             );
         }
     }

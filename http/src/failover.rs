@@ -99,6 +99,26 @@ fn no_leader(node: &MetaNode, leader: NodeId, message: String) -> ApiError {
     }
 }
 
+/// 503 `no_leader` for a request on `node`, which has known no leader for `for_how_long`
+/// (`MetaNode::long_leaderless`): too few voters answer it to elect one. Without
+/// `Retry-After` when members lately refused this node's token: asking it again does not help
+/// until the token is fixed.
+pub(crate) fn leaderless(node: &MetaNode, for_how_long: Duration) -> ApiError {
+    let ms = for_how_long.as_millis();
+    let refusing = node.token_refused_by();
+    if refusing.is_empty() {
+        return ApiError::NoLeader(format!(
+            "no leader was elected for {ms} ms: too few voters answer this node to elect one \
+             (they stopped, or are cut off from it); try another member"
+        ));
+    }
+    ApiError::NotServing(format!(
+        "no leader was elected for {ms} ms: members {refusing:?} refuse this node's token \
+         (401), and this node their messages: every member needs the same --token and \
+         --member-token; try another member"
+    ))
+}
+
 /// How `node` describes its silent `leader` in answers: with the likely cause when `leader`
 /// lately refused this node's token (then this node refuses the leader's messages too).
 fn silence(node: &MetaNode, leader: NodeId, for_how_long: Duration) -> String {
@@ -145,8 +165,11 @@ where
         // Nothing is asked of a silent leader: waiting for the next one would last the whole
         // request timeout where no quorum is left. Nor is one waited for where none was
         // elected for that long.
-        if node.silent_leader().is_some() || node.long_leaderless().is_some() {
+        if node.silent_leader().is_some() {
             return response;
+        }
+        if let Some(for_how_long) = node.long_leaderless() {
+            return axum::response::IntoResponse::into_response(leaderless(node, for_how_long));
         }
         if !next_try(node, asked_of, term, &mut failover).await {
             return response;

@@ -232,12 +232,13 @@ impl Forwarder {
                 request = request.header(name, value);
             }
         }
-        // The client's own credentials go along; without any, this node's token (the client
-        // was already authenticated here).
-        match replay.headers.get(header::AUTHORIZATION) {
+        // The request is this member's now (the client was authenticated here): it carries
+        // the member token, so that the leader takes its member headers as a member's. Without
+        // a token here, the client's own credentials go along.
+        match self.token.header_value() {
             Some(value) => request = request.header(header::AUTHORIZATION, value),
             None => {
-                if let Some(value) = self.token.header_value() {
+                if let Some(value) = replay.headers.get(header::AUTHORIZATION) {
                     request = request.header(header::AUTHORIZATION, value);
                 }
             }

@@ -34,6 +34,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::either::Either;
 use tower::ServiceExt as _;
 
+use crate::auth::Token;
 use crate::connection_limit::{LimitedListener, LimitedStream};
 use crate::connection_metrics::{ConnectionMetrics, HandshakeFailure};
 use crate::error::ApiError;
@@ -57,6 +58,8 @@ pub struct Server {
     idle_timeout: Option<Duration>,
     tls: Option<Tls>,
     metrics: ConnectionMetrics,
+    /// Whose requests the members' reserve serves (the member token's holders).
+    token: Token,
 }
 
 impl Server {
@@ -68,7 +71,15 @@ impl Server {
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             tls: None,
             metrics: ConnectionMetrics::default(),
+            token: Token::default(),
         }
+    }
+
+    /// Serves on the members' reserve only requests that carry the member token of `token`
+    /// (none: any request that says it is a member's).
+    pub fn token(mut self, token: Token) -> Self {
+        self.token = token;
+        self
     }
 
     /// Serves every connection over TLS with `tls`'s certificate; `None` serves plain HTTP.
@@ -102,6 +113,7 @@ impl Server {
             idle_timeout,
             tls,
             metrics,
+            token,
         } = self;
         let acceptor = tls.map(|tls| tls.acceptor());
         // A handshake gets as long as a request's headers: a connection of the members'
@@ -125,7 +137,9 @@ impl Server {
         members_http.header_read_timeout(Some(
             idle_timeout.map_or(MEMBERS_IDLE_TIMEOUT, |t| t.min(MEMBERS_IDLE_TIMEOUT)),
         ));
-        let members_app = app.clone().layer(axum::middleware::from_fn(members_only));
+        let members_app = app
+            .clone()
+            .layer(axum::middleware::from_fn_with_state(token, members_only));
         let in_flight = Arc::new(InFlight::default());
         let counted = |app: Router| {
             app.layer(axum::middleware::from_fn_with_state(
@@ -315,14 +329,20 @@ pub const MEMBERS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 const OBSERVATION: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/cluster"];
 
 /// The filter of connections in the members' reserve: Raft RPCs (`/raft/...`) and requests a
-/// member forwards pass (the connection is closed after a refusal only an outsider gets);
+/// member forwards, carrying the member token, pass (the connection is closed after a refusal
+/// only an outsider gets; a client that names a member's forward without it is no member);
 /// probes and the cluster status (`GET` or `HEAD`, [`OBSERVATION`]) are answered and the connection
 /// closed; anything else is answered 503 `overloaded` and the connection closed. Closing frees
 /// the reserve for the members.
-async fn members_only(request: Request, next: Next) -> Response {
+async fn members_only(
+    axum::extract::State(token): axum::extract::State<Token>,
+    request: Request,
+    next: Next,
+) -> Response {
     let path = request.uri().path();
     let raft = path.starts_with("/raft/");
-    if raft || request.headers().contains_key(FORWARDED_BY) {
+    let member = token.accepts_member(request.headers());
+    if member && (raft || request.headers().contains_key(FORWARDED_BY)) {
         let mut response = next.run(request).await;
         // A `/raft` route refuses only what no member sends (a bad message, another cluster or
         // node, a body too large or too slow), and the token layer refuses outsiders; a
@@ -384,6 +404,15 @@ mod tests {
         slots: usize,
         hold: Arc<Hold>,
     ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        start_with(slots, hold, Token::default()).await
+    }
+
+    /// [`start`], its members' reserve serving only `token`'s member token.
+    async fn start_with(
+        slots: usize,
+        hold: Arc<Hold>,
+        token: Token,
+    ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .route("/raft/ping", get(|| async { "pong" }))
@@ -399,7 +428,9 @@ mod tests {
         let tcp = bind("127.0.0.1:0").await.unwrap();
         let addr = tcp.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = Server::new(LimitedListener::new(tcp, slots), app).idle_timeout(Some(IDLE));
+        let server = Server::new(LimitedListener::new(tcp, slots), app)
+            .idle_timeout(Some(IDLE))
+            .token(token);
         let task = tokio::spawn(server.serve(async {
             let _ = stopped.await;
         }));
@@ -693,6 +724,34 @@ mod tests {
         }
         assert!(served, "the freed slot was never used");
         drop(peer);
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    /// With a member token, the members' reserve serves a forwarded request only when it
+    /// carries that token: a client that names a member's forward with its own token is
+    /// answered as any client past the slots, and cannot crowd the members out.
+    #[tokio::test(start_paused = true)]
+    async fn the_members_reserve_takes_only_the_member_token() {
+        let token = Token::new(Some("client")).with_member(Some("member"));
+        let (addr, stop, task) = start_with(1, Arc::default(), token).await;
+        let mut datanode = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get_on(&mut datanode, "/").await, "ok");
+        let forwarded = |token: &str| {
+            format!(
+                "GET / HTTP/1.1\r\nHost: t\r\n{FORWARDED_BY}: 2\r\n\
+                 authorization: Bearer {token}\r\n\r\n"
+            )
+        };
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (head, body) = exchange(&mut client, &forwarded("client")).await;
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        assert!(body.contains("\"overloaded\""), "{body}");
+        let mut member = TcpStream::connect(addr).await.unwrap();
+        let (head, body) = exchange(&mut member, &forwarded("member")).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(body, "ok");
+        drop((datanode, member));
         stop.send(()).unwrap();
         task.await.unwrap();
     }

@@ -126,7 +126,10 @@ impl Writer {
             };
             // No leader elected for two election timeouts: waiting for one would last the
             // request's timeout.
-            if attempt == MAX_ATTEMPTS || self.node.long_leaderless().is_some() {
+            if let Some(for_how_long) = self.node.long_leaderless() {
+                return Err(failover::leaderless(&self.node, for_how_long));
+            }
+            if attempt == MAX_ATTEMPTS {
                 return Err(why);
             }
             if !failover::next_try(&self.node, refused_by, term, &mut failover).await {

@@ -113,6 +113,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         tls = settings.tls.is_some(),
         "settings in effect"
     );
+    if settings.member_token.is_some() && settings.member_token == settings.token {
+        tracing::warn!(
+            "--member-token is the same as --token: a client holding it can speak for a \
+             member; give the members a token of their own"
+        );
+    }
     // On a first start, the members to initialize are checked before opening records this
     // node's id in the data dir: a mistake in --id or --peers found after it would leave a dir
     // that the corrected start refuses as another node's.
@@ -171,7 +177,8 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     let server = Server::new(LimitedListener::new(listener, max_connections), app)
         .idle_timeout(settings.idle_timeout)
         .tls(tls)
-        .metrics(metrics.connections().clone());
+        .metrics(metrics.connections().clone())
+        .token(token.clone());
     let server = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));

@@ -386,5 +386,9 @@ async fn a_node_without_a_leader_for_long_refuses_at_once() {
             "{method} {uri}: {a:?}"
         );
         assert_eq!(a.error_code(), "no_leader", "{method} {uri}");
+        assert!(
+            a.error_message().contains("no leader was elected for"),
+            "{method} {uri}: {a:?}"
+        );
     }
 }

@@ -180,8 +180,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
 fn unanswered(e: &anyhow::Error) -> String {
     match e.downcast_ref::<super::client::Answered>() {
         Some(answered) if answered.status == reqwest::StatusCode::UNAUTHORIZED => format!(
-            "refuses this command's token ({answered}); a member started with another --token \
-             refuses the other members' too"
+            "refuses this command's token ({answered}): it was started with another --token"
         ),
         Some(answered) => format!("refused: {answered}"),
         None => format!("does not answer: {e:#}"),
@@ -217,7 +216,7 @@ fn judge(members: &mut [MemberHealth]) -> Report {
         for id in &l.token_refused_by {
             problems.push(format!(
                 "node {id} and the leader, node {}, refuse each other's token (401): one of them \
-                 was started with another --token",
+                 was started with another --token, or --member-token",
                 l.id
             ));
         }
@@ -379,7 +378,7 @@ mod tests {
             [
                 "nodes 1, 2 each say they lead",
                 "node 3 and the leader, node 2, refuse each other's token (401): one of them was \
-                 started with another --token",
+                 started with another --token, or --member-token",
                 "node 1 leads without a quorum",
                 "node 1 names node 1 (term 2), not node 2 (term 3)",
                 "node 2 is short of disk: 100 bytes free, 134217728 kept in reserve (leading, it \

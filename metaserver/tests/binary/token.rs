@@ -220,6 +220,30 @@ async fn a_member_token_is_the_members_own() {
     .await;
     assert!(ok, "{err}");
     assert!(out.contains("\"leader\""), "{out}");
+    // A request a follower sends on to the leader is the follower's own then: it carries the
+    // member token, not the client's (here one the leader does not take).
+    let member = ["--token", "own", "--member-token", "member"];
+    restart(&mut nodes, &dirs, &addrs, follower, &member, &[]).await;
+    for (method, path, body) in [
+        (Method::GET, "/v1/liveness", None),
+        (Method::PUT, "/v1/kv/through-own", Some("v")),
+    ] {
+        let url = format!("http://{}{path}", addrs[follower - 1]);
+        let deadline = std::time::Instant::now() + crate::common::DEADLINE;
+        loop {
+            let body = body.map(str::to_owned);
+            let (status, v) = send(&http, method.clone(), &url, Some("own"), body)
+                .await
+                .unwrap();
+            if status == 200 {
+                break;
+            }
+            // Until the restarted follower hears from its leader, it answers 503.
+            assert_eq!(status, 503, "{method} {path}: {v}");
+            assert!(std::time::Instant::now() < deadline, "{method} {path}: {v}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     for node in &mut nodes {
         node.stop().await;
     }
@@ -237,7 +261,7 @@ async fn a_member_that_wants_a_token_the_others_do_not_send_says_so() {
     let env = [("METASERVER_TOKEN", "tok")];
     restart(&mut nodes, &dirs, &addrs, other, &[], &env).await;
     nodes[other - 1]
-        .wait_logged(&format!("refused a message from node {leader}"))
+        .wait_logged(&format!("refused a message that names node {leader}"))
         .await;
     for node in &mut nodes {
         node.stop().await;
