@@ -186,3 +186,37 @@ async fn a_leader_no_quorum_acknowledges_refuses_reads_at_once() -> Result<()> {
     c.router.heal_all();
     c.shutdown().await
 }
+
+/// A read under way at a leader whose quorum falls silent is refused at that moment, with the
+/// writes under way, not when its own round gives up (up to an election timeout later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_under_way_is_refused_when_the_quorum_falls_silent() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let election = c.config(leader.id()).election_timeout();
+    for other in (1..=3).filter(|id| *id != leader.id()) {
+        c.router.hold(leader.id(), other);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while leader.status().role != Role::LeaderWithoutQuorum {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            leader.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Half an election timeout into the last one before the quorum counts as silent: its own
+    // round would wait for answers up to an election timeout from now.
+    tokio::time::sleep(election / 2).await;
+    let reader = leader.clone();
+    let read = tokio::spawn(async move { reader.kv_get(Consistency::Linearizable, "k").await });
+    tokio::time::timeout(WAIT, leader.quorum_silenced()).await?;
+    match tokio::time::timeout(election / 4, read).await {
+        Ok(Ok(Err(meta_consensus::Error::NoLeader))) => {}
+        Ok(other) => anyhow::bail!("{other:?}"),
+        Err(_) => anyhow::bail!("the read was not refused when the quorum fell silent"),
+    }
+    c.router.heal_all();
+    c.shutdown().await
+}

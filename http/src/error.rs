@@ -370,13 +370,15 @@ impl IntoResponse for ApiError {
         // overload is logged by the listener, at most every few seconds, not per request; no
         // leader is an election under way, which the Raft log tells once, not once per
         // datanode request; a leader short of disk says so itself, once a minute, and hands
-        // over if it can.
+        // over if it can; a node that is not available (it rejoins its cluster, or its leader
+        // refuses its token) logs why itself.
         let quiet = matches!(
             self,
             ApiError::ForwardToLeader { .. }
                 | ApiError::Overloaded(_)
                 | ApiError::NoLeader(_)
                 | ApiError::NotServing(_)
+                | ApiError::Unavailable(_)
                 | ApiError::InsufficientStorage(_)
         );
         if status.is_server_error() && !quiet {

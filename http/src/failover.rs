@@ -193,10 +193,13 @@ pub(crate) async fn next_try(
 ) -> bool {
     let within = failover.left(node);
     let again_after = within.min(node.config().election_timeout());
-    node.next_leader(refused_by, term, again_after)
-        .await
-        .is_some()
-        || !(node.is_closing() || failover.left(node).is_zero())
+    // Also woken when this node has known no leader for too long: the request is refused
+    // then, with the others that wait ([`leaderless`]), not an election timeout later.
+    let next = tokio::select! {
+        next = node.next_leader(refused_by, term, again_after) => next.is_some(),
+        _ = node.leaderless_silenced() => true,
+    };
+    next || !(node.is_closing() || failover.left(node).is_zero())
 }
 
 /// Runs `asked`, a request that changes nothing, sent to `leader`, unless `node` learns first

@@ -108,6 +108,7 @@ impl MetaNode {
         let mut metrics = self.inner.raft.server_metrics();
         tokio::spawn(async move {
             let (mut silent_before, mut unacknowledged_before) = (None, false);
+            let mut leaderless_before = false;
             loop {
                 let next_look = {
                     let Some(inner) = inner.upgrade() else {
@@ -126,11 +127,17 @@ impl MetaNode {
                         node.inner.silences.send_modify(|n| *n += 1);
                     }
                     (silent_before, unacknowledged_before) = (silent, unacknowledged);
+                    let leaderless = node.long_leaderless().is_some();
+                    if leaderless && !leaderless_before {
+                        node.inner.silences.send_modify(|n| *n += 1);
+                    }
+                    leaderless_before = leaderless;
                     // At least every heartbeat interval: the ticks that tell this node's own
                     // stalls from its leader's silence.
                     let heartbeat = Duration::from_millis(node.inner.cfg.heartbeat_ms);
                     node.next_silence_look(silent.is_some())
                         .min(node.next_quorum_look())
+                        .min(node.next_leaderless_look())
                         .min(heartbeat)
                 };
                 tokio::select! {
@@ -172,7 +179,6 @@ impl MetaNode {
         }
     }
 
-    /// Longer than a live leader is ever silent: two election timeouts.
     /// How long openraft has named no leader on this node, when that is longer than the
     /// silence limit of a [silent leader](MetaNode::silent_leader) (two election timeouts, in
     /// which an election that a quorum of voters answers ends): too few voters answer to elect
@@ -188,6 +194,39 @@ impl MetaNode {
         (leaderless > self.silence_limit()).then_some(leaderless)
     }
 
+    /// Completes once this node has known no leader for longer than the silence limit
+    /// ([`MetaNode::long_leaderless`]; at once if it has already), with for how long.
+    pub async fn leaderless_silenced(&self) -> Duration {
+        // Subscribed before the first look, as in `leader_silenced`.
+        let mut noticed = self.inner.silences.subscribe();
+        loop {
+            if let Some(for_how_long) = self.long_leaderless() {
+                return for_how_long;
+            }
+            if noticed.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// How long until the silence watch looks again at how long no leader has been named:
+    /// just past the moment that passes the limit.
+    fn next_leaderless_look(&self) -> Duration {
+        let limit = self.silence_limit();
+        let leaderless = self
+            .inner
+            .leader_contact
+            .lock()
+            .leaderless_for(std::time::Instant::now(), self.stall_limit());
+        match leaderless {
+            Some(d) if d <= limit => limit - d + Duration::from_millis(1),
+            // Past it (told already), or a leader is named: naming none is a metrics change,
+            // which wakes the watch.
+            _ => limit,
+        }
+    }
+
+    /// Longer than a live leader is ever silent: two election timeouts.
     fn silence_limit(&self) -> Duration {
         self.inner.cfg.election_timeout() * 2
     }

@@ -101,22 +101,27 @@ impl MetaNode {
             return Err(Error::NoLeader);
         }
         use openraft::error::LinearizableReadError as L;
-        let lin = self
-            .retry_lease_refusal(
-                |raft| {
-                    let option = option.clone();
-                    async move { raft.get_read_linearizer(option).await }
-                },
-                // No leader known yet, or no quorum answered this node's round (a leader
-                // that was paused finds the others moved on to a newer term): within a while
-                // it learns the new leader, and the read goes there instead of failing.
-                |e| match e {
-                    RaftError::APIError(L::ForwardToLeader(f)) => f.leader_id.is_none(),
-                    RaftError::APIError(L::QuorumNotEnough(_)) => true,
-                    _ => false,
-                },
-            )
-            .await?;
+        // A read under way when this leader's quorum falls silent is refused then, as the
+        // writes under way are told then (`leader_call`), not when its own round gives up.
+        let acknowledged = self.unacknowledged_for().is_none();
+        let asked = self.retry_lease_refusal(
+            |raft| {
+                let option = option.clone();
+                async move { raft.get_read_linearizer(option).await }
+            },
+            // No leader known yet, or no quorum answered this node's round (a leader
+            // that was paused finds the others moved on to a newer term): within a while
+            // it learns the new leader, and the read goes there instead of failing.
+            |e| match e {
+                RaftError::APIError(L::ForwardToLeader(f)) => f.leader_id.is_none(),
+                RaftError::APIError(L::QuorumNotEnough(_)) => true,
+                _ => false,
+            },
+        );
+        let lin = tokio::select! {
+            lin = asked => lin?,
+            _ = self.quorum_silenced(), if acknowledged => return Err(Error::NoLeader),
+        };
         match lin {
             Ok(l) => Ok(Some(l)),
             Err(RaftError::APIError(L::ForwardToLeader(f))) => Err(self.forward(&f)),

@@ -409,7 +409,12 @@ impl MetaNode {
                     if !matches!(why, Error::NoLeader) || now >= until || cut_off {
                         return Err(why);
                     }
-                    let _ = self.await_metrics_change(until).await;
+                    // Also woken once no leader has been named for too long: the call is
+                    // refused then, with the requests that arrive later.
+                    tokio::select! {
+                        _ = self.await_metrics_change(until) => {}
+                        _ = self.leaderless_silenced() => {}
+                    }
                 }
                 other => return Ok(other),
             }

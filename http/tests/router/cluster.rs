@@ -392,3 +392,34 @@ async fn a_node_without_a_leader_for_long_refuses_at_once() {
         );
     }
 }
+
+/// A write waiting for a leader on a node that comes to have known none for two election
+/// timeouts is refused at that moment, as the requests that arrive later are, not when it
+/// would next have looked for a leader (an election timeout later).
+#[tokio::test]
+async fn a_write_waiting_for_a_leader_is_refused_when_none_is_elected_for_long() {
+    let t = open_node(None).await;
+    let members = std::collections::BTreeMap::from([
+        (1, meta_consensus::Node::new("127.0.0.1:1")),
+        (2, meta_consensus::Node::new("127.0.0.1:2")),
+        (3, meta_consensus::Node::new("127.0.0.1:3")),
+    ]);
+    t.node.initialize(members).await.unwrap();
+    let election = t.node.config().election_timeout();
+    // Mid-way: it next looks for a leader an election timeout after it is first refused.
+    tokio::time::sleep(election).await;
+    let app = t.app.clone();
+    let write =
+        tokio::spawn(
+            async move { crate::common::call(&app, Method::PUT, "/v1/kv/k", "v", &[]).await },
+        );
+    tokio::time::timeout(Duration::from_secs(30), t.node.leaderless_silenced())
+        .await
+        .unwrap();
+    let a = tokio::time::timeout(election / 4, write)
+        .await
+        .expect("the write was not refused when no leader was elected for long")
+        .unwrap();
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(a.error_code(), "no_leader");
+}
