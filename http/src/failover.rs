@@ -128,10 +128,13 @@ fn silence(node: &MetaNode, leader: NodeId, for_how_long: Duration) -> String {
     } else {
         "stopped, paused, or cut off from this node"
     };
-    format!(
-        "has not been heard from for {} ms ({cause}), and no other leader was elected",
-        for_how_long.as_millis()
-    )
+    let ms = for_how_long.as_millis();
+    // A leader this node never heard from is one its saved vote named when it started.
+    let heard = match node.heard_from(leader) {
+        true => format!("has not been heard from for {ms} ms"),
+        false => format!("has not been heard from since this node started ({ms} ms)"),
+    };
+    format!("{heard} ({cause}), and no other leader was elected")
 }
 
 /// Answers a read on `node`; `attempt` asks it once. An answer of 503 `no_leader` is not final

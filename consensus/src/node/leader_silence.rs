@@ -34,6 +34,11 @@ impl MetaNode {
         (silence > self.silence_limit()).then_some((leader, silence))
     }
 
+    /// Whether a message of `leader` reached this node since it opened (`leader_contact.rs`).
+    pub fn heard_from(&self, leader: NodeId) -> bool {
+        self.inner.leader_contact.lock().heard_from(leader)
+    }
+
     /// Completes once `leader` is the [silent leader](MetaNode::silent_leader) (at once if it
     /// is already), with how long it has been silent; never while it is heard from, or while
     /// openraft names another leader or none.

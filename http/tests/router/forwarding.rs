@@ -217,3 +217,44 @@ async fn a_read_replayed_with_a_read_index_is_answered_once_applied() {
         node.shutdown().await.unwrap();
     }
 }
+
+/// A follower restarted while its leader is cut off from it never hears from the leader its
+/// saved vote names: once that leader counts as silent, the answer says it was not heard from
+/// since this node started (not that it fell silent some milliseconds ago).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_says_its_leader_was_not_heard_since_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let (router, mut nodes, leader) = three_nodes(dir.path()).await;
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    router.cut(leader, follower);
+    router.unregister(follower);
+    // The registry's lock goes with the last handle to the node.
+    let old = nodes.remove(&follower).unwrap();
+    old.shutdown().await.unwrap();
+    drop(old);
+    let cfg = test_config(
+        follower,
+        &format!("127.0.0.1:{follower}"),
+        &dir.path().join(follower.to_string()),
+    );
+    let node = MetaNode::open(cfg, router.network(follower)).await.unwrap();
+    router.register(node.clone());
+    wait_for(
+        || node.silent_leader().is_some_and(|(l, _)| l == leader),
+        "the leader counts as silent",
+    )
+    .await;
+    let app = meta_http::router(AppState::new(node.clone(), Token::new(None)));
+    let a = call(&app, Method::PUT, "/v1/kv/k", "v", &[]).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert!(
+        a.error_message()
+            .contains("has not been heard from since this node started"),
+        "{a:?}"
+    );
+    router.heal_all();
+    node.shutdown().await.unwrap();
+    for n in nodes.values() {
+        n.shutdown().await.unwrap();
+    }
+}
