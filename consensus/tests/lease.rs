@@ -153,6 +153,28 @@ async fn a_restarted_follower_stands_for_no_election_within_the_old_leaders_leas
     c.shutdown().await
 }
 
+/// Holds the links between `leader` and the other voters (their messages wait unanswered, as
+/// a paused process's), then polls until `done` holds of the leader (at most [`WAIT`]).
+async fn hold_followers_until(
+    c: &Cluster,
+    leader: &MetaNode,
+    done: impl Fn(&MetaNode) -> bool,
+) -> Result<()> {
+    for other in (1..=3).filter(|id| *id != leader.id()) {
+        c.router.hold(leader.id(), other);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while !done(leader) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            leader.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// A leader that no quorum has acknowledged for two election timeouts (its messages to the
 /// followers go unanswered, as to paused processes) refuses a read at once, `NoLeader`, as it
 /// does a write, so that its clients ask another member: it does not send a round of its own
@@ -162,18 +184,7 @@ async fn a_leader_no_quorum_acknowledges_refuses_reads_at_once() -> Result<()> {
     let c = Cluster::three().await?;
     let leader = c.leader().await?;
     let lease = c.config(leader.id()).election_timeout();
-    for other in (1..=3).filter(|id| *id != leader.id()) {
-        c.router.hold(leader.id(), other);
-    }
-    let deadline = std::time::Instant::now() + WAIT;
-    while leader.unacknowledged_for().is_none() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "{:?}",
-            leader.status().role
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hold_followers_until(&c, &leader, |l| l.unacknowledged_for().is_some()).await?;
     for consistency in [Consistency::Linearizable, Consistency::Lease] {
         // Its own round would wait out the lease (an election timeout) for answers.
         let read = leader.kv_get(consistency, "k");
@@ -194,18 +205,10 @@ async fn a_read_under_way_is_refused_when_the_quorum_falls_silent() -> Result<()
     let c = Cluster::three().await?;
     let leader = c.leader().await?;
     let election = c.config(leader.id()).election_timeout();
-    for other in (1..=3).filter(|id| *id != leader.id()) {
-        c.router.hold(leader.id(), other);
-    }
-    let deadline = std::time::Instant::now() + WAIT;
-    while leader.status().role != Role::LeaderWithoutQuorum {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "{:?}",
-            leader.status()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hold_followers_until(&c, &leader, |l| {
+        l.status().role == Role::LeaderWithoutQuorum
+    })
+    .await?;
     // Half an election timeout into the last one before the quorum counts as silent: its own
     // round would wait for answers up to an election timeout from now.
     tokio::time::sleep(election / 2).await;

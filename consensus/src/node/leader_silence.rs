@@ -43,13 +43,22 @@ impl MetaNode {
     /// is already), with how long it has been silent; never while it is heard from, or while
     /// openraft names another leader or none.
     pub async fn leader_silenced(&self, leader: NodeId) -> Duration {
+        self.noticed(|| {
+            self.silent_leader()
+                .filter(|(silent, _)| *silent == leader)
+                .map(|(_, for_how_long)| for_how_long)
+        })
+        .await
+    }
+
+    /// Completes once `look` finds a silence (at once if it does now), with what it found. The
+    /// silence watch tells every silence it notices; never completes after the node closed.
+    async fn noticed(&self, look: impl Fn() -> Option<Duration>) -> Duration {
         // Subscribed before the first look: a silence noticed after it wakes this wait.
         let mut noticed = self.inner.silences.subscribe();
         loop {
-            if let Some((silent, for_how_long)) = self.silent_leader() {
-                if silent == leader {
-                    return for_how_long;
-                }
+            if let Some(found) = look() {
+                return found;
             }
             if noticed.changed().await.is_err() {
                 std::future::pending::<()>().await;
@@ -71,16 +80,7 @@ impl MetaNode {
     /// [unacknowledged](MetaNode::unacknowledged_for) (at once if it is already), with for how
     /// long; never while a quorum acknowledges it, nor while it does not lead.
     pub async fn quorum_silenced(&self) -> Duration {
-        // Subscribed before the first look, as in `leader_silenced`.
-        let mut noticed = self.inner.silences.subscribe();
-        loop {
-            if let Some(age) = self.unacknowledged_for() {
-                return age;
-            }
-            if noticed.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.noticed(|| self.unacknowledged_for()).await
     }
 
     /// How long since a quorum last acknowledged this leader (since it was elected, if none
@@ -202,16 +202,7 @@ impl MetaNode {
     /// Completes once this node has known no leader for longer than the silence limit
     /// ([`MetaNode::long_leaderless`]; at once if it has already), with for how long.
     pub async fn leaderless_silenced(&self) -> Duration {
-        // Subscribed before the first look, as in `leader_silenced`.
-        let mut noticed = self.inner.silences.subscribe();
-        loop {
-            if let Some(for_how_long) = self.long_leaderless() {
-                return for_how_long;
-            }
-            if noticed.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.noticed(|| self.long_leaderless()).await
     }
 
     /// How long until the silence watch looks again at how long no leader has been named:

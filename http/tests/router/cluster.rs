@@ -348,18 +348,23 @@ async fn a_learner_the_membership_rules_out_is_refused_for_that_before_its_addre
     assert_eq!(t.get("/v1/cluster").await.json()["learners"], json!([]));
 }
 
+/// A node initialized as the first of three voters whose others never start: it never has a
+/// leader.
+async fn first_of_three() -> crate::common::TestNode {
+    let t = open_node(None).await;
+    let members = (1..=3)
+        .map(|id| (id, meta_consensus::Node::new(format!("127.0.0.1:{id}"))))
+        .collect();
+    t.node.initialize(members).await.unwrap();
+    t
+}
+
 /// A node that has known no leader for two election timeouts (here the first of three voters
 /// of a new cluster, the others never started) answers 503 `no_leader` at once: waiting for an
 /// election that too few voters answer would hold every request for its whole timeout.
 #[tokio::test]
 async fn a_node_without_a_leader_for_long_refuses_at_once() {
-    let t = open_node(None).await;
-    let members = std::collections::BTreeMap::from([
-        (1, meta_consensus::Node::new("127.0.0.1:1")),
-        (2, meta_consensus::Node::new("127.0.0.1:2")),
-        (3, meta_consensus::Node::new("127.0.0.1:3")),
-    ]);
-    t.node.initialize(members).await.unwrap();
+    let t = first_of_three().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while t.node.long_leaderless().is_none() {
         assert!(
@@ -398,13 +403,7 @@ async fn a_node_without_a_leader_for_long_refuses_at_once() {
 /// would next have looked for a leader (an election timeout later).
 #[tokio::test]
 async fn a_write_waiting_for_a_leader_is_refused_when_none_is_elected_for_long() {
-    let t = open_node(None).await;
-    let members = std::collections::BTreeMap::from([
-        (1, meta_consensus::Node::new("127.0.0.1:1")),
-        (2, meta_consensus::Node::new("127.0.0.1:2")),
-        (3, meta_consensus::Node::new("127.0.0.1:3")),
-    ]);
-    t.node.initialize(members).await.unwrap();
+    let t = first_of_three().await;
     let election = t.node.config().election_timeout();
     // Mid-way: it next looks for a leader an election timeout after it is first refused.
     tokio::time::sleep(election).await;
