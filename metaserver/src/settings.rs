@@ -163,6 +163,15 @@ pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
     }
 }
 
+/// `token` (`what` names its flag), refused if it is empty: read as "no token", an empty value
+/// would switch authentication off unnoticed, also over a token the config file sets.
+fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
+    if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("{what} is empty: give a token or leave it unset");
+    }
+    Ok(token)
+}
+
 fn read_file(path: &Path) -> Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
@@ -201,19 +210,14 @@ impl ServeSettings {
             }
             None => BTreeMap::new(),
         };
-        let token = args.token.clone().or(file.token);
-        if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            // Read as "no token", an empty value would switch authentication off unnoticed,
-            // also over a token the config file sets.
-            bail!("--token (METASERVER_TOKEN) is empty: give a token or leave it unset");
-        }
-        let member_token = args.member_token.clone().or(file.member_token);
-        if member_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            bail!(
-                "--member-token (METASERVER_MEMBER_TOKEN) is empty: give a token or leave it \
-                 unset"
-            );
-        }
+        let token = set_token(
+            args.token.clone().or(file.token),
+            "--token (METASERVER_TOKEN)",
+        )?;
+        let member_token = set_token(
+            args.member_token.clone().or(file.member_token),
+            "--member-token (METASERVER_MEMBER_TOKEN)",
+        )?;
         let tls = TlsFiles::resolve(
             args.tls_cert.clone().or(file.tls_cert),
             args.tls_key.clone().or(file.tls_key),

@@ -191,12 +191,17 @@ impl MetaNode {
     /// then would wait for its own timeout: it is refused at once instead. `None` while a
     /// leader is named (this node too), or until then.
     pub fn long_leaderless(&self) -> Option<Duration> {
-        let leaderless = self
-            .inner
+        let leaderless = self.leaderless_for()?;
+        (leaderless > self.silence_limit()).then_some(leaderless)
+    }
+
+    /// How long openraft has named no leader on this node, if it names none
+    /// (`leader_contact.rs`).
+    fn leaderless_for(&self) -> Option<Duration> {
+        self.inner
             .leader_contact
             .lock()
-            .leaderless_for(std::time::Instant::now(), self.stall_limit())?;
-        (leaderless > self.silence_limit()).then_some(leaderless)
+            .leaderless_for(std::time::Instant::now(), self.stall_limit())
     }
 
     /// Completes once this node has known no leader for longer than the silence limit
@@ -209,12 +214,7 @@ impl MetaNode {
     /// just past the moment that passes the limit.
     fn next_leaderless_look(&self) -> Duration {
         let limit = self.silence_limit();
-        let leaderless = self
-            .inner
-            .leader_contact
-            .lock()
-            .leaderless_for(std::time::Instant::now(), self.stall_limit());
-        match leaderless {
+        match self.leaderless_for() {
             Some(d) if d <= limit => limit - d + Duration::from_millis(1),
             // Past it (told already), or a leader is named: naming none is a metrics change,
             // which wakes the watch.

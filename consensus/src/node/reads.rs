@@ -97,13 +97,13 @@ impl MetaNode {
         // once, as it does a write: a round of its own would wait out the lease for answers
         // that do not come. Not one that stood still lately: it has not read the
         // acknowledgements that wait for it yet.
-        if self.unacknowledged_for().is_some() && !self.stalled_lately() {
+        let acknowledged = self.unacknowledged_for().is_none();
+        if !acknowledged && !self.stalled_lately() {
             return Err(Error::NoLeader);
         }
         use openraft::error::LinearizableReadError as L;
         // A read under way when this leader's quorum falls silent is refused then, as the
         // writes under way are told then (`leader_call`), not when its own round gives up.
-        let acknowledged = self.unacknowledged_for().is_none();
         let asked = self.retry_lease_refusal(
             |raft| {
                 let option = option.clone();

@@ -39,7 +39,7 @@ impl MetaNode {
         // at once: it may be down. It is named once its word arrives.
         let unheard = m.state != openraft::ServerState::Leader
             && m.current_leader
-                .is_some_and(|l| l != self.id() && !self.inner.leader_contact.lock().heard_from(l));
+                .is_some_and(|l| l != self.id() && !self.heard_from(l));
         let leader_id = if stopped || lost_quorum || removed || silent || unheard {
             None
         } else {
