@@ -434,3 +434,43 @@ async fn a_leader_handing_over_takes_no_leadership_move() -> Result<()> {
     c.router.heal_all();
     c.shutdown().await
 }
+
+/// A voter the leader has not heard from for the lease already (its messages go unanswered, as
+/// a paused process's) is refused the leadership at once, and the leader leads on: the move
+/// used to wait another lease for an answer first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_voter_is_refused_the_leadership_at_once() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let lease = c.config(leader.id()).election_timeout();
+    let to = (1..=3).find(|i| *i != leader.id()).unwrap();
+    c.router.hold(leader.id(), to);
+    let silent = |m: &openraft::RaftMetrics<meta_consensus::TypeConfig>| {
+        m.heartbeat
+            .as_ref()
+            .and_then(|h| h.get(&to).cloned().flatten())
+            .is_some_and(|t| openraft::Instant::elapsed(&*t) > lease)
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while !silent(&leader.raft().metrics().borrow_watched()) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "node {to} never fell silent"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match tokio::time::timeout(lease / 2, leader.transfer_leadership(to)).await {
+        Ok(Err(meta_consensus::Error::Conflict(m))) => {
+            ensure!(m.contains(&format!("node {to} cannot take over")), "{m}")
+        }
+        Ok(other) => anyhow::bail!("expected a conflict, got {other:?}"),
+        Err(_) => anyhow::bail!("the move waited for a voter silent for the lease already"),
+    }
+    ensure!(
+        leader.status().role == Role::Leader,
+        "{:?}",
+        leader.status()
+    );
+    c.router.heal_all();
+    c.shutdown().await
+}

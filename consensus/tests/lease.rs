@@ -198,6 +198,24 @@ async fn a_leader_no_quorum_acknowledges_refuses_reads_at_once() -> Result<()> {
     c.shutdown().await
 }
 
+/// Nor does it take a leadership move: it is refused at once, `NoLeader`, not with the
+/// target's silence (every voter is silent to it), after waiting the lease for an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_no_quorum_acknowledges_refuses_a_leadership_move() -> Result<()> {
+    let c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let lease = c.config(leader.id()).election_timeout();
+    hold_followers_until(&c, &leader, |l| l.unacknowledged_for().is_some()).await?;
+    let to = (1..=3).find(|i| *i != leader.id()).unwrap();
+    match tokio::time::timeout(lease / 2, leader.transfer_leadership(to)).await {
+        Ok(Err(meta_consensus::Error::NoLeader)) => {}
+        Ok(other) => anyhow::bail!("{other:?}"),
+        Err(_) => anyhow::bail!("the move waited for voters nobody hears"),
+    }
+    c.router.heal_all();
+    c.shutdown().await
+}
+
 /// A read under way at a leader whose quorum falls silent is refused at that moment, with the
 /// writes under way, not when its own round gives up (up to an election timeout later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::types::NodeId;
 use crate::uncancelled::uncancelled;
 
+/// A leader's Raft metrics.
+type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
+
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
     /// from within the lease (one not short of disk, if any: see
@@ -84,14 +87,15 @@ impl MetaNode {
     /// Moves the leadership to voter `to`, at an operator's request. Answers once `to` leads,
     /// with its term (at once, and changing nothing, when this node is `to`). Refused with
     /// [`Error::ForwardToLeader`] on a node that knows another leader, [`Error::NoLeader`] on a
-    /// leader that is handing its office over already, [`Error::InvalidArgument`]
-    /// when `to` is no voter, and [`Error::Conflict`] when `to` has not, within the lease after
-    /// the call, both answered this leader and caught up with the log as it was when asked (openraft's target
+    /// leader that is handing its office over already or that no quorum acknowledged for two
+    /// election timeouts (it is cut off), [`Error::InvalidArgument`] when `to` is no voter,
+    /// and [`Error::Conflict`] when `to` has not, within the lease after the call, both
+    /// answered this leader and caught up with the log as it was when asked (openraft's target
     /// ignores a transfer while its log is behind, and the cluster would go without a leader
-    /// until an election timeout) or when another node was elected. [`Error::Timeout`] when no
-    /// other node leads within two election timeouts: this node stops leading once it asked
-    /// (it takes no writes and sends no heartbeats), so the members then elect a leader as
-    /// after a crash. Changes no data.
+    /// until an election timeout), at once when `to` was silent for the lease already, or when
+    /// another node was elected. [`Error::Timeout`] when no other node leads within two
+    /// election timeouts: this node stops leading once it asked (it takes no writes and sends
+    /// no heartbeats), so the members then elect a leader as after a crash. Changes no data.
     pub async fn transfer_leadership(&self, to: NodeId) -> Result<(NodeId, u64)> {
         self.check_open()?;
         self.forward_if_follower()?;
@@ -118,11 +122,34 @@ impl MetaNode {
                 "node {to} is not a voter: only a voter can lead"
             )));
         }
+        // A leader no quorum acknowledged for two election timeouts is cut off: it refuses at
+        // once, as it does writes and reads (not with the target's lag, which is not the
+        // cause), unless it stood still lately and has not read the acknowledgements yet.
+        if self.unacknowledged_for().is_some() && !self.stalled_lately() {
+            return Err(Error::NoLeader);
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        let cannot = |m: &Metrics| {
+            let (matched, heard) = Self::progress_of(m, to);
+            let (has, heard) = super::membership::progress_words(matched, last, heard);
+            Error::Conflict(format!(
+                "node {to} cannot take over: it has {has} and was last heard from {heard} (check \
+                 that it runs and is reachable)"
+            ))
+        };
+        // A target silent for the lease already (stopped, paused or cut off) is refused at
+        // once: a leader that has led for the lease heard from every running voter within it.
+        let (_, heard) = Self::progress_of(&m, to);
+        let led_long = self
+            .led_for(m.current_term)
+            .is_some_and(|d| d >= self.lease());
+        if heard.map_or(led_long, |d| d >= self.lease()) {
+            return Err(cannot(&m));
+        }
         // Answered since the call (a heartbeat's round at most), not merely within the lease: a
         // voter that stopped a moment ago would be asked, and the cluster left without a leader.
         let asked = std::time::Instant::now();
-        let last = m.last_log_index.unwrap_or(0);
-        let ready = |m: &openraft::RaftMetrics<crate::types::TypeConfig>| {
+        let ready = |m: &Metrics| {
             let (matched, heard) = Self::progress_of(m, to);
             matched.is_some_and(|i| i >= last) && heard.is_some_and(|d| d < asked.elapsed())
         };
@@ -136,13 +163,7 @@ impl MetaNode {
             )
             .await;
         if waited.is_err() {
-            let m = self.change_view()?;
-            let (matched, heard) = Self::progress_of(&m, to);
-            let (has, heard) = super::membership::progress_words(matched, last, heard);
-            return Err(Error::Conflict(format!(
-                "node {to} cannot take over: it has {has} and was last heard from {heard} (check \
-                 that it runs and is reachable)"
-            )));
+            return Err(cannot(&self.change_view()?));
         }
         tracing::info!(to, "handing leadership over, as asked");
         self.trigger_transfer(to).await?;
