@@ -502,6 +502,34 @@ async fn a_voter_change_without_an_answering_majority_is_refused() -> Result<()>
     c.shutdown().await
 }
 
+/// Nor one right after a voter stopped: the leader heard from it within the election timeout,
+/// but not since the request. It used to take the change, which could not commit, and the
+/// cluster sat in a joint membership that took no write until the stopped voter returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_change_right_after_a_voter_stopped_is_refused() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    let mut followers = (1..=3).filter(|i| *i != leader.id());
+    let (up, down) = (followers.next().unwrap(), followers.next().unwrap());
+    c.stop(down).await?;
+    match leader
+        .change_voters(BTreeSet::from([leader.id(), down]))
+        .await
+    {
+        Err(Error::Conflict(m)) => assert!(
+            m.contains(&format!("[{down}]")) && m.contains("since the request"),
+            "names the stopped voter: {m}"
+        ),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(configs(&leader), vec![BTreeSet::from([1, 2, 3])]);
+    leader.register_datanode(7, "dn-7").await?;
+    // Removing the stopped voter passes: the other two answer.
+    leader.remove_voter(down).await?;
+    assert_eq!(configs(&leader), vec![BTreeSet::from([leader.id(), up])]);
+    c.shutdown().await
+}
+
 /// A leader that removes itself in favour of a single other voter steps down at once, and the
 /// new voter leads without it: nobody replicates to the old leader any more. Its writes that
 /// followed the removal were never answered, and waited for the request timeout; now each is

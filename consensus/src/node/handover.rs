@@ -150,8 +150,8 @@ impl MetaNode {
         // voter that stopped a moment ago would be asked, and the cluster left without a leader.
         let asked = std::time::Instant::now();
         let ready = |m: &Metrics| {
-            let (matched, heard) = Self::progress_of(m, to);
-            matched.is_some_and(|i| i >= last) && heard.is_some_and(|d| d < asked.elapsed())
+            let (matched, _) = Self::progress_of(m, to);
+            matched.is_some_and(|i| i >= last) && super::membership::answered_since(m, to, asked)
         };
         let waited = self
             .inner

@@ -200,9 +200,10 @@ impl MetaNode {
     }
 
     /// Makes `voters` the voting members; removed voters leave the cluster. Each new voter must
-    /// be a learner that acknowledged the leader within the lease and whose log is at most
+    /// be a learner that acknowledged the leader since the call and whose log is at most
     /// `MAX_PROMOTION_LAG` entries behind the leader's, and a majority of `voters` (and of the
-    /// current voters) must have acknowledged it within the lease, else [`Error::Conflict`] and
+    /// current voters) must have acknowledged it since the call (within a lease of waiting for
+    /// that; a heartbeat's round when they run), else [`Error::Conflict`] and
     /// nothing changes: a voter that cannot keep up could leave the cluster without a quorum,
     /// and a change without an answering majority of both sets would stall every write.
     pub async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {
@@ -271,29 +272,32 @@ impl MetaNode {
         if sets.len() == 1 && voters == current {
             return Ok(());
         }
-        // A leader that just took office has heard from no one yet, and one whose learner
-        // just caught up may not have its acknowledgement in its metrics yet: give them a lease
-        // before the checks below refuse the change for want of a majority or of a caught-up
-        // learner (a node that is no learner is refused at once).
+        // The voters and learners the checks below count must have answered since this call
+        // (a heartbeat's round), not merely within the lease: one that stopped a moment ago
+        // was heard from within it, and a change counting it could not commit, leaving the
+        // cluster in a joint membership that takes no write until that node returns. Give
+        // them a lease to answer before the checks refuse the change for want of a majority or
+        // of a caught-up learner (a node that is no learner is refused at once).
+        let asked = std::time::Instant::now();
         let _ = self
             .inner
             .raft
             .wait(Some(self.lease()))
             .metrics(
                 |m| {
-                    let promotable = match self.check_promotable(m, &voters) {
+                    let promotable = match self.check_promotable(m, &voters, asked) {
                         Ok(()) | Err(Error::InvalidArgument(_)) => true,
                         Err(_) => false,
                     };
-                    promotable && self.check_majorities_answer(m, &voters).is_ok()
+                    promotable && self.check_majorities_answer(m, &voters, asked).is_ok()
                 },
                 "a majority of each voter set answers, and the learners it adds caught up",
             )
             .await;
         self.checked_change(
             |m| {
-                self.check_promotable(m, &voters)?;
-                self.check_majorities_answer(m, &voters)
+                self.check_promotable(m, &voters, asked)?;
+                self.check_majorities_answer(m, &voters, asked)
             },
             |raft| {
                 let change = ChangeMembers::ReplaceAllVoters(voters.clone());
@@ -418,6 +422,13 @@ impl MetaNode {
 /// A leader's Raft metrics.
 type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
 
+/// Whether the leader whose metrics are `m` heard from member `id` after `asked`.
+pub(super) fn answered_since(m: &Metrics, id: NodeId, asked: std::time::Instant) -> bool {
+    MetaNode::progress_of(m, id)
+        .1
+        .is_some_and(|d| d < asked.elapsed())
+}
+
 /// Whether `m`'s membership may take node `id` at `addr` as a learner: [`Error::Conflict`] for
 /// a voter, a learner at another address, or an address another member has.
 fn learner_addable(m: &Metrics, id: NodeId, addr: &str) -> Result<()> {
@@ -503,13 +514,17 @@ impl MetaNode {
     }
 
     /// Checks that every voter set the change needs a majority of has a majority that
-    /// acknowledged the leader within the lease: the current voters (two sets while a change is
+    /// acknowledged the leader since `asked`: the current voters (two sets while a change is
     /// half done) and `voters`. openraft commits the change, and every write after it, only with
     /// a majority of each, so removing a voter that answers while others are down would stall
     /// the cluster until they return.
-    fn check_majorities_answer(&self, m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<()> {
-        let answers =
-            |id: NodeId| id == m.id || Self::progress_of(m, id).1.is_some_and(|d| d < self.lease());
+    fn check_majorities_answer(
+        &self,
+        m: &Metrics,
+        voters: &BTreeSet<NodeId>,
+        asked: std::time::Instant,
+    ) -> Result<()> {
+        let answers = |id: NodeId| id == m.id || answered_since(m, id, asked);
         let current = m.membership_config.membership().get_joint_config();
         for set in current.iter().chain(std::iter::once(voters)) {
             let silent: Vec<NodeId> = set.iter().copied().filter(|&id| !answers(id)).collect();
@@ -519,18 +534,24 @@ impl MetaNode {
             let which = if set == voters { "new" } else { "current" };
             return Err(Error::Conflict(format!(
                 "the {which} voters {set:?} lack a majority that answers: the leader has not \
-                 heard from {silent:?} within the last {} ms, and the change commits only with a \
-                 majority of both the current and the new voters (every write would wait behind \
-                 it); bring those nodes back first, or keep answering voters in the new set",
-                self.lease().as_millis()
+                 heard from {silent:?} in the {} ms since the request, and the change commits \
+                 only with a majority of both the current and the new voters (every write would \
+                 wait behind it); bring those nodes back first, or keep answering voters in the \
+                 new set",
+                asked.elapsed().as_millis()
             )));
         }
         Ok(())
     }
 
-    /// Checks that every node `voters` adds is a learner the leader heard from within the lease
+    /// Checks that every node `voters` adds is a learner the leader heard from since `asked`
     /// and whose log is caught up to within [`MAX_PROMOTION_LAG`] entries.
-    fn check_promotable(&self, m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<()> {
+    fn check_promotable(
+        &self,
+        m: &Metrics,
+        voters: &BTreeSet<NodeId>,
+        asked: std::time::Instant,
+    ) -> Result<()> {
         let membership = m.membership_config.membership();
         let last = m.last_log_index.unwrap_or(0);
         for &id in voters {
@@ -544,7 +565,7 @@ impl MetaNode {
             }
             let (matched, heard) = Self::progress_of(m, id);
             let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
-            let reachable = heard.is_some_and(|d| d < self.lease());
+            let reachable = answered_since(m, id, asked);
             if !(caught_up && reachable) {
                 let (has, heard) = progress_words(matched, last, heard);
                 return Err(Error::Conflict(format!(
