@@ -5,8 +5,10 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use common::{addr, Cluster, WAIT};
 use meta_consensus::{Consistency, Error, MetaNode, Node, Role};
 use openraft::async_runtime::watch::WatchReceiver;
@@ -402,20 +404,14 @@ async fn a_voter_change_over_a_half_done_one_keeps_the_voters_it_names() -> Resu
     c.shutdown().await
 }
 
-/// A learner that is catching up holds the memberships from before it was added until it
-/// reaches the entry that adds it. They leave it out, but it was not removed: it reports
-/// itself a learner, not `Removed` (which tells an operator to stop it), all the way in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
-    let mut c = Cluster::three().await?;
-    let leader = c.leader().await?;
-    // A log to catch up on, written by several writers at once.
+/// A log to catch up on: 480 registrations at `leader`, by eight writers at once.
+async fn write_a_log(leader: &MetaNode, from: u64) -> Result<()> {
     let writers: Vec<_> = (0..8u64)
         .map(|w| {
             let leader = leader.clone();
             tokio::spawn(async move {
                 for i in 0..60u64 {
-                    leader.register_datanode(1000 * w + i, "dn").await?;
+                    leader.register_datanode(from + 1000 * w + i, "dn").await?;
                 }
                 anyhow::Ok(())
             })
@@ -424,17 +420,28 @@ async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
     for w in writers {
         w.await??;
     }
-    let learner = c.start(4).await?;
-    let watched = learner.clone();
-    let roles = tokio::spawn(async move {
+    Ok(())
+}
+
+/// Follows the roles `node` reports, looking as often as the runtime lets it, until it reports
+/// itself a learner of a membership that names it, having applied `target` (at most [`WAIT`]).
+fn roles_until_learner(
+    node: &MetaNode,
+    target: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<Role>> {
+    let node = node.clone();
+    tokio::spawn(async move {
         let mut seen = Vec::new();
         let deadline = std::time::Instant::now() + WAIT;
         loop {
-            let st = watched.status();
+            let st = node.status();
             if seen.last() != Some(&st.role) {
                 seen.push(st.role);
             }
-            if st.role == Role::Learner && st.learners.contains(&4) {
+            let applied = st
+                .applied
+                .is_some_and(|a| a >= target.load(Ordering::Acquire));
+            if st.role == Role::Learner && st.learners.contains(&node.id()) && applied {
                 return seen;
             }
             if std::time::Instant::now() >= deadline {
@@ -442,12 +449,58 @@ async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
             }
             tokio::task::yield_now().await;
         }
-    });
+    })
+}
+
+/// A learner that is catching up holds the memberships from before it was added until it
+/// reaches the entry that adds it. They leave it out, but it was not removed: it reports
+/// itself a learner, not `Removed` (which tells an operator to stop it), all the way in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_catching_up_never_reports_itself_removed() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    write_a_log(&leader, 0).await?;
+    let learner = c.start(4).await?;
+    let roles = roles_until_learner(&learner, Arc::new(AtomicU64::new(0)));
     leader.add_learner(4, Node::new(addr(4))).await?;
     let seen = roles.await?;
     anyhow::ensure!(
         !seen.contains(&Role::Removed) && seen.last() == Some(&Role::Learner),
         "the learner reported {seen:?}"
+    );
+    c.shutdown().await
+}
+
+/// Nor does a node that was a voter before, removed, wiped and added again: the log it
+/// replays names its former self, then removes it, then adds it again. It used to report
+/// itself `Removed` (and refuse reads, telling its operator to stop it) from the removal's
+/// entry on until it reached the new addition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_voter_added_again_never_reports_itself_removed() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let leader = c.leader().await?;
+    c.start(4).await?;
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    leader.add_voter(4).await?;
+    write_a_log(&leader, 0).await?;
+    leader.remove_voter(4).await?;
+    write_a_log(&leader, 100_000).await?;
+    c.stop(4).await?;
+    std::fs::remove_dir_all(c.dir(4))?;
+    let wiped = c.start(4).await?;
+    // Until it applied its new addition: its former self was a learner too.
+    let target = Arc::new(AtomicU64::new(u64::MAX));
+    let roles = roles_until_learner(&wiped, target.clone());
+    leader.add_learner(4, Node::new(addr(4))).await?;
+    let added = leader
+        .status()
+        .applied
+        .context("the leader applied nothing")?;
+    target.store(added, Ordering::Release);
+    let seen = roles.await?;
+    anyhow::ensure!(
+        !seen.contains(&Role::Removed) && seen.last() == Some(&Role::Learner),
+        "the wiped voter reported {seen:?}"
     );
     c.shutdown().await
 }

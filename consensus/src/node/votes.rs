@@ -170,7 +170,14 @@ impl MetaNode {
     /// membership) does now. Only a committed one counts: an uncommitted entry that adds this
     /// node can be lost with its leader's office, and the next leader's log then truncates it
     /// away, leaving a membership that names others but not this node (it was never removed).
+    /// Nor does any while this node rejoins: it replays the cluster's history, whose
+    /// memberships named its former self (a member wiped and added again replays its earlier
+    /// addition, then its removal); a rejoining node removed for real learns it from the
+    /// members' notices.
     pub(super) fn note_named(&self, committed: &StoredMembership) -> bool {
+        if self.is_rejoining() {
+            return false;
+        }
         let named = committed.membership().get_node(&self.id()).is_some();
         self.inner.was_named.fetch_or(named, Ordering::Relaxed) || named
     }
