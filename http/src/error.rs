@@ -418,8 +418,14 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            ApiError::BodyTimeout(_) => {
-                // The rest of the body may still come: the connection cannot be reused.
+            ApiError::BodyTimeout(_)
+            | ApiError::TooLarge {
+                code: "body_too_large",
+                ..
+            } => {
+                // The rest of the body may still come (a body over the limit is not read
+                // past it): the connection cannot be reused, and the client is told so
+                // rather than finding its next request unanswered.
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -562,6 +568,18 @@ mod tests {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::CONNECTION], "close");
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+
+    /// A body over the limit is not read to its end, so the connection closes after the
+    /// answer: it says so. A value or batch over its own limit was read whole: the connection
+    /// stays open.
+    #[test]
+    fn a_body_over_the_limit_closes_the_connection() {
+        let response = ApiError::too_large("body_too_large", "big").into_response();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+        let response = ApiError::too_large("value_too_large", "big").into_response();
+        assert!(response.headers().get(header::CONNECTION).is_none());
     }
 
     #[test]
