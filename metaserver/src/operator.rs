@@ -67,9 +67,21 @@ fn listed_twice(shards: &[ShardBody]) -> Option<(u64, usize)> {
         .map(|i| (shards[i].id, i + 1))
 }
 
-/// `metaserver status`: the member's view, as pretty JSON.
+/// `metaserver status`: the member's view, as pretty JSON: of the first member given that
+/// answers and was not removed from the cluster (a removed member's view is of the cluster it
+/// left), or of the last one asked if each was.
 pub async fn status(args: ClientArgs) -> Result<()> {
-    print_view::<ClusterView>(&args, "/v1/cluster").await
+    let op = Operator::new(&args)?;
+    let mut view: ClusterView = op.get_json("/v1/cluster").await?;
+    for _ in 1..op.members() {
+        // The member that answered (a request moves on from one that cannot).
+        let answered = op.member().to_owned();
+        if view.role != "removed" || op.next_member(&answered) {
+            break;
+        }
+        view = op.get_json("/v1/cluster").await?;
+    }
+    output::line(serde_json::to_string_pretty(&view)?)
 }
 
 /// `metaserver liveness`: the leader's liveness report, as pretty JSON.
@@ -91,17 +103,6 @@ async fn liveness_report(op: &Operator) -> Result<LivenessView> {
         };
     }
     Ok(report)
-}
-
-/// Reads `path` as a `T` (so an answer of another shape is an error) and prints it as pretty
-/// JSON.
-async fn print_view<T: serde::de::DeserializeOwned + serde::Serialize>(
-    args: &ClientArgs,
-    path: &str,
-) -> Result<()> {
-    let op = Operator::new(args)?;
-    let view: T = op.get_json(path).await?;
-    output::line(serde_json::to_string_pretty(&view)?)
 }
 
 /// `metaserver shards [--datanode N]`: every replica, one JSON object per line.

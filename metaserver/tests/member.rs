@@ -72,6 +72,22 @@ async fn a_cluster_grows_moves_its_leader_and_shrinks_by_commands() {
         err.contains("node 1 is neither a voter nor a learner"),
         "{err}"
     );
+    // Node 1 runs on, removed: `status` and `health` given it first move on to the next
+    // member, as the other commands do (its view is of the cluster it left).
+    poll(
+        &http,
+        &format!("http://{}/v1/cluster", addrs[0]),
+        None,
+        |v| v["role"] == "removed",
+    )
+    .await;
+    let first_removed = format!("{},{}", addrs[0], addrs[1]);
+    let (ok, out, err) = run(&["status", "--server", &first_removed], &[]).await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((&v["id"], &v["voters"]), (&json!(2), &json!([2, 3])), "{v}");
+    let (ok, out, err) = run(&["health", "--server", &first_removed], &[]).await;
+    assert!(ok, "{out}{err}");
     for node in &mut nodes {
         node.stop().await;
     }

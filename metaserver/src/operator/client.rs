@@ -120,7 +120,12 @@ impl Operator {
 
     /// Whether only one member was given (none to move on to).
     pub(crate) fn one_member(&self) -> bool {
-        self.members.len() == 1
+        self.members() == 1
+    }
+
+    /// How many members were given.
+    pub(crate) fn members(&self) -> usize {
+        self.members.len()
     }
 
     /// The base URL of the member asked now.

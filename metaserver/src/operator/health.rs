@@ -87,14 +87,18 @@ pub async fn health(args: HealthArgs) -> Result<()> {
 
 /// The members (id to address) that the first member given with `--server` that answers in
 /// time, and belongs to a cluster, names. Each member given is asked once, for at most
-/// [`MEMBER_TIMEOUT`]: a paused one, one that refuses the token, or one in no cluster yet
-/// makes the command ask the next, not wait or stop.
+/// [`MEMBER_TIMEOUT`]: a paused one, one that refuses the token, one in no cluster yet, or one
+/// removed from its cluster (it names the members it left, not the cluster's now) makes the
+/// command ask the next, not wait or stop.
 async fn membership(client: &ClientArgs) -> Result<BTreeMap<u64, String>> {
     let op = Operator::new(client)?;
     let mut failures = Vec::new();
     loop {
         let asked = op.member().to_owned();
         match status_of(&op).await {
+            Ok(view) if view.role == "removed" => {
+                failures.push(format!("{asked} was removed from its cluster"))
+            }
             Ok(view) if !view.nodes.is_empty() => return Ok(view.nodes),
             Ok(_) => failures.push(format!("{asked} is in no cluster yet")),
             Err(e) => failures.push(format!("{e:#}")),
