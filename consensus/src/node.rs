@@ -145,6 +145,10 @@ struct Inner {
     /// A committed membership named this node, or it opened with one: one that leaves it out means
     /// it was removed, not that it is a learner still catching up (`node/votes.rs`).
     was_named: AtomicBool,
+    /// One past the highest log index of a membership naming this node its only voter that a
+    /// leader sent it while it rejoined (0: none): elections stay held until its metrics show
+    /// that entry (`node/votes.rs`).
+    sole_membership_end: AtomicU64,
 }
 
 /// The answers of [`MetaNode::stream_append`], in order.
@@ -294,6 +298,7 @@ impl MetaNode {
                 silences: tokio::sync::watch::Sender::new(0),
                 handed_over_in: AtomicU64::new(0),
                 was_named: AtomicBool::new(false),
+                sole_membership_end: AtomicU64::new(0),
             }),
         };
         if let Some(until) = lease_given_until {
@@ -481,6 +486,7 @@ impl MetaNode {
             return Ok(openraft::raft::AppendEntriesResponse::HigherVote(higher));
         }
         admitted?;
+        self.hold_before_sole_membership(votes::sole_membership_end(&rpc.entries, self.id()));
         let raft = self.inner.raft.clone();
         uncancelled(async move { raft.append_entries(rpc).await })
             .await
@@ -517,15 +523,21 @@ impl MetaNode {
         // A request this node may not acknowledge (`node/rejoin_gate.rs`) ends the requests,
         // unseen by openraft, and its refusal ends the answers: a higher vote for a deposed
         // leader, an error otherwise.
+        let me = self.id();
         let requests = requests.take_while(move |rpc| {
             let (inner, note) = (inner.clone(), note.clone());
             let (vote, commit) = (rpc.vote, rpc.leader_commit.map(|l| l.index));
+            let alone = votes::sole_membership_end(&rpc.entries, me);
             async move {
                 let Some(inner) = inner.upgrade() else {
                     return false;
                 };
-                let refusal = (MetaNode { inner }).admit_append(&vote, commit).await.err();
+                let node = MetaNode { inner };
+                let refusal = node.admit_append(&vote, commit).await.err();
                 let admitted = refusal.is_none();
+                if admitted {
+                    node.hold_before_sole_membership(alone);
+                }
                 *note.lock() = refusal;
                 admitted
             }

@@ -318,20 +318,18 @@ impl MetaNode {
         let mut durable = self.inner.raft.watch_log_progress();
         tokio::spawn(async move {
             // A rejoining node opens with elections held (`MetaNode::open`): a log it replays
-            // may make it the only voter before this task first looks.
-            let mut held = node.inner.election_holds.lock().rejoin;
+            // may make it the only voter before this task first looks. The append path sets
+            // the hold too (`hold_before_sole_membership`), under the same lock: judged under
+            // it, the hold cannot be lifted on a look that missed the entries it holds for.
             loop {
-                let (done, hold) = {
-                    let m = metrics.borrow_watched();
-                    (node.rejoined(&m), rejoin_holds_elections(&m, node.id()))
-                };
-                if done {
+                if node.rejoined(&metrics.borrow_watched()) {
                     break;
                 }
-                if hold != held {
-                    node.set_election_holds(|h| h.rejoin = hold);
-                    held = hold;
-                }
+                node.set_election_holds(|h| {
+                    let m = metrics.borrow_watched();
+                    h.rejoin =
+                        node.sole_membership_unseen(&m) || rejoin_holds_elections(&m, node.id());
+                });
                 // A flush may complete without any change to the metrics.
                 let changed = tokio::select! {
                     m = metrics.changed() => m.is_ok(),
@@ -346,8 +344,10 @@ impl MetaNode {
                 tokio::task::spawn_blocking(move || RejoinMarker::new(&dir).clear()).await;
             match cleared {
                 Ok(Ok(())) => {
-                    node.inner.rejoining.store(false, Ordering::Release);
-                    node.set_election_holds(|h| h.rejoin = false);
+                    node.set_election_holds(|h| {
+                        node.inner.rejoining.store(false, Ordering::Release);
+                        h.rejoin = false;
+                    });
                     tracing::info!(
                         "this node holds the cluster's log: it votes and stands for election \
                          (a node that starts with no Raft state, new or with its data dir lost, \
@@ -361,28 +361,73 @@ impl MetaNode {
     }
 }
 
-/// Whether a rejoining node stands for no election: its log holds entries past the cluster's
-/// initial membership (index 0; a log of that alone wins only a cluster's first election,
-/// which a node that never held more may stand for), it does not lead, and it has other voters
-/// or follows another node's leadership.
+/// Whether a rejoining node stands for no election: it does not lead, and either its log holds
+/// entries past the cluster's initial membership (index 0; a log of that alone wins only a
+/// cluster's first election, which a node that never held more may stand for) and it has
+/// other voters or follows another node's leadership, or it is its membership's only voter
+/// and follows another node's leadership.
 ///
 /// The last: a membership in which this node is the only voter, in a log another leader gave
 /// it, is one it replays from the cluster's history (its former self, with the same id, once
-/// led alone: a cluster started as one node, or shrunk to one voter), not its cluster's now.
-/// openraft elects a sole voter at once, asking no one, and it would lead with a log that ends
-/// there, cutting the real voters' newer entries back to it. Only a node that follows no one
-/// leads a one-voter cluster: its own (a restart before its first rejoin ended).
+/// led alone: a cluster started as one node, from its initial membership on, or shrunk to one
+/// voter), not its cluster's now. openraft elects a sole voter at once, asking no one, and it
+/// would lead with a log that ends there, cutting the real voters' newer entries back to it.
+/// Only a node that follows no one leads a one-voter cluster: its own (a restart before its
+/// first rejoin ended).
 fn rejoin_holds_elections(m: &openraft::RaftMetrics<TypeConfig>, me: crate::types::NodeId) -> bool {
     use openraft::vote::RaftLeaderId;
-    let others_vote = m
-        .membership_config
-        .membership()
-        .voter_ids()
-        .any(|v| v != me);
+    let membership = m.membership_config.membership();
+    let others_vote = membership.voter_ids().any(|v| v != me);
+    let alone = membership.voter_ids().eq([me]);
     let follows_another = m.vote.is_committed() && *m.vote.leader_id().node_id() != me;
-    m.last_log_index.is_some_and(|i| i > 0)
-        && (others_vote || follows_another)
-        && m.state != openraft::ServerState::Leader
+    let past_initial = m.last_log_index.is_some_and(|i| i > 0);
+    m.state != openraft::ServerState::Leader
+        && ((past_initial && (others_vote || follows_another)) || (alone && follows_another))
+}
+
+/// One past the highest log index of a membership in `entries` in which node `me` is the only
+/// voter, if any.
+pub(super) fn sole_membership_end(
+    entries: &[crate::types::Entry],
+    me: crate::types::NodeId,
+) -> Option<u64> {
+    entries
+        .iter()
+        .filter(|e| match &e.payload {
+            openraft::EntryPayload::Membership(m) => m.voter_ids().eq([me]),
+            _ => false,
+        })
+        .map(|e| e.log_id.index + 1)
+        .max()
+}
+
+impl MetaNode {
+    /// Holds elections at once, before openraft takes a leader's entries, while this node
+    /// rejoins and they hold a membership in which it is the only voter (`end`: one past that
+    /// entry's index, see [`sole_membership_end`]), until its metrics show that entry (then
+    /// `rejoin_holds_elections` judges): openraft elects a sole voter at its next tick, without
+    /// an election timeout, sooner than the task that follows the metrics could hold them.
+    pub(super) fn hold_before_sole_membership(&self, end: Option<u64>) {
+        let Some(end) = end else {
+            return;
+        };
+        // Under the holds' lock, as the rejoin's end is: a hold set after that end would stay.
+        self.set_election_holds(|h| {
+            if self.is_rejoining() {
+                self.inner
+                    .sole_membership_end
+                    .fetch_max(end, Ordering::AcqRel);
+                h.rejoin = true;
+            }
+        });
+    }
+
+    /// Whether a leader sent this rejoining node a membership naming it its only voter that
+    /// its metrics `m` do not show yet.
+    fn sole_membership_unseen(&self, m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+        let shown = m.last_log_index.map_or(0, |i| i + 1);
+        self.inner.sole_membership_end.load(Ordering::Acquire) > shown
+    }
 }
 
 /// What a rejoining node must have committed (see [`MetaNode::note_leader_commit`]).
@@ -431,7 +476,98 @@ fn removed_from(has_voters: bool, named: bool, was_named: bool) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::removed_from;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+
+    use openraft::vote::leader_id_adv::LeaderId;
+    use openraft::{EntryPayload, Membership, RaftMetrics, ServerState};
+
+    use super::{rejoin_holds_elections, removed_from, sole_membership_end};
+    use crate::types::{Entry, LogId, StoredMembership, TypeConfig, Vote};
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    fn membership(voters: &[u64]) -> Membership<u64, crate::Node> {
+        let set: BTreeSet<u64> = voters.iter().copied().collect();
+        let nodes: BTreeMap<u64, crate::Node> = voters
+            .iter()
+            .map(|v| (*v, crate::Node::new(format!("n{v}"))))
+            .collect();
+        Membership::new(vec![set], nodes).unwrap()
+    }
+
+    /// Node 1's metrics: its log up to `last`, a membership of `voters`, and `vote`.
+    fn metrics(last: Option<u64>, voters: &[u64], vote: Vote) -> RaftMetrics<TypeConfig> {
+        let mut m = RaftMetrics::new_initial(1);
+        m.last_log_index = last;
+        m.vote = vote;
+        if !voters.is_empty() {
+            m.membership_config = Arc::new(StoredMembership::new(
+                Some(log_id(last.unwrap_or(0))),
+                membership(voters),
+            ));
+        }
+        m
+    }
+
+    #[test]
+    fn a_rejoining_node_stands_for_no_election_it_would_win_from_a_replayed_membership() {
+        let follows_2 = Vote::new_committed(2, 2);
+        let own = Vote::new(1, 1);
+        let hold =
+            |last, voters: &[u64], vote| rejoin_holds_elections(&metrics(last, voters, vote), 1);
+        // Nothing yet: no membership, no election to stand for.
+        assert!(!hold(None, &[], follows_2));
+        // The initial membership of a cluster that started as this node alone, replayed from
+        // another leader: openraft would elect it at once, at its next tick.
+        assert!(hold(Some(0), &[1], follows_2));
+        assert!(hold(Some(7), &[1], follows_2));
+        // A new cluster's first election: a member holding only the initial membership stands.
+        assert!(!hold(Some(0), &[1, 2, 3], follows_2));
+        // Past it, it waits for the log, whoever it follows.
+        assert!(hold(Some(7), &[1, 2, 3], own));
+        // Its own one-voter cluster (restarted before its first rejoin ended) it leads.
+        assert!(!hold(Some(0), &[1], own));
+        assert!(!hold(Some(7), &[1], own));
+        // A leader has nothing to hold.
+        let mut leading = metrics(Some(7), &[1], follows_2);
+        leading.state = ServerState::Leader;
+        assert!(!rejoin_holds_elections(&leading, 1));
+    }
+
+    #[test]
+    fn a_membership_naming_a_node_its_only_voter_is_found_among_entries() {
+        let entry = |index, voters: &[u64]| Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Membership(membership(voters)),
+        };
+        let blank = Entry {
+            log_id: log_id(9),
+            payload: EntryPayload::Blank,
+        };
+        assert_eq!(
+            sole_membership_end(&[entry(0, &[1]), blank.clone()], 1),
+            Some(1)
+        );
+        assert_eq!(
+            sole_membership_end(&[entry(3, &[1]), entry(5, &[1])], 1),
+            Some(6)
+        );
+        assert_eq!(
+            sole_membership_end(&[entry(0, &[1, 2]), blank.clone()], 1),
+            None
+        );
+        assert_eq!(sole_membership_end(&[entry(0, &[2])], 1), None);
+        assert_eq!(sole_membership_end(&[blank], 1), None);
+    }
 
     #[test]
     fn a_node_is_removed_only_from_a_membership_that_named_it_before() {
