@@ -1,7 +1,8 @@
 //! What a node makes of its members' refusals of its Raft messages, and of failures to reach
 //! them: one that refuses them as another cluster's, or for its token (401), is noted for the
 //! node's status (`PeerRefusals`); one that refuses its token, and one that cannot be reached,
-//! are logged, once per member and then at most every 30 s with the count in between.
+//! are logged, once per member and then at most every 30 s with the count in between (one that
+//! cannot be reached once its messages have failed for a second with no answer between).
 //!
 //! Without the token line, a member restarted with another `--token` looked merely slow: the
 //! leader's messages to it failed in silence, and its own requests to the leader failed as
@@ -9,13 +10,18 @@
 //! retry (about two a second per member that is down), which the binary's log filter leaves
 //! out.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use meta_consensus::{NodeId, PeerRefusals};
 
 use crate::cluster_identity;
 use crate::log_throttle::LogThrottle;
+
+/// How long a member's messages must have failed, with no answer between, before it is said
+/// not to answer: one message timed out on a loaded host is no news.
+const UNANSWERED_FOR: Duration = Duration::from_secs(1);
 
 /// The refusals and failures of this node's messages, shared by its connections to every
 /// member.
@@ -24,6 +30,8 @@ pub(super) struct PeerFailures {
     refusals: PeerRefusals,
     token: Arc<LogThrottle<NodeId>>,
     unreachable: Arc<LogThrottle<NodeId>>,
+    /// Since when each member's messages have failed, with no answer since.
+    failing_since: Arc<std::sync::Mutex<HashMap<NodeId, Instant>>>,
 }
 
 impl PeerFailures {
@@ -32,11 +40,13 @@ impl PeerFailures {
             refusals,
             token: Arc::default(),
             unreachable: Arc::default(),
+            failing_since: Arc::default(),
         }
     }
 
     /// Notes `target`'s answer with `status` and `body` to one of this node's messages.
     pub(super) fn note(&self, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
+        self.failing().remove(&target);
         if status.is_success() {
             self.refusals.accepted(target);
         } else if cluster_identity::refuses_as_other_cluster(status, body) {
@@ -46,8 +56,16 @@ impl PeerFailures {
         }
     }
 
+    /// Since when each member's messages have failed (a poisoned lock's map is still sound).
+    fn failing(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Instant>> {
+        self.failing_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// `target` took a message.
     pub(super) fn accepted(&self, target: NodeId) {
+        self.failing().remove(&target);
         self.refusals.accepted(target);
     }
 
@@ -67,8 +85,13 @@ impl PeerFailures {
         self.unreachable_at(target, why, Instant::now());
     }
 
-    /// [`PeerFailures::failed`] at `now`; `true` if that was logged.
+    /// [`PeerFailures::failed`] at `now`; `true` if that was logged: once its messages have
+    /// failed for [`UNANSWERED_FOR`].
     fn unreachable_at(&self, target: NodeId, why: &dyn std::fmt::Display, now: Instant) -> bool {
+        let since = *self.failing().entry(target).or_insert(now);
+        if now.saturating_duration_since(since) < UNANSWERED_FOR {
+            return false;
+        }
         let Some(unlogged) = self.unreachable.note(target, (), now) else {
             return false;
         };
@@ -119,15 +142,34 @@ mod tests {
     #[test]
     fn a_member_that_does_not_answer_is_logged_once_in_a_while() {
         let failures = PeerFailures::new(PeerRefusals::default());
-        let t0 = Instant::now();
+        let start = Instant::now();
         let why = "connection refused";
+        // Said once its messages failed for a second.
+        assert!(!failures.unreachable_at(3, &why, start));
+        let t0 = start + UNANSWERED_FOR;
         assert!(failures.unreachable_at(3, &why, t0));
         for s in 1..30 {
-            let at = t0 + std::time::Duration::from_secs(s);
+            let at = t0 + Duration::from_secs(s);
             assert!(!failures.unreachable_at(3, &why, at), "{s} s");
         }
         assert!(failures.unreachable_at(3, &why, t0 + crate::log_throttle::REPEAT_EVERY));
         // A refused token is another line.
         assert!(failures.token_refused(3, t0));
+    }
+
+    /// A message that timed out once, on a loaded host, is not news: an answer in between
+    /// starts the count again.
+    #[test]
+    fn a_member_that_answers_between_failures_is_not_logged() {
+        let failures = PeerFailures::new(PeerRefusals::default());
+        let t0 = Instant::now();
+        let why = "timeout after 75 ms";
+        for ms in [0, 600, 1200, 1800, 2400] {
+            let at = t0 + Duration::from_millis(ms);
+            assert!(!failures.unreachable_at(2, &why, at), "{ms} ms");
+            failures.accepted(2);
+        }
+        assert!(!failures.unreachable_at(2, &why, t0 + Duration::from_secs(3)));
+        assert!(failures.unreachable_at(2, &why, t0 + Duration::from_secs(4)));
     }
 }
