@@ -76,21 +76,22 @@ impl ClusterId {
     }
 
     /// Records `id` in `dir` unless an id is known: then `id` must be it, else
-    /// [`Error::OtherCluster`]. Blocking (writes and syncs a file the first time).
+    /// [`Error::OtherCluster`]. Returns whether this call recorded it (of calls made at once,
+    /// one does). Blocking (writes and syncs a file the first time).
     ///
     /// Contract: when this returns `Ok`, the dir durably records the node's id, which is `id`.
-    pub(crate) fn adopt(&self, dir: &Path, id: u64) -> Result<()> {
+    pub(crate) fn adopt(&self, dir: &Path, id: u64) -> Result<bool> {
         if id == 0 {
             return Err(Error::InvalidArgument("cluster id 0".into()));
         }
         let _recording = self.0.recording.lock();
         match self.get() {
-            Some(ours) if ours == id => Ok(()),
+            Some(ours) if ours == id => Ok(false),
             Some(ours) => Err(Error::OtherCluster { ours, theirs: id }),
             None => {
                 write_durably(dir, FILE, &format!("{id:016x}\n"))?;
                 self.0.id.store(id, Ordering::Release);
-                Ok(())
+                Ok(true)
             }
         }
     }
@@ -159,8 +160,8 @@ mod tests {
         let id = ClusterId::default();
         id.load(dir.path()).unwrap();
         assert_eq!(id.get(), None);
-        id.adopt(dir.path(), 7).unwrap();
-        id.adopt(dir.path(), 7).unwrap();
+        assert!(id.adopt(dir.path(), 7).unwrap(), "recorded");
+        assert!(!id.adopt(dir.path(), 7).unwrap(), "known already");
         match id.adopt(dir.path(), 8) {
             Err(Error::OtherCluster { ours: 7, theirs: 8 }) => {}
             other => panic!("expected another cluster, got {other:?}"),

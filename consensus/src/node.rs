@@ -456,8 +456,10 @@ impl MetaNode {
             None => {
                 let cluster = self.inner.cfg.cluster_id.clone();
                 let dir = self.inner.cfg.data_dir.clone();
-                blocking(move || cluster.adopt(&dir, id)).await?;
-                tracing::info!("this node belongs to cluster {id:016x} now");
+                // Two members' messages may come at once: one of them records it, and says so.
+                if blocking(move || cluster.adopt(&dir, id)).await? {
+                    tracing::info!("this node belongs to cluster {id:016x} now");
+                }
                 Ok(())
             }
         }

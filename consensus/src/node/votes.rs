@@ -348,10 +348,22 @@ impl MetaNode {
                         node.inner.rejoining.store(false, Ordering::Release);
                         h.rejoin = false;
                     });
+                    let voter = node
+                        .inner
+                        .raft
+                        .metrics()
+                        .borrow_watched()
+                        .membership_config
+                        .membership()
+                        .voter_ids()
+                        .any(|v| v == node.id());
+                    let then = match voter {
+                        true => "it votes and stands for election",
+                        false => "as a voter, it would vote and stand for election",
+                    };
                     tracing::info!(
-                        "this node holds the cluster's log: it votes and stands for election \
-                         (a node that starts with no Raft state, new or with its data dir lost, \
-                         first gets the log)"
+                        "this node holds the cluster's log: {then} (a node that starts with no \
+                         Raft state, new or with its data dir lost, first gets the log)"
                     );
                 }
                 Ok(Err(e)) => tracing::warn!("ending the rejoin: {e}"),
