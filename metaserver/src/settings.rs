@@ -172,6 +172,15 @@ fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
     Ok(token)
 }
 
+/// The value a flag (or its environment variable) gives, else the config file's, with the name
+/// a refusal of it quotes: the flag's (`flag`), or the config file's key (`key`).
+fn chosen<T>(flag: Option<T>, file: Option<T>, flag_name: &str, key: &str) -> (Option<T>, String) {
+    match flag {
+        Some(v) => (Some(v), flag_name.to_owned()),
+        None => (file, format!("{key} in the config file")),
+    }
+}
+
 fn read_file(path: &Path) -> Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
@@ -198,26 +207,50 @@ impl ServeSettings {
             Some(path) => read_file(path)?,
             None => FileSettings::default(),
         };
-        let peers = match args.peers.as_deref().or(file.peers.as_deref()) {
+        let (peers, what) = chosen(
+            args.peers.as_deref(),
+            file.peers.as_deref(),
+            "--peers (METASERVER_PEERS)",
+            "peers",
+        );
+        let peers = match peers {
             Some(text) => {
                 let peers = parse_peers(text)?;
                 if peers.is_empty() {
                     // An empty value (an unset variable in a unit file, say) would otherwise
                     // read as "no peers": a node told to initialize would form a cluster alone.
-                    bail!("--peers (METASERVER_PEERS) names no peer: give ID=ADDR,.. or leave it unset");
+                    bail!("{what} names no peer: give ID=ADDR,.. or leave it unset");
                 }
                 peers
             }
             None => BTreeMap::new(),
         };
-        let token = set_token(
-            args.token.clone().or(file.token),
+        let (token, what) = chosen(
+            args.token.clone(),
+            file.token,
             "--token (METASERVER_TOKEN)",
-        )?;
-        let member_token = set_token(
-            args.member_token.clone().or(file.member_token),
+            "token",
+        );
+        let token = set_token(token, &what)?;
+        let (member_token, what) = chosen(
+            args.member_token.clone(),
+            file.member_token,
             "--member-token (METASERVER_MEMBER_TOKEN)",
-        )?;
+            "member_token",
+        );
+        let member_token = set_token(member_token, &what)?;
+        let (data_dir, what) = chosen(
+            args.data_dir.clone(),
+            file.data_dir,
+            "--data-dir (METASERVER_DATA_DIR)",
+            "data_dir",
+        );
+        // An empty path would put the node's files in the working directory.
+        if data_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            bail!(
+                "{what} is empty: give a directory or leave it unset (default {DEFAULT_DATA_DIR})"
+            );
+        }
         let tls = TlsFiles::resolve(
             args.tls_cert.clone().or(file.tls_cert),
             args.tls_key.clone().or(file.tls_key),
@@ -244,11 +277,7 @@ impl ServeSettings {
                 .unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
             listen_fd: args.listen_fd,
             advertise: args.advertise.clone().or(file.advertise),
-            data_dir: args
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            data_dir: data_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             peers,
             init,
             token,
@@ -731,6 +760,26 @@ mod tests {
             ),
         ];
         for (args, what) in cases {
+            let err = ServeSettings::resolve(&args, false).unwrap_err();
+            assert!(format!("{err:#}").contains(what), "{what}: {err:#}");
+        }
+        // The same in a config file, named as its key there: an empty data dir would have put
+        // the node's files in the working directory.
+        for (line, what) in [
+            ("data_dir = \"\"", "data_dir in the config file is empty"),
+            ("token = \"\"", "token in the config file is empty"),
+            (
+                "member_token = \" \"",
+                "member_token in the config file is empty",
+            ),
+            ("peers = \"\"", "peers in the config file names no peer"),
+        ] {
+            let file = dir.path().join("empty.toml");
+            std::fs::write(&file, format!("{line}\n")).unwrap();
+            let args = ServeArgs {
+                config: Some(file),
+                ..d()
+            };
             let err = ServeSettings::resolve(&args, false).unwrap_err();
             assert!(format!("{err:#}").contains(what), "{what}: {err:#}");
         }
