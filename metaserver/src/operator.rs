@@ -390,18 +390,13 @@ async fn register_batches(
 /// replicas, at a snapshot rate the operator set low, takes a while.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 
-/// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
-/// file next to FILE, fsyncs it, verifies it as a restore would read it (every record, the
-/// counts and the checksum), and only then renames it into place and fsyncs the directory.
-///
-/// FILE may be a symbolic link: the file it leads to is replaced, and the link kept. A path
-/// that is neither (a directory, a device) is refused before anything is asked of the member.
-///
-/// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
-/// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
-pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
-    let op = Operator::new(&args)?;
-    let file = &crate::scratch::backup_target(file)?;
+/// Asks the member `op` asks now (or the next ones, while they cannot answer) to build a
+/// snapshot, and downloads it from the member that built it into a synced temp file in `dir`:
+/// the build's answer, the file and its size.
+async fn download_snapshot(
+    op: &Operator,
+    dir: &Path,
+) -> Result<(Value, tempfile::NamedTempFile, u64)> {
     let built: Value = op
         .send(|| {
             op.request(reqwest::Method::POST, "/v1/cluster/snapshot")
@@ -418,8 +413,7 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
                 .timeout(SNAPSHOT_TIMEOUT),
         )
         .await?;
-    let dir = crate::scratch::parent_of(file);
-    let mut temp = tempfile::NamedTempFile::new_in(&dir)
+    let mut temp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temp file in {}", dir.display()))?;
     let mut bytes = 0u64;
     let mut stream = response.bytes_stream();
@@ -429,6 +423,40 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
         temp.write_all(&chunk)?;
     }
     temp.as_file().sync_all().context("syncing the snapshot")?;
+    Ok((built, temp, bytes))
+}
+
+/// `metaserver snapshot save FILE`: builds a snapshot on the member, downloads it to a temp
+/// file next to FILE, fsyncs it, verifies it as a restore would read it (every record, the
+/// counts and the checksum), and only then renames it into place and fsyncs the directory.
+///
+/// FILE may be a symbolic link: the file it leads to is replaced, and the link kept. A path
+/// that is neither (a directory, a device) is refused before anything is asked of the member.
+///
+/// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
+/// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
+pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let file = &crate::scratch::backup_target(file)?;
+    let dir = crate::scratch::parent_of(file);
+    // A member that goes away while it builds or sends the snapshot (the connection cut, not
+    // an answer) leaves the save to the next one given: building one again changes nothing.
+    let mut left = op.members();
+    let (built, temp, bytes) = loop {
+        left -= 1;
+        match download_snapshot(&op, &dir).await {
+            Ok(done) => break done,
+            Err(e) if left > 0 && Operator::cut_off(&e) => {
+                let gone = op.member().to_owned();
+                eprintln!(
+                    "metaserver: {gone} went away while it built or sent the snapshot ({e:#}); \
+                     asking the next member"
+                );
+                op.next_member(&gone);
+            }
+            Err(e) => return Err(e),
+        }
+    };
     // A download that is not a usable backup (a damaged snapshot on the member, or another
     // server's page at the address) must not replace the last good one.
     let path = temp.path().to_path_buf();

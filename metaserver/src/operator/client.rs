@@ -176,10 +176,18 @@ impl Operator {
                 }
                 Ok(r) => return Err(self.refusal(r).await),
                 Err(e) if (e.is_connect() || e.is_timeout()) && !last => {}
+                // Cut off after it was sent (it may have acted): not sent again here.
+                Err(e) if !last => return Err(e).with_context(|| format!("contacting {asked}")),
                 Err(e) => return Err(e).with_context(|| self.contacting(&asked)),
             }
             self.next_member(&asked);
         }
+    }
+
+    /// Whether `e` is a request cut off without an answer (not reached, no answer in time, or
+    /// the connection closed: the member went away), not an answer of the member's.
+    pub(crate) fn cut_off(e: &anyhow::Error) -> bool {
+        e.downcast_ref::<Answered>().is_none() && e.chain().any(|c| c.is::<reqwest::Error>())
     }
 
     /// The context of a failure to reach `asked`: with several members, it was the last one

@@ -424,6 +424,46 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
     );
 }
 
+/// A member that goes away while it builds the snapshot (it takes the request, then the
+/// connection closes) leaves the save to the next member given, which is asked to build one
+/// (here it serves no snapshot, which the save then says): the save used to stop, saying the
+/// first member was the last of those given.
+#[tokio::test]
+async fn a_save_whose_member_went_away_asks_the_next_one() {
+    let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone_addr = gone.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt as _;
+        while let Ok((mut conn, _)) = gone.accept().await {
+            let mut request = [0u8; 1024];
+            let _ = conn.read(&mut request).await;
+        }
+    });
+    let (next, asked) = answering(|n| match n {
+        0 => (StatusCode::OK, "{}"),
+        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ClientArgs {
+        server: format!("{gone_addr},{next}"),
+        token: None,
+        tls_ca: None,
+    };
+    let err = snapshot_save(args, &dir.path().join("meta.snap"))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("not a usable backup"),
+        "{err:#}"
+    );
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "built and downloaded there"
+    );
+}
+
 #[tokio::test]
 async fn a_watch_gives_back_the_history_its_index_counts_in() {
     // A member that counts in history "aaaa" refuses an index given without it (as a
