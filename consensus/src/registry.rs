@@ -280,10 +280,18 @@ impl Registry {
 
     /// Flushes the registry, and once that succeeded records that it was closed cleanly (see
     /// `trust_marker.rs`): call it last, when nothing writes to the registry any more. Blocking.
+    /// A registry that failed a write is not flushed (the next start rebuilds it anyway, and
+    /// sled's flush after a write failed on a full disk waits for a buffer it never writes: a
+    /// node whose core stopped so took its whole close bound to exit).
     ///
     /// Contract: when this returns `Ok`, every write is durable and a later boot of the machine
-    /// reopens the registry; when it fails, a later boot rebuilds it.
+    /// reopens the registry; when it fails, the next start rebuilds it.
     pub(crate) fn close(&self) -> Result<()> {
+        if self.trust.revoked() {
+            return Err(Error::Raft(
+                "the registry failed a write: not flushed, the next start rebuilds it".into(),
+            ));
+        }
         self.flush()?;
         self.trust.closed();
         Ok(())

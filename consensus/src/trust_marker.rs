@@ -67,6 +67,8 @@ pub(crate) struct TrustMarker {
     dir: PathBuf,
     /// The machine's current boot id.
     boot: String,
+    /// The registry failed a write since it opened ([`TrustMarker::revoke`]).
+    revoked: std::sync::atomic::AtomicBool,
 }
 
 impl TrustMarker {
@@ -112,6 +114,7 @@ impl TrustMarker {
         Ok(TrustMarker {
             dir: dir.to_path_buf(),
             boot,
+            revoked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -155,7 +158,14 @@ impl TrustMarker {
     /// The registry failed a write: it is not to be reopened. Best effort (blocking): a marker
     /// that cannot be removed is logged.
     pub(crate) fn revoke(&self) {
+        self.revoked
+            .store(true, std::sync::atomic::Ordering::Release);
         self.remove("failed a write", tracing::Level::ERROR);
+    }
+
+    /// Whether the registry failed a write since it opened: the next start rebuilds it.
+    pub(crate) fn revoked(&self) -> bool {
+        self.revoked.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The registry is sound but is to be rebuilt (it applied entries its log lost): the next

@@ -43,6 +43,22 @@ fn open_waits_for_a_closing_handle_to_release_the_lock() {
     opener.join().unwrap().unwrap();
 }
 
+/// A registry that failed a write is not flushed at its close (sled's flush can then wait
+/// forever on a full disk) nor said to be closed cleanly: the next start rebuilds it.
+#[test]
+fn a_registry_that_failed_a_write_closes_without_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::open(dir.path(), 1 << 20).unwrap();
+    reg.distrust();
+    let err = reg.close().unwrap_err();
+    assert!(err.to_string().contains("not flushed"), "{err}");
+    assert!(
+        dir.path().join("OPEN").exists(),
+        "said to be closed cleanly"
+    );
+    assert!(!dir.path().join("TRUSTED").exists());
+}
+
 /// Every page of the key-value space's entries, as keys, following `next` from the start.
 fn kv_pages(reg: &Registry, limit: usize, max_bytes: usize) -> Vec<Vec<String>> {
     let mut out = Vec::new();
