@@ -42,11 +42,15 @@ impl RebuildSource {
 
     /// `Ok` when the registry in `dir`, which applied entries up to `applied` (0: none, as a
     /// registry that was deleted), can be brought up to the log: it is not behind the log's
-    /// purge point, or the newest snapshot reaches that point. Else
-    /// [`Error::RegistryNotRebuildable`], naming the dir and what is missing (before Raft
-    /// starts: openraft would fail with a message about log indexes).
+    /// purge point, or the newest snapshot reaches that point and reads back whole (read only
+    /// when the registry is behind). Else [`Error::RegistryNotRebuildable`], naming the dir and
+    /// what is missing (before Raft starts: openraft would fail with a message about log
+    /// indexes, or about the snapshot's corrupt data).
     pub(crate) fn check_behind(&self, dir: &Path, applied: u64) -> Result<()> {
-        let Some((purged, missing)) = self.gap().filter(|(purged, _)| applied < *purged) else {
+        if self.purged.is_none_or(|purged| applied >= purged) {
+            return Ok(());
+        }
+        let Some((purged, missing)) = self.gap().or_else(|| self.damaged_snapshot()) else {
             return Ok(());
         };
         Err(Error::RegistryNotRebuildable {
@@ -83,9 +87,9 @@ impl RebuildSource {
 }
 
 /// What an operator does about a registry that cannot be rebuilt.
-const REMEDY: &str = "Put the missing snapshot file back into the snapshots dir, or replace \
-                      this member's data dir (remove it from the voters, wipe the dir, add it \
-                      again as a learner)";
+const REMEDY: &str = "Put the missing snapshot file (or an intact copy of the damaged one) \
+                      back into the snapshots dir, or replace this member's data dir (remove it \
+                      from the voters, wipe the dir, add it again as a learner)";
 
 #[cfg(test)]
 mod tests {

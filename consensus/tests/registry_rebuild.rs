@@ -184,3 +184,35 @@ async fn an_untrusted_registry_is_kept_when_the_snapshot_it_needs_is_damaged() -
     std::fs::write(&newest, &sound)?;
     rebuilt(c, id, digest).await
 }
+
+/// Nor can a registry that is gone be completed from a snapshot that does not read back
+/// whole: the start fails naming the damage and the remedy (it failed in openraft's install,
+/// with a raw "corrupt data" error, after a log line saying a new snapshot was being built),
+/// and succeeds once the snapshot is sound again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registry_whose_snapshot_is_damaged_is_named() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    std::fs::remove_dir_all(c.dir(id).join("registry"))?;
+    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
+    let sound = std::fs::read(&newest)?;
+    let mut damaged = sound.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x20;
+    std::fs::write(&newest, &damaged)?;
+    let refused = c
+        .start_refused(id, "a node without its registry whose snapshot is damaged")
+        .await?;
+    ensure!(
+        refused.contains("nothing can complete it")
+            && refused.contains("damaged")
+            && refused.contains("intact copy"),
+        "the refusal names the damage: {refused}"
+    );
+    std::fs::write(&newest, &sound)?;
+    let n = c.start(id).await?;
+    c.converged().await?;
+    let (_, again) = n.registry_digest().await?;
+    ensure!(again == digest, "the completed registry differs");
+    drop(n);
+    c.shutdown().await
+}

@@ -70,11 +70,13 @@ pub(super) fn open_log_and_registry(
     }
     sole_voter::check_vote(&sm, &log, &c.wal_dir(), c.id)?;
     // A registry behind the log's purge point (deleted, say) is completed from the newest
-    // snapshot by openraft: without one that reaches the purge point, say so.
+    // snapshot by openraft: without one that reaches the purge point and reads back whole,
+    // say so.
+    let current = sm.shared().current_snapshot();
     let source = RebuildSource {
         purged,
         snapshot: sm.shared().last_snapshot().map(|s| s.index),
-        snapshot_file: None,
+        snapshot_file: current.map(|(_, data)| data.path().to_path_buf()),
     };
     let applied = sm.shared().applied().0.map_or(0, |l| l.index);
     source.check_behind(&c.registry_dir(), applied)?;
