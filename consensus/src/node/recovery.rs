@@ -58,9 +58,10 @@ pub(super) fn open_log_and_registry(
                 tracing::warn!(
                     applied = ahead.applied.index,
                     held = ahead.held,
-                    "the registry applied entries that neither the log nor a snapshot holds (a \
-                     power loss kept registry writes whose log records it lost): rebuilding it \
-                     from the newest snapshot and the log, which the leader completes"
+                    "the registry applied entries that neither the log nor a snapshot holds (the \
+                     log lost records the registry had applied: a power loss, or a log file cut \
+                     short or removed): rebuilding it from the newest snapshot and the log, \
+                     which the leader completes"
                 );
                 sm.shared().registry.rebuild_next();
                 drop(sm);
