@@ -23,10 +23,15 @@ pub async fn healthz(_: NoQuery, _: NoBody) -> axum::Json<HealthView> {
     })
 }
 
-/// How long `/readyz` waits for a node that is not known to have caught up to apply up to the
-/// leader's commit index: a node that applies what the leader committed as fast as it comes
-/// gets there in milliseconds.
-const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long `/readyz` takes at most on a node that is not known to have caught up: probes'
+/// own timeouts are often a second (Kubernetes' default), and one that times out says less
+/// than a 503 that says why.
+const PROBE_BUDGET: std::time::Duration = std::time::Duration::from_millis(900);
+
+/// Of that, how long it waits for the leader's commit index: a leader that has not given it by
+/// then is paused, cut off or gone (the rest waits for this node to apply up to it, which one
+/// that applies what the leader committed as fast as it comes does in milliseconds).
+const LEADER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `GET /readyz`: 200 once a member with a known leader that has caught up, else 503
 /// `not_ready` saying what it waits for.
@@ -34,16 +39,26 @@ pub async fn readyz(State(state): State<SharedState>, _: NoQuery, _: NoBody) -> 
     let mut status = state.node.status();
     let mut leader_index = None;
     if !state.readiness.caught_up() && Readiness::member_with_leader(&status).is_ok() {
+        let started = std::time::Instant::now();
         // What the node must apply to serve what the cluster acknowledged: the leader's
         // commit index (its lease is enough: this is a probe, not a read).
-        match state
-            .follower_reads
-            .read_index_for(&state.node, Consistency::Lease, ReplayedReadIndex(None))
-            .await
-        {
-            Ok(index) => leader_index = Some(index),
-            Err(e) => {
+        let asked = state.follower_reads.read_index_for(
+            &state.node,
+            Consistency::Lease,
+            ReplayedReadIndex(None),
+        );
+        match tokio::time::timeout(LEADER_WAIT, asked).await {
+            Ok(Ok(index)) => leader_index = Some(index),
+            Ok(Err(e)) => {
                 let why = format!("no commit index from the leader: {e}");
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why);
+            }
+            Err(_) => {
+                let why = format!(
+                    "no commit index from the leader within {} ms (it may be paused, or cut \
+                     off from this node)",
+                    LEADER_WAIT.as_millis()
+                );
                 return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why);
             }
         }
@@ -51,7 +66,8 @@ pub async fn readyz(State(state): State<SharedState>, _: NoQuery, _: NoBody) -> 
         // just told, as a follower read waits for: it gets a moment to apply them, rather
         // than be found behind by every first probe. One far behind is not ready yet.
         if let Some(index) = leader_index {
-            let _ = state.node.wait_applied(index, CATCH_UP_WAIT).await;
+            let left = PROBE_BUDGET.saturating_sub(started.elapsed());
+            let _ = state.node.wait_applied(index, left).await;
             status = state.node.status();
         }
     }

@@ -35,3 +35,32 @@ async fn a_follower_that_keeps_up_is_ready_when_first_asked_under_writes() {
     assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
     stop_all(servers).await;
 }
+
+/// A follower never asked before asks its leader for the commit index it must reach: when the
+/// leader is paused (its port takes connections nobody answers), the probe still answers
+/// within a second, as probes' own timeouts expect (it took about 1.5 s, waiting for the
+/// forwarding to give up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_first_asked_while_its_leader_is_paused_answers_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = start_cluster(&dir).await;
+    let leader = the_leader(&servers).node.id();
+    let follower = servers.keys().copied().find(|id| *id != leader).unwrap();
+    let paused = servers.remove(&leader).unwrap().stop_keeping_port().await;
+    paused.stop_answering();
+    let started = std::time::Instant::now();
+    let r = http_client()
+        .get(format!("http://{}/readyz", servers[&follower].addr))
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "answered {status} after {took:?}: {body}"
+    );
+    drop(paused);
+    stop_all(servers).await;
+}
