@@ -125,6 +125,28 @@ async fn an_untrusted_registry_is_kept_when_it_cannot_be_rebuilt() -> Result<()>
     rebuilt(c, id, digest).await
 }
 
+/// Flips a byte in the middle of node `id`'s newest snapshot file (its payload: the header
+/// and trailer stay sound); returns the file and its sound bytes.
+fn damage_newest_snapshot(c: &Cluster, id: u64) -> Result<(std::path::PathBuf, Vec<u8>)> {
+    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
+    let sound = std::fs::read(&newest)?;
+    let mut damaged = sound.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x20;
+    std::fs::write(&newest, &damaged)?;
+    Ok((newest, sound))
+}
+
+/// Starts node `id` again and checks that its registry, completed, matches `digest`.
+async fn completed(mut c: Cluster, id: u64, digest: u64) -> Result<()> {
+    let n = c.start(id).await?;
+    c.converged().await?;
+    let (_, again) = n.registry_digest().await?;
+    ensure!(again == digest, "the completed registry differs");
+    drop(n);
+    c.shutdown().await
+}
+
 /// A registry that is gone, on a member whose log is purged up to a snapshot that is gone too,
 /// cannot be completed: the start fails naming what is missing (not with openraft's message
 /// about log indexes), and succeeds once the snapshot is back.
@@ -148,12 +170,7 @@ async fn a_deleted_registry_without_the_snapshot_it_needs_is_named() -> Result<(
     );
     std::fs::remove_dir(&snapshots)?;
     std::fs::rename(&aside, &snapshots)?;
-    let n = c.start(id).await?;
-    c.converged().await?;
-    let (_, again) = n.registry_digest().await?;
-    ensure!(again == digest, "the completed registry differs");
-    drop(n);
-    c.shutdown().await
+    completed(c, id, digest).await
 }
 
 /// An untrusted registry whose rebuild would rest on a snapshot that does not read back whole
@@ -164,12 +181,7 @@ async fn a_deleted_registry_without_the_snapshot_it_needs_is_named() -> Result<(
 async fn an_untrusted_registry_is_kept_when_the_snapshot_it_needs_is_damaged() -> Result<()> {
     let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
     std::fs::remove_file(c.dir(id).join("registry").join("TRUSTED"))?;
-    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
-    let sound = std::fs::read(&newest)?;
-    let mut damaged = sound.clone();
-    let middle = damaged.len() / 2;
-    damaged[middle] ^= 0x20;
-    std::fs::write(&newest, &damaged)?;
+    let (newest, sound) = damage_newest_snapshot(&c, id)?;
     let refused = c
         .start_refused(id, "a node whose rebuild needs a damaged snapshot")
         .await?;
@@ -193,12 +205,7 @@ async fn an_untrusted_registry_is_kept_when_the_snapshot_it_needs_is_damaged() -
 async fn a_deleted_registry_whose_snapshot_is_damaged_is_named() -> Result<()> {
     let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
     std::fs::remove_dir_all(c.dir(id).join("registry"))?;
-    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
-    let sound = std::fs::read(&newest)?;
-    let mut damaged = sound.clone();
-    let middle = damaged.len() / 2;
-    damaged[middle] ^= 0x20;
-    std::fs::write(&newest, &damaged)?;
+    let (newest, sound) = damage_newest_snapshot(&c, id)?;
     let refused = c
         .start_refused(id, "a node without its registry whose snapshot is damaged")
         .await?;
@@ -209,10 +216,5 @@ async fn a_deleted_registry_whose_snapshot_is_damaged_is_named() -> Result<()> {
         "the refusal names the damage: {refused}"
     );
     std::fs::write(&newest, &sound)?;
-    let n = c.start(id).await?;
-    c.converged().await?;
-    let (_, again) = n.registry_digest().await?;
-    ensure!(again == digest, "the completed registry differs");
-    drop(n);
-    c.shutdown().await
+    completed(c, id, digest).await
 }
