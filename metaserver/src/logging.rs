@@ -3,6 +3,10 @@
 
 use std::io::IsTerminal;
 
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::EnvFilter;
 
 /// The filter without `RUST_LOG`. openraft's info lines are its internals (state dumps, every
@@ -23,13 +27,51 @@ const DEFAULT_FILTER: &str = "info,openraft=warn,openraft::core::heartbeat=error
 /// Installs the global subscriber once. Colours only on a terminal, not in files or journald.
 pub fn init() {
     let (filter, refused) = filter(std::env::var("RUST_LOG").ok());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(StaleMessages)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
         .try_init();
     if let Some(refused) = refused {
         tracing::warn!("{refused}");
+    }
+}
+
+/// Where openraft warns of each answer that arrives after the role or vote it was sent under
+/// ended.
+const RAFT_CORE: &str = "openraft::core::raft_core";
+
+/// How those warnings start: a leader that resumed from a pause, or lost an election, logged
+/// one per answer still on its way (31 lines after a pause), although nothing is wrong.
+const STALE_MESSAGE: &str = "A message will be ignored because";
+
+/// Drops openraft's warnings of answers that arrive after the role or vote they were sent
+/// under ended ([`STALE_MESSAGE`]); its other core warnings stay.
+struct StaleMessages;
+
+impl<S: Subscriber> Layer<S> for StaleMessages {
+    fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
+        if event.metadata().target() != RAFT_CORE {
+            return true;
+        }
+        let mut stale = Stale(false);
+        event.record(&mut stale);
+        !stale.0
+    }
+}
+
+/// Whether an event's message is a [`STALE_MESSAGE`].
+struct Stale(bool);
+
+impl Visit for Stale {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}").starts_with(STALE_MESSAGE);
+        }
     }
 }
 
@@ -59,6 +101,8 @@ mod tests {
     fn the_default_filter_keeps_warnings_but_the_per_retry_ones() {
         use std::sync::{Arc, Mutex};
 
+        use tracing_subscriber::layer::SubscriberExt as _;
+
         #[derive(Clone, Default)]
         struct Lines(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Lines {
@@ -72,10 +116,10 @@ mod tests {
         }
         let lines = Lines::default();
         let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(super::filter(None).0)
-            .with_writer(move || writer.clone())
-            .finish();
+        let subscriber = tracing_subscriber::registry()
+            .with(super::filter(None).0)
+            .with(super::StaleMessages)
+            .with(tracing_subscriber::fmt::layer().with_writer(move || writer.clone()));
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "openraft::replication", "per-retry one");
             tracing::warn!(
@@ -87,6 +131,10 @@ mod tests {
             tracing::warn!(target: "openraft::replication::snapshot_transmitter", "snapshot kept");
             tracing::warn!(target: "openraft::replication::stream_state", "contract kept");
             tracing::warn!(target: "openraft::core::raft_core", "core kept");
+            tracing::warn!(
+                target: "openraft::core::raft_core",
+                "A message will be ignored because this node is no longer Leader: stale"
+            );
             tracing::info!(target: "openraft::core::raft_core", "core info");
             tracing::info!(target: "meta_http::network", "ours kept");
         });
@@ -94,7 +142,13 @@ mod tests {
         for kept in ["snapshot kept", "contract kept", "core kept", "ours kept"] {
             assert!(logged.contains(kept), "{kept} missing: {logged}");
         }
-        for dropped in ["per-retry", "per-heartbeat", "membership step", "core info"] {
+        for dropped in [
+            "per-retry",
+            "per-heartbeat",
+            "membership step",
+            "core info",
+            "stale",
+        ] {
             assert!(!logged.contains(dropped), "{dropped} logged: {logged}");
         }
     }
