@@ -188,6 +188,15 @@ impl MetaNode {
             SnapshotData::open_received(file)
         })
         .await?;
+        // A snapshot from the stretch of history where this node's former self was the only
+        // voter makes it one, as such entries do (`votes.rs`).
+        let alone = meta
+            .last_membership
+            .membership()
+            .voter_ids()
+            .eq([self.id()]);
+        let end = meta.last_log_id.as_ref().map(|l| l.index + 1);
+        self.hold_before_sole_membership(end.filter(|_| alone));
         let raft = self.inner.raft.clone();
         let snapshot = openraft::storage::Snapshot {
             meta,

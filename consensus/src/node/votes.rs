@@ -414,9 +414,9 @@ pub(super) fn sole_membership_end(
 }
 
 impl MetaNode {
-    /// Holds elections at once, before openraft takes a leader's entries, while this node
-    /// rejoins and they hold a membership in which it is the only voter (`end`: one past that
-    /// entry's index, see [`sole_membership_end`]), until its metrics show that entry (then
+    /// Holds elections at once, before openraft takes a leader's entries (or snapshot), while
+    /// this node rejoins and they hold a membership in which it is the only voter (`end`: one
+    /// past that entry's index, see [`sole_membership_end`]), until its metrics show it (then
     /// `rejoin_holds_elections` judges): openraft elects a sole voter at its next tick, without
     /// an election timeout, sooner than the task that follows the metrics could hold them.
     pub(super) fn hold_before_sole_membership(&self, end: Option<u64>) {
