@@ -219,30 +219,13 @@ impl Readiness {
     /// that does not latch).
     pub fn member_with_leader(status: &ClusterStatus) -> Result<(), String> {
         let member = status.voters.contains(&status.id) || status.learners.contains(&status.id);
-        if status.role == Role::Removed {
-            return Err("removed from the cluster".into());
-        }
-        if let Some(why) = status.rejoin.as_ref().and_then(|r| r.waiting.as_ref()) {
-            // Holds no membership yet either, but a leader contacted it: no init needed.
-            return Err(format!(
-                "rejoining its cluster: waits for enough voters to tell it the cluster's term \
-                 ({why})"
-            ));
-        }
-        if !member && status.rejoin.as_ref().is_some_and(|r| r.knows_cluster) {
-            return Err(
-                "rejoining its cluster: waits for the cluster's leader to reach it, which \
-                 takes enough of its voters up (it needs no init)"
-                    .into(),
-            );
-        }
-        if !member {
-            return Err("not a member of a cluster".into());
-        }
-        if status.leader_id.is_none() {
-            return Err("no leader known".into());
-        }
-        Ok(())
+        membership_wait(
+            status.role == Role::Removed,
+            member,
+            status.rejoin.as_ref(),
+            status.leader_id,
+            status.applied.unwrap_or(0),
+        )
     }
 
     /// `Ok` when ready, otherwise what the node still waits for; `leader_index` is the
@@ -270,9 +253,78 @@ impl Readiness {
     }
 }
 
+/// [`Readiness::member_with_leader`] of a node `removed` or not, `member` of its membership or
+/// not, rejoining as `rejoin` says (if it is), led by `leader`, that applied up to `applied`.
+fn membership_wait(
+    removed: bool,
+    member: bool,
+    rejoin: Option<&meta_consensus::RejoinStatus>,
+    leader: Option<u64>,
+    applied: u64,
+) -> Result<(), String> {
+    if removed {
+        return Err("removed from the cluster".into());
+    }
+    if let Some(why) = rejoin.and_then(|r| r.waiting.as_ref()) {
+        // Holds no membership yet either, but a leader contacted it: no init needed.
+        return Err(format!(
+            "rejoining its cluster: waits for enough voters to tell it the cluster's term \
+             ({why})"
+        ));
+    }
+    if !member && rejoin.is_some_and(|r| r.knows_cluster) {
+        // A leader that reaches it feeds it the log from the start, whose memberships leave it
+        // out until the entry that adds it.
+        if leader.is_some() {
+            return Err(format!(
+                "catching up: replays the cluster's log up to the entry that adds it (applied \
+                 {applied})"
+            ));
+        }
+        return Err(
+            "rejoining its cluster: waits for the cluster's leader to reach it, which \
+                    takes enough of its voters up (it needs no init)"
+                .into(),
+        );
+    }
+    if !member {
+        return Err("not a member of a cluster".into());
+    }
+    if leader.is_none() {
+        return Err("no leader known".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new or wiped member that a leader reaches replays the log from the start, whose
+    /// memberships leave it out until the entry that adds it: it is catching up, not waiting
+    /// for a leader to reach it (as it said while its applied index rose by thousands).
+    #[test]
+    fn a_rejoining_node_a_leader_reaches_is_catching_up() {
+        let rejoin = meta_consensus::RejoinStatus {
+            knows_cluster: true,
+            ..Default::default()
+        };
+        let waiting = membership_wait(false, false, Some(&rejoin), None, 0).unwrap_err();
+        assert!(
+            waiting.contains("waits for the cluster's leader"),
+            "{waiting}"
+        );
+        let replaying = membership_wait(false, false, Some(&rejoin), Some(2), 30_216).unwrap_err();
+        assert!(
+            replaying.contains("catching up") && replaying.contains("30216"),
+            "{replaying}"
+        );
+        assert!(membership_wait(false, true, Some(&rejoin), Some(2), 30_216).is_ok());
+        let removed = membership_wait(true, true, None, Some(2), 1).unwrap_err();
+        assert!(removed.contains("removed"), "{removed}");
+        let alone = membership_wait(false, false, None, None, 0).unwrap_err();
+        assert!(alone.contains("not a member"), "{alone}");
+    }
 
     #[test]
     fn readiness_waits_for_the_leaders_index_then_latches() {
