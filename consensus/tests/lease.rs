@@ -198,8 +198,9 @@ async fn a_leader_no_quorum_acknowledges_refuses_reads_at_once() -> Result<()> {
     c.shutdown().await
 }
 
-/// Nor does it take a leadership move: it is refused at once, `NoLeader`, not with the
-/// target's silence (every voter is silent to it), after waiting the lease for an answer.
+/// Nor does it take a leadership move or a membership change: each is refused at once,
+/// `NoLeader`, not with the target's silence (every voter is silent to it), after waiting the
+/// lease for an answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_no_quorum_acknowledges_refuses_a_leadership_move() -> Result<()> {
     let c = Cluster::three().await?;
@@ -211,6 +212,18 @@ async fn a_leader_no_quorum_acknowledges_refuses_a_leadership_move() -> Result<(
         Ok(Err(meta_consensus::Error::NoLeader)) => {}
         Ok(other) => anyhow::bail!("{other:?}"),
         Err(_) => anyhow::bail!("the move waited for voters nobody hears"),
+    }
+    // Nor a move to itself (it answered that it leads), nor a membership change (it waited a
+    // lease for answers, then was refused for a majority that does not answer).
+    let me = leader.id();
+    match tokio::time::timeout(lease / 2, leader.transfer_leadership(me)).await {
+        Ok(Err(meta_consensus::Error::NoLeader)) => {}
+        other => anyhow::bail!("a move to itself: {other:?}"),
+    }
+    match tokio::time::timeout(lease / 2, leader.remove_voter(to)).await {
+        Ok(Err(meta_consensus::Error::NoLeader)) => {}
+        Ok(other) => anyhow::bail!("a removal: {other:?}"),
+        Err(_) => anyhow::bail!("the removal waited for voters nobody hears"),
     }
     c.router.heal_all();
     c.shutdown().await

@@ -68,15 +68,17 @@ fn listed_twice(shards: &[ShardBody]) -> Option<(u64, usize)> {
 }
 
 /// `metaserver status`: the member's view, as pretty JSON: of the first member given that
-/// answers and was not removed from the cluster (a removed member's view is of the cluster it
-/// left), or of the last one asked if each was.
+/// answers, was not removed from the cluster (a removed member's view is of the cluster it
+/// left) and knows a leader (one in no cluster yet, or cut off, tells little of the cluster),
+/// or of the last one asked if none does.
 pub async fn status(args: ClientArgs) -> Result<()> {
     let op = Operator::new(&args)?;
     let mut view: ClusterView = op.get_json("/v1/cluster").await?;
     for _ in 1..op.members() {
         // The member that answered (a request moves on from one that cannot).
         let answered = op.member().to_owned();
-        if view.role != "removed" || op.next_member(&answered) {
+        let telling = view.role != "removed" && view.leader_id.is_some();
+        if telling || op.next_member(&answered) {
             break;
         }
         view = op.get_json("/v1/cluster").await?;
@@ -390,15 +392,16 @@ async fn register_batches(
 /// replicas, at a snapshot rate the operator set low, takes a while.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 
-/// Asks the member `op` asks now (or the next ones, while they cannot answer) to build a
-/// snapshot, and downloads it from the member that built it into a synced temp file in `dir`:
-/// the build's answer, the file and its size.
+/// Asks the member `op` asks now (or the next ones, while they cannot answer, riding out a
+/// leader change as [`Operator::send_retrying`] does: a member refuses to build one while it
+/// knows no leader) to build a snapshot, and downloads it from the member that built it into a
+/// synced temp file in `dir`: the build's answer, the file and its size.
 async fn download_snapshot(
     op: &Operator,
     dir: &Path,
 ) -> Result<(Value, tempfile::NamedTempFile, u64)> {
     let built: Value = op
-        .send(|| {
+        .send_retrying(|| {
             op.request(reqwest::Method::POST, "/v1/cluster/snapshot")
                 .timeout(SNAPSHOT_TIMEOUT)
         })

@@ -97,55 +97,14 @@ impl MetaNode {
     /// election timeouts: this node stops leading once it asked (it takes no writes and sends
     /// no heartbeats), so the members then elect a leader as after a crash. Changes no data.
     pub async fn transfer_leadership(&self, to: NodeId) -> Result<(NodeId, u64)> {
-        self.check_open()?;
-        self.forward_if_follower()?;
         // Not in the middle of a membership change, whose checks assume this node leads.
         let _one = self.inner.changing.lock().await;
-        let m = self.change_view()?;
-        // A leader handing over (before a stop, or to another target) takes nothing more: it
-        // would answer that it leads while it is giving up its office. The caller asks the
-        // next leader.
-        if self.handing_over() {
-            return Err(Error::NoLeader);
-        }
+        let m = self.transfer_view(to)?;
         let me = self.id();
         if to == me {
             return Ok((me, m.current_term));
         }
-        if !m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|v| v == to)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "node {to} is not a voter: only a voter can lead"
-            )));
-        }
-        // A leader no quorum acknowledged for two election timeouts is cut off: it refuses at
-        // once, as it does writes and reads (not with the target's lag, which is not the
-        // cause), unless it stood still lately and has not read the acknowledgements yet.
-        if self.unacknowledged_for().is_some() && !self.stalled_lately() {
-            return Err(Error::NoLeader);
-        }
         let last = m.last_log_index.unwrap_or(0);
-        let cannot = |m: &Metrics| {
-            let (matched, heard) = Self::progress_of(m, to);
-            let (has, heard) = super::membership::progress_words(matched, last, heard);
-            Error::Conflict(format!(
-                "node {to} cannot take over: it has {has} and was last heard from {heard} (check \
-                 that it runs and is reachable)"
-            ))
-        };
-        // A target silent for the lease already (stopped, paused or cut off) is refused at
-        // once: a leader that has led for the lease heard from every running voter within it.
-        let (_, heard) = Self::progress_of(&m, to);
-        let led_long = self
-            .led_for(m.current_term)
-            .is_some_and(|d| d >= self.lease());
-        if heard.map_or(led_long, |d| d >= self.lease()) {
-            return Err(cannot(&m));
-        }
         // Answered since the call (a heartbeat's round at most), not merely within the lease: a
         // voter that stopped a moment ago would be asked, and the cluster left without a leader.
         let asked = std::time::Instant::now();
@@ -163,7 +122,7 @@ impl MetaNode {
             )
             .await;
         if waited.is_err() {
-            return Err(cannot(&self.change_view()?));
+            return Err(cannot_take_over(&self.change_view()?, to));
         }
         tracing::info!(to, "handing leadership over, as asked");
         self.trigger_transfer(to).await?;
@@ -184,6 +143,46 @@ impl MetaNode {
                 other.map_or("?".to_owned(), |l| l.to_string())
             ))),
         }
+    }
+
+    /// Refuses a move of the leadership to `to` at once, as [`MetaNode::transfer_leadership`]
+    /// says, where that needs no wait (a node that knows another leader, or none; a leader
+    /// handing over or cut off; `to` no voter, or silent for the lease already), so that a
+    /// caller can check before asking `to` anything itself (a paused node does not answer).
+    /// Returns the leader's view.
+    pub fn transfer_view(&self, to: NodeId) -> Result<Metrics> {
+        self.check_open()?;
+        self.forward_if_follower()?;
+        let m = self.change_view()?;
+        // A leader handing over (before a stop, or to another target) takes nothing more: it
+        // would answer that it leads while it is giving up its office. The caller asks the
+        // next leader.
+        if self.handing_over() {
+            return Err(Error::NoLeader);
+        }
+        if to == self.id() {
+            return Ok(m);
+        }
+        if !m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == to)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "node {to} is not a voter: only a voter can lead"
+            )));
+        }
+        // A target silent for the lease already (stopped, paused or cut off) is refused at
+        // once: a leader that has led for the lease heard from every running voter within it.
+        let (_, heard) = Self::progress_of(&m, to);
+        let led_long = self
+            .led_for(m.current_term)
+            .is_some_and(|d| d >= self.lease());
+        if heard.map_or(led_long, |d| d >= self.lease()) {
+            return Err(cannot_take_over(&m, to));
+        }
+        Ok(m)
     }
 
     /// Asks voter `to` to take this leader's office over. From then on this node proposes
@@ -213,4 +212,16 @@ impl MetaNode {
     pub fn stop_elections(&self) {
         self.set_election_holds(|h| h.stopped = true);
     }
+}
+
+/// Why voter `to` cannot take over from the leader whose view is `m`: how much of the log it
+/// has, and when the leader last heard from it.
+fn cannot_take_over(m: &Metrics, to: NodeId) -> Error {
+    let last = m.last_log_index.unwrap_or(0);
+    let (matched, heard) = MetaNode::progress_of(m, to);
+    let (has, heard) = super::membership::progress_words(matched, last, heard);
+    Error::Conflict(format!(
+        "node {to} cannot take over: it has {has} and was last heard from {heard} (check that it \
+         runs and is reachable)"
+    ))
 }

@@ -412,10 +412,17 @@ impl MetaNode {
         let Some(m) = self.leader_view() else {
             return Err(self.not_leading());
         };
-        match self.removed(&m) {
-            Some(members) => Err(Error::Removed { members }),
-            None => Ok(m),
+        if let Some(members) = self.removed(&m) {
+            return Err(Error::Removed { members });
         }
+        // A leader no quorum acknowledged for two election timeouts is cut off: it refuses at
+        // once, as it does writes and reads (a change would wait out its checks, then be
+        // refused for a majority that does not answer), unless it stood still lately and has
+        // not read the acknowledgements yet.
+        if self.unacknowledged_for().is_some() && !self.stalled_lately() {
+            return Err(Error::NoLeader);
+        }
+        Ok(m)
     }
 }
 

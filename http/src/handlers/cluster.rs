@@ -281,6 +281,9 @@ pub async fn set_leader(
     // quorum acknowledged yet (the check was skipped then, and a voter short of disk led).
     let status = state.node.status();
     if matches!(status.role, Role::Leader | Role::LeaderWithoutQuorum) {
+        // What is refused without a wait is refused before the target is asked for its room
+        // (a paused target keeps that question waiting for its timeout).
+        state.node.transfer_view(to)?;
         let room = match status.nodes.get(&to) {
             _ if to == status.id => Some(crate::disk_handover::Room {
                 id: to,

@@ -243,3 +243,49 @@ async fn a_stopping_node_takes_no_leadership() {
     );
     stop_all(servers).await;
 }
+
+/// A leadership move to a voter the leader has not heard from for the election timeout (here
+/// stopped with its port taking connections nobody answers, as a paused process's) is refused
+/// at once, before the leader asks it for its room: that question waited for its timeout, and
+/// the move was refused after two seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_a_paused_voter_is_refused_before_its_room_is_asked() {
+    let dir = TempDir::new().unwrap();
+    let mut servers = crate::helpers::start_cluster(&dir).await;
+    let leader = the_leader(&servers).node.id();
+    let to = servers.keys().copied().find(|id| *id != leader).unwrap();
+    let paused = servers.remove(&to).unwrap().stop_keeping_port().await;
+    paused.stop_answering();
+    let node = servers[&leader].node.clone();
+    let lease = node.config().election_timeout();
+    wait_for(
+        || {
+            let heard = node
+                .status()
+                .replication
+                .iter()
+                .find(|r| r.node == to)
+                .and_then(|r| r.heard_ms);
+            heard.is_some_and(|ms| u128::from(ms) > lease.as_millis())
+        },
+        "the leader stops hearing from the paused voter",
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, v) = Client::new()
+        .send(
+            Method::PUT,
+            &servers[&leader],
+            "/v1/cluster/leader",
+            Some(json!({ "id": to })),
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "refused after {took:?}: {v}"
+    );
+    drop(paused);
+    stop_all(servers).await;
+}

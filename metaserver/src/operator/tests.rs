@@ -464,6 +464,42 @@ async fn a_save_whose_member_went_away_asks_the_next_one() {
     );
 }
 
+/// A save whose leader went away rides out the election that follows: the other members
+/// answer 503 while they know no leader, and the save asks again (it stopped at once, having
+/// asked the gone leader again as the last member).
+#[tokio::test]
+async fn a_save_rides_out_a_leader_change() {
+    let (gone, _held) = closed_port();
+    // The election outlasts a round of every member given, twice.
+    let (next, asked) = answering(|n| match n {
+        0..4 => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":{"code":"no_leader","message":"electing"}}"#,
+        ),
+        4 => (StatusCode::OK, "{}"),
+        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ClientArgs {
+        server: format!("{next},{gone}"),
+        token: None,
+        tls_ca: None,
+    };
+    let err = snapshot_save(args, &dir.path().join("meta.snap"))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("not a usable backup"),
+        "{err:#}"
+    );
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        6,
+        "asked again, built and downloaded there"
+    );
+}
+
 #[tokio::test]
 async fn a_watch_gives_back_the_history_its_index_counts_in() {
     // A member that counts in history "aaaa" refuses an index given without it (as a
