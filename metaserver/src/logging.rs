@@ -41,36 +41,47 @@ pub fn init() {
     }
 }
 
-/// Where openraft warns of each answer that arrives after the role or vote it was sent under
-/// ended.
-const RAFT_CORE: &str = "openraft::core::raft_core";
+/// openraft's warnings of answers that arrive after the role, vote or member they were sent
+/// for is gone, by target and a part of their message: a leader that resumed from a pause, or
+/// lost an election, logged one per answer still on its way (31 lines after a pause), and one
+/// that removed a member one per answer of that member's, although nothing is wrong.
+const STALE_MESSAGES: [(&str, &str); 2] = [
+    (
+        "openraft::core::raft_core",
+        "A message will be ignored because",
+    ),
+    (
+        "openraft::proposer::leader",
+        "It may be from a delayed message, ignore",
+    ),
+];
 
-/// How those warnings start: a leader that resumed from a pause, or lost an election, logged
-/// one per answer still on its way (31 lines after a pause), although nothing is wrong.
-const STALE_MESSAGE: &str = "A message will be ignored because";
-
-/// Drops openraft's warnings of answers that arrive after the role or vote they were sent
-/// under ended ([`STALE_MESSAGE`]); its other core warnings stay.
+/// Drops openraft's warnings of answers that arrive late ([`STALE_MESSAGES`]); its other
+/// warnings stay.
 struct StaleMessages;
 
 impl<S: Subscriber> Layer<S> for StaleMessages {
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
-        if event.metadata().target() != RAFT_CORE {
+        let target = event.metadata().target();
+        let Some((_, part)) = STALE_MESSAGES.iter().find(|(t, _)| *t == target) else {
             return true;
-        }
-        let mut stale = Stale(false);
+        };
+        let mut stale = Stale { part, found: false };
         event.record(&mut stale);
-        !stale.0
+        !stale.found
     }
 }
 
-/// Whether an event's message is a [`STALE_MESSAGE`].
-struct Stale(bool);
+/// Whether an event's message holds `part`.
+struct Stale {
+    part: &'static str,
+    found: bool,
+}
 
 impl Visit for Stale {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            self.0 = format!("{value:?}").starts_with(STALE_MESSAGE);
+            self.found = format!("{value:?}").contains(self.part);
         }
     }
 }
@@ -135,11 +146,22 @@ mod tests {
                 target: "openraft::core::raft_core",
                 "A message will be ignored because this node is no longer Leader: stale"
             );
+            tracing::warn!(
+                target: "openraft::proposer::leader",
+                "stale too: target node 4 not found. It may be from a delayed message, ignore"
+            );
+            tracing::warn!(target: "openraft::proposer::leader", "leader kept");
             tracing::info!(target: "openraft::core::raft_core", "core info");
             tracing::info!(target: "meta_http::network", "ours kept");
         });
         let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        for kept in ["snapshot kept", "contract kept", "core kept", "ours kept"] {
+        for kept in [
+            "snapshot kept",
+            "contract kept",
+            "core kept",
+            "leader kept",
+            "ours kept",
+        ] {
             assert!(logged.contains(kept), "{kept} missing: {logged}");
         }
         for dropped in [
