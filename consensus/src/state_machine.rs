@@ -181,7 +181,18 @@ impl StateMachine {
             .map_err(|e| Error::storage("open snapshot store", e))?;
         let current = snapshots
             .newest()
-            .map_err(|e| Error::storage("find newest snapshot", e))?
+            .map_err(|e| match e {
+                // Its header or trailer (a copy cut short, or overwritten): the operator can
+                // set it aside, and the checks after the open say whether the rest suffices.
+                e @ meta_store::Error::Corrupt { .. } => Error::Snapshot(format!(
+                    "the newest snapshot does not read back ({e}). Move it out of the snapshots \
+                     dir (the node then starts from its registry, its log and the snapshot before \
+                     it, and says so if they do not hold every entry), put an intact copy back, \
+                     or replace this member's data dir (remove it from the voters, wipe the dir, \
+                     add it again as a learner)"
+                )),
+                e => Error::storage("find newest snapshot", e),
+            })?
             .map(|f| -> Result<(SnapshotMeta, SnapshotData)> {
                 let meta: SnapshotMeta = codec::decode(&f.meta).map_err(|e| {
                     Error::corrupt(format!("snapshot metadata of {}", f.path.display()), e)

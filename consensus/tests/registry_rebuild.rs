@@ -218,3 +218,26 @@ async fn a_deleted_registry_whose_snapshot_is_damaged_is_named() -> Result<()> {
     std::fs::write(&newest, &sound)?;
     completed(c, id, digest).await
 }
+
+/// A newest snapshot cut short (its trailer gone, as a copy that did not finish leaves it)
+/// stops the start naming the remedy (it gave only the raw corrupt-data error), and the remedy
+/// it names holds: set aside, the node starts from its registry and log and has everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newest_snapshot_cut_short_is_named_with_its_remedy() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
+    let len = std::fs::metadata(&newest)?.len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)?
+        .set_len(len - 30)?;
+    let refused = c
+        .start_refused(id, "a node whose newest snapshot was cut short")
+        .await?;
+    ensure!(
+        refused.contains("does not read back") && refused.contains("Move it out"),
+        "the refusal names the remedy: {refused}"
+    );
+    std::fs::rename(&newest, c.dir(id).join("set-aside.snap.bad"))?;
+    completed(c, id, digest).await
+}
