@@ -243,16 +243,14 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
     // will never be written (seen on a full disk), and the runtime's drop waits for that
     // blocking task.
     let closed = tokio::time::timeout(CLOSE_TIMEOUT, node.shutdown()).await;
-    if let Some(why) = failure {
+    if failure.is_some() {
         match closed {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("closing the node after its core stopped: {e}"),
             Err(_) => tracing::warn!("still closing the node after {CLOSE_TIMEOUT:?}"),
         }
-        tracing::error!(
-            data_dir = %settings.data_dir.display(),
-            "the Raft core stopped: {why}; exiting with status 1"
-        );
+        // Its cause was logged once, when the core stopped.
+        tracing::info!("closed after the Raft core stopped (see above); exiting with status 1");
         std::process::exit(1);
     }
     let Ok(closed) = closed else {
