@@ -223,80 +223,30 @@ impl ServeSettings {
         };
         // The checked settings that only the config file gave, as (flag, key): a refusal of
         // one names the key, not a flag the operator never gave.
-        let given = |flag: bool, in_file: bool| !flag && in_file;
-        let from_file: Vec<(&str, &str)> = [
-            ("--id", "id", given(args.id.is_some(), file.id.is_some())),
-            (
-                "--worker-threads",
-                "worker_threads",
-                given(args.worker_threads.is_some(), file.worker_threads.is_some()),
-            ),
-            (
-                "--wal-segment-bytes",
-                "wal_segment_bytes",
-                given(
-                    args.wal_segment_bytes.is_some(),
-                    file.wal_segment_bytes.is_some(),
-                ),
-            ),
-            (
-                "--max-pending-shards",
-                "max_pending_shards",
-                given(
-                    args.max_pending_shards.is_some(),
-                    file.max_pending_shards.is_some(),
-                ),
-            ),
-            (
-                "--datanode-timeout-ms",
-                "datanode_timeout_ms",
-                given(
-                    args.datanode_timeout_ms.is_some(),
-                    file.datanode_timeout_ms.is_some(),
-                ),
-            ),
-            (
-                "--sled-cache-bytes",
-                "sled_cache_bytes",
-                given(
-                    args.sled_cache_bytes.is_some(),
-                    file.sled_cache_bytes.is_some(),
-                ),
-            ),
-            (
-                "--idle-timeout-secs",
-                "idle_timeout_secs",
-                given(
-                    args.idle_timeout_secs.is_some(),
-                    file.idle_timeout_secs.is_some(),
-                ),
-            ),
-            (
-                "--emulated-sync-latency-us",
-                "emulated_sync_latency_us",
-                given(
-                    args.emulated_sync_latency_us.is_some(),
-                    file.emulated_sync_latency_us.is_some(),
-                ),
-            ),
-            (
-                "--watch-history",
-                "watch_history",
-                given(args.watch_history.is_some(), file.watch_history.is_some()),
-            ),
-            (
-                "--advertise",
-                "advertise",
-                given(args.advertise.is_some(), file.advertise.is_some()),
-            ),
-            (
-                "--peers",
-                "peers",
-                given(args.peers.is_some(), file.peers.is_some()),
-            ),
+        macro_rules! only_in_file {
+            ($($field:ident => $flag:literal),* $(,)?) => {
+                [$((
+                    $flag,
+                    stringify!($field),
+                    args.$field.is_none() && file.$field.is_some(),
+                )),*]
+            };
+        }
+        let from_file: Vec<(&str, &str)> = only_in_file![
+            id => "--id",
+            worker_threads => "--worker-threads",
+            wal_segment_bytes => "--wal-segment-bytes",
+            max_pending_shards => "--max-pending-shards",
+            datanode_timeout_ms => "--datanode-timeout-ms",
+            sled_cache_bytes => "--sled-cache-bytes",
+            idle_timeout_secs => "--idle-timeout-secs",
+            emulated_sync_latency_us => "--emulated-sync-latency-us",
+            watch_history => "--watch-history",
+            advertise => "--advertise",
+            peers => "--peers",
         ]
         .into_iter()
-        .filter(|(_, _, in_file)| *in_file)
+        .filter(|(_, _, only)| *only)
         .map(|(flag, key, _)| (flag, key))
         .collect();
         let (peers, what) = chosen(

@@ -424,6 +424,24 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
     );
 }
 
+/// Runs `snapshot save` against the members `server`, one of which builds and serves bytes
+/// that are no snapshot: the save fails at its check of the download, which shows it got there.
+async fn saved_up_to_the_check(server: String) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ClientArgs {
+        server,
+        token: None,
+        tls_ca: None,
+    };
+    let err = snapshot_save(args, &dir.path().join("meta.snap"))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("not a usable backup"),
+        "{err:#}"
+    );
+}
+
 /// A member that goes away while it builds the snapshot (it takes the request, then the
 /// connection closes) leaves the save to the next member given, which is asked to build one
 /// (here it serves no snapshot, which the save then says): the save used to stop, saying the
@@ -444,19 +462,8 @@ async fn a_save_whose_member_went_away_asks_the_next_one() {
         _ => (StatusCode::OK, "<html>not a snapshot</html>"),
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let args = ClientArgs {
-        server: format!("{gone_addr},{next}"),
-        token: None,
-        tls_ca: None,
-    };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"))
-        .await
-        .unwrap_err();
-    assert!(
-        format!("{err:#}").contains("not a usable backup"),
-        "{err:#}"
-    );
+    // The last member given serves no snapshot: the save says so, having got that far.
+    saved_up_to_the_check(format!("{gone_addr},{next}")).await;
     assert_eq!(
         asked.load(Ordering::SeqCst),
         2,
@@ -480,19 +487,7 @@ async fn a_save_rides_out_a_leader_change() {
         _ => (StatusCode::OK, "<html>not a snapshot</html>"),
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let args = ClientArgs {
-        server: format!("{next},{gone}"),
-        token: None,
-        tls_ca: None,
-    };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"))
-        .await
-        .unwrap_err();
-    assert!(
-        format!("{err:#}").contains("not a usable backup"),
-        "{err:#}"
-    );
+    saved_up_to_the_check(format!("{next},{gone}")).await;
     assert_eq!(
         asked.load(Ordering::SeqCst),
         6,
