@@ -159,7 +159,7 @@ pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
     match text {
         "shared" => Ok(BarrierMode::Shared),
         "own" => Ok(BarrierMode::Own),
-        other => bail!("barrier mode must be \"shared\" or \"own\", not {other:?}"),
+        other => bail!("--barrier must be \"shared\" or \"own\", not {other:?}"),
     }
 }
 
@@ -172,25 +172,21 @@ fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
     Ok(token)
 }
 
-/// The value a flag (or its environment variable) gives, else the config file's, with the name
-/// a refusal of it quotes: the flag's (`flag`), or the config file's key (`key`).
-fn chosen<T>(flag: Option<T>, file: Option<T>, flag_name: &str, key: &str) -> (Option<T>, String) {
-    match flag {
-        Some(v) => (Some(v), flag_name.to_owned()),
-        None => (file, format!("{key} in the config file")),
-    }
-}
-
-/// `e`, a refusal of the checked settings that begins with a flag, begins with the config
-/// file's key instead when only the file gave that setting (`from_file`: flag and key).
+/// `e`, a refusal of the settings that begins with a flag (and perhaps its environment
+/// variable), begins with the config file's key instead when only the file gave that setting
+/// (`from_file`: flag and key).
 fn in_file_terms(e: anyhow::Error, from_file: &[(&str, &str)]) -> anyhow::Error {
     let text = e.to_string();
-    let named = from_file.iter().find(|(flag, _)| {
-        text.strip_prefix(flag)
-            .is_some_and(|rest| rest.starts_with([' ', ':']))
+    let named = from_file.iter().find_map(|(flag, key)| {
+        let rest = text.strip_prefix(flag)?;
+        let rest = match rest.strip_prefix(" (METASERVER_") {
+            Some(env) => &env[env.find(')')? + 1..],
+            None => rest,
+        };
+        rest.starts_with([' ', ':']).then_some((key, rest))
     });
     match named {
-        Some((flag, key)) => anyhow::anyhow!("{key} (in the config file){}", &text[flag.len()..]),
+        Some((key, rest)) => anyhow::anyhow!("{key} (in the config file){rest}"),
         None => e,
     }
 }
@@ -221,8 +217,8 @@ impl ServeSettings {
             Some(path) => read_file(path)?,
             None => FileSettings::default(),
         };
-        // The checked settings that only the config file gave, as (flag, key): a refusal of
-        // one names the key, not a flag the operator never gave.
+        // The settings that only the config file gave, as (flag, key): a refusal of one names
+        // the key, not a flag the operator never gave.
         macro_rules! only_in_file {
             ($($field:ident => $flag:literal),* $(,)?) => {
                 [$((
@@ -244,55 +240,48 @@ impl ServeSettings {
             watch_history => "--watch-history",
             advertise => "--advertise",
             peers => "--peers",
+            token => "--token",
+            member_token => "--member-token",
+            data_dir => "--data-dir",
+            barrier => "--barrier",
         ]
         .into_iter()
         .filter(|(_, _, only)| *only)
         .map(|(flag, key, _)| (flag, key))
         .collect();
-        let (peers, what) = chosen(
-            args.peers.as_deref(),
-            file.peers.as_deref(),
-            "--peers (METASERVER_PEERS)",
-            "peers",
-        );
-        let peers = match peers {
+        Self::merge(args, file, default_mode).map_err(|e| in_file_terms(e, &from_file))
+    }
+
+    /// [`ServeSettings::resolve`] with the config file read: merges and checks.
+    fn merge(args: &ServeArgs, file: FileSettings, default_mode: bool) -> Result<Self> {
+        let peers = match args.peers.as_deref().or(file.peers.as_deref()) {
             Some(text) => {
                 let peers = parse_peers(text)?;
                 if peers.is_empty() {
                     // An empty value (an unset variable in a unit file, say) would otherwise
                     // read as "no peers": a node told to initialize would form a cluster alone.
-                    bail!("{what} names no peer: give ID=ADDR,.. or leave it unset");
+                    bail!("--peers (METASERVER_PEERS) names no peer: give ID=ADDR,.. or leave it unset");
                 }
                 peers
             }
             None => BTreeMap::new(),
         };
-        let (token, what) = chosen(
-            args.token.clone(),
-            file.token,
+        let token = set_token(
+            args.token.clone().or(file.token),
             "--token (METASERVER_TOKEN)",
-            "token",
-        );
-        let token = set_token(token, &what)?;
-        let (member_token, what) = chosen(
-            args.member_token.clone(),
-            file.member_token,
+        )?;
+        let member_token = set_token(
+            args.member_token.clone().or(file.member_token),
             "--member-token (METASERVER_MEMBER_TOKEN)",
-            "member_token",
-        );
-        let member_token = set_token(member_token, &what)?;
-        let (data_dir, what) = chosen(
-            args.data_dir.clone(),
-            file.data_dir,
-            "--data-dir (METASERVER_DATA_DIR)",
-            "data_dir",
-        );
+        )?;
+        let data_dir = args.data_dir.clone().or(file.data_dir);
         // An empty path would put the node's files in the working directory (and one of
         // blanks in a directory named so there).
         let blank = |d: &PathBuf| d.to_str().is_some_and(|s| s.trim().is_empty());
         if data_dir.as_ref().is_some_and(blank) {
             bail!(
-                "{what} is empty: give a directory or leave it unset (default {DEFAULT_DATA_DIR})"
+                "--data-dir (METASERVER_DATA_DIR) is empty: give a directory or leave it unset \
+                 (default {DEFAULT_DATA_DIR})"
             );
         }
         let tls = TlsFiles::resolve(
@@ -308,14 +297,8 @@ impl ServeSettings {
             .init
             .or(file.init.map(|b| b.0))
             .unwrap_or(default_mode && peers.is_empty() && id == 1);
-        let (barrier, what) = chosen(
-            args.barrier.as_deref(),
-            file.barrier.as_deref(),
-            "--barrier",
-            "barrier",
-        );
-        let barrier = match barrier {
-            Some(text) => parse_barrier(text).with_context(|| what)?,
+        let barrier = match args.barrier.as_deref().or(file.barrier.as_deref()) {
+            Some(text) => parse_barrier(text)?,
             None => BarrierMode::Shared,
         };
         let settings = ServeSettings {
@@ -367,7 +350,7 @@ impl ServeSettings {
                 args.stop_delay_ms.or(file.stop_delay_ms).unwrap_or(0),
             ),
         };
-        settings.check().map_err(|e| in_file_terms(e, &from_file))?;
+        settings.check()?;
         Ok(settings)
     }
 

@@ -7,13 +7,11 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
+use super::membership::Metrics;
 use super::MetaNode;
 use crate::error::{Error, Result};
 use crate::types::NodeId;
 use crate::uncancelled::uncancelled;
-
-/// A leader's Raft metrics.
-type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
 
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard

@@ -427,7 +427,7 @@ impl MetaNode {
 }
 
 /// A leader's Raft metrics.
-type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
+pub(super) type Metrics = openraft::RaftMetrics<crate::types::TypeConfig>;
 
 /// Whether the leader whose metrics are `m` heard from member `id` after `asked`.
 pub(super) fn answered_since(m: &Metrics, id: NodeId, asked: std::time::Instant) -> bool {

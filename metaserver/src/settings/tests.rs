@@ -256,14 +256,14 @@ fn empty_and_out_of_range_values_are_refused() {
     // The same in a config file, named as its key there: an empty data dir would have put
     // the node's files in the working directory.
     for (line, what) in [
-        ("data_dir = \"\"", "data_dir in the config file is empty"),
-        ("token = \"\"", "token in the config file is empty"),
+        ("data_dir = \"\"", "data_dir (in the config file) is empty"),
+        ("token = \"\"", "token (in the config file) is empty"),
         (
             "member_token = \" \"",
-            "member_token in the config file is empty",
+            "member_token (in the config file) is empty",
         ),
-        ("peers = \"\"", "peers in the config file names no peer"),
-        ("data_dir = \" \"", "data_dir in the config file is empty"),
+        ("peers = \"\"", "peers (in the config file) names no peer"),
+        ("data_dir = \" \"", "data_dir (in the config file) is empty"),
         (
             "worker_threads = 0",
             "worker_threads (in the config file) must be at least 1",
@@ -276,10 +276,7 @@ fn empty_and_out_of_range_values_are_refused() {
             "idle_timeout_secs = 2",
             "idle_timeout_secs (in the config file) must be 0",
         ),
-        (
-            "barrier = \"foo\"",
-            "barrier in the config file: barrier mode must be",
-        ),
+        ("barrier = \"foo\"", "barrier (in the config file) must be"),
         (
             "advertise = \"0.0.0.0:7101\"",
             "advertise (in the config file) 0.0.0.0:7101",
