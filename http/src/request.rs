@@ -21,7 +21,9 @@ pub use command::validate_command;
 pub use datanodes::{
     EpochBody, RegisterDatanodeBody, RegisterShardsBody, ShardBody, MAX_MIN_EPOCH,
 };
-pub use fields::{validate_addr, validate_key, validate_new_key, validate_value};
+pub use fields::{
+    check_listen_addr, validate_addr, validate_key, validate_new_key, validate_value,
+};
 pub use object_only::ObjectOnly;
 pub use query::{
     id_cursor_of, invalid_cursor, parse_consistency, parse_cursor, parse_limit, DeregisterQuery,

@@ -238,6 +238,7 @@ impl ServeSettings {
             idle_timeout_secs => "--idle-timeout-secs",
             emulated_sync_latency_us => "--emulated-sync-latency-us",
             watch_history => "--watch-history",
+            listen => "--listen",
             advertise => "--advertise",
             peers => "--peers",
             token => "--token",
@@ -419,6 +420,15 @@ impl ServeSettings {
             bail!(
                 "--watch-history must be at least 1 (with none, every watch would be answered 410)"
             );
+        }
+        // Checked here, not only by the bind, so that the refusal names the setting.
+        if self.listen_fd.is_none() {
+            meta_http::request::check_listen_addr(&self.listen).map_err(|why| {
+                anyhow::anyhow!(
+                    "--listen (METASERVER_LISTEN) {:?} is not host:port: {why}",
+                    self.listen
+                )
+            })?;
         }
         if let Some(addr) = &self.advertise {
             meta_http::request::validate_addr(addr)

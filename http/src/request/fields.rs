@@ -58,21 +58,31 @@ pub fn validate_value(value: &[u8]) -> Result<(), ApiError> {
 /// Validates an address `host:port`: a name or IPv4 address (letters, digits, `.`, `-`, `_`) or
 /// an IPv6 address in brackets, and a port 1-65535.
 pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
-    let bad = |why: &str| {
+    check_addr(addr, false).map_err(|why| {
         let shown: String = addr.chars().take(64).collect();
         ApiError::invalid(
             "invalid_addr",
             format!("address {shown:?} is not host:port: {why}"),
         )
-    };
+    })
+}
+
+/// Checks an address to listen on: as [`validate_addr`], but port 0 (any free port) is allowed.
+/// Returns why it is refused.
+pub fn check_listen_addr(addr: &str) -> Result<(), &'static str> {
+    check_addr(addr, true)
+}
+
+/// [`validate_addr`]'s rules; `any_port` also allows port 0.
+fn check_addr(addr: &str, any_port: bool) -> Result<(), &'static str> {
     if addr.len() > MAX_ADDR_BYTES {
-        return Err(bad("too long"));
+        return Err("too long");
     }
     let Some((host, port)) = addr.rsplit_once(':') else {
-        return Err(bad("no port"));
+        return Err("no port");
     };
     if host.is_empty() {
-        return Err(bad("empty host"));
+        return Err("empty host");
     }
     // A name or IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address in brackets.
     let valid_host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
@@ -82,19 +92,19 @@ pub fn validate_addr(addr: &str) -> Result<(), ApiError> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
     };
     if !valid_host {
-        return Err(bad(
-            "the host must be a name, an IPv4 address or an IPv6 address in brackets",
-        ));
+        return Err("the host must be a name, an IPv4 address or an IPv6 address in brackets");
     }
     if !host.starts_with('[') {
-        check_name(host).map_err(&bad)?;
+        check_name(host)?;
     }
     // Written one way only: `host:07101` names the same port as `host:7101`, and would pass
     // the check that no two members share an address.
     match port.parse::<u16>() {
-        Ok(p) if p > 0 && port.starts_with('0') => Err(bad("the port must not start with 0")),
+        Ok(0) if any_port && port == "0" => Ok(()),
+        Ok(p) if p > 0 && port.starts_with('0') => Err("the port must not start with 0"),
         Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
-        _ => Err(bad("the port must be 1 to 65535")),
+        _ if any_port => Err("the port must be 0 (any free port) to 65535"),
+        _ => Err("the port must be 1 to 65535"),
     }
 }
 
@@ -241,5 +251,23 @@ mod tests {
                 .code(),
             "invalid_addr"
         );
+    }
+
+    #[test]
+    fn a_listen_address_may_take_any_free_port() {
+        assert!(validate_addr("127.0.0.1:0").is_err());
+        for good in ["127.0.0.1:0", "[::]:0", "0.0.0.0:7101", "localhost:0"] {
+            assert_eq!(check_listen_addr(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "127.0.0.1:00",
+            "127.0.0.1:",
+            "nope",
+            "h:65536",
+            "a b:1",
+            ":0",
+        ] {
+            assert!(check_listen_addr(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -248,6 +248,20 @@ fn empty_and_out_of_range_values_are_refused() {
             },
             "--worker-threads",
         ),
+        (
+            ServeArgs {
+                listen: Some("nope".into()),
+                ..d()
+            },
+            "--listen (METASERVER_LISTEN) \"nope\" is not host:port: no port",
+        ),
+        (
+            ServeArgs {
+                listen: Some("127.0.0.1:70000".into()),
+                ..d()
+            },
+            "the port must be 0 (any free port) to 65535",
+        ),
     ];
     for (args, what) in cases {
         let err = ServeSettings::resolve(&args, false).unwrap_err();
@@ -281,6 +295,10 @@ fn empty_and_out_of_range_values_are_refused() {
             "advertise = \"0.0.0.0:7101\"",
             "advertise (in the config file) 0.0.0.0:7101",
         ),
+        (
+            "listen = \"nope\"",
+            "listen (in the config file) \"nope\" is not host:port",
+        ),
     ] {
         let file = dir.path().join("empty.toml");
         std::fs::write(&file, format!("{line}\n")).unwrap();
@@ -297,6 +315,14 @@ fn empty_and_out_of_range_values_are_refused() {
     };
     let s = ServeSettings::resolve(&args, false).unwrap();
     assert_eq!(s.token.as_deref(), Some("s3cret"));
+    // Any free port, every interface, IPv6 and names are addresses to listen on.
+    for listen in ["127.0.0.1:0", "0.0.0.0:7101", "[::1]:0", "localhost:7101"] {
+        let args = ServeArgs {
+            listen: Some(listen.into()),
+            ..d()
+        };
+        assert_eq!(ServeSettings::resolve(&args, false).unwrap().listen, listen);
+    }
     assert_eq!(s.member_token, None);
     std::fs::write(&file, "member_token = \"m3mber\"\n").unwrap();
     let s = ServeSettings::resolve(&args, false).unwrap();
