@@ -20,6 +20,8 @@ pub(crate) struct RebuildSource {
     /// The newest snapshot's file, read whole before a registry is deleted in reliance on it
     /// (its payload may have rotted since it was written; a start checks only its ends).
     pub(crate) snapshot_file: Option<PathBuf>,
+    /// Newer snapshots that did not read back, set aside (where they are now), newest first.
+    pub(crate) set_aside: Vec<PathBuf>,
 }
 
 impl RebuildSource {
@@ -82,6 +84,17 @@ impl RebuildSource {
             Some(s) => format!("the newest snapshot ends at entry {s}"),
             None => "there is no snapshot".to_string(),
         };
+        let missing = match self.set_aside.as_slice() {
+            [] => missing,
+            aside => format!(
+                "{missing} (a snapshot that did not read back was set aside as {})",
+                aside
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
         Some((purged, missing))
     }
 }
@@ -100,6 +113,7 @@ mod tests {
             purged,
             snapshot,
             snapshot_file: None,
+            set_aside: Vec::new(),
         }
         .check(Path::new("/r"), "failed a write")
     }
@@ -124,6 +138,17 @@ mod tests {
         );
         let older = check(Some(10), Some(9)).unwrap_err().to_string();
         assert!(older.contains("ends at entry 9"), "{older}");
+        let aside = RebuildSource {
+            purged: Some(10),
+            snapshot: Some(9),
+            snapshot_file: None,
+            set_aside: vec![PathBuf::from("/s/10.snap.damaged")],
+        };
+        let named = aside.check(Path::new("/r"), "x").unwrap_err().to_string();
+        assert!(
+            named.contains("ends at entry 9 (a snapshot that did not read back was set aside as /s/10.snap.damaged)"),
+            "{named}"
+        );
         let scratch = RebuildSource::default().check(Path::new("/r"), "x");
         assert!(scratch.is_ok(), "a scratch registry is never kept");
     }

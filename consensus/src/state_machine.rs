@@ -23,7 +23,7 @@
 //!   switches to the new registry atomically; when it returns the switch is flushed to disk.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,6 +115,8 @@ pub(crate) struct SmShared {
     pub(crate) builds: BuildPauses,
     /// Notified when the newest snapshot's file was found damaged: the node builds a new one.
     pub(crate) damaged: Arc<tokio::sync::Notify>,
+    /// Where the open set aside newest snapshots that did not read back, newest first.
+    pub(crate) set_aside: Vec<PathBuf>,
     /// Tests: the next apply stops at this gate (`ApplyGate`).
     #[cfg(test)]
     pub(crate) apply_gate: Mutex<Option<ApplyGate>>,
@@ -167,8 +169,8 @@ impl StateMachine {
     /// Opens the registry in `registry_dir` and the snapshot store in `snapshot_dir`, for a log
     /// purged up to entry `purged` (`None`: never purged). Blocking (opens files). The snapshot
     /// store opens first: a registry that is not to be reopened is deleted only when the newest
-    /// snapshot reaches `purged` (see `rebuild_source.rs`), and a damaged newest snapshot stops
-    /// the open before then.
+    /// snapshot reaches `purged` (see `rebuild_source.rs`), and a newest snapshot whose ends
+    /// do not read back is set aside before then.
     pub fn open(
         purged: Option<u64>,
         registry_dir: &Path,
@@ -179,20 +181,12 @@ impl StateMachine {
     ) -> Result<StateMachine> {
         let snapshots = SnapshotStore::open(snapshot_dir, snapshots_to_keep)
             .map_err(|e| Error::storage("open snapshot store", e))?;
-        let current = snapshots
-            .newest()
-            .map_err(|e| match e {
-                // Its header or trailer (a copy cut short, or overwritten): the operator can
-                // set it aside, and the checks after the open say whether the rest suffices.
-                e @ meta_store::Error::Corrupt { .. } => Error::Snapshot(format!(
-                    "the newest snapshot does not read back ({e}). Move it out of the snapshots \
-                     dir (the node then starts from its registry, its log and the snapshot before \
-                     it, and says so if they do not hold every entry), put an intact copy back, \
-                     or replace this member's data dir (remove it from the voters, wipe the dir, \
-                     add it again as a learner)"
-                )),
-                e => Error::storage("find newest snapshot", e),
-            })?
+        // A newest snapshot whose ends do not read back (a copy cut short) is set aside, kept
+        // for the operator: the checks below say whether the rest suffices.
+        let (newest, set_aside) = snapshots
+            .newest_setting_aside_damaged()
+            .map_err(|e| Error::storage("find newest snapshot", e))?;
+        let current = newest
             .map(|f| -> Result<(SnapshotMeta, SnapshotData)> {
                 let meta: SnapshotMeta = codec::decode(&f.meta).map_err(|e| {
                     Error::corrupt(format!("snapshot metadata of {}", f.path.display()), e)
@@ -206,6 +200,7 @@ impl StateMachine {
                 .as_ref()
                 .and_then(|(meta, _)| meta.last_log_id.map(|l| l.index)),
             snapshot_file: current.as_ref().map(|(_, data)| data.path().to_path_buf()),
+            set_aside: set_aside.clone(),
         };
         let registry = Registry::open_rebuildable(registry_dir, cache_bytes, &source)?;
         let gen = registry.current();
@@ -237,6 +232,7 @@ impl StateMachine {
                 current: Mutex::new(current),
                 builds: BuildPauses::default(),
                 damaged: Arc::default(),
+                set_aside,
                 #[cfg(test)]
                 apply_gate: Mutex::new(None),
             }),

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::path::PathBuf;
+
 use anyhow::{ensure, Context, Result};
 use common::Cluster;
 use meta_consensus::{Command, Consistency, NodeConfig};
@@ -127,7 +129,7 @@ async fn an_untrusted_registry_is_kept_when_it_cannot_be_rebuilt() -> Result<()>
 
 /// Flips a byte in the middle of node `id`'s newest snapshot file (its payload: the header
 /// and trailer stay sound); returns the file and its sound bytes.
-fn damage_newest_snapshot(c: &Cluster, id: u64) -> Result<(std::path::PathBuf, Vec<u8>)> {
+fn damage_newest_snapshot(c: &Cluster, id: u64) -> Result<(PathBuf, Vec<u8>)> {
     let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
     let sound = std::fs::read(&newest)?;
     let mut damaged = sound.clone();
@@ -219,25 +221,57 @@ async fn a_deleted_registry_whose_snapshot_is_damaged_is_named() -> Result<()> {
     completed(c, id, digest).await
 }
 
-/// A newest snapshot cut short (its trailer gone, as a copy that did not finish leaves it)
-/// stops the start naming the remedy (it gave only the raw corrupt-data error), and the remedy
-/// it names holds: set aside, the node starts from its registry and log and has everything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_newest_snapshot_cut_short_is_named_with_its_remedy() -> Result<()> {
-    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+/// Cuts node `id`'s newest snapshot short (its trailer gone, as a copy that did not finish
+/// leaves it); returns the file, its sound bytes and where a start sets it aside.
+fn cut_newest_snapshot(c: &Cluster, id: u64) -> Result<(PathBuf, Vec<u8>, PathBuf)> {
     let newest = common::newest_file(&c.dir(id).join("snapshots"), "snap")?;
-    let len = std::fs::metadata(&newest)?.len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&newest)?
-        .set_len(len - 30)?;
+    let sound = std::fs::read(&newest)?;
+    std::fs::write(&newest, &sound[..sound.len() - 30])?;
+    let aside = newest.with_extension("snap.damaged");
+    Ok((newest, sound, aside))
+}
+
+/// A newest snapshot cut short is set aside, kept for the operator, and the node starts from
+/// its registry and log with everything (the start used to stop, naming the remedy: set it
+/// aside by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newest_snapshot_cut_short_is_set_aside() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    let (newest, sound, aside) = cut_newest_snapshot(&c, id)?;
+    let n = c.start(id).await?;
+    ensure!(
+        std::fs::read(&aside)? == sound[..sound.len() - 30],
+        "the damaged snapshot is kept, set aside"
+    );
+    if newest.exists() {
+        ensure!(std::fs::read(&newest)? != sound[..sound.len() - 30]);
+    }
+    c.converged().await?;
+    let (_, again) = n.registry_digest().await?;
+    ensure!(again == digest, "the registry differs");
+    drop(n);
+    c.shutdown().await
+}
+
+/// A newest snapshot cut short that a deleted registry needed: the start fails naming where it
+/// was set aside, and succeeds once an intact copy is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_set_aside_that_was_needed_is_named() -> Result<()> {
+    let (mut c, id, digest) = stopped_follower_of_a_snapshotted_cluster().await?;
+    std::fs::remove_dir_all(c.dir(id).join("registry"))?;
+    let (newest, sound, aside) = cut_newest_snapshot(&c, id)?;
     let refused = c
-        .start_refused(id, "a node whose newest snapshot was cut short")
+        .start_refused(
+            id,
+            "a node without its registry whose snapshot was cut short",
+        )
         .await?;
     ensure!(
-        refused.contains("does not read back") && refused.contains("Move it out"),
-        "the refusal names the remedy: {refused}"
+        refused.contains("nothing can complete it")
+            && refused.contains(&format!("set aside as {}", aside.display()))
+            && refused.contains("intact copy"),
+        "the refusal names the snapshot set aside: {refused}"
     );
-    std::fs::rename(&newest, c.dir(id).join("set-aside.snap.bad"))?;
+    std::fs::write(&newest, &sound)?;
     completed(c, id, digest).await
 }

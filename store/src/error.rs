@@ -24,6 +24,10 @@ pub enum Error {
         offset: u64,
         reason: String,
     },
+    /// A file in a format this build does not read (written by a newer build): not damage, so
+    /// nothing sets it aside.
+    #[error("unsupported format in {path}: {reason}")]
+    Unsupported { path: PathBuf, reason: String },
     /// The caller asked for something the log cannot do (for example an LSN out of range).
     #[error("invalid argument to {op}: {reason}")]
     InvalidArgument { op: &'static str, reason: String },

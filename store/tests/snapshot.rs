@@ -235,7 +235,7 @@ fn a_flipped_byte_is_rejected_with_an_error_naming_the_file() {
         (len - 16, "length mismatch"),          // the stored length
         (20, "header checksum mismatch"),       // the metadata
         (0, "bad magic"),
-        (8, "unsupported format version"),
+        (8, "unknown format version"),
         (header_len - 1, "header checksum mismatch"), // the header checksum itself
     ];
     for (i, (offset, needle)) in cases.into_iter().enumerate() {
@@ -427,4 +427,60 @@ fn adopting_a_file_moves_it_in_whole_and_a_damaged_or_late_one_changes_nothing()
     assert!(matches!(store.adopt(&late, &name(4)), Err(Error::Closed)));
     assert!(late.exists());
     assert_eq!(store.list().unwrap(), vec![adopted]);
+}
+
+/// A newest snapshot whose ends do not read back (cut short, overwritten) is set aside under a
+/// free name that keeps it for the operator, and the next one stands in for it; one written by
+/// a newer build is not damage, and is neither set aside nor skipped.
+#[test]
+fn damaged_newest_snapshots_are_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SnapshotStore::open(dir.path(), 10).unwrap();
+    let data = payload(10_000, 8);
+    let sound = write_snapshot(&store, &name(1), b"meta", &data);
+    let cut = write_snapshot(&store, &name(2), b"meta", &data);
+    let overwritten = write_snapshot(&store, &name(3), b"meta", &data);
+    let len = fs::metadata(&cut).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&cut)
+        .unwrap()
+        .set_len(len - 30)
+        .unwrap();
+    fs::write(&overwritten, b"not a snapshot").unwrap();
+    // An earlier set-aside under the first free name.
+    let taken = dir.path().join(format!("{}.snap.damaged", name(3)));
+    fs::write(&taken, b"x").unwrap();
+
+    let (newest, aside) = store.newest_setting_aside_damaged().unwrap();
+    assert_eq!(newest.unwrap().path, sound);
+    let expected = vec![
+        dir.path().join(format!("{}.snap.damaged-2", name(3))),
+        dir.path().join(format!("{}.snap.damaged", name(2))),
+    ];
+    assert_eq!(aside, expected);
+    assert_eq!(fs::read(&expected[0]).unwrap(), b"not a snapshot");
+    assert_eq!(fs::metadata(&expected[1]).unwrap().len(), len - 30);
+    assert_eq!(fs::read(&taken).unwrap(), b"x");
+    assert_eq!(store.list().unwrap().len(), 1);
+    let (again, none) = store.newest_setting_aside_damaged().unwrap();
+    assert_eq!(again.unwrap().path, sound);
+    assert!(none.is_empty());
+
+    // A newer build's format (version 2) is refused, and left where it is.
+    let newer = write_snapshot(&store, &name(4), b"meta", &data);
+    let mut bytes = fs::read(&newer).unwrap();
+    bytes[8] = 2;
+    fs::write(&newer, &bytes).unwrap();
+    let err = store.newest_setting_aside_damaged().unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(err.to_string().contains("newer build"), "{err}");
+    assert!(newer.exists());
+
+    // Nothing sound left: none stands in.
+    fs::remove_file(&newer).unwrap();
+    fs::write(&sound, b"").unwrap();
+    let (none, aside) = store.newest_setting_aside_damaged().unwrap();
+    assert!(none.is_none());
+    assert_eq!(aside.len(), 1);
 }

@@ -78,6 +78,7 @@ pub(super) fn open_log_and_registry(
         purged,
         snapshot: sm.shared().last_snapshot().map(|s| s.index),
         snapshot_file: current.map(|(_, data)| data.path().to_path_buf()),
+        set_aside: sm.shared().set_aside.clone(),
     };
     let applied = sm.shared().applied().0.map_or(0, |l| l.index);
     source.check_behind(&c.registry_dir(), applied)?;

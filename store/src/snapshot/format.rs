@@ -68,10 +68,20 @@ impl Header {
             return Err(corrupt(0, "bad magic: not a snapshot file".to_string()));
         }
         let version = u32::from_le_bytes(fixed[8..12].try_into().expect("4 bytes"));
+        // A later version is a newer build's file, not damage; no earlier one was ever written.
+        if version > FORMAT_VERSION {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "snapshot format version {version}, written by a newer build (this build \
+                     reads {FORMAT_VERSION})"
+                ),
+            });
+        }
         if version != FORMAT_VERSION {
             return Err(corrupt(
                 8,
-                format!("unsupported format version {version} (this build reads {FORMAT_VERSION})"),
+                format!("unknown format version {version} (this build reads {FORMAT_VERSION})"),
             ));
         }
         let meta_len = u32::from_le_bytes(fixed[12..16].try_into().expect("4 bytes")) as usize;

@@ -193,6 +193,47 @@ impl SnapshotStore {
         self.dir.join(format!("{name}.{EXTENSION}"))
     }
 
+    /// The newest complete snapshot whose header and trailer read back, as
+    /// [`SnapshotStore::newest`], after setting aside every newer one that does not (a copy cut
+    /// short or overwritten): each is renamed to `<name>.snap.damaged` (a free name: `-2` and
+    /// so on are added), which keeps it for the operator and out of the store's listing.
+    /// Returns the snapshot and the paths the damaged ones now have, newest first. One this
+    /// build cannot read ([`Error::Unsupported`]) or cannot open is an error: not damage.
+    ///
+    /// Contract: on return every rename is durable (the directory is fsynced). On error, the
+    /// renames made before it are in place, and may not be durable.
+    pub fn newest_setting_aside_damaged(&self) -> Result<(Option<SnapshotFile>, Vec<PathBuf>)> {
+        let _passage = WriterGate::enter(&self.gate)?;
+        let mut set_aside = Vec::new();
+        let mut newest = None;
+        for name in self.names()?.iter().rev() {
+            let path = self.path_of(name);
+            match inspect(&path) {
+                Ok(inspected) => {
+                    newest = Some(inspected.info);
+                    break;
+                }
+                Err(damage @ Error::Corrupt { .. }) => {
+                    let aside = free_name(&path.with_extension(format!("{EXTENSION}.damaged")));
+                    fs::rename(&path, &aside)
+                        .map_err(|e| Error::io("set aside a damaged snapshot", &path, e))?;
+                    tracing::warn!(
+                        path = %path.display(),
+                        set_aside_as = %aside.display(),
+                        "the newest snapshot does not read back ({damage}): set aside, the next \
+                         one stands in for it"
+                    );
+                    set_aside.push(aside);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !set_aside.is_empty() {
+            sync_dir("sync snapshot directory", &self.dir)?;
+        }
+        Ok((newest, set_aside))
+    }
+
     /// The names of the complete snapshots, oldest first.
     fn names(&self) -> Result<Vec<String>> {
         let suffix = format!(".{EXTENSION}");
@@ -228,6 +269,17 @@ impl SnapshotStore {
             }
         }
     }
+}
+
+/// `path`, or the first of `path-2`, `path-3`, .. that names no file.
+fn free_name(path: &Path) -> PathBuf {
+    let mut candidate = path.to_path_buf();
+    let mut n = 1;
+    while candidate.symlink_metadata().is_ok() {
+        n += 1;
+        candidate = PathBuf::from(format!("{}-{n}", path.display()));
+    }
+    candidate
 }
 
 fn check_name(name: &str) -> Result<()> {
