@@ -38,6 +38,13 @@ async fn a_cluster_grows_moves_its_leader_and_shrinks_by_commands() {
     // Node 2 added and promoted in one command; node 3 added through a follower, then promoted.
     let v = member(&["add", "2", &addrs[1], "--voter"], &addrs[0]).await;
     assert_eq!((&v["voters"], &v["learners"]), (&json!([1, 2]), &json!([])));
+    // Node 3, in no cluster yet, knows no leader and tells little of the cluster: `status`
+    // given it first moves on to the next member.
+    let first_alone = format!("{},{}", addrs[2], addrs[0]);
+    let (ok, out, err) = run(&["status", "--server", &first_alone], &[]).await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((&v["id"], &v["voters"]), (&json!(1), &json!([1, 2])), "{v}");
     let v = member(&["add", "3", &addrs[2]], &addrs[1]).await;
     assert_eq!(
         (&v["voters"], &v["learners"]),
