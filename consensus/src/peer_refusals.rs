@@ -14,6 +14,10 @@
 //! are noted apart: each side's status names the other, and a member whose leader refuses its
 //! token says so when it answers that its leader is silent. Such a member holds this
 //! cluster's state, so it is not refused the way another cluster's member is.
+//!
+//! Members whose address nothing listens at (a connection refused or not made) are noted too,
+//! until they answer: a leader that stops does not hand its office to a voter that stopped
+//! with it (a whole cluster stopped at once), nor waits for one.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -37,6 +41,7 @@ pub struct PeerRefusals(Arc<Mutex<Refusals>>);
 struct Refusals {
     other_cluster: HashMap<NodeId, Instant>,
     token: HashMap<NodeId, Instant>,
+    not_connected: HashMap<NodeId, Instant>,
 }
 
 impl PeerRefusals {
@@ -55,6 +60,24 @@ impl PeerRefusals {
         let mut refusals = self.0.lock();
         refusals.other_cluster.remove(&id);
         refusals.token.remove(&id);
+        refusals.not_connected.remove(&id);
+    }
+
+    /// Member `id` answered a message of this node, whatever it answered.
+    pub fn answered(&self, id: NodeId) {
+        self.0.lock().not_connected.remove(&id);
+    }
+
+    /// A message to member `id` found nothing listening at its address: the connection was
+    /// refused or could not be made (it stopped, or its host is down).
+    pub fn not_connected(&self, id: NodeId) {
+        self.0.lock().not_connected.insert(id, Instant::now());
+    }
+
+    /// When a message to member `id` last found nothing listening, if it has not answered
+    /// since.
+    pub fn not_connected_at(&self, id: NodeId) -> Option<Instant> {
+        self.0.lock().not_connected.get(&id).copied()
     }
 
     /// Whether any member's last answer refused this node's message as another cluster's
@@ -133,6 +156,20 @@ mod tests {
             BTreeSet::new(),
             "too old"
         );
+    }
+
+    #[test]
+    fn a_member_not_connected_counts_until_it_answers() {
+        let refusals = PeerRefusals::default();
+        let before = Instant::now();
+        refusals.not_connected(2);
+        refusals.not_connected(3);
+        assert!(refusals.not_connected_at(2).is_some_and(|at| at >= before));
+        refusals.answered(2);
+        refusals.accepted(3);
+        assert_eq!(refusals.not_connected_at(2), None);
+        assert_eq!(refusals.not_connected_at(3), None);
+        assert_eq!(refusals.not_connected_at(4), None);
     }
 
     #[test]

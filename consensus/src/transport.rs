@@ -213,14 +213,22 @@ pub struct LocalConnection {
 
 impl LocalConnection {
     /// The target node, if the link to it is up; the sender notes the version of its build,
-    /// or forgets it when the link is down, as the HTTP transport does.
+    /// or forgets it and notes that the target is not connected when the link is down, as the
+    /// HTTP transport does.
     fn target(&self) -> Result<MetaNode, RPCError<TypeConfig>> {
         let target = self.router.target(self.from, self.target);
         if let Some(me) = self.router.node(self.from) {
-            let versions = &me.config().peer_versions;
+            let (versions, refusals) = (&me.config().peer_versions, &me.config().peer_refusals);
             match &target {
-                Ok(t) => versions.note(self.target, t.config().build_version),
-                Err(_) => versions.forget(self.target),
+                Ok(t) => {
+                    versions.note(self.target, t.config().build_version);
+                    refusals.answered(self.target);
+                }
+                Err(_) => {
+                    versions.forget(self.target);
+                    // A node not running is a connection refused; a cut link, one not made.
+                    refusals.not_connected(self.target);
+                }
             }
         }
         target.map_err(RPCError::Unreachable)

@@ -411,15 +411,15 @@ async fn the_leadership_moves_to_the_voter_an_operator_names() -> Result<()> {
     c.shutdown().await
 }
 
-/// A leader that is handing its office over (here to a voter its messages no longer reach, so
-/// the hand-over hangs until the others' election timeout) takes no leadership move: asked
-/// for itself, it used to answer at once that it leads.
+/// A leader that is handing its office over (here to a voter whose answers do not come, as a
+/// paused process's, so the hand-over hangs until the others' election timeout) takes no
+/// leadership move: asked for itself, it used to answer at once that it leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_handing_over_takes_no_leadership_move() -> Result<()> {
     let c = Cluster::three().await?;
     let old = c.leader().await?;
     for other in (1..=3).filter(|i| *i != old.id()) {
-        c.router.cut_one_way(old.id(), other);
+        c.router.hold(old.id(), other);
     }
     // Its followers answered a moment ago: it asks one to take over, and nobody does.
     let handed = old.hand_over_leadership(Duration::from_millis(1)).await?;
@@ -432,6 +432,30 @@ async fn a_leader_handing_over_takes_no_leadership_move() -> Result<()> {
         other => panic!("expected a refusal, got {other:?}"),
     }
     c.router.heal_all();
+    c.shutdown().await
+}
+
+/// A leader whose voters stopped with it (a whole cluster stopped at once) stops without
+/// waiting for a hand-over none of them can take: it used to ask one and wait the whole time
+/// given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_voters_stopped_with_it_does_not_wait_to_hand_over() -> Result<()> {
+    let mut c = Cluster::three().await?;
+    let old = c.leader().await?;
+    c.converged().await?;
+    for other in (1..=3).filter(|i| *i != old.id()) {
+        c.stop(other).await?;
+    }
+    let within = Duration::from_secs(20);
+    let started = std::time::Instant::now();
+    let handed = old.hand_over_leadership(within).await?;
+    ensure!(handed.is_none(), "handed over to {handed:?}, which stopped");
+    ensure!(
+        started.elapsed() < within / 2,
+        "waited {:?} to hand over to a stopped voter",
+        started.elapsed()
+    );
+    drop(old);
     c.shutdown().await
 }
 

@@ -401,8 +401,9 @@ impl HttpConnection {
             .await
             .map_err(|e| {
                 self.versions.forget(self.target);
+                let connect = e.is_connect();
                 let failed = self.rpc_error(action, timeout, e);
-                self.refusals.failed(self.target, &failed);
+                self.refusals.failed(self.target, &failed, connect);
                 Failed::NoAnswer(failed)
             })?;
         let status = response.status();
@@ -565,6 +566,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let session_version = version.clone();
             let connecting = async move {
                 let response = exchange.await.map_err(|e| {
+                    let connect = e.is_connect();
                     let failed = rpc_error(
                         from,
                         target,
@@ -573,7 +575,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                         Duration::ZERO,
                         e,
                     );
-                    refusals.failed(target, &failed);
+                    refusals.failed(target, &failed, connect);
                     failed
                 })?;
                 let status = response.status();
@@ -616,7 +618,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     // process, a stalled host) ends the exchange this way; a refusal is noted
                     // where it is read, and a failed connect where it fails.
                     if let Err(e @ (RPCError::Network(_) | RPCError::Timeout(_))) = answer {
-                        failures.failed(target, e);
+                        failures.failed(target, e, false);
                     }
                     let v = version.load(Ordering::Relaxed);
                     if answer.is_err() {

@@ -16,7 +16,9 @@ use crate::uncancelled::uncancelled;
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
     /// from within the lease (one not short of disk, if any: see
-    /// [`MetaNode::note_voters_short_of_disk`]) to take over, and waits at most `within` until
+    /// [`MetaNode::note_voters_short_of_disk`]), and whose address its last message did not
+    /// find deserted, to take over, and waits at most `within` (less once nothing listens at
+    /// its address) until
     /// another node leads and this node applied every entry of its log (so the requests it took as leader are
     /// answered before it closes). Returns that node, or `None` if this node did not lead, had
     /// no such voter, or nobody took over in time; the stop then goes ahead and the others
@@ -34,11 +36,14 @@ impl MetaNode {
         let me = self.id();
         // A voter the disk look found short of disk would refuse writes, then hand over again.
         let short = self.inner.voter_rooms.lock().short().clone();
+        // One whose address nothing listens at any more stopped too (a whole cluster stopped
+        // at once): asked, it would leave this node waiting for nothing.
+        let refusals = &self.inner.cfg.peer_refusals;
         let Some(to) = m
             .membership_config
             .membership()
             .voter_ids()
-            .filter(|&v| v != me)
+            .filter(|&v| v != me && refusals.not_connected_at(v).is_none())
             .map(|v| (v, Self::progress_of(&m, v)))
             .filter(|(_, (_, heard))| heard.is_some_and(|d| d < self.lease()))
             .max_by_key(|(v, (matched, _))| (!short.contains(v), *matched))
@@ -47,6 +52,7 @@ impl MetaNode {
             return Ok(None);
         };
         tracing::info!(to, "handing leadership over before stopping");
+        let asked = std::time::Instant::now();
         self.trigger_transfer(to).await?;
         let deadline = tokio::time::Instant::now() + within;
         let leader = loop {
@@ -55,6 +61,14 @@ impl MetaNode {
                 if let Some(leader) = m.current_leader.filter(|l| *l != me) {
                     break leader;
                 }
+            }
+            if refusals.not_connected_at(to).is_some_and(|at| at >= asked) {
+                tracing::info!(
+                    to,
+                    "node {to} stopped too (nothing listens at its address): stopping without \
+                     handing over"
+                );
+                return Ok(None);
             }
             if self.await_metrics_change(deadline).await.is_err() {
                 return Ok(None);

@@ -47,6 +47,7 @@ impl PeerFailures {
     /// Notes `target`'s answer with `status` and `body` to one of this node's messages.
     pub(super) fn note(&self, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
         self.failing().remove(&target);
+        self.refusals.answered(target);
         if status.is_success() {
             self.refusals.accepted(target);
         } else if cluster_identity::refuses_as_other_cluster(status, body) {
@@ -80,8 +81,11 @@ impl PeerFailures {
     }
 
     /// A message to `target` failed, `why`, without an answer (not reached, or no answer in
-    /// time).
-    pub(super) fn failed(&self, target: NodeId, why: &dyn std::fmt::Display) {
+    /// time); `connect`: no connection could be made (nothing listens at its address).
+    pub(super) fn failed(&self, target: NodeId, why: &dyn std::fmt::Display, connect: bool) {
+        if connect {
+            self.refusals.not_connected(target);
+        }
         self.unreachable_at(target, why, Instant::now());
     }
 
