@@ -5,9 +5,11 @@
 //! members' own traffic (the Raft RPCs, and the requests a member forwards or replays at its
 //! leader) carries the member token: the client token unless a separate one is given, so that
 //! a client (a datanode) cannot speak for a member. With a separate member token, the routes
-//! under `/raft/` and the raw replay route take only it, and a request on the other routes that
-//! carries only the client token has the headers a member's request carries removed before it
-//! is served: it counts as a client's.
+//! under `/raft/` and the raw replay route take only it, and so do the requests that name
+//! where a member listens (forming a cluster, adding a learner, moving a member: the node sends
+//! its messages there, with the member token); a request on the other routes that carries only
+//! the client token has the headers a member's request carries removed before it is served: it
+//! counts as a client's.
 
 use std::sync::Arc;
 
@@ -156,6 +158,15 @@ fn presents(headers: &HeaderMap, expected: Option<&str>) -> bool {
     presented.ct_eq(expected.as_bytes()).into()
 }
 
+/// Whether a request names the address of a member (it forms a cluster, adds a learner or
+/// moves a member): the node then sends that address its messages as a member, which carry
+/// the member token.
+fn names_member_address(method: &axum::http::Method, path: &str) -> bool {
+    use axum::http::Method;
+    (*method == Method::POST && (path == "/v1/cluster/init" || path == "/v1/cluster/learners"))
+        || (*method == Method::PUT && path.starts_with("/v1/cluster/members/"))
+}
+
 /// Whether `path` is one of the members' own routes.
 fn members_path(path: &str) -> bool {
     path.starts_with("/raft/") || path == crate::raw_path::PATH_RAW_REPLAY
@@ -180,6 +191,18 @@ pub async fn require_token(
         }
     } else if !token.accepts(request.headers()) {
         return ApiError::Unauthorized.into_response();
+    } else if token.member.is_some()
+        && !token.accepts_member(request.headers())
+        && names_member_address(request.method(), path)
+    {
+        // Else a client could have the member token sent to an address of its choosing.
+        return ApiError::Forbidden(
+            "this request names where a member listens, and the members' messages sent there \
+             carry the member token: it takes the member token (--member-token, \
+             METASERVER_MEMBER_TOKEN), not the client token"
+                .into(),
+        )
+        .into_response();
     } else if token.member.is_some() && !token.accepts_member(request.headers()) {
         for name in &MEMBER_HEADERS {
             request.headers_mut().remove(name);
@@ -250,6 +273,21 @@ mod tests {
         assert!(token.accepts(&HeaderMap::new()));
         assert!(!token.accepts_member(&HeaderMap::new()));
         assert_eq!(token.header_value().as_deref(), Some("Bearer m3mber"));
+    }
+
+    #[test]
+    fn the_requests_that_name_a_members_address() {
+        use axum::http::Method;
+        assert!(names_member_address(&Method::POST, "/v1/cluster/init"));
+        assert!(names_member_address(&Method::POST, "/v1/cluster/learners"));
+        assert!(names_member_address(&Method::PUT, "/v1/cluster/members/2"));
+        assert!(!names_member_address(&Method::GET, "/v1/cluster/members/2"));
+        assert!(!names_member_address(
+            &Method::DELETE,
+            "/v1/cluster/learners/4"
+        ));
+        assert!(!names_member_address(&Method::PUT, "/v1/cluster/voters"));
+        assert!(!names_member_address(&Method::GET, "/v1/cluster"));
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub enum ApiError {
     /// The bearer token is missing or wrong (401).
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// The token is right, but not the one this request takes (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// The addressed datanode, shard, key, snapshot or route does not exist (404).
     #[error("{0}")]
     NotFound(String),
@@ -163,6 +166,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Fenced { .. }
@@ -193,6 +197,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { code, .. } | ApiError::TooLarge { code, .. } => code,
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Fenced { .. } => "fenced",
@@ -472,6 +477,7 @@ mod tests {
                 "malformed_json",
             ),
             (ApiError::Unauthorized, 401, "unauthorized"),
+            (ApiError::Forbidden("x".into()), 403, "forbidden"),
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (

@@ -212,6 +212,11 @@ pub struct ClientArgs {
     /// Bearer token, if the cluster requires one.
     #[arg(long, env = "METASERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The members' own token, if the cluster has one: sent instead of --token. Forming a
+    /// cluster, adding a learner and moving a member take it (they name where a member
+    /// listens).
+    #[arg(long, env = "METASERVER_MEMBER_TOKEN", hide_env_values = true)]
+    pub member_token: Option<String>,
     /// Speak TLS to the members, checking their certificates against these authorities
     /// (PEM); `host:port` addresses then mean `https://host:port`.
     #[arg(long, env = "METASERVER_TLS_CA")]

@@ -449,6 +449,7 @@ mod tests {
         let args = ClientArgs {
             server: addr.to_string(),
             token: None,
+            member_token: None,
             tls_ca: None,
         };
         (Operator::new(&args).unwrap(), asked)
@@ -508,6 +509,7 @@ mod tests {
         let op = Operator::new(&ClientArgs {
             server: addr.to_string(),
             token: None,
+            member_token: None,
             tls_ca: None,
         })
         .unwrap();

@@ -538,14 +538,15 @@ impl ServeSettings {
 
     /// The members to initialize with: `--peers` (plus this node at `addr`, where it answers),
     /// or this node alone. Refused, before anything is initialized, as the init route refuses
-    /// them (`InitBody::validate`): `--peers` naming this node at another address, or another
+    /// them (`InitBody::validate`, `InitBody::validate_names`): `--peers` naming this node at another address, or another
     /// node at this one, would give the membership an address where nothing answers, or one
     /// process for two members.
     pub fn initial_members(&self, addr: &str) -> Result<BTreeMap<u64, String>> {
         let mut members = self.peers.clone();
         members.entry(self.id).or_insert_with(|| addr.to_owned());
         let body = meta_http::request::InitBody { members };
-        body.validate(self.id, addr)
+        body.validate()
+            .and_then(|()| body.validate_names(self.id, addr))
             .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
         Ok(body.members)
     }

@@ -134,12 +134,14 @@ pub async fn init(
     State(state): State<SharedState>,
     Json(body): Json<InitBody>,
 ) -> Result<axum::Json<MembershipView>, ApiError> {
-    body.validate(state.node.id(), state.node.addr())?;
-    // Before the members are asked: an initialized node's answer is that (the members'
-    // answers would name another cause), and it asks no address a request names.
+    body.validate()?;
+    // Before the list is checked against this node and the members are asked: an initialized
+    // node's answer is that (a list that does not name it, sent to the wrong member, would
+    // name another cause), and it asks no address a request names.
     if state.node.is_initialized().await? {
         return Err(meta_consensus::Error::AlreadyInitialized.into());
     }
+    body.validate_names(state.node.id(), state.node.addr())?;
     state
         .member_link()
         .check_init_members(state.node.id(), &body.members)

@@ -125,9 +125,8 @@ pub struct ConfigPatchBody {
 
 impl InitBody {
     /// Checks the member list: not empty, every address `host:port` and no address twice (one
-    /// process cannot be two members), and this node (`own_id`) named, at the address it
-    /// advertises (`own_addr`): the others would otherwise never reach it.
-    pub fn validate(&self, own_id: u64, own_addr: &str) -> Result<(), ApiError> {
+    /// process cannot be two members).
+    pub fn validate(&self) -> Result<(), ApiError> {
         if self.members.is_empty() {
             return Err(ApiError::invalid(
                 "invalid_members",
@@ -145,6 +144,12 @@ impl InitBody {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Checks that the list names this node (`own_id`) at the address it advertises
+    /// (`own_addr`): the others would otherwise never reach it.
+    pub fn validate_names(&self, own_id: u64, own_addr: &str) -> Result<(), ApiError> {
         match self.members.get(&own_id) {
             Some(addr) if addr != own_addr => Err(ApiError::invalid(
                 "invalid_members",
@@ -220,15 +225,16 @@ mod tests {
     #[test]
     fn init_members_are_checked() {
         let ok = init(r#"{"members":{"1":"10.0.0.1:7101","2":"10.0.0.2:7101"}}"#).unwrap();
-        ok.validate(1, "10.0.0.1:7101").unwrap();
-        let e = ok.validate(3, "10.0.0.3:7101").unwrap_err();
+        ok.validate().unwrap();
+        ok.validate_names(1, "10.0.0.1:7101").unwrap();
+        let e = ok.validate_names(3, "10.0.0.3:7101").unwrap_err();
         assert_eq!(e.code(), "invalid_members");
         assert!(
             e.to_string()
                 .contains("must include this node (3 at 10.0.0.3:7101)"),
             "{e}"
         );
-        let e = ok.validate(1, "10.0.0.9:7101").unwrap_err();
+        let e = ok.validate_names(1, "10.0.0.9:7101").unwrap_err();
         assert_eq!(e.code(), "invalid_members");
         assert!(
             e.to_string()
@@ -237,7 +243,7 @@ mod tests {
         );
 
         let same = init(r#"{"members":{"1":"10.0.0.1:7101","2":"10.0.0.1:7101"}}"#).unwrap();
-        let e = same.validate(1, "10.0.0.1:7101").unwrap_err();
+        let e = same.validate().unwrap_err();
         assert!(e.to_string().contains("nodes 1 and 2 are both at"), "{e}");
 
         let twice = init(r#"{"members":{"1":"10.0.0.1:7101","1":"10.0.0.2:7101"}}"#).unwrap_err();
@@ -252,7 +258,7 @@ mod tests {
         let init: InitBody =
             serde_json::from_str(r#"{"members":{"1":"127.0.0.1:7101","2":"127.0.0.1:7102"}}"#)
                 .unwrap();
-        assert!(init.validate(1, "127.0.0.1:7101").is_ok());
+        assert!(init.validate().and_then(|()| init.validate_names(1, "127.0.0.1:7101")).is_ok());
         assert_eq!(init.members[&2], "127.0.0.1:7102");
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"-1":"a:1"}}"#).is_err());
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"x":"a:1"}}"#).is_err());
@@ -270,7 +276,7 @@ mod tests {
         }
         let empty: InitBody = serde_json::from_str(r#"{"members":{}}"#).unwrap();
         assert_eq!(
-            empty.validate(1, "127.0.0.1:7101").unwrap_err().code(),
+            empty.validate().and_then(|()| empty.validate_names(1, "127.0.0.1:7101")).unwrap_err().code(),
             "invalid_members"
         );
         let voters = ChangeVotersBody {

@@ -190,12 +190,12 @@ pub fn addresses_and_members() -> Vec<Case> {
             "invalid_members",
         ),
         case(
-            "init without the node it is sent to",
+            "init without the node it is sent to, which is initialized: that is the answer",
             M::POST,
             "/v1/cluster/init",
             r#"{"members":{"9":"127.0.0.1:1"}}"#,
-            400,
-            "invalid_members",
+            409,
+            "already_initialized",
         ),
         case(
             "empty voters",

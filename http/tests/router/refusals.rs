@@ -222,4 +222,45 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     let a = call(&app, Method::GET, "/v1/cluster", String::new(), &[]).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{a:?}");
+    // Nor can a client name an address the node then sends its members' messages to: they
+    // would carry the member token there.
+    let before = t.node.status();
+    let naming = [
+        (
+            Method::POST,
+            "/v1/cluster/init",
+            r#"{"members":{"1":"127.0.0.1:9"}}"#,
+        ),
+        (
+            Method::POST,
+            "/v1/cluster/learners",
+            r#"{"id":4,"addr":"127.0.0.1:9"}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/cluster/members/1",
+            r#"{"addr":"127.0.0.1:9"}"#,
+        ),
+    ];
+    for (method, uri, body) in naming.clone() {
+        let a = call(&app, method.clone(), uri, body.to_owned(), &[client]).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{method} {uri}: {a:?}");
+        assert_eq!(a.error_code(), "forbidden");
+        assert!(a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("member token"));
+    }
+    let after = t.node.status();
+    assert_eq!(
+        (after.voters, after.learners),
+        (before.voters, before.learners)
+    );
+    assert_eq!(after.nodes, before.nodes);
+    // The member token passes (to the handlers' own refusals: an initialized node, nothing at
+    // the new address).
+    for (method, uri, body) in [&naming[0], &naming[2]] {
+        let a = call(&app, method.clone(), uri, body.to_string(), &[member]).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{method} {uri}: {a:?}");
+    }
 }

@@ -105,7 +105,9 @@ impl Operator {
         let http = http.build().context("building the HTTP client")?;
         Ok(Operator {
             members,
-            token: args.token.clone().filter(|t| !t.is_empty()),
+            // The member token opens every route, also those that name where a member listens.
+            token: (args.member_token.clone().filter(|t| !t.is_empty()))
+                .or_else(|| args.token.clone().filter(|t| !t.is_empty())),
             http,
             resent_after_unknown: Default::default(),
         })

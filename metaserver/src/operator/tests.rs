@@ -88,6 +88,7 @@ fn register_args(addr: String, file: std::path::PathBuf, prune: bool) -> Registe
         client: ClientArgs {
             server: addr,
             token: None,
+            member_token: None,
             tls_ca: None,
         },
         datanode: 7,
@@ -200,6 +201,7 @@ fn operator(addr: String) -> Operator {
     Operator::new(&ClientArgs {
         server: addr,
         token: None,
+        member_token: None,
         tls_ca: None,
     })
     .unwrap()
@@ -386,6 +388,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
         ClientArgs {
             server: addr,
             token: None,
+            member_token: None,
             tls_ca: None,
         },
         &file,
@@ -408,6 +411,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
     let args = ClientArgs {
         server: addr,
         token: None,
+        member_token: None,
         tls_ca: None,
     };
     let err = snapshot_save(args, &new).await.unwrap_err();
@@ -431,6 +435,7 @@ async fn saved_up_to_the_check(server: String) {
     let args = ClientArgs {
         server,
         token: None,
+        member_token: None,
         tls_ca: None,
     };
     let err = snapshot_save(args, &dir.path().join("meta.snap"))
@@ -527,6 +532,7 @@ async fn a_watch_gives_back_the_history_its_index_counts_in() {
         client: ClientArgs {
             server: format!("{down},{addr}"),
             token: None,
+            member_token: None,
             tls_ca: None,
         },
         after: None,
@@ -625,6 +631,7 @@ async fn a_watch_of_a_lone_member_that_serves_no_cluster_stops() {
         client: ClientArgs {
             server: addr,
             token: None,
+            member_token: None,
             tls_ca: None,
         },
         after: Some(1),

@@ -193,8 +193,38 @@ async fn a_member_token_is_the_members_own() {
     let http = client();
     let args = ["--token", "client", "--member-token", "member"].map(str::to_owned);
     let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &args);
-    let leader = crate::common::form_cluster(&http, "http", &addrs, Some("client")).await;
+    // Forming a cluster names where its members listen: it takes the member token.
+    let url = format!("http://{}/v1/cluster/init", addrs[0]);
+    let members = format!(r#"{{"members":{{"1":"{}"}}}}"#, addrs[0]);
+    let (status, v) = send(&http, Method::POST, &url, Some("client"), Some(members))
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{v}");
+    let leader = crate::common::form_cluster(&http, "http", &addrs, Some("member")).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
+    // So does adding a learner, through the command too; the command sends the member token
+    // when it is given.
+    let (ok, _, err) = run(
+        &[
+            "member",
+            "add",
+            "4",
+            "127.0.0.1:9",
+            "--server",
+            &addrs[0],
+            "--token",
+            "client",
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok && err.contains("member token"), "{err}");
+    let (ok, out, err) = run(
+        &["status", "--server", &addrs[0]],
+        &[("METASERVER_MEMBER_TOKEN", "member")],
+    )
+    .await;
+    assert!(ok && out.contains("\"leader\""), "{out}{err}");
     let url = format!("http://{}/v1/kv/k", addrs[follower - 1]);
     let (status, v) = send(&http, Method::PUT, &url, Some("client"), Some("v".into()))
         .await
