@@ -14,10 +14,21 @@
 //! epoch: a datanode removed and registered again gets an epoch that may be lower than its
 //! former one (a restore may have raised that), while its registration index is always higher.
 //!
+//! A leader that did not run for a while (its process paused, or starved of the CPU) heard
+//! nothing meanwhile: that time does not count as listened. A ticker calls [`Liveness::tick`]
+//! every [`TICK`]; a gap of more than [`STALL`] since the last tick moves every record, and the
+//! start of collecting, that much later, so that a datanode is not called down for heartbeats
+//! the leader could not hear.
+//!
 //! Plain code without a runtime or clock of its own: callers pass the term and the time.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+/// How often the node's ticker calls [`Liveness::tick`].
+pub const TICK: Duration = Duration::from_millis(100);
+/// A gap between ticks longer than this is a stall: the node did not run.
+pub const STALL: Duration = Duration::from_millis(500);
 
 /// What the leader knows of one datanode's liveness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +76,8 @@ pub struct Liveness {
     /// hears of it and records it ([`Liveness::registered`]); meanwhile the datanode is
     /// `unknown`, not `down`.
     proposing: HashMap<u64, usize>,
+    /// The last tick, once the ticker runs.
+    ticked: Option<Instant>,
 }
 
 /// The heartbeat last heard of one datanode, or its registration.
@@ -87,7 +100,35 @@ impl Liveness {
             term: None,
             heard: HashMap::new(),
             proposing: HashMap::new(),
+            ticked: None,
         }
+    }
+
+    /// The ticker's call, every [`TICK`].
+    pub fn tick(&mut self, now: Instant) {
+        self.observe(now);
+        self.ticked = Some(self.ticked.map_or(now, |t| t.max(now)));
+    }
+
+    /// Moves every record, and the start of collecting, later by the time this node did not
+    /// run, when `now` comes more than [`STALL`] after the last tick.
+    fn observe(&mut self, now: Instant) {
+        let Some(ticked) = self.ticked else {
+            return;
+        };
+        let gap = now.saturating_duration_since(ticked);
+        if gap <= STALL {
+            return;
+        }
+        let deaf = gap - TICK;
+        let later = |at: Instant| (at + deaf).min(now);
+        if let Some((_, since)) = &mut self.term {
+            *since = later(*since);
+        }
+        for h in self.heard.values_mut() {
+            h.at = later(h.at);
+        }
+        self.ticked = Some(now);
     }
 
     /// The timeout after which a silent datanode is down.
@@ -107,6 +148,7 @@ impl Liveness {
     /// timeout later has listened for that long; every other call here starts the clock too,
     /// should that call come first.
     pub fn lead(&mut self, term: u64, now: Instant) {
+        self.observe(now);
         if self.term_collected().is_none_or(|t| t < term) {
             self.term = Some((term, now));
             self.heard.clear();
@@ -313,6 +355,38 @@ mod tests {
             l.state(3, 7, 100, t0 + secs(13)).state,
             DatanodeState::Alive
         );
+    }
+
+    #[test]
+    fn time_this_node_did_not_run_is_not_listened() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_millis(1200);
+        let mut l = Liveness::new(timeout);
+        l.lead(3, t0);
+        let mut now = t0;
+        let mut ticks_until = |l: &mut Liveness, end: Instant| {
+            while now + TICK <= end {
+                now += TICK;
+                l.tick(now);
+            }
+        };
+        ticks_until(&mut l, t0 + secs(2));
+        l.heard(3, 7, 100, t0 + secs(2));
+        // Paused 1.4 s: no tick; a report right after the pause, before any tick.
+        let resumed = t0 + secs(2) + Duration::from_millis(1500);
+        let s = l.state(3, 7, 100, resumed);
+        assert_eq!(s.state, DatanodeState::Alive, "{s:?}");
+        assert_eq!(s.heard_ago, Some(TICK));
+        // Not heard for a timeout of running since: down, and a datanode never heard is too.
+        ticks_until(&mut l, resumed + timeout);
+        let s = l.state(3, 7, 100, resumed + timeout + TICK);
+        assert_eq!(s.state, DatanodeState::Down, "{s:?}");
+        assert_eq!(l.state(3, 8, 100, resumed).state, DatanodeState::Down);
+        // Without a ticker, time between calls is all listened.
+        let mut quiet = Liveness::new(timeout);
+        quiet.heard(3, 7, 100, t0);
+        let s = quiet.state(3, 7, 100, t0 + secs(2));
+        assert_eq!(s.state, DatanodeState::Down);
     }
 
     #[test]

@@ -308,6 +308,7 @@ impl MetaNode {
         node.await_loaded_metrics().await;
         node.note_membership_at_open();
         node.follow_metrics();
+        node.tick_liveness();
         node.watch_leader_silence();
         node.rebuild_damaged_snapshots();
         if rejoining {

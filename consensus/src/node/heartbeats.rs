@@ -8,6 +8,24 @@ use crate::error::Result;
 use crate::view::{Consistency, Heartbeat, LivenessReport};
 
 impl MetaNode {
+    /// Ticks the liveness record every [`crate::liveness::TICK`] until the node is dropped, so
+    /// that it knows when this node did not run (`liveness.rs`).
+    pub(super) fn tick_liveness(&self) {
+        // A weak handle: the task must not keep a node that shut down alive.
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(crate::liveness::TICK);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                inner.liveness.lock().tick(Instant::now());
+            }
+        });
+    }
+
     /// Records a heartbeat of datanode `id`, incarnation `epoch`. Leader only: on a follower
     /// [`crate::Error::ForwardToLeader`]. The datanode is read with `Lease` consistency, so the
     /// answer knows every registration acknowledged before the call: a heartbeat is fenced

@@ -258,7 +258,10 @@ mod tests {
         let init: InitBody =
             serde_json::from_str(r#"{"members":{"1":"127.0.0.1:7101","2":"127.0.0.1:7102"}}"#)
                 .unwrap();
-        assert!(init.validate().and_then(|()| init.validate_names(1, "127.0.0.1:7101")).is_ok());
+        assert!(init
+            .validate()
+            .and_then(|()| init.validate_names(1, "127.0.0.1:7101"))
+            .is_ok());
         assert_eq!(init.members[&2], "127.0.0.1:7102");
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"-1":"a:1"}}"#).is_err());
         assert!(serde_json::from_str::<InitBody>(r#"{"members":{"x":"a:1"}}"#).is_err());
@@ -276,7 +279,11 @@ mod tests {
         }
         let empty: InitBody = serde_json::from_str(r#"{"members":{}}"#).unwrap();
         assert_eq!(
-            empty.validate().and_then(|()| empty.validate_names(1, "127.0.0.1:7101")).unwrap_err().code(),
+            empty
+                .validate()
+                .and_then(|()| empty.validate_names(1, "127.0.0.1:7101"))
+                .unwrap_err()
+                .code(),
             "invalid_members"
         );
         let voters = ChangeVotersBody {
