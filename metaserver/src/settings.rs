@@ -166,8 +166,25 @@ pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
 /// `token` (`what` names its flag), refused if it is empty: read as "no token", an empty value
 /// would switch authentication off unnoticed, also over a token the config file sets.
 fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
-    if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+    let Some(t) = token.as_deref() else {
+        return Ok(None);
+    };
+    if t.trim().is_empty() {
         bail!("{what} is empty: give a token or leave it unset");
+    }
+    // A client sends a bearer token as visible ASCII, never with blanks around it: a token
+    // read from a file with its newline would refuse every request.
+    if t.trim() != t {
+        bail!(
+            "{what} begins or ends with whitespace (a newline read from a file?): no client \
+             sends it so, and every request would be refused; remove it"
+        );
+    }
+    if let Some(c) = t.chars().find(|c| !c.is_ascii_graphic()) {
+        bail!(
+            "{what} holds {c:?}: a bearer token is visible ASCII (no spaces or control \
+             characters), which an HTTP header can carry"
+        );
     }
     Ok(token)
 }

@@ -273,6 +273,15 @@ fn empty_and_out_of_range_values_are_refused() {
         ("data_dir = \"\"", "data_dir (in the config file) is empty"),
         ("token = \"\"", "token (in the config file) is empty"),
         (
+            "token = \"abc\\n\"",
+            "token (in the config file) begins or ends with whitespace",
+        ),
+        ("token = \"a b\"", "token (in the config file) holds ' '"),
+        (
+            "member_token = \"\\tm\"",
+            "member_token (in the config file) begins or ends with whitespace",
+        ),
+        (
             "member_token = \" \"",
             "member_token (in the config file) is empty",
         ),
