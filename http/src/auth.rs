@@ -1,7 +1,9 @@
 //! Bearer-token authentication for every route except the probes and metrics.
 //!
 //! With a token configured, a request needs `Authorization: Bearer <token>`; tokens are
-//! compared in constant time. `/healthz`, `/readyz` and `/metrics` are always open. The
+//! compared in constant time. Without one, requests that a web page sends are refused (see
+//! [`Token::on_loopback`]): a page must not use a browser to reach a node that trusts anyone
+//! who can reach it. `/healthz`, `/readyz` and `/metrics` are always open. The
 //! members' own traffic (the Raft RPCs, and the requests a member forwards or replays at its
 //! leader) carries the member token: the client token unless a separate one is given, so that
 //! a client (a datanode) cannot speak for a member. With a separate member token, the routes
@@ -48,6 +50,9 @@ pub struct Token {
     /// whichever sender it names (the name is the sender's claim: an outsider naming a new
     /// one each time must not write a line each time).
     refused: Arc<LogThrottle<()>>,
+    /// On a node without a client token that listens on loopback only, the host names (besides
+    /// IP addresses and `localhost`) a request may be addressed to ([`Token::on_loopback`]).
+    loopback_names: Option<Arc<[String]>>,
 }
 
 impl std::fmt::Debug for Token {
@@ -70,7 +75,55 @@ impl Token {
             client: token.filter(|t| !t.is_empty()).map(Arc::from),
             member: None,
             refused: Arc::default(),
+            loopback_names: None,
         }
+    }
+
+    /// This token on a node that listens on loopback only, whose members and clients may name
+    /// it by `names` (the hosts of its own and its peers' addresses) besides an IP address or
+    /// `localhost`. Without a client token, a request addressed to any other name is refused:
+    /// a web page can reach a loopback node only through a name of its own that resolves to
+    /// the loopback address (DNS rebinding).
+    pub fn on_loopback(mut self, names: Vec<String>) -> Self {
+        self.loopback_names = Some(names.into());
+        self
+    }
+
+    /// Without a client token, why a request is refused as one a web page sent, if it is: it
+    /// carries an `Origin` header (a browser's cross-site request, or a same-site write), or,
+    /// on a loopback node, it is addressed to a name no member or client uses (see
+    /// [`Token::on_loopback`]). Tools and members send neither.
+    fn refuses_browser(&self, headers: &HeaderMap) -> Option<String> {
+        if self.client.is_some() {
+            return None;
+        }
+        if headers.contains_key(header::ORIGIN) {
+            return Some(
+                "a node without --token refuses requests that web pages send (this one carries \
+                 an Origin header): a page a browser opened could otherwise change the \
+                 registry; give the nodes a token to serve browsers"
+                    .into(),
+            );
+        }
+        let names = self.loopback_names.as_ref()?;
+        let host = headers.get(header::HOST)?.to_str().ok()?;
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
+            || (name.starts_with('[') && name.ends_with(']'))
+            || name == "localhost"
+            || name.ends_with(".localhost")
+            || names.iter().any(|n| n.eq_ignore_ascii_case(&name));
+        (!allowed).then(|| {
+            format!(
+                "a node without --token that listens on loopback answers requests addressed to \
+                 an IP address, localhost or a member's host only, not to {name:?}: a web page \
+                 could otherwise reach it through a name that resolves to this machine"
+            )
+        })
     }
 
     /// This token with a separate member token (`None` or empty: the members use the client
@@ -184,6 +237,9 @@ pub async fn require_token(
     if OPEN_PATHS.contains(&path) {
         return next.run(request).await;
     }
+    if let Some(why) = token.refuses_browser(request.headers()) {
+        return ApiError::Forbidden(why).into_response();
+    }
     if members_path(path) {
         if !token.accepts_member(request.headers()) {
             token.log_member_refusal(request.headers());
@@ -288,6 +344,48 @@ mod tests {
         ));
         assert!(!names_member_address(&Method::PUT, "/v1/cluster/voters"));
         assert!(!names_member_address(&Method::GET, "/v1/cluster"));
+    }
+
+    #[test]
+    fn a_node_without_a_token_refuses_what_web_pages_send() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            h
+        };
+        let open = Token::new(None);
+        assert!(open
+            .refuses_browser(&with(&[("host", "a.example:1")]))
+            .is_none());
+        let why = open.refuses_browser(&with(&[("origin", "http://evil.example")]));
+        assert!(why.unwrap().contains("Origin"));
+        let lo = Token::new(None).on_loopback(vec!["meta-1".into()]);
+        for host in [
+            "127.0.0.1:7101",
+            "[::1]:7101",
+            "localhost:7101",
+            "LocalHost",
+            "a.localhost:1",
+            "meta-1:7101",
+            "META-1.:7101",
+        ] {
+            assert!(
+                lo.refuses_browser(&with(&[("host", host)])).is_none(),
+                "{host}"
+            );
+        }
+        assert!(lo.refuses_browser(&HeaderMap::new()).is_none(), "no host");
+        let why = lo.refuses_browser(&with(&[("host", "rebind.evil.example:7101")]));
+        assert!(why.unwrap().contains("\"rebind.evil.example\""));
+        // With a token, a page cannot present it: nothing is refused for this.
+        let set = Token::new(Some("s3cret")).on_loopback(Vec::new());
+        let page = with(&[("origin", "http://x"), ("host", "rebind.evil.example")]);
+        assert!(set.refuses_browser(&page).is_none());
     }
 
     #[test]

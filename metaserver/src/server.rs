@@ -51,7 +51,18 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             "every WAL sync is slowed on purpose (emulating a slower disk; benchmarks only)"
         );
     }
-    let token = Token::new(settings.token.as_deref()).with_member(settings.member_token.as_deref());
+    let mut token =
+        Token::new(settings.token.as_deref()).with_member(settings.member_token.as_deref());
+    if bound.ip().is_loopback() {
+        // The names its members and clients may address it by, besides IP addresses.
+        let names = settings
+            .peers
+            .values()
+            .chain([&addr, &settings.listen])
+            .filter_map(|a| a.rsplit_once(':').map(|(host, _)| host.to_owned()))
+            .collect();
+        token = token.on_loopback(names);
+    }
     // Read before anything opens the data dir: a file that cannot be used stops the start.
     let tls = match &settings.tls {
         Some(files) => Some(files.load().context("loading the TLS files")?),

@@ -264,3 +264,41 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
         assert_eq!(a.status, StatusCode::CONFLICT, "{method} {uri}: {a:?}");
     }
 }
+
+/// A node without a token refuses what a web page sends it, and changes nothing: a write with
+/// an `Origin` header (a page's cross-site request, which needs no preflight as plain text),
+/// and, on a loopback node, a request addressed to a name that resolves to this machine (DNS
+/// rebinding). Tools, which send neither, are served.
+#[tokio::test]
+async fn a_node_without_a_token_refuses_web_pages() {
+    let t = leader_node(None).await;
+    let token = Token::new(None).on_loopback(vec!["meta-1".into()]);
+    let app = meta_http::router(AppState::new(t.node.clone(), token));
+    let before = t.digest().await;
+    let page = ("origin", "http://evil.example");
+    let plain = ("content-type", "text/plain");
+    let rebound = ("host", "rebind.evil.example:7101");
+    for headers in [&[page, plain][..], &[rebound], &[rebound, page]] {
+        let a = call(&app, Method::PUT, "/v1/kv/a", "x".to_owned(), headers).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{headers:?}: {a:?}");
+        assert_eq!(a.error_code(), "forbidden");
+        let a = call(&app, Method::GET, "/v1/cluster", String::new(), headers).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{headers:?}: {a:?}");
+    }
+    assert_eq!(
+        t.digest().await,
+        before,
+        "a refused request changed nothing"
+    );
+    for host in ["127.0.0.1:7101", "localhost:7101", "meta-1:7101"] {
+        let a = call(
+            &app,
+            Method::PUT,
+            "/v1/kv/a",
+            "x".to_owned(),
+            &[("host", host)],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK, "{host}: {a:?}");
+    }
+}
