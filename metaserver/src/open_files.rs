@@ -12,6 +12,9 @@ use std::io;
 /// peers, and the listener's reserve of connections for traffic between members
 /// ([`meta_http::connection_limit::MEMBER_CONNECTIONS`]).
 pub const RESERVED_FILES: u64 = 256;
+/// A limit below this is warned about: [`RESERVED_FILES`] and [`MIN_CONNECTIONS`] need most
+/// of it.
+const LOW_LIMIT: u64 = 400;
 /// The fewest connections served, however low the limit.
 const MIN_CONNECTIONS: u64 = 64;
 /// A soft limit is not raised past this, even when the hard limit is unlimited.
@@ -80,12 +83,23 @@ pub fn raise() -> io::Result<OpenFiles> {
 pub fn connection_slots() -> usize {
     match raise() {
         Ok(files) => {
-            tracing::info!(
-                open_files_limit = files.now,
-                raised_from = files.before,
-                max_connections = files.connection_budget(),
-                "connections are limited by the open-files limit"
-            );
+            if files.now < LOW_LIMIT {
+                tracing::warn!(
+                    open_files_limit = files.now,
+                    max_connections = files.connection_budget(),
+                    "the open-files limit is low: the node may run short of descriptors for \
+                     its files, its peers and {} connections; raise the hard limit (systemd \
+                     LimitNOFILE=, or ulimit -Hn) to at least {LOW_LIMIT}",
+                    files.connection_budget()
+                );
+            } else {
+                tracing::info!(
+                    open_files_limit = files.now,
+                    raised_from = files.before,
+                    max_connections = files.connection_budget(),
+                    "connections are limited by the open-files limit"
+                );
+            }
             files.connection_budget()
         }
         Err(e) => {

@@ -62,6 +62,29 @@ impl RawHttp {
     }
 }
 
+/// A limit of open files too low for the node's own files and a useful number of connections
+/// is warned about, naming the remedy (it was an INFO line like any other limit's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_open_files_limit_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = spawn_with_open_files(
+        dir.path(),
+        dir.path(),
+        &["--data-dir", data.to_str().unwrap()],
+        &[("METASERVER_LISTEN", "127.0.0.1:0")],
+        false,
+        Some(300),
+    );
+    server.address();
+    assert!(
+        server.logged("WARN") && server.logged("the open-files limit is low"),
+        "{}",
+        server.logs()
+    );
+    server.stop().await;
+}
+
 /// Idle connections beyond the node's connection budget wait unaccepted, so a flood of them
 /// leaves the descriptors the node needs for its own files. With 400 open files (a budget of
 /// 144 connections) and 500 idle connections, a node that accepted them all ran out of
