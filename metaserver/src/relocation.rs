@@ -34,6 +34,9 @@ pub async fn follow(node: MetaNode, token: Token, client: PeerClient, addr: Stri
                 .filter(|(m, _)| *m != id)
                 .map(|(_, a)| a),
         );
+        // Each member's answer, for the warning below: it says why the move is refused (no
+        // answer at the new address, members of another cluster).
+        let mut answers = Vec::new();
         for askee in askees {
             let mut request = client
                 .http()
@@ -51,15 +54,21 @@ pub async fn follow(node: MetaNode, token: Token, client: PeerClient, addr: Stri
                 Ok(r) => {
                     let status = r.status();
                     let text = r.text().await.unwrap_or_default();
-                    tracing::debug!(%askee, %status, "asking to be moved: {text}");
+                    let message = serde_json::from_str::<serde_json::Value>(&text)
+                        .ok()
+                        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                        .unwrap_or(text);
+                    let message: String = message.chars().take(300).collect();
+                    answers.push(format!("{askee} answered {status}: {message}"));
                 }
-                Err(e) => tracing::debug!(%askee, "asking to be moved: {e}"),
+                Err(e) => answers.push(format!("{askee}: {}", meta_http::peer_client::failure(&e))),
             }
         }
         tracing::warn!(
             %old, new = %addr,
-            "no member has moved this node to its new address yet; asking again in {backoff:?} \
-             (RUST_LOG=metaserver=debug shows each answer)"
+            "no member has moved this node to its new address yet; asking again in {backoff:?}. \
+             The answers: {}",
+            answers.join("; ")
         );
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
