@@ -106,10 +106,39 @@ fn check_node_id(dir: &Path, id: NodeId) -> Result<()> {
                     ),
                 ));
             }
+            // A parent of data dirs (as `local-cluster`'s `node1/`..) given by mistake would
+            // become a new node's, and perhaps a new cluster's, beside them.
+            let nested = nested_data_dirs(dir);
+            if !nested.is_empty() {
+                return Err(data_dir(
+                    dir,
+                    format!(
+                        "holds other nodes' data dirs ({}), so it is likely their parent, given \
+                         by mistake: give one of them, or a dir of its own",
+                        nested.join(", ")
+                    ),
+                ));
+            }
             record_node_id(dir, id)
         }
         Err(e) => Err(Error::io("read node id", &path, e)),
     }
+}
+
+/// The names of the dirs in `dir` that are nodes' data dirs (they record a node id), sorted,
+/// at most three.
+fn nested_data_dirs(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut nested: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join(NODE_ID).is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    nested.sort();
+    nested.truncate(3);
+    nested
 }
 
 /// Whether `dir` was never a node's data dir: it records no node id and holds no log or
@@ -197,6 +226,22 @@ mod tests {
         assert!(err.to_string().contains("no node-id file"), "{err}");
         std::fs::write(dir.path().join(NODE_ID), "5\n").unwrap();
         DataDirLock::acquire(dir.path(), 5).expect("the id written back is taken");
+    }
+
+    #[test]
+    fn a_parent_of_data_dirs_is_refused_and_left_as_it_was() {
+        let parent = tempfile::tempdir().unwrap();
+        let child = parent.path().join("node1");
+        create(&child).unwrap();
+        drop(DataDirLock::acquire(&child, 1).unwrap());
+        std::fs::write(parent.path().join("notes.txt"), "x").unwrap();
+        let e = DataDirLock::acquire(parent.path(), 1).unwrap_err().to_string();
+        assert!(e.contains("holds other nodes' data dirs (node1)"), "{e}");
+        assert!(!parent.path().join(NODE_ID).exists(), "nothing recorded");
+        // A dir of other files only (a mount point's lost+found, say) is taken.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join("lost+found")).unwrap();
+        DataDirLock::acquire(other.path(), 1).unwrap();
     }
 
     #[test]
