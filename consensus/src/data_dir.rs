@@ -235,7 +235,9 @@ mod tests {
         create(&child).unwrap();
         drop(DataDirLock::acquire(&child, 1).unwrap());
         std::fs::write(parent.path().join("notes.txt"), "x").unwrap();
-        let e = DataDirLock::acquire(parent.path(), 1).unwrap_err().to_string();
+        let e = DataDirLock::acquire(parent.path(), 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("holds other nodes' data dirs (node1)"), "{e}");
         assert!(!parent.path().join(NODE_ID).exists(), "nothing recorded");
         // A dir of other files only (a mount point's lost+found, say) is taken.

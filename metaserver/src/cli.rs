@@ -289,6 +289,11 @@ pub enum SnapshotCommand {
         client: ClientArgs,
         /// Where to write the snapshot.
         file: PathBuf,
+        /// Build it from the member's state as it is, without its leader's confirmation that
+        /// it holds every acknowledged write: for a cluster that lost the majority of its
+        /// voters, where no leader can confirm anything (it may miss the newest writes).
+        #[arg(long)]
+        local: bool,
     },
     /// Replay a backup (from `snapshot save`) into an empty cluster: every datanode and its
     /// replicas (datanodes get new epochs) and every key (with new revisions).

@@ -42,9 +42,11 @@ async fn run(command: Command) -> Result<()> {
         Command::Shards(args) => operator::shards(args).await,
         Command::Register(args) => operator::register(args).await,
         Command::Watch(args) => operator::watch(args).await,
-        Command::Snapshot(SnapshotCommand::Save { client, file }) => {
-            interruptible(operator::snapshot_save(client, &file)).await
-        }
+        Command::Snapshot(SnapshotCommand::Save {
+            client,
+            file,
+            local,
+        }) => interruptible(operator::snapshot_save(client, &file, local)).await,
         Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
             interruptible(restore::restore(client, &file)).await
         }

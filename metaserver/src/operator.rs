@@ -399,10 +399,15 @@ const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 *
 async fn download_snapshot(
     op: &Operator,
     dir: &Path,
+    local: bool,
 ) -> Result<(Value, tempfile::NamedTempFile, u64)> {
+    let build = match local {
+        true => "/v1/cluster/snapshot?consistency=local",
+        false => "/v1/cluster/snapshot",
+    };
     let built: Value = op
         .send_retrying(|| {
-            op.request(reqwest::Method::POST, "/v1/cluster/snapshot")
+            op.request(reqwest::Method::POST, build)
                 .timeout(SNAPSHOT_TIMEOUT)
         })
         .await?
@@ -436,9 +441,12 @@ async fn download_snapshot(
 /// FILE may be a symbolic link: the file it leads to is replaced, and the link kept. A path
 /// that is neither (a directory, a device) is refused before anything is asked of the member.
 ///
+/// With `local`, the member builds from its state as it is (`?consistency=local`): no leader
+/// need confirm that it holds every acknowledged write.
+///
 /// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
 /// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
-pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
+pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result<()> {
     let op = Operator::new(&args)?;
     let file = &crate::scratch::backup_target(file)?;
     let dir = crate::scratch::parent_of(file);
@@ -447,7 +455,7 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path) -> Result<()> {
     let mut left = op.members();
     let (built, temp, bytes) = loop {
         left -= 1;
-        match download_snapshot(&op, &dir).await {
+        match download_snapshot(&op, &dir, local).await {
             Ok(done) => break done,
             Err(e) if left > 0 && Operator::cut_off(&e) => {
                 let gone = op.member().to_owned();

@@ -392,6 +392,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
             tls_ca: None,
         },
         &file,
+        false,
     )
     .await
     .unwrap_err();
@@ -414,7 +415,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
         member_token: None,
         tls_ca: None,
     };
-    let err = snapshot_save(args, &new).await.unwrap_err();
+    let err = snapshot_save(args, &new, false).await.unwrap_err();
     assert!(format!("{err:#}").contains("was not written"), "{err:#}");
     assert!(!new.exists());
     let left: Vec<_> = std::fs::read_dir(dir.path())
@@ -431,6 +432,11 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
 /// Runs `snapshot save` against the members `server`, one of which builds and serves bytes
 /// that are no snapshot: the save fails at its check of the download, which shows it got there.
 async fn saved_up_to_the_check(server: String) {
+    saved_up_to_the_check_with(server, false).await;
+}
+
+/// [`saved_up_to_the_check`], with `snapshot save --local` if `local`.
+async fn saved_up_to_the_check_with(server: String, local: bool) {
     let dir = tempfile::tempdir().unwrap();
     let args = ClientArgs {
         server,
@@ -438,13 +444,47 @@ async fn saved_up_to_the_check(server: String) {
         member_token: None,
         tls_ca: None,
     };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"))
+    let err = snapshot_save(args, &dir.path().join("meta.snap"), local)
         .await
         .unwrap_err();
     assert!(
         format!("{err:#}").contains("not a usable backup"),
         "{err:#}"
     );
+}
+
+/// `snapshot save --local` asks the member to build from its state as it is, which a member
+/// of a cluster without a leader does (it refuses otherwise: here at once, with 400).
+#[tokio::test]
+async fn a_local_save_builds_without_a_leader() {
+    let app = axum::Router::new().fallback(
+        |method: axum::http::Method, uri: axum::http::Uri| async move {
+            let local = uri.query() == Some("consistency=local");
+            match (method, local) {
+                (axum::http::Method::POST, true) => (StatusCode::OK, "{}"),
+                (axum::http::Method::POST, false) => (
+                    StatusCode::BAD_REQUEST,
+                    r#"{"error":{"code":"x","message":"not local"}}"#,
+                ),
+                _ => (StatusCode::OK, "<html>not a snapshot</html>"),
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    saved_up_to_the_check_with(addr.clone(), true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ClientArgs {
+        server: addr,
+        token: None,
+        member_token: None,
+        tls_ca: None,
+    };
+    let err = snapshot_save(args, &dir.path().join("meta.snap"), false)
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("not local"), "{err:#}");
 }
 
 /// A member that goes away while it builds the snapshot (it takes the request, then the
