@@ -92,8 +92,57 @@ fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
 /// The command line, parsed.
 fn parse_cli() -> Cli {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let matches = cli_command(&args).get_matches_from(args);
+    let command = cli_command(&args);
+    let matches = command
+        .clone()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| {
+            // clap names the flag; an operator who set the variable never typed it.
+            if let Some(var) = from_environment(&command, &args, &e) {
+                let _ = e.print();
+                eprintln!("note: the value came from the environment variable {var}");
+                std::process::exit(e.exit_code());
+            }
+            e.exit()
+        });
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// The environment variable that gave the value `e` refuses, when the command line `args` did
+/// not give that option.
+fn from_environment(command: &clap::Command, args: &[OsString], e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // "--id <ID>": the option's long name.
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let flag = format!("--{long}");
+    let typed = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    if typed {
+        return None;
+    }
+    let mut commands = vec![command.clone()];
+    while let Some(c) = commands.pop() {
+        let env = c
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .and_then(|a| a.get_env());
+        if let Some(env) = env {
+            return Some(env.to_string_lossy().into_owned());
+        }
+        commands.extend(c.get_subcommands().cloned());
+    }
+    None
 }
 
 /// The command line's definition for `args`. The command-less node's options sit at the top

@@ -32,6 +32,16 @@ async fn a_bad_node_variable_fails_the_node_only() {
         .expect("serve refuses a bad setting at once");
     assert!(!ok);
     assert!(err.contains("worker-threads"), "{err}");
+    // Named as the variable it came from, which is all the operator set.
+    assert!(
+        err.contains("came from the environment variable METASERVER_WORKER_THREADS"),
+        "{err}"
+    );
+    // A flag given on the command line is the flag's.
+    let typed = ["serve", "--worker-threads", "many"];
+    let (ok, _, err) = run(&typed, &[]).await;
+    assert!(!ok && err.contains("worker-threads"), "{err}");
+    assert!(!err.contains("environment variable"), "{err}");
 }
 
 /// A node logs the settings it runs with, defaults filled in, so that an operator can confirm
