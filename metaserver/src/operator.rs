@@ -295,7 +295,8 @@ pub async fn register(args: RegisterArgs) -> Result<()> {
                     if unknown {
                         e.context(format!(
                             "datanode {id} is not registered: register it first with PUT \
-                             /v1/datanodes/{id}, or give the epoch in the file"
+                             /v1/datanodes/{id} (its answer gives the epoch its shards are \
+                             registered under)"
                         ))
                     } else {
                         e.context(format!("looking up datanode {id}'s epoch"))
