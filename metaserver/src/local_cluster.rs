@@ -215,13 +215,19 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
                 Ok(())
             });
         }
-        let child = match command.spawn() {
+        // Its log goes to this process's stderr, each line prefixed with the node's id: three
+        // nodes' lines merged read alike.
+        command.stderr(std::process::Stdio::piped());
+        let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
                 stop_all(&mut nodes, &mut signals).await;
                 return Err(e).with_context(|| format!("starting node {id}"));
             }
         };
+        if let Some(log) = child.stderr.take() {
+            std::thread::spawn(move || prefix_lines(id, log));
+        }
         // The cluster runs on whether or not anyone reads these lines.
         output::line(format_args!(
             "node {id} at {addr} (data in {})",
@@ -258,6 +264,25 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
     }
     output::line("local cluster stopped").ok();
     Ok(())
+}
+
+/// Copies node `id`'s log to this process's stderr, each line prefixed `[node ID] `, until the
+/// node closes it.
+fn prefix_lines(id: u64, log: std::process::ChildStderr) {
+    use std::io::{BufRead, Write};
+    let mut lines = std::io::BufReader::new(log);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match lines.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "[node {id}] ");
+                let _ = err.write_all(&line);
+            }
+        }
+    }
 }
 
 /// SIGTERM to every child still running.

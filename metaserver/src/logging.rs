@@ -45,7 +45,11 @@ pub fn init() {
 /// for is gone, by target and a part of their message: a leader that resumed from a pause, or
 /// lost an election, logged one per answer still on its way (31 lines after a pause), and one
 /// that removed a member one per answer of that member's, although nothing is wrong.
-const STALE_MESSAGES: [(&str, &str); 2] = [
+///
+/// Also its warning that a leadership transfer could not be sent to a member (one per voter):
+/// a leader that stops hands over and says itself when the voter it asked stopped too (a whole
+/// cluster stopped at once), and a move an operator asked for is answered with its outcome.
+const STALE_MESSAGES: [(&str, &str); 3] = [
     (
         "openraft::core::raft_core",
         "A message will be ignored because",
@@ -54,6 +58,7 @@ const STALE_MESSAGES: [(&str, &str); 2] = [
         "openraft::proposer::leader",
         "It may be from a delayed message, ignore",
     ),
+    ("openraft::core::raft_core", "error sending transfer_leader"),
 ];
 
 /// Drops openraft's warnings of answers that arrive late ([`STALE_MESSAGES`]); its other
@@ -63,25 +68,31 @@ struct StaleMessages;
 impl<S: Subscriber> Layer<S> for StaleMessages {
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
         let target = event.metadata().target();
-        let Some((_, part)) = STALE_MESSAGES.iter().find(|(t, _)| *t == target) else {
+        if !STALE_MESSAGES.iter().any(|(t, _)| *t == target) {
             return true;
+        }
+        let mut stale = Stale {
+            target,
+            found: false,
         };
-        let mut stale = Stale { part, found: false };
         event.record(&mut stale);
         !stale.found
     }
 }
 
-/// Whether an event's message holds `part`.
-struct Stale {
-    part: &'static str,
+/// Whether an event of `target` has a message that [`STALE_MESSAGES`] names for it.
+struct Stale<'a> {
+    target: &'a str,
     found: bool,
 }
 
-impl Visit for Stale {
+impl Visit for Stale<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            self.found = format!("{value:?}").contains(self.part);
+            let message = format!("{value:?}");
+            self.found = STALE_MESSAGES
+                .iter()
+                .any(|(t, part)| *t == self.target && message.contains(part));
         }
     }
 }
@@ -149,6 +160,10 @@ mod tests {
             tracing::warn!(
                 target: "openraft::proposer::leader",
                 "stale too: target node 4 not found. It may be from a delayed message, ignore"
+            );
+            tracing::warn!(
+                target: "openraft::core::raft_core",
+                "error sending transfer_leader: Unreachable node: stale as well"
             );
             tracing::warn!(target: "openraft::proposer::leader", "leader kept");
             tracing::info!(target: "openraft::core::raft_core", "core info");

@@ -31,7 +31,9 @@ fn start(
         "--",
     ];
     args.extend_from_slice(serve_options);
-    let mut cluster = spawn(dir.path(), dir.path(), &args, &[], true);
+    // The nodes' lines that name their leader, to tell whose lines are whose.
+    let log = [("RUST_LOG", "warn,meta_consensus::node=info")];
+    let mut cluster = spawn(dir.path(), dir.path(), &args, &log, true);
     let mut addrs = BTreeMap::new();
     for id in 1..=nodes {
         let line = cluster.wait_line(&format!("node {id} at "));
@@ -151,6 +153,15 @@ async fn local_cluster_elects_a_leader_and_accepts_writes_at_a_follower() {
     cluster.signal(libc::SIGINT);
     let exit = cluster.wait_exit().await;
     assert!(exit.success(), "{exit:?}; stderr:\n{}", cluster.logs());
+    // Each node's log lines say whose they are: here each node's line naming the leader.
+    for id in 1..=3 {
+        let line = format!("[node {id}] ");
+        assert!(
+            cluster.logged(&line) && cluster.logged(&format!("node {leader} leads")),
+            "no line of node {id}: {}",
+            cluster.logs()
+        );
+    }
     for base in addrs.values() {
         assert!(
             send(&http, Method::GET, &format!("{base}/healthz"), None, None)
