@@ -179,8 +179,22 @@ pub struct LogStore {
     shared: Arc<Shared>,
 }
 
+/// The storage error `e` of `op` as the `io::Error` openraft takes: one message that says it
+/// all, of the innermost IO error's kind (a full disk stays `StorageFull`), and no sources,
+/// which openraft would print again after it, each with its own.
 fn store_err(op: &'static str) -> impl Fn(meta_store::Error) -> io::Error {
-    move |e| Error::storage(op, e).into()
+    move |e| {
+        let e = Error::storage(op, e);
+        let mut kind = io::ErrorKind::Other;
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(cause) = next {
+            if let Some(io) = cause.downcast_ref::<io::Error>() {
+                kind = io.kind();
+            }
+            next = cause.source();
+        }
+        io::Error::new(kind, e.to_string())
+    }
 }
 
 fn encode(rec: &LogRecordRef<'_>) -> io::Result<Vec<u8>> {

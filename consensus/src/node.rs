@@ -631,11 +631,11 @@ impl MetaNode {
         Error::Shutdown
     }
 
-    /// Logs openraft's `Fatal` as an error, unless this node is shutting down (then it is
-    /// expected).
+    /// Notes openraft's `Fatal` at debug level, once for each request it fails: the cause is
+    /// the one [`MetaNode::stopped`] answers, which the node's owner logs once.
     fn log_core_stopped(&self, e: &dyn std::fmt::Display) {
         if !self.inner.shut.load(Ordering::Acquire) {
-            tracing::error!("raft core stopped: {e}");
+            tracing::debug!("raft core stopped: {e}");
         }
     }
 

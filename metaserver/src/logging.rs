@@ -41,15 +41,18 @@ pub fn init() {
     }
 }
 
-/// openraft's warnings of answers that arrive after the role, vote or member they were sent
-/// for is gone, by target and a part of their message: a leader that resumed from a pause, or
-/// lost an election, logged one per answer still on its way (31 lines after a pause), and one
-/// that removed a member one per answer of that member's, although nothing is wrong.
-///
-/// Also its warning that a leadership transfer could not be sent to a member (one per voter):
-/// a leader that stops hands over and says itself when the voter it asked stopped too (a whole
-/// cluster stopped at once), and a move an operator asked for is answered with its outcome.
-const STALE_MESSAGES: [(&str, &str); 3] = [
+/// openraft's lines that say nothing the node does not say better, by target and a part of
+/// their message:
+/// - warnings of answers that arrive after the role, vote or member they were sent for is gone:
+///   a leader that resumed from a pause, or lost an election, logged one per answer still on
+///   its way (31 lines after a pause), and one that removed a member one per answer of that
+///   member's, although nothing is wrong;
+/// - the warning that a leadership transfer could not be sent to a member (one per voter): a
+///   leader that stops says itself when the voter it asked stopped too (a whole cluster stopped
+///   at once), and a move an operator asked for is answered with its outcome;
+/// - the two errors of a core that stopped, each with the cause three times over: the node logs
+///   the stop once, with the cause.
+const STALE_MESSAGES: [(&str, &str); 5] = [
     (
         "openraft::core::raft_core",
         "A message will be ignored because",
@@ -59,10 +62,12 @@ const STALE_MESSAGES: [(&str, &str); 3] = [
         "It may be from a delayed message, ignore",
     ),
     ("openraft::core::raft_core", "error sending transfer_leader"),
+    // The core's stop, which the node logs once with its cause ("the Raft core stopped").
+    ("openraft::core::raft_core", "RaftCore::main error"),
+    ("openraft::raft::raft_inner", "recv_msg: error"),
 ];
 
-/// Drops openraft's warnings of answers that arrive late ([`STALE_MESSAGES`]); its other
-/// warnings stay.
+/// Drops openraft's lines that [`STALE_MESSAGES`] names; its other lines stay.
 struct StaleMessages;
 
 impl<S: Subscriber> Layer<S> for StaleMessages {
@@ -165,6 +170,15 @@ mod tests {
                 target: "openraft::core::raft_core",
                 "error sending transfer_leader: Unreachable node: stale as well"
             );
+            tracing::error!(
+                target: "openraft::core::raft_core",
+                "RaftCore::main error: stale: when Write Logs"
+            );
+            tracing::error!(
+                target: "openraft::raft::raft_inner",
+                "openraft::raft::raft_inner::RaftInner<_>::recv_msg: error: stale"
+            );
+            tracing::error!(target: "openraft::raft::raft_inner", "inner kept");
             tracing::warn!(target: "openraft::proposer::leader", "leader kept");
             tracing::info!(target: "openraft::core::raft_core", "core info");
             tracing::info!(target: "meta_http::network", "ours kept");
@@ -175,6 +189,7 @@ mod tests {
             "contract kept",
             "core kept",
             "leader kept",
+            "inner kept",
             "ours kept",
         ] {
             assert!(logged.contains(kept), "{kept} missing: {logged}");
