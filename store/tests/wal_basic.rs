@@ -304,6 +304,25 @@ fn own_mode_takes_a_barrier_per_sync() {
     assert_eq!(m.barrier_latency.count, 2);
 }
 
+/// Markers are records like any other in the counters: the records made durable never
+/// outnumber those appended (they ran ahead by one per purge).
+#[test]
+fn markers_count_as_appended_records() {
+    let fs = FaultyFileSystem::new();
+    let wal = Wal::open_with(Arc::new(fs.clone()), "/log", WalOptions::default()).unwrap();
+    let mut last = 0;
+    for _ in 0..5 {
+        last = wal.append(b"a").unwrap();
+    }
+    wal.sync(last).unwrap();
+    wal.purge_to(2).unwrap();
+    let marker = wal.truncate_from(last).unwrap();
+    wal.sync(marker).unwrap();
+    let m = wal.metrics();
+    assert_eq!(m.appends, 7, "five records and two markers");
+    assert_eq!(m.records_synced, m.appends);
+}
+
 #[test]
 fn needs_roll_predicts_every_move_to_a_new_segment() {
     let dir = tempfile::tempdir().unwrap();

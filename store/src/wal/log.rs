@@ -518,9 +518,8 @@ impl Inner {
         w.offset += total;
         w.next_lsn = last + 1;
         self.written.store(last, Ordering::Release);
-        if kind == Kind::Data {
-            self.metrics.appended(payloads.len() as u64, total);
-        }
+        // Markers too: barriers count every LSN they make durable.
+        self.metrics.appended(payloads.len() as u64, total);
         Ok(last)
     }
 

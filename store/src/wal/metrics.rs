@@ -13,7 +13,8 @@ pub const LATENCY_BOUNDS_SECONDS: [f64; 14] = [
 /// A snapshot of a log's metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WalMetrics {
-    /// Data records appended (markers not counted).
+    /// Records appended, data and markers alike: every LSN handed out, so that
+    /// `records_synced` never passes it.
     pub appends: u64,
     /// Bytes written to segment files by appends (headers included).
     pub bytes: u64,
