@@ -47,10 +47,12 @@ impl PeerFailures {
     /// Notes `target`'s answer with `status` and `body` to one of this node's messages.
     pub(super) fn note(&self, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
         self.failing().remove(&target);
-        self.refusals.answered(target);
         if status.is_success() {
             self.refusals.accepted(target);
-        } else if cluster_identity::refuses_as_other_cluster(status, body) {
+            return;
+        }
+        self.refusals.answered(target);
+        if cluster_identity::refuses_as_other_cluster(status, body) {
             self.refusals.refused(target);
         } else if status == reqwest::StatusCode::UNAUTHORIZED {
             self.token_refused(target, Instant::now());
