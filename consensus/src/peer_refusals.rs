@@ -68,10 +68,16 @@ impl PeerRefusals {
         self.0.lock().not_connected.remove(&id);
     }
 
-    /// A message to member `id` found nothing listening at its address: the connection was
+    /// A message to member `id` finds nothing listening at its address: the connection was
     /// refused or could not be made (it stopped, or its host is down).
-    pub fn not_connected(&self, id: NodeId) {
+    pub fn not_connecting(&self, id: NodeId) {
         self.0.lock().not_connected.insert(id, Instant::now());
+    }
+
+    /// The members whose address the last message found nothing listening at, and that have
+    /// not answered since.
+    pub fn not_connected(&self) -> BTreeSet<NodeId> {
+        self.0.lock().not_connected.keys().copied().collect()
     }
 
     /// When a message to member `id` last found nothing listening, if it has not answered
@@ -162,8 +168,9 @@ mod tests {
     fn a_member_not_connected_counts_until_it_answers() {
         let refusals = PeerRefusals::default();
         let before = Instant::now();
-        refusals.not_connected(2);
-        refusals.not_connected(3);
+        refusals.not_connecting(2);
+        refusals.not_connecting(3);
+        assert_eq!(refusals.not_connected(), BTreeSet::from([2, 3]));
         assert!(refusals.not_connected_at(2).is_some_and(|at| at >= before));
         refusals.answered(2);
         refusals.accepted(3);

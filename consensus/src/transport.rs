@@ -227,7 +227,7 @@ impl LocalConnection {
                 Err(_) => {
                     versions.forget(self.target);
                     // A node not running is a connection refused; a cut link, one not made.
-                    refusals.not_connected(self.target);
+                    refusals.not_connecting(self.target);
                 }
             }
         }

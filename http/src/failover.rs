@@ -107,9 +107,17 @@ pub(crate) fn leaderless(node: &MetaNode, for_how_long: Duration) -> ApiError {
     let ms = for_how_long.as_millis();
     let refusing = node.token_refused_by();
     if refusing.is_empty() {
+        let gone: Vec<NodeId> = node.voters_not_listening().into_iter().collect();
+        let why = match gone.is_empty() {
+            true => "they stopped, or are cut off from it".to_owned(),
+            false => format!(
+                "nothing listens at the addresses of voters {gone:?}: they stopped, or their \
+                 hosts are down"
+            ),
+        };
         return ApiError::NoLeader(format!(
             "no leader was elected for {ms} ms: too few voters answer this node to elect one \
-             (they stopped, or are cut off from it); try another member"
+             ({why}); try another member"
         ));
     }
     ApiError::NotServing(format!(

@@ -98,6 +98,16 @@ impl MetaNode {
             .token_within(crate::peer_refusals::RECENT)
     }
 
+    /// The voters whose address this node's last message found nothing listening at (they
+    /// stopped, or their host is down), and that have not answered since.
+    pub fn voters_not_listening(&self) -> std::collections::BTreeSet<NodeId> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let voters: std::collections::BTreeSet<NodeId> =
+            m.membership_config.membership().voter_ids().collect();
+        let gone = self.inner.cfg.peer_refusals.not_connected();
+        voters.intersection(&gone).copied().collect()
+    }
+
     /// Whether this node is a member of a cluster that has not removed it and whose voters
     /// take its messages: one that knows no leader waits for an election, and may learn of one.
     pub fn in_cluster(&self) -> bool {

@@ -86,7 +86,7 @@ impl PeerFailures {
     /// time); `connect`: no connection could be made (nothing listens at its address).
     pub(super) fn failed(&self, target: NodeId, why: &dyn std::fmt::Display, connect: bool) {
         if connect {
-            self.refusals.not_connected(target);
+            self.refusals.not_connecting(target);
         }
         self.unreachable_at(target, why, Instant::now());
     }

@@ -395,6 +395,12 @@ async fn a_node_without_a_leader_for_long_refuses_at_once() {
             a.error_message().contains("no leader was elected for"),
             "{method} {uri}: {a:?}"
         );
+        // Nothing listens at the others' addresses: the answer names them.
+        assert!(
+            a.error_message()
+                .contains("nothing listens at the addresses of voters [2, 3]"),
+            "{method} {uri}: {a:?}"
+        );
     }
 }
 
