@@ -428,8 +428,8 @@ impl IntoResponse for ApiError {
                 code: "body_too_large",
                 ..
             } => {
-                // The rest of the body may still come (a body over the limit is not read
-                // past it): the connection cannot be reused, and the client is told so
+                // The rest of the body may still come (a body over the limit is read past
+                // it only so far): the connection cannot be reused, and the client is told so
                 // rather than finding its next request unanswered.
                 response
                     .headers_mut()
