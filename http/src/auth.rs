@@ -80,8 +80,8 @@ impl Token {
     }
 
     /// This token on a node that listens on loopback only, whose members and clients may name
-    /// it by `names` (the hosts of its own and its peers' addresses) besides an IP address or
-    /// `localhost`. Without a client token, a request addressed to any other name is refused:
+    /// it by `names` (the hosts of its own and its peers' addresses) besides an IP address or a
+    /// name without a dot (`localhost`). Without a client token, a request addressed to any other name is refused:
     /// a web page can reach a loopback node only through a name of its own that resolves to
     /// the loopback address (DNS rebinding).
     pub fn on_loopback(mut self, names: Vec<String>) -> Self {
@@ -112,16 +112,19 @@ impl Token {
             _ => host,
         };
         let name = name.trim_end_matches('.').to_ascii_lowercase();
+        // A page is served from a domain its author holds, which has a dot: a name without
+        // one (`localhost`, a host of `/etc/hosts`) is this machine's or its network's own.
         let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
             || (name.starts_with('[') && name.ends_with(']'))
-            || name == "localhost"
+            || !name.contains('.')
             || name.ends_with(".localhost")
             || names.iter().any(|n| n.eq_ignore_ascii_case(&name));
         (!allowed).then(|| {
             format!(
                 "a node without --token that listens on loopback answers requests addressed to \
-                 an IP address, localhost or a member's host only, not to {name:?}: a web page \
-                 could otherwise reach it through a name that resolves to this machine"
+                 an IP address, a name without a dot (localhost) or a member's host only, not \
+                 to {name:?}: a web page could otherwise reach it through a name of its own \
+                 that resolves to this machine"
             )
         })
     }
@@ -364,7 +367,7 @@ mod tests {
             .is_none());
         let why = open.refuses_browser(&with(&[("origin", "http://evil.example")]));
         assert!(why.unwrap().contains("Origin"));
-        let lo = Token::new(None).on_loopback(vec!["meta-1".into()]);
+        let lo = Token::new(None).on_loopback(vec!["meta-1.internal".into()]);
         for host in [
             "127.0.0.1:7101",
             "[::1]:7101",
@@ -372,7 +375,8 @@ mod tests {
             "LocalHost",
             "a.localhost:1",
             "meta-1:7101",
-            "META-1.:7101",
+            "t",
+            "meta-1.internal.:7101",
         ] {
             assert!(
                 lo.refuses_browser(&with(&[("host", host)])).is_none(),

@@ -272,7 +272,7 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
 #[tokio::test]
 async fn a_node_without_a_token_refuses_web_pages() {
     let t = leader_node(None).await;
-    let token = Token::new(None).on_loopback(vec!["meta-1".into()]);
+    let token = Token::new(None).on_loopback(vec!["meta-1.internal".into()]);
     let app = meta_http::router(AppState::new(t.node.clone(), token));
     let before = t.digest().await;
     let page = ("origin", "http://evil.example");
@@ -290,7 +290,12 @@ async fn a_node_without_a_token_refuses_web_pages() {
         before,
         "a refused request changed nothing"
     );
-    for host in ["127.0.0.1:7101", "localhost:7101", "meta-1:7101"] {
+    for host in [
+        "127.0.0.1:7101",
+        "localhost:7101",
+        "meta-1.internal:7101",
+        "t",
+    ] {
         let a = call(
             &app,
             Method::PUT,
