@@ -236,12 +236,13 @@ pub async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
+    // First, also on the open paths: a page must not read a tokenless node's metrics either.
+    if let Some(why) = token.refuses_browser(request.headers()) {
+        return ApiError::Forbidden(why).into_response();
+    }
     let path = request.uri().path();
     if OPEN_PATHS.contains(&path) {
         return next.run(request).await;
-    }
-    if let Some(why) = token.refuses_browser(request.headers()) {
-        return ApiError::Forbidden(why).into_response();
     }
     if members_path(path) {
         if !token.accepts_member(request.headers()) {

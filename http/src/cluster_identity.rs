@@ -526,6 +526,14 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
              and --member-token"
         )));
     }
+    if status == reqwest::StatusCode::FORBIDDEN {
+        // A node without a token on loopback answers only the names it knows (`auth.rs`).
+        return Err(ApiError::Conflict(format!(
+            "the node at {addr} refuses requests addressed to that name (a node without a \
+             token that listens on loopback takes only names without a dot and those its \
+             settings give): start it with --advertise {addr}"
+        )));
+    }
     if status != reqwest::StatusCode::CONFLICT && status != reqwest::StatusCode::BAD_REQUEST {
         return Ok(());
     }

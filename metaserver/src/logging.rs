@@ -50,9 +50,9 @@ pub fn init() {
 /// - the warning that a leadership transfer could not be sent to a member (one per voter): a
 ///   leader that stops says itself when the voter it asked stopped too (a whole cluster stopped
 ///   at once), and a move an operator asked for is answered with its outcome;
-/// - the two errors of a core that stopped, each with the cause three times over: the node logs
-///   the stop once, with the cause.
-const STALE_MESSAGES: [(&str, &str); 5] = [
+/// - the errors of a core that stopped (its own, and that of each stream of entries it was
+///   taking), with the cause, some three times over: the node logs the stop once, with it.
+const STALE_MESSAGES: [(&str, &str); 6] = [
     (
         "openraft::core::raft_core",
         "A message will be ignored because",
@@ -65,6 +65,7 @@ const STALE_MESSAGES: [(&str, &str); 5] = [
     // The core's stop, which the node logs once with its cause ("the Raft core stopped").
     ("openraft::core::raft_core", "RaftCore::main error"),
     ("openraft::raft::raft_inner", "recv_msg: error"),
+    ("openraft::raft::stream_append", "RaftCore stopped"),
 ];
 
 /// Drops openraft's lines that [`STALE_MESSAGES`] names; its other lines stay.
@@ -179,6 +180,10 @@ mod tests {
                 "openraft::raft::raft_inner::RaftInner<_>::recv_msg: error: stale"
             );
             tracing::error!(target: "openraft::raft::raft_inner", "inner kept");
+            tracing::error!(
+                target: "openraft::raft::stream_append",
+                "stream_append: RaftCore stopped: stale"
+            );
             tracing::warn!(target: "openraft::proposer::leader", "leader kept");
             tracing::info!(target: "openraft::core::raft_core", "core info");
             tracing::info!(target: "meta_http::network", "ours kept");

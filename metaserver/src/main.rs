@@ -89,8 +89,9 @@ fn serve_on_runtime(args: &ServeArgs, default_mode: bool) -> Result<()> {
     runtime(settings.worker_threads)?.block_on(server::serve(settings))
 }
 
-/// The command line, parsed.
-fn parse_cli() -> Cli {
+/// The command line, parsed, and the secrets it gave itself (`--token`, `--member-token` of
+/// a node), which anyone on the machine can read there (`ps`).
+fn parse_cli() -> (Cli, Vec<&'static str>) {
     let args: Vec<OsString> = std::env::args_os().collect();
     let command = cli_command(&args);
     let matches = command
@@ -105,7 +106,20 @@ fn parse_cli() -> Cli {
             }
             e.exit()
         });
-    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    let node = match matches.subcommand() {
+        Some(("serve", serve)) => Some(serve),
+        Some(_) => None,
+        None => Some(&matches),
+    };
+    let exposed = node.map_or_else(Vec::new, |m| {
+        [("token", "--token"), ("member_token", "--member-token")]
+            .into_iter()
+            .filter(|(id, _)| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+            .map(|(_, flag)| flag)
+            .collect()
+    });
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    (cli, exposed)
 }
 
 /// The environment variable that gave the value `e` refuses, when the command line `args` did
@@ -161,8 +175,14 @@ fn cli_command(args: &[OsString]) -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    let cli = parse_cli();
+    let (cli, exposed) = parse_cli();
     logging::init();
+    for flag in exposed {
+        tracing::warn!(
+            "{flag} was given on the command line, where anyone on this machine can read it \
+             (ps): give it in the environment or the config file"
+        );
+    }
     for name in unknown_variables(std::env::vars_os().map(|(k, _)| k)) {
         tracing::warn!("{name} is not a setting of metaserver (a typo?): it is ignored");
     }

@@ -274,7 +274,8 @@ impl ServeSettings {
     fn merge(args: &ServeArgs, file: FileSettings, default_mode: bool) -> Result<Self> {
         let peers = match args.peers.as_deref().or(file.peers.as_deref()) {
             Some(text) => {
-                let peers = parse_peers(text)?;
+                let peers = parse_peers(text)
+                    .map_err(|e| anyhow::anyhow!("--peers (METASERVER_PEERS): {e}"))?;
                 if peers.is_empty() {
                     // An empty value (an unset variable in a unit file, say) would otherwise
                     // read as "no peers": a node told to initialize would form a cluster alone.

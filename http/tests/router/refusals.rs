@@ -282,8 +282,10 @@ async fn a_node_without_a_token_refuses_web_pages() {
         let a = call(&app, Method::PUT, "/v1/kv/a", "x".to_owned(), headers).await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{headers:?}: {a:?}");
         assert_eq!(a.error_code(), "forbidden");
-        let a = call(&app, Method::GET, "/v1/cluster", String::new(), headers).await;
-        assert_eq!(a.status, StatusCode::FORBIDDEN, "{headers:?}: {a:?}");
+        for read in ["/v1/cluster", "/metrics"] {
+            let a = call(&app, Method::GET, read, String::new(), headers).await;
+            assert_eq!(a.status, StatusCode::FORBIDDEN, "{read} {headers:?}: {a:?}");
+        }
     }
     assert_eq!(
         t.digest().await,

@@ -689,3 +689,22 @@ async fn a_watch_of_a_lone_member_that_serves_no_cluster_stops() {
     );
     assert_eq!(asked.load(Ordering::SeqCst), 1);
 }
+
+/// A token no header can carry is refused before anything is sent, naming the setting.
+#[test]
+fn a_token_with_blanks_around_it_is_refused_naming_it() {
+    for (token, member, what) in [
+        (Some("abc\n"), None, "--token"),
+        (None, Some(" m"), "--member-token"),
+        (Some("a b"), None, "--token"),
+    ] {
+        let args = ClientArgs {
+            server: "127.0.0.1:1".into(),
+            token: token.map(str::to_owned),
+            member_token: member.map(str::to_owned),
+            tls_ca: None,
+        };
+        let err = format!("{:#}", Operator::new(&args).err().unwrap());
+        assert!(err.contains(what) && err.contains("blanks"), "{err}");
+    }
+}
