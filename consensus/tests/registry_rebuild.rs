@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
 use common::Cluster;
-use meta_consensus::{Command, Consistency, NodeConfig};
+use meta_consensus::{Command, Consistency, MetaNode, NodeConfig};
 
 fn snapshot_friendly(cfg: &mut NodeConfig) {
     cfg.max_in_snapshot_log_to_keep = 0;
@@ -142,6 +142,12 @@ fn damage_newest_snapshot(c: &Cluster, id: u64) -> Result<(PathBuf, Vec<u8>)> {
 /// Starts node `id` again and checks that its registry, completed, matches `digest`.
 async fn completed(mut c: Cluster, id: u64, digest: u64) -> Result<()> {
     let n = c.start(id).await?;
+    holds_everything(c, n, digest).await
+}
+
+/// Checks that node `n` of `c`, started again, converges to a registry matching `digest`;
+/// then shuts the cluster down.
+async fn holds_everything(c: Cluster, n: MetaNode, digest: u64) -> Result<()> {
     c.converged().await?;
     let (_, again) = n.registry_digest().await?;
     ensure!(again == digest, "the completed registry differs");
@@ -246,11 +252,7 @@ async fn a_newest_snapshot_cut_short_is_set_aside() -> Result<()> {
     if newest.exists() {
         ensure!(std::fs::read(&newest)? != sound[..sound.len() - 30]);
     }
-    c.converged().await?;
-    let (_, again) = n.registry_digest().await?;
-    ensure!(again == digest, "the registry differs");
-    drop(n);
-    c.shutdown().await
+    holds_everything(c, n, digest).await
 }
 
 /// A newest snapshot cut short that a deleted registry needed: the start fails naming where it

@@ -1,17 +1,17 @@
 //! Bearer-token authentication for every route except the probes and metrics.
 //!
 //! With a token configured, a request needs `Authorization: Bearer <token>`; tokens are
-//! compared in constant time. Without one, requests that a web page sends are refused (see
+//! compared in constant time. `/healthz`, `/readyz` and `/metrics` need none. Without a
+//! token, requests that a web page sends are refused, on every route (see
 //! [`Token::on_loopback`]): a page must not use a browser to reach a node that trusts anyone
-//! who can reach it. `/healthz`, `/readyz` and `/metrics` are always open. The
-//! members' own traffic (the Raft RPCs, and the requests a member forwards or replays at its
-//! leader) carries the member token: the client token unless a separate one is given, so that
-//! a client (a datanode) cannot speak for a member. With a separate member token, the routes
-//! under `/raft/` and the raw replay route take only it, and so do the requests that name
-//! where a member listens (forming a cluster, adding a learner, moving a member: the node sends
-//! its messages there, with the member token); a request on the other routes that carries only
-//! the client token has the headers a member's request carries removed before it is served: it
-//! counts as a client's.
+//! who can reach it. The members' own traffic (the Raft RPCs, and the requests a member
+//! forwards or replays at its leader) carries the member token: the client token unless a
+//! separate one is given, so that a client (a datanode) cannot speak for a member. With a
+//! separate member token, the routes under `/raft/` and the raw replay route take only it, and
+//! so do the requests that name where a member listens (forming a cluster, adding a learner,
+//! moving a member: the node sends its messages there, with the member token); a request on
+//! the other routes that carries only the client token has the headers a member's request
+//! carries removed before it is served: it counts as a client's.
 
 use std::sync::Arc;
 
@@ -50,8 +50,8 @@ pub struct Token {
     /// whichever sender it names (the name is the sender's claim: an outsider naming a new
     /// one each time must not write a line each time).
     refused: Arc<LogThrottle<()>>,
-    /// On a node without a client token that listens on loopback only, the host names (besides
-    /// IP addresses and `localhost`) a request may be addressed to ([`Token::on_loopback`]).
+    /// On a node without a client token that listens on loopback only, the host names with a
+    /// dot a request may be addressed to ([`Token::on_loopback`]).
     loopback_names: Option<Arc<[String]>>,
 }
 
@@ -81,9 +81,9 @@ impl Token {
 
     /// This token on a node that listens on loopback only, whose members and clients may name
     /// it by `names` (the hosts of its own and its peers' addresses) besides an IP address or a
-    /// name without a dot (`localhost`). Without a client token, a request addressed to any other name is refused:
-    /// a web page can reach a loopback node only through a name of its own that resolves to
-    /// the loopback address (DNS rebinding).
+    /// name without a dot (`localhost`). Without a client token, a request addressed to any
+    /// other name is refused: a web page can reach a loopback node only through a name of its
+    /// own (with a dot) that resolves to the loopback address (DNS rebinding).
     pub fn on_loopback(mut self, names: Vec<String>) -> Self {
         self.loopback_names = Some(names.into());
         self
@@ -91,7 +91,7 @@ impl Token {
 
     /// Without a client token, why a request is refused as one a web page sent, if it is: it
     /// carries an `Origin` header (a browser's cross-site request, or a same-site write), or,
-    /// on a loopback node, it is addressed to a name no member or client uses (see
+    /// on a loopback node, it is addressed to a name with a dot that no setting gives (see
     /// [`Token::on_loopback`]). Tools and members send neither.
     fn refuses_browser(&self, headers: &HeaderMap) -> Option<String> {
         if self.client.is_some() {

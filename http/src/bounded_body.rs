@@ -43,7 +43,7 @@ async fn drain(mut body: Body) {
 }
 
 /// Reads `body` whole: 413 `body_too_large` if `headers` declare more than `limit` bytes (before
-/// reading any of it for the request; one that can be read to its end in [`DRAIN_TIME`] is,
+/// reading any of it for the request; one that can be read to its end within a second is,
 /// and dropped) or more arrive (the rest is dropped likewise), 408 `body_timeout` if it takes
 /// longer than `timeout` (plus a second per MiB declared, when `sized`), 400 if the stream
 /// fails.

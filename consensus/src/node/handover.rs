@@ -15,14 +15,14 @@ use crate::uncancelled::uncancelled;
 
 impl MetaNode {
     /// If this node leads a cluster with other voters, asks the most caught-up voter it heard
-    /// from within the lease (one not short of disk, if any: see
-    /// [`MetaNode::note_voters_short_of_disk`]), and whose address its last message did not
-    /// find deserted, to take over, and waits at most `within` (less once nothing listens at
-    /// its address) until
-    /// another node leads and this node applied every entry of its log (so the requests it took as leader are
-    /// answered before it closes). Returns that node, or `None` if this node did not lead, had
-    /// no such voter, or nobody took over in time; the stop then goes ahead and the others
-    /// elect a leader after the election timeout, as after a crash. Changes no data.
+    /// from within the lease to take over (one not short of disk, if any: see
+    /// [`MetaNode::note_voters_short_of_disk`]; and not one whose address its last message
+    /// found nothing listening at), and waits at most `within` until another node leads and
+    /// this node applied every entry of its log (so the requests it took as leader are
+    /// answered before it closes); no longer once nothing listens at the voter's address.
+    /// Returns that node, or `None` if this node did not lead, had no such voter, or nobody
+    /// took over in time; the stop then goes ahead and the others elect a leader after the
+    /// election timeout, as after a crash. Changes no data.
     pub async fn hand_over_leadership(&self, within: Duration) -> Result<Option<NodeId>> {
         self.check_open()?;
         // Said in the status from now on: a leader short of disk must not hand the leadership

@@ -62,20 +62,25 @@ impl RawHttp {
     }
 }
 
-/// A limit of open files too low for the node's own files and a useful number of connections
-/// is warned about, naming the remedy (it was an INFO line like any other limit's).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_low_open_files_limit_is_warned_about() {
-    let dir = tempfile::tempdir().unwrap();
+/// A node with its data in `dir`, on a free port, limited to `open_files` open files.
+fn limited_to(dir: &tempfile::TempDir, open_files: u64) -> crate::common::Proc {
     let data = dir.path().join("data");
-    let mut server = spawn_with_open_files(
+    spawn_with_open_files(
         dir.path(),
         dir.path(),
         &["--data-dir", data.to_str().unwrap()],
         &[("METASERVER_LISTEN", "127.0.0.1:0")],
         false,
-        Some(300),
-    );
+        Some(open_files),
+    )
+}
+
+/// A limit of open files too low for the node's own files and a useful number of connections
+/// is warned about, naming the remedy (it was an INFO line like any other limit's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_open_files_limit_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = limited_to(&dir, 300);
     server.address();
     assert!(
         server.logged("WARN") && server.logged("the open-files limit is low"),
@@ -96,15 +101,7 @@ async fn a_low_open_files_limit_is_warned_about() {
 async fn a_connection_flood_leaves_descriptors_for_the_nodes_own_files() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();
-    let data = dir.path().join("data");
-    let mut server = spawn_with_open_files(
-        dir.path(),
-        dir.path(),
-        &["--data-dir", data.to_str().unwrap()],
-        &[("METASERVER_LISTEN", "127.0.0.1:0")],
-        false,
-        Some(400),
-    );
+    let mut server = limited_to(&dir, 400);
     let addr = server.address();
     let base = format!("http://{addr}");
     poll(&http, &format!("{base}/readyz"), None, |_| true).await;
