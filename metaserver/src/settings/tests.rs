@@ -250,6 +250,13 @@ fn empty_and_out_of_range_values_are_refused() {
         ),
         (
             ServeArgs {
+                peers: Some("x".into()),
+                ..d()
+            },
+            "--peers (METASERVER_PEERS): peer \"x\" is not ID=ADDR",
+        ),
+        (
+            ServeArgs {
                 listen: Some("nope".into()),
                 ..d()
             },
@@ -286,6 +293,7 @@ fn empty_and_out_of_range_values_are_refused() {
             "member_token (in the config file) is empty",
         ),
         ("peers = \"\"", "peers (in the config file) names no peer"),
+        ("peers = \"x\"", "peers (in the config file): peer \"x\""),
         ("data_dir = \" \"", "data_dir (in the config file) is empty"),
         (
             "worker_threads = 0",

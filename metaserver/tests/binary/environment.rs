@@ -125,3 +125,31 @@ async fn a_first_start_refused_for_its_peers_leaves_the_data_dir_unstamped() {
         node.logs()
     );
 }
+
+/// A token given on the command line, where anyone on the machine reads it, is warned about;
+/// one from the environment is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_on_the_command_line_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "serve",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--init",
+    ];
+    let warning = "--token was given on the command line";
+    let mut typed: Vec<&str> = args.to_vec();
+    typed.extend(["--token", "s3cret"]);
+    let mut node = crate::common::spawn(dir.path(), dir.path(), &typed, &[], false);
+    node.address();
+    assert!(node.logged(warning), "{}", node.logs());
+    node.stop().await;
+    let env = [("METASERVER_TOKEN", "s3cret")];
+    let mut node = crate::common::spawn(dir.path(), dir.path(), &args, &env, false);
+    node.address();
+    assert!(!node.logged(warning), "{}", node.logs());
+    node.stop().await;
+}
