@@ -38,6 +38,9 @@ struct MemberHealth {
     /// The members that lately refused its token (`token_refused_by`).
     #[serde(skip)]
     token_refused_by: Vec<u64>,
+    /// The members that lately refused its messages as another cluster's (`refused_by`).
+    #[serde(skip)]
+    refused_by: Vec<u64>,
 }
 
 /// The part of a member's status the report shows.
@@ -134,6 +137,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
         problem: None,
         lags: BTreeMap::new(),
         token_refused_by: Vec::new(),
+        refused_by: Vec::new(),
     };
     let one = ClientArgs {
         server: addr.to_owned(),
@@ -162,6 +166,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
                 .map(|(id, r)| (*id, r.lag))
                 .collect();
             health.token_refused_by = view.token_refused_by.clone();
+            health.refused_by = view.refused_by.clone();
             health.status = Some(MemberStatus {
                 role: view.role,
                 term: view.term,
@@ -215,8 +220,17 @@ fn judge(members: &mut [MemberHealth]) -> Report {
         }
     }
     let leading = leader.and_then(|(id, _)| members.iter().find(|m| m.id == id));
-    let lags = leading.map(|m| m.lags.clone()).unwrap_or_default();
+    let mut lags = leading.map(|m| m.lags.clone()).unwrap_or_default();
     if let Some(l) = leading {
+        for id in &l.refused_by {
+            problems.push(format!(
+                "node {id} refuses the leader's messages as another cluster's: its data dir \
+                 belongs to another cluster (a wrong --data-dir, or a node initialized on its \
+                 own); it holds none of this cluster's log"
+            ));
+            // The leader's count of it means nothing: it takes none of the leader's entries.
+            lags.remove(id);
+        }
         for id in &l.token_refused_by {
             problems.push(format!(
                 "node {id} and the leader, node {}, refuse each other's token (401): one of them \
@@ -330,6 +344,7 @@ mod tests {
             problem: None,
             lags: BTreeMap::new(),
             token_refused_by: Vec::new(),
+            refused_by: Vec::new(),
         }
     }
 
@@ -393,6 +408,32 @@ mod tests {
         );
         let report = judge(&mut [member(1, "follower", 1, None)]);
         assert_eq!(report.problems, ["no member leads"]);
+    }
+
+    #[test]
+    fn a_member_of_another_cluster_is_named_and_shows_no_lag() {
+        let mut leader = member(1, "leader", 5, Some(1));
+        leader.lags = BTreeMap::from([(2, 0), (3, 0)]);
+        leader.refused_by = vec![2];
+        let mut members = vec![
+            leader,
+            member(2, "follower", 5, Some(1)),
+            member(3, "follower", 5, Some(1)),
+        ];
+        let report = judge(&mut members);
+        assert!(!report.healthy);
+        assert!(
+            report.problems[0]
+                .starts_with("node 2 refuses the leader's messages as another cluster's"),
+            "{:?}",
+            report.problems
+        );
+        let lags: Vec<_> = report
+            .members
+            .iter()
+            .map(|m| m.status.as_ref().unwrap().lag)
+            .collect();
+        assert_eq!(lags, [None, None, Some(0)]);
     }
 
     #[test]
