@@ -234,8 +234,9 @@ pub enum Error {
     /// A node to add as a learner has not answered, so its build is unknown, and the cluster's
     /// version is past the one every build applies.
     #[error(
-        "node {node} has not answered, so its build is unknown, and the cluster's version is \
-         {cluster}: start it before adding it"
+        "node {node} has not answered at the address given (is it started, and is that where \
+         it listens?), so its build is unknown, and the cluster's version is {cluster}: start \
+         it there before adding it"
     )]
     LearnerNotHeard { node: NodeId, cluster: u32 },
 }

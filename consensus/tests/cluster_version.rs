@@ -338,6 +338,8 @@ async fn a_learner_not_heard_from_is_not_added_once_the_version_was_raised() -> 
         ),
         "{refused:?}"
     );
+    let said = refused.unwrap_err().to_string();
+    assert!(said.contains("is that where it listens?"), "{said}");
     assert!(leader.status().learners.is_empty());
     c.shutdown().await
 }
