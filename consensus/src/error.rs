@@ -271,20 +271,19 @@ impl Error {
     /// Whether an IO error in this error's chain of sources says the file system is out of
     /// space or the user is over quota (`ENOSPC`, `EDQUOT`).
     pub(crate) fn is_out_of_space(&self) -> bool {
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
-        while let Some(e) = next {
-            let full = e.downcast_ref::<std::io::Error>().is_some_and(|io| {
-                matches!(
-                    io.kind(),
-                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-                )
-            });
-            if full {
-                return true;
-            }
-            next = e.source();
-        }
-        false
+        self.io_kinds().any(|kind| {
+            matches!(
+                kind,
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            )
+        })
+    }
+
+    /// The kinds of the IO errors in this error's chain of sources, outermost first.
+    pub(crate) fn io_kinds(&self) -> impl Iterator<Item = std::io::ErrorKind> + '_ {
+        let first: &(dyn std::error::Error + 'static) = self;
+        std::iter::successors(Some(first), |e| e.source())
+            .filter_map(|e| e.downcast_ref::<std::io::Error>().map(std::io::Error::kind))
     }
 }
 

@@ -185,14 +185,7 @@ pub struct LogStore {
 fn store_err(op: &'static str) -> impl Fn(meta_store::Error) -> io::Error {
     move |e| {
         let e = Error::storage(op, e);
-        let mut kind = io::ErrorKind::Other;
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(cause) = next {
-            if let Some(io) = cause.downcast_ref::<io::Error>() {
-                kind = io.kind();
-            }
-            next = cause.source();
-        }
+        let kind = e.io_kinds().last().unwrap_or(io::ErrorKind::Other);
         io::Error::new(kind, e.to_string())
     }
 }

@@ -145,18 +145,21 @@ fn from_environment(command: &clap::Command, args: &[OsString], e: &clap::Error)
     if typed {
         return None;
     }
-    let mut commands = vec![command.clone()];
+    all_arguments(command.clone())
+        .into_iter()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+}
+
+/// The arguments of `command` and of all its subcommands, at any depth.
+fn all_arguments(command: clap::Command) -> Vec<clap::Arg> {
+    let mut arguments = Vec::new();
+    let mut commands = vec![command];
     while let Some(c) = commands.pop() {
-        let env = c
-            .get_arguments()
-            .find(|a| a.get_long() == Some(long))
-            .and_then(|a| a.get_env());
-        if let Some(env) = env {
-            return Some(env.to_string_lossy().into_owned());
-        }
+        arguments.extend(c.get_arguments().cloned());
         commands.extend(c.get_subcommands().cloned());
     }
-    None
+    arguments
 }
 
 /// The command line's definition for `args`. The command-less node's options sit at the top
@@ -212,17 +215,11 @@ fn main() -> ExitCode {
 /// otherwise be ignored without a word, where a misspelt TOML key is refused.
 fn unknown_variables(names: impl Iterator<Item = std::ffi::OsString>) -> Vec<String> {
     use clap::CommandFactory;
-    let mut known = std::collections::BTreeSet::new();
-    let mut commands = vec![Cli::command()];
-    while let Some(command) = commands.pop() {
-        known.extend(
-            command
-                .get_arguments()
-                .filter_map(|a| a.get_env())
-                .map(|e| e.to_string_lossy().into_owned()),
-        );
-        commands.extend(command.get_subcommands().cloned());
-    }
+    let known: std::collections::BTreeSet<String> = all_arguments(Cli::command())
+        .iter()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
     let mut unknown: Vec<String> = names
         .filter_map(|n| n.into_string().ok())
         .filter(|n| n.starts_with("METASERVER_") && !known.contains(n))

@@ -163,8 +163,9 @@ pub fn parse_barrier(text: &str) -> Result<BarrierMode> {
     }
 }
 
-/// `token` (`what` names its flag), refused if it is empty: read as "no token", an empty value
-/// would switch authentication off unnoticed, also over a token the config file sets.
+/// `token` (`what` names its flag), refused if it is empty (read as "no token", an empty value
+/// would switch authentication off unnoticed, also over a token the config file sets) or if
+/// no header can carry it ([`check_token_text`]).
 fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
     let Some(t) = token.as_deref() else {
         return Ok(None);
@@ -172,21 +173,27 @@ fn set_token(token: Option<String>, what: &str) -> Result<Option<String>> {
     if t.trim().is_empty() {
         bail!("{what} is empty: give a token or leave it unset");
     }
-    // A client sends a bearer token as visible ASCII, never with blanks around it: a token
-    // read from a file with its newline would refuse every request.
+    check_token_text(t, what)?;
+    Ok(token)
+}
+
+/// Refuses a token (`what` names its setting) that no HTTP header carries as it is: one with
+/// blanks around it (a token read from a file with its newline would have every request
+/// refused) or with characters other than visible ASCII.
+pub(crate) fn check_token_text(t: &str, what: &str) -> Result<()> {
     if t.trim() != t {
         bail!(
-            "{what} begins or ends with whitespace (a newline read from a file?): no client \
-             sends it so, and every request would be refused; remove it"
+            "{what} begins or ends with whitespace (blanks around it: a newline read from a \
+             file?): no client sends it so, and every request would be refused; remove it"
         );
     }
     if let Some(c) = t.chars().find(|c| !c.is_ascii_graphic()) {
         bail!(
-            "{what} holds {c:?}: a bearer token is visible ASCII (no spaces or control \
+            "{what} holds {c:?}: a bearer token is visible ASCII (no blanks or control \
              characters), which an HTTP header can carry"
         );
     }
-    Ok(token)
+    Ok(())
 }
 
 /// `e`, a refusal of the settings that begins with a flag (and perhaps its environment

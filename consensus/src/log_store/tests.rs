@@ -174,3 +174,18 @@ fn a_record_that_passes_its_checksum_but_does_not_decode_is_named_a_newer_builds
         Ok(_) => panic!("expected an undecodable record, the log opened"),
     }
 }
+
+/// A storage error handed to openraft says its cause once, with no sources for openraft to
+/// print again, and keeps the IO error's kind: a full disk stays `StorageFull`.
+#[test]
+fn a_storage_error_for_openraft_is_one_message_of_its_kind() {
+    let full = io::Error::from_raw_os_error(libc::ENOSPC);
+    let e = store_err("append log records")(meta_store::Error::io("write", "f", full));
+    assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+    assert!(std::error::Error::source(&e).is_none());
+    let text = e.to_string();
+    assert!(text.contains("append log records"), "{text}");
+    assert_eq!(text.matches("No space left").count(), 1, "{text}");
+    let closed = store_err("sync")(meta_store::Error::Closed);
+    assert_eq!(closed.kind(), io::ErrorKind::Other);
+}

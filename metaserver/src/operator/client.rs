@@ -103,6 +103,8 @@ impl Operator {
             http = http.use_preconfigured_tls(tls).https_only(true);
         }
         let http = http.build().context("building the HTTP client")?;
+        // A header cannot carry such a token (reqwest said only "failed to parse header
+        // value").
         for (token, what) in [
             (&args.token, "--token (METASERVER_TOKEN)"),
             (
@@ -110,15 +112,8 @@ impl Operator {
                 "--member-token (METASERVER_MEMBER_TOKEN)",
             ),
         ] {
-            // A header cannot carry it (reqwest said only "failed to parse header value").
-            if token
-                .as_deref()
-                .is_some_and(|t| t.trim() != t || !t.chars().all(|c| c.is_ascii_graphic()))
-            {
-                anyhow::bail!(
-                    "{what} holds blanks around it (a newline read from a file?) or characters \
-                     other than visible ASCII: no member takes such a token; remove them"
-                );
+            if let Some(t) = token {
+                crate::settings::check_token_text(t, what)?;
             }
         }
         Ok(Operator {
