@@ -35,6 +35,7 @@ impl DataDirLock {
     /// to another node; nothing in the dir is changed then.
     pub(crate) fn acquire(dir: &Path, id: NodeId) -> Result<DataDirLock> {
         let path = dir.join(LOCK);
+        let created = !path.exists();
         let file = File::options()
             .create(true)
             .truncate(false)
@@ -54,7 +55,14 @@ impl DataDirLock {
             }
             return Err(Error::io("lock data dir", &path, e));
         }
-        check_node_id(dir, id)?;
+        if let Err(e) = check_node_id(dir, id) {
+            // A dir refused on its first start (another node's parent, say) is left as it
+            // was: without the lock file this call made, so nothing hints that a node used it.
+            if created {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e);
+        }
         Ok(DataDirLock { _file: file })
     }
 }
@@ -240,6 +248,7 @@ mod tests {
             .to_string();
         assert!(e.contains("holds other nodes' data dirs (node1)"), "{e}");
         assert!(!parent.path().join(NODE_ID).exists(), "nothing recorded");
+        assert!(!parent.path().join(LOCK).exists(), "no lock file left");
         // A dir of other files only (a mount point's lost+found, say) is taken.
         let other = tempfile::tempdir().unwrap();
         std::fs::create_dir(other.path().join("lost+found")).unwrap();
