@@ -9,9 +9,10 @@
 //! separate one is given, so that a client (a datanode) cannot speak for a member. With a
 //! separate member token, the routes under `/raft/` and the raw replay route take only it, and
 //! so do the requests that name where a member listens (forming a cluster, adding a learner,
-//! moving a member: the node sends its messages there, with the member token); a request on
-//! the other routes that carries only the client token has the headers a member's request
-//! carries removed before it is served: it counts as a client's.
+//! moving a member: the node sends its messages there, with the member token) and those that
+//! raise epochs, which nothing lowers again (the epoch floor, a registration's `min_epoch`); a
+//! request on the other routes that carries only the client token has the headers a member's
+//! request carries removed before it is served: it counts as a client's.
 
 use std::sync::Arc;
 
@@ -214,13 +215,46 @@ fn presents(headers: &HeaderMap, expected: Option<&str>) -> bool {
     presented.ct_eq(expected.as_bytes()).into()
 }
 
-/// Whether a request names the address of a member (it forms a cluster, adds a learner or
-/// moves a member): the node then sends that address its messages as a member, which carry
-/// the member token.
-fn names_member_address(method: &axum::http::Method, path: &str) -> bool {
+/// Why a request on a client route takes the member token, if it does: it names the address
+/// of a member (it forms a cluster, adds a learner or moves a member: the node then sends that
+/// address its messages as a member, which carry the member token), or it raises the epoch
+/// floor (no request lowers it again, and one raised near the largest epoch leaves a restore
+/// no epoch to give).
+fn takes_member_token(method: &axum::http::Method, path: &str) -> Option<&'static str> {
     use axum::http::Method;
-    (*method == Method::POST && (path == "/v1/cluster/init" || path == "/v1/cluster/learners"))
+    if (*method == Method::POST && (path == "/v1/cluster/init" || path == "/v1/cluster/learners"))
         || (*method == Method::PUT && path.starts_with("/v1/cluster/members/"))
+    {
+        // Else a client could have the member token sent to an address of its choosing.
+        Some(
+            "this request names where a member listens, and the members' messages sent there \
+             carry the member token",
+        )
+    } else if *method == Method::PUT && path == "/v1/cluster/epoch-floor" {
+        Some(EPOCH_RAISE)
+    } else {
+        None
+    }
+}
+
+/// Why raising epochs takes the member token: also said for a registration with `min_epoch`.
+pub(crate) const EPOCH_RAISE: &str = "raising epochs is a restore's: no request lowers them \
+     again, and epochs raised near the largest leave a later restore none to give";
+
+/// Marks a request that carries the client token and not a separate member token: a handler
+/// that refuses some of what a client may send on its route (a registration's `min_epoch`)
+/// looks for it.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientTokenOnly;
+
+impl ClientTokenOnly {
+    /// The 403 for what such a request may not do, with `why`.
+    pub(crate) fn refusal(why: &str) -> ApiError {
+        ApiError::Forbidden(format!(
+            "{why}: it takes the member token (--member-token, METASERVER_MEMBER_TOKEN), not \
+             the client token"
+        ))
+    }
 }
 
 /// Whether `path` is one of the members' own routes.
@@ -251,22 +285,14 @@ pub async fn require_token(
         }
     } else if !token.accepts(request.headers()) {
         return ApiError::Unauthorized.into_response();
-    } else if token.member.is_some()
-        && !token.accepts_member(request.headers())
-        && names_member_address(request.method(), path)
-    {
-        // Else a client could have the member token sent to an address of its choosing.
-        return ApiError::Forbidden(
-            "this request names where a member listens, and the members' messages sent there \
-             carry the member token: it takes the member token (--member-token, \
-             METASERVER_MEMBER_TOKEN), not the client token"
-                .into(),
-        )
-        .into_response();
     } else if token.member.is_some() && !token.accepts_member(request.headers()) {
+        if let Some(why) = takes_member_token(request.method(), path) {
+            return ClientTokenOnly::refusal(why).into_response();
+        }
         for name in &MEMBER_HEADERS {
             request.headers_mut().remove(name);
         }
+        request.extensions_mut().insert(ClientTokenOnly);
     }
     next.run(request).await
 }
@@ -336,18 +362,18 @@ mod tests {
     }
 
     #[test]
-    fn the_requests_that_name_a_members_address() {
+    fn the_requests_that_take_the_member_token() {
         use axum::http::Method;
-        assert!(names_member_address(&Method::POST, "/v1/cluster/init"));
-        assert!(names_member_address(&Method::POST, "/v1/cluster/learners"));
-        assert!(names_member_address(&Method::PUT, "/v1/cluster/members/2"));
-        assert!(!names_member_address(&Method::GET, "/v1/cluster/members/2"));
-        assert!(!names_member_address(
-            &Method::DELETE,
-            "/v1/cluster/learners/4"
-        ));
-        assert!(!names_member_address(&Method::PUT, "/v1/cluster/voters"));
-        assert!(!names_member_address(&Method::GET, "/v1/cluster"));
+        let takes = |method: &Method, path: &str| takes_member_token(method, path).is_some();
+        assert!(takes(&Method::POST, "/v1/cluster/init"));
+        assert!(takes(&Method::POST, "/v1/cluster/learners"));
+        assert!(takes(&Method::PUT, "/v1/cluster/members/2"));
+        assert!(takes(&Method::PUT, "/v1/cluster/epoch-floor"));
+        assert!(!takes(&Method::GET, "/v1/cluster/members/2"));
+        assert!(!takes(&Method::DELETE, "/v1/cluster/learners/4"));
+        assert!(!takes(&Method::PUT, "/v1/cluster/voters"));
+        assert!(!takes(&Method::GET, "/v1/cluster"));
+        assert!(!takes(&Method::PUT, "/v1/datanodes/7"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use axum::extract::State;
 use meta_consensus::{Command, CommandResult, DatanodeInfo, Heartbeat, ShardReport};
 
 use super::{listing_error, unexpected};
+use crate::auth::{ClientTokenOnly, EPOCH_RAISE};
 use crate::error::ApiError;
 use crate::extract::{Id, Json, NoBody, NoQuery, Path, Query};
 use crate::follower_read::ReplayedReadIndex;
@@ -31,15 +32,19 @@ impl From<DatanodeInfo> for DatanodeView {
     }
 }
 
-/// `PUT /v1/datanodes/{id}` `{"addr":..}` (and `"min_epoch"`): registers (again) with a new
-/// epoch.
+/// `PUT /v1/datanodes/{id}` `{"addr":..}` (and `"min_epoch"`, which takes a separate member
+/// token if the node has one): registers (again) with a new epoch.
 pub async fn register(
     _: NoQuery,
     writer: Writer,
+    client_only: Option<axum::Extension<ClientTokenOnly>>,
     Path(Id(id)): Path<Id>,
     Json(body): Json<RegisterDatanodeBody>,
 ) -> Result<axum::Json<DatanodeRegistered>, ApiError> {
     body.validate()?;
+    if body.min_epoch.is_some() && client_only.is_some() {
+        return Err(ClientTokenOnly::refusal(EPOCH_RAISE));
+    }
     let written = writer.write(body.command(id)).await?;
     match written.result {
         CommandResult::DatanodeRegistered { id, epoch } => {

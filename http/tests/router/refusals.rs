@@ -257,6 +257,38 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
         (before.voters, before.learners)
     );
     assert_eq!(after.nodes, before.nodes);
+    // Nor raise epochs, which no request lowers again: one raised near the largest would leave
+    // every later restore no epoch to give.
+    let digest = t.digest().await;
+    let raising = [
+        (
+            Method::PUT,
+            "/v1/cluster/epoch-floor",
+            r#"{"at_least":4503599627370496}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/datanodes/9",
+            r#"{"addr":"10.0.0.9:7000","min_epoch":4503599627370496}"#,
+        ),
+    ];
+    for (method, uri, body) in raising.clone() {
+        let a = call(&app, method.clone(), uri, body.to_owned(), &[client]).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{method} {uri}: {a:?}");
+        assert!(a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("raising epochs"));
+    }
+    assert_eq!(t.digest().await, digest, "a refused raise changed nothing");
+    // A registration without `min_epoch` is a client's; the member token may raise.
+    let plain = r#"{"addr":"10.0.0.9:7000"}"#.to_owned();
+    let a = call(&app, Method::PUT, "/v1/datanodes/9", plain, &[client]).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    for (method, uri, body) in raising {
+        let a = call(&app, method.clone(), uri, body.to_owned(), &[member]).await;
+        assert_eq!(a.status, StatusCode::OK, "{method} {uri}: {a:?}");
+    }
     // The member token passes (to the handlers' own refusals: an initialized node, nothing at
     // the new address).
     for (method, uri, body) in [&naming[0], &naming[2]] {
