@@ -19,6 +19,8 @@ mod tls_files;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches};
@@ -46,9 +48,11 @@ async fn run(command: Command) -> Result<()> {
             client,
             file,
             local,
-        }) => interruptible(operator::snapshot_save(client, &file, local)).await,
+        }) => interruptible(operator::snapshot_save(client, &file, local), || None).await,
         Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
-            interruptible(restore::restore(client, &file)).await
+            let sending = Arc::new(AtomicBool::new(false));
+            let left = || sending.load(Ordering::SeqCst).then_some(restore::PART_WAY);
+            interruptible(restore::restore(client, &file, sending.clone()), left).await
         }
         Command::Member(command) => operator::member(command).await,
     }
@@ -58,8 +62,12 @@ async fn run(command: Command) -> Result<()> {
 /// registry that checks or reads it) so that SIGINT, SIGTERM or SIGHUP stops it with them removed: the
 /// command is dropped, which removes what it made, and the process exits at once (status 130
 /// after SIGINT, 143 after SIGTERM, 129 after SIGHUP), without waiting for a check still running on a blocking
-/// thread.
-async fn interruptible(command: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+/// thread. `left` says what the operator must do about what the command changed before it was
+/// stopped, if anything.
+async fn interruptible(
+    command: impl std::future::Future<Output = Result<()>>,
+    left: impl Fn() -> Option<&'static str>,
+) -> Result<()> {
     let mut signals = shutdown::Signals::install()?;
     let mut command = Box::pin(command);
     let signal = tokio::select! {
@@ -67,7 +75,12 @@ async fn interruptible(command: impl std::future::Future<Output = Result<()>>) -
         signal = signals.recv() => signal,
     };
     drop(command);
-    eprintln!("metaserver: stopped by {signal}; its temp files were removed");
+    match left() {
+        Some(left) => {
+            eprintln!("metaserver: stopped by {signal}; its temp files were removed; {left}")
+        }
+        None => eprintln!("metaserver: stopped by {signal}; its temp files were removed"),
+    }
     std::process::exit(shutdown::exit_status(signal))
 }
 

@@ -19,6 +19,7 @@
 //! keep datanodes from registering until it ends.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -51,8 +52,13 @@ struct Restored {
     keys: u64,
 }
 
-/// `metaserver snapshot restore FILE`.
-pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
+/// What to do after a restore that stopped once it had sent a write (it may have taken effect).
+pub const PART_WAY: &str = "the restore stopped part way and left what it wrote: start the \
+     cluster on fresh data dirs and run it again";
+
+/// `metaserver snapshot restore FILE`. `sending` is set before its first write goes out, so that
+/// a restore stopped by a signal can say whether the cluster still is as it was.
+pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) -> Result<()> {
     let op = Operator::new(&args)?;
     // Owned here, not by a blocking thread: an interrupted restore removes it.
     let scratch = ScratchDir::new_in(&parent_of(file))?;
@@ -61,6 +67,7 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
     check_addrs(&read(&backup, |b| b.datanodes()).await?)?;
     let min_epoch = min_epoch(&backup).await?;
     check_empty(&op).await?;
+    sending.store(true, Ordering::SeqCst);
     let replayed = replay(&op, &backup, min_epoch).await;
     let (index, replicas, keys) = (backup.index(), backup.replicas(), backup.keys());
     // Closing the scratch registry flushes and deletes files: not on the async runtime.
@@ -77,10 +84,7 @@ pub async fn restore(args: ClientArgs, file: &Path) -> Result<()> {
         }
         Ok(restored)
     });
-    let restored = restored.context(
-        "the restore stopped part way and left what it wrote: start the cluster on fresh data \
-         dirs and run it again",
-    )?;
+    let restored = restored.context(PART_WAY)?;
     crate::output::line(json!({
         "file": file.display().to_string(),
         "index": index,

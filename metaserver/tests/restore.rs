@@ -290,13 +290,14 @@ async fn interrupt(
     args: &[&str],
     appears: &str,
     (signal, code): (libc::c_int, i32),
-) {
+) -> String {
     let mut command = spawn(dir, logs, args, &[], false);
     until_named(dir, appears).await;
     command.signal(signal);
     let exit = command.wait_exit().await;
     assert_eq!(exit.code(), Some(code), "{exit:?}: {}", command.logs());
     assert_eq!(names(dir), ["backup.snap"]);
+    command.logs()
 }
 
 /// Stopped by SIGTERM or SIGINT, `snapshot save` and `snapshot restore` leave none of their temp files:
@@ -348,7 +349,7 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
         &silent_addr,
         "backup.snap",
     ];
-    interrupt(
+    let stderr = interrupt(
         &out,
         dir.path(),
         &restore,
@@ -356,6 +357,74 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
         (libc::SIGINT, 130),
     )
     .await;
+    assert!(!stderr.contains("part way"), "nothing was sent: {stderr}");
+
+    // A member that finds the cluster empty and never answers the restore's first write: the
+    // restore stopped then says that the cluster may hold part of the backup.
+    let (member, mut first_write) = holds_the_first_write().await;
+    let restore = ["snapshot", "restore", "--server", &member, "backup.snap"];
+    let mut command = spawn(&out, dir.path(), &restore, &[], false);
+    tokio::time::timeout(common::DEADLINE, first_write.recv())
+        .await
+        .expect("the restore sends its first write")
+        .unwrap();
+    command.signal(libc::SIGINT);
+    let exit = command.wait_exit().await;
+    assert_eq!(exit.code(), Some(130), "{exit:?}: {}", command.logs());
+    let stderr = command.logs();
+    assert!(
+        stderr.contains("stopped part way") && stderr.contains("fresh data dirs"),
+        "{stderr}"
+    );
+    assert_eq!(names(&out), ["backup.snap"]);
+}
+
+/// A stand-in member on a port of its own: it answers every `GET` with an empty page (of
+/// datanodes or keys) and never answers anything else, sending its request line on the channel.
+async fn holds_the_first_write() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut head = Vec::new();
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push(line);
+                    }
+                    if !head[0].starts_with("GET ") {
+                        let _ = tx.send(head[0].clone());
+                        return std::future::pending().await;
+                    }
+                    let body = if head[0].contains("/v1/kv") {
+                        r#"{"keys":[],"next":null}"#
+                    } else {
+                        r#"{"datanodes":[],"next":null}"#
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
 }
 
 /// A backup whose epochs are above what a restore can give (a datanode registered at the
