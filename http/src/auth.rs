@@ -148,6 +148,40 @@ impl Token {
         self.member.as_ref().or(self.client.as_ref())
     }
 
+    /// A fingerprint of the client token for cluster `cluster` (hex, as the cluster header
+    /// carries it): two nodes with a separate member token compare fingerprints when one adds
+    /// the other ([`crate::cluster_identity::CLIENT_TOKEN`]), since their member token alone
+    /// does not tell that datanodes holding the cluster's client token would be refused. Salted
+    /// with the cluster id, so the value is of no use to another cluster; `none` without a
+    /// client token.
+    pub fn client_fingerprint(&self, cluster: &str) -> String {
+        use sha2::Digest;
+        let Some(client) = &self.client else {
+            return "none".to_owned();
+        };
+        let digest = sha2::Sha256::new()
+            .chain_update(b"metaserver client token\0")
+            .chain_update(cluster.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(client.as_bytes())
+            .finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `fingerprint` is [`Token::client_fingerprint`]'s for `cluster` (compared in
+    /// constant time).
+    pub fn same_client_token(&self, cluster: &str, fingerprint: &[u8]) -> bool {
+        self.client_fingerprint(cluster)
+            .as_bytes()
+            .ct_eq(fingerprint)
+            .into()
+    }
+
+    /// Whether a separate member token is set.
+    pub fn has_member_token(&self) -> bool {
+        self.member.is_some()
+    }
+
     /// The `Authorization` header value to send to peers (the member token), if a token is set.
     pub fn header_value(&self) -> Option<String> {
         self.member_token().map(|t| format!("Bearer {t}"))

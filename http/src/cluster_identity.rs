@@ -49,6 +49,14 @@ pub const VERSION: HeaderName = HeaderName::from_static("x-metaserver-version");
 /// leader's own check still refuses the add).
 pub const CLUSTER_VERSION: HeaderName = HeaderName::from_static("x-metaserver-cluster-version");
 
+/// The header with which a leader with a separate member token asks a node to add
+/// ([`MemberLink::probe`]) for the cluster's client token, as a fingerprint
+/// ([`Token::client_fingerprint`]): a node started with another `--token` refuses (409
+/// `conflict`) before it adopts the cluster's id. The member token it shares says nothing of
+/// the client token, and datanodes holding the cluster's token would be refused there. Builds
+/// that predate the header ignore it.
+pub const CLIENT_TOKEN: HeaderName = HeaderName::from_static("x-metaserver-client-token");
+
 /// The header that names the sender of a Raft message and its address (`id=addr`): a member
 /// that rejoins asks the leader there for the cluster's term (`meta-consensus`'s
 /// `node/rejoin_gate.rs`), having no membership of its own to find it in.
@@ -188,6 +196,26 @@ async fn checked(state: &SharedState, request: Request, next: Next, adopt: bool)
             return ApiError::BuildTooOld(format!(
                 "node {} runs a build that applies cluster version {build} at most, and the \
                  cluster is at version {cluster}: upgrade it first",
+                node.id()
+            ))
+            .into_response();
+        }
+    }
+    if let Some(fingerprint) = request.headers().get(CLIENT_TOKEN) {
+        // Salted with the cluster's id, or nothing before a cluster is formed.
+        let cluster = request
+            .headers()
+            .get(CLUSTER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if !state
+            .token
+            .same_client_token(cluster, fingerprint.as_bytes())
+        {
+            return ApiError::Conflict(format!(
+                "node {} was started with another client token (--token, METASERVER_TOKEN) \
+                 than the node adding it: datanodes and operators holding the cluster's token \
+                 would be refused here; start it with the cluster's",
                 node.id()
             ))
             .into_response();
@@ -338,6 +366,20 @@ impl MemberLink<'_> {
         addressed(request, self.token, cluster, id)
     }
 
+    /// Adds the client token's fingerprint for `cluster` ([`CLIENT_TOKEN`]) to a question to a
+    /// node that may join, with a separate member token: without one, a node with another
+    /// client token refuses the member token too (401).
+    fn with_client_token(
+        &self,
+        request: reqwest::RequestBuilder,
+        cluster: &str,
+    ) -> reqwest::RequestBuilder {
+        match self.token.has_member_token() {
+            true => request.header(CLIENT_TOKEN, self.token.client_fingerprint(cluster)),
+            false => request,
+        }
+    }
+
     /// Asks the node at `addr` whether it may join this cluster, of version `cluster_version`,
     /// as node `id`: [`ApiError::OtherCluster`] if it answers that it belongs to another,
     /// [`ApiError::WrongNode`] if it is another node, [`ApiError::BuildTooOld`] if its build
@@ -352,9 +394,12 @@ impl MemberLink<'_> {
         addr: &str,
         cluster_version: u32,
     ) -> Result<Option<u32>, ApiError> {
-        let Some(request) = self.post(id, addr, PATH_IDENTITY) else {
+        let Some(mut request) = self.post(id, addr, PATH_IDENTITY) else {
             return Ok(None);
         };
+        if let Some(cluster) = header_value(self.cluster) {
+            request = self.with_client_token(request, &cluster);
+        }
         let asked = request
             .header(CLUSTER_VERSION, cluster_version.to_string())
             .send()
@@ -433,6 +478,7 @@ impl MemberLink<'_> {
 
     async fn check_init_member(&self, id: u64, addr: &str) -> Result<(), ApiError> {
         let request = self.post_carrying(&ClusterId::default(), id, addr, PATH_IDENTITY);
+        let request = self.with_client_token(request, "");
         let answer = match request.send().await {
             Ok(answer) => answer,
             Err(e) => {
@@ -561,6 +607,7 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
     Err(match code.as_deref() {
         Some("wrong_node") => ApiError::WrongNode(message),
         Some("build_too_old") => ApiError::BuildTooOld(message),
+        Some("conflict") => ApiError::Conflict(message),
         _ => ApiError::OtherCluster(message),
     })
 }

@@ -27,6 +27,8 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(70);
 pub struct Operator {
     members: Members,
     token: Option<String>,
+    /// Whether `token` is the member token (given, it is sent instead of `--token`).
+    sends_member_token: bool,
     http: reqwest::Client,
     /// Requests answered after being sent again once an attempt's outcome was unknown.
     resent_after_unknown: std::sync::atomic::AtomicU32,
@@ -116,11 +118,12 @@ impl Operator {
                 crate::settings::check_token_text(t, what)?;
             }
         }
+        let member_token = args.member_token.clone().filter(|t| !t.is_empty());
         Ok(Operator {
             members,
+            sends_member_token: member_token.is_some(),
             // The member token opens every route, also those that name where a member listens.
-            token: (args.member_token.clone().filter(|t| !t.is_empty()))
-                .or_else(|| args.token.clone().filter(|t| !t.is_empty())),
+            token: member_token.or_else(|| args.token.clone().filter(|t| !t.is_empty())),
             http,
             resent_after_unknown: Default::default(),
         })
@@ -241,10 +244,17 @@ impl Operator {
     /// The error for `refused`: its status, and the API's code and message (or the body). A
     /// caller may look at the status ([`Answered`]).
     pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
-        let detail = match refused.error {
+        let mut detail = match refused.error {
             Some((code, message)) => format!("{code}: {message}"),
             None => refused.body,
         };
+        if refused.status == reqwest::StatusCode::UNAUTHORIZED && self.sends_member_token {
+            // Else it reads as a wrong --token, which was not sent.
+            detail.push_str(
+                " (this command sent the member token, --member-token or \
+                 METASERVER_MEMBER_TOKEN, instead of --token)",
+            );
+        }
         anyhow::Error::new(Answered {
             member: self.member().to_owned(),
             status: refused.status,

@@ -160,6 +160,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
     };
     match asked.await {
         Ok((view, not_ready)) => {
+            let refuses_client = refuses_client_token(client, addr).await;
             health.lags = view
                 .replication
                 .iter()
@@ -178,19 +179,65 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
             });
             health.ready = not_ready.is_none();
             health.problem = not_ready.map(|why| format!("not ready: {why}"));
+            if refuses_client {
+                health.problem = Some(
+                    "refuses the client token (--token, METASERVER_TOKEN) that the member token \
+                     passed: it was started with another --token, and datanodes holding the \
+                     cluster's are refused there"
+                        .to_owned(),
+                );
+            }
         }
-        Err(e) => health.problem = Some(unanswered(&e)),
+        Err(e) => health.problem = Some(unanswered(client, &e)),
     }
     health
 }
 
+/// With a separate member token, which the command sends and which opens the member's routes
+/// whatever its client token, whether the member at `addr` refuses the client token (401): a
+/// member started with another `--token` refuses the datanodes. False when it cannot tell (no
+/// client token given, or no answer).
+async fn refuses_client_token(client: &ClientArgs, addr: &str) -> bool {
+    if client.member_token.is_none()
+        || client.token.is_none()
+        || client.member_token == client.token
+    {
+        return false;
+    }
+    let as_client = ClientArgs {
+        server: addr.to_owned(),
+        member_token: None,
+        ..client.clone()
+    };
+    let Ok(op) = Operator::new(&as_client) else {
+        return false;
+    };
+    let request = op
+        .request(reqwest::Method::GET, "/v1/cluster")
+        .timeout(MEMBER_TIMEOUT);
+    matches!(
+        request.send().await,
+        Ok(answer) if answer.status() == reqwest::StatusCode::UNAUTHORIZED
+    )
+}
+
 /// Why a member's status could not be had, in words: it did not answer (not reached, or not
 /// in time), or it answered with a refusal (a wrong token, say).
-fn unanswered(e: &anyhow::Error) -> String {
+fn unanswered(client: &ClientArgs, e: &anyhow::Error) -> String {
     match e.downcast_ref::<super::client::Answered>() {
-        Some(answered) if answered.status == reqwest::StatusCode::UNAUTHORIZED => format!(
-            "refuses this command's token ({answered}): it was started with another --token"
-        ),
+        Some(answered) if answered.status == reqwest::StatusCode::UNAUTHORIZED => {
+            match client.member_token.is_some() {
+                // The command sends the member token instead of --token.
+                true => format!(
+                    "refuses this command's member token ({answered}): the one given is not \
+                     this cluster's, or the member was started with another --member-token"
+                ),
+                false => format!(
+                    "refuses this command's token ({answered}): it was started with another \
+                     --token"
+                ),
+            }
+        }
         Some(answered) => format!("refused: {answered}"),
         None => format!("does not answer: {e:#}"),
     }

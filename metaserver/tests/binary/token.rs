@@ -297,3 +297,69 @@ async fn a_member_that_wants_a_token_the_others_do_not_send_says_so() {
         node.stop().await;
     }
 }
+
+/// With a separate member token, a node started with another client token than the cluster's
+/// (the member token alone does not show it) is refused where it would join: naming it when a
+/// cluster is formed, and adding it as a learner. Datanodes holding the cluster's token would be
+/// refused there. The refused node joins no cluster, and is added once started with the
+/// cluster's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_client_token_is_not_taken_in() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let http = client();
+    let ours = ["--token", "client", "--member-token", "member"];
+    let (mut nodes, addrs) = crate::common::spawn_members(&dirs, &ours.map(str::to_owned));
+    let other = ["--token", "other", "--member-token", "member"];
+    restart(&mut nodes, &dirs, &addrs, 2, &other, &[]).await;
+    let url = format!("http://{}/v1/cluster/init", addrs[0]);
+    let both = format!(r#"{{"members":{{"1":"{}","2":"{}"}}}}"#, addrs[0], addrs[1]);
+    let (status, v) = send(&http, Method::POST, &url, Some("member"), Some(both))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    assert!(v.to_string().contains("another client token"), "{v}");
+    let alone = format!(r#"{{"members":{{"1":"{}"}}}}"#, addrs[0]);
+    let (status, v) = send(&http, Method::POST, &url, Some("member"), Some(alone))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let status_url = format!("http://{}/v1/cluster", addrs[0]);
+    poll(&http, &status_url, Some("client"), |v| v["leader_id"] == 1).await;
+    let add = ["member", "add", "2", &addrs[1], "--server", &addrs[0]];
+    let member_token = [("METASERVER_MEMBER_TOKEN", "member")];
+    let (ok, _, err) = run(&add, &member_token).await;
+    assert!(!ok && err.contains("another client token"), "{err}");
+    let refused_url = format!("http://{}/v1/cluster", addrs[1]);
+    let (_, v) = send(&http, Method::GET, &refused_url, Some("other"), None)
+        .await
+        .unwrap();
+    assert_eq!(v["role"], "uninitialized", "the refused node joined: {v}");
+    restart(&mut nodes, &dirs, &addrs, 2, &ours, &[]).await;
+    let (ok, out, err) = run(&add, &member_token).await;
+    assert!(ok, "{out}{err}");
+    let learner = |v: &serde_json::Value| v["role"] == "learner";
+    poll(&http, &refused_url, Some("client"), learner).await;
+    // A member restarted with another client token keeps its place (the member token opens
+    // the members' routes), and `health`, given both tokens, names it.
+    restart(&mut nodes, &dirs, &addrs, 2, &other, &[]).await;
+    let both_tokens = [
+        ("METASERVER_TOKEN", "client"),
+        ("METASERVER_MEMBER_TOKEN", "member"),
+    ];
+    let health = ["health", "--server", &addrs[0]];
+    let (ok, out, err) = run(&health, &both_tokens).await;
+    assert!(
+        !ok && err.contains("node 2") && err.contains("refuses the client token"),
+        "{out}{err}"
+    );
+    // A wrong member token is named as such: the command sent it instead of --token.
+    let wrong = [
+        ("METASERVER_TOKEN", "client"),
+        ("METASERVER_MEMBER_TOKEN", "x"),
+    ];
+    let (ok, _, err) = run(&["status", "--server", &addrs[0]], &wrong).await;
+    assert!(!ok && err.contains("sent the member token"), "{err}");
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
