@@ -185,6 +185,25 @@ fn is_lock_contention(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.to_string().starts_with("could not acquire lock"))
 }
 
+impl Drop for Registry {
+    /// A registry that failed a write is abandoned, not closed ([`abandon`]).
+    fn drop(&mut self) {
+        if self.trust.revoked() {
+            abandon(&self.db);
+        }
+    }
+}
+
+/// Leaves `db` open until the process exits. sled flushes a tree when its last handle goes, and
+/// after a write failed for want of space that flush waits for ever for a buffer it never
+/// writes: a node restarted on a full disk hung there, bound to its port, ignoring SIGTERM,
+/// before it could say why it stopped. A registry that failed a write is deleted and rebuilt
+/// at the next start anyway; the process exits soon after (its Raft core stopped), so what is
+/// kept is not kept long.
+fn abandon(db: &sled::Db) {
+    std::mem::forget(db.clone());
+}
+
 impl Registry {
     /// Opens a scratch registry (a backup's, a test's), which nothing rebuilds: as
     /// [`Registry::open_rebuildable`] with nothing to check.
@@ -223,6 +242,7 @@ impl Registry {
         // Open's own writes are writes like any other: one that fails distrusts the registry.
         let written = |e: Error| {
             trust.revoke();
+            abandon(&db);
             e
         };
         let number = match db.get(ACTIVE).map_err(|e| Error::registry("open", e))? {
