@@ -96,6 +96,8 @@ struct Inner {
     free_space: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
     /// When a refused snapshot was last logged as a warning (`free_space.rs`).
     room_warned: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// The last refusal of a snapshot for want of room, and when (`free_space.rs`).
+    room_refused: parking_lot::Mutex<Option<(std::time::Instant, String)>>,
     /// Whether the last look for a voter with room to take the leadership (the HTTP layer's
     /// disk hand-over) found one, or none looked yet: a leader short of disk then refuses
     /// writes as one handing over (`no_leader`: ask again), not as one that stays short (507).
@@ -277,6 +279,7 @@ impl MetaNode {
                 closing: tokio::sync::watch::Sender::new(false),
                 free_space: parking_lot::Mutex::new(None),
                 room_warned: parking_lot::Mutex::new(None),
+                room_refused: parking_lot::Mutex::new(None),
                 room_elsewhere: std::sync::atomic::AtomicBool::new(true),
                 voter_rooms: parking_lot::Mutex::default(),
                 write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),

@@ -122,6 +122,9 @@ pub struct ClusterStatus {
     pub token_refused_by: Vec<NodeId>,
     /// This node began a planned stop: it hands its leadership over (if it leads) and closes.
     pub stopping: bool,
+    /// Why this node refused the leader's snapshot for want of room, if it did in the last
+    /// minute (`MetaNode::snapshot_refused`).
+    pub snapshot_refused: Option<String>,
 }
 
 /// A rejoining node's progress (see [`ClusterStatus::rejoin`]).

@@ -293,6 +293,10 @@ pub struct ClusterView {
     /// and closes): no leadership is handed to it. Absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopping: bool,
+    /// Why this node refused the leader's snapshot for want of room, if it did in the last
+    /// minute: it cannot catch up until it has room. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_refused: Option<String>,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).

@@ -234,8 +234,9 @@ impl Readiness {
         if self.stopping.load(Ordering::Acquire) {
             return Err("stopping".into());
         }
-        Self::member_with_leader(status)?;
-        self.catch_up(status.applied.unwrap_or(0), leader_index)
+        let waiting = Self::member_with_leader(status)
+            .and_then(|()| self.catch_up(status.applied.unwrap_or(0), leader_index));
+        with_refusal(waiting, status.snapshot_refused.as_deref())
     }
 
     fn catch_up(&self, applied: u64, leader_index: Option<u64>) -> Result<(), String> {
@@ -250,6 +251,18 @@ impl Readiness {
         }
         self.caught_up.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+/// What a node still waits for (`waiting`), and, while it catches up, why it lately refused the
+/// leader's snapshot (`refused`), if it did: without room for the snapshot it needs, it never
+/// catches up.
+fn with_refusal(waiting: Result<(), String>, refused: Option<&str>) -> Result<(), String> {
+    match (waiting, refused) {
+        (Err(why), Some(refused)) if why.starts_with("catching up") => Err(format!(
+            "{why}; it refuses the snapshot it needs: {refused}"
+        )),
+        (waiting, _) => waiting,
     }
 }
 
@@ -341,8 +354,16 @@ mod tests {
         let err = r.catch_up(201, Some(16_806)).unwrap_err();
         assert!(err.contains("201 of 16806"), "{err}");
         assert!(!r.caught_up());
+        // One that refuses the snapshot it needs says why it does not get on.
+        let err = with_refusal(r.catch_up(201, Some(16_806)), Some("no room")).unwrap_err();
+        assert!(
+            err.ends_with("it refuses the snapshot it needs: no room"),
+            "{err}"
+        );
         r.catch_up(16_806, Some(16_806)).unwrap();
         assert!(r.caught_up());
         r.catch_up(0, Some(99_999)).unwrap();
+        let no_leader = with_refusal(Err("no leader known".into()), Some("no room"));
+        assert_eq!(no_leader.unwrap_err(), "no leader known");
     }
 }

@@ -254,6 +254,7 @@ impl MetaNode {
         if free < need {
             self.inner.sm.stats.install_refused();
             let refused = Error::NoRoomForSnapshot { bytes, free, need };
+            *self.inner.room_refused.lock() = Some((Instant::now(), refused.to_string()));
             if due(
                 &mut self.inner.room_warned.lock(),
                 Instant::now(),
@@ -271,6 +272,21 @@ impl MetaNode {
             return Err(refused);
         }
         Ok(())
+    }
+}
+
+/// How long a snapshot refused for want of room is reported ([`MetaNode::snapshot_refused`]):
+/// the leader sends one again within it while the member needs one.
+const REFUSAL_REPORTED_FOR: Duration = Duration::from_secs(60);
+
+impl MetaNode {
+    /// Why this node refused the leader's snapshot for want of room, if it did in the last
+    /// minute: a member that needs a snapshot and has no room for it catches up never, and
+    /// says why only here and in its log.
+    pub fn snapshot_refused(&self) -> Option<String> {
+        let refused = self.inner.room_refused.lock();
+        let (at, why) = refused.as_ref()?;
+        (at.elapsed() < REFUSAL_REPORTED_FOR).then(|| why.clone())
     }
 }
 

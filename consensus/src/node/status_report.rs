@@ -139,6 +139,7 @@ impl MetaNode {
             removal: removal.filter(|_| role == Role::Removed),
             refused_by: self.refused_by().into_iter().collect(),
             token_refused_by: self.token_refused_by().into_iter().collect(),
+            snapshot_refused: self.snapshot_refused(),
             stopping: self.inner.stopping.load(Ordering::Acquire),
         }
     }

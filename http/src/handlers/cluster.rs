@@ -100,6 +100,7 @@ impl From<ClusterStatus> for ClusterView {
             refused_by: s.refused_by,
             token_refused_by: s.token_refused_by,
             stopping: s.stopping,
+            snapshot_refused: s.snapshot_refused,
         }
     }
 }

@@ -94,6 +94,21 @@ async fn a_member_with_a_full_disk_refuses_a_snapshot_and_stays_as_it_was() {
     assert_eq!(metric(&learner, "metaserver_data_dir_free_bytes").await, 0);
     let reserve = learner.node.config().min_free_bytes;
     assert_eq!(metric(&learner, "metaserver_min_free_bytes").await, reserve);
+    // Its status and its readiness say why it does not catch up.
+    let (status, view) = Client::new()
+        .send(reqwest::Method::GET, &learner, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200);
+    let refused = view["snapshot_refused"].as_str().unwrap_or_default();
+    assert!(refused.contains("no room for a snapshot"), "{view}");
+    let (status, ready) = Client::new()
+        .send(reqwest::Method::GET, &learner, "/readyz", None)
+        .await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(
+        ready.to_string().contains("refuses the snapshot it needs"),
+        "{ready}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
