@@ -179,6 +179,13 @@ impl Files {
                 rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
                     "the key is not the certificate's".to_string()
                 }
+                // webpki's error, boxed: it read as a key problem.
+                e if format!("{e:?}").contains("UnsupportedCertVersion") => {
+                    "the certificate is X.509 version 1, which has no extensions (`openssl x509 \
+                     -req` without `-extfile` makes one): it needs version 3, with a \
+                     subjectAltName naming this node's host"
+                        .to_string()
+                }
                 e => e.to_string(),
             };
             TlsError::Config(format!(

@@ -222,7 +222,46 @@ fn unusable_tls_files_are_refused_naming_the_file() {
     assert!(matches!(err, TlsError::Config(_)), "{err}");
     assert!(err.to_string().contains("not the certificate's"), "{err}");
     assert!(err.to_string().contains("ours-cert.pem"), "{err}");
+
+    // An X.509 version 1 certificate (no extensions) is named as such, not as a key mismatch.
+    let (v1_cert, v1_key, v1_ca) = (
+        dir.path().join("v1-cert.pem"),
+        dir.path().join("v1-key.pem"),
+        dir.path().join("v1-ca.pem"),
+    );
+    std::fs::write(&v1_cert, V1_CERT).unwrap();
+    std::fs::write(&v1_key, V1_KEY).unwrap();
+    std::fs::write(&v1_ca, V1_CA).unwrap();
+    let err = Tls::load(&v1_cert, &v1_key, &v1_ca).unwrap_err();
+    assert!(err.to_string().contains("X.509 version 1"), "{err}");
+    assert!(!err.to_string().contains("not the certificate's"), "{err}");
 }
+
+/// A certificate for 127.0.0.1 made as `openssl x509 -req` makes one without `-extfile`:
+/// X.509 version 1, signed by [`V1_CA`]; its key is [`V1_KEY`].
+const V1_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBHDCBxAIUDHowBCY+7KcVUhk0EUZDSV7mB5YwCgYIKoZIzj0EAwIwDTELMAkG
+A1UEAwwCY2EwIBcNMjYxMjA3MDc0NzUyWhgPMjEyNjExMTMwNzQ3NTJaMBQxEjAQ
+BgNVBAMMCTEyNy4wLjAuMTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABCEdjboU
+X0sHvhllUJM3tpLHCdykNPaiPPcmNPg2paupvhJiOT87suldqFVGK0YwYxVy7aOl
+2q7jZWifEju+4JswCgYIKoZIzj0EAwIDRwAwRAIgJC563/6mUN6D8duKwis93tYV
+Bp1pveHmVf1NyaUDLiMCIG4ZtS7e4EKv9XAIR22ea/FlASuGXcoV/Gtxp0HM7gWe
+-----END CERTIFICATE-----\n";
+const V1_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgavbVnD7fT64v79wD
+9Bhm1Q8Oo3tGJYX95C2LAq9ackahRANCAAQhHY26FF9LB74ZZVCTN7aSxwncpDT2
+ojz3JjT4NqWrqb4SYjk/O7LpXahVRitGMGMVcu2jpdqu42VonxI7vuCb
+-----END PRIVATE KEY-----\n";
+const V1_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBcTCCARegAwIBAgIUcOoHm5j0sYEwtN2XJMy7T85aaiQwCgYIKoZIzj0EAwIw
+DTELMAkGA1UEAwwCY2EwIBcNMjYxMjA3MDc0NzUyWhgPMjEyNjExMTMwNzQ3NTJa
+MA0xCzAJBgNVBAMMAmNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEubjbyDJT
+s5/LBeMK6L8kUnji383dl6U28Zsrm35qCRvVAcGIbUpwPNAnU0rxqbD0y4Z/vjKW
+IaUq8N36pVDQj6NTMFEwHQYDVR0OBBYEFItw73gNKXYaE2SaG3wXq0QsmPErMB8G
+A1UdIwQYMBaAFItw73gNKXYaE2SaG3wXq0QsmPErMA8GA1UdEwEB/wQFMAMBAf8w
+CgYIKoZIzj0EAwIDSAAwRQIgFKfjacG9kWHpvRJKDccsGC6J1y68Xem1s3AvJjys
+wIkCIQC6I6AE/dbAx7anAZXQ56j11L0HaHycbsKcAAwLeJYqhw==
+-----END CERTIFICATE-----\n";
 
 /// A connection in the members' reserve that completes no handshake is closed after the
 /// reserve's own short wait, not the idle timeout: outsiders cannot keep the members out.
