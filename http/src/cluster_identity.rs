@@ -300,6 +300,14 @@ pub fn refuses_as_other_cluster(status: reqwest::StatusCode, body: &[u8]) -> boo
             .is_ok_and(|v| v["error"]["code"] == "other_cluster")
 }
 
+/// Whether an answer with `status` and `body` is a TLS node's to a plain request (400
+/// `tls_required`, `server.rs`).
+pub fn asks_for_tls(status: reqwest::StatusCode, body: &[u8]) -> bool {
+    status == reqwest::StatusCode::BAD_REQUEST
+        && serde_json::from_slice::<serde_json::Value>(body)
+            .is_ok_and(|v| v["error"]["code"] == "tls_required")
+}
+
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
 pub async fn identity(State(node): State<MetaNode>) -> Response {
     let mut answer = (

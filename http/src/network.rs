@@ -49,7 +49,7 @@ use crate::raft_routes::{
     PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
 };
 use crate::term_probe::HttpTermProbe;
-use peer_failures::PeerFailures;
+use peer_failures::{PeerFailures, Unanswered};
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -401,9 +401,9 @@ impl HttpConnection {
             .await
             .map_err(|e| {
                 self.versions.forget(self.target);
-                let connect = e.is_connect();
+                let how = Unanswered::of(&e);
                 let failed = self.rpc_error(action, timeout, e);
-                self.refusals.failed(self.target, &failed, connect);
+                self.refusals.failed(self.target, &failed, how);
                 Failed::NoAnswer(failed)
             })?;
         let status = response.status();
@@ -566,7 +566,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             let session_version = version.clone();
             let connecting = async move {
                 let response = exchange.await.map_err(|e| {
-                    let connect = e.is_connect();
+                    let how = Unanswered::of(&e);
                     let failed = rpc_error(
                         from,
                         target,
@@ -575,7 +575,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                         Duration::ZERO,
                         e,
                     );
-                    refusals.failed(target, &failed, connect);
+                    refusals.failed(target, &failed, how);
                     failed
                 })?;
                 let status = response.status();
@@ -618,7 +618,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
                     // process, a stalled host) ends the exchange this way; a refusal is noted
                     // where it is read, and a failed connect where it fails.
                     if let Err(e @ (RPCError::Network(_) | RPCError::Timeout(_))) = answer {
-                        failures.failed(target, e, false);
+                        failures.failed(target, e, Unanswered::Other);
                     }
                     let v = version.load(Ordering::Relaxed);
                     if answer.is_err() {

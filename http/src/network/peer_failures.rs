@@ -23,6 +23,30 @@ use crate::log_throttle::LogThrottle;
 /// not to answer: one message timed out on a loaded host is no news.
 const UNANSWERED_FOR: Duration = Duration::from_secs(1);
 
+/// How a message failed without an answer, as far as it tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unanswered {
+    /// No connection could be made: nothing listens at the member's address (or its TLS
+    /// handshake failed).
+    NotConnected,
+    /// The member answered this node's TLS with something that is no TLS: plain HTTP.
+    PlainAnswer,
+    /// Any other: no answer in time, an answer cut off, a TLS handshake that failed.
+    Other,
+}
+
+impl Unanswered {
+    /// What `e`, a failed exchange, tells.
+    pub(super) fn of(e: &reqwest::Error) -> Self {
+        match crate::peer_client::tls_error(e) {
+            Some(rustls::Error::InvalidMessage(_)) => Unanswered::PlainAnswer,
+            // A failed handshake counts as no connection, as it is one no message gets through.
+            _ if e.is_connect() => Unanswered::NotConnected,
+            _ => Unanswered::Other,
+        }
+    }
+}
+
 /// The refusals and failures of this node's messages, shared by its connections to every
 /// member.
 #[derive(Debug, Clone)]
@@ -30,6 +54,8 @@ pub(super) struct PeerFailures {
     refusals: PeerRefusals,
     token: Arc<LogThrottle<NodeId>>,
     unreachable: Arc<LogThrottle<NodeId>>,
+    /// Members on the other side of TLS from this node (one speaks it, the other not).
+    tls: Arc<LogThrottle<NodeId>>,
     /// Since when each member's messages have failed, with no answer since.
     failing_since: Arc<std::sync::Mutex<HashMap<NodeId, Instant>>>,
 }
@@ -40,6 +66,7 @@ impl PeerFailures {
             refusals,
             token: Arc::default(),
             unreachable: Arc::default(),
+            tls: Arc::default(),
             failing_since: Arc::default(),
         }
     }
@@ -56,6 +83,8 @@ impl PeerFailures {
             self.refusals.refused(target);
         } else if status == reqwest::StatusCode::UNAUTHORIZED {
             self.token_refused(target, Instant::now());
+        } else if cluster_identity::asks_for_tls(status, body) {
+            self.tls_mismatch(target, true, Instant::now());
         }
     }
 
@@ -83,12 +112,43 @@ impl PeerFailures {
     }
 
     /// A message to `target` failed, `why`, without an answer (not reached, or no answer in
-    /// time); `connect`: no connection could be made (nothing listens at its address).
-    pub(super) fn failed(&self, target: NodeId, why: &dyn std::fmt::Display, connect: bool) {
-        if connect {
-            self.refusals.not_connecting(target);
+    /// time), as `how` tells.
+    pub(super) fn failed(&self, target: NodeId, why: &dyn std::fmt::Display, how: Unanswered) {
+        match how {
+            Unanswered::NotConnected => self.refusals.not_connecting(target),
+            Unanswered::PlainAnswer => {
+                self.tls_mismatch(target, false, Instant::now());
+            }
+            Unanswered::Other => {}
         }
         self.unreachable_at(target, why, Instant::now());
+    }
+
+    /// `target` and this node are on either side of TLS at `now` (`theirs`: it speaks TLS
+    /// only, and this node plain HTTP; else the other way round); `true` if that was logged.
+    /// Each side's messages failed in silence, or as a corrupt message.
+    fn tls_mismatch(&self, target: NodeId, theirs: bool, now: Instant) -> bool {
+        let Some(unlogged) = self.tls.note(target, (), now) else {
+            return false;
+        };
+        let (speaks, starts) = match theirs {
+            true => (
+                "speaks TLS only, and this node plain HTTP",
+                "this node".to_string(),
+            ),
+            false => (
+                "answers in plain HTTP, and this node speaks TLS to the members",
+                format!("node {target}"),
+            ),
+        };
+        tracing::warn!(
+            target_node = target,
+            unlogged,
+            "node {target} {speaks}: every member has TLS, or none; until {starts} is started \
+             with --tls-cert, --tls-key and --tls-ca as the others are, it takes none of this \
+             node's messages"
+        );
+        true
     }
 
     /// [`PeerFailures::failed`] at `now`; `true` if that was logged: once its messages have
@@ -159,8 +219,10 @@ mod tests {
             assert!(!failures.unreachable_at(3, &why, at), "{s} s");
         }
         assert!(failures.unreachable_at(3, &why, t0 + crate::log_throttle::REPEAT_EVERY));
-        // A refused token is another line.
+        // A refused token is another line, and so is TLS on one side only.
         assert!(failures.token_refused(3, t0));
+        assert!(failures.tls_mismatch(3, true, t0));
+        assert!(!failures.tls_mismatch(3, false, t0 + Duration::from_secs(1)));
     }
 
     /// A message that timed out once, on a loaded host, is not news: an answer in between
