@@ -237,6 +237,7 @@ impl ApplyBatch {
                 registered_index,
             } => self.remove_datanode_piece(index, *id, *registered_index),
             Command::RaiseEpochFloor { at_least } => self.raise_epoch_floor(*at_least),
+            Command::ClaimForRestore { at_least } => self.claim_for_restore(*at_least),
         }
     }
 
@@ -274,6 +275,41 @@ impl ApplyBatch {
         Ok(CommandResult::EpochFloor {
             floor: at_least.max(current),
         })
+    }
+
+    /// Raises the epoch floor to `at_least` if the cluster is fresh: it holds no datanode, no
+    /// key, and its floor was never raised (by an earlier claim, say). Else `NotFresh`.
+    fn claim_for_restore(&mut self, at_least: u64) -> Result<CommandResult> {
+        let floor = self.cluster_epoch_floor()?;
+        let datanodes = self.holds_any(keys::DATANODE)?;
+        let kv = self.holds_any(keys::KV)?;
+        if floor > 0 || datanodes || kv || at_least == 0 {
+            return Ok(CommandResult::NotFresh {
+                floor,
+                datanodes,
+                keys: kv,
+            });
+        }
+        self.raise_epoch_floor(at_least)
+    }
+
+    /// Whether the registry, as this batch leaves it, holds a key under `prefix`.
+    fn holds_any(&self, prefix: u8) -> Result<bool> {
+        let range = self.pending.range(vec![prefix]..vec![prefix + 1]);
+        if range
+            .into_iter()
+            .any(|(_, p)| !matches!(p, Pending::Raw(None)))
+        {
+            return Ok(true);
+        }
+        for item in self.tree.scan_prefix([prefix]) {
+            let (key, _) = item.map_err(|e| Error::registry("read during apply", e))?;
+            // One this batch deletes does not count.
+            if !matches!(self.pending.get(key.as_ref()), Some(Pending::Raw(None))) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch

@@ -29,8 +29,9 @@ use crate::types::{Entry, NodeId};
 /// The version of this build. 2: `PruneReplicas` and `SetClusterVersion`. 3:
 /// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
 /// the cluster's epoch floor, and a removal's first piece fences the incarnation it removes.
-/// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch.
-pub const BUILD_VERSION: u32 = 5;
+/// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch. 6:
+/// `ClaimForRestore`, a restore's claim on a fresh cluster.
+pub const BUILD_VERSION: u32 = 6;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
@@ -48,6 +49,10 @@ pub const FENCING_REMOVAL: u32 = 4;
 /// (`DeregisterShardsOf`): a former incarnation's late deregistration is fenced rather than
 /// drop a replica the current one registered.
 pub const FENCED_DEREGISTRATION: u32 = 5;
+
+/// The version from which a restore claims the cluster it goes into (`ClaimForRestore`): of
+/// two restores run into one cluster at once, one is refused before it writes anything.
+pub const RESTORE_CLAIM: u32 = 6;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster_version::{
-    BASE_VERSION, CLUSTER_EPOCH_FLOOR, FENCED_DEREGISTRATION, PIECEWISE_REMOVAL,
+    BASE_VERSION, CLUSTER_EPOCH_FLOOR, FENCED_DEREGISTRATION, PIECEWISE_REMOVAL, RESTORE_CLAIM,
 };
 
 /// What one piece of a prune weighs in the leader's admission window, in shards.
@@ -101,6 +101,12 @@ pub enum Command {
         epoch: u64,
         shards: Vec<u64>,
     },
+    /// A restore's claim on the cluster it goes into: raises the epoch floor to `at_least` (at
+    /// least 1) if the cluster is fresh (no datanode, no key, and a floor never raised), and
+    /// else changes nothing (`NotFresh`). The raised floor is the claim: a second restore run
+    /// at once finds it and is refused before it writes anything, where both used to pass an
+    /// emptiness check made before either wrote. Proposed once the cluster's version is 6.
+    ClaimForRestore { at_least: u64 },
 }
 
 impl Command {
@@ -112,6 +118,7 @@ impl Command {
             Command::RemoveDatanodePiece { .. } => PIECEWISE_REMOVAL,
             Command::RaiseEpochFloor { .. } => CLUSTER_EPOCH_FLOOR,
             Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
+            Command::ClaimForRestore { .. } => RESTORE_CLAIM,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -183,6 +190,7 @@ impl fmt::Display for Command {
             }
             Command::SetClusterVersion { version } => write!(f, "SetClusterVersion({version})"),
             Command::RaiseEpochFloor { at_least } => write!(f, "RaiseEpochFloor({at_least})"),
+            Command::ClaimForRestore { at_least } => write!(f, "ClaimForRestore({at_least})"),
             Command::DeregisterShardsOf {
                 datanode,
                 epoch,
@@ -260,8 +268,16 @@ pub enum CommandResult {
         gone: bool,
         registered_index: u64,
     },
-    /// The cluster's epoch floor after a `RaiseEpochFloor`.
+    /// The cluster's epoch floor after a `RaiseEpochFloor`, or a `ClaimForRestore` that took
+    /// the cluster.
     EpochFloor {
         floor: u64,
+    },
+    /// A `ClaimForRestore` found the cluster not fresh: what it holds (its epoch floor, 0 if
+    /// never raised); nothing changed.
+    NotFresh {
+        floor: u64,
+        datanodes: bool,
+        keys: bool,
     },
 }

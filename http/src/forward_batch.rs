@@ -172,7 +172,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::Put { key, value, .. } => key.len() + value.len(),
         Command::Delete { key, .. } => key.len(),
         Command::SetClusterVersion { .. } => 5,
-        Command::RaiseEpochFloor { .. } => 9,
+        Command::RaiseEpochFloor { .. } | Command::ClaimForRestore { .. } => 9,
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! The backup is verified completely and read offline (`meta_consensus::Backup`), and every key,
 //! value and datanode address checked against what the cluster accepts, before anything is sent. The target must
-//! be empty (no datanode, no key): a restore never merges into live data. It first raises the
+//! be empty (no datanode, no key): a restore never merges into live data. It first claims the
+//! cluster ([`claim`]: of two restores run at once, the second writes nothing), raising the
 //! cluster's epoch floor above any epoch the old cluster handed out (the time in microseconds,
 //! or more: see [`epoch_floor`]), so that every registration in the new cluster, also of a
 //! datanode the backup does not name, gets an epoch no zombie of the old cluster sends with. Every
@@ -84,7 +85,10 @@ pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) ->
         }
         Ok(restored)
     });
-    let restored = restored.context(PART_WAY)?;
+    let restored = restored.map_err(|e| match e.is::<NothingWritten>() {
+        true => e,
+        false => e.context(PART_WAY),
+    })?;
     crate::output::line(json!({
         "file": file.display().to_string(),
         "index": index,
@@ -127,7 +131,7 @@ pub(crate) fn restorable(backup: &Backup) -> Result<u64> {
 async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<Restored> {
     let mut restored = Restored::default();
     let datanodes = read(backup, |b| b.datanodes()).await?;
-    restored.epoch_floor = raise_epoch_floor(op, min_epoch).await?;
+    restored.epoch_floor = claim(op, min_epoch).await?;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
@@ -287,6 +291,67 @@ async fn raise_epoch_floor(op: &Operator, floor: u64) -> Result<Option<u64>> {
             .refused_error(refused)
             .context("raising the cluster's epoch floor")),
     }
+}
+
+/// A restore refused before it wrote anything: the cluster is as it was.
+#[derive(Debug)]
+struct NothingWritten(String);
+
+impl std::fmt::Display for NothingWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; nothing was written", self.0)
+    }
+}
+
+impl std::error::Error for NothingWritten {}
+
+/// Claims the cluster for this restore: raises its epoch floor to `floor` only if it is fresh
+/// (no datanode, no key, a floor never raised), in one log entry, so that of two restores run
+/// into one cluster at once the second is refused ([`NothingWritten`]) before it writes
+/// anything; the emptiness check before it passes both. A claim refused after an attempt whose
+/// answer was lost may be this restore's own: the cluster's floor then is `floor` (a time in
+/// microseconds no other restore picks). A cluster whose members do not all run a build that
+/// claims (cluster version 6) is not claimed: the floor is raised as before, with a warning.
+async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
+    let body = json!({ "at_least": floor, "if_fresh": true });
+    let answer = op
+        .answer_retrying(|| {
+            op.request(reqwest::Method::PUT, "/v1/cluster/epoch-floor")
+                .json(&body)
+        })
+        .await?;
+    let refused = match answer {
+        Ok(r) => {
+            let claimed: EpochFloorView = r
+                .json()
+                .await
+                .context("decoding the answer to the cluster's claim")?;
+            return Ok(Some(claimed.epoch_floor));
+        }
+        Err(refused) => refused,
+    };
+    if refused.status == reqwest::StatusCode::CONFLICT {
+        let view: meta_http::response::ClusterView = op.get_json_retrying("/v1/cluster").await?;
+        if view.epoch_floor == floor && view.datanodes == 0 {
+            return Ok(Some(floor));
+        }
+        return Err(NothingWritten(op.refused_error(refused).to_string()).into());
+    }
+    // A build that claims nothing: it does not know `if_fresh`, or the cluster's version is
+    // older.
+    let older = refused.code() == Some("cluster_version")
+        || (refused.code() == Some("invalid_body") && refused.message().contains("if_fresh"));
+    if !older {
+        return Err(op
+            .refused_error(refused)
+            .context("claiming the cluster for the restore"));
+    }
+    eprintln!(
+        "warning: the cluster cannot be claimed for the restore ({}): a restore run into it at \
+         the same time would not be refused",
+        refused.message()
+    );
+    raise_epoch_floor(op, floor).await
 }
 
 /// The time now in microseconds since 1970.

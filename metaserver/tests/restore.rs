@@ -258,6 +258,70 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
     target.stop().await;
 }
 
+/// A restore claims the cluster it goes into before it writes: a cluster claimed already (by a
+/// restore running, or one whose backup held nothing) refuses it with nothing written, and of
+/// two restores run into one fresh cluster at once, one restores and the other writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_restores_into_one_cluster_one_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut source, from) = start(&dir.path().join("source")).await;
+    let body = json!({"addr": "10.0.0.7:9000"}).to_string();
+    let epoch = ok(Method::PUT, &from, "/v1/datanodes/7", Some(body)).await["epoch"].clone();
+    let shards: Vec<Value> = (1..=2_000)
+        .map(|id| json!({"id": id, "generation": 1, "size": 1}))
+        .collect();
+    let body = json!({"epoch": epoch, "shards": shards}).to_string();
+    ok(Method::POST, &from, "/v1/datanodes/7/shards", Some(body)).await;
+    ok(Method::PUT, &from, "/v1/kv/z", Some("last".into())).await;
+    let expected = content(&from).await;
+    let backup = dir.path().join("backup.snap");
+    let backup = backup.to_str().unwrap();
+    let (saved, _, err) = run(&["snapshot", "save", "--server", &from, backup], &[]).await;
+    assert!(saved, "{err}");
+    source.stop().await;
+
+    let (mut claimed, to) = start(&dir.path().join("claimed")).await;
+    let claim = json!({"at_least": 5, "if_fresh": true}).to_string();
+    ok(
+        Method::PUT,
+        &to,
+        "/v1/cluster/epoch-floor",
+        Some(claim.clone()),
+    )
+    .await;
+    let url = format!("http://{to}/v1/cluster/epoch-floor");
+    let (status, v) = send(&client(), Method::PUT, &url, None, Some(claim))
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    let (restored, _, err) = run(&["snapshot", "restore", "--server", &to, backup], &[]).await;
+    assert!(!restored);
+    assert!(
+        err.contains("not fresh") && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(!err.contains("part way"), "{err}");
+    assert_eq!(
+        ok(Method::GET, &to, "/v1/datanodes", None).await["datanodes"],
+        json!([])
+    );
+    claimed.stop().await;
+
+    let (mut target, to) = start(&dir.path().join("target")).await;
+    let restore = ["snapshot", "restore", "--server", &to, backup];
+    let (first, second) = tokio::join!(run(&restore, &[]), run(&restore, &[]));
+    let outcomes = [first, second];
+    let done: Vec<_> = outcomes.iter().filter(|(ok, _, _)| *ok).collect();
+    assert_eq!(done.len(), 1, "{outcomes:?}");
+    let (_, _, err) = outcomes.iter().find(|(ok, _, _)| !*ok).unwrap();
+    assert!(
+        !err.contains("part way") && (err.contains("not empty") || err.contains("not fresh")),
+        "{err}"
+    );
+    assert_eq!(content(&to).await, expected);
+    target.stop().await;
+}
+
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -59,3 +59,65 @@ fn the_floor_never_falls_and_the_highest_counts_removed_datanodes_too() {
     apply(&reg, 10, &[raised, Command::RemoveDatanode { id: 3 }]);
     assert_eq!(reg.highest_epoch_floor().unwrap(), 900);
 }
+
+fn claim(at_least: u64) -> Command {
+    Command::ClaimForRestore { at_least }
+}
+
+fn put(key: &str) -> Command {
+    Command::Put {
+        key: key.into(),
+        value: b"v".to_vec(),
+        if_revision: None,
+    }
+}
+
+/// A restore's claim takes a fresh cluster only: the first of two claims raises the floor, and
+/// the floor it raised refuses the second; a datanode or a key refuses one too, also one that
+/// the same batch writes (and not one it deletes). A refused claim changes nothing.
+#[test]
+fn a_claim_takes_a_fresh_cluster_once() {
+    let (_dir, reg) = registry();
+    let out = apply(&reg, 1, &[claim(700), claim(900)]);
+    assert_eq!(out[0], CommandResult::EpochFloor { floor: 700 });
+    let refused = CommandResult::NotFresh {
+        floor: 700,
+        datanodes: false,
+        keys: false,
+    };
+    assert_eq!(out[1], refused);
+    assert_eq!(apply(&reg, 3, &[claim(900)]), vec![refused]);
+    assert_eq!(reg.highest_epoch_floor().unwrap(), 700);
+
+    let (_dir, reg) = registry();
+    let out = apply(&reg, 1, &[dn(1), claim(700), put("k"), claim(700)]);
+    assert_eq!(
+        (&out[1], &out[3]),
+        (
+            &CommandResult::NotFresh {
+                floor: 0,
+                datanodes: true,
+                keys: false,
+            },
+            &CommandResult::NotFresh {
+                floor: 0,
+                datanodes: true,
+                keys: true,
+            }
+        )
+    );
+    assert_eq!(reg.highest_epoch_floor().unwrap(), 0);
+    // What the batch deletes does not count; what it writes does, before it is committed.
+    let delete = |key: &str| Command::Delete {
+        key: key.into(),
+        if_revision: None,
+    };
+    let out = apply(&reg, 5, &[Command::RemoveDatanode { id: 1 }, delete("k")]);
+    assert!(matches!(
+        out[0],
+        CommandResult::DatanodeRemoved { existed: true, .. }
+    ));
+    let out = apply(&reg, 7, &[put("a"), claim(700), delete("a"), claim(800)]);
+    assert!(matches!(out[1], CommandResult::NotFresh { keys: true, .. }));
+    assert_eq!(out[3], CommandResult::EpochFloor { floor: 800 });
+}

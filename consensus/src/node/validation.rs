@@ -46,6 +46,13 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         | Command::PruneReplicas { .. }
         | Command::RemoveDatanodePiece { .. }
         | Command::RaiseEpochFloor { .. } => {}
+        Command::ClaimForRestore { at_least } => {
+            if *at_least == 0 {
+                return Err(Error::InvalidArgument(
+                    "a restore's claim raises the epoch floor to at least 1".into(),
+                ));
+            }
+        }
         Command::Put { key, value, .. } => {
             check_key(key)?;
             if value.len() > MAX_VALUE_BYTES {

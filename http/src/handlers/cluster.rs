@@ -318,17 +318,47 @@ pub async fn set_leader(
 /// `PUT /v1/cluster/epoch-floor` `{"at_least": N}`: raises the cluster's epoch floor to N
 /// (never lowers it); every registration from then on gets an epoch of at least the floor. A
 /// restore raises it above every epoch of the cluster it replaces. Needs cluster version 4:
-/// refused with 503 `cluster_version` while a member runs an older build.
+/// refused with 503 `cluster_version` while a member runs an older build. With `"if_fresh":
+/// true` (a restore's claim, cluster version 6) it raises the floor only in a fresh cluster (no
+/// datanode, no key, a floor never raised), else answers 409 `conflict` naming what the cluster
+/// holds: of two restores run at once, the second is refused before it writes anything.
 pub async fn raise_epoch_floor(
     _: NoQuery,
     writer: Writer,
     Json(body): Json<EpochFloorBody>,
 ) -> Result<axum::Json<EpochFloorView>, ApiError> {
     let at_least = body.validate()?;
-    let written = writer.write(Command::RaiseEpochFloor { at_least }).await?;
+    let command = match body.if_fresh {
+        true => Command::ClaimForRestore { at_least },
+        false => Command::RaiseEpochFloor { at_least },
+    };
+    let written = writer.write(command).await?;
     match written.result {
         CommandResult::EpochFloor { floor } => {
             Ok(axum::Json(EpochFloorView { epoch_floor: floor }))
+        }
+        CommandResult::NotFresh {
+            floor,
+            datanodes,
+            keys,
+        } => {
+            let mut holds = Vec::new();
+            if datanodes {
+                holds.push("datanodes".to_owned());
+            }
+            if keys {
+                holds.push("keys".to_owned());
+            }
+            if floor > 0 {
+                holds.push(format!(
+                    "an epoch floor raised to {floor} (a restore began or ran here)"
+                ));
+            }
+            Err(ApiError::Conflict(format!(
+                "the cluster is not fresh: it holds {}; a restore goes only into a fresh cluster \
+                 (start it on fresh data dirs)",
+                holds.join(" and ")
+            )))
         }
         other => Err(unexpected(other)),
     }

@@ -54,6 +54,10 @@ pub struct EpochFloorBody {
     /// The cluster's epoch floor is raised to this (at most [`MAX_MIN_EPOCH`]); a lower one
     /// changes nothing.
     pub at_least: u64,
+    /// A restore's claim: raise it only if the cluster is fresh (no datanode, no key, a floor
+    /// never raised), else refuse (409) and change nothing.
+    #[serde(default)]
+    pub if_fresh: bool,
 }
 
 impl EpochFloorBody {
@@ -66,6 +70,12 @@ impl EpochFloorBody {
                     "at_least must be at most {MAX_MIN_EPOCH}, not {}",
                     self.at_least
                 ),
+            ));
+        }
+        if self.if_fresh && self.at_least == 0 {
+            return Err(ApiError::invalid(
+                "invalid_epoch",
+                "a restore's claim (if_fresh) raises the floor to at least 1",
             ));
         }
         Ok(self.at_least)
