@@ -344,7 +344,7 @@ impl Tls {
                     warned = Some(std::time::Instant::now());
                     tracing::warn!(
                         cert = %self.files.cert.display(),
-                        "this node's certificate expires within {days} day(s), or has: renew \
+                        "this node's certificate expires within {days} day(s) (or has expired): renew \
                          it (the file is read again every {}s)",
                         every.as_secs()
                     );

@@ -475,30 +475,35 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
     // Owned here, not by the blocking thread that checks: an interrupted save removes it.
     let scratch_dir = crate::scratch::ScratchDir::new_in(&dir)?;
     let scratch = scratch_dir.path().to_path_buf();
-    let verified = tokio::task::spawn_blocking(move || {
+    let checked = tokio::task::spawn_blocking(move || {
         let backup = meta_consensus::Backup::open(&path, &scratch)?;
         // A backup no restore can take is no backup: say so now, not when it is needed.
-        crate::restore::restorable(&backup).context(
-            "no restore can take this snapshot (a plain download of GET /v1/cluster/snapshot \
-             still copies it)",
-        )?;
-        anyhow::Ok(backup)
+        let restorable = crate::restore::restorable(&backup);
+        anyhow::Ok((backup, restorable))
     })
     .await
-    .context("the backup reader stopped")?
-    .with_context(|| {
-        let kept = match file.exists() {
-            true => "was left as it was",
-            false => "was not written",
-        };
+    .context("the backup reader stopped")?;
+    let kept = || match file.exists() {
+        true => format!("{} was left as it was", file.display()),
+        false => format!("{} was not written", file.display()),
+    };
+    let (verified, restorable) = checked.with_context(|| {
         format!(
             "the downloaded snapshot is not a usable backup, or could not be checked (the \
              check builds a scratch registry in {}, which takes up to about three times \
-             the snapshot's {bytes} bytes); {} {kept}",
+             the snapshot's {bytes} bytes); {}",
             dir.display(),
-            file.display()
+            kept()
         )
     })?;
+    if let Err(e) = restorable {
+        drop(verified);
+        return Err(e.context(format!(
+            "no restore can take this snapshot (a plain download of GET /v1/cluster/snapshot \
+             still copies it); {}",
+            kept()
+        )));
+    }
     let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
     drop(verified);
     // A backup that replaces another keeps its permissions (a new one is the owner's only),

@@ -118,8 +118,9 @@ pub(crate) fn restorable(backup: &Backup) -> Result<u64> {
     let min_epoch = epoch_floor(now_micros(), &datanodes, floors);
     if min_epoch > MAX_MIN_EPOCH {
         bail!(
-            "the backup holds epochs up to {}: a restore cannot give its datanodes epochs \
-             above them (the registry takes epoch floors up to {MAX_MIN_EPOCH})",
+            "the backup holds epochs, or epoch floors, up to {}: a restore cannot give its \
+             datanodes epochs above them (the registry takes epoch floors up to \
+             {MAX_MIN_EPOCH})",
             min_epoch - 1
         );
     }
