@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::change_feed::{Change, ChangeEvent};
-use crate::cluster_version::{BASE_VERSION, FENCING_REMOVAL, PIECEWISE_REMOVAL};
+use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL};
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -239,77 +239,6 @@ impl ApplyBatch {
             Command::RaiseEpochFloor { at_least } => self.raise_epoch_floor(*at_least),
             Command::ClaimForRestore { at_least } => self.claim_for_restore(*at_least),
         }
-    }
-
-    /// The cluster's version as the registry and this batch leave it (`cluster_version.rs`).
-    pub(crate) fn cluster_version(&self) -> Result<u32> {
-        Ok(self
-            .get::<u32>(keys::CLUSTER_VERSION, "cluster version")?
-            .unwrap_or(BASE_VERSION))
-    }
-
-    /// Raises the cluster's version to `version`; a lower one changes nothing.
-    fn set_cluster_version(&mut self, version: u32) -> Result<CommandResult> {
-        let current = self.cluster_version()?;
-        if version > current {
-            self.put(keys::CLUSTER_VERSION, &version)?;
-        }
-        Ok(CommandResult::ClusterVersion {
-            version: version.max(current),
-        })
-    }
-
-    /// The cluster's epoch floor (`keys::CLUSTER_EPOCH_FLOOR`), 0 until first raised.
-    fn cluster_epoch_floor(&self) -> Result<u64> {
-        Ok(self
-            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
-            .unwrap_or(0))
-    }
-
-    /// Raises the cluster's epoch floor to `at_least`; a lower one changes nothing.
-    fn raise_epoch_floor(&mut self, at_least: u64) -> Result<CommandResult> {
-        let current = self.cluster_epoch_floor()?;
-        if at_least > current {
-            self.put(keys::CLUSTER_EPOCH_FLOOR, &at_least)?;
-        }
-        Ok(CommandResult::EpochFloor {
-            floor: at_least.max(current),
-        })
-    }
-
-    /// Raises the epoch floor to `at_least` if the cluster is fresh: it holds no datanode, no
-    /// key, and its floor was never raised (by an earlier claim, say). Else `NotFresh`.
-    fn claim_for_restore(&mut self, at_least: u64) -> Result<CommandResult> {
-        let floor = self.cluster_epoch_floor()?;
-        let datanodes = self.holds_any(keys::DATANODE)?;
-        let kv = self.holds_any(keys::KV)?;
-        if floor > 0 || datanodes || kv || at_least == 0 {
-            return Ok(CommandResult::NotFresh {
-                floor,
-                datanodes,
-                keys: kv,
-            });
-        }
-        self.raise_epoch_floor(at_least)
-    }
-
-    /// Whether the registry, as this batch leaves it, holds a key under `prefix`.
-    fn holds_any(&self, prefix: u8) -> Result<bool> {
-        let range = self.pending.range(vec![prefix]..vec![prefix + 1]);
-        if range
-            .into_iter()
-            .any(|(_, p)| !matches!(p, Pending::Raw(None)))
-        {
-            return Ok(true);
-        }
-        for item in self.tree.scan_prefix([prefix]) {
-            let (key, _) = item.map_err(|e| Error::registry("read during apply", e))?;
-            // One this batch deletes does not count.
-            if !matches!(self.pending.get(key.as_ref()), Some(Pending::Raw(None))) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 
     /// A datanode's new epoch is the command's log index, or more: one above its current epoch
@@ -821,6 +750,8 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
             .map_err(|e| Error::corrupt(what.to_string(), e)),
     }
 }
+
+mod settings;
 
 #[cfg(test)]
 mod epoch_floor_tests;

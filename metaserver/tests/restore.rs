@@ -525,7 +525,10 @@ async fn a_backup_whose_epochs_are_too_high_is_refused_before_anything_is_writte
     std::fs::write(backup, &bytes).unwrap();
     let (restored, _, err) = run(&["snapshot", "restore", "--server", &addr, backup], &[]).await;
     assert!(!restored);
-    assert!(err.contains("holds epochs, or epoch floors, up to"), "{err}");
+    assert!(
+        err.contains("holds epochs, or epoch floors, up to"),
+        "{err}"
+    );
     assert!(err.contains("nothing was written"), "{err}");
     assert!(!err.contains("part way"), "{err}");
     server.stop().await;

@@ -1,0 +1,81 @@
+//! The cluster's settings as a batch applies them: its version, its epoch floor, and a
+//! restore's claim on a fresh cluster.
+
+use super::{ApplyBatch, Pending};
+use crate::cluster_version::BASE_VERSION;
+use crate::command::CommandResult;
+use crate::error::{Error, Result};
+use crate::keys;
+
+impl ApplyBatch {
+    /// The cluster's version as the registry and this batch leave it (`cluster_version.rs`).
+    pub(crate) fn cluster_version(&self) -> Result<u32> {
+        Ok(self
+            .get::<u32>(keys::CLUSTER_VERSION, "cluster version")?
+            .unwrap_or(BASE_VERSION))
+    }
+
+    /// Raises the cluster's version to `version`; a lower one changes nothing.
+    pub(super) fn set_cluster_version(&mut self, version: u32) -> Result<CommandResult> {
+        let current = self.cluster_version()?;
+        if version > current {
+            self.put(keys::CLUSTER_VERSION, &version)?;
+        }
+        Ok(CommandResult::ClusterVersion {
+            version: version.max(current),
+        })
+    }
+
+    /// The cluster's epoch floor (`keys::CLUSTER_EPOCH_FLOOR`), 0 until first raised.
+    pub(super) fn cluster_epoch_floor(&self) -> Result<u64> {
+        Ok(self
+            .get::<u64>(keys::CLUSTER_EPOCH_FLOOR, "cluster epoch floor")?
+            .unwrap_or(0))
+    }
+
+    /// Raises the cluster's epoch floor to `at_least`; a lower one changes nothing.
+    pub(super) fn raise_epoch_floor(&mut self, at_least: u64) -> Result<CommandResult> {
+        let current = self.cluster_epoch_floor()?;
+        if at_least > current {
+            self.put(keys::CLUSTER_EPOCH_FLOOR, &at_least)?;
+        }
+        Ok(CommandResult::EpochFloor {
+            floor: at_least.max(current),
+        })
+    }
+
+    /// Raises the epoch floor to `at_least` if the cluster is fresh: it holds no datanode, no
+    /// key, and its floor was never raised (by an earlier claim, say). Else `NotFresh`.
+    pub(super) fn claim_for_restore(&mut self, at_least: u64) -> Result<CommandResult> {
+        let floor = self.cluster_epoch_floor()?;
+        let datanodes = self.holds_any(keys::DATANODE)?;
+        let kv = self.holds_any(keys::KV)?;
+        if floor > 0 || datanodes || kv || at_least == 0 {
+            return Ok(CommandResult::NotFresh {
+                floor,
+                datanodes,
+                keys: kv,
+            });
+        }
+        self.raise_epoch_floor(at_least)
+    }
+
+    /// Whether the registry, as this batch leaves it, holds a key under `prefix`.
+    fn holds_any(&self, prefix: u8) -> Result<bool> {
+        let range = self.pending.range(vec![prefix]..vec![prefix + 1]);
+        if range
+            .into_iter()
+            .any(|(_, p)| !matches!(p, Pending::Raw(None)))
+        {
+            return Ok(true);
+        }
+        for item in self.tree.scan_prefix([prefix]) {
+            let (key, _) = item.map_err(|e| Error::registry("read during apply", e))?;
+            // One this batch deletes does not count.
+            if !matches!(self.pending.get(key.as_ref()), Some(Pending::Raw(None))) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
