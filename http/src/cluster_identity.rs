@@ -212,10 +212,18 @@ async fn checked(state: &SharedState, request: Request, next: Next, adopt: bool)
             .token
             .same_client_token(cluster, fingerprint.as_bytes())
         {
+            let why = match state.token.is_set() {
+                true => {
+                    "another client token (--token, METASERVER_TOKEN) than the node adding it: \
+                     datanodes and operators holding the cluster's token would be refused here"
+                }
+                false => {
+                    "no client token (--token, METASERVER_TOKEN), unlike the node adding it: it \
+                     would take anyone's requests"
+                }
+            };
             return ApiError::Conflict(format!(
-                "node {} was started with another client token (--token, METASERVER_TOKEN) \
-                 than the node adding it: datanodes and operators holding the cluster's token \
-                 would be refused here; start it with the cluster's",
+                "node {} was started with {why}; start it with the cluster's token",
                 node.id()
             ))
             .into_response();

@@ -233,7 +233,7 @@ async fn check_empty(op: &Operator) -> Result<()> {
         };
         bail!(
             "the cluster is not empty (it holds {holds}): a restore only goes into an empty \
-             cluster"
+             cluster; nothing was written"
         );
     }
     Ok(())
@@ -343,9 +343,16 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
     let older = refused.code() == Some("cluster_version")
         || (refused.code() == Some("invalid_body") && refused.message().contains("if_fresh"));
     if !older {
-        return Err(op
-            .refused_error(refused)
-            .context("claiming the cluster for the restore"));
+        // A refusal (a wrong token, a full disk) wrote nothing; another answer may follow an
+        // attempt whose outcome is unknown.
+        let status = refused.status;
+        let error = op.refused_error(refused);
+        if status.is_client_error() || status == reqwest::StatusCode::INSUFFICIENT_STORAGE {
+            return Err(
+                NothingWritten(format!("claiming the cluster for the restore: {error}")).into(),
+            );
+        }
+        return Err(error.context("claiming the cluster for the restore"));
     }
     eprintln!(
         "warning: the cluster cannot be claimed for the restore ({}): a restore run into it at \

@@ -131,22 +131,15 @@ impl PeerFailures {
         let Some(unlogged) = self.tls.note(target, (), now) else {
             return false;
         };
-        let (speaks, starts) = match theirs {
-            true => (
-                "speaks TLS only, and this node plain HTTP",
-                "this node".to_string(),
-            ),
-            false => (
-                "answers in plain HTTP, and this node speaks TLS to the members",
-                format!("node {target}"),
-            ),
+        let speaks = match theirs {
+            true => "speaks TLS only, and this node plain HTTP",
+            false => "answers in plain HTTP, and this node speaks TLS to the members",
         };
         tracing::warn!(
             target_node = target,
             unlogged,
-            "node {target} {speaks}: every member has TLS, or none; until {starts} is started \
-             with --tls-cert, --tls-key and --tls-ca as the others are, it takes none of this \
-             node's messages"
+            "node {target} {speaks}: every member has TLS (--tls-cert, --tls-key and --tls-ca), \
+             or none; until the two agree, it takes none of this node's messages"
         );
         true
     }
