@@ -81,6 +81,12 @@ pub fn failure(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Whether `e` is a TLS exchange answered with something that is no TLS: the other side speaks
+/// plain HTTP.
+pub fn answered_plain(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(tls_error(e), Some(rustls::Error::InvalidMessage(_)))
+}
+
 /// The TLS error among `e`'s causes, if the exchange failed in the TLS handshake (a
 /// certificate refused on either side, a peer that does not speak TLS) rather than for want of
 /// a connection: then something answers at the address, but this node cannot trust it.

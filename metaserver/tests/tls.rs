@@ -135,6 +135,18 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     nodes[leader - 1]
         .wait_logged(&format!("node {plain_id} answers in plain HTTP"))
         .await;
+    // `health` names it so too.
+    let leader_addr = addrs[leader - 1].as_str();
+    let (ok, _, err) = run(
+        &["health", "--server", leader_addr, "--tls-ca", ca_arg],
+        &[],
+    )
+    .await;
+    assert!(
+        !ok && err.contains(&format!("node {plain_id} at"))
+            && err.contains("answers in plain HTTP, not TLS"),
+        "{err}"
+    );
 
     for node in &mut nodes {
         node.stop().await;

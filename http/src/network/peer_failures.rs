@@ -38,11 +38,13 @@ pub(super) enum Unanswered {
 impl Unanswered {
     /// What `e`, a failed exchange, tells.
     pub(super) fn of(e: &reqwest::Error) -> Self {
-        match crate::peer_client::tls_error(e) {
-            Some(rustls::Error::InvalidMessage(_)) => Unanswered::PlainAnswer,
+        if crate::peer_client::answered_plain(e) {
+            Unanswered::PlainAnswer
+        } else if e.is_connect() {
             // A failed handshake counts as no connection, as it is one no message gets through.
-            _ if e.is_connect() => Unanswered::NotConnected,
-            _ => Unanswered::Other,
+            Unanswered::NotConnected
+        } else {
+            Unanswered::Other
         }
     }
 }

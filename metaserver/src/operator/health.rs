@@ -243,6 +243,13 @@ fn unanswered(client: &ClientArgs, e: &anyhow::Error) -> String {
             }
         }
         Some(answered) => format!("refused: {answered}"),
+        // What answers TLS with something that is no TLS speaks plain HTTP.
+        None if e.chain().any(meta_http::peer_client::answered_plain) => {
+            format!(
+                "answers in plain HTTP, not TLS: it was started without --tls-cert, --tls-key \
+                 and --tls-ca ({e:#})"
+            )
+        }
         None => format!("does not answer: {e:#}"),
     }
 }
