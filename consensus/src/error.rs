@@ -75,7 +75,8 @@ pub enum Error {
     /// dir's file system. The node keeps its registry and log as they were; the leader sends
     /// the snapshot again.
     #[error(
-        "no room for a snapshot from the leader ({bytes} bytes received): {free} bytes free, \
+        "no room for a snapshot from the leader ({bytes} bytes: its size, or what arrived of it \
+         so far): {free} bytes free, \
          {need} needed (to install it: a copy of it, a new registry, and the reserve): free \
          space on this member; the leader sends the snapshot again"
     )]
