@@ -50,6 +50,7 @@ use crate::raft_routes::{
 };
 use crate::term_probe::HttpTermProbe;
 use peer_failures::{PeerFailures, Unanswered};
+use room_backoff::RoomBackoff;
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -153,6 +154,8 @@ pub struct HttpNetwork {
     patience: Arc<Mutex<HashMap<NodeId, Arc<Patience>>>>,
     /// The snapshot sends logged at INFO, per member and snapshot file.
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
+    /// The members that refused snapshots for want of room, and how long to wait.
+    room_backoff: Arc<RoomBackoff>,
     /// The node's snapshot rate limiter: snapshots streamed to members are paced with its
     /// exports and downloads (`NodeConfig::snapshot_pace`).
     snapshot_pace: SnapshotPace,
@@ -179,6 +182,7 @@ impl HttpNetwork {
             refusals: PeerFailures::new(cfg.peer_refusals.clone()),
             patience: Arc::default(),
             snapshot_notices: Arc::default(),
+            room_backoff: Arc::default(),
             snapshot_pace: cfg.snapshot_pace.clone(),
             sender: cluster_identity::from_value(cfg.id, &cfg.addr),
         }
@@ -232,6 +236,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
                 .or_default()
                 .clone(),
             snapshot_notices: self.snapshot_notices.clone(),
+            room_backoff: self.room_backoff.clone(),
             snapshot_pace: self.snapshot_pace.clone(),
         }
     }
@@ -264,6 +269,7 @@ pub struct HttpConnection {
     sender: Option<reqwest::header::HeaderValue>,
     patience: Arc<Patience>,
     snapshot_notices: Arc<LogThrottle<NodeId, PathBuf>>,
+    room_backoff: Arc<RoomBackoff>,
     snapshot_pace: SnapshotPace,
 }
 
@@ -658,6 +664,23 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         self.follow_move();
+        let mut cancel = std::pin::pin!(cancel);
+        // A member that refused the last one for want of room gets the next later
+        // (`network/room_backoff.rs`).
+        if let Some(wait) = self
+            .room_backoff
+            .wait(self.target, std::time::Instant::now())
+        {
+            tracing::debug!(
+                target_node = self.target,
+                ?wait,
+                "snapshot waits: no room there"
+            );
+            tokio::select! {
+                closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
         let network = |m: String| StreamingError::Network(NetworkError::from_string(m));
         let prefix = encode_snapshot_prefix(&vote).map_err(|e| network(e.to_string()))?;
         let path = snapshot.snapshot.path().to_path_buf();
@@ -715,11 +738,17 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             Ok::<_, RPCError<TypeConfig>>((status, bytes))
         };
         let (status, bytes) = tokio::select! {
-            closed = cancel => return Err(StreamingError::Closed(closed)),
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
             result = exchange => result.map_err(StreamingError::from)?,
         };
-        self.answer(status, &bytes)
-            .map_err(RemoteFailure::into_streaming)
+        let answer = self.answer(status, &bytes);
+        match &answer {
+            Err(RemoteFailure::Refused(m)) if RoomBackoff::is_room_refusal(m) => self
+                .room_backoff
+                .refused(self.target, std::time::Instant::now()),
+            _ => self.room_backoff.cleared(self.target),
+        }
+        answer.map_err(RemoteFailure::into_streaming)
     }
 
     async fn transfer_leader(
@@ -739,6 +768,7 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
 }
 
 mod peer_failures;
+mod room_backoff;
 
 #[cfg(test)]
 mod tests;

@@ -109,6 +109,27 @@ async fn a_member_with_a_full_disk_refuses_a_snapshot_and_stays_as_it_was() {
         ready.to_string().contains("refuses the snapshot it needs"),
         "{ready}"
     );
+    // The leader sends again later and later (1 s, 2 s, ...), not twice a second: the third
+    // refusal comes at least a second after the second.
+    let refusals = || {
+        learner
+            .node
+            .status()
+            .state_machine
+            .snapshot_install_refusals
+    };
+    let seen = refusals();
+    let since = std::time::Instant::now();
+    wait_for(
+        || refusals() > seen,
+        "the learner refuses the snapshot again",
+    )
+    .await;
+    assert!(
+        since.elapsed() >= std::time::Duration::from_secs(1),
+        "sent again after {:?}",
+        since.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
