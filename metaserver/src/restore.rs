@@ -332,8 +332,7 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
         Err(refused) => refused,
     };
     if refused.status == reqwest::StatusCode::CONFLICT {
-        let view: meta_http::response::ClusterView = op.get_json_retrying("/v1/cluster").await?;
-        if view.epoch_floor == floor && view.datanodes == 0 {
+        if own_claim(refused.message(), floor) {
             return Ok(Some(floor));
         }
         return Err(NothingWritten(op.refused_error(refused).to_string()).into());
@@ -360,6 +359,13 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
         refused.message()
     );
     raise_epoch_floor(op, floor).await
+}
+
+/// Whether a claim's refusal, `message`, names a cluster that holds nothing but the floor
+/// `floor`: the claim of this restore's own earlier attempt (the leader that refused names what
+/// the cluster holds; a member's status could lag behind it).
+fn own_claim(message: &str, floor: u64) -> bool {
+    message.contains(&format!("it holds an epoch floor raised to {floor} ("))
 }
 
 /// The time now in microseconds since 1970.
@@ -493,7 +499,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::{check_addrs, check_empty, epoch_floor, kv_path, raise_epoch_floor};
+    use super::{check_addrs, check_empty, epoch_floor, kv_path, own_claim, raise_epoch_floor};
     use crate::cli::ClientArgs;
     use crate::operator::Operator;
     use axum::http::{header, StatusCode};
@@ -592,6 +598,18 @@ mod tests {
         .unwrap();
         check_empty(&op).await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    /// A claim refused for holding nothing but this restore's floor is its own; one refused
+    /// for another floor, or for datanodes or keys as well, is another's.
+    #[test]
+    fn a_refused_claim_is_told_from_this_restores_own() {
+        use meta_http::handlers::cluster::not_fresh;
+        assert!(own_claim(&not_fresh(1_700, false, false), 1_700));
+        assert!(!own_claim(&not_fresh(1_700, false, false), 170));
+        assert!(!own_claim(&not_fresh(1_700, true, false), 1_700));
+        assert!(!own_claim(&not_fresh(1_700, false, true), 1_700));
+        assert!(!own_claim(&not_fresh(0, true, true), 0));
     }
 
     #[test]

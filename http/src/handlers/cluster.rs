@@ -341,27 +341,32 @@ pub async fn raise_epoch_floor(
             floor,
             datanodes,
             keys,
-        } => {
-            let mut holds = Vec::new();
-            if datanodes {
-                holds.push("datanodes".to_owned());
-            }
-            if keys {
-                holds.push("keys".to_owned());
-            }
-            if floor > 0 {
-                holds.push(format!(
-                    "an epoch floor raised to {floor} (a restore began or ran here)"
-                ));
-            }
-            Err(ApiError::Conflict(format!(
-                "the cluster is not fresh: it holds {}; a restore goes only into a fresh cluster \
-                 (start it on fresh data dirs)",
-                holds.join(" and ")
-            )))
-        }
+        } => Err(ApiError::Conflict(not_fresh(floor, datanodes, keys))),
         other => Err(unexpected(other)),
     }
+}
+
+/// The refusal of a restore's claim on a cluster that is not fresh: what it holds (its epoch
+/// floor, 0 if never raised). A restore reads it to tell its own claim, made by an attempt
+/// whose answer was lost, from another's.
+pub fn not_fresh(floor: u64, datanodes: bool, keys: bool) -> String {
+    let mut holds = Vec::new();
+    if datanodes {
+        holds.push("datanodes".to_owned());
+    }
+    if keys {
+        holds.push("keys".to_owned());
+    }
+    if floor > 0 {
+        holds.push(format!(
+            "an epoch floor raised to {floor} (a restore began or ran here)"
+        ));
+    }
+    format!(
+        "the cluster is not fresh: it holds {}; a restore goes only into a fresh cluster (start \
+         it on fresh data dirs)",
+        holds.join(" and ")
+    )
 }
 
 /// `POST /v1/cluster/snapshot`: builds a snapshot now, answers once it is durable.
