@@ -223,6 +223,19 @@ pub struct ClientArgs {
     pub tls_ca: Option<PathBuf>,
 }
 
+impl ClientArgs {
+    /// The client token given, if any: an empty one (a variable set to nothing) gives none.
+    pub fn client_token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    /// The member token given, if any (an empty one gives none): the commands send it instead
+    /// of the client token.
+    pub fn member_token(&self) -> Option<&str> {
+        self.member_token.as_deref().filter(|t| !t.is_empty())
+    }
+}
+
 /// Options of `health`.
 #[derive(Debug, Clone, Args)]
 pub struct HealthArgs {

@@ -62,11 +62,8 @@ impl ApplyBatch {
 
     /// Whether the registry, as this batch leaves it, holds a key under `prefix`.
     fn holds_any(&self, prefix: u8) -> Result<bool> {
-        let range = self.pending.range(vec![prefix]..vec![prefix + 1]);
-        if range
-            .into_iter()
-            .any(|(_, p)| !matches!(p, Pending::Raw(None)))
-        {
+        let mut pending = self.pending.range(vec![prefix]..vec![prefix + 1]);
+        if pending.any(|(_, p)| !matches!(p, Pending::Raw(None))) {
             return Ok(true);
         }
         for item in self.tree.scan_prefix([prefix]) {

@@ -31,7 +31,7 @@ pub(super) enum Unanswered {
     NotConnected,
     /// The member answered this node's TLS with something that is no TLS: plain HTTP.
     PlainAnswer,
-    /// Any other: no answer in time, an answer cut off, a TLS handshake that failed.
+    /// Any other: no answer in time, an answer cut off.
     Other,
 }
 

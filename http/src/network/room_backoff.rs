@@ -88,9 +88,13 @@ mod tests {
         assert_eq!(backoff.wait(2, at), None);
         backoff.refused(2, at);
         assert_eq!(backoff.wait(2, at), Some(FIRST), "from the start again");
-        assert!(RoomBackoff::is_room_refusal(
-            "node 2: no room for a snapshot from the leader (5 bytes: its size)"
-        ));
+        // As the member's refusal reaches the leader: its error's text, after the member's id.
+        let refusal = meta_consensus::Error::NoRoomForSnapshot {
+            bytes: 5,
+            free: 1,
+            need: 9,
+        };
+        assert!(RoomBackoff::is_room_refusal(&format!("node 2: {refusal}")));
         assert!(!RoomBackoff::is_room_refusal(
             "node 2: the node is shutting down"
         ));

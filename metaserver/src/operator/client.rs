@@ -118,12 +118,14 @@ impl Operator {
                 crate::settings::check_token_text(t, what)?;
             }
         }
-        let member_token = args.member_token.clone().filter(|t| !t.is_empty());
         Ok(Operator {
             members,
-            sends_member_token: member_token.is_some(),
+            sends_member_token: args.member_token().is_some(),
             // The member token opens every route, also those that name where a member listens.
-            token: member_token.or_else(|| args.token.clone().filter(|t| !t.is_empty())),
+            token: args
+                .member_token()
+                .or(args.client_token())
+                .map(str::to_owned),
             http,
             resent_after_unknown: Default::default(),
         })

@@ -198,10 +198,9 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
 /// member started with another `--token` refuses the datanodes. False when it cannot tell (no
 /// client token given, or no answer).
 async fn refuses_client_token(client: &ClientArgs, addr: &str) -> bool {
-    let given = |t: &Option<String>| t.as_deref().is_some_and(|t| !t.is_empty());
-    if !given(&client.member_token) || !given(&client.token) || client.member_token == client.token
-    {
-        return false;
+    match (client.member_token(), client.client_token()) {
+        (Some(member), Some(token)) if member != token => {}
+        _ => return false,
     }
     let as_client = ClientArgs {
         server: addr.to_owned(),
@@ -225,12 +224,7 @@ async fn refuses_client_token(client: &ClientArgs, addr: &str) -> bool {
 fn unanswered(client: &ClientArgs, e: &anyhow::Error) -> String {
     match e.downcast_ref::<super::client::Answered>() {
         Some(answered) if answered.status == reqwest::StatusCode::UNAUTHORIZED => {
-            // An empty variable gives none (as the command sends none).
-            match client
-                .member_token
-                .as_deref()
-                .is_some_and(|t| !t.is_empty())
-            {
+            match client.member_token().is_some() {
                 // The command sends the member token instead of --token.
                 true => format!(
                     "refuses this command's member token ({answered}): the one given is not \
