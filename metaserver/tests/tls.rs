@@ -113,22 +113,7 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     // A member restarted without its TLS flags takes none of the others' messages, nor they
     // its: each side says that TLS is on one side only.
     let plain_id = followers[0];
-    nodes[plain_id - 1].stop().await;
-    let dir = dirs[plain_id - 1].path();
-    let data = dir.join("data");
-    let id = plain_id.to_string();
-    let args = [
-        "serve",
-        "--id",
-        &id,
-        "--listen",
-        &addrs[plain_id - 1],
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--worker-threads",
-        "1",
-    ];
-    nodes[plain_id - 1] = spawn(dir, dir, &args, &[], false);
+    common::restart_member(&mut nodes, &dirs, &addrs, plain_id, &[], &[]).await;
     nodes[plain_id - 1]
         .wait_logged("speaks TLS only, and this node plain HTTP")
         .await;

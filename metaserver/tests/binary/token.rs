@@ -2,38 +2,8 @@
 
 use reqwest::Method;
 
-use crate::common::{client, poll, run, send, spawn};
+use crate::common::{client, poll, restart_member as restart, run, send, spawn};
 use crate::helpers::register_datanode;
-
-/// Stops member `id` of `nodes` and starts it again on its data dir and address, with `extra`
-/// arguments and `env`.
-async fn restart(
-    nodes: &mut [crate::common::Proc],
-    dirs: &[tempfile::TempDir],
-    addrs: &[String],
-    id: usize,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) {
-    nodes[id - 1].stop().await;
-    let data = dirs[id - 1].path().join("data");
-    let number = id.to_string();
-    let mut args = vec![
-        "serve",
-        "--id",
-        &number,
-        "--listen",
-        &addrs[id - 1],
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--worker-threads",
-        "1",
-    ];
-    args.extend_from_slice(extra);
-    let dir = dirs[id - 1].path();
-    nodes[id - 1] = spawn(dir, dir, &args, env, false);
-    nodes[id - 1].address();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_enforced() {

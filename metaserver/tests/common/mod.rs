@@ -83,6 +83,36 @@ pub fn spawn_members(dirs: &[tempfile::TempDir], extra: &[String]) -> (Vec<Proc>
     (nodes, addrs)
 }
 
+/// Stops member `id` of `nodes` (from [`spawn_members`]) and starts it again on its data dir
+/// and address, with `extra` arguments and `env`.
+pub async fn restart_member(
+    nodes: &mut [Proc],
+    dirs: &[tempfile::TempDir],
+    addrs: &[String],
+    id: usize,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) {
+    nodes[id - 1].stop().await;
+    let data = dirs[id - 1].path().join("data");
+    let number = id.to_string();
+    let mut args = vec![
+        "serve",
+        "--id",
+        &number,
+        "--listen",
+        &addrs[id - 1],
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--worker-threads",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let dir = dirs[id - 1].path();
+    nodes[id - 1] = spawn(dir, dir, &args, env, false);
+    nodes[id - 1].address();
+}
+
 /// Like [`spawn`], with the child's soft and hard limit of open files set to `open_files`.
 pub fn spawn_with_open_files(
     cwd: &Path,
