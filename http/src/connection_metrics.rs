@@ -1,6 +1,8 @@
-//! The listener's connections and the TLS handshakes that failed, as metrics: a node whose
-//! slots are all taken (a storm, or a flood of idle connections) reaches its members only
-//! through the reserve, and certificates that clients refuse show only at the other end.
+//! The listener's connections, the TLS handshakes that failed, and the node's certificate, as
+//! metrics: a node whose slots are all taken (a storm, or a flood of idle connections) reaches
+//! its members only through the reserve, certificates that clients refuse show only at the
+//! other end, and one about to expire, or renewed files a node refuses, should be alerted on
+//! before the members stop reaching it.
 //! The connections are read at scrape time from the listener's own counts.
 
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::connection_limit::ConnectionGauge;
+use crate::tls::Tls;
 
 /// Why a TLS handshake failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +49,7 @@ pub(crate) struct HandshakeLabels {
 #[derive(Clone, Debug, Default)]
 pub struct ConnectionMetrics {
     gauge: Arc<Mutex<Option<ConnectionGauge>>>,
+    tls: Arc<Mutex<Option<Tls>>>,
     pub(crate) handshake_failures: Family<HandshakeLabels, Counter>,
 }
 
@@ -53,6 +57,12 @@ impl ConnectionMetrics {
     /// Reports the connections of the listener `gauge` reads from now on.
     pub fn watch(&self, gauge: ConnectionGauge) {
         *self.gauge.lock().unwrap_or_else(|e| e.into_inner()) = Some(gauge);
+    }
+
+    /// Reports the certificate of `tls` (when it stops being accepted, whether the files as
+    /// they are now are refused) from now on.
+    pub fn watch_tls(&self, tls: Tls) {
+        *self.tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(tls);
     }
 
     /// Counts a failed TLS handshake.
@@ -68,6 +78,7 @@ impl ConnectionMetrics {
     pub(crate) fn collector(&self) -> ConnectionCollector {
         ConnectionCollector {
             gauge: self.gauge.clone(),
+            tls: self.tls.clone(),
         }
     }
 
@@ -85,10 +96,36 @@ impl ConnectionMetrics {
 #[derive(Debug)]
 pub(crate) struct ConnectionCollector {
     gauge: Arc<Mutex<Option<ConnectionGauge>>>,
+    tls: Arc<Mutex<Option<Tls>>>,
 }
 
 impl Collector for ConnectionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let tls = self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(tls) = tls {
+            for (name, help, value) in [
+                (
+                    "metaserver_tls_certificate_expiry_timestamp_seconds",
+                    "When the members stop accepting this node's certificate (the earliest end \
+                     of validity in its chain), in seconds since the Unix epoch",
+                    tls.accepted_until(),
+                ),
+                (
+                    "metaserver_tls_files_refused",
+                    "1 while the TLS files, as last read, are refused or cannot be read: the \
+                     node serves with the ones it took before, and would not start with these",
+                    u64::from(tls.files_refused()),
+                ),
+            ] {
+                let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+                metric.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    metric.metric_type(),
+                )?)?;
+            }
+        }
         let Some(gauge) = self.gauge.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             return Ok(());
         };

@@ -115,6 +115,9 @@ impl Server {
             metrics,
             token,
         } = self;
+        if let Some(tls) = &tls {
+            metrics.watch_tls(tls.clone());
+        }
         let acceptor = tls.map(|tls| tls.acceptor());
         // A handshake gets as long as a request's headers: a connection of the members'
         // reserve that completes none soon is not a member's.

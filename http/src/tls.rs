@@ -11,6 +11,7 @@
 //! taken, and the node keeps what it has.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -55,12 +56,18 @@ pub struct Tls {
     identity: Arc<Identity>,
     trust: Arc<Trust>,
     server: Arc<rustls::ServerConfig>,
-    /// The files' bytes as last taken, or last refused: a refused set is not tried (and
-    /// logged) again until one of them changes.
-    seen: Arc<Mutex<Contents>>,
+    /// The files' bytes as last taken, or last refused (with whether they were taken): a
+    /// refused set is not tried (and logged) again until one of them changes.
+    seen: Arc<Mutex<(Contents, bool)>>,
     /// Why the files could not be read at the last reload, if they could not: a file that
     /// stays missing is reported once, not at every reload.
     unreadable: Arc<Mutex<Option<String>>>,
+    /// Whether the files, as the last reload found them, are refused (or cannot be read): the
+    /// node then runs with the ones it took before.
+    refused: Arc<AtomicBool>,
+    /// The last second at which the members accept the certificate taken last
+    /// ([`Tls::accepted_until`]), once worked out.
+    accepted_until: Arc<Mutex<Option<u64>>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -232,14 +239,19 @@ impl Tls {
             .with_cert_resolver(identity.clone());
         // The one protocol served, said in the handshake for clients that ask.
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Tls {
+        let tls = Tls {
             files: Arc::new(files),
             identity,
             trust: Arc::new(Trust(RwLock::new(loaded.trusted))),
             server: Arc::new(server),
-            seen: Arc::new(Mutex::new(seen)),
+            seen: Arc::new(Mutex::new((seen, true))),
             unreadable: Arc::default(),
-        })
+            refused: Arc::default(),
+            accepted_until: Arc::default(),
+        };
+        // Worked out here, off the runtime, so that a scrape only reads it.
+        tls.accepted_until();
+        Ok(tls)
     }
 
     /// Accepts TLS connections with the node's certificate (the newest one loaded).
@@ -296,15 +308,19 @@ impl Tls {
                 return Ok(false);
             }
         }
-        let contents = read?;
+        let contents = read.inspect_err(|_| self.refused.store(true, Ordering::Relaxed))?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if *seen == contents {
+        if seen.0 == contents {
+            // Back to the bytes last taken (after a file could not be read), or still the ones
+            // last refused.
+            self.refused.store(!seen.1, Ordering::Relaxed);
             return Ok(false);
         }
         // What was read is what is parsed; not tried again until a file changes, whether
         // taken or refused.
-        *seen = contents;
-        let loaded = self.files.load(&seen)?;
+        *seen = (contents, false);
+        self.refused.store(true, Ordering::Relaxed);
+        let loaded = self.files.load(&seen.0)?;
         self.files.check_identity(
             &loaded.identity,
             &loaded.trusted.roots,
@@ -313,7 +329,38 @@ impl Tls {
         )?;
         *self.identity.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.identity;
         *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.trusted;
+        *self
+            .accepted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.accepted_until();
+        seen.1 = true;
+        self.refused.store(false, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Whether the files, as the last reload found them, are refused or cannot be read: the
+    /// node keeps serving with the set it took before, which a restart would not start with.
+    pub fn files_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The last second, in seconds since the Unix epoch, at which the members accept this
+    /// node's certificate as it is now (the earliest end of validity in its chain, the name not
+    /// considered); 0 when they did not accept it when it was taken. Worked out when a
+    /// certificate is taken (a few dozen checks), then remembered.
+    pub fn accepted_until(&self) -> u64 {
+        let mut cached = self
+            .accepted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *cached.get_or_insert_with(|| {
+            let accepted = |secs: u64| {
+                let at = UnixTime::since_unix_epoch(Duration::from_secs(secs));
+                self.check_identity_at(None, at).is_ok()
+            };
+            last_accepted(UnixTime::now().as_secs(), accepted)
+        })
     }
 
     /// Whether this node's certificate, as it is, is still accepted `ahead` from now (at
@@ -368,6 +415,31 @@ impl Tls {
             }
         }
     }
+}
+
+/// The last second from `now` on at which `accepted` holds, given that it holds over one
+/// interval of time (a certificate's validity): found by halving, within 10,000 years of the
+/// epoch; 0 when it does not hold at `now`.
+fn last_accepted(now: u64, accepted: impl Fn(u64) -> bool) -> u64 {
+    // 10000-01-01: past any date a certificate can name.
+    const END: u64 = 253_402_300_800;
+    if !accepted(now) {
+        return 0;
+    }
+    if accepted(END) {
+        return END;
+    }
+    // Accepted at `lo`, not at `hi`.
+    let (mut lo, mut hi) = (now, END);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if accepted(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The alert with which a client refused this node's certificate, if that is how a handshake
@@ -505,4 +577,23 @@ fn roots(pem: &[u8], ca: &Path) -> Result<rustls::RootCertStore, TlsError> {
             .map_err(|e| file_error("the certificate authority", ca, e))?;
     }
     Ok(roots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_accepted;
+
+    #[test]
+    fn the_last_accepted_second_is_found_exactly() {
+        let valid = |from: u64, to: u64| move |t: u64| (from..=to).contains(&t);
+        assert_eq!(
+            last_accepted(1_000, valid(10, 1_700_000_000)),
+            1_700_000_000
+        );
+        assert_eq!(last_accepted(1_000, valid(10, 1_001)), 1_001);
+        assert_eq!(last_accepted(1_000, valid(10, 1_000)), 1_000);
+        assert_eq!(last_accepted(1_000, valid(10, 999)), 0);
+        assert_eq!(last_accepted(1_000, valid(1_001, 2_000)), 0);
+        assert_eq!(last_accepted(1_000, valid(0, u64::MAX)), 253_402_300_800);
+    }
 }

@@ -1,8 +1,9 @@
 //! A node served over TLS (`Server::tls`): clients that trust its authority are answered,
 //! plain HTTP is told to use TLS, clients that trust another authority are not answered, a client that never completes
 //! its handshake holds up no other, changed files are taken by later connections (unless they
-//! do not work together), a missing file is reported once, and unusable TLS files are refused
-//! naming the file.
+//! do not work together), a missing file is reported once, unusable TLS files are refused
+//! naming the file, and `/metrics` tells when the certificate expires and whether the files
+//! are refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -189,6 +190,80 @@ async fn changed_tls_files_are_taken_by_later_connections() {
     assert!(matches!(err, TlsError::Config(_)), "{err}");
     assert!(answered(&theirs.ca, addr).await);
     assert!(!tls.reload(None).unwrap());
+    served.stop().await;
+}
+
+/// A gauge of the node's `/metrics`, read over TLS with `ca`.
+async fn gauge(ca: &Path, addr: std::net::SocketAddr, name: &str) -> i64 {
+    let text = client_trusting(ca)
+        .get(format!("https://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `/metrics` gives when the members stop accepting the certificate taken last (its end of
+/// validity, to the second), and whether the files as they are now are refused: a refused
+/// set, a missing file, and neither once the files taken before are back.
+#[tokio::test]
+async fn the_metrics_tell_the_certificates_end_and_refused_files() {
+    const EXPIRY: &str = "metaserver_tls_certificate_expiry_timestamp_seconds";
+    const REFUSED: &str = "metaserver_tls_files_refused";
+    let dir = TempDir::new().unwrap();
+    let until = |name, year| {
+        certificates_with(dir.path(), name, |p| {
+            p.not_after = rcgen::date_time_ymd(year, 1, 1);
+        })
+    };
+    let (to_2100, to_2090) = (until("to-2100", 2100), until("to-2090", 2090));
+    let files = Certificates {
+        ca: dir.path().join("node-ca.pem"),
+        cert: dir.path().join("node-cert.pem"),
+        key: dir.path().join("node-key.pem"),
+    };
+    let install = |from: &Certificates| {
+        std::fs::copy(&from.ca, &files.ca).unwrap();
+        std::fs::copy(&from.cert, &files.cert).unwrap();
+        std::fs::copy(&from.key, &files.key).unwrap();
+    };
+    install(&to_2100);
+    let tls = Tls::load(&files.cert, &files.key, &files.ca).unwrap();
+    let served = Served::start(tls.clone()).await;
+    let addr = served.addr;
+    // 2100-01-01T00:00:00Z and 2090-01-01T00:00:00Z.
+    assert_eq!(gauge(&to_2100.ca, addr, EXPIRY).await, 4_102_444_800);
+    assert_eq!(gauge(&to_2100.ca, addr, REFUSED).await, 0);
+
+    install(&to_2090);
+    assert!(tls.reload(None).unwrap());
+    assert_eq!(gauge(&to_2090.ca, addr, EXPIRY).await, 3_786_912_000);
+
+    // A key that is not the certificate's: refused, the certificate in use is unchanged.
+    std::fs::copy(&to_2100.key, &files.key).unwrap();
+    tls.reload(None).unwrap_err();
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    assert_eq!(gauge(&to_2090.ca, addr, EXPIRY).await, 3_786_912_000);
+    assert!(!tls.reload(None).unwrap(), "the same refused set");
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    std::fs::copy(&to_2090.key, &files.key).unwrap();
+    assert!(tls.reload(None).unwrap());
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
+
+    // A missing file, then the bytes taken before back: nothing to take, nothing refused.
+    std::fs::remove_file(&files.ca).unwrap();
+    tls.reload(None).unwrap_err();
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    std::fs::copy(&to_2090.ca, &files.ca).unwrap();
+    assert!(!tls.reload(None).unwrap());
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
     served.stop().await;
 }
 
