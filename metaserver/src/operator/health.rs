@@ -332,10 +332,33 @@ fn judge(members: &mut [MemberHealth]) -> Report {
     }
 }
 
+/// A member's free space in its data dir, in binary units, marked when it is short of disk
+/// (below the reserve it keeps); `-` when it could not tell.
+fn free_space(s: &MemberStatus) -> String {
+    let Some(free) = s.data_dir_free_bytes else {
+        return "-".to_owned();
+    };
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = free as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let amount = match unit {
+        0 => format!("{free} B"),
+        _ => format!("{value:.1} {}", units[unit]),
+    };
+    match free < s.min_free_bytes {
+        true => format!("{amount} (short)"),
+        false => amount,
+    }
+}
+
 /// The report as a table: a header, then one line per member.
 fn table(members: &[MemberHealth]) -> Vec<String> {
     let mut rows = vec![[
-        "node", "address", "role", "term", "leader", "applied", "lag", "ready",
+        "node", "address", "role", "term", "leader", "applied", "lag", "free", "ready",
     ]
     .map(str::to_owned)
     .to_vec()];
@@ -347,8 +370,9 @@ fn table(members: &[MemberHealth]) -> Vec<String> {
                 s.leader_id.map_or("-".into(), |l| l.to_string()),
                 s.applied.to_string(),
                 s.lag.map_or("-".into(), |l| l.to_string()),
+                free_space(s),
             ],
-            None => vec!["-".to_owned(); 5],
+            None => vec!["-".to_owned(); 6],
         };
         let ready = match (&m.problem, m.ready) {
             (_, true) => "yes".to_owned(),
@@ -422,7 +446,7 @@ mod tests {
         assert_eq!(table.len(), 4);
         assert_eq!(
             table[3],
-            "3     h3:1     learner   3     1       10       7    yes"
+            "3     h3:1     learner   3     1       10       7    1.0 GiB  yes"
         );
     }
 
@@ -458,6 +482,11 @@ mod tests {
                 "node 4 at h4:1 does not answer: connection refused",
             ]
         );
+        // The table marks the member short of disk, though it is ready.
+        let rows = table(&report.members);
+        assert!(rows[2].ends_with("  100 B (short)  yes"), "{}", rows[2]);
+        let cells: Vec<&str> = rows[4].split_whitespace().take(9).collect();
+        assert_eq!(cells, ["4", "h4:1", "-", "-", "-", "-", "-", "-", "no:"]);
         let report = judge(&mut [member(1, "follower", 1, None)]);
         assert_eq!(report.problems, ["no member leads"]);
     }
