@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use meta_consensus::{ClusterId, MetaNode, BASE_VERSION};
+use meta_consensus::{ClusterId, BASE_VERSION};
 use std::time::Instant;
 
 use crate::auth::Token;
@@ -35,6 +35,12 @@ pub const MEMBER_ONLY: HeaderName = HeaderName::from_static("x-metaserver-member
 /// The header with which [`PATH_IDENTITY`] answers: the answering node's id. Only a metaserver
 /// that checked the addressee answers with it (`confirm` requires it).
 pub const IDENTITY: HeaderName = HeaderName::from_static("x-metaserver-id");
+
+/// The header with which [`PATH_IDENTITY`] answers the answering process's instance: a number
+/// drawn when the node's server state is made, so that two addresses that reach one process
+/// (a member moved from an IP address to a name for it, on the same port) tell it, where two
+/// processes with the same id never share one. Builds that predate it send none.
+pub const INSTANCE: HeaderName = HeaderName::from_static("x-metaserver-instance");
 
 /// The header that names a build's version (see `meta-consensus`'s `cluster_version.rs`): a
 /// node answers every Raft message and identity question with it, and the sender notes it; a
@@ -317,10 +323,14 @@ pub fn asks_for_tls(status: reqwest::StatusCode, body: &[u8]) -> bool {
 }
 
 /// `POST /raft/identity`: past [`check_cluster`], the node may join the sender's cluster.
-pub async fn identity(State(node): State<MetaNode>) -> Response {
+pub async fn identity(State(state): State<SharedState>) -> Response {
+    let node = &state.node;
     let mut answer = (
         axum::http::StatusCode::NO_CONTENT,
-        [(IDENTITY, node.id().to_string())],
+        [
+            (IDENTITY, node.id().to_string()),
+            (INSTANCE, format!("{:016x}", state.instance)),
+        ],
     )
         .into_response();
     // The cluster it belongs to, so that an initialize can tell a node of another cluster.
@@ -446,12 +456,12 @@ impl MemberLink<'_> {
     /// to this cluster already (a member's new address is only taken from the member itself,
     /// restarted there from its data): [`ApiError::Conflict`] if nothing answers there,
     /// [`ApiError::WrongNode`] if a new node with that id does. Two processes answering for one
-    /// member could vote twice.
-    pub async fn confirm(&self, id: u64, addr: &str) -> Result<(), ApiError> {
+    /// member could vote twice. `Ok` with the process that answered.
+    pub async fn confirm(&self, id: u64, addr: &str) -> Result<Instance, ApiError> {
         match self.ask_member(id, addr).await {
             Some(Ok(answer)) => {
                 if is_node(&answer, id) {
-                    return Ok(());
+                    return Ok(Instance::of(&answer));
                 }
                 refusal(answer, addr).await?;
                 Err(ApiError::Conflict(format!(
@@ -527,11 +537,12 @@ impl MemberLink<'_> {
         Err(not_a_metaserver(id, addr, status))
     }
 
-    /// Whether node `id` of this cluster, holding its data, answers at `addr` (it runs there).
-    pub async fn answers_as(&self, id: u64, addr: &str) -> bool {
+    /// The process that answers at `addr` as node `id` of this cluster, holding its data (it
+    /// runs there); `None` if none does.
+    pub async fn answers_as(&self, id: u64, addr: &str) -> Option<Instance> {
         match self.ask_member(id, addr).await {
-            Some(Ok(answer)) => is_node(&answer, id),
-            _ => false,
+            Some(Ok(answer)) if is_node(&answer, id) => Some(Instance::of(&answer)),
+            _ => None,
         }
     }
 
@@ -540,6 +551,23 @@ impl MemberLink<'_> {
     async fn ask_member(&self, id: u64, addr: &str) -> Option<reqwest::Result<reqwest::Response>> {
         let request = self.post(id, addr, PATH_IDENTITY)?;
         Some(request.header(MEMBER_ONLY, "1").send().await)
+    }
+}
+
+/// The process that answered an identity question, as its [`INSTANCE`] header names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instance(Option<u64>);
+
+impl Instance {
+    fn of(answer: &reqwest::Response) -> Instance {
+        let named = answer.headers().get(INSTANCE).and_then(|v| v.to_str().ok());
+        Instance(named.and_then(|v| u64::from_str_radix(v, 16).ok()))
+    }
+
+    /// Whether `other` is certainly this very process: both named the same instance (a build
+    /// that names none is never taken for another answer's process).
+    pub fn same_process(self, other: Instance) -> bool {
+        self.0.is_some() && self.0 == other.0
     }
 }
 
@@ -626,4 +654,19 @@ async fn refusal(answer: reqwest::Response, addr: &str) -> Result<(), ApiError> 
         Some("conflict") => ApiError::Conflict(message),
         _ => ApiError::OtherCluster(message),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Instance;
+
+    #[test]
+    fn only_answers_naming_one_instance_are_one_process() {
+        assert!(Instance(Some(7)).same_process(Instance(Some(7))));
+        assert!(!Instance(Some(7)).same_process(Instance(Some(8))));
+        // A build that names none may be any process.
+        assert!(!Instance(None).same_process(Instance(None)));
+        assert!(!Instance(None).same_process(Instance(Some(7))));
+        assert!(!Instance(Some(7)).same_process(Instance(None)));
+    }
 }

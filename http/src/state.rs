@@ -46,6 +46,18 @@ pub struct AppState {
     /// The messages between members refused, as logged: once per cause, then at most every
     /// 30 s.
     pub(crate) refusals: Arc<LogThrottle<Refused>>,
+    /// A number drawn when this state is made, named in answers to identity questions
+    /// (`cluster_identity::INSTANCE`): two addresses that reach this process tell it so.
+    pub(crate) instance: u64,
+}
+
+/// A number drawn from the standard library's randomly keyed hasher (seeded from the operating
+/// system, different per call): unique enough to tell processes apart, with no dependency.
+fn random_instance() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// The routers' state: axum clones it for every request, and for each middleware that reads
@@ -108,6 +120,7 @@ impl AppState {
             watch_slots: Arc::new(tokio::sync::Semaphore::new(WATCH_SLOTS)),
             answer_budget: AnswerBudget::default(),
             refusals: Arc::default(),
+            instance: random_instance(),
         }
     }
 

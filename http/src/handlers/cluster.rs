@@ -205,8 +205,9 @@ pub async fn remove_learner(
 /// `PUT /v1/cluster/members/{id}` `{"addr":"host:port"}`: moves a member to a new address
 /// (it was restarted there; a member asks for this itself, see the binary's `relocation.rs`).
 /// Node `id` of this cluster, holding its data, must answer at the new address, and no longer
-/// at its old one (409 otherwise): two processes answering for one member could vote twice in
-/// a term. An id the membership does not name is 404, before either address is asked. Returns
+/// at its old one unless the same process answers at both (another name for its host, on the
+/// same port) (409 otherwise): two processes answering for one member could vote twice in a
+/// term. An id the membership does not name is 404, before either address is asked. Returns
 /// once the change is committed.
 pub async fn change_address(
     _: NoQuery,
@@ -219,12 +220,20 @@ pub async fn change_address(
     // is refused before anything is asked of the address the request names.
     let old = state.node.member_address(id)?;
     let link = state.member_link();
-    link.confirm(id, &body.addr).await?;
-    if old != body.addr && link.answers_as(id, &old).await {
-        return Err(ApiError::Conflict(format!(
-            "node {id} still answers at its old address {old}: stop it there first (two \
-             processes answering for one member could vote twice)"
-        )));
+    let moved = link.confirm(id, &body.addr).await?;
+    if old != body.addr {
+        match link.answers_as(id, &old).await {
+            Some(there) if !there.same_process(moved) => {
+                return Err(ApiError::Conflict(format!(
+                    "node {id} still answers at its old address {old}, as another process \
+                     than the one at {}: stop it there first (two processes answering for one \
+                     member could vote twice)",
+                    body.addr
+                )));
+            }
+            // Nothing answers there as node `id`, or the one process answers at both.
+            _ => {}
+        }
     }
     state.node.change_address(id, body.addr).await?;
     Ok(axum::Json(membership(&state)))

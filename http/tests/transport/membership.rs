@@ -328,7 +328,8 @@ async fn one_process_cannot_be_two_members() {
 
 /// A member restarted at another address is moved there with `PUT /v1/cluster/members/{id}`,
 /// once it answers there as itself: the leader then replicates to it at the new address. An
-/// address where nothing answers, or where another node answers, is refused.
+/// address where nothing answers, or where another node answers, is refused; another name for
+/// the address the member answers at is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_moves_to_a_new_address() {
     let dir = tempfile::tempdir().unwrap();
@@ -399,6 +400,13 @@ async fn a_member_moves_to_a_new_address() {
     let (status, v) = client.move_member(&leader, 2, &moved.addr).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(leader.node.status().nodes[&2], moved.addr);
+    // Another name for its host, on the same port: the old address still answers, as the same
+    // process, so the move is taken.
+    let port = moved.addr.rsplit_once(':').unwrap().1;
+    let by_name = format!("localhost:{port}");
+    let (status, v) = client.move_member(&leader, 2, &by_name).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(leader.node.status().nodes[&2], by_name);
     let (status, v) = client
         .send(
             reqwest::Method::PUT,
