@@ -116,7 +116,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         id = settings.id,
         %addr,
-        data_dir = %settings.data_dir.display(),
+        listen = %settings.listen,
+        // Absolute: a relative one is taken from the working directory, which a supervisor
+        // may set anywhere.
+        data_dir = %std::path::absolute(&settings.data_dir)
+            .unwrap_or_else(|_| settings.data_dir.clone())
+            .display(),
         peers = ?settings.peers,
         init = settings.init,
         token = settings.token.is_some(),

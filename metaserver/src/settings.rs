@@ -128,10 +128,22 @@ pub(crate) fn unspecified(addr: &str) -> bool {
         .is_ok_and(|a| a.ip().is_unspecified())
 }
 
-/// Parses `1=ADDR,2=ADDR`.
+/// Parses `1=ADDR,2=ADDR` (blank: none). An empty entry (two commas in a row, or one at either end) is
+/// refused: it is most likely a shell variable that expanded to nothing, and the cluster would
+/// form without that member.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
     let mut peers: BTreeMap<u64, String> = BTreeMap::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    if text.trim().is_empty() {
+        // No entry at all: the caller says that it names no peer.
+        return Ok(peers);
+    }
+    for item in text.split(',').map(str::trim) {
+        if item.is_empty() {
+            bail!(
+                "the peers {text:?} hold an empty entry (two commas in a row, or one at either \
+                 end; a variable that expanded to nothing?): give ID=ADDR for every member"
+            );
+        }
         let Some((id, addr)) = item.split_once('=') else {
             bail!("peer {item:?} is not ID=ADDR");
         };

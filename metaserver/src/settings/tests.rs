@@ -93,6 +93,10 @@ fn peers_parse_and_refuse_garbage() {
     assert!(parse_peers("0=a:1").is_err());
     // A semicolon instead of a comma leaves no valid address.
     assert!(parse_peers("1=127.0.0.1:7121;2=127.0.0.1:7122").is_err());
+    for empty in ["1=a:1,", "1=a:1,,2=b:2", ",1=a:1", "1=a:1, ,2=b:2"] {
+        let e = parse_peers(empty).unwrap_err().to_string();
+        assert!(e.contains("empty entry"), "{empty}: {e}");
+    }
 }
 
 #[test]

@@ -45,7 +45,8 @@ async fn a_bad_node_variable_fails_the_node_only() {
 }
 
 /// A node logs the settings it runs with, defaults filled in, so that an operator can confirm
-/// that a variable took effect (and that a token is set, without the token).
+/// that a variable took effect (and that a token is set, without the token), and where it
+/// keeps its data (an absolute path) and listens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_logs_the_settings_in_effect() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,9 +75,14 @@ async fn a_node_logs_the_settings_in_effect() {
         "idle_timeout_secs=60",
         "stop_delay_ms=0",
         "init=true",
+        "listen=127.0.0.1:0",
     ] {
         assert!(line.contains(expected), "{expected} missing from {line}");
     }
+    // The default data dir, relative, is named as the absolute path it is at.
+    let data_dir = dir.path().join("metaserver-data");
+    let expected = format!("data_dir={} ", data_dir.display());
+    assert!(line.contains(&expected), "{expected} missing from {line}");
     assert!(!logs.contains("settings-secret"), "the token was logged");
 }
 
