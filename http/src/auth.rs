@@ -93,8 +93,9 @@ impl Token {
     /// Without a client token, why a request is refused as one a web page sent, if it is: it
     /// carries an `Origin` header (a browser's cross-site request, or a same-site write), or,
     /// on a loopback node, it is addressed to a name with a dot that no setting gives (see
-    /// [`Token::on_loopback`]). Tools and members send neither.
-    fn refuses_browser(&self, headers: &HeaderMap) -> Option<String> {
+    /// [`Token::on_loopback`]), by any of its `Host` headers or by the authority of an
+    /// absolute-form `uri`. Tools and members send neither.
+    fn refuses_browser(&self, headers: &HeaderMap, uri: &axum::http::Uri) -> Option<String> {
         if self.client.is_some() {
             return None;
         }
@@ -107,27 +108,12 @@ impl Token {
             );
         }
         let names = self.loopback_names.as_ref()?;
-        let host = headers.get(header::HOST)?.to_str().ok()?;
-        let name = match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        };
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
-        // A page is served from a domain its author holds, which has a dot: a name without
-        // one (`localhost`, a host of `/etc/hosts`) is this machine's or its network's own.
-        let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
-            || (name.starts_with('[') && name.ends_with(']'))
-            || !name.contains('.')
-            || name.ends_with(".localhost")
-            || names.iter().any(|n| n.eq_ignore_ascii_case(&name));
-        (!allowed).then(|| {
-            format!(
-                "a node without --token that listens on loopback answers requests addressed to \
-                 an IP address, a name without a dot (localhost) or a member's host only, not \
-                 to {name:?}: a web page could otherwise reach it through a name of its own \
-                 that resolves to this machine"
-            )
-        })
+        headers
+            .get_all(header::HOST)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .chain(uri.authority().map(|a| a.as_str()))
+            .find_map(|host| refused_name(names, host))
     }
 
     /// This token with a separate member token (`None` or empty: the members use the client
@@ -296,6 +282,31 @@ fn members_path(path: &str) -> bool {
     path.starts_with("/raft/") || path == crate::raw_path::PATH_RAW_REPLAY
 }
 
+/// Why a loopback node that knows `names` refuses a request addressed to `host` (`name` or
+/// `name:port`), if it does (see [`Token::on_loopback`]).
+fn refused_name(names: &[String], host: &str) -> Option<String> {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    // A page is served from a domain its author holds, which has a dot: a name without
+    // one (`localhost`, a host of `/etc/hosts`) is this machine's or its network's own.
+    let allowed = name.parse::<std::net::Ipv4Addr>().is_ok()
+        || (name.starts_with('[') && name.ends_with(']'))
+        || !name.contains('.')
+        || name.ends_with(".localhost")
+        || names.iter().any(|n| n.eq_ignore_ascii_case(&name));
+    (!allowed).then(|| {
+        format!(
+            "a node without --token that listens on loopback answers requests addressed to an IP \
+             address, a name without a dot (localhost) or a member's host only, not to \
+             {name:?}: a web page could otherwise reach it through a name of its own that \
+             resolves to this machine"
+        )
+    })
+}
+
 /// Middleware: 401 `unauthorized` unless the path is open or the token matches (the member
 /// token on the members' routes). A client's request loses the member headers (see the
 /// module's comment).
@@ -305,7 +316,7 @@ pub async fn require_token(
     next: Next,
 ) -> Response {
     // First, also on the open paths: a page must not read a tokenless node's metrics either.
-    if let Some(why) = token.refuses_browser(request.headers()) {
+    if let Some(why) = token.refuses_browser(request.headers(), request.uri()) {
         return ApiError::Forbidden(why).into_response();
     }
     let path = request.uri().path();
@@ -422,11 +433,12 @@ mod tests {
             }
             h
         };
+        let path: axum::http::Uri = "/v1/cluster".parse().unwrap();
         let open = Token::new(None);
         assert!(open
-            .refuses_browser(&with(&[("host", "a.example:1")]))
+            .refuses_browser(&with(&[("host", "a.example:1")]), &path)
             .is_none());
-        let why = open.refuses_browser(&with(&[("origin", "http://evil.example")]));
+        let why = open.refuses_browser(&with(&[("origin", "http://evil.example")]), &path);
         assert!(why.unwrap().contains("Origin"));
         let lo = Token::new(None).on_loopback(vec!["meta-1.internal".into()]);
         for host in [
@@ -440,17 +452,34 @@ mod tests {
             "meta-1.internal.:7101",
         ] {
             assert!(
-                lo.refuses_browser(&with(&[("host", host)])).is_none(),
+                lo.refuses_browser(&with(&[("host", host)]), &path)
+                    .is_none(),
                 "{host}"
             );
         }
-        assert!(lo.refuses_browser(&HeaderMap::new()).is_none(), "no host");
-        let why = lo.refuses_browser(&with(&[("host", "rebind.evil.example:7101")]));
+        assert!(
+            lo.refuses_browser(&HeaderMap::new(), &path).is_none(),
+            "no host"
+        );
+        let why = lo.refuses_browser(&with(&[("host", "rebind.evil.example:7101")]), &path);
         assert!(why.unwrap().contains("\"rebind.evil.example\""));
+        // A second Host header, or an absolute-form request's authority (which wins over the
+        // Host header), addressed to such a name is refused too.
+        let mut two = with(&[("host", "127.0.0.1:7101")]);
+        two.append(
+            header::HOST,
+            HeaderValue::from_static("rebind.evil.example"),
+        );
+        assert!(lo.refuses_browser(&two, &path).is_some());
+        let absolute: axum::http::Uri = "http://rebind.evil.example/v1/cluster".parse().unwrap();
+        let local = with(&[("host", "127.0.0.1:7101")]);
+        assert!(lo.refuses_browser(&local, &absolute).is_some());
+        let absolute: axum::http::Uri = "http://127.0.0.1:7101/v1/cluster".parse().unwrap();
+        assert!(lo.refuses_browser(&local, &absolute).is_none());
         // With a token, a page cannot present it: nothing is refused for this.
         let set = Token::new(Some("s3cret")).on_loopback(Vec::new());
         let page = with(&[("origin", "http://x"), ("host", "rebind.evil.example")]);
-        assert!(set.refuses_browser(&page).is_none());
+        assert!(set.refuses_browser(&page, &path).is_none());
     }
 
     #[test]
