@@ -124,6 +124,32 @@ impl Command {
         }
     }
 
+    /// What the command does, in words an operator knows it by, for a refusal that names it
+    /// (the commands that need a cluster version above the base; the rest by their `Display`).
+    pub fn described(&self) -> String {
+        match self {
+            Command::PruneReplicas { datanode, .. } => {
+                format!("a prune of datanode {datanode}'s replicas")
+            }
+            Command::RemoveDatanodePiece { id, .. } => {
+                format!("the removal of datanode {id} in pieces")
+            }
+            Command::RaiseEpochFloor { at_least } => {
+                format!("raising the cluster's epoch floor to {at_least}")
+            }
+            Command::DeregisterShardsOf {
+                datanode, epoch, ..
+            } => format!("a drop of datanode {datanode}'s replicas fenced by epoch {epoch}"),
+            Command::ClaimForRestore { .. } => {
+                "a restore's claim on the cluster (an epoch floor raised if fresh)".to_owned()
+            }
+            Command::SetClusterVersion { version } => {
+                format!("raising the cluster's version to {version}")
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// How much apply work the command is, in shards: a batch's shard count, a prune piece's
     /// equivalent, 0 for the rest.
     pub fn weight(&self) -> u32 {

@@ -95,15 +95,17 @@ async fn a_new_command_waits_until_every_member_runs_a_build_that_applies_it() -
     let leader = c.leader().await?;
     let refused = prune(&leader).await;
     let Err(Error::ClusterVersionTooLow {
+        what,
         needed,
         current,
         behind,
-        ..
     }) = &refused
     else {
         bail!("expected a refusal, got {refused:?}");
     };
     assert_eq!((*needed, *current), (2, BASE_VERSION));
+    // Named as an operator knows the request, not by the command's name.
+    assert_eq!(what, "a prune of datanode 7's replicas");
     assert_eq!(
         behind,
         &vec![Behind {

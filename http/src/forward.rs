@@ -376,9 +376,11 @@ fn encoded_as(headers: &HeaderMap, name: HeaderName, undone: &str) -> Option<Api
 /// `no_leader` (an error body is a few hundred bytes).
 const MAX_REFUSAL_BYTES: u64 = 64 * 1024;
 
-/// The message of an error body that says the route, or a query parameter, is unknown: a
-/// leader of an older build answers so to a request that a newer one takes (404 `not_found`
-/// "no route for ...", 400 `invalid_query` "this route takes no query parameters ...").
+/// The message of an error body that says the route, a query parameter or a field of the
+/// body is unknown: a leader of an older build answers so to a request that a newer one takes
+/// (404 `not_found` "no route for ...", 400 `invalid_query` "this route takes no query
+/// parameters ...", 400 `invalid_body` "... unknown field ..."; this node parsed the body
+/// before it forwarded it).
 fn unknown_to_older_build(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let error = value.get("error")?;
@@ -386,6 +388,7 @@ fn unknown_to_older_build(body: &[u8]) -> Option<String> {
     let unknown = match error.get("code")?.as_str()? {
         "not_found" => message.starts_with("no route for "),
         "invalid_query" => message.starts_with("this route takes no query parameters"),
+        "invalid_body" => message.contains("unknown field `"),
         _ => false,
     };
     unknown.then(|| message.to_owned())
@@ -561,6 +564,11 @@ mod tests {
                 "invalid_query",
                 "this route takes no query parameters, got \"epoch=3\"",
             ),
+            (
+                "invalid_body",
+                "invalid request body: unknown field `if_fresh`, expected `at_least` at line 1 \
+                 column 30",
+            ),
         ] {
             assert_eq!(unknown(code, message).as_deref(), Some(message));
         }
@@ -570,6 +578,13 @@ mod tests {
             None
         );
         assert_eq!(unknown("conflict", "no route for"), None);
+        assert_eq!(
+            unknown(
+                "invalid_body",
+                "invalid request body: missing field `at_least`"
+            ),
+            None
+        );
         assert_eq!(unknown_to_older_build(b"not json"), None);
     }
 

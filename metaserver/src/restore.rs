@@ -354,8 +354,9 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
         return Err(error.context("claiming the cluster for the restore"));
     }
     eprintln!(
-        "warning: the cluster cannot be claimed for the restore ({}): a restore run into it at \
-         the same time would not be refused",
+        "warning: the cluster cannot be claimed for the restore, as not every member (the \
+         leader included) is known to run a build of cluster version 6 or later ({}): a \
+         restore run into it at the same time would not be refused",
         refused.message()
     );
     raise_epoch_floor(op, floor).await

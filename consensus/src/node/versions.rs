@@ -87,7 +87,7 @@ impl MetaNode {
             let known = behind.iter().all(|b| b.version.is_some());
             if known || tokio::time::Instant::now() >= deadline {
                 return Err(Error::ClusterVersionTooLow {
-                    what: cmd.to_string(),
+                    what: cmd.described(),
                     needed,
                     current: self.cluster_version(),
                     behind,
