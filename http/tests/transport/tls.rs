@@ -145,21 +145,29 @@ async fn answered(ca: &Path, addr: std::net::SocketAddr) -> bool {
         .is_ok_and(|a| a.status() == 200)
 }
 
+/// Where a node's own TLS files are kept in `dir`, which a test fills with [`install`].
+fn node_files(dir: &Path) -> Certificates {
+    Certificates {
+        ca: dir.join("node-ca.pem"),
+        cert: dir.join("node-cert.pem"),
+        key: dir.join("node-key.pem"),
+    }
+}
+
+/// Writes the files of `from` over `to`'s.
+fn install(from: &Certificates, to: &Certificates) {
+    std::fs::copy(&from.ca, &to.ca).unwrap();
+    std::fs::copy(&from.cert, &to.cert).unwrap();
+    std::fs::copy(&from.key, &to.key).unwrap();
+}
+
 #[tokio::test]
 async fn changed_tls_files_are_taken_by_later_connections() {
     let dir = TempDir::new().unwrap();
     let ours = certificates(dir.path(), "ours");
     let theirs = certificates(dir.path(), "theirs");
-    let files = Certificates {
-        ca: dir.path().join("node-ca.pem"),
-        cert: dir.path().join("node-cert.pem"),
-        key: dir.path().join("node-key.pem"),
-    };
-    let install = |from: &Certificates| {
-        std::fs::copy(&from.ca, &files.ca).unwrap();
-        std::fs::copy(&from.cert, &files.cert).unwrap();
-        std::fs::copy(&from.key, &files.key).unwrap();
-    };
+    let files = node_files(dir.path());
+    let install = |from: &Certificates| install(from, &files);
     install(&ours);
     let tls = Tls::load(&files.cert, &files.key, &files.ca).unwrap();
     // The node's own client for the other members, made at start as the binary makes it.
@@ -224,16 +232,8 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
         })
     };
     let (to_2100, to_2090) = (until("to-2100", 2100), until("to-2090", 2090));
-    let files = Certificates {
-        ca: dir.path().join("node-ca.pem"),
-        cert: dir.path().join("node-cert.pem"),
-        key: dir.path().join("node-key.pem"),
-    };
-    let install = |from: &Certificates| {
-        std::fs::copy(&from.ca, &files.ca).unwrap();
-        std::fs::copy(&from.cert, &files.cert).unwrap();
-        std::fs::copy(&from.key, &files.key).unwrap();
-    };
+    let files = node_files(dir.path());
+    let install = |from: &Certificates| install(from, &files);
     install(&to_2100);
     let tls = Tls::load(&files.cert, &files.key, &files.ca).unwrap();
     let served = Served::start(tls.clone()).await;
