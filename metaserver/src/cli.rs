@@ -264,6 +264,11 @@ pub struct WatchArgs {
     /// Start after this log index (default: now).
     #[arg(long)]
     pub after: Option<u64>,
+    /// The history `--after` counts in, as a printed event names it: a cluster restored from a
+    /// backup since then (which counts its indexes from 1 again) is refused rather than
+    /// watched from an index that would skip its changes.
+    #[arg(long, requires = "after")]
+    pub history: Option<String>,
     /// Only this datanode's registry changes.
     #[arg(long, conflicts_with = "prefix")]
     pub datanode: Option<u64>,

@@ -163,8 +163,9 @@ impl Outage {
     }
 }
 
-/// `metaserver watch [--after N] [--datanode N | --prefix P] [--once]`: every change after the
-/// index (or from now), one JSON event per line, until interrupted. It rides out a member that
+/// `metaserver watch [--after N [--history H]] [--datanode N | --prefix P] [--once]`: every
+/// change after the index (or from now), one JSON event per line with the history its index
+/// counts in, until interrupted. It rides out a member that
 /// cannot answer for a while (503, a refused connection) by asking the next member given, or
 /// the same again, every second (every member counts the same indexes); a
 /// history that no longer holds its index (410 `compacted`) ends it with an error, and so do
@@ -183,7 +184,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     // The history the indexes count in, given back with each request: a cluster restored from
     // a backup counts again, and its member refuses an index of the old one (410) rather than
     // answer from it, which would skip changes.
-    let mut history: Option<String> = None;
+    let mut history: Option<String> = args.history.clone();
     let mut retrying = Outage::default();
     loop {
         let asked = op.member().to_owned();
@@ -248,16 +249,35 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             }
         };
         retrying.recovered(&asked);
-        output::json_lines(&page.events)?;
-        let started = after.is_some();
-        after = Some(page.index);
         if page.history.is_some() {
             history = page.history;
         }
+        // Each event with the history its index counts in: what a script that resumes later
+        // gives back (`--after INDEX --history HISTORY`).
+        let printed: Vec<PrintedEvent> = page
+            .events
+            .iter()
+            .map(|event| PrintedEvent {
+                event,
+                history: history.as_deref(),
+            })
+            .collect();
+        output::json_lines(&printed)?;
+        let started = after.is_some();
+        after = Some(page.index);
         if args.once && started && !page.events.is_empty() {
             return Ok(());
         }
     }
+}
+
+/// A change as `watch` prints it: the event, and the history its index counts in.
+#[derive(serde::Serialize)]
+struct PrintedEvent<'a> {
+    #[serde(flatten)]
+    event: &'a meta_http::response::EventView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<&'a str>,
 }
 
 /// `metaserver register --datanode N --file shards.json`: registers the shards in batches of

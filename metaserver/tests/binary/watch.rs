@@ -1,5 +1,5 @@
-//! The `watch` command: it prints the changes, refuses a lost history and rides out members
-//! without a leader or a read index.
+//! The `watch` command: it prints the changes with their history, refuses a lost history (also
+//! one given to resume with) and rides out members without a leader or a read index.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +42,24 @@ async fn the_watch_command_prints_the_changes_and_refuses_a_lost_history() {
     assert_eq!(lines.len(), 1, "{out}");
     assert_eq!(lines[0]["kind"], "kv_put");
     assert_eq!(lines[0]["key"], "cfg/a b");
+    // With the history its index counts in, which a script gives back to resume.
+    assert!(start["history"].is_string(), "{start}");
+    assert_eq!(lines[0]["history"], start["history"], "{out}");
+    // A history the cluster does not count in (it was restored from a backup since) is
+    // refused, not watched from an index that would skip its changes.
+    let args = [
+        "watch",
+        "--server",
+        &addr,
+        "--after",
+        &after,
+        "--history",
+        "0123456789abcdef",
+        "--once",
+    ];
+    let (ok, _, err) = bounded(args.iter().map(|a| a.to_string()).collect()).await;
+    assert!(!ok);
+    assert!(err.contains("compacted"), "{err}");
 
     // After a restart the member no longer knows the changes after that index.
     server.stop().await;
