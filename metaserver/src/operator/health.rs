@@ -81,11 +81,17 @@ pub async fn health(args: HealthArgs) -> Result<()> {
         false => output::lines(table(&report.members)),
     };
     // The verdict is the command's answer: a reader that went away (`| head`) does not make
-    // an unhealthy cluster exit 0.
+    // an unhealthy cluster exit 0, nor a healthy one: its reader did not get the report.
     if !report.healthy {
         bail!("the cluster is not healthy: {}", report.problems.join("; "));
     }
-    printed
+    printed.map_err(|e| match output::reader_gone(&e) {
+        true => anyhow::anyhow!(
+            "stdout was closed before the whole report was written: the cluster is healthy, \
+             but a check reading it did not get the report"
+        ),
+        false => e,
+    })
 }
 
 /// The members (id to address) that the first member given with `--server` that answers in

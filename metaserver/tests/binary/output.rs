@@ -1,6 +1,7 @@
 //! Operator commands whose reader goes away (`metaserver shards | head -1`) end quietly and
 //! successfully, as `cat` does, instead of panicking or reporting a broken pipe; a watch that
-//! waits for changes, without printing anything, ends too.
+//! waits for changes, without printing anything, ends too. `health`, whose exit status is its
+//! verdict, fails instead.
 
 use std::process::Stdio;
 
@@ -58,6 +59,25 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
             out.status
         );
     }
+    // `health` answers with its exit status, which a check reads with the report: a report its
+    // reader did not get is a failure, with a reason, also for a healthy cluster.
+    let mut child = tokio::process::Command::new(binary())
+        .args(["health", "--server", &addr])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run metaserver");
+    drop(child.stdout.take());
+    let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
+        .await
+        .expect("the command ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not get the report"), "{stderr}");
     server.signal(libc::SIGINT);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
 }
