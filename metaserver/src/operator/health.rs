@@ -41,6 +41,9 @@ struct MemberHealth {
     /// The members that lately refused its messages as another cluster's (`refused_by`).
     #[serde(skip)]
     refused_by: Vec<u64>,
+    /// Whether it refused the client token given while the member token passed.
+    #[serde(skip)]
+    refuses_client_token: bool,
 }
 
 /// The part of a member's status the report shows.
@@ -144,6 +147,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
         lags: BTreeMap::new(),
         token_refused_by: Vec::new(),
         refused_by: Vec::new(),
+        refuses_client_token: false,
     };
     let one = ClientArgs {
         server: addr.to_owned(),
@@ -185,6 +189,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
             });
             health.ready = not_ready.is_none();
             health.problem = not_ready.map(|why| format!("not ready: {why}"));
+            health.refuses_client_token = refuses_client;
             if refuses_client {
                 health.problem = Some(
                     "refuses the client token (--token, METASERVER_TOKEN) that the member token \
@@ -297,9 +302,25 @@ fn judge(members: &mut [MemberHealth]) -> Report {
             ));
         }
     }
+    // Refused by every member, the client token given is the one at fault, not theirs.
+    let answered = members.iter().filter(|m| m.status.is_some());
+    let all_refuse = members.iter().any(|m| m.refuses_client_token)
+        && answered.clone().all(|m| m.refuses_client_token);
+    if all_refuse {
+        problems.push(
+            "every member refuses the client token given (--token, METASERVER_TOKEN) that the \
+             member token passed: it is not this cluster's client token"
+                .to_owned(),
+        );
+        for m in members.iter_mut().filter(|m| m.refuses_client_token) {
+            m.problem = Some("refuses the client token given".to_owned());
+        }
+    }
     for m in members.iter_mut() {
         if let Some(why) = &m.problem {
-            problems.push(format!("node {} at {} {why}", m.id, m.addr));
+            if !(all_refuse && m.refuses_client_token) {
+                problems.push(format!("node {} at {} {why}", m.id, m.addr));
+            }
         }
         let Some(s) = m.status.as_mut() else {
             continue;
@@ -427,6 +448,7 @@ mod tests {
             lags: BTreeMap::new(),
             token_refused_by: Vec::new(),
             refused_by: Vec::new(),
+            refuses_client_token: false,
         }
     }
 
@@ -495,6 +517,45 @@ mod tests {
         assert_eq!(cells, ["4", "h4:1", "-", "-", "-", "-", "-", "-", "no:"]);
         let report = judge(&mut [member(1, "follower", 1, None)]);
         assert_eq!(report.problems, ["no member leads"]);
+    }
+
+    #[test]
+    fn a_client_token_every_member_refuses_is_named_as_the_one_at_fault() {
+        let refusing = |mut m: MemberHealth| {
+            m.refuses_client_token = true;
+            m.problem = Some("refuses the client token (--token, METASERVER_TOKEN)".into());
+            m
+        };
+        let mut leader = member(1, "leader", 3, Some(1));
+        leader.lags = BTreeMap::from([(2, 0), (3, 0)]);
+        let mut down = member(3, "follower", 3, None);
+        down.status = None;
+        down.ready = false;
+        down.problem = Some("does not answer: connection refused".into());
+        let mut members = vec![
+            refusing(leader),
+            refusing(member(2, "follower", 3, Some(1))),
+            down,
+        ];
+        let report = judge(&mut members);
+        assert_eq!(
+            report.problems,
+            [
+                "every member refuses the client token given (--token, METASERVER_TOKEN) that \
+                 the member token passed: it is not this cluster's client token",
+                "node 3 at h3:1 does not answer: connection refused",
+            ]
+        );
+        // One member of three refusing it: that member was started with another --token.
+        let mut members = vec![
+            member(1, "leader", 3, Some(1)),
+            refusing(member(2, "follower", 3, Some(1))),
+        ];
+        let report = judge(&mut members);
+        assert_eq!(
+            report.problems,
+            ["node 2 at h2:1 refuses the client token (--token, METASERVER_TOKEN)"]
+        );
     }
 
     #[test]
