@@ -217,7 +217,15 @@ fn main() -> ExitCode {
             if serving {
                 tracing::error!("{}", describe(&e));
             } else {
-                eprintln!("metaserver: {}", describe(&e));
+                let mut text = describe(&e);
+                // rustls names what it got where a TLS record was due, not who sent it.
+                if e.chain().any(meta_http::peer_client::answered_plain) {
+                    text.push_str(
+                        " (the server answers in plain HTTP, not TLS: leave out --tls-ca for a \
+                         cluster without TLS)",
+                    );
+                }
+                eprintln!("metaserver: {text}");
             }
             ExitCode::FAILURE
         }

@@ -132,6 +132,10 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
             && err.contains("answers in plain HTTP, not TLS"),
         "{err}"
     );
+    // A command with --tls-ca sent to it says that it answers in plain HTTP.
+    let plain_addr = addrs[plain_id - 1].as_str();
+    let (ok, _, err) = run(&["status", "--server", plain_addr, "--tls-ca", ca_arg], &[]).await;
+    assert!(!ok && err.contains("answers in plain HTTP"), "{err}");
 
     for node in &mut nodes {
         node.stop().await;
