@@ -182,6 +182,9 @@ impl Operator {
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
         let mut left = self.members.len();
+        // Why each member asked before the last could not take it, for the last one's error:
+        // its answer alone (a refused connection) could hide another's (503 no leader).
+        let mut before: Vec<String> = Vec::new();
         loop {
             let asked = self.member().to_owned();
             left -= 1;
@@ -193,12 +196,21 @@ impl Operator {
                     if refused.code() == Some("cluster_version") {
                         return Err(self.refused_error(refused));
                     }
+                    before.push(format!("{asked} answered 503: {}", refused.message()));
                 }
-                Ok(r) => return Err(self.refusal(r).await),
-                Err(e) if (e.is_connect() || e.is_timeout()) && !last => {}
+                Ok(r) => {
+                    let e = self.refusal(r).await;
+                    return Err(match before.is_empty() {
+                        true => e,
+                        false => e.context(self.contacting(&asked, &before)),
+                    });
+                }
+                Err(e) if (e.is_connect() || e.is_timeout()) && !last => {
+                    before.push(format!("{asked}: {:#}", anyhow::Error::new(e)));
+                }
                 // Cut off after it was sent (it may have acted): not sent again here.
                 Err(e) if !last => return Err(e).with_context(|| format!("contacting {asked}")),
-                Err(e) => return Err(e).with_context(|| self.contacting(&asked)),
+                Err(e) => return Err(e).with_context(|| self.contacting(&asked, &before)),
             }
             self.next_member(&asked);
         }
@@ -212,12 +224,16 @@ impl Operator {
 
     /// The context of a failure to reach `asked`: with several members, it was the last one
     /// tried, the others having failed before.
-    fn contacting(&self, asked: &str) -> String {
-        match self.members.len() {
-            1 => format!("contacting {asked}"),
-            n => format!(
+    fn contacting(&self, asked: &str, before: &[String]) -> String {
+        match (self.members.len(), before.is_empty()) {
+            (1, _) => format!("contacting {asked}"),
+            (n, true) => format!(
                 "contacting {asked} (the last of the {n} members given; the others could not \
                  answer either)"
+            ),
+            (n, false) => format!(
+                "contacting {asked} (the last of the {n} members given; before it, {})",
+                before.join("; ")
             ),
         }
     }
@@ -322,7 +338,7 @@ impl Operator {
                 }
                 Ok(r) => Refused::read(r).await.message().to_owned(),
                 Err(e) if e.is_builder() || last_try => {
-                    return Err(e).with_context(|| self.contacting(&asked))
+                    return Err(e).with_context(|| self.contacting(&asked, &[]))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
                 Err(e) => {

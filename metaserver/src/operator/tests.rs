@@ -197,6 +197,35 @@ async fn a_request_no_member_answered_says_all_were_tried() {
     assert!(text.contains("the last of the 2 members given"), "{text}");
 }
 
+/// A member that answered 503 before the last one given could not be reached is named with its
+/// answer: the last one's refused connection alone would hide why the first did not take it.
+#[tokio::test]
+async fn a_request_no_member_took_names_each_members_answer() {
+    let (leaderless, _) = answering(|_| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":{"code":"no_leader","message":"no leader was elected for 9 ms"}}"#,
+        )
+    })
+    .await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let op = operator(format!("{leaderless},{closed}"));
+    let e = op
+        .send(|| op.request(reqwest::Method::GET, "/v1/cluster"))
+        .await
+        .unwrap_err();
+    let text = format!("{e:#}");
+    assert!(
+        text.contains(&format!("{leaderless} answered 503")),
+        "{text}"
+    );
+    assert!(text.contains("no leader was elected for 9 ms"), "{text}");
+}
+
 fn operator(addr: String) -> Operator {
     Operator::new(&ClientArgs {
         server: addr,
