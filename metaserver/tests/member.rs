@@ -38,6 +38,14 @@ async fn a_cluster_grows_moves_its_leader_and_shrinks_by_commands() {
     // Node 2 added and promoted in one command; node 3 added through a follower, then promoted.
     let v = member(&["add", "2", &addrs[1], "--voter"], &addrs[0]).await;
     assert_eq!((&v["voters"], &v["learners"]), (&json!([1, 2]), &json!([])));
+    // The same command run again (its first answer lost, say) finds what it makes: done. As a
+    // learner only, or at another address, the voter is refused.
+    let v = member(&["add", "2", &addrs[1], "--voter"], &addrs[0]).await;
+    assert_eq!((&v["voters"], &v["learners"]), (&json!([1, 2]), &json!([])));
+    let (ok, _, err) = member_answer(&["add", "2", &addrs[1]], &addrs[0]).await;
+    assert!(!ok, "{err}");
+    let (ok, _, err) = member_answer(&["add", "2", "127.0.0.1:1", "--voter"], &addrs[0]).await;
+    assert!(!ok, "{err}");
     // Node 3, in no cluster yet, knows no leader and tells little of the cluster: `status`
     // given it first moves on to the next member.
     let first_alone = format!("{},{}", addrs[2], addrs[0]);

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use meta_http::response::{LeaderView, MembershipView};
+use meta_http::response::{ClusterView, LeaderView, MembershipView};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -33,11 +33,26 @@ pub async fn member(command: MemberCommand) -> Result<()> {
         } => {
             let op = Operator::new(&client)?;
             let body = json!({ "id": id, "addr": addr });
-            let added: MembershipView =
-                change(&op, Method::POST, "/v1/cluster/learners", Some(body))
-                    .await?
-                    .map_err(|refused| op.refused_error(refused))
-                    .with_context(|| format!("adding node {id} at {addr} as a learner"))?;
+            let added =
+                change::<MembershipView>(&op, Method::POST, "/v1/cluster/learners", Some(body))
+                    .await?;
+            let added = match added {
+                Ok(added) => added,
+                // A voter at that address already, with --voter: what this command makes (an
+                // earlier run whose answer was lost, say), so it is done, as a promotion of a
+                // voter is.
+                Err(refused)
+                    if voter
+                        && refused.status == StatusCode::CONFLICT
+                        && voter_at(&op, id, &addr).await =>
+                {
+                    return print(&promote(&op, id, Duration::from_secs(wait_secs)).await?);
+                }
+                Err(refused) => {
+                    return Err(op.refused_error(refused))
+                        .with_context(|| format!("adding node {id} at {addr} as a learner"))
+                }
+            };
             if !voter {
                 return print(&added);
             }
@@ -97,6 +112,17 @@ pub(super) async fn promote(op: &Operator, id: u64, wait: Duration) -> Result<Me
             );
         }
         tokio::time::sleep(PROMOTE_AGAIN).await;
+    }
+}
+
+/// Whether the cluster's members (as a member given answers) have node `id` as a voter at
+/// `addr`; false when it cannot tell.
+async fn voter_at(op: &Operator, id: u64, addr: &str) -> bool {
+    match op.get_json::<ClusterView>("/v1/cluster").await {
+        Ok(view) => {
+            view.voters.contains(&id) && view.nodes.get(&id).map(String::as_str) == Some(addr)
+        }
+        Err(_) => false,
     }
 }
 
