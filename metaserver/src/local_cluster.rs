@@ -146,8 +146,14 @@ pub async fn run(args: LocalClusterArgs) -> Result<()> {
     } else {
         (0..args.nodes)
             .map(|i| {
-                u16::try_from(u64::from(args.base_port) + i)
-                    .context("--base-port + --nodes exceeds 65535")
+                let port = u64::from(args.base_port) + i;
+                u16::try_from(port).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--base-port {} with --nodes {} needs port {port}, past 65535",
+                        args.base_port,
+                        args.nodes
+                    )
+                })
             })
             .collect::<Result<_>>()?
     };

@@ -486,6 +486,19 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
                 );
                 op.next_member(&gone);
             }
+            // No leader within the wait (a majority of the voters lost, say): only a member's
+            // own state can be saved then, which no leader confirms.
+            Err(e)
+                if !local
+                    && e.downcast_ref::<client::Answered>()
+                        .is_some_and(|a| a.status == reqwest::StatusCode::SERVICE_UNAVAILABLE) =>
+            {
+                return Err(e.context(
+                    "no member could build a snapshot that a leader confirms holds every \
+                     acknowledged write; if the cluster lost a majority of its voters for good, \
+                     save what a survivor holds with --local (see the README's recovery steps)",
+                ));
+            }
             Err(e) => return Err(e),
         }
     };

@@ -226,6 +226,15 @@ async fn a_request_no_member_took_names_each_members_answer() {
     assert!(text.contains("no leader was elected for 9 ms"), "{text}");
 }
 
+fn operator_args(addr: String) -> ClientArgs {
+    ClientArgs {
+        server: addr,
+        token: None,
+        member_token: None,
+        tls_ca: None,
+    }
+}
+
 fn operator(addr: String) -> Operator {
     Operator::new(&ClientArgs {
         server: addr,
@@ -514,6 +523,27 @@ async fn a_local_save_builds_without_a_leader() {
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("not local"), "{err:#}");
+}
+
+/// A save that no leader confirms (a member answers 503 no_leader, and waiting does not help)
+/// points to `--local`, which saves what a survivor of a lost majority holds.
+#[tokio::test]
+async fn a_save_without_a_leader_points_to_local() {
+    let (addr, _) = answering_with(|_| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":{"code":"no_leader","message":"too few voters answer"}}"#,
+        )
+            .into_response()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let err = snapshot_save(operator_args(addr), &dir.path().join("meta.snap"), false)
+        .await
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(text.contains("too few voters answer"), "{text}");
+    assert!(text.contains("with --local"), "{text}");
 }
 
 /// A member that goes away while it builds the snapshot (it takes the request, then the
