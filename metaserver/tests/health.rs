@@ -71,3 +71,21 @@ async fn health_reports_every_member_and_fails_on_one_down() {
         node.stop().await;
     }
 }
+
+/// With `--json`, a check that reaches no member still gets a report: unhealthy, with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_in_json_also_when_no_member_answers() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (ok, out, err) = run(&["health", "--server", &closed, "--json"], &[]).await;
+    assert!(!ok, "{out}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert_eq!(report["healthy"], false, "{report}");
+    let problem = report["problems"][0].as_str().unwrap();
+    assert!(problem.contains(&closed), "{report}");
+    assert_eq!(report["members"], serde_json::json!([]), "{report}");
+}

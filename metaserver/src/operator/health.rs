@@ -75,7 +75,23 @@ struct Report {
 
 /// `metaserver health`.
 pub async fn health(args: HealthArgs) -> Result<()> {
-    let nodes = membership(&args.client).await?;
+    let nodes = match membership(&args.client).await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            // A script reading the JSON report gets one, with the reason, also then.
+            if args.json {
+                let report = Report {
+                    healthy: false,
+                    leader_id: None,
+                    term: None,
+                    problems: vec![format!("{e:#}")],
+                    members: Vec::new(),
+                };
+                let _ = output::line(serde_json::to_string_pretty(&report)?);
+            }
+            return Err(e);
+        }
+    };
     let asked = nodes.iter().map(|(id, addr)| ask(&args.client, *id, addr));
     let mut members = futures::future::join_all(asked).await;
     let report = judge(&mut members);
