@@ -23,6 +23,31 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// that stopped answering (a paused process) runs into it.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(70);
 
+/// After how long without an answer [`Operator::send`] says on stderr what it waits for.
+const SLOW_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Awaits `sent`, a request to `asked`; says on stderr, once, when no answer came within
+/// [`SLOW_NOTICE`] (a paused member takes the whole [`REQUEST_TIMEOUT`]), and whether the
+/// next member given is asked after it (`last`: none is).
+async fn told_if_slow<T>(sent: impl std::future::Future<Output = T>, asked: &str, last: bool) -> T {
+    let mut sent = std::pin::pin!(sent);
+    tokio::select! {
+        answer = &mut sent => return answer,
+        () = tokio::time::sleep(SLOW_NOTICE) => {}
+    }
+    let then = match last {
+        true => "",
+        false => ", then the next member given is asked",
+    };
+    eprintln!(
+        "metaserver: {asked} has not answered in {} s (paused, or overloaded?); waiting for it \
+         up to {} s in all{then}",
+        SLOW_NOTICE.as_secs(),
+        REQUEST_TIMEOUT.as_secs()
+    );
+    sent.await
+}
+
 /// A client of the members given with `--server`.
 pub struct Operator {
     members: Members,
@@ -189,7 +214,7 @@ impl Operator {
             let asked = self.member().to_owned();
             left -= 1;
             let last = left == 0;
-            match build().send().await {
+            match told_if_slow(build().send(), &asked, last).await {
                 Ok(r) if r.status().is_success() => return Ok(r),
                 Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && !last => {
                     let refused = Refused::read(r).await;

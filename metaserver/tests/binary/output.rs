@@ -81,3 +81,43 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
     server.signal(libc::SIGINT);
     assert!(server.wait_exit().await.success(), "{}", server.logs());
 }
+
+/// A command whose member takes the request and says nothing (a paused process) says on
+/// stderr what it waits for, rather than wait out its 70 s in silence.
+#[tokio::test]
+async fn a_command_waiting_on_a_silent_member_says_so() {
+    use tokio::io::AsyncBufReadExt;
+
+    // Takes connections and never answers; holds them until the test ends.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut child = tokio::process::Command::new(binary())
+        .args(["status", "--server", &addr])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run metaserver");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(COMMAND_DEADLINE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("has not answered in 5 s") {
+                return line;
+            }
+        }
+        panic!("stderr ended without the notice");
+    })
+    .await
+    .expect("the command says what it waits for");
+    assert!(said.contains(&addr), "{said}");
+    child.kill().await.unwrap();
+    held.abort();
+}
