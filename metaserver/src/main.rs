@@ -217,15 +217,8 @@ fn main() -> ExitCode {
             if serving {
                 tracing::error!("{}", describe(&e));
             } else {
-                let mut text = describe(&e);
-                // rustls names what it got where a TLS record was due, not who sent it.
-                if e.chain().any(meta_http::peer_client::answered_plain) {
-                    text.push_str(
-                        " (the server answers in plain HTTP, not TLS: leave out --tls-ca for a \
-                         cluster without TLS)",
-                    );
-                }
-                eprintln!("metaserver: {text}");
+                let hint = operator::plain_http_hint(&e).unwrap_or_default();
+                eprintln!("metaserver: {}{hint}", describe(&e));
             }
             ExitCode::FAILURE
         }

@@ -25,7 +25,7 @@ mod health;
 mod members;
 mod membership;
 
-pub(crate) use client::Operator;
+pub(crate) use client::{plain_http_hint, Operator};
 pub(crate) use health::health;
 pub(crate) use membership::member;
 
@@ -218,7 +218,12 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
                 return Err(op.refusal(r).await)
             }
             // A request that cannot be made at all (a bad address or scheme) never will be.
-            Err(e) if e.is_builder() => {
+            // Nor will a lone member whose TLS handshake fails (an untrusted certificate, plain
+            // HTTP).
+            Err(e)
+                if e.is_builder()
+                    || (op.one_member() && meta_http::peer_client::tls_error(&e).is_some()) =>
+            {
                 return Err(anyhow::Error::new(e).context("watching"));
             }
             // A 503 without `Retry-After` says waiting does not help (the member was removed

@@ -134,8 +134,24 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
     );
     // A command with --tls-ca sent to it says that it answers in plain HTTP.
     let plain_addr = addrs[plain_id - 1].as_str();
-    let (ok, _, err) = run(&["status", "--server", plain_addr, "--tls-ca", ca_arg], &[]).await;
-    assert!(!ok && err.contains("answers in plain HTTP"), "{err}");
+    // At once: a failed handshake is not waited out as a member without a leader would be.
+    for command in [
+        &["status"][..],
+        &["health"],
+        &["watch"],
+        &["member", "leader", "1"],
+    ] {
+        let mut args = command.to_vec();
+        args.extend(["--server", plain_addr, "--tls-ca", ca_arg]);
+        let bounded = tokio::time::timeout(std::time::Duration::from_secs(30), run(&args, &[]));
+        let (ok, _, err) = bounded
+            .await
+            .unwrap_or_else(|_| panic!("{command:?} did not give up in time"));
+        assert!(
+            !ok && err.contains("answers in plain HTTP"),
+            "{command:?}: {err}"
+        );
+    }
 
     for node in &mut nodes {
         node.stop().await;

@@ -23,6 +23,17 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// that stopped answering (a paused process) runs into it.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(70);
 
+/// What to add to an error whose causes show a TLS exchange answered in plain HTTP: rustls
+/// names only what it got where a TLS record was due, not who sent it.
+pub(crate) fn plain_http_hint(e: &anyhow::Error) -> Option<&'static str> {
+    e.chain()
+        .any(meta_http::peer_client::answered_plain)
+        .then_some(
+            " (the server answers in plain HTTP, not TLS: leave out --tls-ca for a cluster \
+             without TLS)",
+        )
+}
+
 /// After how long without an answer [`Operator::send`] says on stderr what it waits for.
 const SLOW_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -362,7 +373,13 @@ impl Operator {
                     refused.message().to_owned()
                 }
                 Ok(r) => Refused::read(r).await.message().to_owned(),
-                Err(e) if e.is_builder() || last_try => {
+                // A TLS handshake that failed (an untrusted certificate, a plain-HTTP member)
+                // fails again: asking for a minute would only hide why.
+                Err(e)
+                    if e.is_builder()
+                        || last_try
+                        || meta_http::peer_client::tls_error(&e).is_some() =>
+                {
                     return Err(e).with_context(|| self.contacting(&asked, &[]))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.

@@ -129,7 +129,10 @@ async fn membership(client: &ClientArgs) -> Result<BTreeMap<u64, String>> {
             }
             Ok(view) if !view.nodes.is_empty() => return Ok(view.nodes),
             Ok(_) => failures.push(format!("{asked} is in no cluster yet")),
-            Err(e) => failures.push(format!("{e:#}")),
+            Err(e) => failures.push(format!(
+                "{e:#}{}",
+                super::plain_http_hint(&e).unwrap_or_default()
+            )),
         }
         if op.next_member(&asked) {
             bail!(
