@@ -152,6 +152,14 @@ async fn a_cluster_over_tls_serves_and_tells_plain_http_to_use_tls() {
             "{command:?}: {err}"
         );
     }
+    // With another member given after it, that one is asked.
+    let both = format!("{plain_addr},{leader_addr}");
+    let leader_id = leader.to_string();
+    let args = [
+        "member", "leader", &leader_id, "--server", &both, "--tls-ca", ca_arg,
+    ];
+    let (ok, out, err) = run(&args, &[]).await;
+    assert!(ok, "{out}{err}");
 
     for node in &mut nodes {
         node.stop().await;

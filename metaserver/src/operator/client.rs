@@ -348,10 +348,18 @@ impl Operator {
         let mut told = false;
         // Whether an attempt may have taken effect unseen (a 504, or cut off after it was sent).
         let mut unknown = false;
+        // Members in a row whose TLS handshake failed: once every member given did, asking
+        // again for a minute would only hide why.
+        let mut handshakes_failed = 0;
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
-            let why = match build().send().await {
+            let sent = build().send().await;
+            match &sent {
+                Err(e) if meta_http::peer_client::tls_error(e).is_some() => handshakes_failed += 1,
+                _ => handshakes_failed = 0,
+            }
+            let why = match sent {
                 Ok(r) if r.status().is_success() => {
                     if unknown {
                         self.resent_after_unknown.fetch_add(1, Ordering::Relaxed);
@@ -373,13 +381,9 @@ impl Operator {
                     refused.message().to_owned()
                 }
                 Ok(r) => Refused::read(r).await.message().to_owned(),
-                // A TLS handshake that failed (an untrusted certificate, a plain-HTTP member)
-                // fails again: asking for a minute would only hide why.
-                Err(e)
-                    if e.is_builder()
-                        || last_try
-                        || meta_http::peer_client::tls_error(&e).is_some() =>
-                {
+                // A failed TLS handshake (an untrusted certificate, a plain-HTTP member) fails
+                // again: with every member given failing so, the command ends.
+                Err(e) if e.is_builder() || last_try || handshakes_failed >= self.members.len() => {
                     return Err(e).with_context(|| self.contacting(&asked, &[]))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
