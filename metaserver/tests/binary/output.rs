@@ -11,6 +11,27 @@ use serde_json::json;
 use crate::common::{binary, send, COMMAND_DEADLINE};
 use crate::helpers::{default_server, register_datanode};
 
+/// Runs `metaserver ARGS` whose stdout's reader goes away before the command has its answer to
+/// print: how it ended, and its stderr.
+async fn run_without_reader(args: &[&str]) -> (std::process::Output, String) {
+    let mut child = tokio::process::Command::new(binary())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run metaserver");
+    drop(child.stdout.take());
+    let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
+        .await
+        .expect("the command ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
+}
+
 #[tokio::test]
 async fn a_command_whose_reader_went_away_ends_quietly() {
     let (_dir, http, mut server, base) = default_server().await;
@@ -37,22 +58,7 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
         &["shards", "--server", &addr, "--datanode", "7"],
         &["watch", "--server", &addr],
     ] {
-        let mut child = tokio::process::Command::new(binary())
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("run metaserver");
-        // The reader goes away before the command has its answer to print.
-        drop(child.stdout.take());
-        let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
-            .await
-            .expect("the command ends")
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (out, stderr) = run_without_reader(args).await;
         assert!(
             out.status.success() && stderr.is_empty(),
             "metaserver {args:?}: {} {stderr}",
@@ -61,21 +67,7 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
     }
     // `health` answers with its exit status, which a check reads with the report: a report its
     // reader did not get is a failure, with a reason, also for a healthy cluster.
-    let mut child = tokio::process::Command::new(binary())
-        .args(["health", "--server", &addr])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run metaserver");
-    drop(child.stdout.take());
-    let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
-        .await
-        .expect("the command ends")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stderr) = run_without_reader(&["health", "--server", &addr]).await;
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("did not get the report"), "{stderr}");
     server.signal(libc::SIGINT);
