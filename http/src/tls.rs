@@ -11,7 +11,7 @@
 //! taken, and the node keeps what it has.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -66,8 +66,8 @@ pub struct Tls {
     /// node then runs with the ones it took before.
     refused: Arc<AtomicBool>,
     /// The last second at which the members accept the certificate taken last
-    /// ([`Tls::accepted_until`]), once worked out.
-    accepted_until: Arc<Mutex<Option<u64>>>,
+    /// ([`Tls::accepted_until`]), worked out when it was taken.
+    accepted_until: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -249,8 +249,8 @@ impl Tls {
             refused: Arc::default(),
             accepted_until: Arc::default(),
         };
-        // Worked out here, off the runtime, so that a scrape only reads it.
-        tls.accepted_until();
+        // Worked out here, so that a scrape only reads it.
+        tls.note_accepted_until();
         Ok(tls)
     }
 
@@ -329,11 +329,7 @@ impl Tls {
         )?;
         *self.identity.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.identity;
         *self.trust.0.write().unwrap_or_else(|e| e.into_inner()) = loaded.trusted;
-        *self
-            .accepted_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
-        self.accepted_until();
+        self.note_accepted_until();
         seen.1 = true;
         self.refused.store(false, Ordering::Relaxed);
         Ok(true)
@@ -348,19 +344,19 @@ impl Tls {
     /// The last second, in seconds since the Unix epoch, at which the members accept this
     /// node's certificate as it is now (the earliest end of validity in its chain, the name not
     /// considered); 0 when they did not accept it when it was taken. Worked out when a
-    /// certificate is taken (a few dozen checks), then remembered.
+    /// certificate is taken ([`Tls::load`], [`Tls::reload`]), so reading it costs nothing.
     pub fn accepted_until(&self) -> u64 {
-        let mut cached = self
-            .accepted_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *cached.get_or_insert_with(|| {
-            let accepted = |secs: u64| {
-                let at = UnixTime::since_unix_epoch(Duration::from_secs(secs));
-                self.check_identity_at(None, at).is_ok()
-            };
-            last_accepted(UnixTime::now().as_secs(), accepted)
-        })
+        self.accepted_until.load(Ordering::Relaxed)
+    }
+
+    /// Works out [`Tls::accepted_until`] for the certificate in use: a few dozen checks.
+    fn note_accepted_until(&self) {
+        let accepted = |secs: u64| {
+            let at = UnixTime::since_unix_epoch(Duration::from_secs(secs));
+            self.check_identity_at(None, at).is_ok()
+        };
+        let until = last_accepted(UnixTime::now().as_secs(), accepted);
+        self.accepted_until.store(until, Ordering::Relaxed);
     }
 
     /// Whether this node's certificate, as it is, is still accepted `ahead` from now (at
@@ -372,11 +368,11 @@ impl Tls {
         self.check_identity_at(host, then).is_ok()
     }
 
-    /// The whole days, at most [`EXPIRY_WARNING`]'s, before this node's certificate expires,
-    /// if it expires within that; `Some(0)` for one that is no longer accepted.
-    pub fn expires_within_days(&self, host: Option<&str>) -> Option<u64> {
-        let day = Duration::from_secs(86_400);
-        (0..=EXPIRY_WARNING.as_secs() / 86_400).find(|d| !self.valid_for(host, day * *d as u32))
+    /// The whole days, at most [`EXPIRY_WARNING`]'s, before this node's certificate expires
+    /// (the first whole day from now at which it is no longer accepted), if it expires within
+    /// that; `Some(0)` for one that is no longer accepted.
+    pub fn expires_within_days(&self) -> Option<u64> {
+        days_left(UnixTime::now().as_secs(), self.accepted_until())
     }
 
     /// Reads the files every `every`, taking a changed set that works ([`Tls::reload`], checked
@@ -387,7 +383,7 @@ impl Tls {
         loop {
             let due = warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600));
             if due {
-                if let Some(days) = self.expires_within_days(host.as_deref()) {
+                if let Some(days) = self.expires_within_days() {
                     warned = Some(std::time::Instant::now());
                     tracing::warn!(
                         cert = %self.files.cert.display(),
@@ -415,6 +411,16 @@ impl Tls {
             }
         }
     }
+}
+
+/// [`Tls::expires_within_days`] at `now` of a certificate accepted through `until` (0: not
+/// accepted when taken).
+fn days_left(now: u64, until: u64) -> Option<u64> {
+    let days = match until.checked_sub(now) {
+        Some(left) if until != 0 => left / 86_400 + 1,
+        _ => 0,
+    };
+    (days <= EXPIRY_WARNING.as_secs() / 86_400).then_some(days)
 }
 
 /// The last second from `now` on at which `accepted` holds, given that it holds over one
@@ -581,7 +587,20 @@ fn roots(pem: &[u8], ca: &Path) -> Result<rustls::RootCertStore, TlsError> {
 
 #[cfg(test)]
 mod tests {
-    use super::last_accepted;
+    use super::{days_left, last_accepted};
+
+    #[test]
+    fn the_days_left_count_the_first_whole_day_it_is_no_longer_accepted() {
+        let day = 86_400;
+        let now = 1_000 * day;
+        assert_eq!(days_left(now, 0), Some(0), "not accepted when taken");
+        assert_eq!(days_left(now, now - 1), Some(0), "expired");
+        assert_eq!(days_left(now, now), Some(1), "its last second");
+        assert_eq!(days_left(now, now + 3 * day - 1), Some(3));
+        assert_eq!(days_left(now, now + 3 * day), Some(4));
+        assert_eq!(days_left(now, now + 14 * day - 1), Some(14));
+        assert_eq!(days_left(now, now + 14 * day), None);
+    }
 
     #[test]
     fn the_last_accepted_second_is_found_exactly() {

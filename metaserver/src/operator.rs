@@ -186,6 +186,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     // answer from it, which would skip changes.
     let mut history: Option<String> = args.history.clone();
     let mut retrying = Outage::default();
+    let mut handshakes_failed = 0;
     loop {
         let asked = op.member().to_owned();
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
@@ -202,6 +203,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             sent = request.send() => sent,
             gone = output::until_reader_gone() => return Err(gone),
         };
+        let all_failed = op.handshakes_all_failed(&mut handshakes_failed, sent.as_ref().err());
         let page: WatchPage = match sent {
             Ok(r) if r.status().is_success() => {
                 r.json().await.context("decoding a watch answer")?
@@ -218,12 +220,8 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
                 return Err(op.refusal(r).await)
             }
             // A request that cannot be made at all (a bad address or scheme) never will be.
-            // Nor will a lone member whose TLS handshake fails (an untrusted certificate, plain
-            // HTTP).
-            Err(e)
-                if e.is_builder()
-                    || (op.one_member() && meta_http::peer_client::tls_error(&e).is_some()) =>
-            {
+            // Nor will one once every member given failed its TLS handshake.
+            Err(e) if e.is_builder() || all_failed => {
                 return Err(anyhow::Error::new(e).context("watching"));
             }
             // A 503 without `Retry-After` says waiting does not help (the member was removed

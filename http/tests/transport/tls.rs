@@ -409,7 +409,7 @@ fn a_certificate_the_members_would_refuse_is_found_before_it_is_used() {
     let err = tls.check_identity(Some("127.0.0.1")).unwrap_err();
     assert!(err.to_string().contains("expired"), "{err}");
     tls.check_identity(None).unwrap_err();
-    assert_eq!(tls.expires_within_days(None), Some(0));
+    assert_eq!(tls.expires_within_days(), Some(0));
     let until_2100 = certificates_with(dir.path(), "until-2100", |p| {
         p.not_after = rcgen::date_time_ymd(2100, 1, 1);
     });
@@ -417,7 +417,7 @@ fn a_certificate_the_members_would_refuse_is_found_before_it_is_used() {
     let day = Duration::from_secs(86_400);
     assert!(tls.valid_for(Some("127.0.0.1"), day));
     assert!(!tls.valid_for(Some("127.0.0.1"), day * 365 * 200));
-    assert_eq!(tls.expires_within_days(Some("127.0.0.1")), None);
+    assert_eq!(tls.expires_within_days(), None);
 }
 
 /// With the node's host, a reload refuses files whose certificate does not name it.

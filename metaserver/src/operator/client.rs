@@ -174,6 +174,22 @@ impl Operator {
         self.resent_after_unknown.load(Ordering::Relaxed)
     }
 
+    /// Notes whether an exchange with the member asked failed in its TLS handshake (`failed`
+    /// counts such members in a row), and says whether every member given did: a failed
+    /// handshake (an untrusted certificate, a plain-HTTP member) fails again, and asking again
+    /// would only hide why.
+    pub(crate) fn handshakes_all_failed(
+        &self,
+        failed: &mut usize,
+        error: Option<&reqwest::Error>,
+    ) -> bool {
+        match error.and_then(|e| meta_http::peer_client::tls_error(e)) {
+            Some(_) => *failed += 1,
+            None => *failed = 0,
+        }
+        *failed >= self.members()
+    }
+
     /// Whether only one member was given (none to move on to).
     pub(crate) fn one_member(&self) -> bool {
         self.members() == 1
@@ -348,17 +364,13 @@ impl Operator {
         let mut told = false;
         // Whether an attempt may have taken effect unseen (a 504, or cut off after it was sent).
         let mut unknown = false;
-        // Members in a row whose TLS handshake failed: once every member given did, asking
-        // again for a minute would only hide why.
         let mut handshakes_failed = 0;
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
             let sent = build().send().await;
-            match &sent {
-                Err(e) if meta_http::peer_client::tls_error(e).is_some() => handshakes_failed += 1,
-                _ => handshakes_failed = 0,
-            }
+            let all_failed =
+                self.handshakes_all_failed(&mut handshakes_failed, sent.as_ref().err());
             let why = match sent {
                 Ok(r) if r.status().is_success() => {
                     if unknown {
@@ -381,9 +393,8 @@ impl Operator {
                     refused.message().to_owned()
                 }
                 Ok(r) => Refused::read(r).await.message().to_owned(),
-                // A failed TLS handshake (an untrusted certificate, a plain-HTTP member) fails
-                // again: with every member given failing so, the command ends.
-                Err(e) if e.is_builder() || last_try || handshakes_failed >= self.members.len() => {
+                // With every member given failing its handshake, the command ends.
+                Err(e) if e.is_builder() || last_try || all_failed => {
                     return Err(e).with_context(|| self.contacting(&asked, &[]))
                 }
                 // Not reached, or cut off before it answered: the same as a 504.
