@@ -101,9 +101,10 @@ pub(crate) struct ConnectionCollector {
 
 impl Collector for ConnectionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut gauges: Vec<(&str, &str, u64)> = Vec::new();
         let tls = self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(tls) = tls {
-            for (name, help, value) in [
+            gauges.extend([
                 (
                     "metaserver_tls_certificate_expiry_timestamp_seconds",
                     "When the members stop accepting this node's certificate (the earliest end \
@@ -116,37 +117,30 @@ impl Collector for ConnectionCollector {
                      node serves with the ones it took before, and would not start with these",
                     u64::from(tls.files_refused()),
                 ),
-            ] {
-                let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-                metric.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    metric.metric_type(),
-                )?)?;
-            }
+            ]);
         }
-        let Some(gauge) = self.gauge.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
-            return Ok(());
-        };
-        for (name, help, value) in [
-            (
-                "metaserver_connections_open",
-                "Client connections open in the listener's slots",
-                gauge.open(),
-            ),
-            (
-                "metaserver_connection_slots",
-                "The listener's connection slots (past them, connections wait, or serve only \
-                 traffic between members)",
-                gauge.slots(),
-            ),
-            (
-                "metaserver_member_reserve_connections_open",
-                "Connections open in the members' reserve, taken only while every slot is",
-                gauge.open_in_reserve(),
-            ),
-        ] {
+        let gauge = self.gauge.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(gauge) = gauge {
+            gauges.extend([
+                (
+                    "metaserver_connections_open",
+                    "Client connections open in the listener's slots",
+                    gauge.open() as u64,
+                ),
+                (
+                    "metaserver_connection_slots",
+                    "The listener's connection slots (past them, connections wait, or serve \
+                     only traffic between members)",
+                    gauge.slots() as u64,
+                ),
+                (
+                    "metaserver_member_reserve_connections_open",
+                    "Connections open in the members' reserve, taken only while every slot is",
+                    gauge.open_in_reserve() as u64,
+                ),
+            ]);
+        }
+        for (name, help, value) in gauges {
             let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
         }
