@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
 
 use super::members::Members;
@@ -34,30 +35,9 @@ pub(crate) fn plain_http_hint(e: &anyhow::Error) -> Option<&'static str> {
         )
 }
 
-/// After how long without an answer [`Operator::send`] says on stderr what it waits for.
+/// After how long without an answer [`Operator::send`] asks the next member given too, or,
+/// with none left, says on stderr what it waits for.
 const SLOW_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Awaits `sent`, a request to `asked`; says on stderr, once, when no answer came within
-/// [`SLOW_NOTICE`] (a paused member takes the whole [`REQUEST_TIMEOUT`]), and whether the
-/// next member given is asked after it (`last`: none is).
-async fn told_if_slow<T>(sent: impl std::future::Future<Output = T>, asked: &str, last: bool) -> T {
-    let mut sent = std::pin::pin!(sent);
-    tokio::select! {
-        answer = &mut sent => return answer,
-        () = tokio::time::sleep(SLOW_NOTICE) => {}
-    }
-    let then = match last {
-        true => "",
-        false => ", then the next member given is asked",
-    };
-    eprintln!(
-        "metaserver: {asked} has not answered in {} s (paused, or overloaded?); waiting for it \
-         up to {} s in all{then}",
-        SLOW_NOTICE.as_secs(),
-        REQUEST_TIMEOUT.as_secs()
-    );
-    sent.await
-}
 
 /// A client of the members given with `--server`.
 pub struct Operator {
@@ -224,47 +204,97 @@ impl Operator {
         }
     }
 
-    /// Sends the request `build` makes to the member asked now, and to each next one while
-    /// they did not act on it: not reached (or not answering in time), or 503 (no leader took
-    /// it; but not `cluster_version`, which every member answers alike). Each member is asked
-    /// at most once, without pauses (see [`Operator::send_retrying`] for a command that waits
-    /// out a leader change). A non-2xx answer becomes an error with the API's code and message.
+    /// Sends the read (a GET) `build` makes to the member asked now, and to each next one while
+    /// they did not answer it: not reached, cut off, or 503 (no leader took it; but not
+    /// `cluster_version`, which every member answers alike). A member silent for
+    /// [`SLOW_NOTICE`] (a paused process, which would hold the read for the whole
+    /// [`REQUEST_TIMEOUT`]) gets company: the next member is asked too, and the first answer
+    /// counts (a read may be sent twice). Each member is asked at most once, without pauses
+    /// (see [`Operator::send_retrying`] for a command that waits out a leader change); the one
+    /// that answered is asked first by the command's next request. A non-2xx answer becomes an
+    /// error with the API's code and message.
     pub(crate) async fn send(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
-        let mut left = self.members.len();
+        let order = self.members.in_turn();
+        // `build` makes a request to the member asked now: each member asked is made so first.
+        let ask = |asked: &str| {
+            self.members.settle(asked);
+            let sent = build().send();
+            let asked = asked.to_owned();
+            async move { (asked, sent.await) }
+        };
+        let mut asking = FuturesUnordered::new();
+        asking.push(ask(&order[0]));
+        let mut next = 1;
+        let mut told = false;
+        let slow = tokio::time::sleep(SLOW_NOTICE);
+        let mut slow = std::pin::pin!(slow);
         // Why each member asked before the last could not take it, for the last one's error:
         // its answer alone (a refused connection) could hide another's (503 no leader).
         let mut before: Vec<String> = Vec::new();
         loop {
-            let asked = self.member().to_owned();
-            left -= 1;
-            let last = left == 0;
-            match told_if_slow(build().send(), &asked, last).await {
-                Ok(r) if r.status().is_success() => return Ok(r),
+            let (asked, sent) = tokio::select! {
+                Some(done) = asking.next() => done,
+                () = &mut slow, if next < order.len() || !told => {
+                    match order.get(next) {
+                        Some(company) => {
+                            eprintln!(
+                                "metaserver: {} has not answered in {} s (paused, or \
+                                 overloaded?); asking {company} too",
+                                order[next - 1],
+                                SLOW_NOTICE.as_secs(),
+                            );
+                            asking.push(ask(company));
+                            next += 1;
+                            slow.as_mut().reset(tokio::time::Instant::now() + SLOW_NOTICE);
+                        }
+                        None => {
+                            told = true;
+                            eprintln!(
+                                "metaserver: {} has not answered in {} s (paused, or \
+                                 overloaded?); waiting for it up to {} s in all",
+                                order[next - 1],
+                                SLOW_NOTICE.as_secs(),
+                                REQUEST_TIMEOUT.as_secs()
+                            );
+                        }
+                    }
+                    continue;
+                }
+            };
+            let last = next == order.len() && asking.is_empty();
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    self.members.settle(&asked);
+                    return Ok(r);
+                }
                 Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && !last => {
                     let refused = Refused::read(r).await;
                     if refused.code() == Some("cluster_version") {
-                        return Err(self.refused_error(refused));
+                        return Err(self.refused_by(&asked, refused));
                     }
                     before.push(format!("{asked} answered 503: {}", refused.message()));
                 }
                 Ok(r) => {
-                    let e = self.refusal(r).await;
+                    let e = self.refused_by(&asked, Refused::read(r).await);
                     return Err(match before.is_empty() {
                         true => e,
                         false => e.context(self.contacting(&asked, &before)),
                     });
                 }
-                Err(e) if (e.is_connect() || e.is_timeout()) && !last => {
-                    before.push(format!("{asked}: {:#}", anyhow::Error::new(e)));
-                }
-                // Cut off after it was sent (it may have acted): not sent again here.
-                Err(e) if !last => return Err(e).with_context(|| format!("contacting {asked}")),
+                // A read: one cut off after it was sent may be sent again.
+                Err(e) if !last => before.push(format!("{asked}: {:#}", anyhow::Error::new(e))),
                 Err(e) => return Err(e).with_context(|| self.contacting(&asked, &before)),
             }
-            self.next_member(&asked);
+            // This one could not answer: the next is asked now, not after the others' wait.
+            if let Some(then) = order.get(next) {
+                asking.push(ask(then));
+                next += 1;
+                slow.as_mut()
+                    .reset(tokio::time::Instant::now() + SLOW_NOTICE);
+            }
         }
     }
 
@@ -314,6 +344,12 @@ impl Operator {
     /// The error for `refused`: its status, and the API's code and message (or the body). A
     /// caller may look at the status ([`Answered`]).
     pub(crate) fn refused_error(&self, refused: Refused) -> anyhow::Error {
+        self.refused_by(self.member(), refused)
+    }
+
+    /// [`Operator::refused_error`] for an answer of `member`, which may not be the one asked
+    /// now (a read sent to two members).
+    fn refused_by(&self, member: &str, refused: Refused) -> anyhow::Error {
         let mut detail = match refused.error {
             Some((code, message)) => format!("{code}: {message}"),
             None => refused.body,
@@ -326,7 +362,7 @@ impl Operator {
             );
         }
         anyhow::Error::new(Answered {
-            member: self.member().to_owned(),
+            member: member.to_owned(),
             status: refused.status,
             detail,
         })

@@ -68,6 +68,23 @@ impl Members {
         &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
     }
 
+    /// The members' base URLs, from the one asked now round to the one before it.
+    pub(crate) fn in_turn(&self) -> Vec<String> {
+        let at = self.current.load(Ordering::Relaxed) % self.bases.len();
+        self.bases[at..]
+            .iter()
+            .chain(&self.bases[..at])
+            .cloned()
+            .collect()
+    }
+
+    /// Makes `base` (one of the members) the one asked now.
+    pub(crate) fn settle(&self, base: &str) {
+        if let Some(at) = self.bases.iter().position(|b| b == base) {
+            self.current.store(at, Ordering::Relaxed);
+        }
+    }
+
     /// How many members there are (at least one).
     pub(crate) fn len(&self) -> usize {
         self.bases.len()
@@ -133,9 +150,12 @@ mod tests {
         // A second failure of a request that asked a (another request moved on already).
         assert!(!members.next("http://a:1"));
         assert_eq!(members.current(), "http://b:2", "one move per failure");
+        assert_eq!(members.in_turn(), ["http://b:2", "http://c:3", "http://a:1"]);
         assert!(!members.next("http://b:2"));
         assert!(members.next("http://c:3"), "every member was asked");
         assert_eq!(members.current(), "http://a:1");
+        members.settle("http://c:3");
+        assert_eq!(members.current(), "http://c:3");
         let one = Members::parse("a:1", false).unwrap();
         assert!(one.next("http://a:1"), "the only member: pause");
         assert_eq!(one.current(), "http://a:1");

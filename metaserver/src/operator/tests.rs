@@ -226,6 +226,35 @@ async fn a_request_no_member_took_names_each_members_answer() {
     assert!(text.contains("no leader was elected for 9 ms"), "{text}");
 }
 
+/// A read that a member takes and does not answer (a paused process) is asked of the next
+/// member given too once the first was silent for 5 s, rather than waiting out its 70 s; the
+/// member that answered is asked first by the command's next read.
+#[tokio::test]
+async fn a_read_a_silent_member_holds_is_asked_of_the_next_too() {
+    // Takes connections and never answers; holds them until the test ends.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let (answering, count) = answering(|_| (StatusCode::OK, "{}")).await;
+    let op = operator(format!("{silent},{answering}"));
+    for asked in 1..=2 {
+        let read = op.send(|| op.request(reqwest::Method::GET, "/v1/cluster"));
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), read)
+            .await
+            .expect("answered well before the silent member's 70 s")
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(count.load(Ordering::SeqCst), asked);
+        assert_eq!(op.member(), format!("http://{answering}"));
+    }
+    held.abort();
+}
+
 fn operator_args(addr: String) -> ClientArgs {
     ClientArgs {
         server: addr,
