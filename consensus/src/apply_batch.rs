@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::change_feed::{Change, ChangeEvent};
-use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL};
+use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL, REMOVAL_MARK};
 use crate::codec;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
@@ -258,7 +258,15 @@ impl ApplyBatch {
     ) -> Result<CommandResult> {
         let key = keys::datanode(id);
         let (shards, epoch) = match self.get::<DatanodeRecord>(&key, "datanode")? {
-            Some(r) => (r.shards, index.max(r.epoch.saturating_add(1))),
+            Some(r) => {
+                // Registered again while it was being removed: it stays, unmarked (the
+                // removal's next piece finds another incarnation and ends).
+                let mark = keys::epoch_floor(id);
+                if self.get::<u64>(&mark, "removal mark")?.is_some() {
+                    self.remove(&mark);
+                }
+                (r.shards, index.max(r.epoch.saturating_add(1)))
+            }
             None => {
                 self.datanodes_delta += 1;
                 let floor_key = keys::epoch_floor(id);
@@ -290,21 +298,27 @@ impl ApplyBatch {
     }
 
     /// The record of `datanode` if `epoch` is its current incarnation, else the result that
-    /// refuses the command (unknown datanode, or fenced).
+    /// refuses the command (unknown datanode, fenced, or being removed: whatever the epoch).
     fn current_incarnation(
         &self,
         datanode: u64,
         epoch: u64,
     ) -> Result<std::result::Result<DatanodeRecord, CommandResult>> {
-        Ok(
-            match self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? {
-                None => Err(CommandResult::UnknownDatanode { id: datanode }),
-                Some(dn) if dn.epoch != epoch => Err(CommandResult::Fenced {
-                    current_epoch: dn.epoch,
-                }),
-                Some(dn) => Ok(dn),
-            },
-        )
+        let Some(dn) = self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? else {
+            return Ok(Err(CommandResult::UnknownDatanode { id: datanode }));
+        };
+        let mark = self.get::<u64>(&keys::epoch_floor(datanode), "removal mark")?;
+        Ok(if crate::records::being_removed(&dn, mark) {
+            Err(CommandResult::FencedForRemoval {
+                current_epoch: dn.epoch,
+            })
+        } else if dn.epoch != epoch {
+            Err(CommandResult::Fenced {
+                current_epoch: dn.epoch,
+            })
+        } else {
+            Ok(dn)
+        })
     }
 
     fn register_shards(
@@ -579,6 +593,10 @@ impl ApplyBatch {
     /// is gone, so a live datanode registering replicas cannot keep its removal going (a piece
     /// drops at most 4,096 replicas, a batch adds up to 10,000). A datanode told so registers
     /// again, and the removal's next piece ends it with `Fenced`, as for any registration.
+    /// From version 7 that first piece also keeps the raised epoch under the id's epoch floor
+    /// key (the record stays): the datanode is being removed, and the raised epoch, which no
+    /// registration gave, is fenced too (`records::being_removed`). The piece that drops the
+    /// record keeps the floor there, as any removal does.
     fn remove_datanode_piece(
         &mut self,
         index: u64,
@@ -600,6 +618,9 @@ impl ApplyBatch {
             if incarnation.is_none() && self.cluster_version()? >= FENCING_REMOVAL {
                 dn.epoch = dn.epoch.saturating_add(1);
                 self.put(&keys::datanode(id), &dn)?;
+                if self.cluster_version()? >= REMOVAL_MARK {
+                    self.put(&keys::epoch_floor(id), &dn.epoch)?;
+                }
             }
             let removed = self.replicas_dropped(index, id, dn, gone)?;
             return Ok(CommandResult::RemovalPiece {

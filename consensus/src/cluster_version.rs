@@ -12,8 +12,8 @@
 //!
 //! The leader raises the version when a command first needs it, not at once: a cluster whose
 //! members were all upgraded keeps the older version (and its members may still be swapped for
-//! older builds) until the first such command. A datanode's removal also raises it, to 4 or else
-//! 3, as far as every member allows it at once (`node/removal.rs`): it goes in pieces from then
+//! older builds) until the first such command. A datanode's removal also raises it, to 7, else 4,
+//! else 3, as far as every member allows it at once (`node/removal.rs`): it goes in pieces from then
 //! on, and goes as one entry, without waiting, while a member does not allow 3.
 
 use std::collections::HashMap;
@@ -30,8 +30,9 @@ use crate::types::{Entry, NodeId};
 /// `RemoveDatanodePiece`, and epoch floors kept for removed datanodes. 4: `RaiseEpochFloor`,
 /// the cluster's epoch floor, and a removal's first piece fences the incarnation it removes.
 /// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch. 6:
-/// `ClaimForRestore`, a restore's claim on a fresh cluster.
-pub const BUILD_VERSION: u32 = 6;
+/// `ClaimForRestore`, a restore's claim on a fresh cluster. 7: a removal's first piece marks
+/// the datanode as being removed, fencing the epoch it raised it to as well.
+pub const BUILD_VERSION: u32 = 7;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
@@ -53,6 +54,12 @@ pub const FENCED_DEREGISTRATION: u32 = 5;
 /// The version from which a restore claims the cluster it goes into (`ClaimForRestore`): of
 /// two restores run into one cluster at once, one is refused before it writes anything.
 pub const RESTORE_CLAIM: u32 = 6;
+
+/// The version from which a removal's first piece also marks the datanode as being removed:
+/// it keeps the epoch it raised the datanode to under the id's epoch floor key while the
+/// record stays, and a batch, prune, heartbeat or deregistration under that epoch (which no
+/// registration gave) is fenced too, until the removal ends or the datanode registers again.
+pub const REMOVAL_MARK: u32 = 7;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

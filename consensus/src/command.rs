@@ -306,4 +306,11 @@ pub enum CommandResult {
         datanodes: bool,
         keys: bool,
     },
+    /// The datanode is being removed (cluster version 7: a removal's first piece marked it, and
+    /// it has not ended): the command is refused whatever its epoch; nothing was written.
+    /// `current_epoch` is the one the removal raised it to, which no registration gave.
+    /// Last of the variants: builds of version 6 and older cannot decode it, and never get it.
+    FencedForRemoval {
+        current_epoch: u64,
+    },
 }

@@ -22,7 +22,8 @@
 //!
 //! Plain code without a runtime or clock of its own: callers pass the term and the time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeBounds;
 use std::time::{Duration, Instant};
 
 /// How often the node's ticker calls [`Liveness::tick`].
@@ -69,8 +70,9 @@ pub struct Liveness {
     timeout: Duration,
     /// The term these heartbeats were heard in, and when this node started collecting them.
     term: Option<(u64, Instant)>,
-    /// Datanode id -> the newest incarnation heard.
-    heard: HashMap<u64, Heard>,
+    /// Datanode id -> the newest incarnation heard; by id, so that a page of the report
+    /// forgets what is stale among its own ids only.
+    heard: BTreeMap<u64, Heard>,
     /// Datanode id -> how many registrations of it this leader proposed and openraft has not
     /// answered yet. A registration is applied, and so read, a moment before its proposer
     /// hears of it and records it ([`Liveness::registered`]); meanwhile the datanode is
@@ -98,7 +100,7 @@ impl Liveness {
         Liveness {
             timeout,
             term: None,
-            heard: HashMap::new(),
+            heard: BTreeMap::new(),
             proposing: HashMap::new(),
             ticked: None,
         }
@@ -308,16 +310,29 @@ impl Liveness {
             .count()
     }
 
-    /// Forgets what a read of the registry that saw every entry up to log index `seen_upto`
-    /// shows to be stale, so the record stays as large as the registry. `current` gives the
-    /// registration index of a datanode's current incarnation, `None` if it is not
-    /// registered. Forgets former incarnations and removed datanodes, but keeps incarnations
-    /// registered after the read (heard since).
-    pub fn retain(&mut self, seen_upto: u64, mut current: impl FnMut(u64) -> Option<u64>) {
-        self.heard.retain(|&id, h| match current(id) {
-            Some(registered_index) => h.registered_index >= registered_index,
-            None => h.registered_index > seen_upto,
-        });
+    /// Forgets what a read of the registry's datanodes with ids `within`, which saw every entry
+    /// up to log index `seen_upto`, shows to be stale, so the record stays as large as the
+    /// registry. `current` gives the registration index of a datanode's current incarnation,
+    /// `None` if it is not registered. Forgets former incarnations and removed datanodes, but
+    /// keeps incarnations registered after the read (heard since).
+    pub fn retain(
+        &mut self,
+        within: impl RangeBounds<u64>,
+        seen_upto: u64,
+        mut current: impl FnMut(u64) -> Option<u64>,
+    ) {
+        let stale: Vec<u64> = self
+            .heard
+            .range(within)
+            .filter(|(&id, h)| match current(id) {
+                Some(registered_index) => h.registered_index < registered_index,
+                None => h.registered_index <= seen_upto,
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stale {
+            self.heard.remove(&id);
+        }
     }
 
     /// How many datanodes the record holds.
@@ -532,7 +547,10 @@ mod tests {
         for id in 1..=5 {
             l.heard(3, id, 1, t0);
         }
-        l.retain(1, |id| (id % 2 == 1).then_some(1));
+        // A page's read of ids 1 to 3 forgets datanode 2 only.
+        l.retain(1..=3, 1, |id| (id % 2 == 1).then_some(1));
+        assert_eq!(l.len(), 4);
+        l.retain(.., 1, |id| (id % 2 == 1).then_some(1));
         assert_eq!(l.len(), 3);
         assert_eq!(l.state(3, 2, 1, t0).state, DatanodeState::Unknown);
         assert_eq!(l.state(3, 3, 1, t0).state, DatanodeState::Alive);
@@ -653,7 +671,7 @@ mod tests {
             5 => Some(30),
             _ => None,
         };
-        l.retain(60, current);
+        l.retain(.., 60, current);
         let mut kept: Vec<u64> = l.heard.keys().copied().collect();
         kept.sort_unstable();
         assert_eq!(kept, vec![2, 4, 5]);

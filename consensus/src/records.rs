@@ -20,6 +20,14 @@ pub struct DatanodeRecord {
     pub shards: u64,
 }
 
+/// Whether the datanode whose record is `dn` is being removed, given the value `mark` under
+/// its id's epoch floor key: from cluster version 7 a removal's first piece keeps there the epoch
+/// it raised the record to, while the record stays. A registration drops the mark, so a record
+/// and a floor key never coexist otherwise (a removal puts the floor as it drops the record).
+pub fn being_removed(dn: &DatanodeRecord, mark: Option<u64>) -> bool {
+    mark == Some(dn.epoch)
+}
+
 /// One replica of a shard on a datanode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaRecord {

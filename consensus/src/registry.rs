@@ -409,11 +409,22 @@ impl Registry {
 
     // ---- reads ----
 
+    /// The value under datanode `id`'s epoch floor key: with its record, the epoch its removal
+    /// raised it to (see [`crate::records::being_removed`]).
+    pub(crate) fn removal_mark(&self, id: u64) -> Result<Option<u64>> {
+        let g = self.current();
+        let _view = g.reading();
+        g.get::<u64>(&keys::epoch_floor(id), "removal mark")
+    }
+
     pub(crate) fn datanode(&self, id: u64) -> Result<Option<DatanodeInfo>> {
         let g = self.current();
         let _view = g.reading();
-        Ok(g.get::<DatanodeRecord>(&keys::datanode(id), "datanode")?
-            .map(|r| datanode_info(id, r)))
+        let Some(r) = g.get::<DatanodeRecord>(&keys::datanode(id), "datanode")? else {
+            return Ok(None);
+        };
+        let mark = g.get::<u64>(&keys::epoch_floor(id), "removal mark")?;
+        Ok(Some(datanode_info(id, r, mark)))
     }
 
     pub(crate) fn datanodes(&self) -> Result<Vec<DatanodeInfo>> {
@@ -425,7 +436,8 @@ impl Registry {
             let id = keys::one_id(&k).ok_or_else(|| bad_key("datanode", &k))?;
             let rec: DatanodeRecord =
                 codec::decode(&v).map_err(|e| Error::corrupt(format!("datanode {id}"), e))?;
-            out.push(datanode_info(id, rec));
+            let mark = g.get::<u64>(&keys::epoch_floor(id), "removal mark")?;
+            out.push(datanode_info(id, rec, mark));
         }
         Ok(out)
     }
@@ -463,7 +475,8 @@ impl Registry {
             let id = keys::one_id(&k).ok_or_else(|| bad_key("datanode", &k))?;
             let rec: DatanodeRecord =
                 codec::decode(&v).map_err(|e| Error::corrupt(format!("datanode {id}"), e))?;
-            items.push(datanode_info(id, rec));
+            let mark = g.get::<u64>(&keys::epoch_floor(id), "removal mark")?;
+            items.push(datanode_info(id, rec, mark));
         }
         let next = more.then(|| {
             let last = items.last().map(|d| d.id).unwrap_or(0);
@@ -726,9 +739,12 @@ impl Registry {
     }
 }
 
-pub(crate) fn datanode_info(id: u64, r: DatanodeRecord) -> DatanodeInfo {
+/// Datanode `id`'s record `r` as a view; `mark` is the value under its id's epoch floor key
+/// (see [`crate::records::being_removed`]).
+pub(crate) fn datanode_info(id: u64, r: DatanodeRecord, mark: Option<u64>) -> DatanodeInfo {
     DatanodeInfo {
         id,
+        removing: crate::records::being_removed(&r, mark),
         addr: r.addr,
         epoch: r.epoch,
         registered_index: r.registered_index,

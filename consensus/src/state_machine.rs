@@ -495,7 +495,17 @@ impl SmShared {
         self.read_through(
             |batch| {
                 let pending = batch.pending::<DatanodeRecord>(&keys::datanode(id), "datanode")?;
-                Ok(pending.map(|r| r.map(|r| datanode_info(id, r))))
+                let Some(Some(r)) = pending else {
+                    return Ok(pending.map(|_| None));
+                };
+                // A command that writes the mark writes the record too, but not always the
+                // other way round: a mark the batch does not write is as in the registry.
+                let mark_key = keys::epoch_floor(id);
+                let mark = match batch.pending::<u64>(&mark_key, "removal mark")? {
+                    Some(mark) => mark,
+                    None => self.registry.removal_mark(id)?,
+                };
+                Ok(Some(Some(datanode_info(id, r, mark))))
             },
             |registry| registry.datanode(id),
         )

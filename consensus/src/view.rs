@@ -40,6 +40,9 @@ pub struct DatanodeInfo {
     pub registered_index: u64,
     /// How many replicas it holds.
     pub shards: u64,
+    /// A removal of it began and has not ended (cluster version 7): every request of it is
+    /// fenced, whatever its epoch (`epoch` is the one the removal raised it to).
+    pub removing: bool,
 }
 
 /// One replica of a shard.
@@ -104,8 +107,9 @@ pub struct SnapshotInfo {
 pub enum Heartbeat {
     /// Recorded: the datanode is alive for `timeout` from now.
     Recorded { timeout: std::time::Duration },
-    /// The heartbeat's epoch is not the datanode's current one: it must register again.
-    Fenced { current_epoch: u64 },
+    /// The heartbeat's epoch is not the datanode's current one, or the datanode is being
+    /// removed (`removing`, whatever the epoch): it must register again.
+    Fenced { current_epoch: u64, removing: bool },
     /// No such datanode is registered.
     UnknownDatanode,
 }
@@ -120,6 +124,8 @@ pub struct LivenessReport {
     /// How long this leader has collected heartbeats (datanodes it has not heard from are
     /// `unknown` until this reaches the timeout).
     pub collecting: std::time::Duration,
-    /// Every registered datanode, by id, with its liveness.
+    /// Registered datanodes, by id, with their liveness: every one, or a page of them.
     pub datanodes: Vec<(DatanodeInfo, crate::liveness::DatanodeLiveness)>,
+    /// Of a page: the id of its last datanode, when more of those asked for follow.
+    pub next: Option<u64>,
 }

@@ -238,19 +238,19 @@ async fn a_removal_goes_in_pieces_once_every_member_runs_a_build_that_applies_th
         assert!(gone.is_none(), "node {}", n.id());
     }
 
-    // Upgraded to this build, node 3 lets the next removal raise the version to 4: the raise
-    // and three pieces again.
+    // Upgraded to this build, node 3 lets the next removal raise the version to 7 (its first
+    // piece marks the datanode as being removed) in one step: the raise and three pieces again.
     let leader = restart_third(&mut c, current_build, BUILD_VERSION).await?;
     assert_eq!(register_and_remove(&leader, 11).await?, (10_000, 4));
     c.converged().await?;
     for n in c.nodes.values() {
-        assert_eq!(n.cluster_version(), 4, "node {}", n.id());
+        assert_eq!(n.cluster_version(), 7, "node {}", n.id());
     }
 
     // The build of version 2 no longer starts on node 3's data.
     let e = refused_restart_of_third(&mut c, second_version_third).await?;
     assert!(
-        e.contains("applies cluster versions up to 2, but the cluster's version is 4"),
+        e.contains("applies cluster versions up to 2, but the cluster's version is 7"),
         "{e}"
     );
     c.shutdown().await

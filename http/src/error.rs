@@ -34,11 +34,9 @@ pub enum ApiError {
     /// The route exists but not with this method (405).
     #[error("method not allowed for this path")]
     MethodNotAllowed,
-    /// A shard batch or a prune carried an epoch that is not the datanode's current one (409).
-    #[error(
-        "datanode {datanode}: epoch {epoch} is fenced ({}), the current epoch is {current_epoch}",
-        if epoch > current_epoch { "no registration gave it" } else { "not the current incarnation" }
-    )]
+    /// A shard batch or a prune carried an epoch that is not the datanode's current one, or
+    /// the datanode is being removed (409).
+    #[error("datanode {datanode}: epoch {epoch} is fenced ({})", fenced_because(*epoch, *current_epoch, *removing))]
     Fenced {
         /// The datanode the request was for.
         datanode: u64,
@@ -46,6 +44,8 @@ pub enum ApiError {
         epoch: u64,
         /// The datanode's current epoch.
         current_epoch: u64,
+        /// A removal of the datanode began and has not ended: every epoch is fenced.
+        removing: bool,
     },
     /// A compare-and-swap on a key found another revision (409).
     #[error("key {key:?}: expected revision {expected}, current revision is {current}")]
@@ -142,6 +142,20 @@ pub enum ApiError {
     /// A bug or an unexpected failure (500).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Why a [`ApiError::Fenced`] request's epoch is fenced.
+fn fenced_because(epoch: u64, current_epoch: u64, removing: bool) -> String {
+    match (removing, epoch > current_epoch) {
+        (true, _) => "the datanode is being removed: its removal began and has not ended, and \
+                      no request of it is taken; register it again to keep it, or remove it \
+                      again to end the removal"
+            .to_owned(),
+        (false, true) => format!("no registration gave it, the current epoch is {current_epoch}"),
+        (false, false) => {
+            format!("not the current incarnation, the current epoch is {current_epoch}")
+        }
+    }
 }
 
 impl ApiError {
@@ -485,6 +499,7 @@ mod tests {
                     datanode: 1,
                     epoch: 2,
                     current_epoch: 3,
+                    removing: false,
                 },
                 409,
                 "fenced",
@@ -523,18 +538,27 @@ mod tests {
 
     #[test]
     fn a_fenced_epoch_says_whether_it_was_ever_given() {
-        let fenced = |epoch| {
+        let fenced = |epoch, removing| {
             ApiError::Fenced {
                 datanode: 7,
                 epoch,
                 current_epoch: 3,
+                removing,
             }
             .to_string()
         };
-        let old = fenced(2);
+        let old = fenced(2, false);
         assert!(old.contains("not the current incarnation"), "{old}");
-        let never = fenced(999);
+        assert!(old.contains("the current epoch is 3"), "{old}");
+        let never = fenced(999, false);
         assert!(never.contains("no registration gave it"), "{never}");
+        // Being removed, every epoch is fenced, the one the removal raised it to too: the
+        // answer names the removal, not an epoch to send with.
+        for epoch in [2, 3, 999] {
+            let removing = fenced(epoch, true);
+            assert!(removing.contains("is being removed"), "{removing}");
+            assert!(!removing.contains("current epoch"), "{removing}");
+        }
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct DatanodeView {
     pub epoch: u64,
     /// How many shard replicas it holds.
     pub shards: u64,
+    /// `true` while a removal of it that began has not ended (every request of it is fenced,
+    /// whatever its epoch); left out otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removing: bool,
 }
 
 /// `GET /v1/datanodes`.

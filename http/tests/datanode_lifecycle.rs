@@ -265,3 +265,128 @@ async fn silent_datanodes_go_down() {
         "{metrics}"
     );
 }
+
+/// A removal cut off after its first piece (its request timed out, its leader crashed) leaves
+/// the datanode marked as being removed: its view says so, and no batch, prune or heartbeat is
+/// taken under any epoch, the one the removal raised it to included (a datanode that read it
+/// there was revived under an epoch no registration gave, and a second removal then dropped
+/// what it had been told was registered). Removing it again ends the removal; registering it
+/// again keeps it.
+#[tokio::test]
+async fn a_datanode_being_removed_takes_no_request_under_any_epoch() {
+    let t = leader_node(None).await;
+    for id in [7, 8] {
+        let epoch = t.register_datanode(id).await;
+        let shards: Vec<_> = (0..5_000)
+            .map(|s| json!({"id": s, "generation": 1, "size": 10}))
+            .collect();
+        let body = json!({"epoch": epoch, "shards": shards}).to_string();
+        let a = t
+            .send(Method::POST, &format!("/v1/datanodes/{id}/shards"), body)
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        // The removal's first piece only, as a removal whose request was cut off leaves it.
+        t.node
+            .write(meta_consensus::Command::RemoveDatanode { id })
+            .await
+            .unwrap();
+        let view = t.get(&format!("/v1/datanodes/{id}")).await.json();
+        assert_eq!(view["removing"], true, "{view}");
+        let raised = view["epoch"].as_u64().unwrap();
+        assert_eq!(raised, epoch + 1, "{view}");
+        for epoch in [epoch, raised] {
+            let batch =
+                json!({"epoch": epoch, "shards": [{"id": 99_999, "generation": 1, "size": 1}]});
+            let answers = [
+                heartbeat(&t, id, epoch).await,
+                t.send(
+                    Method::POST,
+                    &format!("/v1/datanodes/{id}/shards"),
+                    batch.to_string(),
+                )
+                .await,
+                t.send(
+                    Method::POST,
+                    &format!("/v1/datanodes/{id}/prune"),
+                    json!({ "epoch": epoch }).to_string(),
+                )
+                .await,
+            ];
+            for a in answers {
+                assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+                assert_eq!(a.error_code(), "fenced", "{a:?}");
+                assert!(a.error_message().contains("being removed"), "{a:?}");
+            }
+        }
+        assert_eq!(
+            t.get("/v1/shards/99999").await.status,
+            StatusCode::NOT_FOUND
+        );
+        let listed = t.get("/v1/datanodes").await.json();
+        assert_eq!(entry(&listed, id)["removing"], true, "{listed}");
+    }
+    // Removed again: gone. Registered again: kept, and no longer marked.
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(t.get("/v1/datanodes/7").await.status, StatusCode::NOT_FOUND);
+    let epoch = t.register_datanode(8).await;
+    let view = t.get("/v1/datanodes/8").await.json();
+    assert!(view.get("removing").is_none(), "{view}");
+    assert_eq!(heartbeat(&t, 8, epoch).await.status, StatusCode::OK);
+}
+
+/// A page of the liveness report that asks for one state reads the registry a chunk at a time
+/// until it is full: the pages of a state that few datanodes are in, each spread over more
+/// than one chunk (1,024 datanodes), list each such datanode once, in order, and the last page
+/// says no more follow.
+#[tokio::test]
+async fn liveness_pages_of_one_state_span_the_registry() {
+    let t = leader_node_tuned(None, |c| c.datanode_timeout = Duration::from_secs(600)).await;
+    let mut alive = Vec::new();
+    for id in 1..=1_100 {
+        let epoch = t.register_datanode(id).await;
+        if [5, 1_030, 1_100].contains(&id) {
+            assert_eq!(heartbeat(&t, id, epoch).await.status, StatusCode::OK);
+            alive.push(id);
+        }
+    }
+    let ids = |v: &Value| -> Vec<u64> {
+        v["datanodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_u64().unwrap())
+            .collect()
+    };
+    let mut listed = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/liveness?state=alive&limit=2&after={a}"),
+            None => "/v1/liveness?state=alive&limit=2".to_owned(),
+        };
+        let v = t.get(&path).await.json();
+        listed.extend(ids(&v));
+        pages += 1;
+        match v["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10, "{v}");
+    }
+    assert_eq!(listed, alive);
+    assert_eq!(pages, 2, "3 alive datanodes: 2 + 1, and no empty page");
+    // Without a state: the page is the registry's page.
+    let v = t
+        .get("/v1/liveness?limit=2&after=00000000000003ff")
+        .await
+        .json();
+    assert_eq!(ids(&v), [1_024, 1_025]);
+    assert_eq!(v["next"], "0000000000000401");
+    let v = t.get("/v1/liveness?after=0000000000000440").await.json();
+    assert_eq!(ids(&v), (1_089..=1_100).collect::<Vec<u64>>());
+    assert!(v["next"].is_null(), "{v}");
+}

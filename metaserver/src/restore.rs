@@ -621,6 +621,7 @@ mod tests {
             epoch,
             registered_index: 1,
             shards: 0,
+            removing: false,
         };
         let now = 1_800_000_000_000_000;
         assert_eq!(epoch_floor(now, &[], 0), now);
@@ -640,6 +641,7 @@ mod tests {
             epoch: 1,
             registered_index: 1,
             shards: 0,
+            removing: false,
         };
         check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "[::1]:7")]).unwrap();
         let err = check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "h:1:2")])

@@ -319,3 +319,98 @@ fn a_removal_leaves_no_index_entry_behind_even_one_out_of_step() {
     assert_eq!(removed(&pieces), 3);
     assert!(!anything_of(&reg, 1), "{:?}", contents(&reg).len());
 }
+
+/// From version 7 the first piece marks the datanode as being removed: the epoch it raised the
+/// datanode to, which no registration gave, is fenced too (a client that read it from the
+/// datanode's view, or from a 409, could otherwise revive the datanode under it, and the
+/// removal would silently drop what it registered). Below 7 nothing marks it, as older builds
+/// apply it.
+#[test]
+fn from_version_7_no_request_is_taken_under_the_epoch_a_removal_raised() {
+    for version in [6, 7] {
+        let (_dir, reg) = registry();
+        let all: Vec<u64> = (0..10_000).collect();
+        let mut cmds = vec![Command::SetClusterVersion { version }, dn(1)];
+        cmds.extend(register(1, 2, &all));
+        apply(&reg, 1, &cmds);
+        apply(&reg, 10, &[piece(1, None)]);
+        let raised = reg.datanode(1).unwrap().unwrap();
+        assert_eq!(raised.epoch, 3);
+        assert_eq!(raised.removing, version == 7);
+        let marks = |reg: &Registry| {
+            contents(reg)
+                .iter()
+                .filter(|(k, _)| k[0] == keys::EPOCH_FLOOR)
+                .count()
+        };
+        assert_eq!(marks(&reg), usize::from(version == 7));
+        let before = reg.content().unwrap();
+        // Under the raised epoch, and under the removed incarnation's own.
+        let requests = [
+            register(1, 3, &[1_000_000]).remove(0),
+            Command::PruneReplicas {
+                datanode: 1,
+                epoch: 3,
+                from_bucket: 0,
+            },
+            Command::DeregisterShardsOf {
+                datanode: 1,
+                epoch: 3,
+                shards: vec![9_999],
+            },
+            register(1, 2, &[1_000_001]).remove(0),
+        ];
+        let answers = apply(&reg, 11, &requests);
+        if version == 6 {
+            assert!(
+                matches!(
+                    answers[0],
+                    CommandResult::ShardsRegistered { accepted: 1, .. }
+                ),
+                "{answers:?}"
+            );
+            continue;
+        }
+        let fenced = CommandResult::FencedForRemoval { current_epoch: 3 };
+        assert_eq!(answers, vec![fenced; 4]);
+        assert!(reg.content().unwrap() == before, "fenced: nothing changed");
+        // The removal ends with what the first piece left; the mark becomes the floor.
+        let rest = remove_in_pieces(&reg, 20, 1, Some(2));
+        assert_eq!(removed(&rest), 10_000 - 4_096);
+        assert!(!anything_of(&reg, 1));
+        assert_eq!(epoch(&apply(&reg, 1, &[dn(1)])[0]), 4);
+        assert_eq!(marks(&reg), 0, "a registration takes the floor");
+    }
+}
+
+/// A datanode that registers again while it is being removed stays, unmarked: its new
+/// incarnation's requests are taken, and the removal's next piece ends it.
+#[test]
+fn a_registration_during_a_removal_drops_its_mark() {
+    let (_dir, reg) = registry();
+    let all: Vec<u64> = (0..10_000).collect();
+    let mut cmds = vec![Command::SetClusterVersion { version: 7 }, dn(1)];
+    cmds.extend(register(1, 2, &all));
+    apply(&reg, 1, &cmds);
+    apply(&reg, 10, &[piece(1, None)]);
+    assert!(reg.datanode(1).unwrap().unwrap().removing);
+    let mut again = vec![dn(1)];
+    again.extend(register(1, 11, &[1_000_000]));
+    let answers = apply(&reg, 11, &again);
+    assert!(
+        matches!(
+            answers[1],
+            CommandResult::ShardsRegistered { accepted: 1, .. }
+        ),
+        "{answers:?}"
+    );
+    let back = reg.datanode(1).unwrap().unwrap();
+    assert_eq!((back.epoch, back.removing), (11, false));
+    assert!(!contents(&reg)
+        .iter()
+        .any(|(k, _)| k[0] == keys::EPOCH_FLOOR));
+    assert_eq!(
+        apply(&reg, 13, &[piece(1, Some(2))]),
+        vec![CommandResult::Fenced { current_epoch: 11 }]
+    );
+}

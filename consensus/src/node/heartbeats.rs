@@ -1,11 +1,17 @@
 //! Datanode heartbeats and the liveness report, both answered by the leader from its
 //! in-memory record (`liveness.rs`), never through the log.
 
+use std::ops::Bound;
 use std::time::Instant;
 
 use super::MetaNode;
 use crate::error::Result;
+use crate::liveness::DatanodeState;
 use crate::view::{Consistency, Heartbeat, LivenessReport};
+
+/// How many datanodes a page of the liveness report that asks for one state reads from the
+/// registry at a time.
+const STATE_SCAN: usize = 1_024;
 
 impl MetaNode {
     /// Ticks the liveness record every [`crate::liveness::TICK`] until the node is dropped, so
@@ -30,7 +36,8 @@ impl MetaNode {
     /// [`crate::Error::ForwardToLeader`]. The datanode is read with `Lease` consistency, so the
     /// answer knows every registration acknowledged before the call: a heartbeat is fenced
     /// only when the datanode really registered again since, or its removal began (from cluster
-    /// version 4 the first piece raises its epoch) or ended. Returns once the
+    /// version 4 the first piece raises its epoch, and from version 7 that epoch is fenced too)
+    /// or ended. Returns once the
     /// heartbeat is recorded; nothing is written to disk.
     pub async fn heartbeat(&self, id: u64, epoch: u64) -> Result<Heartbeat> {
         self.check_open()?;
@@ -39,9 +46,10 @@ impl MetaNode {
             self.inner.liveness.lock().forget(id, seen_upto);
             return Ok(Heartbeat::UnknownDatanode);
         };
-        if datanode.epoch != epoch {
+        if datanode.epoch != epoch || datanode.removing {
             return Ok(Heartbeat::Fenced {
                 current_epoch: datanode.epoch,
+                removing: datanode.removing,
             });
         }
         let term = self.term();
@@ -89,34 +97,81 @@ impl MetaNode {
         Some((alive, liveness.collecting(term, now)))
     }
 
-    /// Every registered datanode with its liveness as this leader heard it. Leader only: on a
-    /// follower [`crate::Error::ForwardToLeader`]. Forgets the heartbeats of datanodes no
-    /// longer registered and of former incarnations.
+    /// Every registered datanode with its liveness as this leader heard it: the whole
+    /// [`MetaNode::liveness_page`].
     pub async fn liveness(&self) -> Result<LivenessReport> {
+        self.liveness_page(None, None, usize::MAX).await
+    }
+
+    /// A page of the liveness report, as this leader heard the datanodes: those registered
+    /// with ids above `after` (from the first: `None`), in state `wanted` (any: `None`), at most
+    /// `limit`, by id; `next` names the page's last id when more such follow. Leader only: on
+    /// a follower [`crate::Error::ForwardToLeader`]. It reads the registry from `after` on, a
+    /// chunk at a time, until the page is full, so a page costs about its own size (more when
+    /// it asks for a state that few datanodes are in), not the whole registry's. Forgets the
+    /// heartbeats of former incarnations, and of datanodes no longer registered, among the
+    /// ids it read.
+    pub async fn liveness_page(
+        &self,
+        wanted: Option<DatanodeState>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<LivenessReport> {
         self.check_open()?;
         let seen_upto = self.applied_before_read();
-        let datanodes = self.every_datanode(Consistency::Lease).await?;
-        let term = self.term();
-        let now = Instant::now();
-        let mut liveness = self.inner.liveness.lock();
-        let registered: std::collections::HashMap<u64, u64> = datanodes
-            .iter()
-            .map(|d| (d.id, d.registered_index))
-            .collect();
-        liveness.retain(seen_upto, |id| registered.get(&id).copied());
-        let collecting = liveness.collecting(term, now);
-        let datanodes = datanodes
-            .into_iter()
-            .map(|d| {
+        let chunk = match wanted {
+            None => limit.saturating_add(1),
+            Some(_) => STATE_SCAN,
+        }
+        .min(crate::MAX_PAGE);
+        let mut from = after;
+        let mut datanodes = Vec::new();
+        let mut next = None;
+        let (timeout, collecting) = loop {
+            let cursor = from.map(|id| format!("{id:016x}"));
+            let read = self
+                .datanodes(Consistency::Lease, cursor.as_deref(), chunk)
+                .await?;
+            // The ids the read covered: up to its last, or all that remain.
+            let until = match (&read.next, read.items.last()) {
+                (Some(_), Some(last)) => Bound::Included(last.id),
+                _ => Bound::Unbounded,
+            };
+            let start = from.map_or(Bound::Unbounded, Bound::Excluded);
+            let term = self.term();
+            let now = Instant::now();
+            let mut liveness = self.inner.liveness.lock();
+            let registered: std::collections::HashMap<u64, u64> = read
+                .items
+                .iter()
+                .map(|d| (d.id, d.registered_index))
+                .collect();
+            liveness.retain((start, until), seen_upto, |id| registered.get(&id).copied());
+            let figures = (liveness.timeout(), liveness.collecting(term, now));
+            for d in read.items {
                 let l = liveness.state(term, d.id, d.registered_index, now);
-                (d, l)
-            })
-            .collect();
+                if wanted.is_some_and(|w| w != l.state) {
+                    continue;
+                }
+                if datanodes.len() == limit {
+                    next = datanodes
+                        .last()
+                        .map(|(d, _): &(crate::DatanodeInfo, _)| d.id);
+                    break;
+                }
+                datanodes.push((d, l));
+            }
+            match (next, until) {
+                (None, Bound::Included(last)) => from = Some(last),
+                _ => break figures,
+            }
+        };
         Ok(LivenessReport {
             leader: self.id(),
-            timeout: liveness.timeout(),
+            timeout,
             collecting,
             datanodes,
+            next,
         })
     }
 

@@ -160,11 +160,6 @@ impl MetaNode {
         self.read_point(c, move |sm| sm.datanode(id)).await
     }
 
-    /// Every registered datanode, by id, in one read.
-    pub(super) async fn every_datanode(&self, c: Consistency) -> Result<Vec<DatanodeInfo>> {
-        self.read(c, |sm| sm.registry.datanodes()).await
-    }
-
     /// Registered datanodes by id, paginated like [`MetaNode::shards`].
     pub async fn datanodes(
         &self,

@@ -5,14 +5,16 @@
 //! the first piece also fences the incarnation it removes, so the datanode's batches cannot
 //! keep the removal going. The leader raises the version as far as every member allows (4, else
 //! 3); below 3 (a member runs an older build, or did not answer), a removal goes as one entry
-//! (`RemoveDatanode`), as before: a removal never waits for the cluster's version.
+//! (`RemoveDatanode`), as before: a removal never waits for the cluster's version. From version 7
+//! the first piece also marks the datanode as being removed, so that the epoch it raised the
+//! datanode to, which no registration gave, is fenced as well.
 //!
 //! The leader answers a `RemoveDatanode` with one entry (after raising the version, if it does):
 //! the first piece, or the whole removal. The caller proposes the next pieces itself, one write
 //! each (the HTTP handler does), so a forwarded removal holds up no other write of its batch.
 
 use super::MetaNode;
-use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL};
+use crate::cluster_version::{FENCING_REMOVAL, PIECEWISE_REMOVAL, REMOVAL_MARK};
 use crate::command::Command;
 use crate::error::Result;
 use crate::view::{Consistency, Written};
@@ -32,10 +34,11 @@ impl MetaNode {
         }
         // As of the lease: a fresh leader may not have applied a recent registration yet.
         let known = self.datanode(Consistency::Lease, id).await?.is_some();
-        // The newest way every member allows: pieces whose first fences the incarnation, else
-        // pieces, else one entry.
+        // The newest way every member allows: pieces whose first marks the datanode as being
+        // removed, else pieces whose first fences the incarnation, else pieces, else one entry.
         let pieces = known
-            && (self.try_version(FENCING_REMOVAL).await.unwrap_or(false)
+            && (self.try_version(REMOVAL_MARK).await.unwrap_or(false)
+                || self.try_version(FENCING_REMOVAL).await.unwrap_or(false)
                 || self.try_version(PIECEWISE_REMOVAL).await.unwrap_or(false));
         let cmd = match pieces {
             true => Command::RemoveDatanodePiece {

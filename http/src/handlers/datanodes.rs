@@ -28,6 +28,7 @@ impl From<DatanodeInfo> for DatanodeView {
             addr: d.addr,
             epoch: d.epoch,
             shards: d.shards,
+            removing: d.removing,
         }
     }
 }
@@ -224,6 +225,13 @@ fn refused(id: u64, epoch: u64, result: CommandResult) -> ApiError {
             datanode: id,
             epoch,
             current_epoch,
+            removing: false,
+        },
+        CommandResult::FencedForRemoval { current_epoch } => ApiError::Fenced {
+            datanode: id,
+            epoch,
+            current_epoch,
+            removing: true,
         },
         CommandResult::UnknownDatanode { id } => unknown_datanode(id),
         other => unexpected(other),
@@ -322,10 +330,14 @@ pub async fn heartbeat(
         Heartbeat::Recorded { timeout } => Ok(axum::Json(HeartbeatRecorded {
             timeout_ms: millis(timeout),
         })),
-        Heartbeat::Fenced { current_epoch } => Err(ApiError::Fenced {
+        Heartbeat::Fenced {
+            current_epoch,
+            removing,
+        } => Err(ApiError::Fenced {
             datanode: id,
             epoch,
             current_epoch,
+            removing,
         }),
         Heartbeat::UnknownDatanode => Err(unknown_datanode(id)),
     }
@@ -339,14 +351,10 @@ pub async fn liveness(
     _: NoBody,
 ) -> Result<axum::Json<LivenessView>, ApiError> {
     let (wanted, after, limit) = query.validate()?;
-    let report = state.node.liveness().await?;
-    let mut listed = report
+    let report = state.node.liveness_page(wanted, after, limit).await?;
+    let datanodes: Vec<DatanodeLivenessView> = report
         .datanodes
         .into_iter()
-        .filter(|(d, l)| wanted.is_none_or(|w| w == l.state) && after.is_none_or(|a| d.id > a));
-    let datanodes: Vec<DatanodeLivenessView> = listed
-        .by_ref()
-        .take(limit)
         .map(|(d, l)| DatanodeLivenessView {
             id: d.id,
             addr: d.addr,
@@ -356,10 +364,7 @@ pub async fn liveness(
             heard_ms_ago: l.heard_ago.map(millis),
         })
         .collect();
-    let next = match (listed.next(), datanodes.last()) {
-        (Some(_), Some(last)) => Some(id_cursor_of(last.id)),
-        _ => None,
-    };
+    let next = report.next.map(id_cursor_of);
     Ok(axum::Json(LivenessView {
         leader_id: report.leader,
         timeout_ms: millis(report.timeout),

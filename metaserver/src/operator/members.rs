@@ -150,7 +150,10 @@ mod tests {
         // A second failure of a request that asked a (another request moved on already).
         assert!(!members.next("http://a:1"));
         assert_eq!(members.current(), "http://b:2", "one move per failure");
-        assert_eq!(members.in_turn(), ["http://b:2", "http://c:3", "http://a:1"]);
+        assert_eq!(
+            members.in_turn(),
+            ["http://b:2", "http://c:3", "http://a:1"]
+        );
         assert!(!members.next("http://b:2"));
         assert!(members.next("http://c:3"), "every member was asked");
         assert_eq!(members.current(), "http://a:1");
