@@ -65,7 +65,11 @@ pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) ->
     let scratch = ScratchDir::new_in(&parent_of(file))?;
     let backup = open(file, scratch.path()).await?;
     check_keys(&backup).await?;
-    check_addrs(&read(&backup, |b| b.datanodes()).await?)?;
+    let datanodes = read(&backup, |b| b.datanodes()).await?;
+    check_addrs(&datanodes)?;
+    if let Some(warning) = being_removed(&datanodes) {
+        eprintln!("warning: {warning}");
+    }
     let min_epoch = min_epoch(&backup).await?;
     check_empty(&op).await?;
     sending.store(true, Ordering::SeqCst);
@@ -97,6 +101,27 @@ pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) ->
         "replicas": restored.replicas,
         "keys": restored.keys,
     }))
+}
+
+/// What to tell of the backup's datanodes whose removal began and had not ended when it was
+/// taken: they are restored as registered (a restore sends registrations, and no removal
+/// marks), with the replicas they still held.
+fn being_removed(datanodes: &[DatanodeInfo]) -> Option<String> {
+    let ids: Vec<String> = datanodes
+        .iter()
+        .filter(|d| d.removing)
+        .map(|d| d.id.to_string())
+        .collect();
+    let (first, rest) = ids.split_first()?;
+    let named = match rest {
+        [] => format!("datanode {first} was"),
+        _ => format!("datanodes {} were", ids.join(", ")),
+    };
+    Some(format!(
+        "{named} being removed when the backup was taken (a removal began and had not \
+         ended): restored as registered, with the replicas still held then; remove again what \
+         should go"
+    ))
 }
 
 /// The smallest epoch the restored datanodes get ([`epoch_floor`]), checked before anything
@@ -500,7 +525,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::{check_addrs, check_empty, epoch_floor, kv_path, own_claim, raise_epoch_floor};
+    use super::{
+        being_removed, check_addrs, check_empty, epoch_floor, kv_path, own_claim, raise_epoch_floor,
+    };
     use crate::cli::ClientArgs;
     use crate::operator::Operator;
     use axum::http::{header, StatusCode};
@@ -631,6 +658,26 @@ mod tests {
         assert_eq!(epoch_floor(now, &raised, now + 50), now + 51);
         assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)], 0), u64::MAX);
         assert_eq!(epoch_floor(now, &[], u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn datanodes_being_removed_in_the_backup_are_named() {
+        let datanode = |id, removing| DatanodeInfo {
+            id,
+            addr: "10.0.0.1:9000".into(),
+            epoch: 1,
+            registered_index: 1,
+            shards: 0,
+            removing,
+        };
+        assert_eq!(being_removed(&[datanode(1, false)]), None);
+        let one = being_removed(&[datanode(1, false), datanode(7, true)]).unwrap();
+        assert!(one.starts_with("datanode 7 was being removed"), "{one}");
+        let two = being_removed(&[datanode(3, true), datanode(7, true)]).unwrap();
+        assert!(
+            two.starts_with("datanodes 3, 7 were being removed"),
+            "{two}"
+        );
     }
 
     #[test]
