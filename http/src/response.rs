@@ -160,6 +160,9 @@ pub struct ShardView {
 pub struct KvWritten {
     /// The key's revision after the write (the write's log index).
     pub revision: u64,
+    /// The history the revision counts in (give it back with `if_revision` as `history`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
 
 /// One key in `GET /v1/kv`.
@@ -178,6 +181,9 @@ pub struct KvKeyPage {
     pub keys: Vec<KvKeyView>,
     /// Cursor for the next page, `null` on the last page.
     pub next: Option<String>,
+    /// The history the revisions count in (give it back with `if_revision` as `history`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
 
 /// The newest snapshot in `GET /v1/cluster`, and the answer of `POST /v1/cluster/snapshot`.

@@ -20,6 +20,21 @@ use crate::writer::Writer;
 /// Response header carrying a key's revision.
 pub const X_REVISION: &str = "x-revision";
 
+/// Response header carrying the history a key's revision counts in (the watch's `history`):
+/// a write that gives it back as `history=` is refused in a cluster restored from a backup
+/// since, where the revision could match a rolled-back value.
+pub const X_HISTORY: &str = "x-history";
+
+/// Refuses a write whose `history` is not this cluster's ([`super::check_history`]).
+fn check_history(state: &SharedState, query: &KvWriteQuery) -> Result<(), ApiError> {
+    super::check_history(
+        &state.node,
+        query.history()?,
+        "revisions",
+        "read the key again",
+    )
+}
+
 /// The key of `/v1/kv/{*key}`, percent-decoded, valid UTF-8 and within the key rules.
 #[derive(Debug)]
 pub struct KeyPath(pub String);
@@ -53,13 +68,19 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     }
 }
 
-fn written(result: CommandResult, key: &str, expected: Option<u64>) -> Result<KvWritten, ApiError> {
+fn written(
+    state: &SharedState,
+    result: CommandResult,
+    key: &str,
+    expected: Option<u64>,
+) -> Result<KvWritten, ApiError> {
+    let history = state.node.history_name();
     match result {
-        CommandResult::Put { revision } => Ok(KvWritten { revision }),
+        CommandResult::Put { revision } => Ok(KvWritten { revision, history }),
         CommandResult::Deleted {
             existed: true,
             revision,
-        } => Ok(KvWritten { revision }),
+        } => Ok(KvWritten { revision, history }),
         CommandResult::Deleted { existed: false, .. } => {
             Err(ApiError::NotFound(format!("key {key:?} does not exist")))
         }
@@ -72,8 +93,9 @@ fn written(result: CommandResult, key: &str, expected: Option<u64>) -> Result<Kv
     }
 }
 
-/// `PUT /v1/kv/{key}?if_revision=N` with the value as body (at most 1 MiB).
+/// `PUT /v1/kv/{key}?if_revision=N&history=H` with the value as body (at most 1 MiB).
 pub async fn put(
+    State(state): State<SharedState>,
     writer: Writer,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
@@ -82,6 +104,7 @@ pub async fn put(
     let if_revision = query.if_revision()?;
     validate_new_key(&key)?;
     validate_value(&value)?;
+    check_history(&state, &query)?;
     let result = writer
         .write(Command::Put {
             key: key.clone(),
@@ -90,17 +113,19 @@ pub async fn put(
         })
         .await?
         .result;
-    written(result, &key, if_revision).map(axum::Json)
+    written(&state, result, &key, if_revision).map(axum::Json)
 }
 
-/// `DELETE /v1/kv/{key}?if_revision=N`; 404 if the key does not exist.
+/// `DELETE /v1/kv/{key}?if_revision=N&history=H`; 404 if the key does not exist.
 pub async fn delete(
+    State(state): State<SharedState>,
     writer: Writer,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
     _: NoBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
     let if_revision = query.if_revision()?;
+    check_history(&state, &query)?;
     let result = writer
         .write(Command::Delete {
             key: key.clone(),
@@ -108,10 +133,11 @@ pub async fn delete(
         })
         .await?
         .result;
-    written(result, &key, if_revision).map(axum::Json)
+    written(&state, result, &key, if_revision).map(axum::Json)
 }
 
-/// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision`; 404 if absent.
+/// `GET /v1/kv/{key}`: the value as body, its revision in `X-Revision` and the history that
+/// counts in `X-History`; 404 if absent.
 pub async fn get(
     State(state): State<SharedState>,
     replayed: ReplayedReadIndex,
@@ -125,20 +151,30 @@ pub async fn get(
         .kv_get(state.read_consistency(consistency, replayed).await?, &key)
         .await?
     {
-        Some(entry) => Ok((
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/octet-stream"),
-                ),
-                (
-                    header::HeaderName::from_static(X_REVISION),
-                    HeaderValue::from(entry.revision),
-                ),
-            ],
-            entry.value,
-        )
-            .into_response()),
+        Some(entry) => {
+            let mut answer = (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/octet-stream"),
+                    ),
+                    (
+                        header::HeaderName::from_static(X_REVISION),
+                        HeaderValue::from(entry.revision),
+                    ),
+                ],
+                entry.value,
+            )
+                .into_response();
+            if let Some(history) = state.node.history_name() {
+                if let Ok(value) = HeaderValue::from_str(&history) {
+                    answer
+                        .headers_mut()
+                        .insert(header::HeaderName::from_static(X_HISTORY), value);
+                }
+            }
+            Ok(answer)
+        }
         None => Err(ApiError::NotFound(format!("key {key:?} does not exist"))),
     }
 }
@@ -172,5 +208,6 @@ pub async fn list(
             })
             .collect(),
         next: result.next,
+        history: state.node.history_name(),
     }))
 }

@@ -49,3 +49,33 @@ pub(crate) fn listing_error(
 pub(crate) fn unexpected(result: CommandResult) -> ApiError {
     ApiError::Internal(format!("unexpected command result {result:?}"))
 }
+
+/// Refuses a request whose `history` (`theirs`, if it gave one) is not this cluster's: the
+/// `what` it counts (a watch's indexes, a key's revisions) mean nothing here, as a cluster
+/// restored from a backup counts them again; `then` says what to do instead. 410, or 503 while
+/// this node does not know its cluster yet (it is not another history).
+pub(crate) fn check_history(
+    node: &meta_consensus::MetaNode,
+    theirs: Option<&str>,
+    what: &str,
+    then: &str,
+) -> Result<(), ApiError> {
+    let Some(theirs) = theirs else {
+        return Ok(());
+    };
+    let Some(ours) = node.history_name() else {
+        // Not ready (a member added a moment ago learns the cluster's id from the leader's
+        // first message), not another history: the client keeps its state and retries.
+        return Err(ApiError::Unavailable(
+            "this node does not know its cluster yet; retry in a moment, or at another member"
+                .into(),
+        ));
+    };
+    match ours == theirs {
+        true => Ok(()),
+        false => Err(ApiError::Compacted(format!(
+            "history={theirs} is not this cluster's history ({ours}): its {what} mean nothing \
+             here (a cluster restored from a backup counts them again); {then}"
+        ))),
+    }
+}

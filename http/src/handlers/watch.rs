@@ -29,24 +29,12 @@ pub async fn watch(
     let arrived = tokio::time::Instant::now();
     let req = query.validate()?;
     let history = state.node.history_name();
-    if let Some(theirs) = &req.history {
-        let Some(ours) = &history else {
-            // Not ready (a member added a moment ago learns the cluster's id from the leader's
-            // first message), not another history: the watcher keeps its state and retries.
-            return Err(ApiError::Unavailable(
-                "this node does not know its cluster yet; retry in a moment, or at another \
-                 member"
-                    .into(),
-            ));
-        };
-        if ours != theirs {
-            return Err(ApiError::Compacted(format!(
-                "history={theirs} is not this cluster's history ({ours}): its indexes mean nothing \
-                 here (a cluster restored from a backup counts them again); read the state \
-                 again and watch from a fresh index"
-            )));
-        }
-    }
+    super::check_history(
+        &state.node,
+        req.history.as_deref(),
+        "indexes",
+        "read the state again and watch from a fresh index",
+    )?;
     // Changes this member no longer keeps are gone whatever the leader says.
     if let Some(after) = req.after {
         state.node.check_watch_from(after)?;

@@ -159,18 +159,48 @@ pub struct WatchRequest {
     pub consistency: ReadConsistency,
 }
 
-/// Query of key-value writes: `?if_revision=`.
+/// Query of key-value writes: `?if_revision=&history=`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvWriteQuery {
     /// Compare-and-swap: the key's expected revision; 0 = must not exist.
     pub if_revision: Option<QueryNumber>,
+    /// The history the revision counts in (the `x-history` of the read it came from): refused
+    /// with 410 if this cluster's is another (a cluster restored from a backup counts
+    /// revisions again, so an old revision could match a rolled-back value).
+    pub history: Option<String>,
 }
 
 impl KvWriteQuery {
     /// The revision the write is conditional on, if any.
     pub fn if_revision(&self) -> Result<Option<u64>, ApiError> {
         number(self.if_revision.as_ref(), "if_revision", "invalid_argument")
+    }
+
+    /// The history the write's revision counts in, if the client said (checked as a name).
+    pub fn history(&self) -> Result<Option<&str>, ApiError> {
+        if let Some(history) = &self.history {
+            check_history_name(history, "a key's read or write")?;
+        }
+        Ok(self.history.as_deref())
+    }
+}
+
+/// Refuses `history` unless it is a history name: 16 lowercase hex digits, as `source` gives.
+fn check_history_name(history: &str, source: &str) -> Result<(), ApiError> {
+    let valid = history.len() == 16
+        && history
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    match valid {
+        true => Ok(()),
+        false => Err(ApiError::invalid(
+            "invalid_argument",
+            format!(
+                "history={history:?} is not a history name (16 lowercase hex digits, the \
+                 `history` of {source})"
+            ),
+        )),
     }
 }
 
@@ -372,19 +402,7 @@ impl WatchQuery {
             ));
         }
         if let Some(history) = &self.history {
-            let valid = history.len() == 16
-                && history
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !valid {
-                return Err(ApiError::invalid(
-                    "invalid_argument",
-                    format!(
-                        "history={history:?} is not a history name (16 lowercase hex digits, \
-                         the `history` of a watch page)"
-                    ),
-                ));
-            }
+            check_history_name(history, "a watch page")?;
         }
         Ok(WatchRequest {
             after,

@@ -114,6 +114,52 @@ async fn key_value() {
     assert_eq!(a.status, StatusCode::NOT_FOUND);
 }
 
+/// A key's reads and writes name the history its revision counts in, and a write that gives
+/// it back is refused (410, nothing written) when the cluster's is another: a cluster restored
+/// from a backup counts revisions again, and an old revision could match a rolled-back value.
+#[tokio::test]
+async fn a_write_with_another_history_is_refused() {
+    let t = leader_node(None).await;
+    let a = t.send(Method::PUT, "/v1/kv/k?if_revision=0", "1").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let history = a.json()["history"].as_str().unwrap().to_owned();
+    let rev = a.json()["revision"].as_u64().unwrap();
+    let watch = t.get("/v1/watch?wait_ms=0").await.json();
+    assert_eq!(watch["history"], history.as_str(), "the watch's history");
+    let a = t.get("/v1/kv/k").await;
+    assert_eq!(a.headers["x-history"], history.as_str());
+    assert_eq!(
+        t.get("/v1/kv?prefix=").await.json()["history"],
+        history.as_str()
+    );
+
+    let other = if history == "0000000000000000" {
+        "0000000000000001"
+    } else {
+        "0000000000000000"
+    };
+    for (method, body) in [(Method::PUT, "2"), (Method::DELETE, "")] {
+        let path = format!("/v1/kv/k?if_revision={rev}&history={other}");
+        let a = t.send(method.clone(), &path, body).await;
+        assert_eq!(a.status, StatusCode::GONE, "{a:?}");
+        assert_eq!(a.error_code(), "compacted");
+        assert!(a.error_message().contains("read the key again"), "{a:?}");
+    }
+    let a = t.get("/v1/kv/k").await;
+    assert_eq!(
+        (&a.body[..], a.headers["x-revision"].to_str().unwrap()),
+        (&b"1"[..], rev.to_string().as_str())
+    );
+    let a = t.send(Method::PUT, "/v1/kv/k?history=ABC", "2").await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    // Its own history: the compare-and-swap goes on as without it.
+    let path = format!("/v1/kv/k?if_revision={rev}&history={history}");
+    let a = t.send(Method::PUT, &path, "2").await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = t.send(Method::DELETE, &path, Body::empty()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
+}
+
 /// Large answers that wait to be read hold a budget of memory: past it, a large answer is
 /// refused 503 `overloaded` (the client asks again), and once the first was read, the next
 /// passes.
