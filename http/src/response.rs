@@ -62,6 +62,10 @@ pub struct DatanodeLivenessView {
     pub state: String,
     /// Since its current incarnation's last heartbeat heard by this leader, if any.
     pub heard_ms_ago: Option<u64>,
+    /// `true` while a removal of it that began has not ended (its heartbeats are fenced);
+    /// left out otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removing: bool,
 }
 
 /// `GET /v1/liveness`: every registered datanode's liveness, as the leader heard them.

@@ -324,6 +324,8 @@ async fn a_datanode_being_removed_takes_no_request_under_any_epoch() {
         );
         let listed = t.get("/v1/datanodes").await.json();
         assert_eq!(entry(&listed, id)["removing"], true, "{listed}");
+        let liveness = t.get("/v1/liveness").await.json();
+        assert_eq!(entry(&liveness, id)["removing"], true, "{liveness}");
     }
     // Removed again: gone. Registered again: kept, and no longer marked.
     let a = t

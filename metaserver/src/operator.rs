@@ -397,12 +397,13 @@ async fn register_batches(
             response.json().await.context("decoding the answer")
         }
         .await;
-        let result = result.with_context(|| {
-            format!(
+        let result = result.with_context(|| match sent {
+            0 => format!("none of the file's {} shards was registered", shards.len()),
+            _ => format!(
                 "the batches before this one registered {sent} of {} shards ({accepted} \
                  accepted, {unchanged} unchanged)",
                 shards.len()
-            )
+            ),
         })?;
         sent += batch.len();
         accepted += result.accepted;

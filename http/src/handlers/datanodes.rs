@@ -362,6 +362,7 @@ pub async fn liveness(
             shards: d.shards,
             state: l.state.name().into(),
             heard_ms_ago: l.heard_ago.map(millis),
+            removing: d.removing,
         })
         .collect();
     let next = report.next.map(id_cursor_of);

@@ -129,6 +129,36 @@ async fn a_datanode_lookup_that_fails_says_why() {
     assert!(!refused.contains("register it first"), "{refused}");
 }
 
+/// A refused batch says how much of the file went before it: none, for the first.
+#[tokio::test]
+async fn a_refused_first_batch_says_none_was_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shards.json");
+    std::fs::write(&file, r#"[{"id":1,"generation":1,"size":1}]"#).unwrap();
+    let (addr, _) = answering(|n| match n {
+        0 => (
+            StatusCode::OK,
+            r#"{"id":7,"addr":"10.0.0.7:9000","epoch":3,"shards":1,"removing":true}"#,
+        ),
+        _ => (
+            StatusCode::CONFLICT,
+            r#"{"error":{"code":"fenced","message":"datanode 7: epoch 3 is fenced (the datanode is being removed)"}}"#,
+        ),
+    })
+    .await;
+    let e = format!(
+        "{:#}",
+        register(register_args(addr, file, false))
+            .await
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("none of the file's 1 shards was registered"),
+        "{e}"
+    );
+    assert!(e.contains("being removed"), "{e}");
+}
+
 /// `register` rides out a cluster without a leader (503) in each of its requests: the epoch
 /// lookup, the batches and the prune; with `--prune`, an empty file is a datanode that holds
 /// nothing.
