@@ -68,6 +68,16 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     }
 }
 
+/// The 404 of key `key`; one that no write can make now says so (only keys written before the
+/// rule on "." and ".." segments may hold one, and stay readable and deletable).
+fn absent(key: &str) -> ApiError {
+    let why = match validate_new_key(key) {
+        Ok(()) => String::new(),
+        Err(e) => format!(" ({e}, so no write makes it)"),
+    };
+    ApiError::NotFound(format!("key {key:?} does not exist{why}"))
+}
+
 fn written(
     state: &SharedState,
     result: CommandResult,
@@ -81,9 +91,7 @@ fn written(
             existed: true,
             revision,
         } => Ok(KvWritten { revision, history }),
-        CommandResult::Deleted { existed: false, .. } => {
-            Err(ApiError::NotFound(format!("key {key:?} does not exist")))
-        }
+        CommandResult::Deleted { existed: false, .. } => Err(absent(key)),
         CommandResult::RevisionMismatch { current } => Err(ApiError::RevisionMismatch {
             key: key.to_owned(),
             expected: expected.unwrap_or_default(),
@@ -175,7 +183,7 @@ pub async fn get(
             }
             Ok(answer)
         }
-        None => Err(ApiError::NotFound(format!("key {key:?} does not exist"))),
+        None => Err(absent(&key)),
     }
 }
 

@@ -112,6 +112,14 @@ async fn key_value() {
         .send(Method::DELETE, "/v1/kv/config/replication", Body::empty())
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
+    // A key no write can make says so.
+    for a in [
+        t.get("/v1/kv/x/%2E%2E/y").await,
+        t.send(Method::DELETE, "/v1/kv/x/%2E", Body::empty()).await,
+    ] {
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+        assert!(a.error_message().contains("so no write makes it"), "{a:?}");
+    }
 }
 
 /// A key's reads and writes name the history its revision counts in, and a write that gives
