@@ -116,6 +116,16 @@ fn entry(v: &Value, id: u64) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The ids of the datanodes a page of `/v1/liveness` lists, in order.
+fn listed_ids(v: &Value) -> Vec<u64> {
+    v["datanodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_u64().unwrap())
+        .collect()
+}
+
 async fn heartbeat(t: &TestNode, id: u64, epoch: u64) -> common::Answer {
     let body = json!({ "epoch": epoch }).to_string();
     t.send(Method::POST, &format!("/v1/datanodes/{id}/heartbeat"), body)
@@ -151,14 +161,7 @@ async fn heartbeats_and_liveness() {
         "{metrics}"
     );
     // One state only.
-    let ids = |v: Value| -> Vec<u64> {
-        v["datanodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["id"].as_u64().unwrap())
-            .collect()
-    };
+    let ids = |v: Value| listed_ids(&v);
     assert_eq!(ids(t.get("/v1/liveness?state=alive").await.json()), [7]);
     assert_eq!(ids(t.get("/v1/liveness?state=unknown").await.json()), [8]);
     assert!(ids(t.get("/v1/liveness?state=down").await.json()).is_empty());
@@ -354,14 +357,7 @@ async fn liveness_pages_of_one_state_span_the_registry() {
             alive.push(id);
         }
     }
-    let ids = |v: &Value| -> Vec<u64> {
-        v["datanodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["id"].as_u64().unwrap())
-            .collect()
-    };
+    let ids = listed_ids;
     let mut listed = Vec::new();
     let mut after: Option<String> = None;
     let mut pages = 0;
