@@ -49,10 +49,12 @@ pub fn init() {
 ///   member's, although nothing is wrong;
 /// - the warning that a leadership transfer could not be sent to a member (one per voter): a
 ///   leader that stops says itself when the voter it asked stopped too (a whole cluster stopped
-///   at once), and a move an operator asked for is answered with its outcome;
+///   at once), and a move an operator asked for is answered with its outcome; and the one of a
+///   voter that gets a transfer after another election already moved the vote (every removal
+///   of a leader logged one, while the node logs the leader change itself);
 /// - the errors of a core that stopped (its own, and that of each stream of entries it was
 ///   taking), with the cause, some three times over: the node logs the stop once, with it.
-const STALE_MESSAGES: [(&str, &str); 6] = [
+const STALE_MESSAGES: [(&str, &str); 7] = [
     (
         "openraft::core::raft_core",
         "A message will be ignored because",
@@ -62,6 +64,10 @@ const STALE_MESSAGES: [(&str, &str); 6] = [
         "It may be from a delayed message, ignore",
     ),
     ("openraft::core::raft_core", "error sending transfer_leader"),
+    (
+        "openraft::raft::api::protocol",
+        "Vote changed, give up Leader-transfer",
+    ),
     // The core's stop, which the node logs once with its cause ("the Raft core stopped").
     ("openraft::core::raft_core", "RaftCore::main error"),
     ("openraft::raft::raft_inner", "recv_msg: error"),
@@ -171,6 +177,11 @@ mod tests {
                 target: "openraft::core::raft_core",
                 "error sending transfer_leader: Unreachable node: stale as well"
             );
+            tracing::warn!(
+                target: "openraft::raft::api::protocol",
+                "Vote changed, give up Leader-transfer; expected vote: stale"
+            );
+            tracing::warn!(target: "openraft::raft::api::protocol", "protocol kept");
             tracing::error!(
                 target: "openraft::core::raft_core",
                 "RaftCore::main error: stale: when Write Logs"
@@ -195,6 +206,7 @@ mod tests {
             "core kept",
             "leader kept",
             "inner kept",
+            "protocol kept",
             "ours kept",
         ] {
             assert!(logged.contains(kept), "{kept} missing: {logged}");

@@ -36,8 +36,26 @@ pub(crate) fn plain_http_hint(e: &anyhow::Error) -> Option<&'static str> {
 }
 
 /// After how long without an answer [`Operator::send`] asks the next member given too, or,
-/// with none left, says on stderr what it waits for.
+/// with none left, says on stderr what it waits for (as [`Operator::send_retrying`] does).
 const SLOW_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Awaits `sent`, a request (maybe a write, not sent twice at once) to `asked`; says on
+/// stderr, once, when no answer came within [`SLOW_NOTICE`]: a paused member takes the whole
+/// [`REQUEST_TIMEOUT`] before the request is asked again.
+async fn told_if_slow<T>(sent: impl std::future::Future<Output = T>, asked: &str) -> T {
+    let mut sent = std::pin::pin!(sent);
+    tokio::select! {
+        answer = &mut sent => return answer,
+        () = tokio::time::sleep(SLOW_NOTICE) => {}
+    }
+    eprintln!(
+        "metaserver: {asked} has not answered in {} s (paused, or overloaded?); waiting for it up \
+         to {} s in all before asking again",
+        SLOW_NOTICE.as_secs(),
+        REQUEST_TIMEOUT.as_secs()
+    );
+    sent.await
+}
 
 /// A client of the members given with `--server`.
 pub struct Operator {
@@ -404,7 +422,7 @@ impl Operator {
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
-            let sent = build().send().await;
+            let sent = told_if_slow(build().send(), &asked).await;
             let all_failed =
                 self.handshakes_all_failed(&mut handshakes_failed, sent.as_ref().err());
             let why = match sent {

@@ -75,9 +75,16 @@ async fn a_command_whose_reader_went_away_ends_quietly() {
 }
 
 /// A command whose member takes the request and says nothing (a paused process) says on
-/// stderr what it waits for, rather than wait out its 70 s in silence.
+/// stderr what it waits for, rather than wait out its 70 s in silence: a read, and a write
+/// (a membership command), which is not sent to a second member while the first may act.
 #[tokio::test]
 async fn a_command_waiting_on_a_silent_member_says_so() {
+    for command in [&["status"][..], &["member", "leader", "1"]] {
+        waits_saying_so(command).await;
+    }
+}
+
+async fn waits_saying_so(command: &[&str]) {
     use tokio::io::AsyncBufReadExt;
 
     // Takes connections and never answers; holds them until the test ends.
@@ -90,7 +97,8 @@ async fn a_command_waiting_on_a_silent_member_says_so() {
         }
     });
     let mut child = tokio::process::Command::new(binary())
-        .args(["status", "--server", &addr])
+        .args(command)
+        .args(["--server", &addr])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -108,7 +116,7 @@ async fn a_command_waiting_on_a_silent_member_says_so() {
         panic!("stderr ended without the notice");
     })
     .await
-    .expect("the command says what it waits for");
+    .unwrap_or_else(|_| panic!("{command:?} says what it waits for"));
     assert!(said.contains(&addr), "{said}");
     child.kill().await.unwrap();
     held.abort();
