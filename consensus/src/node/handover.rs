@@ -233,7 +233,7 @@ fn cannot_take_over(m: &Metrics, to: NodeId) -> Error {
     let (matched, heard) = MetaNode::progress_of(m, to);
     let (has, heard) = super::membership::progress_words(matched, last, heard);
     Error::Conflict(format!(
-        "node {to} cannot take over: it has {has} and was last heard from {heard} (check that it \
-         runs and is reachable)"
+        "node {to} cannot take over: it has {has} and {heard} (check that it runs and is \
+         reachable)"
     ))
 }

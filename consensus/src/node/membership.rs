@@ -576,8 +576,7 @@ impl MetaNode {
             if !(caught_up && reachable) {
                 let (has, heard) = progress_words(matched, last, heard);
                 return Err(Error::Conflict(format!(
-                    "learner {id} cannot become a voter yet: it has {has} and was last heard \
-                     from {heard}; a voter that cannot keep up could leave the cluster without a \
+                    "learner {id} cannot become a voter yet: it has {has} and {heard}; a voter that cannot keep up could leave the cluster without a \
                      quorum (wait until it catches up, or check that it runs and is reachable)"
                 )));
             }
@@ -599,7 +598,9 @@ pub(super) fn progress_words(
             format!("none of the log yet (the leader's reaches index {last})"),
             |i| format!("the log up to index {i} of the leader's {last}"),
         ),
-        heard.map_or("never".to_owned(), |d| format!("{} ms ago", d.as_millis())),
+        heard.map_or("was never heard from".to_owned(), |d| {
+            format!("was last heard from {} ms ago", d.as_millis())
+        }),
     )
 }
 
@@ -611,9 +612,9 @@ mod tests {
     fn progress_reads_as_words() {
         let (has, heard) = progress_words(None, 817, None);
         assert_eq!(has, "none of the log yet (the leader's reaches index 817)");
-        assert_eq!(heard, "never");
+        assert_eq!(heard, "was never heard from");
         let (has, heard) = progress_words(Some(5), 817, Some(std::time::Duration::from_millis(9)));
         assert_eq!(has, "the log up to index 5 of the leader's 817");
-        assert_eq!(heard, "9 ms ago");
+        assert_eq!(heard, "was last heard from 9 ms ago");
     }
 }

@@ -105,7 +105,7 @@ pub(super) async fn promote(op: &Operator, id: u64, wait: Duration) -> Result<Me
         if reported.is_none_or(|at| at.elapsed() >= REPORT_EVERY) {
             reported = Some(Instant::now());
             eprintln!(
-                "member: node {id} cannot become a voter yet ({}); asking again every second \
+                "metaserver: node {id} cannot become a voter yet ({}); asking again every second \
                  for up to {} s in all",
                 refused.message(),
                 wait.as_secs()
