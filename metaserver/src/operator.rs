@@ -580,4 +580,6 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
 }
 
 #[cfg(test)]
+mod save_tests;
+#[cfg(test)]
 mod tests;

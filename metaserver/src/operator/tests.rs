@@ -50,7 +50,7 @@ async fn server(status: fn(usize) -> StatusCode) -> (String, Arc<AtomicUsize>) {
 
 /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting;
 /// a 503 with `Retry-After`, as a member's (but those where waiting does not help) is.
-async fn answering(
+pub(super) async fn answering(
     answer: impl Fn(usize) -> (StatusCode, &'static str) + Clone + Send + Sync + 'static,
 ) -> (String, Arc<AtomicUsize>) {
     answering_with(move |n| {
@@ -66,7 +66,7 @@ async fn answering(
 }
 
 /// A server on loopback that answers the n-th request (from 0) with `answer(n)`, counting.
-async fn answering_with(
+pub(super) async fn answering_with(
     answer: impl Fn(usize) -> axum::response::Response + Clone + Send + Sync + 'static,
 ) -> (String, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
@@ -285,7 +285,7 @@ async fn a_read_a_silent_member_holds_is_asked_of_the_next_too() {
     held.abort();
 }
 
-fn operator_args(addr: String) -> ClientArgs {
+pub(super) fn operator_args(addr: String) -> ClientArgs {
     ClientArgs {
         server: addr,
         token: None,
@@ -348,7 +348,7 @@ async fn requests_are_sent_again_without_a_leader_or_an_outcome_and_not_after_a_
 
 /// An address nothing listens at: connections to it are refused, as to a stopped member.
 /// The socket keeps it bound (without listening) so that no other test takes it.
-fn closed_port() -> (String, tokio::net::TcpSocket) {
+pub(super) fn closed_port() -> (String, tokio::net::TcpSocket) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     (socket.local_addr().unwrap().to_string(), socket)
@@ -467,195 +467,6 @@ async fn a_failed_batch_says_how_far_the_registration_got() {
     );
     assert!(message.contains("409"), "{message}");
     assert_eq!(count.load(Ordering::SeqCst), 2);
-}
-
-#[tokio::test]
-async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
-    // The member answers the build, then serves bytes that are no snapshot (a damaged
-    // file, or another server at the address).
-    let (addr, _) = answering(|n| match n {
-        0 => (StatusCode::OK, "{}"),
-        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
-    })
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("meta.snap");
-    std::fs::write(&file, b"the earlier backup").unwrap();
-    let err = snapshot_save(
-        ClientArgs {
-            server: addr,
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        },
-        &file,
-        false,
-    )
-    .await
-    .unwrap_err();
-    assert!(
-        format!("{err:#}").contains("not a usable backup"),
-        "{err:#}"
-    );
-    assert!(format!("{err:#}").contains("was left as it was"), "{err:#}");
-    assert_eq!(std::fs::read(&file).unwrap(), b"the earlier backup");
-    // Without an earlier backup, nothing is said to be left.
-    let (addr, _) = answering(|n| match n {
-        0 => (StatusCode::OK, "{}"),
-        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
-    })
-    .await;
-    let new = dir.path().join("new.snap");
-    let args = ClientArgs {
-        server: addr,
-        token: None,
-        member_token: None,
-        tls_ca: None,
-    };
-    let err = snapshot_save(args, &new, false).await.unwrap_err();
-    assert!(format!("{err:#}").contains("was not written"), "{err:#}");
-    assert!(!new.exists());
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        left,
-        vec![std::ffi::OsString::from("meta.snap")],
-        "no temp file is left"
-    );
-}
-
-/// Runs `snapshot save` against the members `server`, one of which builds and serves bytes
-/// that are no snapshot: the save fails at its check of the download, which shows it got there.
-async fn saved_up_to_the_check(server: String) {
-    saved_up_to_the_check_with(server, false).await;
-}
-
-/// [`saved_up_to_the_check`], with `snapshot save --local` if `local`.
-async fn saved_up_to_the_check_with(server: String, local: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let args = ClientArgs {
-        server,
-        token: None,
-        member_token: None,
-        tls_ca: None,
-    };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"), local)
-        .await
-        .unwrap_err();
-    assert!(
-        format!("{err:#}").contains("not a usable backup"),
-        "{err:#}"
-    );
-}
-
-/// `snapshot save --local` asks the member to build from its state as it is, which a member
-/// of a cluster without a leader does (it refuses otherwise: here at once, with 400).
-#[tokio::test]
-async fn a_local_save_builds_without_a_leader() {
-    let app = axum::Router::new().fallback(
-        |method: axum::http::Method, uri: axum::http::Uri| async move {
-            let local = uri.query() == Some("consistency=local");
-            match (method, local) {
-                (axum::http::Method::POST, true) => (StatusCode::OK, "{}"),
-                (axum::http::Method::POST, false) => (
-                    StatusCode::BAD_REQUEST,
-                    r#"{"error":{"code":"x","message":"not local"}}"#,
-                ),
-                _ => (StatusCode::OK, "<html>not a snapshot</html>"),
-            }
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    saved_up_to_the_check_with(addr.clone(), true).await;
-    let dir = tempfile::tempdir().unwrap();
-    let args = ClientArgs {
-        server: addr,
-        token: None,
-        member_token: None,
-        tls_ca: None,
-    };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"), false)
-        .await
-        .unwrap_err();
-    assert!(format!("{err:#}").contains("not local"), "{err:#}");
-}
-
-/// A save that no leader confirms (a member answers 503 no_leader, and waiting does not help)
-/// points to `--local`, which saves what a survivor of a lost majority holds.
-#[tokio::test]
-async fn a_save_without_a_leader_points_to_local() {
-    let (addr, _) = answering_with(|_| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"error":{"code":"no_leader","message":"too few voters answer"}}"#,
-        )
-            .into_response()
-    })
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let err = snapshot_save(operator_args(addr), &dir.path().join("meta.snap"), false)
-        .await
-        .unwrap_err();
-    let text = format!("{err:#}");
-    assert!(text.contains("too few voters answer"), "{text}");
-    assert!(text.contains("with --local"), "{text}");
-}
-
-/// A member that goes away while it builds the snapshot (it takes the request, then the
-/// connection closes) leaves the save to the next member given, which is asked to build one
-/// (here it serves no snapshot, which the save then says): the save used to stop, saying the
-/// first member was the last of those given.
-#[tokio::test]
-async fn a_save_whose_member_went_away_asks_the_next_one() {
-    let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gone_addr = gone.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        use tokio::io::AsyncReadExt as _;
-        while let Ok((mut conn, _)) = gone.accept().await {
-            let mut request = [0u8; 1024];
-            let _ = conn.read(&mut request).await;
-        }
-    });
-    let (next, asked) = answering(|n| match n {
-        0 => (StatusCode::OK, "{}"),
-        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
-    })
-    .await;
-    // The last member given serves no snapshot: the save says so, having got that far.
-    saved_up_to_the_check(format!("{gone_addr},{next}")).await;
-    assert_eq!(
-        asked.load(Ordering::SeqCst),
-        2,
-        "built and downloaded there"
-    );
-}
-
-/// A save whose leader went away rides out the election that follows: the other members
-/// answer 503 while they know no leader, and the save asks again (it stopped at once, having
-/// asked the gone leader again as the last member).
-#[tokio::test]
-async fn a_save_rides_out_a_leader_change() {
-    let (gone, _held) = closed_port();
-    // The election outlasts a round of every member given, twice.
-    let (next, asked) = answering(|n| match n {
-        0..4 => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"error":{"code":"no_leader","message":"electing"}}"#,
-        ),
-        4 => (StatusCode::OK, "{}"),
-        _ => (StatusCode::OK, "<html>not a snapshot</html>"),
-    })
-    .await;
-    saved_up_to_the_check(format!("{next},{gone}")).await;
-    assert_eq!(
-        asked.load(Ordering::SeqCst),
-        6,
-        "asked again, built and downloaded there"
-    );
 }
 
 #[tokio::test]
