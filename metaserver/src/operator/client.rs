@@ -48,13 +48,18 @@ async fn told_if_slow<T>(sent: impl std::future::Future<Output = T>, asked: &str
         answer = &mut sent => return answer,
         () = tokio::time::sleep(SLOW_NOTICE) => {}
     }
+    say_silent(asked, "waiting for it before asking again");
+    sent.await
+}
+
+/// Says on stderr that `asked` has not answered in [`SLOW_NOTICE`], and what is done (`then`).
+fn say_silent(asked: &str, then: &str) {
     eprintln!(
-        "metaserver: {asked} has not answered in {} s (paused, or overloaded?); waiting for it up \
-         to {} s in all before asking again",
+        "metaserver: {asked} has not answered in {} s (paused, or overloaded?); {then} (a \
+         request gets up to {} s)",
         SLOW_NOTICE.as_secs(),
         REQUEST_TIMEOUT.as_secs()
     );
-    sent.await
 }
 
 /// A client of the members given with `--server`.
@@ -258,25 +263,14 @@ impl Operator {
                 () = &mut slow, if next < order.len() || !told => {
                     match order.get(next) {
                         Some(company) => {
-                            eprintln!(
-                                "metaserver: {} has not answered in {} s (paused, or \
-                                 overloaded?); asking {company} too",
-                                order[next - 1],
-                                SLOW_NOTICE.as_secs(),
-                            );
+                            say_silent(&order[next - 1], &format!("asking {company} too"));
                             asking.push(ask(company));
                             next += 1;
                             slow.as_mut().reset(tokio::time::Instant::now() + SLOW_NOTICE);
                         }
                         None => {
                             told = true;
-                            eprintln!(
-                                "metaserver: {} has not answered in {} s (paused, or \
-                                 overloaded?); waiting for it up to {} s in all",
-                                order[next - 1],
-                                SLOW_NOTICE.as_secs(),
-                                REQUEST_TIMEOUT.as_secs()
-                            );
+                            say_silent(&order[next - 1], "waiting for it");
                         }
                     }
                     continue;
