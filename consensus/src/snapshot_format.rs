@@ -268,7 +268,7 @@ struct ImportLimits {
 struct Pending<'a> {
     tree: &'a sled::Tree,
     limits: ImportLimits,
-    batch: sled::Batch,
+    batch: Vec<(IVec, IVec)>,
     pairs: usize,
     bytes: usize,
     /// The greatest key so far, while every key ascended (an export's scan does): a key above
@@ -286,7 +286,7 @@ impl<'a> Pending<'a> {
         Pending {
             tree,
             limits,
-            batch: sled::Batch::default(),
+            batch: Vec::new(),
             pairs: 0,
             bytes: 0,
             ascending: None,
@@ -327,17 +327,26 @@ impl<'a> Pending<'a> {
         let (k, v) = (k.into(), v.into());
         self.bytes += k.len() + v.len();
         self.pairs += 1;
-        self.batch.insert(k, v);
+        self.batch.push((k, v));
         if self.pairs >= self.limits.pairs || self.bytes >= self.limits.bytes {
             self.flush()?;
         }
         Ok(())
     }
 
+    /// Writes the pairs held to the tree, one insert each. Not as one `sled::Tree::apply_batch`:
+    /// the import need not be atomic (its generation becomes the registry only once complete),
+    /// and sled's memory grows with the pairs of one batch, far beyond their size when they are
+    /// many small ones with ascending keys, as an import writes them. Measured with 1 million
+    /// pairs of 29 bytes: 3.3 GB in batches of 8,192, 0.2 GB inserted one by one (also faster);
+    /// a member installing a 36 MB snapshot of 1 million replicas with scattered shard ids
+    /// peaked at 6.6 GB, and 0.43 GB this way.
     fn flush(&mut self) -> Result<()> {
-        self.tree
-            .apply_batch(std::mem::take(&mut self.batch))
-            .map_err(|e| Error::registry("import snapshot", e))?;
+        for (k, v) in self.batch.drain(..) {
+            self.tree
+                .insert(k, v)
+                .map_err(|e| Error::registry("import snapshot", e))?;
+        }
         self.pairs = 0;
         self.bytes = 0;
         self.unordered.clear();
