@@ -63,8 +63,9 @@ pub type RemoteResult<T> = Result<T, String>;
 /// Largest encoded vote accepted at the head of a snapshot stream.
 const MAX_VOTE_BYTES: usize = 4096;
 
-/// How many bytes of an arriving snapshot land between two looks at the free space.
-const ROOM_CHECK_BYTES: u64 = 16 << 20;
+/// How many bytes of an arriving snapshot land between two looks at the free space (one
+/// `statvfs`): a reserve may be a few MiB, and another process may fill the disk meanwhile.
+const ROOM_CHECK_BYTES: u64 = 1 << 20;
 
 /// The routes, for a router whose state yields the node.
 pub fn raft_routes<S>() -> Router<S>

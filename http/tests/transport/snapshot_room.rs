@@ -222,3 +222,49 @@ async fn a_member_with_four_times_the_snapshot_and_the_reserve_takes_it() {
         .snapshot_install_refusals;
     assert_eq!(refusals, 0, "refused {refusals} times first");
 }
+
+/// The most bytes of a snapshot the test below saw landed in the learner's data dir.
+static MOST_LANDED: AtomicU64 = AtomicU64::new(0);
+
+/// A member whose disk fills while a snapshot arrives (another process takes the room once the
+/// first bytes landed) stops receiving it within about a MiB, not at the end of the file or
+/// when the disk is full: the log and the registry share that disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_disk_fills_while_a_snapshot_arrives_stops_receiving_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20 values of 300 KiB: a snapshot of about 6 MiB.
+    let leader = leader_with_purged_log(&dir, 300 << 10).await;
+    const RESERVE: u64 = 1 << 20;
+    let learner = start_tuned(2, &dir, None, |cfg| {
+        cfg.min_free_bytes = RESERVE;
+        cfg.free_space = FreeSpace::with(|data_dir| {
+            let landed = bytes_in(&data_dir.join("snapshots-incoming"));
+            MOST_LANDED.fetch_max(landed, Ordering::SeqCst);
+            Ok(if landed == 0 { 1 << 40 } else { RESERVE - 1 })
+        });
+    })
+    .await;
+    leader
+        .node
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || {
+            learner
+                .node
+                .status()
+                .state_machine
+                .snapshot_install_refusals
+                >= 1
+        },
+        "the learner refuses the snapshot as its disk fills",
+    )
+    .await;
+    let most = MOST_LANDED.load(Ordering::SeqCst);
+    assert!(
+        most <= 3 << 20,
+        "{most} bytes of the snapshot landed before the learner stopped"
+    );
+    assert_eq!(learner.node.status().state_machine.snapshot_installs, 0);
+}
