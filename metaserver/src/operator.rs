@@ -167,8 +167,9 @@ impl Outage {
 /// change after the index (or from now), one JSON event per line with the history its index
 /// counts in, until interrupted. It rides out a member that
 /// cannot answer for a while (503, a refused connection) by asking the next member given, or
-/// the same again, every second (every member counts the same indexes); a
-/// history that no longer holds its index (410 `compacted`) ends it with an error, and so do
+/// the same again, every second (every member counts the same indexes); a member whose
+/// history no longer holds its index (410 `compacted`: it restarted since) sends it to the next
+/// member given, and once every one of them refused the index that ends it with an error, as do
 /// an address no request can be made to and a lone member that says waiting does not help.
 pub async fn watch(args: WatchArgs) -> Result<()> {
     let op = Operator::new(&args.client)?;
@@ -187,6 +188,8 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     let mut history: Option<String> = args.history.clone();
     let mut retrying = Outage::default();
     let mut handshakes_failed = 0;
+    // The members that answered 410 `compacted` for the index asked now.
+    let mut compacted_by: Vec<String> = Vec::new();
     loop {
         let asked = op.member().to_owned();
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
@@ -207,6 +210,22 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
         let page: WatchPage = match sent {
             Ok(r) if r.status().is_success() => {
                 r.json().await.context("decoding a watch answer")?
+            }
+            // A member keeps the changes since it started only: one restarted after the index
+            // answers 410 `compacted` while another may still hold them. Each member given is
+            // asked once for the index; the last one's refusal ends the watch.
+            Ok(r)
+                if r.status() == reqwest::StatusCode::GONE
+                    && !compacted_by.contains(&asked)
+                    && compacted_by.len() + 1 < op.members() =>
+            {
+                let refused = client::Refused::read(r).await;
+                if refused.code() != Some("compacted") {
+                    return Err(op.refused_error(refused));
+                }
+                compacted_by.push(asked.clone());
+                op.next_member(&asked);
+                continue;
             }
             // No leader, a leader that did not answer in time, a node stopping or
             // restarting: ask again.
@@ -252,6 +271,7 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             }
         };
         retrying.recovered(&asked);
+        compacted_by.clear();
         if page.history.is_some() {
             history = page.history;
         }

@@ -639,3 +639,54 @@ fn a_token_with_blanks_around_it_is_refused_naming_it() {
         assert!(err.contains(what) && err.contains("blanks"), "{err}");
     }
 }
+
+/// A member restarted since the index (410 `compacted`) sends the watch to the next member
+/// given, which may still hold it; when every member refuses the index, the watch ends.
+#[tokio::test]
+async fn a_watch_refused_as_compacted_asks_the_next_member() {
+    let compacted = || {
+        (
+            StatusCode::GONE,
+            r#"{"error":{"code":"compacted","message":"this member keeps those after 9"}}"#,
+        )
+            .into_response()
+    };
+    let (restarted, asked_restarted) = answering_with(move |_| compacted()).await;
+    let (holding, asked_holding) = answering_with(|_| {
+        (
+            StatusCode::OK,
+            r#"{"index":6,"history":"aaaa","events":[{"index":6,"kind":"kv_put","key":"k"}]}"#,
+        )
+            .into_response()
+    })
+    .await;
+    let args = |server: String| WatchArgs {
+        client: ClientArgs {
+            server,
+            token: None,
+            member_token: None,
+            tls_ca: None,
+        },
+        after: Some(4),
+        history: Some("aaaa".into()),
+        datanode: None,
+        prefix: None,
+        once: true,
+    };
+    let bounded = std::time::Duration::from_secs(30);
+    tokio::time::timeout(bounded, watch(args(format!("{restarted},{holding}"))))
+        .await
+        .expect("the watch ends")
+        .unwrap();
+    assert_eq!(asked_restarted.load(Ordering::SeqCst), 1);
+    assert_eq!(asked_holding.load(Ordering::SeqCst), 1);
+
+    let (other, asked_other) = answering_with(move |_| compacted()).await;
+    let e = tokio::time::timeout(bounded, watch(args(format!("{restarted},{other}"))))
+        .await
+        .expect("the watch ends")
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("keeps those after 9"), "{e:#}");
+    assert_eq!(asked_restarted.load(Ordering::SeqCst), 2);
+    assert_eq!(asked_other.load(Ordering::SeqCst), 1);
+}
