@@ -476,6 +476,16 @@ fn damaged_newest_snapshots_are_set_aside() {
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
     assert!(err.to_string().contains("newer build"), "{err}");
     assert!(newer.exists());
+    // A version no build comes near (a bit flipped in its third byte) is damage: set aside.
+    bytes[8] = 1;
+    bytes[10] = 1;
+    fs::write(&newer, &bytes).unwrap();
+    let (newest, aside) = store.newest_setting_aside_damaged().unwrap();
+    assert_eq!(newest.unwrap().path, sound);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(!newer.exists());
+    fs::remove_file(&aside[0]).unwrap();
+    let newer = write_snapshot(&store, &name(4), b"meta", &data);
 
     // Nothing sound left: none stands in.
     fs::remove_file(&newer).unwrap();

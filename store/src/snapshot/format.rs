@@ -9,6 +9,9 @@ use crate::{Error, Result};
 pub const MAGIC: [u8; 8] = *b"METASNAP";
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
+/// The highest version a file may name and still be taken for a newer build's (refused, left
+/// as it is) rather than for damage.
+const NEWEST_PLAUSIBLE_VERSION: u32 = 255;
 /// The largest caller metadata a header holds.
 pub const MAX_META_BYTES: usize = 16 << 20;
 /// The last bytes of every complete snapshot file.
@@ -68,20 +71,25 @@ impl Header {
             return Err(corrupt(0, "bad magic: not a snapshot file".to_string()));
         }
         let version = u32::from_le_bytes(fixed[8..12].try_into().expect("4 bytes"));
-        // A later version is a newer build's file, not damage; no earlier one was ever written.
-        if version > FORMAT_VERSION {
+        // A later version is a newer build's file, not damage; no earlier one was ever written,
+        // and no build comes near a version with more than its low byte set (a flipped bit
+        // there is damage, not a format from the far future).
+        if version > FORMAT_VERSION && version <= NEWEST_PLAUSIBLE_VERSION {
             return Err(Error::Unsupported {
                 path: path.to_path_buf(),
                 reason: format!(
                     "snapshot format version {version}, written by a newer build (this build \
-                     reads {FORMAT_VERSION})"
+                     reads {FORMAT_VERSION}), or its header is damaged"
                 ),
             });
         }
         if version != FORMAT_VERSION {
             return Err(corrupt(
                 8,
-                format!("unknown format version {version} (this build reads {FORMAT_VERSION})"),
+                format!(
+                    "unknown format version {version} (this build reads {FORMAT_VERSION}, and \
+                     no build writes one past {NEWEST_PLAUSIBLE_VERSION}): the header is damaged"
+                ),
             ));
         }
         let meta_len = u32::from_le_bytes(fixed[12..16].try_into().expect("4 bytes")) as usize;
