@@ -29,6 +29,7 @@ mod addresses;
 mod apply_batch;
 mod backup;
 mod build_pauses;
+mod build_room;
 mod capture;
 mod change_feed;
 mod cluster_id;

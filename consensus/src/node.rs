@@ -241,6 +241,11 @@ impl MetaNode {
             sync_dir(&c.data_dir)?;
             // A cluster's version never goes back: an older build must not replay its log.
             sm.set_build_version(c.build_version);
+            sm.set_build_room(crate::build_room::BuildRoom::new(
+                c.free_space.clone(),
+                c.data_dir.clone(),
+                c.min_free_bytes,
+            ));
             sm.shared().check_build(sm.shared().cluster_version())?;
             let followed = log.follows_another_leader(c.id);
             Ok((dir_lock, log, sm, incoming, rejoining, followed, repair))

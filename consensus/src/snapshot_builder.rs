@@ -142,12 +142,21 @@ impl SnapshotBuilder {
                 self.shared.limiter.clone(),
             )
             .map_err(|e| Error::storage("create snapshot", e))?;
-        snapshot_format::export(
-            &generation.tree,
-            &capture,
-            &mut writer,
-            &self.shared.closing,
-        )?;
+        let exported = match self.shared.build_room.get() {
+            Some(room) => snapshot_format::export(
+                &generation.tree,
+                &capture,
+                &mut room.guard(&mut writer),
+                &self.shared.closing,
+            ),
+            None => snapshot_format::export(
+                &generation.tree,
+                &capture,
+                &mut writer,
+                &self.shared.closing,
+            ),
+        };
+        exported?;
         drop((generation, capture));
         self.release();
         let file = writer

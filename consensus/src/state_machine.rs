@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 
 use crate::apply_batch::ApplyBatch;
 use crate::build_pauses::{BuildPauses, FailedBuild};
+use crate::build_room::BuildRoom;
 use crate::change_feed::{ChangeFeed, DEFAULT_HISTORY};
 use crate::cluster_version::BUILD_VERSION;
 use crate::codec;
@@ -117,6 +118,8 @@ pub(crate) struct SmShared {
     pub(crate) damaged: Arc<tokio::sync::Notify>,
     /// Where the open set aside newest snapshots that did not read back, newest first.
     pub(crate) set_aside: Vec<PathBuf>,
+    /// The room builds leave on the disk (`build_room.rs`); none until the node sets it.
+    pub(crate) build_room: std::sync::OnceLock<BuildRoom>,
     /// Tests: the next apply stops at this gate (`ApplyGate`).
     #[cfg(test)]
     pub(crate) apply_gate: Mutex<Option<ApplyGate>>,
@@ -233,6 +236,7 @@ impl StateMachine {
                 builds: BuildPauses::default(),
                 damaged: Arc::default(),
                 set_aside,
+                build_room: std::sync::OnceLock::new(),
                 #[cfg(test)]
                 apply_gate: Mutex::new(None),
             }),
@@ -257,6 +261,11 @@ impl StateMachine {
     /// refuses to apply, or install, a cluster version above it.
     pub fn set_build_version(&self, version: u32) {
         self.shared.build_version.store(version, Ordering::Relaxed);
+    }
+
+    /// Makes snapshot builds stop short of filling the disk (see `build_room.rs`).
+    pub(crate) fn set_build_room(&self, room: BuildRoom) {
+        let _ = self.shared.build_room.set(room);
     }
 }
 

@@ -638,3 +638,40 @@ async fn an_install_moves_in_only_a_received_file_and_copies_any_other() {
     );
     assert_eq!(read_meta(kept.path()).unwrap().0, meta);
 }
+
+/// A build on a disk below a quarter of the reserve fails as a full disk fails it, before it
+/// writes anything, and keeps no file; with room it builds.
+#[tokio::test]
+async fn a_build_stops_short_of_filling_the_disk() {
+    use crate::build_room::BuildRoom;
+    use crate::free_space::FreeSpace;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = open(dir.path());
+    for e in workload() {
+        sm.shared().apply_entries(&[e], Mode::Deferred).unwrap();
+    }
+    let free = Arc::new(AtomicU64::new((8 << 20) / 4 - 1));
+    let probe = free.clone();
+    let space = FreeSpace::with(move |_| Ok(probe.load(Ordering::SeqCst)));
+    sm.set_build_room(BuildRoom::new(space, dir.path().into(), 8 << 20));
+    let since = std::time::Instant::now();
+    let mut builder = sm.get_snapshot_builder().await;
+    let answer = builder.build_snapshot().await.unwrap();
+    assert_eq!(answer.meta, SnapshotMeta::default(), "no snapshot built");
+    let failed = sm
+        .shared()
+        .builds
+        .failed_since(since)
+        .expect("the build failed");
+    assert!(failed.out_of_space);
+    drop(builder);
+    let files = std::fs::read_dir(dir.path().join("snapshots"))
+        .unwrap()
+        .count();
+    assert_eq!(files, 0, "a failed build keeps no file");
+
+    free.store((8 << 20) / 4, Ordering::SeqCst);
+    let mut builder = sm.try_create_snapshot_builder(true).await.unwrap();
+    let built = builder.build_snapshot().await.unwrap();
+    assert!(built.meta.last_log_id.is_some());
+}

@@ -8,7 +8,7 @@ use axum::http::{Method, StatusCode};
 use meta_consensus::Role;
 use serde_json::json;
 
-use crate::common::{leader_node, open_node, refusing, wait_for};
+use crate::common::{leader_node, leader_node_tuned, open_node, refusing, wait_for};
 
 #[tokio::test]
 async fn cluster_membership_and_config() {
@@ -427,4 +427,23 @@ async fn a_write_waiting_for_a_leader_is_refused_when_none_is_elected_for_long()
         .unwrap();
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
     assert_eq!(a.error_code(), "no_leader");
+}
+
+/// A node below a quarter of its reserve builds no snapshot: the build would take the last of
+/// the room its log and registry need. Asked for one, it answers 507 saying so.
+#[tokio::test]
+async fn a_build_on_a_nearly_full_disk_is_refused() {
+    let t = leader_node_tuned(None, |cfg| {
+        cfg.min_free_bytes = 8 << 20;
+        cfg.free_space = meta_consensus::FreeSpace::fixed((2 << 20) - 1);
+    })
+    .await;
+    let a = t
+        .send(Method::POST, "/v1/cluster/snapshot", Body::empty())
+        .await;
+    assert_eq!(a.status, StatusCode::INSUFFICIENT_STORAGE, "{a:?}");
+    assert!(
+        a.json().to_string().contains("quarter of --min-free-bytes"),
+        "{a:?}"
+    );
 }
