@@ -129,6 +129,12 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         tls = settings.tls.is_some(),
         "settings in effect"
     );
+    if settings.member_token.is_some() && settings.token.is_none() {
+        tracing::warn!(
+            "--member-token without --token: the members' routes take the member token, but the \
+             admin API takes every request without one (give --token too to require one there)"
+        );
+    }
     if settings.member_token.is_some() && settings.member_token == settings.token {
         tracing::warn!(
             "--member-token is the same as --token: a client holding it can speak for a \

@@ -333,3 +333,15 @@ async fn a_node_with_another_client_token_is_not_taken_in() {
         node.stop().await;
     }
 }
+
+/// A member token without a client token leaves the admin API open: the node says so at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_token_alone_is_warned_of() {
+    let dirs: Vec<_> = (0..1).map(|_| tempfile::tempdir().unwrap()).collect();
+    let args = ["--member-token", "member"].map(str::to_owned);
+    let (mut nodes, _addrs) = crate::common::spawn_members(&dirs, &args);
+    nodes[0].wait_logged("--member-token without --token").await;
+    for node in &mut nodes {
+        node.stop().await;
+    }
+}
