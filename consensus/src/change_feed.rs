@@ -21,7 +21,7 @@
 //!   after the registry shows their writes, so a client that reads after seeing an event sees
 //!   at least that change.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -178,6 +178,77 @@ pub struct ChangeFeed {
     applied: watch::Sender<u64>,
     /// Watchers in [`ChangeFeed::wait_past`] now.
     waiting: AtomicUsize,
+    /// The channels of the waiters with a filter, which are woken only by an event they want.
+    /// Locked inside `history` (by a record, and by a waiter while it subscribes).
+    wanted: Mutex<Wanted>,
+    /// Counts the restarts and the close: every waiter wakes at each.
+    resets: watch::Sender<u64>,
+}
+
+/// The channels of the waiters with a filter: each tells the index of the newest event the
+/// filter wants. A record then wakes only the watchers of what changed, not every one: each
+/// wake costs a member about 5 us, and a thousand datanodes watching each their own changes
+/// made every write cost 5 ms of CPU.
+#[derive(Debug, Default)]
+struct Wanted {
+    datanodes: HashMap<u64, watch::Sender<u64>>,
+    prefixes: Vec<(String, watch::Sender<u64>)>,
+}
+
+impl Wanted {
+    /// Tells the waiters that want `e`.
+    fn tell(&self, e: &ChangeEvent) {
+        if let Some(id) = e.change.datanode() {
+            if let Some(tx) = self.datanodes.get(&id) {
+                tx.send_replace(e.index);
+            }
+        }
+        if let Some(key) = e.change.key() {
+            for (prefix, tx) in &self.prefixes {
+                if key.starts_with(prefix.as_str()) {
+                    tx.send_replace(e.index);
+                }
+            }
+        }
+    }
+
+    /// A receiver of the events `filter` wants (`None` for every event: no channel).
+    fn subscribe(&mut self, filter: &ChangeFilter) -> Option<watch::Receiver<u64>> {
+        match filter {
+            ChangeFilter::All => None,
+            ChangeFilter::Datanode(id) => Some(
+                self.datanodes
+                    .entry(*id)
+                    .or_insert_with(|| watch::Sender::new(0))
+                    .subscribe(),
+            ),
+            ChangeFilter::KeyPrefix(p) => {
+                if let Some((_, tx)) = self.prefixes.iter().find(|(q, _)| q == p) {
+                    return Some(tx.subscribe());
+                }
+                let (tx, rx) = watch::channel(0);
+                self.prefixes.push((p.clone(), tx));
+                Some(rx)
+            }
+        }
+    }
+
+    /// Drops the channel of `filter` once no waiter holds it.
+    fn forget(&mut self, filter: &ChangeFilter) {
+        match filter {
+            ChangeFilter::All => {}
+            ChangeFilter::Datanode(id) => {
+                if self
+                    .datanodes
+                    .get(id)
+                    .is_some_and(|tx| tx.receiver_count() == 0)
+                {
+                    self.datanodes.remove(id);
+                }
+            }
+            ChangeFilter::KeyPrefix(_) => self.prefixes.retain(|(_, tx)| tx.receiver_count() > 0),
+        }
+    }
 }
 
 /// Counts a waiter while it waits.
@@ -202,6 +273,8 @@ impl ChangeFeed {
             }),
             applied: watch::Sender::new(applied),
             waiting: AtomicUsize::new(0),
+            wanted: Mutex::new(Wanted::default()),
+            resets: watch::Sender::new(0),
         }
     }
 
@@ -228,6 +301,11 @@ impl ChangeFeed {
     pub fn record(&self, events: Vec<ChangeEvent>, applied: u64) {
         {
             let mut h = self.history.lock();
+            let wanted = self.wanted.lock();
+            for e in &events {
+                wanted.tell(e);
+            }
+            drop(wanted);
             for e in events {
                 h.units += e.change.units();
                 h.events.push_back(e);
@@ -254,6 +332,7 @@ impl ChangeFeed {
             h.floor = applied;
             h.applied = applied;
         }
+        self.resets.send_modify(|n| *n += 1);
         self.applied.send_if_modified(|a| {
             let changed = *a != applied && *a != u64::MAX;
             if changed {
@@ -266,6 +345,7 @@ impl ChangeFeed {
     /// Wakes every waiter for good: the node is closing.
     pub fn close(&self) {
         self.applied.send_replace(u64::MAX);
+        self.resets.send_modify(|n| *n += 1);
     }
 
     /// The events after `after` that `filter` wants, at most `limit` events and about
@@ -310,16 +390,45 @@ impl ChangeFeed {
         })
     }
 
-    /// Waits until the feed records an applied index above `index`, the feed closes, or
-    /// `timeout` passes; returns whether it may have moved past `index`.
-    pub async fn wait_past(&self, index: u64, timeout: Duration) -> bool {
+    /// Waits until the feed records an applied index above `index` with an event `filter`
+    /// wants (any applied index above it, for [`ChangeFilter::All`]), the feed starts again or
+    /// closes, or `timeout` passes; returns whether it may have moved past `index`. At once if
+    /// the feed applied past `index` already: a read that stopped short of it reads on.
+    pub async fn wait_past(&self, index: u64, filter: &ChangeFilter, timeout: Duration) -> bool {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _counted = Waiting(&self.waiting);
-        let mut rx = self.applied.subscribe();
-        // u64::MAX is the closed feed, which ends every wait (also one past u64::MAX - 1).
-        let moved =
-            tokio::time::timeout(timeout, rx.wait_for(|a| *a > index || *a == u64::MAX)).await;
-        matches!(moved, Ok(Ok(_)))
+        if *filter == ChangeFilter::All {
+            let mut rx = self.applied.subscribe();
+            // u64::MAX is the closed feed, which ends every wait (also one past u64::MAX - 1).
+            let moved =
+                tokio::time::timeout(timeout, rx.wait_for(|a| *a > index || *a == u64::MAX)).await;
+            return matches!(moved, Ok(Ok(_)));
+        }
+        // Subscribed under the history's lock: a record either came before (and the applied
+        // index shows it) or tells this waiter's channel.
+        let (mut wanted, mut resets) = {
+            let h = self.history.lock();
+            if h.applied > index {
+                return true;
+            }
+            let resets = self.resets.subscribe();
+            let wanted = self.wanted.lock().subscribe(filter);
+            (wanted.expect("a filter has a channel"), resets)
+        };
+        // A close before the subscription shows here, one after it in `resets`.
+        if self.closed() {
+            return true;
+        }
+        let moved = tokio::time::timeout(timeout, async {
+            tokio::select! {
+                _ = wanted.changed() => {}
+                _ = resets.changed() => {}
+            }
+        })
+        .await;
+        drop(wanted);
+        self.wanted.lock().forget(filter);
+        moved.is_ok()
     }
 
     /// Watchers waiting for a change now.

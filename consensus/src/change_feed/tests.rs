@@ -141,16 +141,22 @@ fn a_snapshot_install_forgets_the_history() {
 async fn a_waiter_wakes_when_an_index_past_its_own_is_recorded() {
     let feed = Arc::new(ChangeFeed::new(5, 100));
     assert!(
-        !feed.wait_past(5, Duration::from_millis(20)).await,
+        !feed
+            .wait_past(5, &ChangeFilter::All, Duration::from_millis(20))
+            .await,
         "nothing new"
     );
     assert!(
-        feed.wait_past(4, Duration::from_millis(20)).await,
+        feed.wait_past(4, &ChangeFilter::All, Duration::from_millis(20))
+            .await,
         "5 is past 4"
     );
     let waiter = {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+        tokio::spawn(async move {
+            feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
+                .await
+        })
     };
     // Whether the waiter subscribed before or after this, it sees 6.
     feed.record(vec![put(6, "k")], 6);
@@ -167,7 +173,10 @@ async fn waiters_are_counted_while_they_wait() {
     let feed = Arc::new(ChangeFeed::new(5, 100));
     let waiter = {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+        tokio::spawn(async move {
+            feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
+                .await
+        })
     };
     tokio::time::timeout(Duration::from_secs(10), async {
         while feed.waiting() != 1 {
@@ -189,7 +198,10 @@ async fn closing_wakes_every_waiter() {
     let feed = Arc::new(ChangeFeed::new(5, 100));
     let waiter = {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(5, Duration::from_secs(30)).await })
+        tokio::spawn(async move {
+            feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
+                .await
+        })
     };
     feed.close();
     assert!(feed.closed());
@@ -207,7 +219,10 @@ async fn closing_wakes_a_waiter_at_the_largest_index() {
     let feed = Arc::new(ChangeFeed::new(5, 100));
     let waiter = {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(u64::MAX, Duration::from_secs(30)).await })
+        tokio::spawn(async move {
+            feed.wait_past(u64::MAX, &ChangeFilter::All, Duration::from_secs(30))
+                .await
+        })
     };
     feed.close();
     tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -269,4 +284,77 @@ fn a_long_key_costs_its_length_in_the_history() {
     let short = ChangeFeed::new(0, 10_000);
     short.record((1..=1_000).map(|i| put(i, "short")).collect(), 1_000);
     assert_eq!(short.floor(), 0, "a short key costs one unit");
+}
+
+fn registered(index: u64, datanode: u64) -> ChangeEvent {
+    ChangeEvent {
+        index,
+        change: Change::ReplicasRegistered {
+            datanode,
+            shards: vec![1],
+        },
+    }
+}
+
+/// A waiter with a filter sleeps through the events it does not want (each wake costs the
+/// member CPU), and wakes at one it wants, at a restart and at the close. Time is paused: a
+/// timeout passes as soon as every task waits.
+#[tokio::test(start_paused = true)]
+async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
+    let feed = Arc::new(ChangeFeed::new(5, 1000));
+    let wait = |filter: ChangeFilter| {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
+    };
+    let settled = || async {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    };
+    for (filter, unwanted, wanted) in [
+        (
+            ChangeFilter::Datanode(7),
+            registered(6, 8),
+            registered(7, 7),
+        ),
+        (
+            ChangeFilter::KeyPrefix("a/".into()),
+            put(6, "b/1"),
+            put(7, "a/1"),
+        ),
+    ] {
+        let feed = Arc::new(ChangeFeed::new(5, 1000));
+        let waiter = {
+            let feed = feed.clone();
+            let filter = filter.clone();
+            tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
+        };
+        settled().await;
+        feed.record(vec![unwanted.clone()], 6);
+        settled().await;
+        assert!(!waiter.is_finished(), "{filter:?} woke for {unwanted:?}");
+        feed.record(vec![wanted.clone()], 7);
+        assert!(waiter.await.unwrap(), "{filter:?} woke for {wanted:?}");
+        // Applied past its index already: no wait.
+        assert!(feed.wait_past(5, &filter, Duration::ZERO).await);
+        // Not woken at all: false once its time is up.
+        let late = {
+            let feed = feed.clone();
+            let filter = filter.clone();
+            tokio::spawn(async move { feed.wait_past(7, &filter, Duration::from_secs(30)).await })
+        };
+        settled().await;
+        feed.record(vec![unwanted], 8);
+        assert!(!late.await.unwrap(), "{filter:?}");
+    }
+    // A restart and the close wake filtered waiters too.
+    let waiter = wait(ChangeFilter::Datanode(7));
+    settled().await;
+    feed.restart_at(50);
+    assert!(waiter.await.unwrap());
+    let waiter = wait(ChangeFilter::KeyPrefix("a/".into()));
+    settled().await;
+    feed.close();
+    assert!(waiter.await.unwrap());
+    assert_eq!(feed.waiting(), 0);
 }

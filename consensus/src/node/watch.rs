@@ -94,7 +94,7 @@ impl MetaNode {
             }
             // Nothing wanted up to batch.index: wait for entries past it.
             after = batch.index;
-            feed.wait_past(after, remaining).await;
+            feed.wait_past(after, &filter, remaining).await;
         }
     }
 
