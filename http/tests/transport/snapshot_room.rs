@@ -10,6 +10,28 @@ use meta_consensus::{Command, FreeSpace, Node, NodeConfig, Role};
 use crate::common::wait_for;
 use crate::helpers::{join_by_snapshot, leader_with_purged_log, start_tuned, Client, Server};
 
+/// Adds `learner` (node 2) to `leader`'s cluster, and waits until it refused the leader's
+/// snapshot `times` times.
+async fn add_until_refused(leader: &Server, learner: &Server, times: u64, what: &str) {
+    leader
+        .node
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    wait_for(
+        || {
+            learner
+                .node
+                .status()
+                .state_machine
+                .snapshot_install_refusals
+                >= times
+        },
+        what,
+    )
+    .await;
+}
+
 /// Starts a leader with a purged log, then adds learner 2 (configured by `tune`) and waits
 /// until it refused the leader's snapshot twice; checks that it stayed as it was and that the
 /// leader still takes writes. Returns the learner.
@@ -18,21 +40,11 @@ async fn refused_twice(dir: &tempfile::TempDir, tune: fn(&mut NodeConfig)) -> Se
     let snapshot_index = leader.node.status().snapshot_index;
 
     let learner = start_tuned(2, dir, None, tune).await;
-    leader
-        .node
-        .add_learner(2, Node::new(learner.addr.clone()))
-        .await
-        .unwrap();
     // Refused, and sent again: the refusal is not fatal on either side.
-    wait_for(
-        || {
-            learner
-                .node
-                .status()
-                .state_machine
-                .snapshot_install_refusals
-                >= 2
-        },
+    add_until_refused(
+        &leader,
+        &learner,
+        2,
         "the learner refuses the leader's snapshot twice",
     )
     .await;
@@ -244,20 +256,10 @@ async fn a_member_whose_disk_fills_while_a_snapshot_arrives_stops_receiving_it()
         });
     })
     .await;
-    leader
-        .node
-        .add_learner(2, Node::new(learner.addr.clone()))
-        .await
-        .unwrap();
-    wait_for(
-        || {
-            learner
-                .node
-                .status()
-                .state_machine
-                .snapshot_install_refusals
-                >= 1
-        },
+    add_until_refused(
+        &leader,
+        &learner,
+        1,
         "the learner refuses the snapshot as its disk fills",
     )
     .await;
