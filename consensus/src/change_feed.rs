@@ -251,6 +251,31 @@ impl Wanted {
     }
 }
 
+/// A filtered waiter's channel, given up when the wait ends or is dropped (a client that went
+/// away): the feed drops the channel with its last waiter.
+struct Subscription<'a> {
+    feed: &'a ChangeFeed,
+    filter: &'a ChangeFilter,
+    rx: Option<watch::Receiver<u64>>,
+}
+
+impl Subscription<'_> {
+    /// Resolves at the filter's next event (or never, if its channel is gone).
+    async fn changed(&mut self) {
+        let rx = self.rx.as_mut().expect("held until dropped");
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription<'_> {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        self.feed.wanted.lock().forget(self.filter);
+    }
+}
+
 /// Counts a waiter while it waits.
 struct Waiting<'a>(&'a AtomicUsize);
 
@@ -413,7 +438,12 @@ impl ChangeFeed {
             }
             let resets = self.resets.subscribe();
             let wanted = self.wanted.lock().subscribe(filter);
-            (wanted.expect("a filter has a channel"), resets)
+            let wanted = Subscription {
+                feed: self,
+                filter,
+                rx: Some(wanted.expect("a filter has a channel")),
+            };
+            (wanted, resets)
         };
         // A close before the subscription shows here, one after it in `resets`.
         if self.closed() {
@@ -426,8 +456,6 @@ impl ChangeFeed {
             }
         })
         .await;
-        drop(wanted);
-        self.wanted.lock().forget(filter);
         moved.is_ok()
     }
 

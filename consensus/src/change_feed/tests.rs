@@ -358,3 +358,34 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
     assert!(waiter.await.unwrap());
     assert_eq!(feed.waiting(), 0);
 }
+
+/// A filtered wait that is dropped (its client went away) gives up its channel: the feed keeps
+/// none for filters no one waits on.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_filtered_wait_leaves_no_channel() {
+    let feed = Arc::new(ChangeFeed::new(5, 1000));
+    let waiters: Vec<_> = [
+        ChangeFilter::Datanode(7),
+        ChangeFilter::KeyPrefix("a/".into()),
+    ]
+    .into_iter()
+    .map(|filter| {
+        let feed = feed.clone();
+        tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
+    })
+    .collect();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    {
+        let wanted = feed.wanted.lock();
+        assert_eq!((wanted.datanodes.len(), wanted.prefixes.len()), (1, 1));
+    }
+    for waiter in waiters {
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+    }
+    let wanted = feed.wanted.lock();
+    assert_eq!((wanted.datanodes.len(), wanted.prefixes.len()), (0, 0));
+    assert_eq!(feed.waiting(), 0);
+}
