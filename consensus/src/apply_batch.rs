@@ -42,7 +42,7 @@ enum Pending {
 pub(crate) type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
 /// Bytes of keys and values in `writes`.
-pub(crate) fn writes_bytes(writes: &Writes) -> usize {
+pub(crate) fn writes_bytes(writes: &[(Vec<u8>, Option<Vec<u8>>)]) -> usize {
     writes
         .iter()
         .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))

@@ -49,7 +49,8 @@ pub const CLUSTER_EPOCH_FLOOR: &[u8] = b"sepochfloor";
 /// every apply writes one metadata record. Written through the redo record: current after
 /// the registry is opened.
 pub const META_APPLIED: &[u8] = b"mapplied";
-/// The redo record: every write of the last commit (see `Generation::commit`).
+/// The redo record: every write of the last commit (see `Generation::commit`); a commit written
+/// in parts keeps them under `mredo/` until it is done.
 pub const META_REDO: &[u8] = b"mredo";
 /// Last applied membership (written only by membership entries).
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";

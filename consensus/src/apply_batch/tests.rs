@@ -610,3 +610,86 @@ fn a_deregistration_of_a_former_incarnation_is_fenced() {
         vec![CommandResult::UnknownDatanode { id: 9 }]
     );
 }
+
+/// A large commit of many writes goes in parts (not one sled batch): cut by a crash before any
+/// sled operation of it, a reopen shows the commit before it whole, or it whole, never a mix,
+/// and keeps none of its parts.
+#[test]
+fn a_commit_in_parts_cut_anywhere_is_whole_or_absent_after_reopen() {
+    use crate::generation::CUT_PARTED_AT;
+    let first = [
+        Command::RegisterDatanode {
+            id: 1,
+            addr: "a".into(),
+        },
+        Command::RegisterShards {
+            datanode: 1,
+            epoch: 1,
+            shards: vec![report(0, 1)],
+        },
+    ];
+    // One shard per bucket, and the shard the small commit wrote: thousands of writes.
+    let large = [Command::RegisterShards {
+        datanode: 1,
+        epoch: 1,
+        shards: (0..3000).map(|i| report(i * 64, 2)).collect(),
+    }];
+    let reopened = |dir: &std::path::Path| contents(&Registry::open(dir, 1 << 20).unwrap());
+    // Commits `first`, then `large` cut before operation `cut` (none: not cut); the number of
+    // writes of `large`, and whether the cut came.
+    let run = |dir: &std::path::Path, cut: Option<usize>| {
+        let reg = Registry::open(dir, 1 << 20).unwrap();
+        reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+        let writes = writes_of(&reg, 3, &large);
+        let n = writes.len();
+        CUT_PARTED_AT.with(|c| c.set(cut));
+        let done = reg.current().commit(writes);
+        CUT_PARTED_AT.with(|c| c.set(None));
+        (n, done.is_err())
+    };
+    let (only_first, whole, writes) = {
+        let a = tempfile::tempdir().unwrap();
+        {
+            let reg = Registry::open(a.path(), 1 << 20).unwrap();
+            reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
+        }
+        let b = tempfile::tempdir().unwrap();
+        let (writes, cut) = run(b.path(), None);
+        assert!(!cut);
+        (reopened(a.path()), reopened(b.path()), writes)
+    };
+    assert!(
+        writes > 512,
+        "{writes} writes: the test needs a parted commit"
+    );
+    assert_ne!(only_first, whole);
+    let has_parts = |c: &[(Vec<u8>, Vec<u8>)]| c.iter().any(|(k, _)| k.starts_with(b"mredo/"));
+    assert!(!has_parts(&whole));
+    // Before the parts, between them, at the record naming them, among the data writes, at the
+    // record of last-applied and among the parts' removals (a few parts: a few operations).
+    let (mut absent, mut present, mut past_the_end) = (0, 0, 0);
+    for cut in (0..=8).chain([writes / 2]).chain(writes - 2..=writes + 12) {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, was_cut) = run(dir.path(), Some(cut));
+        if !was_cut {
+            // Past the commit's last operation.
+            past_the_end += 1;
+            continue;
+        }
+        let seen = reopened(dir.path());
+        assert!(!has_parts(&seen), "cut before operation {cut}: parts left");
+        if seen == only_first {
+            absent += 1;
+        } else {
+            assert!(
+                seen == whole,
+                "cut before operation {cut}: neither commit whole"
+            );
+            present += 1;
+        }
+    }
+    assert!(
+        absent >= 2 && present >= 10 && past_the_end >= 2,
+        "{absent} cuts before, {present} after, {past_the_end} past the end"
+    );
+}
