@@ -151,6 +151,8 @@ struct History {
     floor: u64,
     /// The applied index the events are complete up to.
     applied: u64,
+    /// Units dropped since the last roll (see [`ChangeFeed::record`]).
+    dropped: usize,
 }
 
 impl History {
@@ -164,6 +166,7 @@ impl History {
                 break;
             };
             self.units -= old.change.units();
+            self.dropped += old.change.units();
             self.floor = self.floor.max(old.index);
         }
     }
@@ -183,6 +186,10 @@ pub struct ChangeFeed {
     wanted: Mutex<Wanted>,
     /// Counts the restarts and the close: every waiter wakes at each.
     resets: watch::Sender<u64>,
+    /// Counts the rolls of the history, each time it dropped half its capacity: a filtered
+    /// waiter wakes at each, to move its cursor past what it does not want before the history
+    /// rolls past it.
+    rolls: watch::Sender<u64>,
 }
 
 /// The channels of the waiters with a filter: each tells the index of the newest event the
@@ -251,6 +258,16 @@ impl Wanted {
     }
 }
 
+/// How a [`ChangeFeed::wait_past`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waited {
+    /// Whether the feed may have moved past the index (else the time ran out).
+    pub moved: bool,
+    /// Every event after the index up to this one is one the filter does not want: the
+    /// waiter's cursor may move here (the index itself when that is not known).
+    pub quiet_until: u64,
+}
+
 /// A filtered waiter's channel, given up when the wait ends or is dropped (a client that went
 /// away): the feed drops the channel with its last waiter.
 struct Subscription<'a> {
@@ -260,6 +277,11 @@ struct Subscription<'a> {
 }
 
 impl Subscription<'_> {
+    /// The index of the newest event the filter wanted.
+    fn current(&self) -> u64 {
+        *self.rx.as_ref().expect("held until dropped").borrow()
+    }
+
     /// Resolves at the filter's next event (or never, if its channel is gone).
     async fn changed(&mut self) {
         let rx = self.rx.as_mut().expect("held until dropped");
@@ -295,11 +317,13 @@ impl ChangeFeed {
                 capacity,
                 floor: applied,
                 applied,
+                dropped: 0,
             }),
             applied: watch::Sender::new(applied),
             waiting: AtomicUsize::new(0),
             wanted: Mutex::new(Wanted::default()),
             resets: watch::Sender::new(0),
+            rolls: watch::Sender::new(0),
         }
     }
 
@@ -337,6 +361,10 @@ impl ChangeFeed {
             }
             h.applied = h.applied.max(applied);
             h.trim();
+            if h.dropped > 0 && h.dropped >= h.capacity / 2 {
+                h.dropped = 0;
+                self.rolls.send_modify(|n| *n += 1);
+            }
         }
         self.applied.send_if_modified(|a| {
             let newer = applied > *a && *a != u64::MAX;
@@ -356,8 +384,9 @@ impl ChangeFeed {
             h.units = 0;
             h.floor = applied;
             h.applied = applied;
+            // Under the lock: a waiter reads it with the history (see `wait_past`).
+            self.resets.send_modify(|n| *n += 1);
         }
-        self.resets.send_modify(|n| *n += 1);
         self.applied.send_if_modified(|a| {
             let changed = *a != applied && *a != u64::MAX;
             if changed {
@@ -417,46 +446,63 @@ impl ChangeFeed {
 
     /// Waits until the feed records an applied index above `index` with an event `filter`
     /// wants (any applied index above it, for [`ChangeFilter::All`]), the feed starts again or
-    /// closes, or `timeout` passes; returns whether it may have moved past `index`. At once if
-    /// the feed applied past `index` already: a read that stopped short of it reads on.
-    pub async fn wait_past(&self, index: u64, filter: &ChangeFilter, timeout: Duration) -> bool {
+    /// closes, or `timeout` passes. At once if the feed applied past `index` already: a read
+    /// that stopped short of it reads on.
+    pub async fn wait_past(&self, index: u64, filter: &ChangeFilter, timeout: Duration) -> Waited {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _counted = Waiting(&self.waiting);
+        let unmoved = |moved| Waited {
+            moved,
+            quiet_until: index,
+        };
         if *filter == ChangeFilter::All {
             let mut rx = self.applied.subscribe();
             // u64::MAX is the closed feed, which ends every wait (also one past u64::MAX - 1).
             let moved =
                 tokio::time::timeout(timeout, rx.wait_for(|a| *a > index || *a == u64::MAX)).await;
-            return matches!(moved, Ok(Ok(_)));
+            return unmoved(matches!(moved, Ok(Ok(_))));
         }
         // Subscribed under the history's lock: a record either came before (and the applied
         // index shows it) or tells this waiter's channel.
-        let (mut wanted, mut resets) = {
+        let (mut wanted, mut resets, mut rolls, seen) = {
             let h = self.history.lock();
             if h.applied > index {
-                return true;
+                return unmoved(true);
             }
             let resets = self.resets.subscribe();
-            let wanted = self.wanted.lock().subscribe(filter);
+            let rolls = self.rolls.subscribe();
+            let rx = self.wanted.lock().subscribe(filter);
             let wanted = Subscription {
                 feed: self,
                 filter,
-                rx: Some(wanted.expect("a filter has a channel")),
+                rx: Some(rx.expect("a filter has a channel")),
             };
-            (wanted, resets)
+            let seen = (wanted.current(), *resets.borrow());
+            (wanted, resets, rolls, seen)
         };
         // A close before the subscription shows here, one after it in `resets`.
         if self.closed() {
-            return true;
+            return unmoved(true);
         }
         let moved = tokio::time::timeout(timeout, async {
             tokio::select! {
                 _ = wanted.changed() => {}
                 _ = resets.changed() => {}
+                _ = rolls.changed() => {}
             }
         })
-        .await;
-        moved.is_ok()
+        .await
+        .is_ok();
+        // Read with the history, which the records tell the channels under: when neither the
+        // filter's channel nor the restarts moved, every event up to the applied index is one
+        // the filter does not want, and the cursor may pass them (else the history, rolling on
+        // past it, would answer a cursor that missed nothing 410 `compacted`).
+        let h = self.history.lock();
+        let quiet = (wanted.current(), *resets.borrow()) == seen;
+        Waited {
+            moved,
+            quiet_until: if quiet { h.applied.max(index) } else { index },
+        }
     }
 
     /// Watchers waiting for a change now.

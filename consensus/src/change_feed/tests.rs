@@ -143,12 +143,14 @@ async fn a_waiter_wakes_when_an_index_past_its_own_is_recorded() {
     assert!(
         !feed
             .wait_past(5, &ChangeFilter::All, Duration::from_millis(20))
-            .await,
+            .await
+            .moved,
         "nothing new"
     );
     assert!(
         feed.wait_past(4, &ChangeFilter::All, Duration::from_millis(20))
-            .await,
+            .await
+            .moved,
         "5 is past 4"
     );
     let waiter = {
@@ -156,6 +158,7 @@ async fn a_waiter_wakes_when_an_index_past_its_own_is_recorded() {
         tokio::spawn(async move {
             feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
                 .await
+                .moved
         })
     };
     // Whether the waiter subscribed before or after this, it sees 6.
@@ -176,6 +179,7 @@ async fn waiters_are_counted_while_they_wait() {
         tokio::spawn(async move {
             feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
                 .await
+                .moved
         })
     };
     tokio::time::timeout(Duration::from_secs(10), async {
@@ -201,6 +205,7 @@ async fn closing_wakes_every_waiter() {
         tokio::spawn(async move {
             feed.wait_past(5, &ChangeFilter::All, Duration::from_secs(30))
                 .await
+                .moved
         })
     };
     feed.close();
@@ -222,6 +227,7 @@ async fn closing_wakes_a_waiter_at_the_largest_index() {
         tokio::spawn(async move {
             feed.wait_past(u64::MAX, &ChangeFilter::All, Duration::from_secs(30))
                 .await
+                .moved
         })
     };
     feed.close();
@@ -304,12 +310,11 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
     let feed = Arc::new(ChangeFeed::new(5, 1000));
     let wait = |filter: ChangeFilter| {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
-    };
-    let settled = || async {
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        tokio::spawn(async move {
+            feed.wait_past(5, &filter, Duration::from_secs(30))
+                .await
+                .moved
+        })
     };
     for (filter, unwanted, wanted) in [
         (
@@ -327,7 +332,11 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
         let waiter = {
             let feed = feed.clone();
             let filter = filter.clone();
-            tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
+            tokio::spawn(async move {
+                feed.wait_past(5, &filter, Duration::from_secs(30))
+                    .await
+                    .moved
+            })
         };
         settled().await;
         feed.record(vec![unwanted.clone()], 6);
@@ -336,12 +345,16 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
         feed.record(vec![wanted.clone()], 7);
         assert!(waiter.await.unwrap(), "{filter:?} woke for {wanted:?}");
         // Applied past its index already: no wait.
-        assert!(feed.wait_past(5, &filter, Duration::ZERO).await);
+        assert!(feed.wait_past(5, &filter, Duration::ZERO).await.moved);
         // Not woken at all: false once its time is up.
         let late = {
             let feed = feed.clone();
             let filter = filter.clone();
-            tokio::spawn(async move { feed.wait_past(7, &filter, Duration::from_secs(30)).await })
+            tokio::spawn(async move {
+                feed.wait_past(7, &filter, Duration::from_secs(30))
+                    .await
+                    .moved
+            })
         };
         settled().await;
         feed.record(vec![unwanted], 8);
@@ -371,7 +384,11 @@ async fn a_dropped_filtered_wait_leaves_no_channel() {
     .into_iter()
     .map(|filter| {
         let feed = feed.clone();
-        tokio::spawn(async move { feed.wait_past(5, &filter, Duration::from_secs(30)).await })
+        tokio::spawn(async move {
+            feed.wait_past(5, &filter, Duration::from_secs(30))
+                .await
+                .moved
+        })
     })
     .collect();
     for _ in 0..10 {
@@ -388,4 +405,93 @@ async fn a_dropped_filtered_wait_leaves_no_channel() {
     let wanted = feed.wanted.lock();
     assert_eq!((wanted.datanodes.len(), wanted.prefixes.len()), (0, 0));
     assert_eq!(feed.waiting(), 0);
+}
+
+/// A filtered waiter that slept through changes it does not want may move its cursor past them:
+/// the history, rolling on past its index meanwhile, would otherwise answer it 410 although it
+/// missed nothing. Not past a wanted change, nor across a restart.
+#[tokio::test(start_paused = true)]
+async fn a_filtered_waiter_passes_the_changes_it_does_not_want() {
+    let feed = Arc::new(ChangeFeed::new(5, 1000));
+    let filter = ChangeFilter::KeyPrefix("p/".into());
+    let wait = |index: u64| {
+        let feed = feed.clone();
+        let filter = filter.clone();
+        tokio::spawn(async move {
+            feed.wait_past(index, &filter, Duration::from_secs(30))
+                .await
+        })
+    };
+    let waiter = wait(5);
+    settled().await;
+    for i in 6..50 {
+        feed.record(vec![put(i, "other")], i);
+    }
+    let waited = waiter.await.unwrap();
+    assert!(!waited.moved);
+    assert_eq!(waited.quiet_until, 49);
+
+    // A wanted change: the cursor stays, and the read from it finds the change.
+    let waiter = wait(49);
+    settled().await;
+    feed.record(vec![put(50, "other"), put(51, "p/x")], 51);
+    let waited = waiter.await.unwrap();
+    assert!(waited.moved);
+    assert_eq!(waited.quiet_until, 49);
+    let events = feed.read(49, &filter, 10).unwrap().events;
+    assert_eq!(events, vec![put(51, "p/x")]);
+
+    // A restart: what changed before it is not known, so the cursor stays and is compacted.
+    let waiter = wait(51);
+    settled().await;
+    feed.restart_at(80);
+    let waited = waiter.await.unwrap();
+    assert_eq!(waited.quiet_until, 51);
+    assert!(feed.read(51, &filter, 10).is_err());
+}
+
+/// Lets every other task run until it waits.
+async fn settled() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A watch with a filter, waiting while the history rolls on with changes it does not want
+/// (ten units here), is woken as it rolls by half, to move its cursor: the change it wants, when
+/// it comes, is read from there, not answered 410.
+#[tokio::test(start_paused = true)]
+async fn a_filtered_watch_keeps_up_with_a_rolling_history() {
+    let feed = Arc::new(ChangeFeed::new(5, 10));
+    let filter = ChangeFilter::KeyPrefix("p/".into());
+    // What a long poll does (`MetaNode::watch`): read, else wait and move on.
+    let watch = {
+        let feed = feed.clone();
+        tokio::spawn(async move {
+            let mut after = 5;
+            loop {
+                let batch = feed.read(after, &filter, 10)?;
+                if !batch.events.is_empty() {
+                    return Ok(batch.events);
+                }
+                after = batch.index;
+                after = feed
+                    .wait_past(after, &filter, Duration::from_secs(300))
+                    .await
+                    .quiet_until;
+            }
+        })
+    };
+    settled().await;
+    for i in 6..50 {
+        feed.record(vec![put(i, "other")], i);
+        settled().await;
+    }
+    assert!(
+        feed.read(5, &ChangeFilter::All, 10).is_err(),
+        "rolled past 5"
+    );
+    feed.record(vec![put(50, "p/x")], 50);
+    let events: Result<_, Compacted> = watch.await.unwrap();
+    assert_eq!(events, Ok(vec![put(50, "p/x")]));
 }

@@ -92,9 +92,10 @@ impl MetaNode {
             if !batch.events.is_empty() || remaining.is_zero() || feed.closed() {
                 return Ok(batch);
             }
-            // Nothing wanted up to batch.index: wait for entries past it.
+            // Nothing wanted up to batch.index: wait for entries past it, and pass those the
+            // filter does not want.
             after = batch.index;
-            feed.wait_past(after, &filter, remaining).await;
+            after = feed.wait_past(after, &filter, remaining).await.quiet_until;
         }
     }
 
