@@ -111,7 +111,9 @@ impl Generation {
     /// A commit of more than [`REDO_MAX_BYTES`] goes through `sled::Tree::apply_batch` instead,
     /// which also writes the last-applied record and deletes the redo record: a large redo
     /// record would double a large commit's bytes, and sled stores any value over 128 KiB as
-    /// a file of its own. Its fixed cost does not matter for a commit that large.
+    /// a file of its own. Its fixed cost does not matter for a commit that large. But one of
+    /// more than [`BATCH_MAX_WRITES`] small writes goes in parts ([`Generation::write_in_parts`]):
+    /// sled's memory grows with the writes of one batch.
     pub(crate) fn commit(&self, writes: Writes) -> Result<()> {
         {
             let captures = self.captures.lock();
@@ -152,8 +154,12 @@ impl Generation {
         while start < writes.len() {
             let mut end = start;
             let mut bytes = 0;
-            while end < writes.len() && bytes + writes_bytes(&writes[end..=end]) <= REDO_MAX_BYTES {
-                bytes += writes_bytes(&writes[end..=end]);
+            // Each write also costs its encoding's lengths and tag (at most 8 bytes here).
+            let cost = |w: &[(Vec<u8>, Option<Vec<u8>>)]| writes_bytes(w) + 8;
+            while end < writes.len()
+                && (end == start || bytes + cost(&writes[end..=end]) <= REDO_MAX_BYTES)
+            {
+                bytes += cost(&writes[end..=end]);
                 end += 1;
             }
             let part = codec::encode(&writes[start..end])
