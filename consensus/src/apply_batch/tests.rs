@@ -147,6 +147,21 @@ fn a_commit_cut_after_any_write_is_whole_after_reopen() {
     assert_eq!(reopened(dir.path()), only_first);
 }
 
+/// Datanode 1 registered with a replica of shard 0: a small commit, through the redo record.
+fn datanode_with_shard_0() -> [Command; 2] {
+    [
+        Command::RegisterDatanode {
+            id: 1,
+            addr: "a".into(),
+        },
+        Command::RegisterShards {
+            datanode: 1,
+            epoch: 1,
+            shards: vec![report(0, 1)],
+        },
+    ]
+}
+
 #[test]
 fn a_large_commit_is_atomic_and_a_stale_redo_record_is_not_redone_over_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -156,18 +171,8 @@ fn a_large_commit_is_atomic_and_a_stale_redo_record_is_not_redone_over_it() {
         // One shard per bucket: far more than the redo record's limit.
         shards: (0..3000).map(|i| report(i * 64, generation)).collect(),
     };
-    let first = [
-        Command::RegisterDatanode {
-            id: 1,
-            addr: "a".into(),
-        },
-        // Small: through the redo record.
-        Command::RegisterShards {
-            datanode: 1,
-            epoch: 1,
-            shards: vec![report(0, 1)],
-        },
-    ];
+    // Small: through the redo record.
+    let first = datanode_with_shard_0();
     let (want, applied) = {
         let reg = Registry::open(dir.path(), 1 << 20).unwrap();
         reg.current().commit(writes_of(&reg, 1, &first)).unwrap();
@@ -617,17 +622,7 @@ fn a_deregistration_of_a_former_incarnation_is_fenced() {
 #[test]
 fn a_commit_in_parts_cut_anywhere_is_whole_or_absent_after_reopen() {
     use crate::generation::CUT_PARTED_AT;
-    let first = [
-        Command::RegisterDatanode {
-            id: 1,
-            addr: "a".into(),
-        },
-        Command::RegisterShards {
-            datanode: 1,
-            epoch: 1,
-            shards: vec![report(0, 1)],
-        },
-    ];
+    let first = datanode_with_shard_0();
     // One shard per bucket, and the shard the small commit wrote: thousands of writes.
     let large = [Command::RegisterShards {
         datanode: 1,

@@ -577,7 +577,9 @@ impl MetaNode {
                 let (has, heard) = progress_words(matched, last, heard);
                 return Err(Error::Conflict(format!(
                     "learner {id} cannot become a voter yet: it has {has} and {heard}; a voter that cannot keep up could leave the cluster without a \
-                     quorum (wait until it catches up, or check that it runs and is reachable)"
+                     quorum (wait until it catches up, or check that it runs, is reachable, and \
+                     has room for the leader's snapshot: its own GET /v1/cluster names a refusal \
+                     in `snapshot_refused`)"
                 )));
             }
         }

@@ -87,6 +87,8 @@ async fn cluster_membership_and_config() {
         .await;
     assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
     assert_eq!(a.error_code(), "conflict");
+    // It says where a learner short of disk tells why it does not catch up.
+    assert!(a.json().to_string().contains("snapshot_refused"), "{a:?}");
     let v = t.get("/v1/cluster").await.json();
     assert_eq!((&v["voters"], &v["learners"]), (&json!([1]), &json!([4])));
     // The same, one voter named in the path; and the only voter cannot leave.
