@@ -48,12 +48,12 @@ impl BuildRoom {
         }
     }
 
-    /// `out`, which fails a write once the free space is below the floor (looked at before
-    /// the first write and every [`CHECK_EVERY`] bytes).
-    pub(crate) fn guard<W: Write>(&self, out: W) -> Guarded<'_, W> {
+    /// `out`, which fails a write once the free space is below the floor of `room` (looked at
+    /// before the first write and every [`CHECK_EVERY`] bytes); no room set: never.
+    pub(crate) fn guard<W: Write>(room: Option<&BuildRoom>, out: W) -> Guarded<'_, W> {
         Guarded {
             out,
-            room: self,
+            room,
             unchecked: CHECK_EVERY,
         }
     }
@@ -62,15 +62,18 @@ impl BuildRoom {
 /// A writer that stops when its file system runs short ([`BuildRoom::guard`]).
 pub(crate) struct Guarded<'a, W> {
     out: W,
-    room: &'a BuildRoom,
+    room: Option<&'a BuildRoom>,
     /// Bytes written since the last look.
     unchecked: u64,
 }
 
 impl<W: Write> Write for Guarded<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.unchecked >= CHECK_EVERY && self.room.floor > 0 {
-            self.room.check()?;
+        if let Some(room) = self
+            .room
+            .filter(|r| r.floor > 0 && self.unchecked >= CHECK_EVERY)
+        {
+            room.check()?;
             self.unchecked = 0;
         }
         let n = self.out.write(buf)?;
@@ -98,7 +101,7 @@ mod tests {
         // Reserve 8 MiB: the floor is 2 MiB.
         let room = BuildRoom::new(space, PathBuf::from("/d"), 8 << 20);
         let mut sink = Vec::new();
-        let mut out = room.guard(&mut sink);
+        let mut out = BuildRoom::guard(Some(&room), &mut sink);
         let chunk = vec![0u8; 64 << 10];
         let mut written = 0u64;
         let err = loop {
@@ -120,10 +123,17 @@ mod tests {
 
         // Without a reserve, nothing is checked.
         let none = BuildRoom::new(FreeSpace::fixed(0), PathBuf::from("/d"), 0);
-        none.guard(Vec::new()).write_all(&chunk).unwrap();
+        BuildRoom::guard(Some(&none), Vec::new())
+            .write_all(&chunk)
+            .unwrap();
+        BuildRoom::guard(None, Vec::new())
+            .write_all(&chunk)
+            .unwrap();
         // Short from the start: the first write fails.
         let short = BuildRoom::new(FreeSpace::fixed(1), PathBuf::from("/d"), 8 << 20);
-        let e = short.guard(Vec::new()).write(&chunk).unwrap_err();
+        let e = BuildRoom::guard(Some(&short), Vec::new())
+            .write(&chunk)
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::StorageFull);
     }
 }

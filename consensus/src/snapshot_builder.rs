@@ -22,6 +22,7 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::{RaftSnapshotBuilder, Snapshot};
 
 use crate::build_pauses::FailedBuild;
+use crate::build_room::BuildRoom;
 use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
@@ -142,21 +143,12 @@ impl SnapshotBuilder {
                 self.shared.limiter.clone(),
             )
             .map_err(|e| Error::storage("create snapshot", e))?;
-        let exported = match self.shared.build_room.get() {
-            Some(room) => snapshot_format::export(
-                &generation.tree,
-                &capture,
-                &mut room.guard(&mut writer),
-                &self.shared.closing,
-            ),
-            None => snapshot_format::export(
-                &generation.tree,
-                &capture,
-                &mut writer,
-                &self.shared.closing,
-            ),
-        };
-        exported?;
+        snapshot_format::export(
+            &generation.tree,
+            &capture,
+            &mut BuildRoom::guard(self.shared.build_room.get(), &mut writer),
+            &self.shared.closing,
+        )?;
         drop((generation, capture));
         self.release();
         let file = writer
