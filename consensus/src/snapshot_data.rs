@@ -14,6 +14,7 @@ use meta_store::{SnapshotReader, SnapshotStore};
 
 use crate::codec;
 use crate::error::{Error, Result};
+use crate::snapshot_format::{self, ImportRecords};
 use crate::types::SnapshotMeta;
 
 /// A complete snapshot file. Cloning shares the file; a received file that was never adopted
@@ -64,10 +65,15 @@ impl SnapshotData {
     }
 
     /// Opens a received snapshot file, verifies it completely (magic, version, lengths,
-    /// checksum) and decodes its metadata. The file is deleted when the returned data is
-    /// dropped. Blocking: call off the async runtime.
-    pub fn open_received(temp: tempfile::TempPath) -> Result<(SnapshotMeta, SnapshotData)> {
-        let (meta, bytes) = read_meta(&temp)?;
+    /// checksum), decodes its metadata and counts the records its import writes (a second
+    /// read of the payload). The file is deleted when the returned data is dropped, also when
+    /// this fails. Blocking: call off the async runtime.
+    pub(crate) fn open_received(
+        temp: tempfile::TempPath,
+    ) -> Result<(SnapshotMeta, SnapshotData, ImportRecords)> {
+        let (meta, mut reader) = open_verified(&temp)?;
+        let bytes = reader.payload_len();
+        let records = snapshot_format::count_records(&mut reader)?;
         let check = FileCheck::default();
         *check.last.lock() = Some((Instant::now(), Ok(())));
         let data = SnapshotData {
@@ -76,7 +82,7 @@ impl SnapshotData {
             received: Some(Arc::new(temp)),
             check: Arc::new(check),
         };
-        Ok((meta, data))
+        Ok((meta, data, records))
     }
 
     /// Whether this is a received file (from [`SnapshotData::open_received`]), which the node

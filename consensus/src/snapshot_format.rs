@@ -60,6 +60,43 @@ impl Trailer {
     }
 }
 
+/// The records importing a payload writes, counted before it is imported: the room it takes
+/// depends on them more than on its bytes (see `node/free_space.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ImportRecords {
+    /// The payload's pairs, each a record.
+    pub pairs: u64,
+    /// The datanode index entries the import derives: one per datanode of each bucket.
+    pub index_entries: u64,
+}
+
+/// Reads a payload to its end frame and counts the [`ImportRecords`] its import writes. Checks
+/// only what the count reads (the frames, the buckets' encoding); the import checks the rest.
+/// Memory stays bounded by one frame. Blocking.
+pub(crate) fn count_records(input: &mut impl Read) -> Result<ImportRecords> {
+    let mut records = ImportRecords::default();
+    let mut datanodes = Vec::new();
+    loop {
+        match read_frame(input)? {
+            None => return Err(Error::Snapshot("payload ends without an end frame".into())),
+            Some(Frame::End(_)) => return Ok(records),
+            Some(Frame::Pair(k, v)) => {
+                records.pairs += 1;
+                if k.first() == Some(&keys::REPLICA) {
+                    let bucket: ReplicaBucket = codec::decode(&v).map_err(|e| {
+                        Error::corrupt(format!("snapshot record {}", keys::to_hex(&k)), e)
+                    })?;
+                    datanodes.clear();
+                    datanodes.extend(bucket.iter().map(|e| e.datanode));
+                    datanodes.sort_unstable();
+                    datanodes.dedup();
+                    records.index_entries += datanodes.len() as u64;
+                }
+            }
+        }
+    }
+}
+
 /// How many replicas a pair holds (buckets only). Export trusts its own tree's values.
 fn replicas_in(key: &[u8], value: &[u8]) -> u64 {
     if key.first() == Some(&keys::REPLICA) {

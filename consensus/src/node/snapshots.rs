@@ -184,8 +184,12 @@ impl MetaNode {
                 .map_err(|e| Error::io("read received snapshot size", file.to_path_buf(), e))?;
             // What the file takes of the file system: its blocks, more than its bytes.
             let landed = std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512);
-            node.check_room_for_snapshot(meta.len(), landed.max(meta.len()))?;
-            SnapshotData::open_received(file)
+            let (bytes, landed) = (meta.len(), landed.max(meta.len()));
+            // At once, before the file is read: its bytes alone may be refused.
+            node.check_room_for_snapshot(bytes, landed)?;
+            let (meta, data, records) = SnapshotData::open_received(file)?;
+            node.check_room_to_install(bytes, records, landed)?;
+            Ok((meta, data))
         })
         .await?;
         // A snapshot from the stretch of history where this node's former self was the only

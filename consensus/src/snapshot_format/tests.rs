@@ -414,3 +414,51 @@ fn an_import_holds_a_bounded_number_of_bytes_in_memory() {
     );
     other.abort_replace(r);
 }
+
+#[test]
+fn the_records_an_import_writes_are_counted_before_it() {
+    let (_d, reg) = registry_with_datanode();
+    for (index, id) in [(2, 2), (3, 3)] {
+        let addr = format!("n{id}");
+        apply(&reg, index, Command::RegisterDatanode { id, addr });
+    }
+    // Bucket 0 holds replicas of datanodes 1 and 2 (two index entries); bucket 15 and one far
+    // away hold one datanode's each.
+    let far = 1 << 40;
+    for (index, datanode, ids) in [
+        (4, 1, (0..10).collect::<Vec<u64>>()),
+        (5, 2, vec![5, 6, 1000]),
+        (6, 3, vec![far]),
+    ] {
+        let shards = ids
+            .into_iter()
+            .flat_map(|id| shards(id..id + 1, 1))
+            .collect();
+        let epoch = datanode;
+        apply(
+            &reg,
+            index,
+            Command::RegisterShards {
+                datanode,
+                epoch,
+                shards,
+            },
+        );
+    }
+    let payload = exported(&reg);
+
+    let records = count_records(&mut &payload[..]).unwrap();
+    assert_eq!(records.index_entries, 4, "{records:?}");
+    let (_d2, imported) = imports(&payload).unwrap();
+    let g = imported.current();
+    let written = |prefix: u8| g.tree.scan_prefix([prefix]).count() as u64;
+    let index = written(keys::BY_DATANODE);
+    assert_eq!(records.index_entries, index);
+    let primary: u64 = keys::PRIMARY.iter().map(|&p| written(p)).sum();
+    assert_eq!(records.pairs, primary);
+    assert_eq!(primary, 3 + 3, "datanodes and buckets");
+
+    // A payload cut short has no count.
+    let cut = &payload[..payload.len() - 3];
+    assert!(count_records(&mut &cut[..]).is_err());
+}

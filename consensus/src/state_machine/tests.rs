@@ -620,7 +620,7 @@ async fn an_install_moves_in_only_a_received_file_and_copies_any_other() {
         .unwrap()
         .into_temp_path();
     std::fs::copy(&source, &temp).unwrap();
-    let (received_meta, data) = SnapshotData::open_received(temp).unwrap();
+    let (received_meta, data, _) = SnapshotData::open_received(temp).unwrap();
     assert_eq!(received_meta, meta);
     // Held here, a received file that was copied would still be in `incoming` below.
     let held = data.clone();

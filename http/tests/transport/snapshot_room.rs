@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use meta_consensus::{Command, FreeSpace, Node, NodeConfig, Role};
 
 use crate::common::wait_for;
-use crate::helpers::{join_by_snapshot, leader_with_purged_log, start_tuned, Client, Server};
+use crate::helpers::{leader_with_purged_log, start_tuned, Client, Server};
 
 /// Adds `learner` (node 2) to `leader`'s cluster, and waits until it refused the leader's
 /// snapshot `times` times.
@@ -202,22 +202,61 @@ fn bytes_in(dir: &std::path::Path) -> u64 {
     })
 }
 
-/// A member with exactly the room the README asks for, four times the snapshot plus the
-/// reserve, takes the snapshot: once the file landed it takes its own room (its blocks, a little
-/// more than its bytes), which is not counted again (the member refused every try while it
-/// lacked a fourth time the size, then while it lacked the rounding).
+/// The room a refusal of the learner below asked for: free space short of `need`, with
+/// `disk` bytes on the disk (less what landed, which the member counts as its own).
+fn room_asked(refusal: &str, disk: u64) -> u64 {
+    let number_before = |word: &str| -> u64 {
+        let head = &refusal[..refusal.find(word).unwrap_or_else(|| panic!("{refusal}"))];
+        let digits = head.trim_end().rsplit(' ').next().unwrap();
+        digits.parse().unwrap_or_else(|_| panic!("{refusal}"))
+    };
+    let (free, need) = (number_before(" bytes free"), number_before(" needed"));
+    assert!(free < need, "{refusal}");
+    need + (disk - free)
+}
+
+/// A member with exactly the room it asks for takes the snapshot, and the room it asks for
+/// counts the records the import writes, not only the bytes: a registry of scattered shard ids
+/// takes many times its snapshot on disk. Its disk starts empty; each refusal says how much it
+/// needs, and the disk is given that. Refused at once for the bytes alone (before a byte
+/// lands), then for the records counted in the received file, it takes the snapshot at the
+/// next try. The received file takes its own room (its blocks), which is not counted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_with_four_times_the_snapshot_and_the_reserve_takes_it() {
+async fn a_member_with_the_room_it_asks_for_takes_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let leader = leader_with_purged_log(&dir, 100).await;
-    let largest = std::fs::read_dir(dir.path().join("node1").join("snapshots"))
-        .unwrap()
-        .filter_map(|f| f.ok()?.metadata().ok())
-        .map(|m| m.len())
-        .max()
-        .expect("the leader keeps its snapshot");
+    let leader = crate::helpers::start_alone(&dir).await;
+    let register = Command::RegisterDatanode {
+        id: 7,
+        addr: "dn7:1".into(),
+    };
+    let epoch = match leader.node.write(register).await.unwrap().result {
+        meta_consensus::CommandResult::DatanodeRegistered { epoch, .. } => epoch,
+        other => panic!("{other:?}"),
+    };
+    // One replica per bucket: a record and an index entry each.
+    const REPLICAS: u64 = 2000;
+    let shards = (0..REPLICAS)
+        .map(|i| meta_consensus::ShardReport {
+            id: i << 20,
+            generation: 1,
+            size: 1,
+        })
+        .collect();
+    let register = Command::RegisterShards {
+        datanode: 7,
+        epoch,
+        shards,
+    };
+    leader.node.write(register).await.unwrap();
+    let snapshot = leader.node.snapshot_now().await.unwrap();
+    wait_for(
+        || leader.node.status().purged >= Some(snapshot.index),
+        "the leader purges its log up to the snapshot",
+    )
+    .await;
+
     const RESERVE: u64 = 1 << 20;
-    DISK_BYTES.store(4 * largest + RESERVE, Ordering::SeqCst);
+    DISK_BYTES.store(0, Ordering::SeqCst);
     let learner = start_tuned(2, &dir, None, |cfg| {
         cfg.min_free_bytes = RESERVE;
         cfg.free_space = FreeSpace::with(|data_dir| {
@@ -226,13 +265,44 @@ async fn a_member_with_four_times_the_snapshot_and_the_reserve_takes_it() {
         });
     })
     .await;
-    join_by_snapshot(&leader, &learner).await;
-    let refusals = learner
+    let installed = || learner.node.status().state_machine.snapshot_installs >= 1;
+    leader
         .node
-        .status()
-        .state_machine
-        .snapshot_install_refusals;
-    assert_eq!(refusals, 0, "refused {refusals} times first");
+        .add_learner(2, Node::new(learner.addr.clone()))
+        .await
+        .unwrap();
+    let mut asked = Vec::new();
+    let mut last = None;
+    while !installed() {
+        assert!(
+            asked.len() < 3,
+            "still refused after the room asked: {asked:?}"
+        );
+        wait_for(
+            || installed() || learner.node.snapshot_refused() != last,
+            "the learner refuses the snapshot saying why, or takes it",
+        )
+        .await;
+        if installed() {
+            break;
+        }
+        last = learner.node.snapshot_refused();
+        let disk = DISK_BYTES.load(Ordering::SeqCst);
+        let room = room_asked(last.as_deref().unwrap(), disk);
+        assert!(room > disk, "{last:?}");
+        asked.push(room);
+        DISK_BYTES.store(room, Ordering::SeqCst);
+    }
+    assert_eq!(
+        asked.len(),
+        2,
+        "refused for the bytes, then the records: {asked:?}"
+    );
+    // Each scattered replica's record and index entry ask a few hundred bytes.
+    assert!(asked[1] >= asked[0] + REPLICAS * 256, "{asked:?}");
+    let (records, _) = learner.node.registry_digest().await.unwrap();
+    let (leader_records, _) = leader.node.registry_digest().await.unwrap();
+    assert_eq!(records, leader_records);
 }
 
 /// The most bytes of a snapshot the test below saw landed in the learner's data dir.
