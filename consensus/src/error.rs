@@ -200,6 +200,13 @@ pub enum Error {
     /// The node is shut down.
     #[error("node is shut down")]
     Shutdown,
+    /// The node's Raft core stopped after a failure (a log or registry write failed, which is
+    /// never retried), named here: the node serves nothing until it is restarted.
+    #[error(
+        "this node stopped after a failure and serves nothing until it is restarted (its log \
+         names the failure): {0}"
+    )]
+    Stopped(String),
     /// A command needs a cluster version (`cluster_version.rs`) the cluster does not have, and
     /// cannot be given yet: the members in `behind` run older builds or did not answer.
     /// Nothing was proposed.

@@ -566,11 +566,16 @@ impl MetaNode {
         Box::pin(answers.chain(refusal))
     }
 
+    /// [`Error::Shutdown`] once the node is shut down, [`Error::Stopped`] (naming why) once its
+    /// core stopped after a failure.
     fn check_open(&self) -> Result<()> {
-        if self.inner.shut.load(Ordering::Acquire) || self.core_stopped() {
+        if self.inner.shut.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        Ok(())
+        match self.core_failure() {
+            Some(why) => Err(Error::Stopped(why)),
+            None => Ok(()),
+        }
     }
 
     /// Whether openraft's core task ended (a fatal error or a panic).
@@ -633,10 +638,26 @@ impl MetaNode {
     }
 
     /// Maps openraft's `Fatal` (its core stopped: shut down, storage failure or panic) to
-    /// [`Error::Shutdown`]: the node serves no more Raft requests until restarted.
+    /// [`Error::Shutdown`] when the node was shut down, else to [`Error::Stopped`] naming the
+    /// failure: the node serves no more Raft requests until restarted.
     fn fatal(&self, e: impl std::fmt::Display) -> Error {
         self.log_core_stopped(&e);
-        Error::Shutdown
+        match self.closed() {
+            Error::Shutdown if !self.inner.shut.load(Ordering::Acquire) => {
+                Error::Stopped(e.to_string())
+            }
+            closed => closed,
+        }
+    }
+
+    /// What a call that found this node closed answers: [`Error::Shutdown`] once it is shut
+    /// down (or while nothing says why it closes), [`Error::Stopped`] naming the failure once
+    /// its core stopped after one.
+    pub(crate) fn closed(&self) -> Error {
+        if self.inner.shut.load(Ordering::Acquire) {
+            return Error::Shutdown;
+        }
+        self.core_failure().map_or(Error::Shutdown, Error::Stopped)
     }
 
     /// Notes openraft's `Fatal` at debug level, once for each request it fails: the cause is

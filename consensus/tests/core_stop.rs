@@ -54,7 +54,7 @@ async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
                         .await
                         .map(|r| r.map(|_| ()))
                 };
-                if let Ok(Err(meta_consensus::Error::Shutdown)) = answer {
+                if let Ok(Err(meta_consensus::Error::Stopped(_))) = answer {
                     return true;
                 }
             }
@@ -131,4 +131,46 @@ async fn a_shutdown_whose_caller_gives_up_still_closes_the_node() -> Result<()> 
     }
     drop(held);
     Ok(())
+}
+
+/// A node whose core stopped after a failure names it in every answer (before, every request
+/// was answered "shut down", and only the log said why); once shut down, it says that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_names_the_failure_in_its_answers() -> Result<()> {
+    let disk = FaultyFileSystem::new();
+    let mut c = Cluster::new()?;
+    c.wal_fs.insert(1, Arc::new(disk.clone()));
+    let node = c.start(1).await?;
+    node.initialize([(1, Node::new(addr(1)))].into()).await?;
+    c.leader().await?;
+    node.write(put("before".into())).await?;
+    disk.set_fail_syncs(true);
+    let failed = node.write(put("failing".into())).await;
+    ensure!(
+        failed.is_err(),
+        "a write whose sync failed was acknowledged"
+    );
+    for answer in [
+        node.write(put("after".into())).await.map(drop),
+        node.kv_get(Consistency::Linearizable, "before")
+            .await
+            .map(drop),
+    ] {
+        match answer {
+            Err(meta_consensus::Error::Stopped(why)) => {
+                ensure!(
+                    why.contains("sync"),
+                    "the answer does not name the failure: {why}"
+                )
+            }
+            other => anyhow::bail!("answered {other:?}"),
+        }
+    }
+    c.router.unregister(1);
+    // Its close reports the poisoned log.
+    ensure!(node.shutdown().await.is_err(), "the close hid the failure");
+    match node.write(put("shut".into())).await {
+        Err(meta_consensus::Error::Shutdown) => Ok(()),
+        other => anyhow::bail!("answered {other:?} once shut down"),
+    }
 }

@@ -297,6 +297,7 @@ impl From<meta_consensus::Error> for ApiError {
             e @ E::LearnerNotHeard { .. } => ApiError::Conflict(e.to_string()),
             e @ E::BuildTooOld { .. } => ApiError::Unavailable(e.to_string()),
             E::Shutdown => ApiError::Unavailable("the node is shutting down".into()),
+            e @ E::Stopped(_) => ApiError::Unavailable(e.to_string()),
             e @ (E::Rejoining(_) | E::Deposed { .. }) => ApiError::Unavailable(e.to_string()),
             e @ (E::Storage { .. }
             | E::Registry { .. }
@@ -534,6 +535,16 @@ mod tests {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
             assert_eq!(error.code(), code, "{error:?}");
         }
+    }
+
+    #[test]
+    fn a_node_stopped_by_a_failure_names_it() {
+        let stopped = meta_consensus::Error::Stopped("fdatasync failed: EIO".into());
+        let api = ApiError::from(stopped);
+        assert_eq!((api.status().as_u16(), api.code()), (503, "unavailable"));
+        let message = api.to_string();
+        assert!(message.contains("fdatasync failed: EIO"), "{message}");
+        assert!(message.contains("until it is restarted"), "{message}");
     }
 
     #[test]

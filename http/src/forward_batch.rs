@@ -98,15 +98,17 @@ impl Refusal {
                 "the request reached a node that does not lead (node {leader_id} does)"
             ));
         }
-        if let meta_consensus::Error::Shutdown = e {
+        if let meta_consensus::Error::Shutdown | meta_consensus::Error::Stopped(_) = e {
             // Refused before it was proposed (a write under way when the core stopped is
             // `OutcomeUnknown`): a node whose Raft core stopped, or that is closing, leads no
             // more, and the member that sent the request asks the next leader.
-            return Refusal::NoLeader(
-                "the leader is shutting down (its Raft core stopped or it is closing); nothing \
-                 was proposed"
-                    .into(),
-            );
+            return Refusal::NoLeader(format!(
+                "the leader is shutting down ({}); nothing was proposed",
+                match e {
+                    meta_consensus::Error::Stopped(why) => format!("its Raft core stopped: {why}"),
+                    _ => "it is closing".into(),
+                }
+            ));
         }
         match ApiError::from(e) {
             ApiError::NoLeader(m) | ApiError::NotServing(m) => Refusal::NoLeader(m),

@@ -64,7 +64,7 @@ impl MetaNode {
             .map(|_| ())
             .map_err(|e| match e {
                 openraft::metrics::WaitError::Timeout(..) => Error::Timeout,
-                openraft::metrics::WaitError::ShuttingDown => Error::Shutdown,
+                openraft::metrics::WaitError::ShuttingDown => self.closed(),
             })
     }
 

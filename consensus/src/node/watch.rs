@@ -61,7 +61,7 @@ impl MetaNode {
                 // Out of time, or closing: answer what this member applied (a long poll
                 // longer than the request timeout waits on this member's feed for the rest).
                 Err(Error::Timeout) if long_poll => {}
-                Err(Error::Shutdown) if after.is_some() && feed.closed() => {}
+                Err(Error::Shutdown | Error::Stopped(_)) if after.is_some() && feed.closed() => {}
                 Err(e) => return Err(e),
             }
         }

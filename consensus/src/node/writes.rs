@@ -561,7 +561,7 @@ impl MetaNode {
         let room = tokio::time::timeout_at(deadline, room)
             .await
             .map_err(|_| Error::Timeout)?
-            .map_err(|_| Error::Shutdown)?;
+            .map_err(|_| self.closed())?;
         self.check_version(&cmd)?;
         // The room and the liveness record go with the proposal, which runs to its end even
         // when this caller gives up (`uncancelled.rs`): a write that timed out holds its room

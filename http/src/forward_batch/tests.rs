@@ -401,6 +401,7 @@ fn refusals_keep_the_status_and_code_of_the_leaders_error() {
         (E::NoLeader, 503, "no_leader"),
         // A stopped leader leads no more: the sender asks the next one.
         (E::Shutdown, 503, "no_leader"),
+        (E::Stopped("a sync failed".into()), 503, "no_leader"),
         // So does a leader that was removed, or whose voters refuse it.
         (E::Removed { members: vec![2] }, 503, "no_leader"),
         (E::RefusedByMembers { refusing: vec![2] }, 503, "no_leader"),
