@@ -65,6 +65,13 @@ impl ConnectionMetrics {
         *self.tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(tls);
     }
 
+    /// Why this node's TLS files, as last read, are refused ([`Tls::refusal`]); `None` while
+    /// they are in use, or without TLS.
+    pub fn tls_refusal(&self) -> Option<String> {
+        let tls = self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        tls?.refusal()
+    }
+
     /// Counts a failed TLS handshake.
     pub fn handshake_failed(&self, why: HandshakeFailure) {
         self.handshake_failures

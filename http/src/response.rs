@@ -311,6 +311,11 @@ pub struct ClusterView {
     /// minute: it cannot catch up until it has room. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_refused: Option<String>,
+    /// Why this node refuses its TLS files as they are now (renewed ones that do not work, or
+    /// cannot be read): it serves with the ones it took before, and would not start with
+    /// these. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_files_refused: Option<String>,
 }
 
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).

@@ -65,6 +65,8 @@ pub struct Tls {
     /// Whether the files, as the last reload found them, are refused (or cannot be read): the
     /// node then runs with the ones it took before.
     refused: Arc<AtomicBool>,
+    /// Why the last reload that failed refused them (see [`Tls::refusal`]).
+    refusal: Arc<Mutex<Option<String>>>,
     /// The last second at which the members accept the certificate taken last
     /// ([`Tls::accepted_until`]), worked out when it was taken.
     accepted_until: Arc<AtomicU64>,
@@ -247,6 +249,7 @@ impl Tls {
             seen: Arc::new(Mutex::new((seen, true))),
             unreadable: Arc::default(),
             refused: Arc::default(),
+            refusal: Arc::default(),
             accepted_until: Arc::default(),
         };
         // Worked out here, so that a scrape only reads it.
@@ -298,6 +301,15 @@ impl Tls {
     /// A refusal is returned once: the same set, or a file that still cannot be read for the
     /// same reason, is `Ok(false)` until something changes.
     pub fn reload(&self, host: Option<&str>) -> Result<bool, TlsError> {
+        let reloaded = self.reload_files(host);
+        if let Err(e) = &reloaded {
+            *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        }
+        reloaded
+    }
+
+    /// [`Tls::reload`], but for noting why a set was refused.
+    fn reload_files(&self, host: Option<&str>) -> Result<bool, TlsError> {
         let read = self.files.read();
         {
             let mut unreadable = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());
@@ -339,6 +351,20 @@ impl Tls {
     /// node keeps serving with the set it took before, which a restart would not start with.
     pub fn files_refused(&self) -> bool {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Why the files, as the last reload found them, are refused or cannot be read (see
+    /// [`Tls::files_refused`]); `None` while the ones last read are in use.
+    pub fn refusal(&self) -> Option<String> {
+        if !self.files_refused() {
+            return None;
+        }
+        let why = self
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Some(why.unwrap_or_else(|| "refused".into()))
     }
 
     /// The last second, in seconds since the Unix epoch, at which the members accept this

@@ -68,6 +68,18 @@ pub async fn serve(settings: ServeSettings) -> Result<()> {
         Some(files) => Some(files.load().context("loading the TLS files")?),
         None => None,
     };
+    let open_key = settings
+        .tls
+        .as_ref()
+        .and_then(|f| Some((f, f.key_readable_by_all()?)));
+    if let Some((files, mode)) = open_key {
+        tracing::warn!(
+            key = %files.key.display(),
+            "the TLS private key's file is readable by every user of this machine (mode {mode:o}): \
+             whoever reads it can answer as this node; make it readable by the node's user only \
+             (chmod 600)"
+        );
+    }
     // The host the members reach this node at, which its certificate must name (none to check
     // while it advertises no reachable address: it warned above).
     let host = (!crate::settings::unspecified(&addr)).then(|| {

@@ -47,11 +47,46 @@ impl TlsFiles {
     pub fn load(&self) -> Result<meta_http::Tls> {
         Ok(meta_http::Tls::load(&self.cert, &self.key, &self.ca)?)
     }
+
+    /// The permission bits of the private key's file when every user of the machine may read
+    /// it (worth a warning: whoever reads it can answer as this node), else `None` (also when
+    /// they cannot be read: loading says why).
+    pub fn key_readable_by_all(&self) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&self.key).ok()?.permissions().mode() & 0o777;
+        (mode & 0o004 != 0).then_some(mode)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_every_user_may_read_is_told_apart() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, "k").unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("cert.pem"),
+            key: key.clone(),
+            ca: dir.path().join("ca.pem"),
+        };
+        let chmod = |mode| std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode));
+        chmod(0o644).unwrap();
+        assert_eq!(files.key_readable_by_all(), Some(0o644));
+        for private in [0o600, 0o640, 0o400] {
+            chmod(private).unwrap();
+            assert_eq!(files.key_readable_by_all(), None, "{private:o}");
+        }
+        std::fs::remove_file(&key).unwrap();
+        assert_eq!(
+            files.key_readable_by_all(),
+            None,
+            "a missing file is loading's to name"
+        );
+    }
 
     #[test]
     fn the_three_files_come_together_or_not_at_all() {

@@ -189,6 +189,24 @@ async fn a_node_given_part_of_its_tls_files_does_not_start() {
     assert!(!data.exists(), "nothing was made");
 }
 
+/// A private key's file that every user may read is warned of at start (whoever reads it can
+/// answer as the node); one readable by its owner only is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_every_user_may_read_is_warned_of() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let certs_dir = tempfile::tempdir().unwrap();
+    let files = Files::make(certs_dir.path());
+    const WARNING: &str = "readable by every user of this machine (mode 644)";
+    for (mode, warned) in [(0o644, true), (0o600, false)] {
+        std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(mode)).unwrap();
+        let dirs = [tempfile::tempdir().unwrap()];
+        // Started once it said where it listens, which it does after loading the files.
+        let (mut nodes, _addrs) = common::spawn_members(&dirs, &files.flags());
+        assert_eq!(nodes[0].logged(WARNING), warned, "mode {mode:o}");
+        nodes[0].stop().await;
+    }
+}
+
 /// `serve` of node `id` with its data in `dir`, on a port of the system's choosing, with
 /// `extra` flags.
 fn serve_args(id: &str, dir: &Path, extra: &[String]) -> Vec<String> {

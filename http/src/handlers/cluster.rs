@@ -101,6 +101,7 @@ impl From<ClusterStatus> for ClusterView {
             token_refused_by: s.token_refused_by,
             stopping: s.stopping,
             snapshot_refused: s.snapshot_refused,
+            tls_files_refused: None,
         }
     }
 }
@@ -111,7 +112,9 @@ pub async fn status(
     State(state): State<SharedState>,
     _: NoBody,
 ) -> axum::Json<ClusterView> {
-    axum::Json(state.node.status().into())
+    let mut view = ClusterView::from(state.node.status());
+    view.tls_files_refused = state.metrics.connections().tls_refusal();
+    axum::Json(view)
 }
 
 fn membership(state: &AppState) -> MembershipView {

@@ -218,9 +218,24 @@ async fn gauge(ca: &Path, addr: std::net::SocketAddr, name: &str) -> i64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// Why the node at `addr` refuses its TLS files as they are now, as its `GET /v1/cluster`
+/// says (`health` reads it there), read over TLS with `ca`.
+async fn files_refused(ca: &Path, addr: std::net::SocketAddr) -> Option<String> {
+    let view: serde_json::Value = client_trusting(ca)
+        .get(format!("https://{addr}/v1/cluster"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    view["tls_files_refused"].as_str().map(str::to_owned)
+}
+
 /// `/metrics` gives when the members stop accepting the certificate taken last (its end of
 /// validity, to the second), and whether the files as they are now are refused: a refused
-/// set, a missing file, and neither once the files taken before are back.
+/// set, a missing file, and neither once the files taken before are back. The node's status
+/// says why it refuses them.
 #[tokio::test]
 async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     const EXPIRY: &str = "metaserver_tls_certificate_expiry_timestamp_seconds";
@@ -251,19 +266,29 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     tls.reload(None).unwrap_err();
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
     assert_eq!(gauge(&to_2090.ca, addr, EXPIRY).await, 3_786_912_000);
+    let mismatch = files_refused(&to_2090.ca, addr).await.unwrap_or_default();
+    assert!(mismatch.contains("key"), "{mismatch:?}");
     assert!(!tls.reload(None).unwrap(), "the same refused set");
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    assert_eq!(files_refused(&to_2090.ca, addr).await, Some(mismatch));
     std::fs::copy(&to_2090.key, &files.key).unwrap();
     assert!(tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
+    assert_eq!(files_refused(&to_2090.ca, addr).await, None);
 
     // A missing file, then the bytes taken before back: nothing to take, nothing refused.
     std::fs::remove_file(&files.ca).unwrap();
     tls.reload(None).unwrap_err();
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    let missing = files_refused(&to_2090.ca, addr).await.unwrap_or_default();
+    assert!(
+        missing.contains(&files.ca.display().to_string()),
+        "{missing:?}"
+    );
     std::fs::copy(&to_2090.ca, &files.ca).unwrap();
     assert!(!tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
+    assert_eq!(files_refused(&to_2090.ca, addr).await, None);
     served.stop().await;
 }
 

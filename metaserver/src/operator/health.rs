@@ -197,6 +197,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
                 .collect();
             health.token_refused_by = view.token_refused_by.clone();
             health.refused_by = view.refused_by.clone();
+            let tls_refused = view.tls_files_refused.clone();
             health.status = Some(MemberStatus {
                 role: view.role,
                 term: view.term,
@@ -216,6 +217,16 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
                      cluster's are refused there"
                         .to_owned(),
                 );
+            }
+            if let Some(why) = tls_refused {
+                let refused = format!(
+                    "refuses its TLS files as they are now ({why}): it serves with the ones it \
+                     took before, and would not start with these"
+                );
+                health.problem = Some(match health.problem.take() {
+                    Some(other) => format!("{other}; {refused}"),
+                    None => refused,
+                });
             }
         }
         Err(e) => health.problem = Some(unanswered(client, &e)),
@@ -613,5 +624,50 @@ mod tests {
         ];
         let report = judge(&mut members);
         assert_eq!(report.problems, ["node 3 leads without a quorum"]);
+    }
+
+    /// A member that refuses its renewed TLS files (it serves with the old ones, and would not
+    /// start with these) makes the cluster unhealthy, named with why: it looked healthy until
+    /// its next restart failed.
+    #[tokio::test]
+    async fn a_member_refusing_its_tls_files_is_named() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let view = serde_json::json!({
+            "id": 1, "role": "leader", "leader_id": 1, "leader_addr": addr, "term": 2,
+            "voters": [1], "learners": [], "nodes": {"1": addr}, "last_log_index": 5,
+            "committed": 5, "applied": 5, "purged": 0,
+            "wal": {"appends": 5, "barriers": 5, "appends_per_barrier": 1.0},
+            "datanodes": 0, "replicas": 0, "replication": {}, "cluster_version": 7,
+            "build_version": 7, "epoch_floor": 0, "member_versions": {"1": 7},
+            "data_dir_free_bytes": 1u64 << 30, "min_free_bytes": 1 << 20,
+            "tls_files_refused": "the private key does not match the certificate"
+        })
+        .to_string();
+        let app = axum::Router::new()
+            .route("/readyz", axum::routing::get(|| async { "ready" }))
+            .fallback(move || {
+                let view = view.clone();
+                async move { ([("content-type", "application/json")], view) }
+            });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let args = HealthArgs {
+            client: ClientArgs {
+                server: addr.clone(),
+                token: None,
+                member_token: None,
+                tls_ca: None,
+            },
+            json: false,
+        };
+        let e = health(args).await.unwrap_err();
+        let message = format!("{e:#}");
+        assert!(
+            message.contains(&format!(
+                "node 1 at {addr} refuses its TLS files as they are now (the private key does \
+                 not match the certificate)"
+            )),
+            "{message}"
+        );
     }
 }
