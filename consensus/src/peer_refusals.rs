@@ -42,6 +42,8 @@ struct Refusals {
     other_cluster: HashMap<NodeId, Instant>,
     token: HashMap<NodeId, Instant>,
     not_connected: HashMap<NodeId, Instant>,
+    /// Members that refused this leader's last snapshot for want of room, with their words.
+    snapshot_room: HashMap<NodeId, (Instant, String)>,
 }
 
 impl PeerRefusals {
@@ -84,6 +86,24 @@ impl PeerRefusals {
     /// since.
     pub fn not_connected_at(&self, id: NodeId) -> Option<Instant> {
         self.0.lock().not_connected.get(&id).copied()
+    }
+
+    /// Member `id` answered this leader's snapshot: refused it for want of room, saying `why`
+    /// (`Some`), or took it or refused it for another reason (`None`).
+    pub fn snapshot_answered(&self, id: NodeId, why: Option<String>) {
+        let mut refusals = self.0.lock();
+        match why {
+            Some(why) => refusals.snapshot_room.insert(id, (Instant::now(), why)),
+            None => refusals.snapshot_room.remove(&id),
+        };
+    }
+
+    /// Why member `id` refused this leader's last snapshot for want of room, if it did within
+    /// `recent`: it cannot catch up until it has room.
+    pub fn snapshot_refusal(&self, id: NodeId, recent: Duration) -> Option<String> {
+        let refusals = self.0.lock();
+        let (at, why) = refusals.snapshot_room.get(&id)?;
+        (at.elapsed() < recent).then(|| why.clone())
     }
 
     /// Whether any member's last answer refused this node's message as another cluster's

@@ -51,6 +51,9 @@ pub struct ReplicationLag {
     /// Milliseconds since the leader last heard from it, or since it took office if it never
     /// has (`None` only in the moment before the leader notes when it took office).
     pub heard_ms: Option<u64>,
+    /// Why it refused the leader's last snapshot for want of room, if it did lately: it
+    /// cannot catch up until it has room.
+    pub snapshot_refused: Option<String>,
 }
 
 /// A node's status.

@@ -50,7 +50,7 @@ use crate::raft_routes::{
 };
 use crate::term_probe::HttpTermProbe;
 use peer_failures::{PeerFailures, Unanswered};
-use room_backoff::RoomBackoff;
+use room_backoff::{RoomBackoff, ROOM_REFUSAL};
 
 /// One answer of a streamed AppendEntries exchange, as openraft takes it.
 type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -742,11 +742,19 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             result = exchange => result.map_err(StreamingError::from)?,
         };
         let answer = self.answer(status, &bytes);
+        // The leader's status and a refused promotion name a member short of room.
         match &answer {
-            Err(RemoteFailure::Refused(m)) if RoomBackoff::is_room_refusal(m) => self
-                .room_backoff
-                .refused(self.target, std::time::Instant::now()),
-            _ => self.room_backoff.cleared(self.target),
+            Err(RemoteFailure::Refused(m)) if RoomBackoff::is_room_refusal(m) => {
+                self.room_backoff
+                    .refused(self.target, std::time::Instant::now());
+                let why = m.find(ROOM_REFUSAL).map_or(m.as_str(), |at| &m[at..]);
+                self.refusals
+                    .snapshot_answered(self.target, Some(why.to_owned()));
+            }
+            _ => {
+                self.room_backoff.cleared(self.target);
+                self.refusals.snapshot_answered(self.target, None);
+            }
         }
         answer.map_err(RemoteFailure::into_streaming)
     }

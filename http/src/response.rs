@@ -345,6 +345,10 @@ pub struct ReplicationView {
     /// Milliseconds since it last answered the leader, or since the leader took office if it
     /// never has (`None` only in the moment before the leader notes when it took office).
     pub heard_ms: Option<u64>,
+    /// Why it refused the leader's last snapshot for want of room, if it did in the last
+    /// minute: it cannot catch up until it has room. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_refused: Option<String>,
 }
 
 /// `PUT /v1/cluster/epoch-floor`.

@@ -20,6 +20,10 @@ use crate::types::{Node, NodeId};
 use crate::uncancelled::uncancelled;
 use crate::untold_removals::UntoldRemovals;
 
+/// How long a learner's refusal of the leader's snapshot for want of room is named when it
+/// cannot be promoted: the leader sends the snapshot again at least every 30 s.
+pub(super) const ROOM_REFUSAL_RECENT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl MetaNode {
     fn marker(&self) -> PathBuf {
         self.inner.cfg.data_dir.join(INITIALIZED)
@@ -574,6 +578,16 @@ impl MetaNode {
             let caught_up = matched.is_some_and(|i| last.saturating_sub(i) <= MAX_PROMOTION_LAG);
             let reachable = answered_since(m, id, asked);
             if !(caught_up && reachable) {
+                let short = self
+                    .inner
+                    .cfg
+                    .peer_refusals
+                    .snapshot_refusal(id, ROOM_REFUSAL_RECENT);
+                if let Some(why) = short {
+                    return Err(Error::Conflict(format!(
+                        "learner {id} cannot become a voter yet: it refuses the leader's snapshot, \
+                         which it needs to catch up: {why}")));
+                }
                 let (has, heard) = progress_words(matched, last, heard);
                 return Err(Error::Conflict(format!(
                     "learner {id} cannot become a voter yet: it has {has} and {heard}; a voter that cannot keep up could leave the cluster without a \

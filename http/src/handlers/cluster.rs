@@ -78,6 +78,7 @@ impl From<ClusterStatus> for ClusterView {
                         matched: r.matched,
                         lag: r.lag,
                         heard_ms: r.heard_ms,
+                        snapshot_refused: r.snapshot_refused,
                     };
                     (r.node, view)
                 })

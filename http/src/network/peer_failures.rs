@@ -73,6 +73,11 @@ impl PeerFailures {
         }
     }
 
+    /// Notes `target`'s answer to a snapshot: refused for want of room, saying `why`, or not.
+    pub(super) fn snapshot_answered(&self, target: NodeId, why: Option<String>) {
+        self.refusals.snapshot_answered(target, why);
+    }
+
     /// Notes `target`'s answer with `status` and `body` to one of this node's messages.
     pub(super) fn note(&self, target: NodeId, status: reqwest::StatusCode, body: &[u8]) {
         self.failing().remove(&target);

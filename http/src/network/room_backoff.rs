@@ -16,6 +16,10 @@ pub(super) const FIRST: Duration = Duration::from_secs(1);
 /// The longest wait: a member whose space was freed gets a snapshot within it.
 pub(super) const MAX: Duration = Duration::from_secs(30);
 
+/// How a member's refusal of a snapshot for want of room begins
+/// (`meta_consensus::Error::NoRoomForSnapshot`).
+pub(super) const ROOM_REFUSAL: &str = "no room for a snapshot from the leader";
+
 /// The refusals for want of room, per member: when the last came, and the wait after it.
 #[derive(Debug, Default)]
 pub(super) struct RoomBackoff(Mutex<HashMap<NodeId, (Instant, Duration)>>);
@@ -23,7 +27,7 @@ pub(super) struct RoomBackoff(Mutex<HashMap<NodeId, (Instant, Duration)>>);
 impl RoomBackoff {
     /// Whether a member's answer to a snapshot, `message`, refuses it for want of room.
     pub(super) fn is_room_refusal(message: &str) -> bool {
-        message.contains("no room for a snapshot from the leader")
+        message.contains(ROOM_REFUSAL)
     }
 
     /// `target` refused a snapshot for want of room at `now`: the next waits [`FIRST`], or

@@ -34,8 +34,8 @@ async fn add_until_refused(leader: &Server, learner: &Server, times: u64, what: 
 
 /// Starts a leader with a purged log, then adds learner 2 (configured by `tune`) and waits
 /// until it refused the leader's snapshot twice; checks that it stayed as it was and that the
-/// leader still takes writes. Returns the learner.
-async fn refused_twice(dir: &tempfile::TempDir, tune: fn(&mut NodeConfig)) -> Server {
+/// leader still takes writes. Returns the leader and the learner.
+async fn refused_twice(dir: &tempfile::TempDir, tune: fn(&mut NodeConfig)) -> (Server, Server) {
     let leader = leader_with_purged_log(dir, 100).await;
     let snapshot_index = leader.node.status().snapshot_index;
 
@@ -79,7 +79,7 @@ async fn refused_twice(dir: &tempfile::TempDir, tune: fn(&mut NodeConfig)) -> Se
         if_revision: None,
     };
     leader.node.write(put).await.unwrap();
-    learner
+    (leader, learner)
 }
 
 /// The value of metric `name` (a line `name value`) in `server`'s `/metrics`.
@@ -99,7 +99,7 @@ async fn metric(server: &Server, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_a_full_disk_refuses_a_snapshot_and_stays_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let learner = refused_twice(&dir, |cfg| cfg.free_space = FreeSpace::fixed(0)).await;
+    let (leader, learner) = refused_twice(&dir, |cfg| cfg.free_space = FreeSpace::fixed(0)).await;
     // What an operator alerts on: the refusals, the free space, and the reserve.
     let name = "metaserver_snapshot_install_refusals_total";
     assert!(metric(&learner, name).await >= 2);
@@ -120,6 +120,25 @@ async fn a_member_with_a_full_disk_refuses_a_snapshot_and_stays_as_it_was() {
     assert!(
         ready.to_string().contains("refuses the snapshot it needs"),
         "{ready}"
+    );
+    // The leader, asked to make it a voter, says why it does not catch up.
+    let e = leader.node.add_voter(2).await.unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.contains("refuses the leader's snapshot") && e.contains("no room for a snapshot"),
+        "{e}"
+    );
+    // So does its status, with the learner's progress.
+    let (status, view) = Client::new()
+        .send(reqwest::Method::GET, &leader, "/v1/cluster", None)
+        .await;
+    assert_eq!(status, 200);
+    let refused = view["replication"]["2"]["snapshot_refused"].as_str();
+    assert!(
+        refused
+            .unwrap_or_default()
+            .contains("no room for a snapshot"),
+        "{view}"
     );
     // The leader sends again later and later (1 s, 2 s, ...), not twice a second: two refusals
     // seen one after the other come at least a second apart. Both are seen as they come (the
@@ -154,7 +173,7 @@ async fn a_member_with_a_full_disk_refuses_a_snapshot_and_stays_as_it_was() {
 async fn a_member_with_room_to_receive_but_not_to_install_refuses_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     // Exactly the reserve free: the snapshot may arrive, but its install would eat into it.
-    let learner = refused_twice(&dir, |cfg| {
+    let (_leader, learner) = refused_twice(&dir, |cfg| {
         cfg.min_free_bytes = 1 << 20;
         cfg.free_space = FreeSpace::fixed(1 << 20);
     })
@@ -173,7 +192,7 @@ async fn a_member_with_room_to_receive_but_not_to_install_refuses_a_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_a_reserve_still_refuses_a_snapshot_it_cannot_install() {
     let dir = tempfile::tempdir().unwrap();
-    let learner = refused_twice(&dir, |cfg| {
+    let (_leader, learner) = refused_twice(&dir, |cfg| {
         cfg.min_free_bytes = 0;
         cfg.free_space = FreeSpace::fixed(1000);
     })
