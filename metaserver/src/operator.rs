@@ -192,6 +192,14 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
     let mut compacted_by: Vec<String> = Vec::new();
     loop {
         let asked = op.member().to_owned();
+        // A member that refused the index keeps refusing it: the others are asked (one that
+        // could not answer, again every second) until one answers or every one refused.
+        if compacted_by.contains(&asked) {
+            if op.next_member(&asked) {
+                tokio::time::sleep(WATCH_RETRY).await;
+            }
+            continue;
+        }
         let mut request = op.request(reqwest::Method::GET, "/v1/watch").query(&filter);
         match after {
             Some(after) => request = request.query(&[("after", after.to_string())]),
@@ -214,16 +222,15 @@ pub async fn watch(args: WatchArgs) -> Result<()> {
             // A member keeps the changes since it started only: one restarted after the index
             // answers 410 `compacted` while another may still hold them. Each member given is
             // asked once for the index; the last one's refusal ends the watch.
-            Ok(r)
-                if r.status() == reqwest::StatusCode::GONE
-                    && !compacted_by.contains(&asked)
-                    && compacted_by.len() + 1 < op.members() =>
-            {
+            Ok(r) if r.status() == reqwest::StatusCode::GONE => {
                 let refused = client::Refused::read(r).await;
                 if refused.code() != Some("compacted") {
                     return Err(op.refused_error(refused));
                 }
                 compacted_by.push(asked.clone());
+                if compacted_by.len() >= op.members() {
+                    return Err(op.refused_error(refused));
+                }
                 op.next_member(&asked);
                 continue;
             }

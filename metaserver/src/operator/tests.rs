@@ -690,3 +690,53 @@ async fn a_watch_refused_as_compacted_asks_the_next_member() {
     assert_eq!(asked_restarted.load(Ordering::SeqCst), 2);
     assert_eq!(asked_other.load(Ordering::SeqCst), 1);
 }
+
+/// A member that refused the index (410 `compacted`) is not asked again while another cannot
+/// answer yet (restarting: 503): the watch waits for that one, instead of ending at the
+/// first member's second refusal.
+#[tokio::test]
+async fn a_watch_refused_as_compacted_waits_for_a_member_that_cannot_answer_yet() {
+    let (restarted, asked_restarted) = answering_with(|_| {
+        (
+            StatusCode::GONE,
+            r#"{"error":{"code":"compacted","message":"this member keeps those after 9"}}"#,
+        )
+            .into_response()
+    })
+    .await;
+    let (starting, asked_starting) = answering_with(|n| {
+        if n < 2 {
+            let busy = r#"{"error":{"code":"no_leader","message":"starting"}}"#;
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("retry-after", "1")],
+                busy,
+            )
+                .into_response()
+        } else {
+            let page =
+                r#"{"index":6,"history":"aaaa","events":[{"index":6,"kind":"kv_put","key":"k"}]}"#;
+            (StatusCode::OK, page).into_response()
+        }
+    })
+    .await;
+    let args = WatchArgs {
+        client: ClientArgs {
+            server: format!("{restarted},{starting}"),
+            token: None,
+            member_token: None,
+            tls_ca: None,
+        },
+        after: Some(4),
+        history: Some("aaaa".into()),
+        datanode: None,
+        prefix: None,
+        once: true,
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), watch(args))
+        .await
+        .expect("the watch ends")
+        .unwrap();
+    assert_eq!(asked_restarted.load(Ordering::SeqCst), 1);
+    assert_eq!(asked_starting.load(Ordering::SeqCst), 3);
+}
