@@ -642,12 +642,10 @@ impl MetaNode {
     /// failure: the node serves no more Raft requests until restarted.
     fn fatal(&self, e: impl std::fmt::Display) -> Error {
         self.log_core_stopped(&e);
-        match self.closed() {
-            Error::Shutdown if !self.inner.shut.load(Ordering::Acquire) => {
-                Error::Stopped(e.to_string())
-            }
-            closed => closed,
+        if self.inner.shut.load(Ordering::Acquire) {
+            return Error::Shutdown;
         }
+        Error::Stopped(self.core_failure().unwrap_or_else(|| e.to_string()))
     }
 
     /// What a call that found this node closed answers: [`Error::Shutdown`] once it is shut

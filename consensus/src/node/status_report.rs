@@ -47,42 +47,42 @@ impl MetaNode {
         };
         let leader_addr = leader_id.and_then(|l| nodes.get(&l).cloned());
         let last = m.last_log_index;
-        let replication =
-            m.replication
-                .as_ref()
-                .map(|r| {
-                    r.iter()
-                        .map(|(node, matched)| {
-                            let matched = matched.as_ref().map(|l| l.index);
-                            let lag = match (last, matched) {
-                                (Some(l), Some(mi)) => l.saturating_sub(mi),
-                                (Some(l), None) => l + 1,
-                                _ => 0,
-                            };
-                            // A member this leader never heard from (down since before it took
-                            // office) has been silent at least since then. The leader hears
-                            // itself always: openraft's record of it is of its own log's flushes,
-                            // which a single voter with nothing to write never refreshes (a "member
-                            // down" alert on it fired on every idle single-node cluster).
-                            let (_, heard) = Self::progress_of(&m, *node);
-                            let heard = (*node == self.id())
-                                .then_some(std::time::Duration::ZERO)
-                                .or(heard)
-                                .or_else(|| self.led_for(m.current_term));
-                            ReplicationLag {
-                                node: *node,
-                                matched,
-                                lag,
-                                heard_ms: heard.map(|d| d.as_millis() as u64),
-                                snapshot_refused: self.inner.cfg.peer_refusals.snapshot_refusal(
-                                    *node,
-                                    super::membership::ROOM_REFUSAL_RECENT,
-                                ),
-                            }
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+        let refusals = &self.inner.cfg.peer_refusals;
+        let room_refusal =
+            |node| refusals.snapshot_refusal(node, super::membership::ROOM_REFUSAL_RECENT);
+        let replication = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(node, matched)| {
+                        let matched = matched.as_ref().map(|l| l.index);
+                        let lag = match (last, matched) {
+                            (Some(l), Some(mi)) => l.saturating_sub(mi),
+                            (Some(l), None) => l + 1,
+                            _ => 0,
+                        };
+                        // A member this leader never heard from (down since before it took
+                        // office) has been silent at least since then. The leader hears
+                        // itself always: openraft's record of it is of its own log's flushes,
+                        // which a single voter with nothing to write never refreshes (a "member
+                        // down" alert on it fired on every idle single-node cluster).
+                        let (_, heard) = Self::progress_of(&m, *node);
+                        let heard = (*node == self.id())
+                            .then_some(std::time::Duration::ZERO)
+                            .or(heard)
+                            .or_else(|| self.led_for(m.current_term));
+                        ReplicationLag {
+                            node: *node,
+                            matched,
+                            lag,
+                            heard_ms: heard.map(|d| d.as_millis() as u64),
+                            snapshot_refused: room_refusal(*node),
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let sm = &self.inner.sm;
         let datanodes = sm.datanodes();
         let snapshot = sm.last_snapshot();
