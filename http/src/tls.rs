@@ -65,7 +65,8 @@ pub struct Tls {
     /// Whether the files, as the last reload found them, are refused (or cannot be read): the
     /// node then runs with the ones it took before.
     refused: Arc<AtomicBool>,
-    /// Why the last reload that failed refused them (see [`Tls::refusal`]).
+    /// Why the set last refused was (see [`Tls::refusal`]); a file that cannot be read says
+    /// why in `unreadable`.
     refusal: Arc<Mutex<Option<String>>>,
     /// The last second at which the members accept the certificate taken last
     /// ([`Tls::accepted_until`]), worked out when it was taken.
@@ -302,7 +303,12 @@ impl Tls {
     /// same reason, is `Ok(false)` until something changes.
     pub fn reload(&self, host: Option<&str>) -> Result<bool, TlsError> {
         let reloaded = self.reload_files(host);
-        if let Err(e) = &reloaded {
+        let unreadable = self
+            .unreadable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if let (Err(e), false) = (&reloaded, unreadable) {
             *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
         }
         reloaded
@@ -359,12 +365,14 @@ impl Tls {
         if !self.files_refused() {
             return None;
         }
-        let why = self
-            .refusal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        Some(why.unwrap_or_else(|| "refused".into()))
+        let unreadable = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = self.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        Some(
+            unreadable
+                .clone()
+                .or_else(|| refused.clone())
+                .unwrap_or_else(|| "refused".into()),
+        )
     }
 
     /// The last second, in seconds since the Unix epoch, at which the members accept this

@@ -270,7 +270,7 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     assert!(mismatch.contains("key"), "{mismatch:?}");
     assert!(!tls.reload(None).unwrap(), "the same refused set");
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
-    assert_eq!(files_refused(&to_2090.ca, addr).await, Some(mismatch));
+    assert_eq!(files_refused(&to_2090.ca, addr).await, Some(mismatch.clone()));
     std::fs::copy(&to_2090.key, &files.key).unwrap();
     assert!(tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
@@ -289,6 +289,19 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     assert!(!tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
     assert_eq!(files_refused(&to_2090.ca, addr).await, None);
+
+    // A refused set, a file missing meanwhile, then the refused set back: refused for what
+    // is wrong with the set, not for the file that was missing.
+    std::fs::copy(&to_2100.key, &files.key).unwrap();
+    tls.reload(None).unwrap_err();
+    std::fs::remove_file(&files.ca).unwrap();
+    tls.reload(None).unwrap_err();
+    let missing = files_refused(&to_2090.ca, addr).await.unwrap_or_default();
+    assert!(missing.contains(&files.ca.display().to_string()), "{missing:?}");
+    std::fs::copy(&to_2090.ca, &files.ca).unwrap();
+    assert!(!tls.reload(None).unwrap());
+    assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
+    assert_eq!(files_refused(&to_2090.ca, addr).await, Some(mismatch));
     served.stop().await;
 }
 
