@@ -76,8 +76,8 @@ pub enum Error {
     /// the snapshot again.
     #[error(
         "no room for a snapshot from the leader ({bytes} bytes: its size, or what arrived of it \
-         so far): {free} bytes free, \
-         {need} needed (to install it: a copy of it, a new registry, and the reserve): free \
+         so far): {free} bytes free, {need} needed (to keep the reserve free, and to install it, \
+         room for the file, less what of it landed, and for the registry its records make): free \
          space on this member; the leader sends the snapshot again"
     )]
     NoRoomForSnapshot { bytes: u64, free: u64, need: u64 },

@@ -94,6 +94,7 @@ pub use removal_notice::{Removal, RemovalNotice};
 pub use sm_stats::StateMachineStats;
 pub use snapshot_builder::SnapshotBuilder;
 pub use snapshot_data::SnapshotData;
+pub use snapshot_format::ImportRecords;
 pub use snapshot_pace::SnapshotPace;
 pub use state_machine::StateMachine;
 pub use status::{ClusterStatus, RejoinStatus, ReplicationLag, Role};

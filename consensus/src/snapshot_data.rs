@@ -37,6 +37,8 @@ struct FileCheck {
     last: parking_lot::Mutex<Option<(Instant, std::result::Result<(), String>)>>,
     /// A background read ([`SnapshotData::claim_check`]) is under way.
     running: AtomicBool,
+    /// The records the file's import writes, once counted ([`SnapshotData::import_records`]).
+    records: std::sync::OnceLock<ImportRecords>,
 }
 
 /// How long a read that found a file sound is trusted: bits may rot later, so a file asked
@@ -76,6 +78,7 @@ impl SnapshotData {
         let records = snapshot_format::count_records(&mut reader)?;
         let check = FileCheck::default();
         *check.last.lock() = Some((Instant::now(), Ok(())));
+        let _ = check.records.set(records);
         let data = SnapshotData {
             path: temp.to_path_buf(),
             bytes,
@@ -83,6 +86,18 @@ impl SnapshotData {
             check: Arc::new(check),
         };
         Ok((meta, data, records))
+    }
+
+    /// The records importing this snapshot writes: counted from the file once (a read of it
+    /// whole, verified), then known to every clone. What a leader announces with the snapshot,
+    /// so that a member without room for them refuses it before it arrives. Blocking.
+    pub fn import_records(&self) -> Result<ImportRecords> {
+        if let Some(records) = self.check.records.get() {
+            return Ok(*records);
+        }
+        let (_, mut reader) = open_verified(&self.path)?;
+        let records = snapshot_format::count_records(&mut reader)?;
+        Ok(*self.check.records.get_or_init(|| records))
     }
 
     /// Whether this is a received file (from [`SnapshotData::open_received`]), which the node

@@ -63,7 +63,7 @@ impl Trailer {
 /// The records importing a payload writes, counted before it is imported: the room it takes
 /// depends on them more than on its bytes (see `node/free_space.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ImportRecords {
+pub struct ImportRecords {
     /// The payload's pairs, each a record.
     pub pairs: u64,
     /// The datanode index entries the import derives: one per datanode of each bucket.

@@ -45,8 +45,9 @@ use crate::limits::MAX_RAFT_BODY_BYTES;
 use crate::log_throttle::LogThrottle;
 use crate::peer_client::{failure, PeerClient};
 use crate::raft_routes::{
-    encode_snapshot_prefix, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM, PATH_PRE_VOTE,
-    PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
+    encode_snapshot_prefix, encode_snapshot_records, RemoteResult, PATH_APPEND, PATH_APPEND_STREAM,
+    PATH_PRE_VOTE, PATH_SNAPSHOT, PATH_TRANSFER_LEADER, PATH_VOTE, REMOVED, SNAPSHOT_BYTES,
+    SNAPSHOT_RECORDS,
 };
 use crate::term_probe::HttpTermProbe;
 use peer_failures::{PeerFailures, Unanswered};
@@ -693,6 +694,20 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
             .map_err(|e| network(format!("reading snapshot {}: {e}", path.display())))?
             .len();
         let bytes = snapshot.snapshot.payload_bytes();
+        // Counted once per snapshot (a read of the file whole): a member without room for the
+        // registry they make refuses before the body.
+        let data = snapshot.snapshot.clone();
+        let counted = tokio::task::spawn_blocking(move || data.import_records()).await;
+        let records = counted
+            .map_err(|e| e.to_string())
+            .and_then(|counted| counted.map_err(|e| e.to_string()))
+            .inspect_err(|e| {
+                tracing::debug!(
+                    target_node = self.target,
+                    "not announcing the snapshot's records: {e}"
+                )
+            })
+            .ok();
         match self
             .snapshot_notices
             .note(self.target, path.clone(), std::time::Instant::now())
@@ -723,9 +738,13 @@ impl RaftNetworkV2<TypeConfig> for HttpConnection {
         // No timeout: a large snapshot takes as long as it takes; openraft cancels it when
         // replication to this peer stops (leadership lost, peer removed).
         let exchange = async {
-            let response = self
+            let mut request = self
                 .request(PATH_SNAPSHOT)
-                .header(SNAPSHOT_BYTES, file_bytes)
+                .header(SNAPSHOT_BYTES, file_bytes);
+            if let Some(records) = &records {
+                request = request.header(SNAPSHOT_RECORDS, encode_snapshot_records(records));
+            }
+            let response = request
                 .body(reqwest::Body::wrap_stream(stream))
                 .send()
                 .await

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
-use meta_consensus::{rpc_bounds, MetaNode, Removal, TermAnswer, TypeConfig, Vote};
+use meta_consensus::{rpc_bounds, ImportRecords, MetaNode, Removal, TermAnswer, TypeConfig, Vote};
 use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -56,6 +56,28 @@ pub const PATH_TERM: &str = "/raft/term";
 /// the member then looks once the file landed).
 pub const SNAPSHOT_BYTES: header::HeaderName =
     header::HeaderName::from_static("x-metaserver-snapshot-bytes");
+
+/// The header with which the leader announces the records a snapshot's import writes (its
+/// pairs and the index entries derived, `PAIRS INDEX_ENTRIES`), which take most of the room a
+/// registry of scattered shard ids needs: a member without that room refuses before the body,
+/// rather than after each download of it. Without it (an older leader, or one that could not
+/// count them), the member counts them once the file landed.
+pub const SNAPSHOT_RECORDS: header::HeaderName =
+    header::HeaderName::from_static("x-metaserver-snapshot-records");
+
+/// [`SNAPSHOT_RECORDS`]'s value for `records`.
+pub fn encode_snapshot_records(records: &ImportRecords) -> String {
+    format!("{} {}", records.pairs, records.index_entries)
+}
+
+/// The records a [`SNAPSHOT_RECORDS`] value announces; `None` for one that does not parse.
+pub fn decode_snapshot_records(value: &str) -> Option<ImportRecords> {
+    let (pairs, index_entries) = value.split_once(' ')?;
+    Some(ImportRecords {
+        pairs: pairs.parse().ok()?,
+        index_entries: index_entries.parse().ok()?,
+    })
+}
 
 /// What a `/raft` route answers: the response, or why this node could not produce one.
 pub type RemoteResult<T> = Result<T, String>;
@@ -287,21 +309,26 @@ async fn snapshot(
     headers: header::HeaderMap,
     body: Body,
 ) -> Response {
-    let announced = headers
-        .get(SNAPSHOT_BYTES)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match receive_snapshot(&node, announced, body).await {
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &header::HeaderValue| v.to_str().ok())
+    };
+    let announced = header(SNAPSHOT_BYTES).and_then(|v| v.parse::<u64>().ok());
+    let records = header(SNAPSHOT_RECORDS).and_then(decode_snapshot_records);
+    match receive_snapshot(&node, announced, records.unwrap_or_default(), body).await {
         Ok(response) => response,
         Err(response) => response,
     }
 }
 
 /// Reads the vote, lands the file, installs it. `Err` carries the answer to a failure.
-/// `announced`: the file's size as the leader announced it.
+/// `announced`: the file's size as the leader announced it, and `records` the records its import
+/// writes (none when not announced).
 async fn receive_snapshot(
     node: &MetaNode,
     announced: Option<u64>,
+    records: ImportRecords,
     body: Body,
 ) -> Result<Response, Response> {
     let mut stream = body.into_data_stream();
@@ -334,7 +361,7 @@ async fn receive_snapshot(
     }
     // The room to install it covers the room to receive it.
     match announced {
-        Some(bytes) => node.check_room_for_snapshot(bytes, 0),
+        Some(bytes) => node.check_room_for_snapshot(bytes, records, 0),
         None => node.check_room_to_receive(0),
     }
     .map_err(refuse_for_room)?;
@@ -391,6 +418,19 @@ fn refuse_for_room(e: meta_consensus::Error) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn announced_snapshot_records_round_trip_and_a_bad_value_is_none() {
+        let records = ImportRecords {
+            pairs: 1_000_151,
+            index_entries: 1_000_000,
+        };
+        let value = encode_snapshot_records(&records);
+        assert_eq!(decode_snapshot_records(&value), Some(records));
+        for bad in ["", "1", "1 x", "-1 2", "1  2", "1 2 3"] {
+            assert_eq!(decode_snapshot_records(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn snapshot_prefix_round_trip() {

@@ -134,7 +134,8 @@ pub struct ServeArgs {
     /// The leader refuses writes that add data (507 insufficient_storage; deletes still pass)
     /// while the data dir's file system has less free than this, and any member refuses a
     /// snapshot from the leader that would leave less than this free (or, even at 0, that it has
-    /// not four times the snapshot's size free to install); 0 turns the write guard off
+    /// no room to install: the snapshot and the registry its records make); 0 turns the write
+    /// guard off
     /// [default: 134217728].
     #[arg(long, env = "METASERVER_MIN_FREE_BYTES")]
     pub min_free_bytes: Option<u64>,

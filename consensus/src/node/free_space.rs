@@ -246,22 +246,16 @@ impl MetaNode {
         self.check_room(received, |reserve| reserve)
     }
 
-    /// [`Error::NoRoomForSnapshot`] if receiving and installing a snapshot file of `bytes`
-    /// would surely leave the data dir's file system with less than `min_free_bytes` free
-    /// (see `install_room`: its records not counted yet, the room is a lower bound; the
-    /// received file is checked again with them); `landed`: what the file takes of the data
-    /// dir's file system already (0 before it arrives).
+    /// [`Error::NoRoomForSnapshot`] if receiving and installing a snapshot file of `bytes`,
+    /// whose import writes `records`, would leave the data dir's file system with less than
+    /// `min_free_bytes` free (see `install_room`; with the records not known, zero, the room is
+    /// a lower bound, and the received file is checked again with its own count); `landed`:
+    /// what the file takes of the data dir's file system already (0 before it arrives).
     /// Reads the free space afresh. Also when `min_free_bytes` is 0: an install that runs out
     /// of space stops the node, which then receives the snapshot again at its next start and
     /// stops again. A file system whose free space cannot be read refuses nothing. One
     /// `statvfs`.
-    pub fn check_room_for_snapshot(&self, bytes: u64, landed: u64) -> Result<()> {
-        self.check_room_to_install(bytes, ImportRecords::default(), landed)
-    }
-
-    /// [`MetaNode::check_room_for_snapshot`] for a received snapshot whose import writes
-    /// `records`, counted from the file.
-    pub(crate) fn check_room_to_install(
+    pub fn check_room_for_snapshot(
         &self,
         bytes: u64,
         records: ImportRecords,

@@ -8,6 +8,7 @@ use openraft::raft::SnapshotResponse;
 use super::{blocking, MetaNode};
 use crate::error::{Error, Result};
 use crate::snapshot_data::SnapshotData;
+use crate::snapshot_format::ImportRecords;
 use crate::types::{TypeConfig, Vote};
 use crate::uncancelled::uncancelled;
 use crate::view::SnapshotInfo;
@@ -186,9 +187,11 @@ impl MetaNode {
             let landed = std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512);
             let (bytes, landed) = (meta.len(), landed.max(meta.len()));
             // At once, before the file is read: its bytes alone may be refused.
-            node.check_room_for_snapshot(bytes, landed)?;
+            node.check_room_for_snapshot(bytes, ImportRecords::default(), landed)?;
             let (meta, data, records) = SnapshotData::open_received(file)?;
-            node.check_room_to_install(bytes, records, landed)?;
+            node.check_room_for_snapshot(bytes, records, landed)?;
+            // It has room now: an earlier refusal no longer says why it does not catch up.
+            *node.inner.room_refused.lock() = None;
             Ok((meta, data))
         })
         .await?;

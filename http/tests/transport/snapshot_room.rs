@@ -234,12 +234,16 @@ fn room_asked(refusal: &str, disk: u64) -> u64 {
     need + (disk - free)
 }
 
+/// The most bytes of a snapshot the test below saw in the learner's incoming files.
+static MOST_LANDED_BEFORE_ROOM: AtomicU64 = AtomicU64::new(0);
+
 /// A member with exactly the room it asks for takes the snapshot, and the room it asks for
 /// counts the records the import writes, not only the bytes: a registry of scattered shard ids
-/// takes many times its snapshot on disk. Its disk starts empty; each refusal says how much it
-/// needs, and the disk is given that. Refused at once for the bytes alone (before a byte
-/// lands), then for the records counted in the received file, it takes the snapshot at the
-/// next try. The received file takes its own room (its blocks), which is not counted twice.
+/// takes many times its snapshot on disk. The leader announces the records, so a member without
+/// room for them refuses before a byte arrives (it downloaded the whole snapshot for each
+/// refusal before); a file that arrives unannounced (an older leader's) is counted once it
+/// landed, to the same room. The received file takes its own room (its blocks), which is not
+/// counted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_the_room_it_asks_for_takes_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
@@ -273,6 +277,11 @@ async fn a_member_with_the_room_it_asks_for_takes_a_snapshot() {
         "the leader purges its log up to the snapshot",
     )
     .await;
+    let snapshot_file = std::fs::read_dir(dir.path().join("node1").join("snapshots"))
+        .unwrap()
+        .map(|f| f.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("the leader keeps its snapshot");
 
     const RESERVE: u64 = 1 << 20;
     DISK_BYTES.store(0, Ordering::SeqCst);
@@ -280,45 +289,73 @@ async fn a_member_with_the_room_it_asks_for_takes_a_snapshot() {
         cfg.min_free_bytes = RESERVE;
         cfg.free_space = FreeSpace::with(|data_dir| {
             let landed = bytes_in(&data_dir.join("snapshots-incoming"));
+            MOST_LANDED_BEFORE_ROOM.fetch_max(landed, Ordering::SeqCst);
             Ok(DISK_BYTES.load(Ordering::SeqCst).saturating_sub(landed))
         });
     })
     .await;
-    let installed = || learner.node.status().state_machine.snapshot_installs >= 1;
     leader
         .node
         .add_learner(2, Node::new(learner.addr.clone()))
         .await
         .unwrap();
-    let mut asked = Vec::new();
-    let mut last = None;
-    while !installed() {
-        assert!(
-            asked.len() < 3,
-            "still refused after the room asked: {asked:?}"
-        );
-        wait_for(
-            || installed() || learner.node.snapshot_refused() != last,
-            "the learner refuses the snapshot saying why, or takes it",
-        )
-        .await;
-        if installed() {
-            break;
-        }
-        last = learner.node.snapshot_refused();
-        let disk = DISK_BYTES.load(Ordering::SeqCst);
-        let room = room_asked(last.as_deref().unwrap(), disk);
-        assert!(room > disk, "{last:?}");
-        asked.push(room);
-        DISK_BYTES.store(room, Ordering::SeqCst);
-    }
+    wait_for(
+        || learner.node.snapshot_refused().is_some(),
+        "the learner refuses the snapshot saying why",
+    )
+    .await;
+    let refusal = learner.node.snapshot_refused().unwrap();
+    let room = room_asked(&refusal, 0);
     assert_eq!(
-        asked.len(),
-        2,
-        "refused for the bytes, then the records: {asked:?}"
+        MOST_LANDED_BEFORE_ROOM.load(Ordering::SeqCst),
+        0,
+        "refused before a byte landed"
     );
-    // Each scattered replica's record and index entry ask a few hundred bytes.
-    assert!(asked[1] >= asked[0] + REPLICAS * 256, "{asked:?}");
+    // The same file arriving unannounced (from an older leader), with `disk` bytes: refused
+    // once it landed, and the whole room it asks.
+    let incoming = dir.path().join("node2").join("snapshots-incoming");
+    std::fs::create_dir_all(&incoming).unwrap();
+    let vote = meta_consensus::Vote::new_committed(leader.node.status().term, 1);
+    let unannounced = |disk: u64| {
+        DISK_BYTES.store(disk, Ordering::SeqCst);
+        let temp = tempfile::NamedTempFile::new_in(&incoming).unwrap();
+        std::fs::copy(&snapshot_file, temp.path()).unwrap();
+        let node = learner.node.clone();
+        async move {
+            match node
+                .install_received_snapshot(vote, temp.into_temp_path())
+                .await
+            {
+                Err(meta_consensus::Error::NoRoomForSnapshot { free, need, .. }) => {
+                    need + (disk - free)
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // With twice its size, refused for its bytes alone; the records ask a few hundred bytes
+    // more for each scattered replica's record and index entry.
+    let bytes = std::fs::metadata(&snapshot_file).unwrap().len();
+    let for_bytes = unannounced(2 * bytes).await;
+    assert!(
+        room >= for_bytes + REPLICAS * 256,
+        "{room}, {for_bytes} for the bytes"
+    );
+    // With one byte less than the room announced, refused for the records counted, asking the
+    // same room.
+    assert_eq!(unannounced(room - 1).await, room);
+    let left: Vec<_> = std::fs::read_dir(&incoming).unwrap().collect();
+    assert!(left.is_empty(), "the refused files are deleted: {left:?}");
+
+    // With that room, it takes the leader's next snapshot.
+    DISK_BYTES.store(room, Ordering::SeqCst);
+    wait_for(
+        || learner.node.status().state_machine.snapshot_installs >= 1,
+        "the learner takes the snapshot",
+    )
+    .await;
+    // Its status no longer names a refusal once it took the snapshot.
+    assert_eq!(learner.node.snapshot_refused(), None);
     let (records, _) = learner.node.registry_digest().await.unwrap();
     let (leader_records, _) = leader.node.registry_digest().await.unwrap();
     assert_eq!(records, leader_records);

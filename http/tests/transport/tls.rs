@@ -270,7 +270,10 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     assert!(mismatch.contains("key"), "{mismatch:?}");
     assert!(!tls.reload(None).unwrap(), "the same refused set");
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
-    assert_eq!(files_refused(&to_2090.ca, addr).await, Some(mismatch.clone()));
+    assert_eq!(
+        files_refused(&to_2090.ca, addr).await,
+        Some(mismatch.clone())
+    );
     std::fs::copy(&to_2090.key, &files.key).unwrap();
     assert!(tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 0);
@@ -297,7 +300,10 @@ async fn the_metrics_tell_the_certificates_end_and_refused_files() {
     std::fs::remove_file(&files.ca).unwrap();
     tls.reload(None).unwrap_err();
     let missing = files_refused(&to_2090.ca, addr).await.unwrap_or_default();
-    assert!(missing.contains(&files.ca.display().to_string()), "{missing:?}");
+    assert!(
+        missing.contains(&files.ca.display().to_string()),
+        "{missing:?}"
+    );
     std::fs::copy(&to_2090.ca, &files.ca).unwrap();
     assert!(!tls.reload(None).unwrap());
     assert_eq!(gauge(&to_2090.ca, addr, REFUSED).await, 1);
