@@ -16,7 +16,7 @@ use openraft::{ChangeMembers, ServerState};
 
 use super::{blocking, sync_dir, MetaNode, INITIALIZED};
 use crate::error::{Error, Result};
-use crate::types::{Node, NodeId};
+use crate::types::{LogId, Node, NodeId};
 use crate::uncancelled::uncancelled;
 use crate::untold_removals::UntoldRemovals;
 
@@ -298,7 +298,7 @@ impl MetaNode {
                 "a majority of each voter set answers, and the learners it adds caught up",
             )
             .await;
-        self.checked_change(
+        let change = self.checked_change(
             |m| {
                 self.check_promotable(m, &voters, asked)?;
                 self.check_majorities_answer(m, &voters, asked)
@@ -307,8 +307,41 @@ impl MetaNode {
                 let change = ChangeMembers::ReplaceAllVoters(voters.clone());
                 async move { raft.change_membership(change, false).await }
             },
-        )
-        .await
+        );
+        if voters.contains(&self.id()) {
+            return change.await;
+        }
+        // A leader that removes itself may step down before it applies the change, and then
+        // never answers it: openraft answers a change once it applied it, and a removed node
+        // learns no commit index, so the caller waited out the request timeout (seen under
+        // load, 3 times in 25). The change is made once this node's committed membership is it.
+        let since = *view.committed_membership_config.log_id();
+        tokio::select! {
+            changed = change => changed,
+            () = self.until_committed(&voters, since) => Ok(()),
+        }
+    }
+
+    /// Returns once this node's committed membership, newer than the one committed at `since`,
+    /// is `voters` alone (not joint), or never.
+    async fn until_committed(&self, voters: &BTreeSet<NodeId>, since: Option<LogId>) {
+        let committed = self
+            .inner
+            .raft
+            .wait(Some(self.inner.cfg.request_timeout))
+            .metrics(
+                |m| {
+                    let committed = &m.committed_membership_config;
+                    *committed.log_id() > since
+                        && committed.membership().get_joint_config().as_slice()
+                            == std::slice::from_ref(voters)
+                },
+                "the change is committed",
+            )
+            .await;
+        if committed.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Takes the membership lock for one change of learners or addresses (refused on a node
