@@ -237,6 +237,28 @@ async fn heartbeats_and_liveness() {
     assert_eq!(entry(&v, 7), Value::Null);
 }
 
+/// A removed datanode no longer counts alive in the leader's metrics at once, not only once a
+/// liveness read or its timeout came: a cluster whose datanodes come and go counted hundreds
+/// of removed ones alive, which hid as many down (`registry - alive` alerts).
+#[tokio::test]
+async fn a_removed_datanode_no_longer_counts_alive() {
+    let t = leader_node_tuned(None, |c| c.datanode_timeout = Duration::from_secs(600)).await;
+    let alive = |n: u64| format!("\nmetaserver_datanodes_alive {n}\n");
+    for id in [7, 8] {
+        let epoch = t.register_datanode(id).await;
+        let a = heartbeat(&t, id, epoch).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let metrics = String::from_utf8(t.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(metrics.contains(&alive(2)), "{metrics}");
+    let a = t
+        .send(Method::DELETE, "/v1/datanodes/7", String::new())
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let metrics = String::from_utf8(t.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(metrics.contains(&alive(1)), "{metrics}");
+}
+
 /// With a short timeout, a datanode that fell silent and one never heard from both end up
 /// down (polled until they are, each poll reading the leader's view afresh).
 #[tokio::test]

@@ -582,10 +582,24 @@ impl MetaNode {
                 let room = room.clone();
                 let node = self.clone();
                 async move {
+                    let removing = match cmd {
+                        Command::RemoveDatanode { id }
+                        | Command::RemoveDatanodePiece { id, .. } => Some(id),
+                        _ => None,
+                    };
                     let answer = raft.client_write(cmd).await;
                     if let Ok(r) = &answer {
-                        if let CommandResult::DatanodeRegistered { id, .. } = r.data {
-                            node.note_registration(id, r.log_id.index, r.log_id.leader_id.term);
+                        match (&r.data, removing) {
+                            (CommandResult::DatanodeRegistered { id, .. }, _) => {
+                                node.note_registration(*id, r.log_id.index, r.log_id.leader_id.term)
+                            }
+                            // Its heartbeats no longer count it alive (it was, until a liveness
+                            // read or the timeout).
+                            (CommandResult::DatanodeRemoved { .. }, Some(id))
+                            | (CommandResult::RemovalPiece { gone: true, .. }, Some(id)) => {
+                                node.inner.liveness.lock().forget(id, r.log_id.index)
+                            }
+                            _ => {}
                         }
                     }
                     drop(room);
