@@ -23,15 +23,23 @@ fn put(key: String) -> Command {
     }
 }
 
-/// One single-node cluster whose log fails while callers keep writing and reading, each giving
-/// up after a random short time; afterwards no caller panicked and the node shuts down.
-async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
+/// A single-node cluster, initialized and leading, whose log is on a disk that can be made to
+/// fail.
+async fn single_node_on_a_faulty_disk(
+) -> Result<(FaultyFileSystem, Cluster, meta_consensus::MetaNode)> {
     let disk = FaultyFileSystem::new();
     let mut c = Cluster::new()?;
     c.wal_fs.insert(1, Arc::new(disk.clone()));
     let node = c.start(1).await?;
     node.initialize([(1, Node::new(addr(1)))].into()).await?;
     c.leader().await?;
+    Ok((disk, c, node))
+}
+
+/// One single-node cluster whose log fails while callers keep writing and reading, each giving
+/// up after a random short time; afterwards no caller panicked and the node shuts down.
+async fn core_stops_under_impatient_callers(seed: u64) -> Result<()> {
+    let (disk, c, node) = single_node_on_a_faulty_disk().await?;
 
     let mut callers = tokio::task::JoinSet::new();
     for w in 0..16u64 {
@@ -137,12 +145,7 @@ async fn a_shutdown_whose_caller_gives_up_still_closes_the_node() -> Result<()> 
 /// was answered "shut down", and only the log said why); once shut down, it says that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_node_names_the_failure_in_its_answers() -> Result<()> {
-    let disk = FaultyFileSystem::new();
-    let mut c = Cluster::new()?;
-    c.wal_fs.insert(1, Arc::new(disk.clone()));
-    let node = c.start(1).await?;
-    node.initialize([(1, Node::new(addr(1)))].into()).await?;
-    c.leader().await?;
+    let (disk, c, node) = single_node_on_a_faulty_disk().await?;
     node.write(put("before".into())).await?;
     disk.set_fail_syncs(true);
     let failed = node.write(put("failing".into())).await;

@@ -640,6 +640,24 @@ fn a_token_with_blanks_around_it_is_refused_naming_it() {
     }
 }
 
+/// A watch of the members `server` resuming after index 4 of history "aaaa", ending at its
+/// first answer with events.
+fn resuming_watch(server: String) -> WatchArgs {
+    WatchArgs {
+        client: ClientArgs {
+            server,
+            token: None,
+            member_token: None,
+            tls_ca: None,
+        },
+        after: Some(4),
+        history: Some("aaaa".into()),
+        datanode: None,
+        prefix: None,
+        once: true,
+    }
+}
+
 /// A member restarted since the index (410 `compacted`) sends the watch to the next member
 /// given, which may still hold it; when every member refuses the index, the watch ends.
 #[tokio::test]
@@ -660,19 +678,7 @@ async fn a_watch_refused_as_compacted_asks_the_next_member() {
             .into_response()
     })
     .await;
-    let args = |server: String| WatchArgs {
-        client: ClientArgs {
-            server,
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        },
-        after: Some(4),
-        history: Some("aaaa".into()),
-        datanode: None,
-        prefix: None,
-        once: true,
-    };
+    let args = resuming_watch;
     let bounded = std::time::Duration::from_secs(30);
     tokio::time::timeout(bounded, watch(args(format!("{restarted},{holding}"))))
         .await
@@ -720,19 +726,7 @@ async fn a_watch_refused_as_compacted_waits_for_a_member_that_cannot_answer_yet(
         }
     })
     .await;
-    let args = WatchArgs {
-        client: ClientArgs {
-            server: format!("{restarted},{starting}"),
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        },
-        after: Some(4),
-        history: Some("aaaa".into()),
-        datanode: None,
-        prefix: None,
-        once: true,
-    };
+    let args = resuming_watch(format!("{restarted},{starting}"));
     tokio::time::timeout(std::time::Duration::from_secs(30), watch(args))
         .await
         .expect("the watch ends")
