@@ -298,13 +298,19 @@ pub async fn leader_with_purged_log(dir: &TempDir, value_bytes: usize) -> Server
         };
         leader.node.write(put).await.unwrap();
     }
+    snapshot_and_purge(&leader).await;
+    leader
+}
+
+/// Makes `leader` build a snapshot, and waits until it purged its log up to it: a member that
+/// joins then needs the snapshot.
+pub async fn snapshot_and_purge(leader: &Server) {
     let snapshot = leader.node.snapshot_now().await.unwrap();
     wait_for(
         || leader.node.status().purged >= Some(snapshot.index),
         "the leader purges its log up to the snapshot",
     )
     .await;
-    leader
 }
 
 /// Adds `learner` to `leader`'s cluster as a learner, on the node (past the HTTP handler).

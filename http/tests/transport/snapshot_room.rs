@@ -271,12 +271,7 @@ async fn a_member_with_the_room_it_asks_for_takes_a_snapshot() {
         shards,
     };
     leader.node.write(register).await.unwrap();
-    let snapshot = leader.node.snapshot_now().await.unwrap();
-    wait_for(
-        || leader.node.status().purged >= Some(snapshot.index),
-        "the leader purges its log up to the snapshot",
-    )
-    .await;
+    crate::helpers::snapshot_and_purge(&leader).await;
     let snapshot_file = std::fs::read_dir(dir.path().join("node1").join("snapshots"))
         .unwrap()
         .map(|f| f.unwrap().path())
