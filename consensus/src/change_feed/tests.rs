@@ -307,11 +307,11 @@ fn registered(index: u64, datanode: u64) -> ChangeEvent {
 /// timeout passes as soon as every task waits.
 #[tokio::test(start_paused = true)]
 async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
-    let feed = Arc::new(ChangeFeed::new(5, 1000));
-    let wait = |filter: ChangeFilter| {
-        let feed = feed.clone();
+    // A waiter past `index` for `filter`, answering whether the feed moved.
+    let wait = |feed: &Arc<ChangeFeed>, index: u64, filter: &ChangeFilter| {
+        let (feed, filter) = (feed.clone(), filter.clone());
         tokio::spawn(async move {
-            feed.wait_past(5, &filter, Duration::from_secs(30))
+            feed.wait_past(index, &filter, Duration::from_secs(30))
                 .await
                 .moved
         })
@@ -329,15 +329,7 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
         ),
     ] {
         let feed = Arc::new(ChangeFeed::new(5, 1000));
-        let waiter = {
-            let feed = feed.clone();
-            let filter = filter.clone();
-            tokio::spawn(async move {
-                feed.wait_past(5, &filter, Duration::from_secs(30))
-                    .await
-                    .moved
-            })
-        };
+        let waiter = wait(&feed, 5, &filter);
         settled().await;
         feed.record(vec![unwanted.clone()], 6);
         settled().await;
@@ -347,25 +339,19 @@ async fn a_filtered_waiter_wakes_only_for_what_it_wants() {
         // Applied past its index already: no wait.
         assert!(feed.wait_past(5, &filter, Duration::ZERO).await.moved);
         // Not woken at all: false once its time is up.
-        let late = {
-            let feed = feed.clone();
-            let filter = filter.clone();
-            tokio::spawn(async move {
-                feed.wait_past(7, &filter, Duration::from_secs(30))
-                    .await
-                    .moved
-            })
-        };
+        let late = wait(&feed, 7, &filter);
         settled().await;
         feed.record(vec![unwanted], 8);
         assert!(!late.await.unwrap(), "{filter:?}");
     }
     // A restart and the close wake filtered waiters too.
-    let waiter = wait(ChangeFilter::Datanode(7));
+    let feed = Arc::new(ChangeFeed::new(5, 1000));
+    let waiter = wait(&feed, 5, &ChangeFilter::Datanode(7));
     settled().await;
     feed.restart_at(50);
     assert!(waiter.await.unwrap());
-    let waiter = wait(ChangeFilter::KeyPrefix("a/".into()));
+    // Past the index the restart set: a wait past an older one ends at once.
+    let waiter = wait(&feed, 50, &ChangeFilter::KeyPrefix("a/".into()));
     settled().await;
     feed.close();
     assert!(waiter.await.unwrap());
