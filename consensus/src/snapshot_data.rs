@@ -67,13 +67,13 @@ impl SnapshotData {
     }
 
     /// Opens a received snapshot file, verifies it completely (magic, version, lengths,
-    /// checksum), decodes its metadata and counts the records its import writes (a second
-    /// read of the payload). The file is deleted when the returned data is dropped, also when
-    /// this fails. Blocking: call off the async runtime.
+    /// checksum), decodes its metadata and counts the records its import writes, in one read.
+    /// The file is deleted when the returned data is dropped, also when this fails. Blocking:
+    /// call off the async runtime.
     pub(crate) fn open_received(
         temp: tempfile::TempPath,
     ) -> Result<(SnapshotMeta, SnapshotData, ImportRecords)> {
-        let (meta, mut reader) = open_verified(&temp)?;
+        let (meta, mut reader) = open_streamed(&temp)?;
         let bytes = reader.payload_len();
         let records = snapshot_format::count_records(&mut reader)?;
         let check = FileCheck::default();
@@ -89,14 +89,16 @@ impl SnapshotData {
     }
 
     /// The records importing this snapshot writes: counted from the file once (a read of it
-    /// whole, verified), then known to every clone. What a leader announces with the snapshot,
-    /// so that a member without room for them refuses it before it arrives. Blocking.
+    /// whole, which also verifies it), then known to every clone. What a leader announces with
+    /// the snapshot, so that a member without room for them refuses it before it arrives.
+    /// Blocking.
     pub fn import_records(&self) -> Result<ImportRecords> {
         if let Some(records) = self.check.records.get() {
             return Ok(*records);
         }
-        let (_, mut reader) = open_verified(&self.path)?;
+        let (_, mut reader) = open_streamed(&self.path)?;
         let records = snapshot_format::count_records(&mut reader)?;
+        *self.check.last.lock() = Some((Instant::now(), Ok(())));
         Ok(*self.check.records.get_or_init(|| records))
     }
 
@@ -192,9 +194,22 @@ pub(crate) fn read_meta(path: &Path) -> Result<(SnapshotMeta, u64)> {
 pub(crate) fn open_verified(path: &Path) -> Result<(SnapshotMeta, SnapshotReader)> {
     let reader =
         SnapshotStore::open_reader(path).map_err(|e| Error::storage("open snapshot", e))?;
-    let meta: SnapshotMeta = codec::decode(reader.meta())
-        .map_err(|e| Error::corrupt(format!("snapshot metadata of {}", path.display()), e))?;
-    Ok((meta, reader))
+    Ok((decode_meta(&reader, path)?, reader))
+}
+
+/// Opens the snapshot file at `path` with its header checked and its Raft metadata decoded; its
+/// payload checksum is checked as it is read (`SnapshotReader::open_streaming`), so a caller
+/// that reads it to the end has verified it in that one read. Blocking.
+fn open_streamed(path: &Path) -> Result<(SnapshotMeta, SnapshotReader)> {
+    let reader =
+        SnapshotReader::open_streaming(path).map_err(|e| Error::storage("open snapshot", e))?;
+    Ok((decode_meta(&reader, path)?, reader))
+}
+
+/// The Raft metadata in the header `reader` read from `path`.
+fn decode_meta(reader: &SnapshotReader, path: &Path) -> Result<SnapshotMeta> {
+    codec::decode(reader.meta())
+        .map_err(|e| Error::corrupt(format!("snapshot metadata of {}", path.display()), e))
 }
 
 /// The file name (without extension) of the snapshot with this metadata: names sort by age.

@@ -70,16 +70,22 @@ pub struct ImportRecords {
     pub index_entries: u64,
 }
 
-/// Reads a payload to its end frame and counts the [`ImportRecords`] its import writes. Checks
-/// only what the count reads (the frames, the buckets' encoding); the import checks the rest.
-/// Memory stays bounded by one frame. Blocking.
+/// Reads a payload to its end and counts the [`ImportRecords`] its import writes. Checks only
+/// what the count reads (the frames, the buckets' encoding, nothing after the end frame); the
+/// import checks the rest. Memory stays bounded by one frame. Blocking.
 pub(crate) fn count_records(input: &mut impl Read) -> Result<ImportRecords> {
     let mut records = ImportRecords::default();
     let mut datanodes = Vec::new();
     loop {
         match read_frame(input)? {
             None => return Err(Error::Snapshot("payload ends without an end frame".into())),
-            Some(Frame::End(_)) => return Ok(records),
+            Some(Frame::End(_)) => {
+                // Read to the end: a checksum checked as it is read is checked there.
+                if read_frame(input)?.is_some() {
+                    return Err(Error::Snapshot("frames after the end frame".into()));
+                }
+                return Ok(records);
+            }
             Some(Frame::Pair(k, v)) => {
                 records.pairs += 1;
                 if k.first() == Some(&keys::REPLICA) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use meta_store::rate_limit::{Clock, Pacer};
 use meta_store::snapshot::DEFAULT_KEEP;
-use meta_store::{Error, RateLimiter, SnapshotStore};
+use meta_store::{Error, RateLimiter, SnapshotReader, SnapshotStore};
 use parking_lot::Mutex;
 
 /// A clock that moves only when slept on, so paced writes take no real time.
@@ -246,6 +246,34 @@ fn a_flipped_byte_is_rejected_with_an_error_naming_the_file() {
         fs::write(&path, &bytes).unwrap();
         assert_rejected(&path, needle);
     }
+}
+
+/// A streaming reader checks the payload as it reads it: a sound file reads whole, and a
+/// flipped payload byte fails the read that reaches the end, naming the file.
+#[test]
+fn a_streaming_reader_checks_the_payload_as_it_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SnapshotStore::open(dir.path(), 10).unwrap();
+    let data = payload(300_000, 8);
+    let path = write_snapshot(&store, &name(1), b"m", &data);
+    let mut whole = Vec::new();
+    SnapshotReader::open_streaming(&path)
+        .unwrap()
+        .read_to_end(&mut whole)
+        .unwrap();
+    assert_eq!(whole, data);
+
+    let mut bytes = fs::read(&path).unwrap();
+    let header_len = 16 + 1 + 4;
+    bytes[header_len + 150_000] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+    // Its header and trailer are sound: it opens, and only the read finds the damage.
+    let mut reader = SnapshotReader::open_streaming(&path).unwrap();
+    let err = reader.read_to_end(&mut Vec::new()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+    let message = err.to_string();
+    assert!(message.contains("payload checksum mismatch"), "{message}");
+    assert!(message.contains(&path.display().to_string()), "{message}");
 }
 
 #[test]

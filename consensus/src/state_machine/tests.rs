@@ -639,6 +639,36 @@ async fn an_install_moves_in_only_a_received_file_and_copies_any_other() {
     assert_eq!(read_meta(kept.path()).unwrap().0, meta);
 }
 
+/// A received file is verified in the read that counts its records: one whose payload was
+/// damaged in transit is refused (and deleted), and the records counted from a sound one are
+/// what its leader counts from its own copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_received_file_is_refused_and_a_sound_one_counted() {
+    let a = tempfile::tempdir().unwrap();
+    let (_sm, snapshot) = workload_snapshot(a.path()).await;
+    let source = snapshot.snapshot.path().to_path_buf();
+    let received = |damage: bool| {
+        let mut bytes = std::fs::read(&source).unwrap();
+        if damage {
+            // A payload byte in the middle: header and trailer stay sound.
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x01;
+        }
+        let temp = tempfile::NamedTempFile::new_in(a.path())
+            .unwrap()
+            .into_temp_path();
+        std::fs::write(&temp, &bytes).unwrap();
+        temp
+    };
+    let temp = received(true);
+    let path = temp.to_path_buf();
+    assert!(SnapshotData::open_received(temp).is_err());
+    assert!(!path.exists(), "the refused file is deleted");
+    let (_, _, records) = SnapshotData::open_received(received(false)).unwrap();
+    assert!(records.pairs > 0, "{records:?}");
+    assert_eq!(snapshot.snapshot.import_records().unwrap(), records);
+}
+
 /// A build on a disk below a quarter of the reserve fails as a full disk fails it, before it
 /// writes anything, and keeps no file; with room it builds.
 #[tokio::test]

@@ -68,7 +68,26 @@ impl SnapshotReader {
         }
         file.seek(SeekFrom::Start(header_len))
             .map_err(|e| Error::io("seek snapshot payload", path, e))?;
-        Ok(SnapshotReader {
+        Ok(SnapshotReader::reading(path, info, trailer, file))
+    }
+
+    /// Opens the snapshot file at `path` with its header and trailer checked (magic, version,
+    /// header checksum, length), not its payload: the payload checksum is checked as it is
+    /// read, and the read that reaches the end fails with [`io::ErrorKind::InvalidData`] on a
+    /// mismatch. A caller that reads the payload to its end has verified the file with one
+    /// read instead of [`SnapshotReader::open`]'s two; one that stops short has not.
+    pub fn open_streaming(path: &Path) -> Result<SnapshotReader> {
+        let Inspected {
+            file,
+            info,
+            trailer,
+        } = inspect(path)?;
+        Ok(SnapshotReader::reading(path, info, trailer, file))
+    }
+
+    /// A reader of the payload of `file`, positioned at it.
+    fn reading(path: &Path, info: SnapshotFile, trailer: Trailer, file: File) -> SnapshotReader {
+        SnapshotReader {
             path: path.to_path_buf(),
             meta: info.meta,
             payload_len: info.bytes,
@@ -76,7 +95,7 @@ impl SnapshotReader {
             input: BufReader::with_capacity(READ_BUFFER, file.take(info.bytes)),
             read: 0,
             crc: 0,
-        })
+        }
     }
 
     /// The caller's metadata from the header.
@@ -118,7 +137,8 @@ impl Read for SnapshotReader {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "snapshot {} changed after it was verified: payload checksum mismatch",
+                    "snapshot {}: payload checksum mismatch (damaged, or changed since it was \
+                     opened)",
                     self.path.display()
                 ),
             ));
