@@ -238,6 +238,10 @@ impl ApplyBatch {
             } => self.remove_datanode_piece(index, *id, *registered_index),
             Command::RaiseEpochFloor { at_least } => self.raise_epoch_floor(*at_least),
             Command::ClaimForRestore { at_least } => self.claim_for_restore(*at_least),
+            Command::BeginRestore { at_least, origin } => {
+                self.begin_restore(index, *at_least, origin)
+            }
+            Command::EndRestore { claimed_at } => self.end_restore(*claimed_at),
         }
     }
 

@@ -31,8 +31,9 @@ use crate::types::{Entry, NodeId};
 /// the cluster's epoch floor, and a removal's first piece fences the incarnation it removes.
 /// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch. 6:
 /// `ClaimForRestore`, a restore's claim on a fresh cluster. 7: a removal's first piece marks
-/// the datanode as being removed, fencing the epoch it raised it to as well.
-pub const BUILD_VERSION: u32 = 7;
+/// the datanode as being removed, fencing the epoch it raised it to as well. 8: `BeginRestore`
+/// and `EndRestore`, a restore's mark on the cluster while it runs.
+pub const BUILD_VERSION: u32 = 8;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
@@ -60,6 +61,11 @@ pub const RESTORE_CLAIM: u32 = 6;
 /// record stays, and a batch, prune, heartbeat or deregistration under that epoch (which no
 /// registration gave) is fenced too, until the removal ends or the datanode registers again.
 pub const REMOVAL_MARK: u32 = 7;
+
+/// The version from which a restore's claim also marks the cluster as being restored
+/// (`BeginRestore`), until the restore ends (`EndRestore`): a cluster that holds part of a
+/// backup says so, and a snapshot of it carries the mark.
+pub const RESTORE_MARK: u32 = 8;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster_version::{
     BASE_VERSION, CLUSTER_EPOCH_FLOOR, FENCED_DEREGISTRATION, PIECEWISE_REMOVAL, RESTORE_CLAIM,
+    RESTORE_MARK,
 };
+use crate::records::{RestoreMark, RestoreOrigin};
 
 /// What one piece of a prune weighs in the leader's admission window, in shards.
 const PRUNE_PIECE_WEIGHT: usize = 1_000;
@@ -107,6 +109,18 @@ pub enum Command {
     /// at once finds it and is refused before it writes anything, where both used to pass an
     /// emptiness check made before either wrote. Proposed once the cluster's version is 6.
     ClaimForRestore { at_least: u64 },
+    /// A restore's claim, as `ClaimForRestore`, that also marks the cluster as being restored
+    /// (`RestoreMark`, naming this entry's index and `origin`, the backup) until an
+    /// `EndRestore`: a restore cut off part way leaves a cluster that says so. Proposed once the
+    /// cluster's version is 8.
+    BeginRestore {
+        at_least: u64,
+        origin: RestoreOrigin,
+    },
+    /// Ends the restore that the cluster's mark names, if any (its claim's index is
+    /// `claimed_at`; `None`: whichever): removes the mark. Proposed once the cluster's
+    /// version is 8.
+    EndRestore { claimed_at: Option<u64> },
 }
 
 impl Command {
@@ -119,6 +133,7 @@ impl Command {
             Command::RaiseEpochFloor { .. } => CLUSTER_EPOCH_FLOOR,
             Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
             Command::ClaimForRestore { .. } => RESTORE_CLAIM,
+            Command::BeginRestore { .. } | Command::EndRestore { .. } => RESTORE_MARK,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -143,6 +158,10 @@ impl Command {
             Command::ClaimForRestore { .. } => {
                 "a restore's claim on the cluster (an epoch floor raised if fresh)".to_owned()
             }
+            Command::BeginRestore { .. } => {
+                "a restore's claim on the cluster, marking it as being restored".to_owned()
+            }
+            Command::EndRestore { .. } => "the end of a restore (its mark removed)".to_owned(),
             Command::SetClusterVersion { version } => {
                 format!("raising the cluster's version to {version}")
             }
@@ -217,6 +236,12 @@ impl fmt::Display for Command {
             Command::SetClusterVersion { version } => write!(f, "SetClusterVersion({version})"),
             Command::RaiseEpochFloor { at_least } => write!(f, "RaiseEpochFloor({at_least})"),
             Command::ClaimForRestore { at_least } => write!(f, "ClaimForRestore({at_least})"),
+            Command::BeginRestore { at_least, origin } => write!(
+                f,
+                "BeginRestore({at_least}, backup at index {})",
+                origin.index
+            ),
+            Command::EndRestore { claimed_at } => write!(f, "EndRestore({claimed_at:?})"),
             Command::DeregisterShardsOf {
                 datanode,
                 epoch,
@@ -312,5 +337,12 @@ pub enum CommandResult {
     /// Last of the variants: builds of version 6 and older cannot decode it, and never get it.
     FencedForRemoval {
         current_epoch: u64,
+    },
+    /// An `EndRestore` removed `ended` (`None`: the cluster held no mark, nothing changed), or
+    /// found another restore's mark, `other`, and changed nothing. Builds of version 7 and older
+    /// never get it.
+    RestoreEnded {
+        ended: Option<RestoreMark>,
+        other: Option<RestoreMark>,
     },
 }

@@ -45,6 +45,10 @@ pub const CLUSTER_VERSION: &[u8] = b"sversion";
 /// epoch of at least this; absent until first raised (`Command::RaiseEpochFloor`).
 pub const CLUSTER_EPOCH_FLOOR: &[u8] = b"sepochfloor";
 
+/// A restore's mark (`RestoreMark`): present from the claim that began a restore until the
+/// restore ends (`Command::BeginRestore`, `Command::EndRestore`), and after one cut off.
+pub const RESTORE_MARK: &[u8] = b"srestore";
+
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
 /// every apply writes one metadata record. Written through the redo record: current after
 /// the registry is opened.

@@ -89,6 +89,7 @@ pub use log_store::LogStore;
 pub use meta_store::{BarrierMode, WalMetrics, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
 pub use node::MetaNode;
 pub use peer_refusals::PeerRefusals;
+pub use records::{RestoreMark, RestoreOrigin};
 pub use registry::MAX_PAGE;
 pub use removal_notice::{Removal, RemovalNotice};
 pub use sm_stats::StateMachineStats;

@@ -28,6 +28,26 @@ pub fn being_removed(dn: &DatanodeRecord, mark: Option<u64>) -> bool {
     mark == Some(dn.epoch)
 }
 
+/// A restore under way, or one cut off part way (cluster version 8): the claim that began it
+/// puts it, and the restore's end removes it. While it stays, the cluster may hold part of a
+/// backup only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreMark {
+    /// The log index of the claim.
+    pub claimed_at: u64,
+    /// The backup the restore replays, as it told the claim.
+    pub origin: RestoreOrigin,
+}
+
+/// What a backup holds, as a restore tells its claim: the index of its snapshot and its counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreOrigin {
+    pub index: u64,
+    pub datanodes: u64,
+    pub replicas: u64,
+    pub keys: u64,
+}
+
 /// One replica of a shard on a datanode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaRecord {

@@ -21,7 +21,7 @@ use crate::capture::Capture;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::records::{AppliedRecord, DatanodeRecord, KvRecord, ReplicaBucket};
+use crate::records::{AppliedRecord, DatanodeRecord, KvRecord, ReplicaBucket, RestoreMark};
 use crate::types::SnapshotMeta;
 
 const TAG_PAIR: u8 = 1;
@@ -286,6 +286,10 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
         }
         Some(&keys::SETTING) if key == keys::CLUSTER_EPOCH_FLOOR => {
             let _: u64 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
+            Ok(0)
+        }
+        Some(&keys::SETTING) if key == keys::RESTORE_MARK => {
+            let _: RestoreMark = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
         // A setting this build does not know: a newer build's, in a snapshot of a cluster whose

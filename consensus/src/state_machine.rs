@@ -784,6 +784,7 @@ impl Drop for SmShared {
     }
 }
 
+mod settings;
 mod snapshot_install;
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use meta_store::WalMetrics;
 use serde::{Deserialize, Serialize};
 
+use crate::records::RestoreMark;
 use crate::sm_stats::StateMachineStats;
 use crate::types::NodeId;
 
@@ -101,6 +102,9 @@ pub struct ClusterStatus {
     /// The cluster's epoch floor as this node applied it (0: never raised): every
     /// registration's epoch is at least this.
     pub epoch_floor: u64,
+    /// The mark of a restore into the cluster that has not ended (under way, or cut off part
+    /// way), as this node applied it.
+    pub restore: Option<RestoreMark>,
     /// The version each member's build answered with recently (`None`: no recent answer);
     /// leader only.
     pub member_versions: BTreeMap<NodeId, Option<u32>>,

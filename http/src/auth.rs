@@ -252,6 +252,11 @@ fn takes_member_token(method: &axum::http::Method, path: &str) -> Option<&'stati
         )
     } else if *method == Method::PUT && path == "/v1/cluster/epoch-floor" {
         Some(EPOCH_RAISE)
+    } else if *method == Method::DELETE && path == "/v1/cluster/restore" {
+        Some(
+            "ending a restore is the restore's: a cluster cut off part way through one says \
+             so until then",
+        )
     } else {
         None
     }
@@ -414,6 +419,7 @@ mod tests {
         assert!(takes(&Method::POST, "/v1/cluster/learners"));
         assert!(takes(&Method::PUT, "/v1/cluster/members/2"));
         assert!(takes(&Method::PUT, "/v1/cluster/epoch-floor"));
+        assert!(takes(&Method::DELETE, "/v1/cluster/restore"));
         assert!(!takes(&Method::GET, "/v1/cluster/members/2"));
         assert!(!takes(&Method::DELETE, "/v1/cluster/learners/4"));
         assert!(!takes(&Method::PUT, "/v1/cluster/voters"));

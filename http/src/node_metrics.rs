@@ -150,6 +150,12 @@ fn encode_status(status: &ClusterStatus, mut enc: DescriptorEncoder) -> std::fmt
     )?;
     gauge(
         &mut enc,
+        "metaserver_restore_unended",
+        "1 while a restore into the cluster has not ended (under way, or cut off part way and the cluster holds part of a backup), as this node applied it",
+        i64::from(status.restore.is_some()),
+    )?;
+    gauge(
+        &mut enc,
         "metaserver_build_version",
         "The highest cluster version this node's build applies",
         i64::from(status.build_version),

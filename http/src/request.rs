@@ -15,7 +15,7 @@ mod query;
 
 pub use cluster::{
     AddLearnerBody, ChangeAddressBody, ChangeVotersBody, ConfigPatchBody, EpochFloorBody, InitBody,
-    SetLeaderBody,
+    RestoreBody, SetLeaderBody,
 };
 pub use command::validate_command;
 pub use datanodes::{

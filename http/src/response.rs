@@ -269,6 +269,10 @@ pub struct ClusterView {
     /// it).
     #[serde(default)]
     pub epoch_floor: u64,
+    /// A restore into the cluster that has not ended, as this node applied it: under way, or
+    /// cut off part way (the cluster then holds part of a backup). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreView>,
     /// The build version each member answered the leader with recently, by id (`null`: no
     /// recent answer), on the leader only.
     #[serde(default)]
@@ -318,6 +322,38 @@ pub struct ClusterView {
     pub tls_files_refused: Option<String>,
 }
 
+/// A restore that has not ended (see [`ClusterView::restore`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreView {
+    /// The log index of the restore's claim on the cluster.
+    pub claimed_at: u64,
+    /// The backup it replays: its snapshot's index and what it holds.
+    pub backup: BackupView,
+}
+
+/// What a backup holds (see [`RestoreView`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupView {
+    pub index: u64,
+    pub datanodes: u64,
+    pub replicas: u64,
+    pub keys: u64,
+}
+
+impl From<meta_consensus::RestoreMark> for RestoreView {
+    fn from(m: meta_consensus::RestoreMark) -> Self {
+        RestoreView {
+            claimed_at: m.claimed_at,
+            backup: BackupView {
+                index: m.origin.index,
+                datanodes: m.origin.datanodes,
+                replicas: m.origin.replicas,
+                keys: m.origin.keys,
+            },
+        }
+    }
+}
+
 /// A rejoining node's progress (see [`ClusterView::rejoin`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejoinView {
@@ -349,6 +385,13 @@ pub struct ReplicationView {
     /// minute: it cannot catch up until it has room. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_refused: Option<String>,
+}
+
+/// `DELETE /v1/cluster/restore`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreEndedView {
+    /// The restore's mark removed: `null` when the cluster held none.
+    pub ended: Option<RestoreView>,
 }
 
 /// `PUT /v1/cluster/epoch-floor`.

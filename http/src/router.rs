@@ -71,6 +71,10 @@ fn admin_routes() -> Router<SharedState> {
         )
         .route("/v1/cluster/leader", put(cluster::set_leader))
         .route("/v1/cluster/epoch-floor", put(cluster::raise_epoch_floor))
+        .route(
+            "/v1/cluster/restore",
+            axum::routing::delete(cluster::end_restore),
+        )
         .route("/v1/cluster/members/{id}", put(cluster::change_address))
         .route(
             "/v1/cluster/snapshot",

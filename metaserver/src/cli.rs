@@ -313,6 +313,11 @@ pub enum SnapshotCommand {
         /// voters, where no leader can confirm anything (it may miss the newest writes).
         #[arg(long)]
         local: bool,
+        /// Keep the snapshot even if the cluster was being restored when it was built (a
+        /// restore under way, or cut off part way: it may hold part of a backup only). The
+        /// file keeps the restore's mark, and a restore of it asks for --partial too.
+        #[arg(long)]
+        partial: bool,
     },
     /// Replay a backup (from `snapshot save`) into an empty cluster: every datanode and its
     /// replicas (datanodes get new epochs) and every key (with new revisions).
@@ -321,6 +326,10 @@ pub enum SnapshotCommand {
         client: ClientArgs,
         /// The backup to restore.
         file: PathBuf,
+        /// Restore it even if it was saved while its cluster was being restored (with
+        /// `snapshot save --partial`): it may hold part of a backup only.
+        #[arg(long)]
+        partial: bool,
     },
 }
 

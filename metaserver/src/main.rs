@@ -48,11 +48,20 @@ async fn run(command: Command) -> Result<()> {
             client,
             file,
             local,
-        }) => interruptible(operator::snapshot_save(client, &file, local), || None).await,
-        Command::Snapshot(SnapshotCommand::Restore { client, file }) => {
+            partial,
+        }) => {
+            let save = operator::snapshot_save(client, &file, local, partial);
+            interruptible(save, || None).await
+        }
+        Command::Snapshot(SnapshotCommand::Restore {
+            client,
+            file,
+            partial,
+        }) => {
             let sending = Arc::new(AtomicBool::new(false));
             let left = || sending.load(Ordering::SeqCst).then_some(restore::PART_WAY);
-            interruptible(restore::restore(client, &file, sending.clone()), left).await
+            let restore = restore::restore(client, &file, partial, sending.clone());
+            interruptible(restore, left).await
         }
         Command::Member(command) => operator::member(command).await,
     }

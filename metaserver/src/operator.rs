@@ -498,7 +498,16 @@ async fn download_snapshot(
 ///
 /// Contract: on `Ok`, FILE is a complete, verified backup and the rename is durable. On `Err`,
 /// FILE is as it was (an earlier backup there is kept) and the temp file is removed.
-pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result<()> {
+///
+/// A snapshot built while the cluster was being restored (it holds the restore's mark: the
+/// restore is under way, or was cut off) is refused unless `partial`, and FILE kept: it may hold
+/// part of a backup only.
+pub async fn snapshot_save(
+    args: ClientArgs,
+    file: &Path,
+    local: bool,
+    partial: bool,
+) -> Result<()> {
     let op = Operator::new(&args)?;
     let file = &crate::scratch::backup_target(file)?;
     let dir = crate::scratch::parent_of(file);
@@ -543,7 +552,8 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
         let backup = meta_consensus::Backup::open(&path, &scratch)?;
         // A backup no restore can take is no backup: say so now, not when it is needed.
         let restorable = crate::restore::restorable(&backup);
-        anyhow::Ok((backup, restorable))
+        let mark = crate::restore::partial_backup(&backup);
+        anyhow::Ok((backup, restorable, mark))
     })
     .await
     .context("the backup reader stopped")?;
@@ -551,7 +561,7 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
         true => format!("{} was left as it was", file.display()),
         false => format!("{} was not written", file.display()),
     };
-    let (verified, restorable) = checked.with_context(|| {
+    let (verified, restorable, mark) = checked.with_context(|| {
         format!(
             "the downloaded snapshot is not a usable backup, or could not be checked (the \
              check builds a scratch registry in {}, which takes up to about three times \
@@ -570,6 +580,14 @@ pub async fn snapshot_save(args: ClientArgs, file: &Path, local: bool) -> Result
     }
     let (index, replicas, keys) = (verified.index(), verified.replicas(), verified.keys());
     drop(verified);
+    match mark.with_context(|| format!("reading the snapshot; {}", kept()))? {
+        Some(mark) if !partial => bail!(
+            "{mark}; {} (a save with --partial keeps it, marked as such)",
+            kept()
+        ),
+        Some(mark) => eprintln!("warning: {mark}; kept as asked (--partial)"),
+        None => {}
+    }
     // A backup that replaces another keeps its permissions (a new one is the owner's only),
     // and its owner and group where this user may give them (root, or a group it is in).
     if let Ok(existing) = std::fs::metadata(file) {

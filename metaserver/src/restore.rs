@@ -18,6 +18,12 @@
 //! up to a minute. A restore that fails part way leaves what it wrote, and says so: empty the
 //! cluster (start it on fresh data dirs) and run it again. Emptiness is checked when it starts:
 //! keep datanodes from registering until it ends.
+//!
+//! The claim also marks the cluster as being restored (cluster version 8), naming the backup,
+//! and the restore's last step, once every write is in and the counts match the backup's, ends
+//! the mark: a restore cut off part way leaves a cluster that says so (`GET /v1/cluster`,
+//! `metaserver health`), and a snapshot built from it carries the mark, which `snapshot save`
+//! and a restore of it refuse without `--partial`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +31,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
-use meta_consensus::{Backup, DatanodeInfo, KvEntry, MAX_PAGE};
+use meta_consensus::{Backup, DatanodeInfo, KvEntry, RestoreOrigin, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::{validate_addr, validate_new_key, validate_value, MAX_MIN_EPOCH};
 use meta_http::response::{
@@ -48,6 +54,8 @@ const KEY_WRITES_IN_FLIGHT: usize = 32;
 struct Restored {
     /// The cluster's epoch floor, `None` when it could not be raised (an older build).
     epoch_floor: Option<u64>,
+    /// Whether the claim marked the cluster as being restored (an older build cannot).
+    marked: bool,
     datanodes: u64,
     replicas: u64,
     keys: u64,
@@ -59,11 +67,24 @@ pub const PART_WAY: &str = "the restore stopped part way and left what it wrote:
 
 /// `metaserver snapshot restore FILE`. `sending` is set before its first write goes out, so that
 /// a restore stopped by a signal can say whether the cluster still is as it was.
-pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) -> Result<()> {
+/// A backup saved while its cluster was being restored is refused unless `partial`.
+pub async fn restore(
+    args: ClientArgs,
+    file: &Path,
+    partial: bool,
+    sending: Arc<AtomicBool>,
+) -> Result<()> {
     let op = Operator::new(&args)?;
     // Owned here, not by a blocking thread: an interrupted restore removes it.
     let scratch = ScratchDir::new_in(&parent_of(file))?;
     let backup = open(file, scratch.path()).await?;
+    match read(&backup, partial_backup).await? {
+        Some(mark) if !partial => {
+            bail!("{mark}; nothing was written (a restore with --partial takes it)")
+        }
+        Some(mark) => eprintln!("warning: {mark}; restored as asked (--partial)"),
+        None => {}
+    }
     check_keys(&backup).await?;
     let datanodes = read(&backup, |b| b.datanodes()).await?;
     check_addrs(&datanodes)?;
@@ -93,6 +114,9 @@ pub async fn restore(args: ClientArgs, file: &Path, sending: Arc<AtomicBool>) ->
         true => e,
         false => e.context(PART_WAY),
     })?;
+    if restored.marked {
+        end_restore(&op).await?;
+    }
     crate::output::line(json!({
         "file": file.display().to_string(),
         "index": index,
@@ -157,7 +181,13 @@ pub(crate) fn restorable(backup: &Backup) -> Result<u64> {
 async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<Restored> {
     let mut restored = Restored::default();
     let datanodes = read(backup, |b| b.datanodes()).await?;
-    restored.epoch_floor = claim(op, min_epoch).await?;
+    let origin = RestoreOrigin {
+        index: backup.index(),
+        datanodes: datanodes.len() as u64,
+        replicas: backup.replicas(),
+        keys: backup.keys(),
+    };
+    (restored.epoch_floor, restored.marked) = claim(op, min_epoch, &origin).await?;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
@@ -334,16 +364,62 @@ impl std::error::Error for NothingWritten {}
 /// Claims the cluster for this restore: raises its epoch floor to `floor` only if it is fresh
 /// (no datanode, no key, a floor never raised), in one log entry, so that of two restores run
 /// into one cluster at once the second is refused ([`NothingWritten`]) before it writes
-/// anything; the emptiness check before it passes both. A claim refused after an attempt whose
-/// answer was lost may be this restore's own: the cluster's floor then is `floor` (a time in
-/// microseconds no other restore picks). A cluster whose members do not all run a build that
-/// claims (cluster version 6) is not claimed: the floor is raised as before, with a warning.
-async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
-    let body = json!({ "at_least": floor, "if_fresh": true });
+/// anything; the emptiness check before it passes both. The claim marks the cluster as being
+/// restored from `origin` until [`end_restore`] (answered `true`). A claim refused after an
+/// attempt whose answer was lost may be this restore's own: the cluster's floor then is `floor`
+/// (a time in microseconds no other restore picks). A cluster whose members do not all run a
+/// build that marks (cluster version 8) is claimed without a mark, and one whose members do
+/// not all run a build that claims (version 6) is not claimed: the floor is raised as before;
+/// each with a warning.
+async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<(Option<u64>, bool)> {
+    let marked = json!({
+        "at_least": floor,
+        "if_fresh": true,
+        "restore": {
+            "index": origin.index,
+            "datanodes": origin.datanodes,
+            "replicas": origin.replicas,
+            "keys": origin.keys,
+        },
+    });
+    match claim_with(op, floor, &marked, "restore").await? {
+        Claim::Took(floor) => return Ok((Some(floor), true)),
+        Claim::Older(why) => eprintln!(
+            "warning: the cluster cannot be marked as being restored, as not every member (the \
+             leader included) is known to run a build of cluster version 8 or later ({why}): \
+             if this restore stops before it ends, the cluster will not say so"
+        ),
+    }
+    let plain = json!({ "at_least": floor, "if_fresh": true });
+    match claim_with(op, floor, &plain, "if_fresh").await? {
+        Claim::Took(floor) => Ok((Some(floor), false)),
+        Claim::Older(why) => {
+            eprintln!(
+                "warning: the cluster cannot be claimed for the restore, as not every member \
+                 (the leader included) is known to run a build of cluster version 6 or later \
+                 ({why}): a restore run into it at the same time would not be refused"
+            );
+            Ok((raise_epoch_floor(op, floor).await?, false))
+        }
+    }
+}
+
+/// How a claim went.
+enum Claim {
+    /// The cluster's epoch floor is now this.
+    Took(u64),
+    /// The leader's build, or the cluster's version, does not take the claim as sent: what it
+    /// said. Nothing was written.
+    Older(String),
+}
+
+/// Sends the claim `body` ([`claim`]); `field` is the body's field that an older build does not
+/// know, which it names when it refuses the body.
+async fn claim_with(op: &Operator, floor: u64, body: &Value, field: &str) -> Result<Claim> {
     let answer = op
         .answer_retrying(|| {
             op.request(reqwest::Method::PUT, "/v1/cluster/epoch-floor")
-                .json(&body)
+                .json(body)
         })
         .await?;
     let refused = match answer {
@@ -352,20 +428,23 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
                 .json()
                 .await
                 .context("decoding the answer to the cluster's claim")?;
-            return Ok(Some(claimed.epoch_floor));
+            return Ok(Claim::Took(claimed.epoch_floor));
         }
         Err(refused) => refused,
     };
     if refused.status == reqwest::StatusCode::CONFLICT {
         if own_claim(refused.message(), floor) {
-            return Ok(Some(floor));
+            return Ok(Claim::Took(floor));
         }
         return Err(NothingWritten(op.refused_error(refused).to_string()).into());
     }
-    // A build that claims nothing: it does not know `if_fresh`, or the cluster's version is
-    // older.
+    // A build that does not take the claim: it does not know the field, or the cluster's
+    // version is older.
     let older = refused.code() == Some("cluster_version")
-        || (refused.code() == Some("invalid_body") && refused.message().contains("if_fresh"));
+        || (refused.code() == Some("invalid_body")
+            && refused
+                .message()
+                .contains(&format!("unknown field `{field}`")));
     if !older {
         // A refusal (a wrong token, a full disk) wrote nothing; another answer may follow an
         // attempt whose outcome is unknown.
@@ -378,13 +457,36 @@ async fn claim(op: &Operator, floor: u64) -> Result<Option<u64>> {
         }
         return Err(error.context("claiming the cluster for the restore"));
     }
-    eprintln!(
-        "warning: the cluster cannot be claimed for the restore, as not every member (the \
-         leader included) is known to run a build of cluster version 6 or later ({}): a \
-         restore run into it at the same time would not be refused",
-        refused.message()
-    );
-    raise_epoch_floor(op, floor).await
+    Ok(Claim::Older(refused.message().to_owned()))
+}
+
+/// Ends the restore's mark on the cluster ([`claim`]): everything it replays is written. A
+/// cluster whose mark cannot be removed holds the whole backup, and still says it is being
+/// restored: the error says how to end the mark by hand.
+async fn end_restore(op: &Operator) -> Result<()> {
+    let ended = op
+        .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
+        .await;
+    ended.map(drop).context(
+        "the restore wrote the whole backup, but the cluster's mark that it is being restored \
+         could not be removed: remove it with `curl -X DELETE <member>/v1/cluster/restore` \
+         (with the member token, if the cluster has one)",
+    )
+}
+
+/// What to say of a backup saved while its cluster was being restored (it holds the
+/// restore's mark), `None` for any other. Blocking (reads the backup).
+pub(crate) fn partial_backup(backup: &Backup) -> meta_consensus::Result<Option<String>> {
+    let Some(mark) = backup.restore_mark()? else {
+        return Ok(None);
+    };
+    let o = mark.origin;
+    Ok(Some(format!(
+        "the snapshot was built while a restore into its cluster had not ended (claimed at \
+         index {}, replaying a backup of index {} with {} datanodes, {} replicas and {} keys; \
+         under way, or cut off part way): it may hold part of that backup only",
+        mark.claimed_at, o.index, o.datanodes, o.replicas, o.keys
+    )))
 }
 
 /// Whether a claim's refusal, `message`, names a cluster that holds nothing but the floor
@@ -526,7 +628,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::{
-        being_removed, check_addrs, check_empty, epoch_floor, kv_path, own_claim, raise_epoch_floor,
+        being_removed, check_addrs, check_empty, claim, epoch_floor, kv_path, own_claim,
+        raise_epoch_floor,
     };
     use crate::cli::ClientArgs;
     use crate::operator::Operator;
@@ -589,6 +692,61 @@ mod tests {
         // Raised: the floor the member answers.
         let (op, _) = answering(200, false, r#"{"epoch_floor":7}"#).await;
         assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), Some(7));
+    }
+
+    /// A stand-in leader that refuses a claim naming the backup with `refusal` (400) and takes
+    /// any other, answering the floor 7; its operator, and the bodies it was sent.
+    async fn refusing_the_mark(
+        refusal: &'static str,
+    ) -> (Operator, Arc<std::sync::Mutex<Vec<String>>>) {
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = bodies.clone();
+        let app = axum::Router::new().fallback(move |body: String| {
+            let marked = body.contains("\"restore\"");
+            seen.lock().unwrap().push(body);
+            async move {
+                match marked {
+                    true => (StatusCode::BAD_REQUEST, refusal).into_response(),
+                    false => (StatusCode::OK, r#"{"epoch_floor":7}"#).into_response(),
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let op = Operator::new(&ClientArgs {
+            server: addr.to_string(),
+            token: None,
+            member_token: None,
+            tls_ca: None,
+        })
+        .unwrap();
+        (op, bodies)
+    }
+
+    /// A leader of build 7 does not know the mark: the restore claims the cluster without
+    /// one (and will not end one). A leader that refuses the body for another field fails the
+    /// claim, with nothing written.
+    #[tokio::test]
+    async fn a_leader_that_cannot_mark_is_claimed_without_a_mark() {
+        let origin = meta_consensus::RestoreOrigin {
+            index: 9,
+            datanodes: 1,
+            replicas: 2,
+            keys: 3,
+        };
+        let older = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `restore`, expected `at_least` or `if_fresh` at line 1 column 40"}}"#;
+        let (op, bodies) = refusing_the_mark(older).await;
+        assert_eq!(claim(&op, 5, &origin).await.unwrap(), (Some(7), false));
+        let bodies = bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 2, "{bodies:?}");
+        assert!(bodies[0].contains(r#""replicas":2"#), "{bodies:?}");
+        assert!(!bodies[1].contains("restore"), "{bodies:?}");
+        let other = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `x`, expected one of `at_least`, `if_fresh`, `restore`"}}"#;
+        let (op, bodies) = refusing_the_mark(other).await;
+        let e = claim(&op, 5, &origin).await.unwrap_err();
+        assert!(e.is::<super::NothingWritten>(), "{e:#}");
+        assert_eq!(bodies.lock().unwrap().len(), 1);
     }
 
     /// The check that the cluster is empty rides out a cluster without a leader yet (503, as

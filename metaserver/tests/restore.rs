@@ -194,6 +194,9 @@ async fn a_backup_restores_into_an_empty_node_and_never_into_one_that_holds_anyt
         "{out}"
     );
     assert_eq!(content(&to).await, expected);
+    // It ended the mark its claim put on the cluster.
+    let view = ok(Method::GET, &to, "/v1/cluster", None).await;
+    assert_eq!(view.get("restore"), None, "{view}");
     // The restore raised the cluster's epoch floor above every epoch of the backup, the removed
     // datanode's included; datanodes the backup does not name register above it.
     let floor = summary["epoch_floor"].as_u64().unwrap();
@@ -345,6 +348,134 @@ async fn of_two_restores_into_one_cluster_one_writes() {
     target.stop().await;
 }
 
+/// A restore cut off part way leaves a cluster that says so until the mark its claim put is
+/// removed: its status names the restore and the backup, its metrics and `metaserver health`
+/// flag it, and a snapshot of it keeps the mark, which `snapshot save` (keeping the backup it
+/// would replace) and a restore of it refuse without `--partial`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cut, at) = start(&dir.path().join("cut")).await;
+    // What a restore cut off after its first datanode leaves: the marked claim, and some writes.
+    let backup_figures = json!({"index": 40, "datanodes": 2, "replicas": 3, "keys": 1});
+    let refused = json!({"at_least": 5, "restore": backup_figures}).to_string();
+    let url = format!("http://{at}/v1/cluster/epoch-floor");
+    let (status, v) = send(&client(), Method::PUT, &url, None, Some(refused))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("invalid_body")),
+        "{v}"
+    );
+    assert_eq!(
+        ok(Method::GET, &at, "/v1/cluster", None)
+            .await
+            .get("restore"),
+        None
+    );
+    let claim = json!({"at_least": 5, "if_fresh": true, "restore": backup_figures});
+    ok(
+        Method::PUT,
+        &at,
+        "/v1/cluster/epoch-floor",
+        Some(claim.to_string()),
+    )
+    .await;
+    let body = json!({"addr": "10.0.0.7:9000"}).to_string();
+    let epoch = ok(Method::PUT, &at, "/v1/datanodes/7", Some(body)).await["epoch"].clone();
+    let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});
+    ok(
+        Method::POST,
+        &at,
+        "/v1/datanodes/7/shards",
+        Some(body.to_string()),
+    )
+    .await;
+
+    let view = ok(Method::GET, &at, "/v1/cluster", None).await;
+    assert_eq!(view["restore"]["backup"], backup_figures, "{view}");
+    let claimed_at = view["restore"]["claimed_at"].as_u64().unwrap();
+    assert!(claimed_at > 0, "{view}");
+    let metrics = client()
+        .get(format!("http://{at}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("\nmetaserver_restore_unended 1\n"),
+        "{metrics}"
+    );
+    let (healthy, out, err) = run(&["health", "--server", &at], &[]).await;
+    assert!(!healthy, "{out}");
+    assert!(
+        err.contains(&format!(
+            "a restore into the cluster has not ended (claimed at index {claimed_at}"
+        )),
+        "{err}"
+    );
+
+    // A save keeps the backup it would replace; with --partial it saves the marked snapshot.
+    let backup = dir.path().join("backup.snap");
+    std::fs::write(&backup, b"an earlier backup").unwrap();
+    let save = [
+        "snapshot",
+        "save",
+        "--server",
+        &at,
+        backup.to_str().unwrap(),
+    ];
+    let (saved, _, err) = run(&save, &[]).await;
+    assert!(!saved);
+    assert!(
+        err.contains("built while a restore into its cluster had not ended")
+            && err.contains("--partial"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&backup).unwrap(), b"an earlier backup");
+    let partial = dir.path().join("partial.snap");
+    let partial = partial.to_str().unwrap();
+    let save = ["snapshot", "save", "--server", &at, partial, "--partial"];
+    let (saved, _, err) = run(&save, &[]).await;
+    assert!(saved, "{err}");
+    assert!(err.contains("warning"), "{err}");
+
+    // Its restore is refused with nothing written; with --partial it goes, and ends its mark.
+    let (mut target, to) = start(&dir.path().join("target")).await;
+    let restore = ["snapshot", "restore", "--server", &to, partial];
+    let (restored, _, err) = run(&restore, &[]).await;
+    assert!(!restored);
+    assert!(
+        err.contains("nothing was written") && !err.contains("stopped part way"),
+        "{err}"
+    );
+    assert_eq!(
+        ok(Method::GET, &to, "/v1/datanodes", None).await["datanodes"],
+        json!([])
+    );
+    let (restored, _, err) = run(&[&restore[..], &["--partial"]].concat(), &[]).await;
+    assert!(restored, "{err}");
+    assert_eq!(content(&to).await, content(&at).await);
+    let view = ok(Method::GET, &to, "/v1/cluster", None).await;
+    assert_eq!(view.get("restore"), None, "{view}");
+    target.stop().await;
+
+    // Ending it by hand keeps what the cluster holds; a second end finds no mark.
+    let ended = ok(Method::DELETE, &at, "/v1/cluster/restore", None).await;
+    assert_eq!(ended["ended"]["claimed_at"], claimed_at, "{ended}");
+    let again = ok(Method::DELETE, &at, "/v1/cluster/restore", None).await;
+    assert_eq!(again["ended"], Value::Null, "{again}");
+    let view = ok(Method::GET, &at, "/v1/cluster", None).await;
+    assert_eq!(view.get("restore"), None, "{view}");
+    assert_eq!(view["datanodes"], 1, "{view}");
+    let (healthy, out, err) = run(&["health", "--server", &at], &[]).await;
+    assert!(healthy, "{out}{err}");
+    cut.stop().await;
+}
+
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -451,10 +582,24 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
     let (member, mut first_write) = holds_the_first_write().await;
     let restore = ["snapshot", "restore", "--server", &member, "backup.snap"];
     let mut command = spawn(&out, dir.path(), &restore, &[], false);
-    tokio::time::timeout(common::DEADLINE, first_write.recv())
+    let first = tokio::time::timeout(common::DEADLINE, first_write.recv())
         .await
         .expect("the restore sends its first write")
         .unwrap();
+    // The claim, which marks the cluster as being restored from this backup.
+    let (line, body) = first.split_once("\r\n").unwrap();
+    assert!(line.starts_with("PUT /v1/cluster/epoch-floor "), "{first}");
+    let claim: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(claim["if_fresh"], true, "{claim}");
+    assert_eq!(
+        (
+            &claim["restore"]["datanodes"],
+            &claim["restore"]["replicas"],
+            &claim["restore"]["keys"]
+        ),
+        (&json!(1), &json!(1000), &json!(0)),
+        "{claim}"
+    );
     command.signal(libc::SIGINT);
     let exit = command.wait_exit().await;
     assert_eq!(exit.code(), Some(130), "{exit:?}: {}", command.logs());
@@ -467,7 +612,8 @@ async fn an_interrupted_save_or_restore_leaves_no_temp_files() {
 }
 
 /// A stand-in member on a port of its own: it answers every `GET` with an empty page (of
-/// datanodes or keys) and never answers anything else, sending its request line on the channel.
+/// datanodes or keys) and never answers anything else, sending its request line (with its line
+/// end) and body on the channel.
 async fn holds_the_first_write() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -491,7 +637,21 @@ async fn holds_the_first_write() -> (String, tokio::sync::mpsc::UnboundedReceive
                         head.push(line);
                     }
                     if !head[0].starts_with("GET ") {
-                        let _ = tx.send(head[0].clone());
+                        let length = head
+                            .iter()
+                            .find_map(|h| {
+                                let (name, value) = h.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        let mut body = vec![0u8; length];
+                        use tokio::io::AsyncReadExt;
+                        if stream.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let body = String::from_utf8_lossy(&body);
+                        let _ = tx.send(format!("{}{body}", head[0]));
                         return std::future::pending().await;
                     }
                     let body = if head[0].contains("/v1/kv") {

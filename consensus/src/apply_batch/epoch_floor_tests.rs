@@ -1,8 +1,11 @@
 //! Tests of the cluster's epoch floor (`RaiseEpochFloor`): every registration from the raise on
-//! gets an epoch of at least the floor, and the floor never falls.
+//! gets an epoch of at least the floor, and the floor never falls; and of a restore's claim on
+//! the cluster, with the mark it keeps until the restore ends.
 
 use super::tests::{apply, dn, epoch, register, registry};
 use super::*;
+use crate::records::{RestoreMark, RestoreOrigin};
+use crate::registry::Registry;
 
 fn raise(at_least: u64) -> Command {
     Command::RaiseEpochFloor { at_least }
@@ -120,4 +123,81 @@ fn a_claim_takes_a_fresh_cluster_once() {
     let out = apply(&reg, 7, &[put("a"), claim(700), delete("a"), claim(800)]);
     assert!(matches!(out[1], CommandResult::NotFresh { keys: true, .. }));
     assert_eq!(out[3], CommandResult::EpochFloor { floor: 800 });
+}
+
+fn begin(at_least: u64) -> Command {
+    Command::BeginRestore {
+        at_least,
+        origin: RestoreOrigin {
+            index: 40,
+            datanodes: 2,
+            replicas: 7,
+            keys: 1,
+        },
+    }
+}
+
+fn end(claimed_at: Option<u64>) -> Command {
+    Command::EndRestore { claimed_at }
+}
+
+fn mark(reg: &Registry) -> Option<RestoreMark> {
+    reg.current()
+        .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
+        .unwrap()
+}
+
+/// A marked claim marks the cluster only when it takes it: the mark names the claim's index and
+/// the backup, and stays while the restore writes, until its end removes it. An end of another
+/// claim's restore, or in a cluster without a mark, changes nothing.
+#[test]
+fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
+    let (_dir, reg) = registry();
+    let out = apply(&reg, 3, &[begin(700), begin(900)]);
+    assert_eq!(out[0], CommandResult::EpochFloor { floor: 700 });
+    assert!(matches!(out[1], CommandResult::NotFresh { floor: 700, .. }));
+    let marked = mark(&reg).expect("the claim marks the cluster");
+    assert_eq!(marked.claimed_at, 3);
+    assert_eq!(
+        (marked.origin.index, marked.origin.replicas),
+        (40, 7),
+        "{marked:?}"
+    );
+    // The restore's writes leave it.
+    apply(&reg, 5, &[dn(1), put("k")]);
+    assert_eq!(mark(&reg), Some(marked));
+    let out = apply(&reg, 7, &[end(Some(4))]);
+    assert_eq!(
+        out,
+        vec![CommandResult::RestoreEnded {
+            ended: None,
+            other: Some(marked),
+        }]
+    );
+    assert_eq!(mark(&reg), Some(marked));
+    let out = apply(&reg, 8, &[end(Some(3)), end(None)]);
+    let none = CommandResult::RestoreEnded {
+        ended: None,
+        other: None,
+    };
+    assert_eq!(
+        out,
+        vec![
+            CommandResult::RestoreEnded {
+                ended: Some(marked),
+                other: None,
+            },
+            none.clone(),
+        ]
+    );
+    assert_eq!(mark(&reg), None);
+    assert_eq!(reg.highest_epoch_floor().unwrap(), 700);
+
+    // A claim refused (the cluster holds a datanode) marks nothing; an end without a mark is
+    // answered as such.
+    let (_dir, reg) = registry();
+    let out = apply(&reg, 1, &[dn(1), begin(700), end(None)]);
+    assert!(matches!(out[1], CommandResult::NotFresh { .. }));
+    assert_eq!(out[2], none);
+    assert_eq!(mark(&reg), None);
 }

@@ -1,11 +1,12 @@
 //! The cluster's settings as a batch applies them: its version, its epoch floor, and a
-//! restore's claim on a fresh cluster.
+//! restore's claim on a fresh cluster, with the mark it keeps until the restore ends.
 
 use super::{ApplyBatch, Pending};
 use crate::cluster_version::BASE_VERSION;
 use crate::command::CommandResult;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::records::{RestoreMark, RestoreOrigin};
 
 impl ApplyBatch {
     /// The cluster's version as the registry and this batch leave it (`cluster_version.rs`).
@@ -58,6 +59,51 @@ impl ApplyBatch {
             });
         }
         self.raise_epoch_floor(at_least)
+    }
+
+    /// A restore's claim (`claim_for_restore`) at log `index` that also marks the cluster as
+    /// being restored from `origin`, if it took the cluster.
+    pub(super) fn begin_restore(
+        &mut self,
+        index: u64,
+        at_least: u64,
+        origin: &RestoreOrigin,
+    ) -> Result<CommandResult> {
+        let claimed = self.claim_for_restore(at_least)?;
+        if let CommandResult::EpochFloor { .. } = claimed {
+            let mark = RestoreMark {
+                claimed_at: index,
+                origin: *origin,
+            };
+            self.put(keys::RESTORE_MARK, &mark)?;
+        }
+        Ok(claimed)
+    }
+
+    /// The restore's mark, as this batch leaves it (`None`: no restore under way or cut off).
+    fn restore_mark(&self) -> Result<Option<RestoreMark>> {
+        self.get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
+    }
+
+    /// Removes the restore's mark, if it is the one claimed at `claimed_at` (`None`: any).
+    pub(super) fn end_restore(&mut self, claimed_at: Option<u64>) -> Result<CommandResult> {
+        let Some(mark) = self.restore_mark()? else {
+            return Ok(CommandResult::RestoreEnded {
+                ended: None,
+                other: None,
+            });
+        };
+        if claimed_at.is_some_and(|at| at != mark.claimed_at) {
+            return Ok(CommandResult::RestoreEnded {
+                ended: None,
+                other: Some(mark),
+            });
+        }
+        self.remove(keys::RESTORE_MARK);
+        Ok(CommandResult::RestoreEnded {
+            ended: Some(mark),
+            other: None,
+        })
     }
 
     /// Whether the registry, as this batch leaves it, holds a key under `prefix`.

@@ -62,7 +62,7 @@ fn install_room(bytes: u64, records: ImportRecords, reserve: u64, landed: u64) -
 /// Whether `cmd` adds data (refused when space is short) rather than removing it. The cluster's
 /// settings (its version, its epoch floor) overwrite one fixed key each and are safety
 /// actions an operator may need on a full disk (a restore raises the floor before anything
-/// else), so they pass too.
+/// else), so they pass too, as does a restore's end (it removes its mark).
 fn adds_data(cmd: &Command) -> bool {
     !matches!(
         cmd,
@@ -74,6 +74,7 @@ fn adds_data(cmd: &Command) -> bool {
             | Command::PruneReplicas { .. }
             | Command::SetClusterVersion { .. }
             | Command::RaiseEpochFloor { .. }
+            | Command::EndRestore { .. }
     )
 }
 
@@ -418,5 +419,6 @@ mod tests {
     fn cluster_settings_pass_when_space_is_short() {
         assert!(!adds_data(&Command::SetClusterVersion { version: 4 }));
         assert!(!adds_data(&Command::RaiseEpochFloor { at_least: 1 }));
+        assert!(!adds_data(&Command::EndRestore { claimed_at: None }));
     }
 }

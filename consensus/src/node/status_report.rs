@@ -131,6 +131,8 @@ impl MetaNode {
             watch_floor: sm.feed.floor(),
             cluster_version: sm.cluster_version(),
             epoch_floor: sm.epoch_floor(),
+            // A registry that cannot be read is a stopped node's, which says so in its role.
+            restore: sm.restore_mark().unwrap_or(None),
             build_version: self.inner.cfg.build_version,
             member_versions: if m.state == openraft::ServerState::Leader {
                 self.member_versions()

@@ -46,7 +46,8 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         | Command::PruneReplicas { .. }
         | Command::RemoveDatanodePiece { .. }
         | Command::RaiseEpochFloor { .. } => {}
-        Command::ClaimForRestore { at_least } => {
+        Command::EndRestore { .. } => {}
+        Command::ClaimForRestore { at_least } | Command::BeginRestore { at_least, .. } => {
             if *at_least == 0 {
                 return Err(Error::InvalidArgument(
                     "a restore's claim raises the epoch floor to at least 1".into(),

@@ -462,3 +462,37 @@ fn the_records_an_import_writes_are_counted_before_it() {
     let cut = &payload[..payload.len() - 3];
     assert!(count_records(&mut &cut[..]).is_err());
 }
+
+/// A restore's mark travels in a snapshot: a member that installs one, or a backup taken from
+/// it, holds the mark as the cluster did.
+#[test]
+fn a_restore_mark_travels_in_a_snapshot() {
+    let (_d, reg) = registry();
+    let origin = crate::records::RestoreOrigin {
+        index: 9,
+        datanodes: 1,
+        replicas: 2,
+        keys: 3,
+    };
+    apply(
+        &reg,
+        1,
+        Command::BeginRestore {
+            at_least: 50,
+            origin,
+        },
+    );
+    let (_d2, other) = imports(&exported(&reg)).unwrap();
+    assert_eq!(other.content().unwrap(), reg.content().unwrap());
+    let mark = other
+        .current()
+        .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
+        .unwrap();
+    assert_eq!(
+        mark,
+        Some(RestoreMark {
+            claimed_at: 1,
+            origin
+        })
+    );
+}

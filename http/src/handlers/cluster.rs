@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use meta_consensus::{ClusterStatus, Command, CommandResult, Node, Role};
+use meta_consensus::{ClusterStatus, Command, CommandResult, Node, RestoreOrigin, Role};
 
 use super::unexpected;
 use crate::error::ApiError;
@@ -18,7 +18,7 @@ use crate::request::{
 };
 use crate::response::{
     ClusterView, ConfigView, EpochFloorView, LeaderView, MembershipView, RejoinView,
-    RemovedFromView, ReplicationView, SnapshotView, WalView,
+    RemovedFromView, ReplicationView, RestoreEndedView, RestoreView, SnapshotView, WalView,
 };
 use crate::state::{AppState, SharedState};
 use crate::writer::Writer;
@@ -86,6 +86,7 @@ impl From<ClusterStatus> for ClusterView {
             cluster_version: s.cluster_version,
             build_version: s.build_version,
             epoch_floor: s.epoch_floor,
+            restore: s.restore.map(RestoreView::from),
             member_versions: s.member_versions,
             data_dir_free_bytes: s.data_dir_free_bytes,
             min_free_bytes: s.min_free_bytes,
@@ -341,9 +342,18 @@ pub async fn raise_epoch_floor(
     Json(body): Json<EpochFloorBody>,
 ) -> Result<axum::Json<EpochFloorView>, ApiError> {
     let at_least = body.validate()?;
-    let command = match body.if_fresh {
-        true => Command::ClaimForRestore { at_least },
-        false => Command::RaiseEpochFloor { at_least },
+    let command = match (body.if_fresh, body.restore) {
+        (true, Some(r)) => Command::BeginRestore {
+            at_least,
+            origin: RestoreOrigin {
+                index: r.index,
+                datanodes: r.datanodes,
+                replicas: r.replicas,
+                keys: r.keys,
+            },
+        },
+        (true, None) => Command::ClaimForRestore { at_least },
+        (false, _) => Command::RaiseEpochFloor { at_least },
     };
     let written = writer.write(command).await?;
     match written.result {
@@ -355,6 +365,26 @@ pub async fn raise_epoch_floor(
             datanodes,
             keys,
         } => Err(ApiError::Conflict(not_fresh(floor, datanodes, keys))),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `DELETE /v1/cluster/restore`: ends the restore the cluster's mark names (a restore's last
+/// step, once everything it replays is written; an operator's, for a restore cut off whose
+/// partial state is to be kept). Answers the mark it removed, `null` when there was none.
+/// Needs cluster version 8: 503 `cluster_version` while a member runs an older build.
+pub async fn end_restore(
+    _: NoQuery,
+    writer: Writer,
+    _: NoBody,
+) -> Result<axum::Json<RestoreEndedView>, ApiError> {
+    let written = writer
+        .write(Command::EndRestore { claimed_at: None })
+        .await?;
+    match written.result {
+        CommandResult::RestoreEnded { ended, other: None } => Ok(axum::Json(RestoreEndedView {
+            ended: ended.map(RestoreView::from),
+        })),
         other => Err(unexpected(other)),
     }
 }

@@ -58,6 +58,21 @@ pub struct EpochFloorBody {
     /// never raised), else refuse (409) and change nothing.
     #[serde(default)]
     pub if_fresh: bool,
+    /// With `if_fresh`, the backup the restore replays: the claim also marks the cluster as
+    /// being restored from it (cluster version 8) until `DELETE /v1/cluster/restore`.
+    #[serde(default, deserialize_with = "not_null")]
+    pub restore: Option<RestoreBody>,
+}
+
+/// What a restore's backup holds, as its claim names it (`EpochFloorBody::restore`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreBody {
+    /// The index of the backup's snapshot.
+    pub index: u64,
+    pub datanodes: u64,
+    pub replicas: u64,
+    pub keys: u64,
 }
 
 impl EpochFloorBody {
@@ -76,6 +91,12 @@ impl EpochFloorBody {
             return Err(ApiError::invalid(
                 "invalid_epoch",
                 "a restore's claim (if_fresh) raises the floor to at least 1",
+            ));
+        }
+        if self.restore.is_some() && !self.if_fresh {
+            return Err(ApiError::invalid(
+                "invalid_body",
+                "restore names the backup of a restore's claim: give it with if_fresh",
             ));
         }
         Ok(self.at_least)

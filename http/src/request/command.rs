@@ -33,9 +33,10 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
             validate_value(value)
         }
         Command::Delete { key, .. } => validate_key(key),
-        Command::RaiseEpochFloor { at_least } | Command::ClaimForRestore { at_least } => {
-            validate_min_epoch(*at_least)
-        }
+        Command::RaiseEpochFloor { at_least }
+        | Command::ClaimForRestore { at_least }
+        | Command::BeginRestore { at_least, .. } => validate_min_epoch(*at_least),
+        Command::EndRestore { .. } => Ok(()),
         Command::SetClusterVersion { .. } => Err(ApiError::invalid(
             "bad_command",
             "the cluster's version is raised by its leader only",

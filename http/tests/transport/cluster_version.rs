@@ -294,3 +294,82 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
         assert_eq!(register(leader).await, FLOOR + 1);
     }
 }
+
+/// A restore's marked claim, and its end, wait for every member to run a build of version 8: a
+/// cluster with a member of build 7 refuses them (503 `cluster_version`, nothing written) and
+/// still takes the plain claim; once every member runs it, the mark shows on every member until
+/// the end removes it, both sent through a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_mark_waits_for_every_member() {
+    let marked = json!({
+        "at_least": 1_000,
+        "if_fresh": true,
+        "restore": {"index": 9, "datanodes": 1, "replicas": 2, "keys": 3},
+    });
+    for builds in [[8, 8, 7], [8, 8, 8]] {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = start_cluster(&dir, builds).await;
+        let (leader, follower) = leader_and_follower(&servers);
+        let want: BTreeMap<u64, Option<u32>> = (1..=3)
+            .map(|id| (id, Some(builds[id as usize - 1])))
+            .collect();
+        wait_for(
+            || leader.node.status().member_versions == want,
+            "the leader knows every member's build",
+        )
+        .await;
+        let put = reqwest::Method::PUT;
+        let delete = reqwest::Method::DELETE;
+        let (status, _, answer) = send(
+            put.clone(),
+            follower,
+            "/v1/cluster/epoch-floor",
+            marked.clone(),
+        )
+        .await;
+        if builds[2] < 8 {
+            assert_eq!(status, 503, "{answer}");
+            assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");
+            let (status, _, answer) =
+                send(delete.clone(), follower, "/v1/cluster/restore", Value::Null).await;
+            assert_eq!(status, 503, "{answer}");
+            assert_eq!(leader.node.status().epoch_floor, 0);
+            let plain = json!({"at_least": 1_000, "if_fresh": true});
+            let (status, _, answer) =
+                send(put.clone(), follower, "/v1/cluster/epoch-floor", plain).await;
+            assert_eq!(status, 200, "{answer}");
+            assert_eq!(leader.node.status().restore, None);
+            assert_eq!(leader.node.cluster_version(), 6);
+            continue;
+        }
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer, json!({ "epoch_floor": 1_000 }));
+        let claimed_at = leader.node.status().restore.expect("marked").claimed_at;
+        for server in servers.values() {
+            wait_for(
+                || {
+                    server
+                        .node
+                        .status()
+                        .restore
+                        .is_some_and(|r| r.claimed_at == claimed_at && r.origin.keys == 3)
+                },
+                "every member shows the mark",
+            )
+            .await;
+        }
+        let (status, _, answer) =
+            send(delete.clone(), follower, "/v1/cluster/restore", Value::Null).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["ended"]["claimed_at"], claimed_at, "{answer}");
+        assert_eq!(answer["ended"]["backup"]["replicas"], 2, "{answer}");
+        for server in servers.values() {
+            wait_for(
+                || server.node.status().restore.is_none(),
+                "no member shows the mark",
+            )
+            .await;
+        }
+        assert_eq!(leader.node.cluster_version(), 8);
+    }
+}

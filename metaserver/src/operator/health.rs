@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use meta_http::response::ClusterView;
+use meta_http::response::{ClusterView, RestoreView};
 use serde::Serialize;
 
 use super::client::Refused;
@@ -44,6 +44,9 @@ struct MemberHealth {
     /// Whether it refused the client token given while the member token passed.
     #[serde(skip)]
     refuses_client_token: bool,
+    /// The mark of a restore that has not ended, as it applied it.
+    #[serde(skip)]
+    restore: Option<RestoreView>,
 }
 
 /// The part of a member's status the report shows.
@@ -167,6 +170,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
         token_refused_by: Vec::new(),
         refused_by: Vec::new(),
         refuses_client_token: false,
+        restore: None,
     };
     let one = ClientArgs {
         server: addr.to_owned(),
@@ -198,6 +202,7 @@ async fn ask(client: &ClientArgs, id: u64, addr: &str) -> MemberHealth {
             health.token_refused_by = view.token_refused_by.clone();
             health.refused_by = view.refused_by.clone();
             let tls_refused = view.tls_files_refused.clone();
+            health.restore = view.restore.clone();
             health.status = Some(MemberStatus {
                 role: view.role,
                 term: view.term,
@@ -332,6 +337,14 @@ fn judge(members: &mut [MemberHealth]) -> Report {
             ));
         }
     }
+    // As the leader applied it (a follower may lag behind its end), else as any member did.
+    let restore = match leading {
+        Some(l) => l.restore.as_ref(),
+        None => members.iter().find_map(|m| m.restore.as_ref()),
+    };
+    if let Some(r) = restore {
+        problems.push(unended_restore(r));
+    }
     // Refused by every member, the client token given is the one at fault, not theirs.
     let answered = members.iter().filter(|m| m.status.is_some());
     let all_refuse = members.iter().any(|m| m.refuses_client_token)
@@ -387,6 +400,18 @@ fn judge(members: &mut [MemberHealth]) -> Report {
         problems,
         members: members.to_vec(),
     }
+}
+
+/// The problem of a cluster whose restore has not ended.
+fn unended_restore(r: &RestoreView) -> String {
+    let b = &r.backup;
+    format!(
+        "a restore into the cluster has not ended (claimed at index {}, replaying a backup of \
+         index {} with {} datanodes, {} replicas and {} keys): it is under way, or was cut off \
+         part way and the cluster holds part of the backup (run it again into fresh data dirs; \
+         DELETE /v1/cluster/restore keeps what the cluster holds)",
+        r.claimed_at, b.index, b.datanodes, b.replicas, b.keys
+    )
 }
 
 /// A member's free space in its data dir, in binary units, marked when it is short of disk
@@ -479,6 +504,7 @@ mod tests {
             token_refused_by: Vec::new(),
             refused_by: Vec::new(),
             refuses_client_token: false,
+            restore: None,
         }
     }
 

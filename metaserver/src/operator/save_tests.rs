@@ -30,6 +30,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
         },
         &file,
         false,
+        false,
     )
     .await
     .unwrap_err();
@@ -52,7 +53,7 @@ async fn a_download_that_is_not_a_backup_leaves_the_earlier_backup_in_place() {
         member_token: None,
         tls_ca: None,
     };
-    let err = snapshot_save(args, &new, false).await.unwrap_err();
+    let err = snapshot_save(args, &new, false, false).await.unwrap_err();
     assert!(format!("{err:#}").contains("was not written"), "{err:#}");
     assert!(!new.exists());
     let left: Vec<_> = std::fs::read_dir(dir.path())
@@ -81,7 +82,7 @@ async fn saved_up_to_the_check_with(server: String, local: bool) {
         member_token: None,
         tls_ca: None,
     };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"), local)
+    let err = snapshot_save(args, &dir.path().join("meta.snap"), local, false)
         .await
         .unwrap_err();
     assert!(
@@ -118,7 +119,7 @@ async fn a_local_save_builds_without_a_leader() {
         member_token: None,
         tls_ca: None,
     };
-    let err = snapshot_save(args, &dir.path().join("meta.snap"), false)
+    let err = snapshot_save(args, &dir.path().join("meta.snap"), false, false)
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("not local"), "{err:#}");
@@ -137,9 +138,14 @@ async fn a_save_without_a_leader_points_to_local() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let err = snapshot_save(operator_args(addr), &dir.path().join("meta.snap"), false)
-        .await
-        .unwrap_err();
+    let err = snapshot_save(
+        operator_args(addr),
+        &dir.path().join("meta.snap"),
+        false,
+        false,
+    )
+    .await
+    .unwrap_err();
     let text = format!("{err:#}");
     assert!(text.contains("too few voters answer"), "{text}");
     assert!(text.contains("with --local"), "{text}");
