@@ -331,6 +331,13 @@ pub enum SnapshotCommand {
         #[arg(long)]
         partial: bool,
     },
+    /// End the restore that the cluster is marked with, keeping what the cluster holds: for a
+    /// restore cut off part way whose writes are to be kept rather than restored again into
+    /// fresh data dirs. Prints the mark it removed (`null`: there was none).
+    EndRestore {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 /// The `member` commands. Each goes to any member (the leader makes the change), rides out a

@@ -63,6 +63,9 @@ async fn run(command: Command) -> Result<()> {
             let restore = restore::restore(client, &file, partial, sending.clone());
             interruptible(restore, left).await
         }
+        Command::Snapshot(SnapshotCommand::EndRestore { client }) => {
+            restore::end_restore_command(client).await
+        }
         Command::Member(command) => operator::member(command).await,
     }
 }

@@ -35,7 +35,7 @@ use meta_consensus::{Backup, DatanodeInfo, KvEntry, RestoreOrigin, MAX_PAGE};
 use meta_http::limits::MAX_SHARDS_PER_BATCH;
 use meta_http::request::{validate_addr, validate_new_key, validate_value, MAX_MIN_EPOCH};
 use meta_http::response::{
-    DatanodeList, DatanodeRegistered, EpochFloorView, KvKeyPage, ShardsRegistered,
+    DatanodeList, DatanodeRegistered, EpochFloorView, KvKeyPage, RestoreEndedView, ShardsRegistered,
 };
 use serde_json::{json, Value};
 
@@ -469,9 +469,21 @@ async fn end_restore(op: &Operator) -> Result<()> {
         .await;
     ended.map(drop).context(
         "the restore wrote the whole backup, but the cluster's mark that it is being restored \
-         could not be removed: remove it with `curl -X DELETE <member>/v1/cluster/restore` \
-         (with the member token, if the cluster has one)",
+         could not be removed: remove it with `metaserver snapshot end-restore`",
     )
+}
+
+/// `metaserver snapshot end-restore`: ends the restore the cluster's mark names, keeping what
+/// the cluster holds, and prints the mark removed (`{"ended":null}`: there was none).
+pub async fn end_restore_command(args: ClientArgs) -> Result<()> {
+    let op = Operator::new(&args)?;
+    let ended: RestoreEndedView = op
+        .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
+        .await?
+        .json()
+        .await
+        .context("decoding the answer to the restore's end")?;
+    crate::output::line(serde_json::to_string(&ended)?)
 }
 
 /// What to say of a backup saved while its cluster was being restored (it holds the

@@ -464,7 +464,9 @@ async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
     target.stop().await;
 
     // Ending it by hand keeps what the cluster holds; a second end finds no mark.
-    let ended = ok(Method::DELETE, &at, "/v1/cluster/restore", None).await;
+    let (done, out, err) = run(&["snapshot", "end-restore", "--server", &at], &[]).await;
+    assert!(done, "{err}");
+    let ended: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(ended["ended"]["claimed_at"], claimed_at, "{ended}");
     let again = ok(Method::DELETE, &at, "/v1/cluster/restore", None).await;
     assert_eq!(again["ended"], Value::Null, "{again}");
