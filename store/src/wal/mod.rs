@@ -15,6 +15,7 @@ mod purge;
 mod record;
 mod recovery;
 mod segment;
+mod segment_bytes;
 mod waiter;
 
 use std::time::Duration;

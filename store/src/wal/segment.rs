@@ -5,6 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::segment_bytes::SegmentBytes;
 use super::Lsn;
 use crate::error::{Error, Result};
 use crate::fs::{DescriptorWait, FileHandle, FileSystem};
@@ -109,8 +110,9 @@ impl Segment {
         })
     }
 
-    /// Reads the whole file.
-    pub fn read_all(&self) -> Result<Vec<u8>> {
+    /// Reads the whole file, into memory that goes back to the operating system when the
+    /// bytes are dropped ([`SegmentBytes`]).
+    pub fn read_all(&self) -> Result<SegmentBytes> {
         let len = self
             .file
             .size()
@@ -120,7 +122,8 @@ impl Segment {
             offset: 0,
             reason: "segment too large to read".into(),
         })?;
-        let mut buf = vec![0u8; len];
+        let mut buf =
+            SegmentBytes::zeroed(len).map_err(|e| Error::io("map memory for", &self.path, e))?;
         self.file
             .read_exact_at(&mut buf, 0)
             .map_err(|e| Error::io("read segment", &self.path, e))?;
