@@ -20,8 +20,8 @@
 //! keep datanodes from registering until it ends.
 //!
 //! The claim also marks the cluster as being restored (cluster version 8), naming the backup,
-//! and the restore's last step, once every write is in and the counts match the backup's, ends
-//! the mark: a restore cut off part way leaves a cluster that says so (`GET /v1/cluster`,
+//! and the restore's last step, once every write is in and the cluster holds as many datanodes,
+//! replicas and keys as the backup (read back from it), ends the mark: a restore cut off part way leaves a cluster that says so (`GET /v1/cluster`,
 //! `metaserver health`), and a snapshot built from it carries the mark, which `snapshot save`
 //! and a restore of it refuse without `--partial`.
 
@@ -63,7 +63,8 @@ struct Restored {
 
 /// What to do after a restore that stopped once it had sent a write (it may have taken effect).
 pub const PART_WAY: &str = "the restore stopped part way and left what it wrote: start the \
-     cluster on fresh data dirs and run it again";
+     cluster on fresh data dirs and run it again (or keep what it holds: `metaserver snapshot \
+     end-restore` ends the restore's mark on it)";
 
 /// `metaserver snapshot restore FILE`. `sending` is set before its first write goes out, so that
 /// a restore stopped by a signal can say whether the cluster still is as it was.
@@ -114,6 +115,23 @@ pub async fn restore(
         true => e,
         false => e.context(PART_WAY),
     })?;
+    // What this restore sent is the backup; the cluster must hold just that too (a datanode or
+    // a client that wrote meanwhile leaves another registry), or it keeps the mark.
+    let expected = (restored.datanodes, replicas, keys);
+    let held = cluster_counts(&op).await.context(PART_WAY)?;
+    if held != expected {
+        let kept = match restored.marked {
+            true => "; the cluster keeps its restore mark",
+            false => "",
+        };
+        bail!(
+            "the cluster holds {} (datanodes, replicas, keys) but the backup {}: something \
+             else wrote to the cluster while it was restored (keep datanodes and clients away \
+             from it until a restore ends){kept}; {PART_WAY}",
+            counts(held),
+            counts(expected)
+        );
+    }
     if restored.marked {
         end_restore(&op).await?;
     }
@@ -464,10 +482,21 @@ async fn claim_with(op: &Operator, floor: u64, body: &Value, field: &str) -> Res
 /// cluster whose mark cannot be removed holds the whole backup, and still says it is being
 /// restored: the error says how to end the mark by hand.
 async fn end_restore(op: &Operator) -> Result<()> {
-    let ended = op
-        .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
-        .await;
-    ended.map(drop).context(
+    let ended = async {
+        let answer = op
+            .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
+            .await?;
+        let ended: RestoreEndedView = answer.json().await.context("decoding the answer")?;
+        if ended.ended.is_none() {
+            eprintln!(
+                "warning: the cluster's restore mark was gone when this restore came to end it: \
+                 it was ended by hand (`snapshot end-restore`, DELETE /v1/cluster/restore) while \
+                 the restore ran, or by an earlier attempt of this end whose answer was lost"
+            );
+        }
+        anyhow::Ok(())
+    };
+    ended.await.context(
         "the restore wrote the whole backup, but the cluster's mark that it is being restored \
          could not be removed: remove it with `metaserver snapshot end-restore`",
     )
@@ -486,6 +515,39 @@ pub async fn end_restore_command(args: ClientArgs) -> Result<()> {
     crate::output::line(serde_json::to_string(&ended)?)
 }
 
+/// What the cluster holds, with linearizable reads: its datanodes, their replicas and its
+/// keys.
+async fn cluster_counts(op: &Operator) -> Result<(u64, u64, u64)> {
+    let (mut datanodes, mut replicas, mut keys) = (0u64, 0u64, 0u64);
+    let mut after = String::new();
+    loop {
+        let path = format!("/v1/datanodes?limit={MAX_PAGE}{after}");
+        let page: DatanodeList = op.get_json_retrying(&path).await?;
+        datanodes += page.datanodes.len() as u64;
+        replicas += page.datanodes.iter().map(|d| d.shards).sum::<u64>();
+        match page.next {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    let mut after = String::new();
+    loop {
+        let path = format!("/v1/kv?limit={MAX_PAGE}{after}");
+        let page: KvKeyPage = op.get_json_retrying(&path).await?;
+        keys += page.keys.len() as u64;
+        match page.next {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    Ok((datanodes, replicas, keys))
+}
+
+/// Counts of datanodes, replicas and keys, in words.
+fn counts((datanodes, replicas, keys): (u64, u64, u64)) -> String {
+    format!("{datanodes}, {replicas}, {keys}")
+}
+
 /// What to say of a backup saved while its cluster was being restored (it holds the
 /// restore's mark), `None` for any other. Blocking (reads the backup).
 pub(crate) fn partial_backup(backup: &Backup) -> meta_consensus::Result<Option<String>> {
@@ -495,8 +557,8 @@ pub(crate) fn partial_backup(backup: &Backup) -> meta_consensus::Result<Option<S
     let o = mark.origin;
     Ok(Some(format!(
         "the snapshot was built while a restore into its cluster had not ended (claimed at \
-         index {}, replaying a backup of index {} with {} datanodes, {} replicas and {} keys; \
-         under way, or cut off part way): it may hold part of that backup only",
+         index {}, replaying a backup of index {}: datanodes {}, replicas {}, keys {}; under \
+         way, or cut off part way): it may hold part of that backup only",
         mark.claimed_at, o.index, o.datanodes, o.replicas, o.keys
     )))
 }

@@ -478,6 +478,76 @@ async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
     cut.stop().await;
 }
 
+/// A stand-in between the restore and the member at `to`: it passes every request on, and once
+/// the restore's claim passed, it registers datanode 99 at the member itself, as a datanode
+/// that registers while a restore runs would.
+async fn writing_meanwhile(to: String) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let to = to.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+            let path = parts.uri.path_and_query().unwrap().as_str().to_owned();
+            let answer = client()
+                .request(parts.method.clone(), format!("http://{to}{path}"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status();
+            let bytes = answer.bytes().await.unwrap();
+            if parts.method == Method::PUT && path == "/v1/cluster/epoch-floor" {
+                let body = json!({"addr": "10.0.0.99:9000"}).to_string();
+                ok(Method::PUT, &to, "/v1/datanodes/99", Some(body)).await;
+            }
+            let mut response = axum::response::Response::new(axum::body::Body::from(bytes));
+            *response.status_mut() = status;
+            response
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A restore checks that the cluster holds what the backup holds before it ends its mark: a
+/// datanode that registered meanwhile fails the restore, naming the counts, and the cluster
+/// keeps the mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut source, from) = start(&dir.path().join("source")).await;
+    let body = json!({"addr": "10.0.0.7:9000"}).to_string();
+    let epoch = ok(Method::PUT, &from, "/v1/datanodes/7", Some(body)).await["epoch"].clone();
+    let shards: Vec<Value> = (1..=10)
+        .map(|id| json!({"id": id, "generation": 1, "size": 1}))
+        .collect();
+    let body = json!({"epoch": epoch, "shards": shards}).to_string();
+    ok(Method::POST, &from, "/v1/datanodes/7/shards", Some(body)).await;
+    ok(Method::PUT, &from, "/v1/kv/z", Some("last".into())).await;
+    let backup = dir.path().join("backup.snap");
+    let backup = backup.to_str().unwrap();
+    let (saved, _, err) = run(&["snapshot", "save", "--server", &from, backup], &[]).await;
+    assert!(saved, "{err}");
+    source.stop().await;
+
+    let (mut target, to) = start(&dir.path().join("target")).await;
+    let between = writing_meanwhile(to.clone()).await;
+    let (restored, _, err) = run(&["snapshot", "restore", "--server", &between, backup], &[]).await;
+    assert!(!restored, "{err}");
+    assert!(
+        err.contains(
+            "the cluster holds 2, 10, 1 (datanodes, replicas, keys) but the backup 1, 10, 1"
+        ) && err.contains("keeps its restore mark"),
+        "{err}"
+    );
+    let view = ok(Method::GET, &to, "/v1/cluster", None).await;
+    assert_eq!(view["restore"]["backup"]["datanodes"], 1, "{view}");
+    target.stop().await;
+}
+
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -6,6 +6,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::datanodes::MAX_MIN_EPOCH;
 use super::fields::{not_null, validate_addr};
+use super::object_only::some_object;
 use crate::error::ApiError;
 
 /// Body of `POST /v1/cluster/init`: member id to address.
@@ -60,7 +61,7 @@ pub struct EpochFloorBody {
     pub if_fresh: bool,
     /// With `if_fresh`, the backup the restore replays: the claim also marks the cluster as
     /// being restored from it (cluster version 8) until `DELETE /v1/cluster/restore`.
-    #[serde(default, deserialize_with = "not_null")]
+    #[serde(default, deserialize_with = "some_object")]
     pub restore: Option<RestoreBody>,
 }
 

@@ -36,6 +36,13 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
     }
 }
 
+/// An optional field that, when given, must be a JSON object: not null, and not an array.
+pub(super) fn some_object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    ObjectOnly::<T>::deserialize(deserializer).map(|o| Some(o.0))
+}
+
 pub(super) fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
 ) -> Result<Vec<T>, D::Error> {

@@ -407,7 +407,7 @@ fn unended_restore(r: &RestoreView) -> String {
     let b = &r.backup;
     format!(
         "a restore into the cluster has not ended (claimed at index {}, replaying a backup of \
-         index {} with {} datanodes, {} replicas and {} keys): it is under way, or was cut off \
+         index {}: datanodes {}, replicas {}, keys {}): it is under way, or was cut off \
          part way and the cluster holds part of the backup (run it again into fresh data dirs; \
          `metaserver snapshot end-restore` keeps what the cluster holds)",
         r.claimed_at, b.index, b.datanodes, b.replicas, b.keys
