@@ -252,7 +252,8 @@ impl ApplyBatch {
     /// least `min_epoch`. Fencing compares epochs for equality, so a zombie of a removed
     /// incarnation, or of the cluster a restore replaced, whose epoch a floor or `min_epoch`
     /// raised above the log index stays fenced; liveness orders incarnations by
-    /// `registered_index`.
+    /// `registered_index`. While a restore runs, only its own registrations (with a `min_epoch`
+    /// of at least its floor) are taken.
     fn register_datanode(
         &mut self,
         index: u64,
@@ -260,6 +261,9 @@ impl ApplyBatch {
         addr: &str,
         min_epoch: u64,
     ) -> Result<CommandResult> {
+        if let Some(refused) = self.refused_while_restoring(min_epoch)? {
+            return Ok(refused);
+        }
         let key = keys::datanode(id);
         let (shards, epoch) = match self.get::<DatanodeRecord>(&key, "datanode")? {
             Some(r) => {
@@ -404,10 +408,15 @@ impl ApplyBatch {
                 Ok(dn) => dn,
                 Err(refused) => return Ok(refused),
             },
-            None => match self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? {
-                Some(dn) => dn,
-                None => return Ok(CommandResult::UnknownDatanode { id: datanode }),
-            },
+            None => {
+                if let Some(refused) = self.refused_while_restoring(0)? {
+                    return Ok(refused);
+                }
+                match self.get::<DatanodeRecord>(&keys::datanode(datanode), "datanode")? {
+                    Some(dn) => dn,
+                    None => return Ok(CommandResult::UnknownDatanode { id: datanode }),
+                }
+            }
         };
         let mut gone = Vec::new();
         for &shard in shards {

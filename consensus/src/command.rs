@@ -345,4 +345,10 @@ pub enum CommandResult {
         ended: Option<RestoreMark>,
         other: Option<RestoreMark>,
     },
+    /// A restore into the cluster, claimed at `claimed_at`, has not ended: a datanode's
+    /// registration (one that is not the restore's) or an unfenced drop of replicas is refused
+    /// until it does; nothing was written. Builds of version 7 and older never get it.
+    RestoreUnderWay {
+        claimed_at: u64,
+    },
 }

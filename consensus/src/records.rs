@@ -35,6 +35,9 @@ pub fn being_removed(dn: &DatanodeRecord, mark: Option<u64>) -> bool {
 pub struct RestoreMark {
     /// The log index of the claim.
     pub claimed_at: u64,
+    /// The epoch floor the claim raised: every epoch the restore gives is at least this, and
+    /// a registration that does not ask for as much is not the restore's.
+    pub floor: u64,
     /// The backup the restore replays, as it told the claim.
     pub origin: RestoreOrigin,
 }

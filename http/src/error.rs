@@ -111,6 +111,10 @@ pub enum ApiError {
     /// cluster forms, its members join it soon.)
     #[error("no leader: {0}")]
     NotServing(String),
+    /// A restore into the cluster has not ended: a datanode's registration or unfenced drop
+    /// waits until it does (503 `restoring`, with `Retry-After`).
+    #[error("{0}")]
+    Restoring(String),
     /// This node is shutting down or its storage failed (503, with `Retry-After`).
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -198,6 +202,7 @@ impl ApiError {
             ApiError::NoLeader(_)
             | ApiError::NotServing(_)
             | ApiError::Unavailable(_)
+            | ApiError::Restoring(_)
             | ApiError::Overloaded(_)
             | ApiError::ClusterVersion { .. }
             | ApiError::ForwardToLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -230,6 +235,7 @@ impl ApiError {
                 "no_leader"
             }
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Restoring(_) => "restoring",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Timeout(_) => "timeout",
             ApiError::OutcomeUnknown(_) => "outcome_unknown",
@@ -399,6 +405,7 @@ impl IntoResponse for ApiError {
                 | ApiError::NoLeader(_)
                 | ApiError::NotServing(_)
                 | ApiError::Unavailable(_)
+                | ApiError::Restoring(_)
                 | ApiError::InsufficientStorage(_)
         );
         if status.is_server_error() && !quiet {

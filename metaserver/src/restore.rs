@@ -17,7 +17,8 @@
 //! quorum. A request that finds no leader (an election, a member restarting) is sent again for
 //! up to a minute. A restore that fails part way leaves what it wrote, and says so: empty the
 //! cluster (start it on fresh data dirs) and run it again. Emptiness is checked when it starts:
-//! keep datanodes from registering until it ends.
+//! keep datanodes from registering until it claims the cluster (from then on, with the mark
+//! below, their registrations wait until it ends).
 //!
 //! The claim also marks the cluster as being restored (cluster version 8), naming the backup,
 //! and the restore's last step, once every write is in and the cluster holds as many datanodes,

@@ -382,7 +382,19 @@ async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
         Some(claim.to_string()),
     )
     .await;
-    let body = json!({"addr": "10.0.0.7:9000"}).to_string();
+    // A datanode waits until the restore ends; the restore's registrations ask for epochs of
+    // at least its floor.
+    let url = format!("http://{at}/v1/datanodes/9");
+    let body = json!({"addr": "10.0.0.9:9000"}).to_string();
+    let (status, v) = send(&client(), Method::PUT, &url, None, Some(body.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (503, &json!("restoring")),
+        "{v}"
+    );
+    let body = json!({"addr": "10.0.0.7:9000", "min_epoch": 5}).to_string();
     let epoch = ok(Method::PUT, &at, "/v1/datanodes/7", Some(body)).await["epoch"].clone();
     let body = json!({"epoch": epoch, "shards": [{"id": 1, "generation": 1, "size": 1}]});
     ok(
@@ -473,14 +485,17 @@ async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
     let view = ok(Method::GET, &at, "/v1/cluster", None).await;
     assert_eq!(view.get("restore"), None, "{view}");
     assert_eq!(view["datanodes"], 1, "{view}");
+    // Datanodes register again.
+    let body = json!({"addr": "10.0.0.9:9000"}).to_string();
+    ok(Method::PUT, &at, "/v1/datanodes/9", Some(body)).await;
     let (healthy, out, err) = run(&["health", "--server", &at], &[]).await;
     assert!(healthy, "{out}{err}");
     cut.stop().await;
 }
 
 /// A stand-in between the restore and the member at `to`: it passes every request on, and once
-/// the restore's claim passed, it registers datanode 99 at the member itself, as a datanode
-/// that registers while a restore runs would.
+/// the restore's claim passed, it writes a key at the member itself, as a client that writes
+/// while a restore runs would.
 async fn writing_meanwhile(to: String) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -500,8 +515,7 @@ async fn writing_meanwhile(to: String) -> String {
             let status = answer.status();
             let bytes = answer.bytes().await.unwrap();
             if parts.method == Method::PUT && path == "/v1/cluster/epoch-floor" {
-                let body = json!({"addr": "10.0.0.99:9000"}).to_string();
-                ok(Method::PUT, &to, "/v1/datanodes/99", Some(body)).await;
+                ok(Method::PUT, &to, "/v1/kv/meanwhile", Some("x".into())).await;
             }
             let mut response = axum::response::Response::new(axum::body::Body::from(bytes));
             *response.status_mut() = status;
@@ -513,8 +527,7 @@ async fn writing_meanwhile(to: String) -> String {
 }
 
 /// A restore checks that the cluster holds what the backup holds before it ends its mark: a
-/// datanode that registered meanwhile fails the restore, naming the counts, and the cluster
-/// keeps the mark.
+/// key written meanwhile fails the restore, naming the counts, and the cluster keeps the mark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
     let dir = tempfile::tempdir().unwrap();
@@ -539,7 +552,7 @@ async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
     assert!(!restored, "{err}");
     assert!(
         err.contains(
-            "the cluster holds 2, 10, 1 (datanodes, replicas, keys) but the backup 1, 10, 1"
+            "the cluster holds 1, 10, 2 (datanodes, replicas, keys) but the backup 1, 10, 1"
         ) && err.contains("keeps its restore mark"),
         "{err}"
     );

@@ -163,8 +163,14 @@ fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
         (40, 7),
         "{marked:?}"
     );
+    assert_eq!(marked.floor, 700);
     // The restore's writes leave it.
-    apply(&reg, 5, &[dn(1), put("k")]);
+    let restored = Command::RegisterDatanodeAtLeast {
+        id: 1,
+        addr: "a:1".into(),
+        min_epoch: 700,
+    };
+    apply(&reg, 5, &[restored, put("k")]);
     assert_eq!(mark(&reg), Some(marked));
     let out = apply(&reg, 7, &[end(Some(4))]);
     assert_eq!(
@@ -192,6 +198,11 @@ fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
     );
     assert_eq!(mark(&reg), None);
     assert_eq!(reg.highest_epoch_floor().unwrap(), 700);
+    // A datanode registers again once the restore ended.
+    assert!(matches!(
+        apply(&reg, 10, &[dn(2)])[0],
+        CommandResult::DatanodeRegistered { id: 2, .. }
+    ));
 
     // A claim refused (the cluster holds a datanode) marks nothing; an end without a mark is
     // answered as such.
@@ -200,4 +211,54 @@ fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
     assert!(matches!(out[1], CommandResult::NotFresh { .. }));
     assert_eq!(out[2], none);
     assert_eq!(mark(&reg), None);
+}
+
+/// While a restore runs, a datanode's registration that is not the restore's (it asks for no
+/// epoch of at least the restore's floor) and a drop of replicas fenced by no epoch are refused,
+/// with nothing written; the restore's registrations, and what their epochs fence, go on.
+#[test]
+fn a_datanode_waits_while_a_restore_runs() {
+    let (_dir, reg) = registry();
+    apply(&reg, 3, &[begin(700)]);
+    let under_way = CommandResult::RestoreUnderWay { claimed_at: 3 };
+    let below = Command::RegisterDatanodeAtLeast {
+        id: 2,
+        addr: "a:1".into(),
+        min_epoch: 699,
+    };
+    assert_eq!(apply(&reg, 4, &[dn(1), below]), vec![under_way.clone(); 2]);
+    assert_eq!(reg.datanode_count().unwrap(), 0);
+    let restored = Command::RegisterDatanodeAtLeast {
+        id: 1,
+        addr: "a:1".into(),
+        min_epoch: 700,
+    };
+    assert_eq!(epoch(&apply(&reg, 6, &[restored])[0]), 700);
+    let out = apply(&reg, 7, &register(1, 700, &[5, 6]));
+    assert!(matches!(
+        out[0],
+        CommandResult::ShardsRegistered { accepted: 2, .. }
+    ));
+    let unfenced = Command::DeregisterShards {
+        datanode: 1,
+        shards: vec![5],
+    };
+    assert_eq!(
+        apply(&reg, 8, std::slice::from_ref(&unfenced)),
+        vec![under_way]
+    );
+    let fenced = Command::DeregisterShardsOf {
+        datanode: 1,
+        epoch: 700,
+        shards: vec![6],
+    };
+    assert_eq!(
+        apply(&reg, 9, &[fenced]),
+        vec![CommandResult::ShardsDeregistered { removed: 1 }]
+    );
+    apply(&reg, 10, &[end(None)]);
+    assert_eq!(
+        apply(&reg, 11, &[unfenced]),
+        vec![CommandResult::ShardsDeregistered { removed: 1 }]
+    );
 }

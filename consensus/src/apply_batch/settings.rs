@@ -73,6 +73,7 @@ impl ApplyBatch {
         if let CommandResult::EpochFloor { .. } = claimed {
             let mark = RestoreMark {
                 claimed_at: index,
+                floor: at_least,
                 origin: *origin,
             };
             self.put(keys::RESTORE_MARK, &mark)?;
@@ -81,8 +82,21 @@ impl ApplyBatch {
     }
 
     /// The restore's mark, as this batch leaves it (`None`: no restore under way or cut off).
-    fn restore_mark(&self) -> Result<Option<RestoreMark>> {
+    pub(super) fn restore_mark(&self) -> Result<Option<RestoreMark>> {
         self.get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
+    }
+
+    /// The refusal of a datanode's command while a restore runs (the cluster holds its mark):
+    /// a registration that does not ask for an epoch of at least the restore's floor
+    /// (`min_epoch`, which the restore's own registrations give), and a drop of replicas not
+    /// fenced by an epoch. `None` when the command may go on.
+    pub(super) fn refused_while_restoring(&self, min_epoch: u64) -> Result<Option<CommandResult>> {
+        Ok(self
+            .restore_mark()?
+            .filter(|mark| min_epoch < mark.floor)
+            .map(|mark| CommandResult::RestoreUnderWay {
+                claimed_at: mark.claimed_at,
+            }))
     }
 
     /// Removes the restore's mark, if it is the one claimed at `claimed_at` (`None`: any).

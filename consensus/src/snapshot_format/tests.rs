@@ -492,6 +492,7 @@ fn a_restore_mark_travels_in_a_snapshot() {
         mark,
         Some(RestoreMark {
             claimed_at: 1,
+            floor: 50,
             origin
         })
     );

@@ -51,8 +51,18 @@ pub async fn register(
         CommandResult::DatanodeRegistered { id, epoch } => {
             Ok(axum::Json(DatanodeRegistered { id, epoch }))
         }
+        CommandResult::RestoreUnderWay { claimed_at } => Err(restoring(claimed_at)),
         other => Err(unexpected(other)),
     }
+}
+
+/// The refusal of a datanode's registration, or of an unfenced drop, while a restore runs.
+fn restoring(claimed_at: u64) -> ApiError {
+    ApiError::Restoring(format!(
+        "a restore into the cluster (claimed at index {claimed_at}) has not ended: datanodes \
+         register, and drop replicas without an epoch, once it ends (one cut off part way \
+         ends with `metaserver snapshot end-restore`, or is run again into fresh data dirs)"
+    ))
 }
 
 /// `GET /v1/datanodes?after=&limit=`.
@@ -234,6 +244,7 @@ fn refused(id: u64, epoch: u64, result: CommandResult) -> ApiError {
             removing: true,
         },
         CommandResult::UnknownDatanode { id } => unknown_datanode(id),
+        CommandResult::RestoreUnderWay { claimed_at } => restoring(claimed_at),
         other => unexpected(other),
     }
 }
