@@ -732,16 +732,21 @@ mod tests {
                 r
             }
         });
+        (serving(app).await, asked)
+    }
+
+    /// An operator of `app`, served on 127.0.0.1.
+    async fn serving(app: axum::Router) -> Operator {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let args = ClientArgs {
+        Operator::new(&ClientArgs {
             server: addr.to_string(),
             token: None,
             member_token: None,
             tls_ca: None,
-        };
-        (Operator::new(&args).unwrap(), asked)
+        })
+        .unwrap()
     }
 
     #[tokio::test]
@@ -786,16 +791,7 @@ mod tests {
                 }
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let op = Operator::new(&ClientArgs {
-            server: addr.to_string(),
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        })
-        .unwrap();
+        let op = serving(app).await;
         (op, bodies)
     }
 
@@ -847,16 +843,7 @@ mod tests {
                 (StatusCode::OK, body).into_response()
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let op = Operator::new(&ClientArgs {
-            server: addr.to_string(),
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        })
-        .unwrap();
+        let op = serving(app).await;
         check_empty(&op).await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 3);
     }

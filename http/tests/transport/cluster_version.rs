@@ -33,6 +33,18 @@ async fn start_cluster(dir: &TempDir, builds: [u32; 3]) -> BTreeMap<u64, Server>
     .await
 }
 
+/// Waits until `leader` knows the build of each of members 1 to 3, `builds`.
+async fn builds_known(leader: &Server, builds: [u32; 3]) {
+    let want: BTreeMap<u64, Option<u32>> = (1..=3)
+        .map(|id| (id, Some(builds[id as usize - 1])))
+        .collect();
+    wait_for(
+        || leader.node.status().member_versions == want,
+        "the leader knows every member's build",
+    )
+    .await;
+}
+
 /// The leader of `servers`, and one of its followers.
 fn leader_and_follower(servers: &BTreeMap<u64, Server>) -> (&Server, &Server) {
     let leader = the_leader(servers);
@@ -245,14 +257,7 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
         let (leader, follower) = leader_and_follower(&servers);
-        let want: BTreeMap<u64, Option<u32>> = (1..=3)
-            .map(|id| (id, Some(builds[id as usize - 1])))
-            .collect();
-        wait_for(
-            || leader.node.status().member_versions == want,
-            "the leader knows every member's build",
-        )
-        .await;
+        builds_known(leader, builds).await;
         // Through a follower first, which has not applied the version yet: the request, not a
         // batch of commands (which a leader of an older build could not decode), goes to the
         // leader, and the leader raises the version, or refuses.
@@ -310,14 +315,7 @@ async fn a_restore_mark_waits_for_every_member() {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
         let (leader, follower) = leader_and_follower(&servers);
-        let want: BTreeMap<u64, Option<u32>> = (1..=3)
-            .map(|id| (id, Some(builds[id as usize - 1])))
-            .collect();
-        wait_for(
-            || leader.node.status().member_versions == want,
-            "the leader knows every member's build",
-        )
-        .await;
+        builds_known(leader, builds).await;
         let put = reqwest::Method::PUT;
         let delete = reqwest::Method::DELETE;
         let (status, _, answer) = send(
