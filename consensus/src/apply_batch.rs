@@ -241,7 +241,7 @@ impl ApplyBatch {
             Command::BeginRestore { at_least, origin } => {
                 self.begin_restore(index, *at_least, origin)
             }
-            Command::EndRestore { claimed_at } => self.end_restore(*claimed_at),
+            Command::EndRestore => self.end_restore(),
         }
     }
 

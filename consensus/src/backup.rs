@@ -9,7 +9,6 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::keys;
 use crate::records::RestoreMark;
 use crate::registry::Registry;
 use crate::snapshot_data::open_verified;
@@ -94,9 +93,7 @@ impl Backup {
     /// The mark of a restore that had not ended when the backup was taken (`None`: none): the
     /// backup then holds what that restore had written, part of its own backup perhaps.
     pub fn restore_mark(&self) -> Result<Option<RestoreMark>> {
-        self.registry
-            .current()
-            .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
+        self.registry.current().restore_mark()
     }
 
     /// One datanode's replicas by shard id, `limit` at a time (at most [`crate::MAX_PAGE`]);

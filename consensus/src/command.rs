@@ -117,10 +117,9 @@ pub enum Command {
         at_least: u64,
         origin: RestoreOrigin,
     },
-    /// Ends the restore that the cluster's mark names, if any (its claim's index is
-    /// `claimed_at`; `None`: whichever): removes the mark. Proposed once the cluster's
-    /// version is 8.
-    EndRestore { claimed_at: Option<u64> },
+    /// Ends the restore that the cluster's mark names, if any: removes the mark (a cluster is
+    /// claimed once, so there is one at most). Proposed once the cluster's version is 8.
+    EndRestore,
 }
 
 impl Command {
@@ -133,7 +132,7 @@ impl Command {
             Command::RaiseEpochFloor { .. } => CLUSTER_EPOCH_FLOOR,
             Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
             Command::ClaimForRestore { .. } => RESTORE_CLAIM,
-            Command::BeginRestore { .. } | Command::EndRestore { .. } => RESTORE_MARK,
+            Command::BeginRestore { .. } | Command::EndRestore => RESTORE_MARK,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -161,7 +160,7 @@ impl Command {
             Command::BeginRestore { .. } => {
                 "a restore's claim on the cluster, marking it as being restored".to_owned()
             }
-            Command::EndRestore { .. } => "the end of a restore (its mark removed)".to_owned(),
+            Command::EndRestore => "the end of a restore (its mark removed)".to_owned(),
             Command::SetClusterVersion { version } => {
                 format!("raising the cluster's version to {version}")
             }
@@ -241,7 +240,7 @@ impl fmt::Display for Command {
                 "BeginRestore({at_least}, backup at index {})",
                 origin.index
             ),
-            Command::EndRestore { claimed_at } => write!(f, "EndRestore({claimed_at:?})"),
+            Command::EndRestore => write!(f, "EndRestore"),
             Command::DeregisterShardsOf {
                 datanode,
                 epoch,
@@ -338,12 +337,10 @@ pub enum CommandResult {
     FencedForRemoval {
         current_epoch: u64,
     },
-    /// An `EndRestore` removed `ended` (`None`: the cluster held no mark, nothing changed), or
-    /// found another restore's mark, `other`, and changed nothing. Builds of version 7 and older
-    /// never get it.
+    /// An `EndRestore` removed `ended` (`None`: the cluster held no mark, nothing changed).
+    /// Builds of version 7 and older never get it.
     RestoreEnded {
         ended: Option<RestoreMark>,
-        other: Option<RestoreMark>,
     },
     /// A restore into the cluster, claimed at `claimed_at`, has not ended: a datanode's
     /// registration (one that is not the restore's) or an unfenced drop of replicas is refused

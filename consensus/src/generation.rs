@@ -368,6 +368,11 @@ impl Generation {
             .unwrap_or(0))
     }
 
+    /// The restore's mark stored in this generation (`None`: no restore under way or cut off).
+    pub(crate) fn restore_mark(&self) -> Result<Option<crate::records::RestoreMark>> {
+        self.get(keys::RESTORE_MARK, "restore mark")
+    }
+
     pub(crate) fn replica_count(&self) -> Result<u64> {
         Ok(self.applied_record()?.map(|r| r.replicas).unwrap_or(0))
     }

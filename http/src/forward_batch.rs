@@ -176,7 +176,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::SetClusterVersion { .. } => 5,
         Command::RaiseEpochFloor { .. } | Command::ClaimForRestore { .. } => 9,
         Command::BeginRestore { .. } => 45,
-        Command::EndRestore { .. } => 10,
+        Command::EndRestore => 1,
     }
 }
 

@@ -22,9 +22,10 @@
 //!
 //! The claim also marks the cluster as being restored (cluster version 8), naming the backup,
 //! and the restore's last step, once every write is in and the cluster holds as many datanodes,
-//! replicas and keys as the backup (read back from it), ends the mark: a restore cut off part way leaves a cluster that says so (`GET /v1/cluster`,
-//! `metaserver health`), and a snapshot built from it carries the mark, which `snapshot save`
-//! and a restore of it refuse without `--partial`.
+//! replicas and keys as the backup (read back from it), ends the mark: a restore cut off part
+//! way leaves a cluster that says so (`GET /v1/cluster`, `metaserver health`), and a snapshot
+//! built from it carries the mark, which `snapshot save` and a restore of it refuse without
+//! `--partial`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -484,10 +485,7 @@ async fn claim_with(op: &Operator, floor: u64, body: &Value, field: &str) -> Res
 /// restored: the error says how to end the mark by hand.
 async fn end_restore(op: &Operator) -> Result<()> {
     let ended = async {
-        let answer = op
-            .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
-            .await?;
-        let ended: RestoreEndedView = answer.json().await.context("decoding the answer")?;
+        let ended = send_end(op).await?;
         if ended.ended.is_none() {
             eprintln!(
                 "warning: the cluster's restore mark was gone when this restore came to end it: \
@@ -506,14 +504,17 @@ async fn end_restore(op: &Operator) -> Result<()> {
 /// `metaserver snapshot end-restore`: ends the restore the cluster's mark names, keeping what
 /// the cluster holds, and prints the mark removed (`{"ended":null}`: there was none).
 pub async fn end_restore_command(args: ClientArgs) -> Result<()> {
-    let op = Operator::new(&args)?;
-    let ended: RestoreEndedView = op
-        .send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
+    let ended = send_end(&Operator::new(&args)?).await?;
+    crate::output::line(serde_json::to_string(&ended)?)
+}
+
+/// Ends the cluster's restore mark (`DELETE /v1/cluster/restore`): the mark it removed.
+async fn send_end(op: &Operator) -> Result<RestoreEndedView> {
+    op.send_retrying(|| op.request(reqwest::Method::DELETE, "/v1/cluster/restore"))
         .await?
         .json()
         .await
-        .context("decoding the answer to the restore's end")?;
-    crate::output::line(serde_json::to_string(&ended)?)
+        .context("decoding the answer to the restore's end")
 }
 
 /// What the cluster holds, with linearizable reads: its datanodes, their replicas and its

@@ -137,19 +137,13 @@ fn begin(at_least: u64) -> Command {
     }
 }
 
-fn end(claimed_at: Option<u64>) -> Command {
-    Command::EndRestore { claimed_at }
-}
-
 fn mark(reg: &Registry) -> Option<RestoreMark> {
-    reg.current()
-        .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
-        .unwrap()
+    reg.current().restore_mark().unwrap()
 }
 
 /// A marked claim marks the cluster only when it takes it: the mark names the claim's index and
-/// the backup, and stays while the restore writes, until its end removes it. An end of another
-/// claim's restore, or in a cluster without a mark, changes nothing.
+/// the backup, and stays while the restore writes, until its end removes it. An end in a cluster
+/// without a mark changes nothing.
 #[test]
 fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
     let (_dir, reg) = registry();
@@ -172,26 +166,13 @@ fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
     };
     apply(&reg, 5, &[restored, put("k")]);
     assert_eq!(mark(&reg), Some(marked));
-    let out = apply(&reg, 7, &[end(Some(4))]);
-    assert_eq!(
-        out,
-        vec![CommandResult::RestoreEnded {
-            ended: None,
-            other: Some(marked),
-        }]
-    );
-    assert_eq!(mark(&reg), Some(marked));
-    let out = apply(&reg, 8, &[end(Some(3)), end(None)]);
-    let none = CommandResult::RestoreEnded {
-        ended: None,
-        other: None,
-    };
+    let out = apply(&reg, 8, &[Command::EndRestore, Command::EndRestore]);
+    let none = CommandResult::RestoreEnded { ended: None };
     assert_eq!(
         out,
         vec![
             CommandResult::RestoreEnded {
                 ended: Some(marked),
-                other: None,
             },
             none.clone(),
         ]
@@ -207,7 +188,7 @@ fn a_marked_claim_marks_the_cluster_until_its_restore_ends() {
     // A claim refused (the cluster holds a datanode) marks nothing; an end without a mark is
     // answered as such.
     let (_dir, reg) = registry();
-    let out = apply(&reg, 1, &[dn(1), begin(700), end(None)]);
+    let out = apply(&reg, 1, &[dn(1), begin(700), Command::EndRestore]);
     assert!(matches!(out[1], CommandResult::NotFresh { .. }));
     assert_eq!(out[2], none);
     assert_eq!(mark(&reg), None);
@@ -256,7 +237,7 @@ fn a_datanode_waits_while_a_restore_runs() {
         apply(&reg, 9, &[fenced]),
         vec![CommandResult::ShardsDeregistered { removed: 1 }]
     );
-    apply(&reg, 10, &[end(None)]);
+    apply(&reg, 10, &[Command::EndRestore]);
     assert_eq!(
         apply(&reg, 11, &[unfenced]),
         vec![CommandResult::ShardsDeregistered { removed: 1 }]

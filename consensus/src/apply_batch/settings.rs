@@ -82,7 +82,7 @@ impl ApplyBatch {
     }
 
     /// The restore's mark, as this batch leaves it (`None`: no restore under way or cut off).
-    pub(super) fn restore_mark(&self) -> Result<Option<RestoreMark>> {
+    fn restore_mark(&self) -> Result<Option<RestoreMark>> {
         self.get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
     }
 
@@ -99,25 +99,13 @@ impl ApplyBatch {
             }))
     }
 
-    /// Removes the restore's mark, if it is the one claimed at `claimed_at` (`None`: any).
-    pub(super) fn end_restore(&mut self, claimed_at: Option<u64>) -> Result<CommandResult> {
-        let Some(mark) = self.restore_mark()? else {
-            return Ok(CommandResult::RestoreEnded {
-                ended: None,
-                other: None,
-            });
-        };
-        if claimed_at.is_some_and(|at| at != mark.claimed_at) {
-            return Ok(CommandResult::RestoreEnded {
-                ended: None,
-                other: Some(mark),
-            });
+    /// Removes the restore's mark, if there is one.
+    pub(super) fn end_restore(&mut self) -> Result<CommandResult> {
+        let ended = self.restore_mark()?;
+        if ended.is_some() {
+            self.remove(keys::RESTORE_MARK);
         }
-        self.remove(keys::RESTORE_MARK);
-        Ok(CommandResult::RestoreEnded {
-            ended: Some(mark),
-            other: None,
-        })
+        Ok(CommandResult::RestoreEnded { ended })
     }
 
     /// Whether the registry, as this batch leaves it, holds a key under `prefix`.

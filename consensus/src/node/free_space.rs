@@ -74,7 +74,7 @@ fn adds_data(cmd: &Command) -> bool {
             | Command::PruneReplicas { .. }
             | Command::SetClusterVersion { .. }
             | Command::RaiseEpochFloor { .. }
-            | Command::EndRestore { .. }
+            | Command::EndRestore
     )
 }
 
@@ -419,6 +419,6 @@ mod tests {
     fn cluster_settings_pass_when_space_is_short() {
         assert!(!adds_data(&Command::SetClusterVersion { version: 4 }));
         assert!(!adds_data(&Command::RaiseEpochFloor { at_least: 1 }));
-        assert!(!adds_data(&Command::EndRestore { claimed_at: None }));
+        assert!(!adds_data(&Command::EndRestore));
     }
 }

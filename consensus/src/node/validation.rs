@@ -46,7 +46,7 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         | Command::PruneReplicas { .. }
         | Command::RemoveDatanodePiece { .. }
         | Command::RaiseEpochFloor { .. } => {}
-        Command::EndRestore { .. } => {}
+        Command::EndRestore => {}
         Command::ClaimForRestore { at_least } | Command::BeginRestore { at_least, .. } => {
             if *at_least == 0 {
                 return Err(Error::InvalidArgument(

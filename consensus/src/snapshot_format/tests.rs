@@ -484,10 +484,7 @@ fn a_restore_mark_travels_in_a_snapshot() {
     );
     let (_d2, other) = imports(&exported(&reg)).unwrap();
     assert_eq!(other.content().unwrap(), reg.content().unwrap());
-    let mark = other
-        .current()
-        .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
-        .unwrap();
+    let mark = other.current().restore_mark().unwrap();
     assert_eq!(
         mark,
         Some(RestoreMark {

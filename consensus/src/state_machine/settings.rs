@@ -12,11 +12,7 @@ impl SmShared {
     pub(crate) fn restore_mark(&self) -> Result<Option<RestoreMark>> {
         self.read_through(
             |batch| batch.pending::<RestoreMark>(keys::RESTORE_MARK, "restore mark"),
-            |registry| {
-                registry
-                    .current()
-                    .get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
-            },
+            |registry| registry.current().restore_mark(),
         )
     }
 }

@@ -378,11 +378,9 @@ pub async fn end_restore(
     writer: Writer,
     _: NoBody,
 ) -> Result<axum::Json<RestoreEndedView>, ApiError> {
-    let written = writer
-        .write(Command::EndRestore { claimed_at: None })
-        .await?;
+    let written = writer.write(Command::EndRestore).await?;
     match written.result {
-        CommandResult::RestoreEnded { ended, other: None } => Ok(axum::Json(RestoreEndedView {
+        CommandResult::RestoreEnded { ended } => Ok(axum::Json(RestoreEndedView {
             ended: ended.map(RestoreView::from),
         })),
         other => Err(unexpected(other)),

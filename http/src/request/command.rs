@@ -36,7 +36,7 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::RaiseEpochFloor { at_least }
         | Command::ClaimForRestore { at_least }
         | Command::BeginRestore { at_least, .. } => validate_min_epoch(*at_least),
-        Command::EndRestore { .. } => Ok(()),
+        Command::EndRestore => Ok(()),
         Command::SetClusterVersion { .. } => Err(ApiError::invalid(
             "bad_command",
             "the cluster's version is raised by its leader only",
