@@ -16,7 +16,7 @@ use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::records::{
-    find, AppliedRecord, BucketEntry, DatanodeRecord, KvRecord, ReplicaBucket, ReplicaRecord,
+    find, AppliedRecord, BucketEntry, DatanodeRecord, ReplicaBucket, ReplicaRecord,
 };
 use crate::types::{LogId, StoredMembership};
 
@@ -242,6 +242,7 @@ impl ApplyBatch {
                 self.begin_restore(index, *at_least, origin)
             }
             Command::EndRestore => self.end_restore(),
+            Command::RestorePut { key, value } => self.restore_put(index, key, value),
         }
     }
 
@@ -677,67 +678,6 @@ impl ApplyBatch {
         Ok(())
     }
 
-    /// The key's current revision (0 if absent), or the `RevisionMismatch` result when
-    /// `if_revision` asks for another one.
-    fn check_revision(
-        &self,
-        k: &[u8],
-        if_revision: Option<u64>,
-    ) -> Result<std::result::Result<u64, CommandResult>> {
-        let current = self
-            .get::<KvRecord>(k, "kv")?
-            .map(|r| r.revision)
-            .unwrap_or(0);
-        Ok(match if_revision {
-            Some(want) if want != current => Err(CommandResult::RevisionMismatch { current }),
-            _ => Ok(current),
-        })
-    }
-
-    fn put_kv(
-        &mut self,
-        index: u64,
-        key: &str,
-        value: &[u8],
-        if_revision: Option<u64>,
-    ) -> Result<CommandResult> {
-        let k = keys::kv(key);
-        if let Err(mismatch) = self.check_revision(&k, if_revision)? {
-            return Ok(mismatch);
-        }
-        self.put(
-            &k,
-            &KvRecord {
-                value: value.to_vec(),
-                revision: index,
-            },
-        )?;
-        self.changed(index, Change::KvPut { key: key.into() });
-        Ok(CommandResult::Put { revision: index })
-    }
-
-    fn delete_kv(
-        &mut self,
-        index: u64,
-        key: &str,
-        if_revision: Option<u64>,
-    ) -> Result<CommandResult> {
-        let k = keys::kv(key);
-        let current = match self.check_revision(&k, if_revision)? {
-            Ok(current) => current,
-            Err(mismatch) => return Ok(mismatch),
-        };
-        let existed = current != 0;
-        if existed {
-            self.remove(&k);
-            self.changed(index, Change::KvDeleted { key: key.into() });
-        }
-        Ok(CommandResult::Deleted {
-            existed,
-            revision: index,
-        })
-    }
-
     /// Every pending write (with the replica count), in key order: `None` deletes the key.
     /// Empty buckets are deleted.
     pub(crate) fn finish(mut self) -> Result<Writes> {
@@ -785,6 +725,7 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
     }
 }
 
+mod kv;
 mod settings;
 
 #[cfg(test)]

@@ -32,8 +32,9 @@ use crate::types::{Entry, NodeId};
 /// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch. 6:
 /// `ClaimForRestore`, a restore's claim on a fresh cluster. 7: a removal's first piece marks
 /// the datanode as being removed, fencing the epoch it raised it to as well. 8: `BeginRestore`
-/// and `EndRestore`, a restore's mark on the cluster while it runs.
-pub const BUILD_VERSION: u32 = 8;
+/// and `EndRestore`, a restore's mark on the cluster while it runs. 9: `RestorePut`, a
+/// restore's own key write, and other key writes wait while a restore runs.
+pub const BUILD_VERSION: u32 = 9;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
 /// datanode's epoch is kept as the floor of its id's next registration.
@@ -66,6 +67,12 @@ pub const REMOVAL_MARK: u32 = 7;
 /// (`BeginRestore`), until the restore ends (`EndRestore`): a cluster that holds part of a
 /// backup says so, and a snapshot of it carries the mark.
 pub const RESTORE_MARK: u32 = 8;
+
+/// The version from which the restore writes keys as its own (`RestorePut`), and every other
+/// key write (`Put`, `Delete`) is refused while the cluster holds a restore's mark: a key a
+/// client overwrote while a restore ran would keep the restore's counts and go unseen. Decided
+/// by the applied version, so every member refuses the same writes.
+pub const RESTORE_KEYS: u32 = 9;
 
 /// The version of a build that names none (it predates versions), and a cluster's version
 /// until it is first raised: the commands up to `RegisterDatanodeAtLeast`.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster_version::{
     BASE_VERSION, CLUSTER_EPOCH_FLOOR, FENCED_DEREGISTRATION, PIECEWISE_REMOVAL, RESTORE_CLAIM,
-    RESTORE_MARK,
+    RESTORE_KEYS, RESTORE_MARK,
 };
 use crate::records::{RestoreMark, RestoreOrigin};
 
@@ -120,6 +120,11 @@ pub enum Command {
     /// Ends the restore that the cluster's mark names, if any: removes the mark (a cluster is
     /// claimed once, so there is one at most). Proposed once the cluster's version is 8.
     EndRestore,
+    /// A restore's write of a key of its backup, which must not exist yet (as a `Put` with
+    /// `if_revision: Some(0)`): taken only while the cluster holds a restore's mark
+    /// (`NotRestoring` else), when every other key write waits. Proposed once the cluster's
+    /// version is 9.
+    RestorePut { key: String, value: Vec<u8> },
 }
 
 impl Command {
@@ -133,6 +138,7 @@ impl Command {
             Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
             Command::ClaimForRestore { .. } => RESTORE_CLAIM,
             Command::BeginRestore { .. } | Command::EndRestore => RESTORE_MARK,
+            Command::RestorePut { .. } => RESTORE_KEYS,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -161,6 +167,7 @@ impl Command {
                 "a restore's claim on the cluster, marking it as being restored".to_owned()
             }
             Command::EndRestore => "the end of a restore (its mark removed)".to_owned(),
+            Command::RestorePut { key, .. } => format!("a restore's write of key {key:?}"),
             Command::SetClusterVersion { version } => {
                 format!("raising the cluster's version to {version}")
             }
@@ -241,6 +248,7 @@ impl fmt::Display for Command {
                 origin.index
             ),
             Command::EndRestore => write!(f, "EndRestore"),
+            Command::RestorePut { key, .. } => write!(f, "RestorePut({key:?})"),
             Command::DeregisterShardsOf {
                 datanode,
                 epoch,
@@ -343,9 +351,14 @@ pub enum CommandResult {
         ended: Option<RestoreMark>,
     },
     /// A restore into the cluster, claimed at `claimed_at`, has not ended: a datanode's
-    /// registration (one that is not the restore's) or an unfenced drop of replicas is refused
-    /// until it does; nothing was written. Builds of version 7 and older never get it.
+    /// registration (one that is not the restore's), an unfenced drop of replicas, and from
+    /// cluster version 9 a key's write or delete (other than `RestorePut`) is refused until it
+    /// does; nothing was written. Builds of version 7 and older never get it.
     RestoreUnderWay {
         claimed_at: u64,
     },
+    /// A `RestorePut` found no restore under way (the cluster holds no mark: the restore was
+    /// ended, by hand say, or never marked the cluster); nothing was written. Builds of version
+    /// 8 and older never get it.
+    NotRestoring,
 }

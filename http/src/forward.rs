@@ -379,15 +379,18 @@ const MAX_REFUSAL_BYTES: u64 = 64 * 1024;
 /// The message of an error body that says the route, a query parameter or a field of the
 /// body is unknown: a leader of an older build answers so to a request that a newer one takes
 /// (404 `not_found` "no route for ...", 400 `invalid_query` "this route takes no query
-/// parameters ...", 400 `invalid_body` "... unknown field ..."; this node parsed the body
-/// before it forwarded it).
+/// parameters ..." or "... unknown field ...", 400 `invalid_body` "... unknown field ...";
+/// this node parsed the query and the body before it forwarded them).
 fn unknown_to_older_build(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let error = value.get("error")?;
     let message = error.get("message")?.as_str()?;
     let unknown = match error.get("code")?.as_str()? {
         "not_found" => message.starts_with("no route for "),
-        "invalid_query" => message.starts_with("this route takes no query parameters"),
+        "invalid_query" => {
+            message.starts_with("this route takes no query parameters")
+                || message.contains("unknown field `")
+        }
         "invalid_body" => message.contains("unknown field `"),
         _ => false,
     };
@@ -563,6 +566,11 @@ mod tests {
             (
                 "invalid_query",
                 "this route takes no query parameters, got \"epoch=3\"",
+            ),
+            (
+                "invalid_query",
+                "invalid query string \"restore=true\": Failed to deserialize query string: \
+                 unknown field `restore`, expected `if_revision` or `history`",
             ),
             (
                 "invalid_body",

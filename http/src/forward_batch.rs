@@ -171,7 +171,9 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::RemoveDatanode { .. } => 0,
         Command::RemoveDatanodePiece { .. } => 9,
         Command::PruneReplicas { .. } => 18,
-        Command::Put { key, value, .. } => key.len() + value.len(),
+        Command::Put { key, value, .. } | Command::RestorePut { key, value } => {
+            key.len() + value.len()
+        }
         Command::Delete { key, .. } => key.len(),
         Command::SetClusterVersion { .. } => 5,
         Command::RaiseEpochFloor { .. } | Command::ClaimForRestore { .. } => 9,

@@ -212,7 +212,7 @@ async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<R
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
     }
-    restored.keys = restore_keys(op, backup).await?;
+    restored.keys = restore_keys(op, backup, restored.marked).await?;
     Ok(restored)
 }
 
@@ -644,34 +644,86 @@ async fn restore_datanode(
 }
 
 /// Writes every key of the backup (it must not exist yet), [`KEY_WRITES_IN_FLIGHT`] at a time;
-/// returns how many.
-async fn restore_keys(op: &Operator, backup: &Arc<Backup>) -> Result<u64> {
+/// returns how many. In a cluster this restore `marked`, they go as the restore's own
+/// (`restore=true`), which alone go on while the mark stays, if every member takes them
+/// (cluster version 9; the first key tells); as plain writes else, with a warning.
+async fn restore_keys(op: &Operator, backup: &Arc<Backup>, marked: bool) -> Result<u64> {
+    let mut tagged = marked;
     let mut written = 0;
     let mut pages = KvPages::default();
     while let Some(entries) = pages.next(backup).await? {
-        let mut puts = futures::stream::iter(entries)
-            .map(|entry| restore_key(op, entry))
-            .buffer_unordered(KEY_WRITES_IN_FLIGHT);
-        while let Some(put) = puts.next().await {
-            put?;
-            written += 1;
-        }
+        written += write_page(op, entries, &mut tagged, written == 0).await?;
     }
     Ok(written)
 }
 
-/// Writes one key of the backup (it must not exist yet).
-async fn restore_key(op: &Operator, entry: KvEntry) -> Result<()> {
-    let path = format!("{}?if_revision=0", kv_path(&entry.key));
+/// Writes a page of the backup's keys ([`restore_keys`]), as the restore's own if `tagged`; the
+/// `first` page's first key tells whether the cluster takes them (`tagged` is cleared if not).
+async fn write_page(
+    op: &Operator,
+    mut entries: Vec<KvEntry>,
+    tagged: &mut bool,
+    first: bool,
+) -> Result<u64> {
+    let mut written = 0;
+    if *tagged && first && !entries.is_empty() {
+        let entry = entries.remove(0);
+        if let KeyWrite::Older(why) = restore_key(op, &entry, true).await? {
+            eprintln!(
+                "warning: the restore writes its keys as a client does, as not every member \
+                 (the leader included) is known to run a build of cluster version 9 or later \
+                 ({why}): a key a client writes meanwhile is not held back, and one it \
+                 overwrites goes unseen"
+            );
+            *tagged = false;
+            restore_key(op, &entry, false).await?;
+        }
+        written += 1;
+    }
+    let tagged = *tagged;
+    let mut puts = futures::stream::iter(entries)
+        .map(|entry| async move { restore_key(op, &entry, tagged).await })
+        .buffer_unordered(KEY_WRITES_IN_FLIGHT);
+    while let Some(put) = puts.next().await {
+        if let KeyWrite::Older(why) = put? {
+            bail!("the cluster stopped taking the restore's key writes: {why}");
+        }
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// How a key's write went.
+enum KeyWrite {
+    Written,
+    /// The restore's own write (`restore=true`) is not taken: a member's build, or the cluster's
+    /// version, is older (what it said). Nothing was written.
+    Older(String),
+}
+
+/// Writes one key of the backup (it must not exist yet), as the restore's own if `tagged`.
+async fn restore_key(op: &Operator, entry: &KvEntry, tagged: bool) -> Result<KeyWrite> {
+    let path = match tagged {
+        true => format!("{}?if_revision=0&restore=true", kv_path(&entry.key)),
+        false => format!("{}?if_revision=0", kv_path(&entry.key)),
+    };
     let put = op
-        .send_retrying(|| {
+        .answer_retrying(|| {
             op.request(reqwest::Method::PUT, &path)
                 .body(entry.value.clone())
         })
-        .await;
-    let Err(e) = put else {
-        return Ok(());
+        .await?;
+    let refused = match put {
+        Ok(_) => return Ok(KeyWrite::Written),
+        Err(refused) => refused,
     };
+    let older = refused.code() == Some("cluster_version")
+        || (refused.code() == Some("invalid_query")
+            && refused.message().contains("unknown field `restore`"));
+    if tagged && older {
+        return Ok(KeyWrite::Older(refused.message().to_owned()));
+    }
+    let e = op.refused_error(refused);
     // A retry whose first try was applied finds the key written: with our value, that is the
     // write done.
     let stored = op
@@ -682,7 +734,7 @@ async fn restore_key(op: &Operator, entry: KvEntry) -> Result<()> {
         Err(_) => false,
     };
     if ours {
-        Ok(())
+        Ok(KeyWrite::Written)
     } else {
         Err(e.context(format!("writing key {:?}", entry.key)))
     }
@@ -699,230 +751,4 @@ fn kv_path(key: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use super::{
-        being_removed, check_addrs, check_empty, claim, epoch_floor, kv_path, own_claim,
-        raise_epoch_floor,
-    };
-    use crate::cli::ClientArgs;
-    use crate::operator::Operator;
-    use axum::http::{header, StatusCode};
-    use axum::response::IntoResponse;
-    use meta_consensus::DatanodeInfo;
-
-    /// A stand-in member on 127.0.0.1 that answers every request with `status` and `body` (and
-    /// `Retry-After` if `retry`); an operator of it, and how many requests it answered.
-    async fn answering(
-        status: u16,
-        retry: bool,
-        body: &'static str,
-    ) -> (Operator, Arc<AtomicUsize>) {
-        let asked = Arc::new(AtomicUsize::new(0));
-        let counter = asked.clone();
-        let app = axum::Router::new().fallback(move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-            async move {
-                let mut r = (StatusCode::from_u16(status).unwrap(), body).into_response();
-                if retry {
-                    r.headers_mut()
-                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                }
-                r
-            }
-        });
-        (serving(app).await, asked)
-    }
-
-    /// An operator of `app`, served on 127.0.0.1.
-    async fn serving(app: axum::Router) -> Operator {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Operator::new(&ClientArgs {
-            server: addr.to_string(),
-            token: None,
-            member_token: None,
-            tls_ca: None,
-        })
-        .unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_floor_the_cluster_cannot_keep_is_given_up_at_once_and_other_refusals_fail() {
-        let older =
-            r#"{"error":{"code":"cluster_version","message":"node 3 runs a build of version 3"}}"#;
-        // A member of an older build: refused without Retry-After, asked once.
-        let (op, asked) = answering(503, false, older).await;
-        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), None);
-        assert_eq!(asked.load(Ordering::SeqCst), 1);
-        // A leader whose build predates the route.
-        let (op, _) = answering(
-            404,
-            false,
-            r#"{"error":{"code":"not_found","message":"?"}}"#,
-        )
-        .await;
-        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), None);
-        // Anything else fails the restore.
-        let (op, _) = answering(500, false, r#"{"error":{"code":"internal","message":"x"}}"#).await;
-        let e = raise_epoch_floor(&op, 5).await.unwrap_err();
-        assert!(format!("{e:#}").contains("internal"), "{e:#}");
-        // Raised: the floor the member answers.
-        let (op, _) = answering(200, false, r#"{"epoch_floor":7}"#).await;
-        assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), Some(7));
-    }
-
-    /// A stand-in leader that refuses a claim naming the backup with `refusal` (400) and takes
-    /// any other, answering the floor 7; its operator, and the bodies it was sent.
-    async fn refusing_the_mark(
-        refusal: &'static str,
-    ) -> (Operator, Arc<std::sync::Mutex<Vec<String>>>) {
-        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = bodies.clone();
-        let app = axum::Router::new().fallback(move |body: String| {
-            let marked = body.contains("\"restore\"");
-            seen.lock().unwrap().push(body);
-            async move {
-                match marked {
-                    true => (StatusCode::BAD_REQUEST, refusal).into_response(),
-                    false => (StatusCode::OK, r#"{"epoch_floor":7}"#).into_response(),
-                }
-            }
-        });
-        let op = serving(app).await;
-        (op, bodies)
-    }
-
-    /// A leader of build 7 does not know the mark: the restore claims the cluster without
-    /// one (and will not end one). A leader that refuses the body for another field fails the
-    /// claim, with nothing written.
-    #[tokio::test]
-    async fn a_leader_that_cannot_mark_is_claimed_without_a_mark() {
-        let origin = meta_consensus::RestoreOrigin {
-            index: 9,
-            datanodes: 1,
-            replicas: 2,
-            keys: 3,
-        };
-        let older = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `restore`, expected `at_least` or `if_fresh` at line 1 column 40"}}"#;
-        let (op, bodies) = refusing_the_mark(older).await;
-        assert_eq!(claim(&op, 5, &origin).await.unwrap(), (Some(7), false));
-        let bodies = bodies.lock().unwrap().clone();
-        assert_eq!(bodies.len(), 2, "{bodies:?}");
-        assert!(bodies[0].contains(r#""replicas":2"#), "{bodies:?}");
-        assert!(!bodies[1].contains("restore"), "{bodies:?}");
-        let other = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `x`, expected one of `at_least`, `if_fresh`, `restore`"}}"#;
-        let (op, bodies) = refusing_the_mark(other).await;
-        let e = claim(&op, 5, &origin).await.unwrap_err();
-        assert!(e.is::<super::NothingWritten>(), "{e:#}");
-        assert_eq!(bodies.lock().unwrap().len(), 1);
-    }
-
-    /// The check that the cluster is empty rides out a cluster without a leader yet (503, as
-    /// while it elects one), as the restore's writes do.
-    #[tokio::test]
-    async fn the_emptiness_check_waits_for_a_leader() {
-        let asked = Arc::new(AtomicUsize::new(0));
-        let counter = asked.clone();
-        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-            let n = counter.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    let no_leader = r#"{"error":{"code":"no_leader","message":"electing"}}"#;
-                    let mut r = (StatusCode::SERVICE_UNAVAILABLE, no_leader).into_response();
-                    r.headers_mut()
-                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                    return r;
-                }
-                let body = match uri.path() {
-                    "/v1/datanodes" => r#"{"datanodes":[],"next":null}"#,
-                    _ => r#"{"keys":[],"next":null}"#,
-                };
-                (StatusCode::OK, body).into_response()
-            }
-        });
-        let op = serving(app).await;
-        check_empty(&op).await.unwrap();
-        assert_eq!(asked.load(Ordering::SeqCst), 3);
-    }
-
-    /// A claim refused for holding nothing but this restore's floor is its own; one refused
-    /// for another floor, or for datanodes or keys as well, is another's.
-    #[test]
-    fn a_refused_claim_is_told_from_this_restores_own() {
-        use meta_http::handlers::cluster::not_fresh;
-        assert!(own_claim(&not_fresh(1_700, false, false), 1_700));
-        assert!(!own_claim(&not_fresh(1_700, false, false), 170));
-        assert!(!own_claim(&not_fresh(1_700, true, false), 1_700));
-        assert!(!own_claim(&not_fresh(1_700, false, true), 1_700));
-        assert!(!own_claim(&not_fresh(0, true, true), 0));
-    }
-
-    #[test]
-    fn restored_epochs_pass_the_time_and_every_epoch_of_the_backup() {
-        let datanode = |id, epoch| DatanodeInfo {
-            id,
-            addr: "10.0.0.1:9000".into(),
-            epoch,
-            registered_index: 1,
-            shards: 0,
-            removing: false,
-        };
-        let now = 1_800_000_000_000_000;
-        assert_eq!(epoch_floor(now, &[], 0), now);
-        assert_eq!(epoch_floor(now, &[datanode(1, 5), datanode(2, 9)], 7), now);
-        let raised = [datanode(1, 5), datanode(2, now + 41), datanode(3, now + 7)];
-        assert_eq!(epoch_floor(now, &raised, 0), now + 42);
-        assert_eq!(epoch_floor(now, &raised, now + 50), now + 51);
-        assert_eq!(epoch_floor(now, &[datanode(1, u64::MAX)], 0), u64::MAX);
-        assert_eq!(epoch_floor(now, &[], u64::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn datanodes_being_removed_in_the_backup_are_named() {
-        let datanode = |id, removing| DatanodeInfo {
-            id,
-            addr: "10.0.0.1:9000".into(),
-            epoch: 1,
-            registered_index: 1,
-            shards: 0,
-            removing,
-        };
-        assert_eq!(being_removed(&[datanode(1, false)]), None);
-        let one = being_removed(&[datanode(1, false), datanode(7, true)]).unwrap();
-        assert!(one.starts_with("datanode 7 was being removed"), "{one}");
-        let two = being_removed(&[datanode(3, true), datanode(7, true)]).unwrap();
-        assert!(
-            two.starts_with("datanodes 3, 7 were being removed"),
-            "{two}"
-        );
-    }
-
-    #[test]
-    fn an_address_the_cluster_refuses_stops_the_restore_before_anything_is_sent() {
-        let datanode = |id, addr: &str| DatanodeInfo {
-            id,
-            addr: addr.into(),
-            epoch: 1,
-            registered_index: 1,
-            shards: 0,
-            removing: false,
-        };
-        check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "[::1]:7")]).unwrap();
-        let err = check_addrs(&[datanode(1, "10.0.0.1:9000"), datanode(2, "h:1:2")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("datanode 2"), "{err}");
-        assert!(err.contains("nothing was sent"), "{err}");
-    }
-
-    #[test]
-    fn keys_keep_their_slashes_and_escape_the_rest() {
-        assert_eq!(kv_path("config/replication"), "/v1/kv/config/replication");
-        assert_eq!(kv_path("a b?c#d%"), "/v1/kv/a%20b%3Fc%23d%25");
-        assert_eq!(kv_path("é"), "/v1/kv/%C3%A9");
-    }
-}
+mod tests;

@@ -494,13 +494,19 @@ async fn a_restore_cut_off_part_way_leaves_a_cluster_that_says_so() {
 }
 
 /// A stand-in between the restore and the member at `to`: it passes every request on, and once
-/// the restore's claim passed, it writes a key at the member itself, as a client that writes
-/// while a restore runs would.
-async fn writing_meanwhile(to: String) -> String {
+/// the restore's claim passed, it writes two keys at the member itself: `meanwhile`, as a client
+/// that writes while a restore runs would (its answer, status and JSON, is sent on the channel),
+/// and `forged`, as the restore's own (`restore=true`), as a client that claims to be the
+/// restore would.
+async fn writing_meanwhile(
+    to: String,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<(u16, Value)>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let (tell, told) = tokio::sync::mpsc::unbounded_channel();
     let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
         let to = to.clone();
+        let tell = tell.clone();
         async move {
             let (parts, body) = request.into_parts();
             let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
@@ -515,7 +521,12 @@ async fn writing_meanwhile(to: String) -> String {
             let status = answer.status();
             let bytes = answer.bytes().await.unwrap();
             if parts.method == Method::PUT && path == "/v1/cluster/epoch-floor" {
-                ok(Method::PUT, &to, "/v1/kv/meanwhile", Some("x".into())).await;
+                let url = format!("http://{to}/v1/kv/meanwhile");
+                let http = client();
+                let client_write = send(&http, Method::PUT, &url, None, Some("x".into()));
+                tell.send(client_write.await.unwrap()).unwrap();
+                let path = "/v1/kv/forged?restore=true";
+                ok(Method::PUT, &to, path, Some("x".into())).await;
             }
             let mut response = axum::response::Response::new(axum::body::Body::from(bytes));
             *response.status_mut() = status;
@@ -523,11 +534,13 @@ async fn writing_meanwhile(to: String) -> String {
         }
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    (addr, told)
 }
 
-/// A restore checks that the cluster holds what the backup holds before it ends its mark: a
-/// key written meanwhile fails the restore, naming the counts, and the cluster keeps the mark.
+/// While a restore runs, a client's key write is refused (503 `restoring`): only the restore
+/// writes keys. A restore checks that the cluster holds what the backup holds before it ends its
+/// mark: a key written meanwhile as the restore's own fails the restore, naming the counts, and
+/// the cluster keeps the mark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
     let dir = tempfile::tempdir().unwrap();
@@ -547,8 +560,11 @@ async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
     source.stop().await;
 
     let (mut target, to) = start(&dir.path().join("target")).await;
-    let between = writing_meanwhile(to.clone()).await;
+    let (between, mut told) = writing_meanwhile(to.clone()).await;
     let (restored, _, err) = run(&["snapshot", "restore", "--server", &between, backup], &[]).await;
+    let (status, answer) = told.recv().await.expect("the stand-in wrote meanwhile");
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "restoring", "{answer}");
     assert!(!restored, "{err}");
     assert!(
         err.contains(
@@ -558,6 +574,8 @@ async fn a_cluster_written_while_it_was_restored_keeps_the_mark() {
     );
     let view = ok(Method::GET, &to, "/v1/cluster", None).await;
     assert_eq!(view["restore"]["backup"]["datanodes"], 1, "{view}");
+    let keys = ok(Method::GET, &to, "/v1/kv", None).await;
+    assert_eq!(keys["keys"].as_array().unwrap().len(), 2, "{keys}");
     target.stop().await;
 }
 

@@ -243,3 +243,82 @@ fn a_datanode_waits_while_a_restore_runs() {
         vec![CommandResult::ShardsDeregistered { removed: 1 }]
     );
 }
+
+fn restore_put(key: &str) -> Command {
+    Command::RestorePut {
+        key: key.into(),
+        value: b"restored".to_vec(),
+    }
+}
+
+/// The value of `key`, if it exists.
+fn value(reg: &Registry, key: &str) -> Option<Vec<u8>> {
+    reg.kv_get(key).unwrap().map(|e| e.value)
+}
+
+/// From cluster version 9, while a restore runs only its own key writes go on: a client's write
+/// or delete of a key is refused with nothing written, and the restore's write creates its key,
+/// never overwrites one. Without a mark the restore's writes are refused; once it ends, the
+/// clients' go on again.
+#[test]
+fn keys_wait_while_a_restore_runs_from_version_9() {
+    let (_dir, reg) = registry();
+    apply(&reg, 1, &[Command::SetClusterVersion { version: 9 }]);
+    let not_restoring = vec![CommandResult::NotRestoring];
+    assert_eq!(apply(&reg, 2, &[restore_put("a")]), not_restoring);
+    assert_eq!(value(&reg, "a"), None);
+    apply(&reg, 3, &[begin(700)]);
+    let under_way = CommandResult::RestoreUnderWay { claimed_at: 3 };
+    let delete = Command::Delete {
+        key: "a".into(),
+        if_revision: None,
+    };
+    let out = apply(
+        &reg,
+        4,
+        &[put("k"), restore_put("a"), restore_put("a"), put("a")],
+    );
+    assert_eq!(
+        out,
+        vec![
+            under_way.clone(),
+            CommandResult::Put { revision: 5 },
+            CommandResult::RevisionMismatch { current: 5 },
+            under_way.clone(),
+        ]
+    );
+    assert_eq!(
+        apply(&reg, 8, std::slice::from_ref(&delete)),
+        vec![under_way]
+    );
+    assert_eq!(value(&reg, "a").as_deref(), Some(&b"restored"[..]));
+    assert_eq!(value(&reg, "k"), None);
+
+    apply(&reg, 9, &[Command::EndRestore]);
+    assert_eq!(apply(&reg, 10, &[restore_put("b")]), not_restoring);
+    let out = apply(&reg, 11, &[put("k"), delete]);
+    assert_eq!(
+        out,
+        vec![
+            CommandResult::Put { revision: 11 },
+            CommandResult::Deleted {
+                existed: true,
+                revision: 12
+            },
+        ]
+    );
+}
+
+/// Below cluster version 9 a client's key writes go on while a restore runs: the members of
+/// such a cluster may run builds that take them, and every member must apply the same.
+#[test]
+fn keys_are_written_during_a_restore_in_a_cluster_of_version_8() {
+    let (_dir, reg) = registry();
+    apply(&reg, 1, &[Command::SetClusterVersion { version: 8 }]);
+    apply(&reg, 2, &[begin(700)]);
+    assert_eq!(
+        apply(&reg, 3, &[put("k")]),
+        vec![CommandResult::Put { revision: 3 }]
+    );
+    assert!(mark(&reg).is_some());
+}

@@ -82,7 +82,7 @@ impl ApplyBatch {
     }
 
     /// The restore's mark, as this batch leaves it (`None`: no restore under way or cut off).
-    fn restore_mark(&self) -> Result<Option<RestoreMark>> {
+    pub(super) fn restore_mark(&self) -> Result<Option<RestoreMark>> {
         self.get::<RestoreMark>(keys::RESTORE_MARK, "restore mark")
     }
 

@@ -54,7 +54,7 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
                 ));
             }
         }
-        Command::Put { key, value, .. } => {
+        Command::Put { key, value, .. } | Command::RestorePut { key, value } => {
             check_key(key)?;
             if value.len() > MAX_VALUE_BYTES {
                 return Err(Error::InvalidArgument(format!(

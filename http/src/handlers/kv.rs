@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use meta_consensus::{Command, CommandResult};
 
 use super::{listing_error, unexpected};
+use crate::auth::ClientTokenOnly;
 use crate::error::ApiError;
 use crate::extract::{malformed_escape, NoBody, Query, RawBody};
 use crate::follower_read::ReplayedReadIndex;
@@ -97,30 +98,60 @@ fn written(
             expected: expected.unwrap_or_default(),
             current,
         }),
+        CommandResult::RestoreUnderWay { claimed_at } => Err(ApiError::Restoring(format!(
+            "a restore into the cluster (claimed at index {claimed_at}) has not ended: keys are \
+             written and deleted once it ends, by the restore alone until then (one cut off \
+             part way ends with `metaserver snapshot end-restore`, or is run again into fresh \
+             data dirs)"
+        ))),
+        CommandResult::NotRestoring => Err(ApiError::Conflict(format!(
+            "key {key:?} was not written: restore=true writes a restore's keys, and no restore \
+             is under way in the cluster (it holds no restore mark: the restore was ended, by \
+             hand say, or did not mark the cluster)"
+        ))),
         other => Err(unexpected(other)),
     }
 }
 
-/// `PUT /v1/kv/{key}?if_revision=N&history=H` with the value as body (at most 1 MiB).
+/// Why a restore's key write takes the member token, when the node has a separate one.
+const RESTORE_WRITE: &str = "a restore's key write (restore=true) goes on while every other \
+     waits for the restore to end";
+
+/// `PUT /v1/kv/{key}?if_revision=N&history=H&restore=B` with the value as body (at most 1
+/// MiB). `restore=true` (a restore's write of a key it creates, which takes a separate member
+/// token if the node has one) goes on while a restore runs; every other key write is refused
+/// then, 503 `restoring`.
 pub async fn put(
     State(state): State<SharedState>,
     writer: Writer,
+    client_only: Option<axum::Extension<ClientTokenOnly>>,
     KeyPath(key): KeyPath,
     Query(query): Query<KvWriteQuery>,
     RawBody(value): RawBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
-    let if_revision = query.if_revision()?;
+    let mut if_revision = query.if_revision()?;
+    let restore = query.restore()?;
     validate_new_key(&key)?;
     validate_value(&value)?;
     check_history(&state, &query)?;
-    let result = writer
-        .write(Command::Put {
+    if restore && client_only.is_some() {
+        return Err(ClientTokenOnly::refusal(RESTORE_WRITE));
+    }
+    let command = match restore {
+        true => {
+            if_revision = Some(0);
+            Command::RestorePut {
+                key: key.clone(),
+                value: value.to_vec(),
+            }
+        }
+        false => Command::Put {
             key: key.clone(),
             value: value.to_vec(),
             if_revision,
-        })
-        .await?
-        .result;
+        },
+    };
+    let result = writer.write(command).await?.result;
     written(&state, result, &key, if_revision).map(axum::Json)
 }
 
@@ -133,6 +164,12 @@ pub async fn delete(
     _: NoBody,
 ) -> Result<axum::Json<KvWritten>, ApiError> {
     let if_revision = query.if_revision()?;
+    if query.restore()? {
+        return Err(ApiError::invalid(
+            "invalid_argument",
+            "restore=true is for a restore's key writes: a restore deletes no key",
+        ));
+    }
     check_history(&state, &query)?;
     let result = writer
         .write(Command::Delete {

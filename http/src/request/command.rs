@@ -28,7 +28,7 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::RemoveDatanode { .. }
         | Command::PruneReplicas { .. }
         | Command::RemoveDatanodePiece { .. } => Ok(()),
-        Command::Put { key, value, .. } => {
+        Command::Put { key, value, .. } | Command::RestorePut { key, value } => {
             validate_new_key(key)?;
             validate_value(value)
         }

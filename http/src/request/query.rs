@@ -159,12 +159,15 @@ pub struct WatchRequest {
     pub consistency: ReadConsistency,
 }
 
-/// Query of key-value writes: `?if_revision=&history=`.
+/// Query of key-value writes: `?if_revision=&history=&restore=`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvWriteQuery {
     /// Compare-and-swap: the key's expected revision; 0 = must not exist.
     pub if_revision: Option<QueryNumber>,
+    /// `true`: the write is a restore's (it takes the member token, and the key must not
+    /// exist), which alone go on while a restore runs.
+    pub restore: Option<String>,
     /// The history the revision counts in (the `x-history` of the read it came from): refused
     /// with 410 if this cluster's is another (a cluster restored from a backup counts
     /// revisions again, so an old revision could match a rolled-back value).
@@ -175,6 +178,30 @@ impl KvWriteQuery {
     /// The revision the write is conditional on, if any.
     pub fn if_revision(&self) -> Result<Option<u64>, ApiError> {
         number(self.if_revision.as_ref(), "if_revision", "invalid_argument")
+    }
+
+    /// Whether the write is a restore's (`restore=true`; `false` or absent: not). A restore's
+    /// write creates its key: an `if_revision` other than 0 is refused with it.
+    pub fn restore(&self) -> Result<bool, ApiError> {
+        let restore = match self.restore.as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                let shown: String = other.chars().take(64).collect();
+                return Err(ApiError::invalid(
+                    "invalid_argument",
+                    format!("restore={shown:?} is neither true nor false"),
+                ));
+            }
+        };
+        if restore && !matches!(self.if_revision()?, None | Some(0)) {
+            return Err(ApiError::invalid(
+                "invalid_argument",
+                "a restore's write creates its key: if_revision, if given with restore=true, \
+                 is 0",
+            ));
+        }
+        Ok(restore)
     }
 
     /// The history the write's revision counts in, if the client said (checked as a name).

@@ -280,6 +280,14 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
             .unwrap()
             .contains("raising epochs"));
     }
+    // Nor write a key as a restore does: that write goes on while every other waits.
+    let restore_put = "/v1/kv/r?restore=true";
+    let a = call(&app, Method::PUT, restore_put, "x".to_owned(), &[client]).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{a:?}");
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("a restore's key write"));
     assert_eq!(t.digest().await, digest, "a refused raise changed nothing");
     // A registration without `min_epoch` is a client's; the member token may raise.
     let plain = r#"{"addr":"10.0.0.9:7000"}"#.to_owned();
@@ -289,6 +297,9 @@ async fn a_member_token_keeps_clients_off_the_members_routes() {
         let a = call(&app, method.clone(), uri, body.to_owned(), &[member]).await;
         assert_eq!(a.status, StatusCode::OK, "{method} {uri}: {a:?}");
     }
+    // Past the token, the restore's write finds no restore under way.
+    let a = call(&app, Method::PUT, restore_put, "x".to_owned(), &[member]).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{a:?}");
     // The member token passes (to the handlers' own refusals: an initialized node, nothing at
     // the new address).
     for (method, uri, body) in [&naming[0], &naming[2]] {

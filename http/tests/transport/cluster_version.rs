@@ -303,7 +303,11 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
 /// A restore's marked claim, and its end, wait for every member to run a build of version 8: a
 /// cluster with a member of build 7 refuses them (503 `cluster_version`, nothing written) and
 /// still takes the plain claim; once every member runs it, the mark shows on every member until
-/// the end removes it, both sent through a follower.
+/// the end removes it, both sent through a follower. Keys wait for the restore once every
+/// member runs a build of version 9: the claim raises the cluster to 9, a client's key write is
+/// refused (503 `restoring`) and the restore's own (`restore=true`) goes on, until the end. In
+/// a cluster of builds 8, a client's key write goes on and the restore's is refused (503
+/// `cluster_version`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_mark_waits_for_every_member() {
     let marked = json!({
@@ -311,7 +315,7 @@ async fn a_restore_mark_waits_for_every_member() {
         "if_fresh": true,
         "restore": {"index": 9, "datanodes": 1, "replicas": 2, "keys": 3},
     });
-    for builds in [[8, 8, 7], [8, 8, 8]] {
+    for builds in [[8, 8, 7], [8, 8, 8], [9, 9, 9]] {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
         let (leader, follower) = leader_and_follower(&servers);
@@ -356,6 +360,27 @@ async fn a_restore_mark_waits_for_every_member() {
             )
             .await;
         }
+        let keys_wait = builds[2] >= 9;
+        let client_put = |key: &'static str| send(put.clone(), follower, key, json!("client"));
+        let restore_put = "/v1/kv/restored?restore=true";
+        let (status, retry, answer) = client_put("/v1/kv/client").await;
+        let (restored, _, restored_answer) =
+            send(put.clone(), follower, restore_put, json!("restore")).await;
+        if keys_wait {
+            assert_eq!((status, retry.is_some()), (503, true), "{answer}");
+            assert_eq!(answer["error"]["code"], "restoring", "{answer}");
+            assert_eq!(restored, 200, "{restored_answer}");
+            let (status, _, answer) = send(put.clone(), follower, restore_put, json!("2")).await;
+            assert_eq!(status, 409, "{answer}");
+            assert_eq!(answer["error"]["code"], "revision_mismatch", "{answer}");
+        } else {
+            assert_eq!(status, 200, "{answer}");
+            assert_eq!(restored, 503, "{restored_answer}");
+            assert_eq!(
+                restored_answer["error"]["code"], "cluster_version",
+                "{restored_answer}"
+            );
+        }
         let (status, _, answer) =
             send(delete.clone(), follower, "/v1/cluster/restore", Value::Null).await;
         assert_eq!(status, 200, "{answer}");
@@ -368,6 +393,20 @@ async fn a_restore_mark_waits_for_every_member() {
             )
             .await;
         }
-        assert_eq!(leader.node.cluster_version(), 8);
+        assert_eq!(leader.node.cluster_version(), builds[2]);
+        if keys_wait {
+            let (status, _, answer) = client_put("/v1/kv/client").await;
+            assert_eq!(status, 200, "{answer}");
+            let (status, _, answer) = send(put.clone(), follower, restore_put, json!("3")).await;
+            assert_eq!(status, 409, "{answer}");
+            assert_eq!(answer["error"]["code"], "conflict", "{answer}");
+            assert!(
+                answer["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no restore is under way"),
+                "{answer}"
+            );
+        }
     }
 }
