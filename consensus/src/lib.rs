@@ -26,6 +26,7 @@
 //! cluster it belongs to.
 
 mod addresses;
+mod admission;
 mod apply_batch;
 mod backup;
 mod build_pauses;
@@ -73,6 +74,7 @@ mod view;
 mod voter_rooms;
 
 pub use addresses::Addresses;
+pub use admission::SMALL_WRITE_WEIGHT;
 pub use backup::Backup;
 pub use change_feed::{Change, ChangeBatch, ChangeEvent, ChangeFilter, DEFAULT_HISTORY};
 pub use cluster_id::{history_name, ClusterId};

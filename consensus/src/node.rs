@@ -105,8 +105,8 @@ struct Inner {
     /// The other voters short of disk, as the HTTP layer's disk look and the voters' alarms
     /// told this node while it leads (`free_space.rs`).
     voter_rooms: parking_lot::Mutex<crate::voter_rooms::VoterRooms>,
-    /// Permits = shards that writes in flight may still claim (`max_pending_shards`).
-    write_window: Arc<tokio::sync::Semaphore>,
+    /// Room for writes in flight (`max_pending_shards`, and the small writes' lane).
+    admission: crate::admission::Admission,
     /// Completes once openraft's state machine worker dropped the state machine
     /// (`StateMachine::released`); taken by the shutdown, which waits for it.
     sm_released: parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
@@ -287,7 +287,7 @@ impl MetaNode {
                 room_refused: parking_lot::Mutex::new(None),
                 room_elsewhere: std::sync::atomic::AtomicBool::new(true),
                 voter_rooms: parking_lot::Mutex::default(),
-                write_window: Arc::new(tokio::sync::Semaphore::new(window as usize)),
+                admission: crate::admission::Admission::new(window),
                 sm_released: parking_lot::Mutex::new(Some(sm_released)),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 liveness: parking_lot::Mutex::new(Liveness::new(datanode_timeout)),

@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use meta_consensus::{codec, ClusterId, Command, MetaNode, Written};
+use meta_consensus::{codec, ClusterId, Command, MetaNode, Written, SMALL_WRITE_WEIGHT};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -159,6 +159,26 @@ impl From<Refusal> for ApiError {
 /// The leader's answer to one command of a batch.
 pub type Answer = Result<Written, Refusal>;
 
+/// Whether `cmd` is a small write ([`SMALL_WRITE_WEIGHT`] shards at most): it goes to the leader
+/// in an exchange without large ones, since the leader answers an exchange once every write in
+/// it is done, and admits small writes in a lane of their own.
+fn small(cmd: &Command) -> bool {
+    cmd.weight() <= SMALL_WRITE_WEIGHT
+}
+
+/// `batch` in parts of the same `key`, each in the order queued, the parts in the order of
+/// their first write.
+fn parts<T, K: PartialEq>(mut batch: Vec<T>, key: impl Fn(&T) -> K) -> Vec<Vec<T>> {
+    let mut parts = Vec::new();
+    while let Some(first) = batch.first() {
+        let first = key(first);
+        let (same, rest): (Vec<_>, Vec<_>) = batch.into_iter().partition(|q| key(q) == first);
+        batch = rest;
+        parts.push(same);
+    }
+    parts
+}
+
 /// An upper bound of a command's encoded size, for bounding batches without encoding twice.
 fn wire_bytes(cmd: &Command) -> usize {
     // Varint u64s take at most 9 bytes; a shard report is three of them.
@@ -290,16 +310,9 @@ impl Link {
     /// Sends `batch`, one exchange per leader it names (one, unless the leader just changed),
     /// concurrently, each once it has a place at its leader. `slot` is given up as soon as a
     /// part must wait for a place, so that it holds back no batch queued behind.
-    async fn send_batches(&self, mut batch: Vec<Queued>, slot: Option<OwnedSemaphorePermit>) {
+    async fn send_batches(&self, batch: Vec<Queued>, slot: Option<OwnedSemaphorePermit>) {
         let slot = Mutex::new(slot);
-        let mut parts = Vec::new();
-        while let Some(first) = batch.first() {
-            let addr = first.target.addr.clone();
-            let (same, rest): (Vec<_>, Vec<_>) =
-                batch.into_iter().partition(|q| q.target.addr == addr);
-            batch = rest;
-            parts.push(same);
-        }
+        let parts = parts(batch, |q| (q.target.addr.clone(), small(&q.command)));
         futures::future::join_all(parts.into_iter().map(|part| self.send_part(part, &slot))).await;
     }
 

@@ -1,6 +1,8 @@
-//! Admin reads during the storm: `GET /v1/shards/{id}` and `GET /v1/cluster`, each issued on its
-//! own fixed schedule (open loop: a slow read does not delay the next one, so slow reads are not
-//! under-counted), rotating over the members, recording the latency of every read.
+//! Admin requests during the storm: reads (`GET /v1/shards/{id}` and `GET /v1/cluster`) and a
+//! small write (`PUT /v1/kv/bench/probe-{n}`, an operator's key write, which queues for the
+//! leader's admission window with the storm's batches), each issued on its own fixed schedule
+//! (open loop: a slow request does not delay the next one, so slow ones are not under-counted),
+//! rotating over the members, recording the latency of every request.
 //!
 //! The probes run on a thread of their own, with their own runtime and connections: on the
 //! bench's runtime, which also drives every datanode of the storm (thousands of tasks encoding
@@ -21,11 +23,14 @@ use super::api::Api;
 /// counted, so a stalled server is not buried under reads.
 const MAX_IN_FLIGHT: usize = 256;
 
-/// Latencies of the admin reads of one storm.
+/// Latencies of the admin requests of one storm.
 #[derive(Debug, Default)]
 pub struct AdminLatencies {
     pub shard_ms: Vec<f64>,
     pub cluster_ms: Vec<f64>,
+    /// The key writes, with those that failed or were not sent (kept apart from the reads').
+    pub write_ms: Vec<f64>,
+    pub write_unanswered: u64,
     /// Reads that failed outright or answered with a status other than 200 or 404.
     pub errors: u64,
     /// Reads not sent: ticks skipped because `MAX_IN_FLIGHT` reads of that probe were
@@ -46,8 +51,8 @@ struct ProbeTally {
 /// The running probes; `stop` ends them and returns what they measured.
 pub struct AdminProbe {
     stop: watch::Sender<bool>,
-    /// The shard and the cluster probe's tallies, once both ended.
-    done: oneshot::Receiver<(ProbeTally, ProbeTally)>,
+    /// The shard, the cluster and the write probe's tallies, once all ended.
+    done: oneshot::Receiver<(ProbeTally, ProbeTally, ProbeTally)>,
 }
 
 impl AdminProbe {
@@ -80,13 +85,25 @@ impl AdminProbe {
                     bases.clone(),
                     interval,
                     stopped.clone(),
+                    false,
                     move |n| {
                         let id = (n * stride) % shard_ids.max(1);
                         format!("/v1/shards/{id}?consistency={consistency}")
                     },
                 );
-                let cluster = probe(api, bases, interval, stopped, |_| "/v1/cluster".to_string());
-                let _ = finished.send(runtime.block_on(async { tokio::join!(shard, cluster) }));
+                let cluster = probe(
+                    api.clone(),
+                    bases.clone(),
+                    interval,
+                    stopped.clone(),
+                    false,
+                    |_| "/v1/cluster".to_string(),
+                );
+                let write = probe(api, bases, interval, stopped, true, |n| {
+                    format!("/v1/kv/bench/probe-{}", n % 64)
+                });
+                let _ =
+                    finished.send(runtime.block_on(async { tokio::join!(shard, cluster, write) }));
             })
             .context("start the admin probes' thread")?;
         Ok(AdminProbe { stop, done })
@@ -96,13 +113,18 @@ impl AdminProbe {
     /// if the probes' thread died (no measurement is not a fast one).
     pub async fn stop(self) -> Result<AdminLatencies> {
         let _ = self.stop.send(true);
-        let (shard, cluster) = self
+        let (shard, cluster, write) = self
             .done
             .await
             .context("the admin probes' thread died before it reported")?;
+        if let Some(e) = &write.last_error {
+            eprintln!("storm: {} admin write(s) failed; last: {e}", write.errors);
+        }
         Ok(AdminLatencies {
             shard_ms: shard.latencies_ms,
             cluster_ms: cluster.latencies_ms,
+            write_ms: write.latencies_ms,
+            write_unanswered: write.errors + write.skipped,
             errors: shard.errors + cluster.errors,
             skipped: shard.skipped + cluster.skipped,
             last_error: cluster.last_error.or(shard.last_error),
@@ -110,12 +132,14 @@ impl AdminProbe {
     }
 }
 
-/// One probe: a read of `path(n)` every `interval` until stopped, then the outstanding reads.
+/// One probe: a read (a key write if `write`) of `path(n)` every `interval` until stopped, then
+/// the outstanding requests.
 async fn probe(
     api: Api,
     bases: Arc<Vec<String>>,
     interval: Duration,
     mut stopped: watch::Receiver<bool>,
+    write: bool,
     path: impl Fn(u64) -> String,
 ) -> ProbeTally {
     let mut out = ProbeTally::default();
@@ -143,7 +167,10 @@ async fn probe(
         n += 1;
         let api = api.clone();
         reads.spawn(async move {
-            let status = api.get_status(&url).await;
+            let status = match write {
+                true => api.put_status(&url, "probe").await,
+                false => api.get_status(&url).await,
+            };
             (url, status, due.elapsed())
         });
     }
@@ -172,7 +199,7 @@ fn record(
         }
         Ok((url, Ok(status), _)) => {
             out.errors += 1;
-            out.last_error = Some(format!("GET {url}: status {status}"));
+            out.last_error = Some(format!("{url}: status {status}"));
         }
         Ok((_, Err(e), _)) => {
             out.errors += 1;

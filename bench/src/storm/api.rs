@@ -206,6 +206,23 @@ impl Api {
         Ok(status)
     }
 
+    /// A PUT of `body` whose answer is read and dropped; returns the status. Used for the admin
+    /// write probe.
+    pub async fn put_status(&self, url: &str, body: &'static str) -> Result<u16, CallError> {
+        let resp = self
+            .http
+            .put(url)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| CallError::Retryable(format!("PUT {url}: {e}")))?;
+        let status = resp.status().as_u16();
+        resp.bytes()
+            .await
+            .map_err(|e| CallError::Retryable(format!("PUT {url}: body: {e}")))?;
+        Ok(status)
+    }
+
     /// `POST /v1/cluster/init` `{"members":{..}}`: forms the cluster of `members` (id to
     /// address) on a fresh node.
     pub async fn init(&self, base: &str, members: &serde_json::Value) -> Result<(), CallError> {

@@ -86,7 +86,8 @@ pub struct Options {
     /// Replicas of the datanode that `--workload removal` removes.
     #[arg(long, default_value_t = 1_000_000)]
     pub removal_replicas: u64,
-    /// Interval of each admin read probe during the storm, in milliseconds.
+    /// Interval of each admin probe during the storm (the reads and the key write), in
+    /// milliseconds.
     #[arg(long, default_value_t = 10)]
     pub admin_interval_ms: u64,
     /// Consistency of the storm's shard reads (`?consistency=`): `linearizable` (read index,

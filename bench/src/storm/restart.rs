@@ -88,6 +88,9 @@ pub struct StormPoint {
     pub admin_errors: u64,
     /// Admin reads not sent: too many were outstanding, or the probe did not run in time.
     pub admin_skipped: u64,
+    /// Latency of the admin key writes (a failed or unsent one counts as slower than any).
+    pub admin_write_p50_ms: f64,
+    pub admin_write_p99_ms: f64,
     /// Peak RSS by member id, MiB.
     pub peak_rss_mib: Vec<(u64, f64)>,
     pub records_per_barrier: Option<f64>,
@@ -259,6 +262,9 @@ impl StormWorkload<'_> {
             .collect();
         let mut shard_ms = admin.shard_ms;
         let mut cluster_ms = admin.cluster_ms;
+        let unsent = admin.write_unanswered as usize;
+        let mut write_ms: Vec<f64> = admin.write_ms;
+        write_ms.extend(std::iter::repeat_n(f64::INFINITY, unsent));
         Ok(StormPoint {
             arm: self.arm,
             round: self.round,
@@ -286,6 +292,8 @@ impl StormWorkload<'_> {
             admin_reads: answered,
             admin_errors: admin.errors,
             admin_skipped: admin.skipped,
+            admin_write_p50_ms: percentile(&mut write_ms, 0.50),
+            admin_write_p99_ms: percentile(&mut write_ms, 0.99),
             peak_rss_mib,
             records_per_barrier,
             retries,

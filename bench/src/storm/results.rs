@@ -135,6 +135,11 @@ fn print_storm_runs(points: &[StormPoint]) {
                     p.admin_errors,
                     p.admin_skipped
                 ),
+                format!(
+                    "{} / {}",
+                    f(p.admin_write_p50_ms, 2),
+                    f(p.admin_write_p99_ms, 2)
+                ),
                 rss,
                 opt(p.records_per_barrier, 2),
                 format!("{:.2} / {:.2}", p.cores.client, p.cores.servers),
@@ -157,6 +162,7 @@ fn print_storm_runs(points: &[StormPoint]) {
             "GET shard p50/p99 ms",
             "GET cluster p50/p99 ms",
             "admin p99 ms",
+            "PUT key p50/p99 ms",
             "peak RSS MiB by node",
             "records/barrier",
             "client / servers cores",
@@ -187,6 +193,8 @@ struct StormSummary {
     p99_ms: f64,
     admin_p50_ms: f64,
     admin_p99_ms: f64,
+    admin_write_p50_ms: f64,
+    admin_write_p99_ms: f64,
     peak_rss_mib: f64,
     /// The largest peak RSS of each member over the runs, by member id.
     peak_rss_mib_by_node: Vec<(u64, f64)>,
@@ -287,6 +295,8 @@ impl Results {
             p99_ms: m(|p| p.p99_ms),
             admin_p50_ms: m(|p| p.admin_p50_ms),
             admin_p99_ms: m(|p| p.admin_p99_ms),
+            admin_write_p50_ms: m(|p| p.admin_write_p50_ms),
+            admin_write_p99_ms: m(|p| p.admin_write_p99_ms),
             peak_rss_mib: m(max_rss),
             peak_rss_mib_by_node: {
                 let mut by_node: Vec<(u64, f64)> = Vec::new();
@@ -398,6 +408,11 @@ impl Results {
                     f(s.per_sec, 0),
                     format!("{} / {}", f(s.p50_ms, 1), f(s.p99_ms, 1)),
                     format!("{} / {}", f(s.admin_p50_ms, 2), f(s.admin_p99_ms, 2)),
+                    format!(
+                        "{} / {}",
+                        f(s.admin_write_p50_ms, 2),
+                        f(s.admin_write_p99_ms, 2)
+                    ),
                     f(s.peak_rss_mib, 0),
                     opt(s.records_per_barrier, 2),
                 ]
@@ -412,6 +427,7 @@ impl Results {
                 "replicas/s",
                 "batch p50 / p99 ms",
                 "admin p50 / p99 ms",
+                "PUT key p50 / p99 ms",
                 "peak RSS MiB (max node)",
                 "records/barrier",
             ],
@@ -579,6 +595,8 @@ impl Results {
                     "admin_p50_ms": finite(s.admin_p50_ms),
                     "admin_p99_ms": finite(s.admin_p99_ms),
                     "admin_unanswered": s.admin_unanswered,
+                    "admin_write_p50_ms": finite(s.admin_write_p50_ms),
+                    "admin_write_p99_ms": finite(s.admin_write_p99_ms),
                     "peak_rss_mib": s.peak_rss_mib,
                     "peak_rss_mib_by_node": s
                         .peak_rss_mib_by_node

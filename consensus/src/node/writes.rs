@@ -534,8 +534,8 @@ impl MetaNode {
     /// On a follower: [`Error::ForwardToLeader`]. Bad input: [`Error::InvalidArgument`], nothing
     /// proposed.
     ///
-    /// Writes wait for room in the admission window (`max_pending_shards`) before they are
-    /// proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
+    /// Writes wait for room in the admission window (`max_pending_shards`; small writes in a
+    /// lane of their own, `admission.rs`) before they are proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
     /// the request timeout again.
     ///
     /// A removal (`RemoveDatanode`) may be answered with its first piece only (`removal.rs`).
@@ -564,10 +564,8 @@ impl MetaNode {
         }
         self.check_free_space(&cmd)?;
         self.ensure_version(&cmd).await?;
-        let window = self.inner.cfg.max_pending_shards;
-        let weight = cmd.weight().clamp(1, window);
         let deadline = tokio::time::Instant::now() + self.inner.cfg.request_timeout;
-        let room = self.inner.write_window.clone().acquire_many_owned(weight);
+        let room = self.inner.admission.room(cmd.weight());
         let room = tokio::time::timeout_at(deadline, room)
             .await
             .map_err(|_| Error::Timeout)?
@@ -623,11 +621,11 @@ impl MetaNode {
         })
     }
 
-    /// Shards that proposed writes hold in the admission window (`max_pending_shards`): those
-    /// of writes openraft has not answered yet, including writes whose callers gave up.
+    /// Shards that proposed writes hold in the admission window (`max_pending_shards`) and
+    /// the small writes' lane (`admission.rs`): those of writes openraft has not answered yet,
+    /// including writes whose callers gave up.
     pub fn pending_shards(&self) -> u64 {
-        let window = u64::from(self.inner.cfg.max_pending_shards);
-        window.saturating_sub(self.inner.write_window.available_permits() as u64)
+        self.inner.admission.pending()
     }
 
     /// Registers (or re-registers) a datanode; the result carries its new epoch.

@@ -417,3 +417,54 @@ fn refusals_keep_the_status_and_code_of_the_leaders_error() {
         assert_eq!((api.status().as_u16(), api.code()), (status, code), "{api}");
     }
 }
+
+/// A batch goes in parts by leader, and by size: the leader answers an exchange once every
+/// write in it is done, so a small write (a key, a registration, a few shards) goes without the
+/// batches of a thousand shards queued with it. Each part keeps the order of its writes.
+#[test]
+fn small_writes_go_to_the_leader_without_large_ones() {
+    let shards = |n: u64| Command::RegisterShards {
+        datanode: 1,
+        epoch: 1,
+        shards: (0..n)
+            .map(|id| meta_consensus::ShardReport {
+                id,
+                generation: 1,
+                size: 1,
+            })
+            .collect(),
+    };
+    assert!(small(&write(1)));
+    assert!(small(&shards(u64::from(SMALL_WRITE_WEIGHT))));
+    assert!(!small(&shards(u64::from(SMALL_WRITE_WEIGHT) + 1)));
+    let batch = vec![
+        ("a", write(1)),
+        ("a", shards(1_000)),
+        ("b", write(2)),
+        ("a", shards(2)),
+        ("a", shards(500)),
+    ];
+    let grouped = parts(batch, |(addr, cmd)| (*addr, small(cmd)));
+    let shown: Vec<Vec<String>> = grouped
+        .iter()
+        .map(|part| {
+            part.iter()
+                .map(|(addr, cmd)| format!("{addr} {cmd}"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            vec![
+                r#"a Put("w1", if None)"#.to_owned(),
+                "a RegisterShards(datanode 1, epoch 1, 2 shards)".to_owned(),
+            ],
+            vec![
+                "a RegisterShards(datanode 1, epoch 1, 1000 shards)".to_owned(),
+                "a RegisterShards(datanode 1, epoch 1, 500 shards)".to_owned(),
+            ],
+            vec![r#"b Put("w2", if None)"#.to_owned()],
+        ]
+    );
+}

@@ -44,6 +44,8 @@ fn storm(arm: Arm, round: usize, seconds: f64) -> StormPoint {
         admin_reads: 100,
         admin_errors: 0,
         admin_skipped: 0,
+        admin_write_p50_ms: 2.0,
+        admin_write_p99_ms: 4.0,
         peak_rss_mib: vec![(1, 100.0), (2, 120.0), (3, 90.0)],
         records_per_barrier: Some(3.0),
         retries: 0,
@@ -181,6 +183,8 @@ fn json_has_the_documented_keys_and_medians() {
         "peak_rss_mib",
         "records_per_barrier",
         "admin_unanswered",
+        "admin_write_p50_ms",
+        "admin_write_p99_ms",
         "peak_rss_mib_by_node",
         "verified",
     ]);
