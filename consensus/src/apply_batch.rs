@@ -243,6 +243,13 @@ impl ApplyBatch {
             }
             Command::EndRestore => self.end_restore(),
             Command::RestorePut { key, value } => self.restore_put(index, key, value),
+            Command::BeginRestoreHoldingKeys { at_least, origin } => {
+                let claimed = self.begin_restore(index, *at_least, origin)?;
+                if let CommandResult::EpochFloor { .. } = claimed {
+                    self.put(keys::RESTORE_KEYS_HELD, &index)?;
+                }
+                Ok(claimed)
+            }
         }
     }
 

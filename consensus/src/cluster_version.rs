@@ -32,8 +32,9 @@ use crate::types::{Entry, NodeId};
 /// 5: `DeregisterShardsOf`, a deregistration fenced by the datanode's epoch. 6:
 /// `ClaimForRestore`, a restore's claim on a fresh cluster. 7: a removal's first piece marks
 /// the datanode as being removed, fencing the epoch it raised it to as well. 8: `BeginRestore`
-/// and `EndRestore`, a restore's mark on the cluster while it runs. 9: `RestorePut`, a
-/// restore's own key write, and other key writes wait while a restore runs.
+/// and `EndRestore`, a restore's mark on the cluster while it runs. 9:
+/// `BeginRestoreHoldingKeys` and `RestorePut`, a restore during which only its own key writes
+/// go on.
 pub const BUILD_VERSION: u32 = 9;
 
 /// The version from which a removal goes in pieces (`RemoveDatanodePiece`) and a removed
@@ -68,10 +69,11 @@ pub const REMOVAL_MARK: u32 = 7;
 /// backup says so, and a snapshot of it carries the mark.
 pub const RESTORE_MARK: u32 = 8;
 
-/// The version from which the restore writes keys as its own (`RestorePut`), and every other
-/// key write (`Put`, `Delete`) is refused while the cluster holds a restore's mark: a key a
-/// client overwrote while a restore ran would keep the restore's counts and go unseen. Decided
-/// by the applied version, so every member refuses the same writes.
+/// The version from which a restore's claim can hold keys back (`BeginRestoreHoldingKeys`):
+/// until the restore ends, every key write (`Put`, `Delete`) is refused but the restore's own
+/// (`RestorePut`), since a key a client overwrote while a restore ran would keep the restore's
+/// counts and go unseen. A restore begun by an older build's claim (`BeginRestore`) holds no key
+/// back: its writes are plain ones.
 pub const RESTORE_KEYS: u32 = 9;
 
 /// The version of a build that names none (it predates versions), and a cluster's version

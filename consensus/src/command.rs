@@ -122,9 +122,15 @@ pub enum Command {
     EndRestore,
     /// A restore's write of a key of its backup, which must not exist yet (as a `Put` with
     /// `if_revision: Some(0)`): taken only while the cluster holds a restore's mark
-    /// (`NotRestoring` else), when every other key write waits. Proposed once the cluster's
-    /// version is 9.
+    /// (`NotRestoring` else). Proposed once the cluster's version is 9.
     RestorePut { key: String, value: Vec<u8> },
+    /// A restore's marked claim, as `BeginRestore`, that also holds keys back until the restore
+    /// ends: every key write and delete is refused (`RestoreUnderWay`) but the restore's own
+    /// (`RestorePut`). Proposed once the cluster's version is 9.
+    BeginRestoreHoldingKeys {
+        at_least: u64,
+        origin: RestoreOrigin,
+    },
 }
 
 impl Command {
@@ -138,7 +144,7 @@ impl Command {
             Command::DeregisterShardsOf { .. } => FENCED_DEREGISTRATION,
             Command::ClaimForRestore { .. } => RESTORE_CLAIM,
             Command::BeginRestore { .. } | Command::EndRestore => RESTORE_MARK,
-            Command::RestorePut { .. } => RESTORE_KEYS,
+            Command::RestorePut { .. } | Command::BeginRestoreHoldingKeys { .. } => RESTORE_KEYS,
             Command::SetClusterVersion { version } => *version,
             _ => BASE_VERSION,
         }
@@ -168,6 +174,11 @@ impl Command {
             }
             Command::EndRestore => "the end of a restore (its mark removed)".to_owned(),
             Command::RestorePut { key, .. } => format!("a restore's write of key {key:?}"),
+            Command::BeginRestoreHoldingKeys { .. } => {
+                "a restore's claim on the cluster, marking it as being restored and holding its \
+                 keys back"
+                    .to_owned()
+            }
             Command::SetClusterVersion { version } => {
                 format!("raising the cluster's version to {version}")
             }
@@ -249,6 +260,11 @@ impl fmt::Display for Command {
             ),
             Command::EndRestore => write!(f, "EndRestore"),
             Command::RestorePut { key, .. } => write!(f, "RestorePut({key:?})"),
+            Command::BeginRestoreHoldingKeys { at_least, origin } => write!(
+                f,
+                "BeginRestoreHoldingKeys({at_least}, backup at index {})",
+                origin.index
+            ),
             Command::DeregisterShardsOf {
                 datanode,
                 epoch,
@@ -351,9 +367,9 @@ pub enum CommandResult {
         ended: Option<RestoreMark>,
     },
     /// A restore into the cluster, claimed at `claimed_at`, has not ended: a datanode's
-    /// registration (one that is not the restore's), an unfenced drop of replicas, and from
-    /// cluster version 9 a key's write or delete (other than `RestorePut`) is refused until it
-    /// does; nothing was written. Builds of version 7 and older never get it.
+    /// registration (one that is not the restore's), an unfenced drop of replicas, and, if the
+    /// claim held keys back, a key's write or delete (other than `RestorePut`) is refused until
+    /// it does; nothing was written. Builds of version 7 and older never get it.
     RestoreUnderWay {
         claimed_at: u64,
     },

@@ -49,6 +49,11 @@ pub const CLUSTER_EPOCH_FLOOR: &[u8] = b"sepochfloor";
 /// restore ends (`Command::BeginRestore`, `Command::EndRestore`), and after one cut off.
 pub const RESTORE_MARK: &[u8] = b"srestore";
 
+/// Present (`u64`: the claim's index) while a restore that holds keys back runs
+/// (`Command::BeginRestoreHoldingKeys`, cluster version 9): a key's write or delete other than
+/// the restore's own (`Command::RestorePut`) is refused. Removed with the mark.
+pub const RESTORE_KEYS_HELD: &[u8] = b"srestorekeys";
+
 /// Last applied log id and the total number of replicas (`AppliedRecord`), one key so that
 /// every apply writes one metadata record. Written through the redo record: current after
 /// the registry is opened.

@@ -284,7 +284,9 @@ fn check_pair(key: &[u8], value: &[u8], derived: &mut Derived) -> Result<u64> {
             let _: u32 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }
-        Some(&keys::SETTING) if key == keys::CLUSTER_EPOCH_FLOOR => {
+        Some(&keys::SETTING)
+            if key == keys::CLUSTER_EPOCH_FLOOR || key == keys::RESTORE_KEYS_HELD =>
+        {
             let _: u64 = codec::decode(value).map_err(|e| Error::corrupt(what(), e))?;
             Ok(0)
         }

@@ -197,7 +197,7 @@ fn wire_bytes(cmd: &Command) -> usize {
         Command::Delete { key, .. } => key.len(),
         Command::SetClusterVersion { .. } => 5,
         Command::RaiseEpochFloor { .. } | Command::ClaimForRestore { .. } => 9,
-        Command::BeginRestore { .. } => 45,
+        Command::BeginRestore { .. } | Command::BeginRestoreHoldingKeys { .. } => 45,
         Command::EndRestore => 1,
     }
 }

@@ -56,8 +56,10 @@ const KEY_WRITES_IN_FLIGHT: usize = 32;
 struct Restored {
     /// The cluster's epoch floor, `None` when it could not be raised (an older build).
     epoch_floor: Option<u64>,
-    /// Whether the claim marked the cluster as being restored (an older build cannot).
+    /// Whether the claim marked the cluster as being restored, and held its keys back (an
+    /// older build cannot).
     marked: bool,
+    holds_keys: bool,
     datanodes: u64,
     replicas: u64,
     keys: u64,
@@ -207,12 +209,14 @@ async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<R
         replicas: backup.replicas(),
         keys: backup.keys(),
     };
-    (restored.epoch_floor, restored.marked) = claim(op, min_epoch, &origin).await?;
+    let claimed = claim(op, min_epoch, &origin).await?;
+    (restored.epoch_floor, restored.marked) = (claimed.floor, claimed.marked);
+    restored.holds_keys = claimed.holds_keys;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
     }
-    restored.keys = restore_keys(op, backup, restored.marked).await?;
+    restored.keys = restore_keys(op, backup, restored.holds_keys).await?;
     Ok(restored)
 }
 
@@ -381,18 +385,31 @@ impl std::fmt::Display for NothingWritten {
 
 impl std::error::Error for NothingWritten {}
 
+/// How far a restore's claim went ([`claim`]): what the members' builds allowed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Claimed {
+    /// The cluster's epoch floor, if the restore raised it.
+    floor: Option<u64>,
+    /// The cluster is marked as being restored until [`end_restore`] (cluster version 8).
+    marked: bool,
+    /// Keys are held back until then: every key write is refused but the restore's own
+    /// (`restore=true`), which it must then send (cluster version 9).
+    holds_keys: bool,
+}
+
 /// Claims the cluster for this restore: raises its epoch floor to `floor` only if it is fresh
 /// (no datanode, no key, a floor never raised), in one log entry, so that of two restores run
 /// into one cluster at once the second is refused ([`NothingWritten`]) before it writes
 /// anything; the emptiness check before it passes both. The claim marks the cluster as being
-/// restored from `origin` until [`end_restore`] (answered `true`). A claim refused after an
-/// attempt whose answer was lost may be this restore's own: the cluster's floor then is `floor`
-/// (a time in microseconds no other restore picks). A cluster whose members do not all run a
-/// build that marks (cluster version 8) is claimed without a mark, and one whose members do
-/// not all run a build that claims (version 6) is not claimed: the floor is raised as before;
-/// each with a warning.
-async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<(Option<u64>, bool)> {
-    let marked = json!({
+/// restored from `origin` until [`end_restore`], and holds its keys back until then. A claim
+/// refused after an attempt whose answer was lost may be this restore's own: the cluster's floor
+/// then is `floor` (a time in microseconds no other restore picks). A cluster whose members do
+/// not all run a build that holds keys back (cluster version 9) is claimed with a mark only, one
+/// whose members do not all run a build that marks (version 8) without a mark, and one whose
+/// members do not all run a build that claims (version 6) is not claimed: the floor is raised as
+/// before; each with a warning, before anything is written.
+async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<Claimed> {
+    let mut marked = json!({
         "at_least": floor,
         "if_fresh": true,
         "restore": {
@@ -402,24 +419,43 @@ async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<(Opt
             "keys": origin.keys,
         },
     });
-    match claim_with(op, floor, &marked, "restore").await? {
-        Claim::Took(floor) => return Ok((Some(floor), true)),
+    let mut held = marked.clone();
+    held["hold_keys"] = json!(true);
+    let taken = |floor, marked, holds_keys| Claimed {
+        floor: Some(floor),
+        marked,
+        holds_keys,
+    };
+    match claim_with(op, floor, &held, &["hold_keys", "restore", "if_fresh"]).await? {
+        Claim::Took(floor) => return Ok(taken(floor, true, true)),
         Claim::Older(why) => eprintln!(
-            "warning: the cluster cannot be marked as being restored, as not every member (the \
-             leader included) is known to run a build of cluster version 8 or later ({why}): \
-             if this restore stops before it ends, the cluster will not say so"
+            "warning: the cluster cannot hold its keys back while the restore runs, as not \
+             every member is known to run a build of cluster version 9 or later ({why}): a key \
+             that a client writes meanwhile is not refused, and fails the restore (or, \
+             overwriting a restored key, goes unseen): keep clients away until it ends"
         ),
     }
-    let plain = json!({ "at_least": floor, "if_fresh": true });
-    match claim_with(op, floor, &plain, "if_fresh").await? {
-        Claim::Took(floor) => Ok((Some(floor), false)),
+    match claim_with(op, floor, &marked, &["restore", "if_fresh"]).await? {
+        Claim::Took(floor) => return Ok(taken(floor, true, false)),
+        Claim::Older(why) => eprintln!(
+            "warning: the cluster cannot be marked as being restored, as not every member is \
+             known to run a build of cluster version 8 or later ({why}): if this restore stops \
+             before it ends, the cluster will not say so"
+        ),
+    }
+    marked.as_object_mut().expect("an object").remove("restore");
+    match claim_with(op, floor, &marked, &["if_fresh"]).await? {
+        Claim::Took(floor) => Ok(taken(floor, false, false)),
         Claim::Older(why) => {
             eprintln!(
-                "warning: the cluster cannot be claimed for the restore, as not every member \
-                 (the leader included) is known to run a build of cluster version 6 or later \
-                 ({why}): a restore run into it at the same time would not be refused"
+                "warning: the cluster cannot be claimed for the restore, as not every member is \
+                 known to run a build of cluster version 6 or later ({why}): a restore run into \
+                 it at the same time would not be refused"
             );
-            Ok((raise_epoch_floor(op, floor).await?, false))
+            Ok(Claimed {
+                floor: raise_epoch_floor(op, floor).await?,
+                ..Claimed::default()
+            })
         }
     }
 }
@@ -433,9 +469,9 @@ enum Claim {
     Older(String),
 }
 
-/// Sends the claim `body` ([`claim`]); `field` is the body's field that an older build does not
-/// know, which it names when it refuses the body.
-async fn claim_with(op: &Operator, floor: u64, body: &Value, field: &str) -> Result<Claim> {
+/// Sends the claim `body` ([`claim`]); `fields` are the body's fields that an older build may not
+/// know, one of which it names when it refuses the body.
+async fn claim_with(op: &Operator, floor: u64, body: &Value, fields: &[&str]) -> Result<Claim> {
     let answer = op
         .answer_retrying(|| {
             op.request(reqwest::Method::PUT, "/v1/cluster/epoch-floor")
@@ -462,9 +498,11 @@ async fn claim_with(op: &Operator, floor: u64, body: &Value, field: &str) -> Res
     // version is older.
     let older = refused.code() == Some("cluster_version")
         || (refused.code() == Some("invalid_body")
-            && refused
-                .message()
-                .contains(&format!("unknown field `{field}`")));
+            && fields.iter().any(|field| {
+                refused
+                    .message()
+                    .contains(&format!("unknown field `{field}`"))
+            }));
     if !older {
         // A refusal (a wrong token, a full disk) wrote nothing; another answer may follow an
         // attempt whose outcome is unknown.
@@ -643,87 +681,38 @@ async fn restore_datanode(
     }
 }
 
-/// Writes every key of the backup (it must not exist yet), [`KEY_WRITES_IN_FLIGHT`] at a time;
-/// returns how many. In a cluster this restore `marked`, they go as the restore's own
-/// (`restore=true`), which alone go on while the mark stays, if every member takes them
-/// (cluster version 9; the first key tells); as plain writes else, with a warning.
-async fn restore_keys(op: &Operator, backup: &Arc<Backup>, marked: bool) -> Result<u64> {
-    let mut tagged = marked;
+/// Writes every key of the backup (it must not exist yet), [`KEY_WRITES_IN_FLIGHT`] at a time,
+/// as the restore's own (`restore=true`) if its claim `holds_keys` back; returns how many.
+async fn restore_keys(op: &Operator, backup: &Arc<Backup>, holds_keys: bool) -> Result<u64> {
     let mut written = 0;
     let mut pages = KvPages::default();
     while let Some(entries) = pages.next(backup).await? {
-        written += write_page(op, entries, &mut tagged, written == 0).await?;
+        let mut puts = futures::stream::iter(entries)
+            .map(|entry| async move { restore_key(op, &entry, holds_keys).await })
+            .buffer_unordered(KEY_WRITES_IN_FLIGHT);
+        while let Some(put) = puts.next().await {
+            put?;
+            written += 1;
+        }
     }
     Ok(written)
 }
 
-/// Writes a page of the backup's keys ([`restore_keys`]), as the restore's own if `tagged`; the
-/// `first` page's first key tells whether the cluster takes them (`tagged` is cleared if not).
-async fn write_page(
-    op: &Operator,
-    mut entries: Vec<KvEntry>,
-    tagged: &mut bool,
-    first: bool,
-) -> Result<u64> {
-    let mut written = 0;
-    if *tagged && first && !entries.is_empty() {
-        let entry = entries.remove(0);
-        if let KeyWrite::Older(why) = restore_key(op, &entry, true).await? {
-            eprintln!(
-                "warning: the restore writes its keys as a client does, as not every member \
-                 (the leader included) is known to run a build of cluster version 9 or later \
-                 ({why}): a key a client writes meanwhile is not held back, and one it \
-                 overwrites goes unseen"
-            );
-            *tagged = false;
-            restore_key(op, &entry, false).await?;
-        }
-        written += 1;
-    }
-    let tagged = *tagged;
-    let mut puts = futures::stream::iter(entries)
-        .map(|entry| async move { restore_key(op, &entry, tagged).await })
-        .buffer_unordered(KEY_WRITES_IN_FLIGHT);
-    while let Some(put) = puts.next().await {
-        if let KeyWrite::Older(why) = put? {
-            bail!("the cluster stopped taking the restore's key writes: {why}");
-        }
-        written += 1;
-    }
-    Ok(written)
-}
-
-/// How a key's write went.
-enum KeyWrite {
-    Written,
-    /// The restore's own write (`restore=true`) is not taken: a member's build, or the cluster's
-    /// version, is older (what it said). Nothing was written.
-    Older(String),
-}
-
-/// Writes one key of the backup (it must not exist yet), as the restore's own if `tagged`.
-async fn restore_key(op: &Operator, entry: &KvEntry, tagged: bool) -> Result<KeyWrite> {
-    let path = match tagged {
+/// Writes one key of the backup (it must not exist yet), as the restore's own if `holds_keys`.
+async fn restore_key(op: &Operator, entry: &KvEntry, holds_keys: bool) -> Result<()> {
+    let path = match holds_keys {
         true => format!("{}?if_revision=0&restore=true", kv_path(&entry.key)),
         false => format!("{}?if_revision=0", kv_path(&entry.key)),
     };
     let put = op
-        .answer_retrying(|| {
+        .send_retrying(|| {
             op.request(reqwest::Method::PUT, &path)
                 .body(entry.value.clone())
         })
-        .await?;
-    let refused = match put {
-        Ok(_) => return Ok(KeyWrite::Written),
-        Err(refused) => refused,
+        .await;
+    let Err(e) = put else {
+        return Ok(());
     };
-    let older = refused.code() == Some("cluster_version")
-        || (refused.code() == Some("invalid_query")
-            && refused.message().contains("unknown field `restore`"));
-    if tagged && older {
-        return Ok(KeyWrite::Older(refused.message().to_owned()));
-    }
-    let e = op.refused_error(refused);
     // A retry whose first try was applied finds the key written: with our value, that is the
     // write done.
     let stored = op
@@ -734,7 +723,7 @@ async fn restore_key(op: &Operator, entry: &KvEntry, tagged: bool) -> Result<Key
         Err(_) => false,
     };
     if ours {
-        Ok(KeyWrite::Written)
+        Ok(())
     } else {
         Err(e.context(format!("writing key {:?}", entry.key)))
     }

@@ -256,18 +256,25 @@ fn value(reg: &Registry, key: &str) -> Option<Vec<u8>> {
     reg.kv_get(key).unwrap().map(|e| e.value)
 }
 
-/// From cluster version 9, while a restore runs only its own key writes go on: a client's write
-/// or delete of a key is refused with nothing written, and the restore's write creates its key,
-/// never overwrites one. Without a mark the restore's writes are refused; once it ends, the
-/// clients' go on again.
+fn begin_holding_keys(at_least: u64) -> Command {
+    let Command::BeginRestore { origin, .. } = begin(at_least) else {
+        unreachable!()
+    };
+    Command::BeginRestoreHoldingKeys { at_least, origin }
+}
+
+/// While a restore whose claim held keys back runs, only its own key writes go on: a client's
+/// write or delete of a key is refused with nothing written, and the restore's write creates its
+/// key, never overwrites one. Without a mark the restore's writes are refused; once it ends, the
+/// clients' go on again. A claim refused (the cluster is not fresh) holds nothing back.
 #[test]
-fn keys_wait_while_a_restore_runs_from_version_9() {
+fn keys_wait_while_a_restore_that_holds_them_runs() {
     let (_dir, reg) = registry();
-    apply(&reg, 1, &[Command::SetClusterVersion { version: 9 }]);
     let not_restoring = vec![CommandResult::NotRestoring];
     assert_eq!(apply(&reg, 2, &[restore_put("a")]), not_restoring);
     assert_eq!(value(&reg, "a"), None);
-    apply(&reg, 3, &[begin(700)]);
+    apply(&reg, 3, &[begin_holding_keys(700)]);
+    assert_eq!(mark(&reg).map(|m| m.claimed_at), Some(3));
     let under_way = CommandResult::RestoreUnderWay { claimed_at: 3 };
     let delete = Command::Delete {
         key: "a".into(),
@@ -296,10 +303,10 @@ fn keys_wait_while_a_restore_runs_from_version_9() {
 
     apply(&reg, 9, &[Command::EndRestore]);
     assert_eq!(apply(&reg, 10, &[restore_put("b")]), not_restoring);
-    let out = apply(&reg, 11, &[put("k"), delete]);
+    let out = apply(&reg, 11, &[put("k"), delete, begin_holding_keys(900)]);
     assert_eq!(
-        out,
-        vec![
+        out[..2],
+        [
             CommandResult::Put { revision: 11 },
             CommandResult::Deleted {
                 existed: true,
@@ -307,18 +314,26 @@ fn keys_wait_while_a_restore_runs_from_version_9() {
             },
         ]
     );
+    assert!(matches!(out[2], CommandResult::NotFresh { .. }), "{out:?}");
+    assert_eq!(
+        apply(&reg, 14, &[put("k")]),
+        vec![CommandResult::Put { revision: 14 }]
+    );
 }
 
-/// Below cluster version 9 a client's key writes go on while a restore runs: the members of
-/// such a cluster may run builds that take them, and every member must apply the same.
+/// A restore whose claim did not hold keys back (an older build's, `BeginRestore`) lets clients
+/// write keys while it runs, as its own key writes are plain ones; its own `RestorePut`s are
+/// taken too.
 #[test]
-fn keys_are_written_during_a_restore_in_a_cluster_of_version_8() {
+fn keys_are_written_during_a_restore_that_does_not_hold_them() {
     let (_dir, reg) = registry();
-    apply(&reg, 1, &[Command::SetClusterVersion { version: 8 }]);
     apply(&reg, 2, &[begin(700)]);
     assert_eq!(
-        apply(&reg, 3, &[put("k")]),
-        vec![CommandResult::Put { revision: 3 }]
+        apply(&reg, 3, &[put("k"), restore_put("a")]),
+        vec![
+            CommandResult::Put { revision: 3 },
+            CommandResult::Put { revision: 4 }
+        ]
     );
     assert!(mark(&reg).is_some());
 }

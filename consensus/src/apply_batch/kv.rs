@@ -1,10 +1,9 @@
 //! The key-value space as a batch applies it: writes and deletes with compare-and-swap on a
-//! key's revision, and a restore's own writes, which alone go on while a restore runs (from
-//! cluster version 9).
+//! key's revision, and a restore's own writes, which alone go on while a restore that holds
+//! keys back runs (cluster version 9).
 
 use super::ApplyBatch;
 use crate::change_feed::Change;
-use crate::cluster_version::RESTORE_KEYS;
 use crate::command::CommandResult;
 use crate::error::Result;
 use crate::keys;
@@ -105,17 +104,11 @@ impl ApplyBatch {
         self.write_kv(index, key, value, Some(0))
     }
 
-    /// The refusal of a client's key write or delete while a restore runs (the cluster holds
-    /// its mark), from cluster version 9 (decided by the applied version, so every member
-    /// refuses the same writes); `None` when it may go on.
+    /// The refusal of a client's key write or delete while a restore that holds keys back
+    /// runs (its claim was `BeginRestoreHoldingKeys`); `None` when it may go on.
     fn refused_key_write(&self) -> Result<Option<CommandResult>> {
-        if self.cluster_version()? < RESTORE_KEYS {
-            return Ok(None);
-        }
         Ok(self
-            .restore_mark()?
-            .map(|mark| CommandResult::RestoreUnderWay {
-                claimed_at: mark.claimed_at,
-            }))
+            .get::<u64>(keys::RESTORE_KEYS_HELD, "restore's hold on keys")?
+            .map(|claimed_at| CommandResult::RestoreUnderWay { claimed_at }))
     }
 }

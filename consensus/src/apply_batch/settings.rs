@@ -104,6 +104,7 @@ impl ApplyBatch {
         let ended = self.restore_mark()?;
         if ended.is_some() {
             self.remove(keys::RESTORE_MARK);
+            self.remove(keys::RESTORE_KEYS_HELD);
         }
         Ok(CommandResult::RestoreEnded { ended })
     }

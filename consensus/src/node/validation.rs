@@ -47,7 +47,9 @@ pub(super) fn validate(cmd: &Command) -> Result<()> {
         | Command::RemoveDatanodePiece { .. }
         | Command::RaiseEpochFloor { .. } => {}
         Command::EndRestore => {}
-        Command::ClaimForRestore { at_least } | Command::BeginRestore { at_least, .. } => {
+        Command::ClaimForRestore { at_least }
+        | Command::BeginRestore { at_least, .. }
+        | Command::BeginRestoreHoldingKeys { at_least, .. } => {
             if *at_least == 0 {
                 return Err(Error::InvalidArgument(
                     "a restore's claim raises the epoch floor to at least 1".into(),

@@ -8,7 +8,6 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, ForwardToLeader, 
 
 use super::validation::validate;
 use super::MetaNode;
-use crate::cluster_version::RESTORE_KEYS;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::error::{Error, Result};
 use crate::types::{NodeId, Raft, TypeConfig};
@@ -539,18 +538,9 @@ impl MetaNode {
     /// the request timeout again.
     ///
     /// A removal (`RemoveDatanode`) may be answered with its first piece only (`removal.rs`).
-    /// A restore's marked claim (`BeginRestore`) first raises the cluster's version to 9, if
-    /// every member allows it now: keys then wait for the restore as datanodes do
-    /// (`RESTORE_KEYS`); the claim goes on at version 8 else.
     pub async fn write(&self, cmd: Command) -> Result<Written> {
         match cmd {
             Command::RemoveDatanode { id } => self.remove_datanode(id).await,
-            Command::BeginRestore { .. } => {
-                // A node that does not lead refuses the raise, and forwards the claim: the
-                // leader raises it.
-                let _ = self.try_version(RESTORE_KEYS).await;
-                self.write_one(cmd).await
-            }
             cmd => self.write_one(cmd).await,
         }
     }

@@ -5,11 +5,12 @@ use crate::apply_batch::ApplyBatch;
 use crate::command::{Command, CommandResult, ShardReport};
 use crate::registry::Registry;
 
-fn apply(reg: &Registry, index: u64, cmd: Command) {
+fn apply(reg: &Registry, index: u64, cmd: Command) -> CommandResult {
     let g = reg.current();
     let mut b = ApplyBatch::new(g.tree.clone(), g.replica_count().unwrap());
-    b.execute(index, &cmd).unwrap();
+    let result = b.execute(index, &cmd).unwrap();
     g.commit(b.finish().unwrap()).unwrap();
+    result
 }
 
 fn shards(range: std::ops::Range<u64>, generation: u64) -> Vec<ShardReport> {
@@ -463,8 +464,8 @@ fn the_records_an_import_writes_are_counted_before_it() {
     assert!(count_records(&mut &cut[..]).is_err());
 }
 
-/// A restore's mark travels in a snapshot: a member that installs one, or a backup taken from
-/// it, holds the mark as the cluster did.
+/// A restore's mark, and its hold on keys, travel in a snapshot: a member that installs one, or
+/// a backup taken from it, holds the mark as the cluster did, and refuses a client's key write.
 #[test]
 fn a_restore_mark_travels_in_a_snapshot() {
     let (_d, reg) = registry();
@@ -477,7 +478,7 @@ fn a_restore_mark_travels_in_a_snapshot() {
     apply(
         &reg,
         1,
-        Command::BeginRestore {
+        Command::BeginRestoreHoldingKeys {
             at_least: 50,
             origin,
         },
@@ -492,5 +493,14 @@ fn a_restore_mark_travels_in_a_snapshot() {
             floor: 50,
             origin
         })
+    );
+    let put = Command::Put {
+        key: "k".into(),
+        value: b"v".to_vec(),
+        if_revision: None,
+    };
+    assert_eq!(
+        apply(&other, 2, put),
+        CommandResult::RestoreUnderWay { claimed_at: 1 }
     );
 }

@@ -335,7 +335,9 @@ pub async fn set_leader(
 /// refused with 503 `cluster_version` while a member runs an older build. With `"if_fresh":
 /// true` (a restore's claim, cluster version 6) it raises the floor only in a fresh cluster (no
 /// datanode, no key, a floor never raised), else answers 409 `conflict` naming what the cluster
-/// holds: of two restores run at once, the second is refused before it writes anything.
+/// holds: of two restores run at once, the second is refused before it writes anything. With
+/// `"restore"` it marks the cluster as being restored (version 8), and with `"hold_keys":true`
+/// it also holds keys back until the restore ends (version 9).
 pub async fn raise_epoch_floor(
     _: NoQuery,
     writer: Writer,
@@ -343,15 +345,18 @@ pub async fn raise_epoch_floor(
 ) -> Result<axum::Json<EpochFloorView>, ApiError> {
     let at_least = body.validate()?;
     let command = match (body.if_fresh, body.restore) {
-        (true, Some(r)) => Command::BeginRestore {
-            at_least,
-            origin: RestoreOrigin {
+        (true, Some(r)) => {
+            let origin = RestoreOrigin {
                 index: r.index,
                 datanodes: r.datanodes,
                 replicas: r.replicas,
                 keys: r.keys,
-            },
-        },
+            };
+            match body.hold_keys {
+                true => Command::BeginRestoreHoldingKeys { at_least, origin },
+                false => Command::BeginRestore { at_least, origin },
+            }
+        }
         (true, None) => Command::ClaimForRestore { at_least },
         (false, _) => Command::RaiseEpochFloor { at_least },
     };

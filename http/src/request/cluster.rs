@@ -63,6 +63,10 @@ pub struct EpochFloorBody {
     /// being restored from it (cluster version 8) until `DELETE /v1/cluster/restore`.
     #[serde(default, deserialize_with = "some_object")]
     pub restore: Option<RestoreBody>,
+    /// With `restore`, the claim also holds keys back until the restore ends (cluster version
+    /// 9): every key write and delete is refused but the restore's own (`restore=true`).
+    #[serde(default)]
+    pub hold_keys: bool,
 }
 
 /// What a restore's backup holds, as its claim names it (`EpochFloorBody::restore`).
@@ -98,6 +102,13 @@ impl EpochFloorBody {
             return Err(ApiError::invalid(
                 "invalid_body",
                 "restore names the backup of a restore's claim: give it with if_fresh",
+            ));
+        }
+        if self.hold_keys && self.restore.is_none() {
+            return Err(ApiError::invalid(
+                "invalid_body",
+                "hold_keys holds keys back while a restore runs: give it with restore (and \
+                 if_fresh)",
             ));
         }
         Ok(self.at_least)

@@ -35,7 +35,8 @@ pub fn validate_command(cmd: &Command) -> Result<(), ApiError> {
         Command::Delete { key, .. } => validate_key(key),
         Command::RaiseEpochFloor { at_least }
         | Command::ClaimForRestore { at_least }
-        | Command::BeginRestore { at_least, .. } => validate_min_epoch(*at_least),
+        | Command::BeginRestore { at_least, .. }
+        | Command::BeginRestoreHoldingKeys { at_least, .. } => validate_min_epoch(*at_least),
         Command::EndRestore => Ok(()),
         Command::SetClusterVersion { .. } => Err(ApiError::invalid(
             "bad_command",

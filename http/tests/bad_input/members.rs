@@ -182,6 +182,22 @@ pub fn addresses_and_members() -> Vec<Case> {
             "invalid_body",
         ),
         case(
+            "keys held back without a restore's backup",
+            M::PUT,
+            "/v1/cluster/epoch-floor",
+            r#"{"at_least":5,"if_fresh":true,"hold_keys":true}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
+            "keys held back by a word",
+            M::PUT,
+            "/v1/cluster/epoch-floor",
+            r#"{"at_least":5,"if_fresh":true,"restore":{"index":1,"datanodes":2,"replicas":3,"keys":4},"hold_keys":"yes"}"#,
+            400,
+            "invalid_body",
+        ),
+        case(
             "datanode address of unbracketed IPv6",
             M::PUT,
             "/v1/datanodes/7",

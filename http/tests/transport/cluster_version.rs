@@ -303,11 +303,11 @@ async fn the_epoch_floor_waits_for_every_member_and_then_holds_for_every_registr
 /// A restore's marked claim, and its end, wait for every member to run a build of version 8: a
 /// cluster with a member of build 7 refuses them (503 `cluster_version`, nothing written) and
 /// still takes the plain claim; once every member runs it, the mark shows on every member until
-/// the end removes it, both sent through a follower. Keys wait for the restore once every
-/// member runs a build of version 9: the claim raises the cluster to 9, a client's key write is
-/// refused (503 `restoring`) and the restore's own (`restore=true`) goes on, until the end. In
-/// a cluster of builds 8, a client's key write goes on and the restore's is refused (503
-/// `cluster_version`).
+/// the end removes it, both sent through a follower. A claim that holds keys back waits for
+/// every member to run a build of version 9: with one of build 8 it is refused (503
+/// `cluster_version`, nothing written), the marked claim goes on, a client's key write goes on
+/// and the restore's own (`restore=true`) is refused; in a cluster of builds 9, a client's key
+/// write is refused (503 `restoring`) and the restore's own goes on, until the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_mark_waits_for_every_member() {
     let marked = json!({
@@ -315,20 +315,33 @@ async fn a_restore_mark_waits_for_every_member() {
         "if_fresh": true,
         "restore": {"index": 9, "datanodes": 1, "replicas": 2, "keys": 3},
     });
-    for builds in [[8, 8, 7], [8, 8, 8], [9, 9, 9]] {
+    let mut held = marked.clone();
+    held["hold_keys"] = json!(true);
+    for builds in [[8, 8, 7], [9, 9, 8], [9, 9, 9]] {
         let dir = tempfile::tempdir().unwrap();
         let servers = start_cluster(&dir, builds).await;
         let (leader, follower) = leader_and_follower(&servers);
         builds_known(leader, builds).await;
         let put = reqwest::Method::PUT;
         let delete = reqwest::Method::DELETE;
-        let (status, _, answer) = send(
-            put.clone(),
-            follower,
-            "/v1/cluster/epoch-floor",
-            marked.clone(),
-        )
-        .await;
+        let keys_wait = builds[2] >= 9;
+        if !keys_wait {
+            let (status, _, answer) = send(
+                put.clone(),
+                follower,
+                "/v1/cluster/epoch-floor",
+                held.clone(),
+            )
+            .await;
+            assert_eq!(status, 503, "{answer}");
+            assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");
+        }
+        let claim = match keys_wait {
+            true => held.clone(),
+            false => marked.clone(),
+        };
+        let (status, _, answer) =
+            send(put.clone(), follower, "/v1/cluster/epoch-floor", claim).await;
         if builds[2] < 8 {
             assert_eq!(status, 503, "{answer}");
             assert_eq!(answer["error"]["code"], "cluster_version", "{answer}");
@@ -360,7 +373,6 @@ async fn a_restore_mark_waits_for_every_member() {
             )
             .await;
         }
-        let keys_wait = builds[2] >= 9;
         let client_put = |key: &'static str| send(put.clone(), follower, key, json!("client"));
         let restore_put = "/v1/kv/restored?restore=true";
         let (status, retry, answer) = client_put("/v1/kv/client").await;
@@ -393,7 +405,7 @@ async fn a_restore_mark_waits_for_every_member() {
             )
             .await;
         }
-        assert_eq!(leader.node.cluster_version(), builds[2]);
+        assert_eq!(leader.node.cluster_version(), builds[2].min(9));
         if keys_wait {
             let (status, _, answer) = client_put("/v1/kv/client").await;
             assert_eq!(status, 200, "{answer}");

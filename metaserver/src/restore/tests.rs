@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use super::{
     being_removed, check_addrs, check_empty, claim, epoch_floor, kv_path, own_claim,
-    raise_epoch_floor, write_page,
+    raise_epoch_floor, Claimed,
 };
 use crate::cli::ClientArgs;
 use crate::operator::Operator;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use meta_consensus::{DatanodeInfo, KvEntry};
+use meta_consensus::DatanodeInfo;
 
 /// A stand-in member on 127.0.0.1 that answers every request with `status` and `body` (and
 /// `Retry-After` if `retry`); an operator of it, and how many requests it answered.
@@ -71,19 +71,21 @@ async fn a_floor_the_cluster_cannot_keep_is_given_up_at_once_and_other_refusals_
     assert_eq!(raise_epoch_floor(&op, 5).await.unwrap(), Some(7));
 }
 
-/// A stand-in leader that refuses a claim naming the backup with `refusal` (400) and takes
-/// any other, answering the floor 7; its operator, and the bodies it was sent.
-async fn refusing_the_mark(
+/// A stand-in leader that refuses a claim whose body holds `field` with `status` and `refusal`
+/// and takes any other, answering the floor 7; its operator, and the bodies it was sent.
+async fn refusing_claims_with(
+    field: &'static str,
+    status: u16,
     refusal: &'static str,
 ) -> (Operator, Arc<std::sync::Mutex<Vec<String>>>) {
     let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = bodies.clone();
     let app = axum::Router::new().fallback(move |body: String| {
-        let marked = body.contains("\"restore\"");
+        let refused = body.contains(&format!("\"{field}\""));
         seen.lock().unwrap().push(body);
         async move {
-            match marked {
-                true => (StatusCode::BAD_REQUEST, refusal).into_response(),
+            match refused {
+                true => (StatusCode::from_u16(status).unwrap(), refusal).into_response(),
                 false => (StatusCode::OK, r#"{"epoch_floor":7}"#).into_response(),
             }
         }
@@ -92,102 +94,60 @@ async fn refusing_the_mark(
     (op, bodies)
 }
 
-/// A leader of build 7 does not know the mark: the restore claims the cluster without
-/// one (and will not end one). A leader that refuses the body for another field fails the
-/// claim, with nothing written.
+const ORIGIN: meta_consensus::RestoreOrigin = meta_consensus::RestoreOrigin {
+    index: 9,
+    datanodes: 1,
+    replicas: 2,
+    keys: 3,
+};
+
+/// A leader of build 7 knows neither the mark nor the hold on keys: the restore claims the
+/// cluster without a mark (and will not end one). A leader that refuses the body for another
+/// field fails the claim, with nothing written.
 #[tokio::test]
 async fn a_leader_that_cannot_mark_is_claimed_without_a_mark() {
-    let origin = meta_consensus::RestoreOrigin {
-        index: 9,
-        datanodes: 1,
-        replicas: 2,
-        keys: 3,
-    };
     let older = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `restore`, expected `at_least` or `if_fresh` at line 1 column 40"}}"#;
-    let (op, bodies) = refusing_the_mark(older).await;
-    assert_eq!(claim(&op, 5, &origin).await.unwrap(), (Some(7), false));
+    let (op, bodies) = refusing_claims_with("restore", 400, older).await;
+    let plain = Claimed {
+        floor: Some(7),
+        marked: false,
+        holds_keys: false,
+    };
+    assert_eq!(claim(&op, 5, &ORIGIN).await.unwrap(), plain);
     let bodies = bodies.lock().unwrap().clone();
-    assert_eq!(bodies.len(), 2, "{bodies:?}");
-    assert!(bodies[0].contains(r#""replicas":2"#), "{bodies:?}");
-    assert!(!bodies[1].contains("restore"), "{bodies:?}");
+    assert_eq!(bodies.len(), 3, "{bodies:?}");
+    assert!(bodies[0].contains(r#""hold_keys":true"#), "{bodies:?}");
+    assert!(bodies[1].contains(r#""replicas":2"#), "{bodies:?}");
+    assert!(!bodies[1].contains("hold_keys"), "{bodies:?}");
+    assert!(!bodies[2].contains("restore"), "{bodies:?}");
     let other = r#"{"error":{"code":"invalid_body","message":"invalid request body: unknown field `x`, expected one of `at_least`, `if_fresh`, `restore`"}}"#;
-    let (op, bodies) = refusing_the_mark(other).await;
-    let e = claim(&op, 5, &origin).await.unwrap_err();
+    let (op, bodies) = refusing_claims_with("restore", 400, other).await;
+    let e = claim(&op, 5, &ORIGIN).await.unwrap_err();
     assert!(e.is::<super::NothingWritten>(), "{e:#}");
     assert_eq!(bodies.lock().unwrap().len(), 1);
 }
 
-/// A stand-in member that answers a restore's key write (`restore=true`) with `status` and
-/// `refusal` (`None`: takes it), and takes every other write; an operator of it, and the
-/// path and query of each request, in order.
-async fn refusing_tagged_keys(
-    refusal: Option<(u16, &'static str)>,
-) -> (Operator, Arc<std::sync::Mutex<Vec<String>>>) {
-    let paths = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = paths.clone();
-    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-        let path = uri.path_and_query().unwrap().as_str().to_owned();
-        let tagged = path.contains("restore=true");
-        seen.lock().unwrap().push(path);
-        async move {
-            match refusal.filter(|_| tagged) {
-                Some((status, body)) => {
-                    (StatusCode::from_u16(status).unwrap(), body).into_response()
-                }
-                None => (StatusCode::OK, r#"{"revision":5,"history":"0"}"#).into_response(),
-            }
-        }
-    });
-    (serving(app).await, paths)
-}
-
-fn entries(keys: &[&str]) -> Vec<KvEntry> {
-    keys.iter()
-        .map(|key| KvEntry {
-            key: key.to_string(),
-            value: b"v".to_vec(),
-            revision: 1,
-        })
-        .collect()
-}
-
-/// The keys of a restore that marked the cluster go as its own (`restore=true`) when the
-/// cluster takes them. When it does not (a member of an older build: `cluster_version`, or
-/// an older member that does not know the parameter), the first key is written again as a
-/// client's, and every other key goes so; a restore that did not mark writes as a client
-/// from the start. Another refusal of the first key fails the restore.
+/// A cluster with a member of build 8 cannot hold keys back (503 `cluster_version`): the restore
+/// claims it with a mark only, and writes its keys as plain writes.
 #[tokio::test]
-async fn a_restore_writes_its_keys_as_its_own_where_the_cluster_takes_them() {
+async fn a_cluster_that_cannot_hold_keys_is_claimed_with_a_mark_only() {
     let version =
         r#"{"error":{"code":"cluster_version","message":"node 3 runs a build of version 8"}}"#;
-    let query = r#"{"error":{"code":"invalid_query","message":"invalid query string \"if_revision=0&restore=true\": Failed to deserialize query string: unknown field `restore`, expected `if_revision` or `history`"}}"#;
-    let tagged = |paths: &[String]| paths.iter().filter(|p| p.contains("restore=true")).count();
-    for (refusal, marked, tagged_writes) in [
-        (None, true, 4),
-        (None, false, 0),
-        (Some((503, version)), true, 1),
-        (Some((400, query)), true, 1),
-    ] {
-        let (op, paths) = refusing_tagged_keys(refusal).await;
-        let mut marked_now = marked;
-        let first = write_page(&op, entries(&["a", "b"]), &mut marked_now, true);
-        assert_eq!(first.await.unwrap(), 2);
-        let second = write_page(&op, entries(&["c", "d"]), &mut marked_now, false);
-        assert_eq!(second.await.unwrap(), 2);
-        let paths = paths.lock().unwrap().clone();
-        assert_eq!(tagged(&paths), tagged_writes, "{refusal:?}: {paths:?}");
-        assert_eq!(paths.len(), 4 + tagged_writes % 4, "{refusal:?}: {paths:?}");
-        assert_eq!(marked_now, marked && refusal.is_none());
-    }
-    let conflict = r#"{"error":{"code":"conflict","message":"no restore is under way"}}"#;
-    let (op, _) = refusing_tagged_keys(Some((409, conflict))).await;
-    let e = write_page(&op, entries(&["a"]), &mut true, true)
-        .await
-        .unwrap_err();
-    assert!(
-        format!("{e:#}").contains("no restore is under way"),
-        "{e:#}"
-    );
+    let (op, bodies) = refusing_claims_with("hold_keys", 503, version).await;
+    let marked = Claimed {
+        floor: Some(7),
+        marked: true,
+        holds_keys: false,
+    };
+    assert_eq!(claim(&op, 5, &ORIGIN).await.unwrap(), marked);
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    assert!(bodies[1].contains(r#""keys":3"#), "{bodies:?}");
+    assert!(!bodies[1].contains("hold_keys"), "{bodies:?}");
+    // Every member of build 9: keys are held.
+    let (op, _) = refusing_claims_with("nothing", 503, version).await;
+    let held = claim(&op, 5, &ORIGIN).await.unwrap();
+    assert_eq!((held.marked, held.holds_keys), (true, true));
 }
 
 /// The check that the cluster is empty rides out a cluster without a leader yet (503, as
