@@ -24,6 +24,7 @@ mod client;
 mod health;
 mod members;
 mod membership;
+mod notices;
 
 pub(crate) use client::{plain_http_hint, Operator};
 pub(crate) use health::health;

@@ -8,6 +8,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
 
 use super::members::Members;
+use super::notices::Notices;
 use crate::cli::ClientArgs;
 
 /// How long [`Operator::send_retrying`] keeps trying.
@@ -42,24 +43,28 @@ const SLOW_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Awaits `sent`, a request (maybe a write, not sent twice at once) to `asked`; says on
 /// stderr, once, when no answer came within [`SLOW_NOTICE`]: a paused member takes the whole
 /// [`REQUEST_TIMEOUT`] before the request is asked again.
-async fn told_if_slow<T>(sent: impl std::future::Future<Output = T>, asked: &str) -> T {
+async fn told_if_slow<T>(
+    sent: impl std::future::Future<Output = T>,
+    asked: &str,
+    notices: &Notices,
+) -> T {
     let mut sent = std::pin::pin!(sent);
     tokio::select! {
         answer = &mut sent => return answer,
         () = tokio::time::sleep(SLOW_NOTICE) => {}
     }
-    say_silent(asked, "waiting for it before asking again");
+    say_silent(notices, asked, "waiting for it before asking again");
     sent.await
 }
 
 /// Says on stderr that `asked` has not answered in [`SLOW_NOTICE`], and what is done (`then`).
-fn say_silent(asked: &str, then: &str) {
-    eprintln!(
+fn say_silent(notices: &Notices, asked: &str, then: &str) {
+    notices.say(format!(
         "metaserver: {asked} has not answered in {} s (paused, or overloaded?); {then} (a \
          request gets up to {} s)",
         SLOW_NOTICE.as_secs(),
         REQUEST_TIMEOUT.as_secs()
-    );
+    ));
 }
 
 /// A client of the members given with `--server`.
@@ -71,6 +76,8 @@ pub struct Operator {
     http: reqwest::Client,
     /// Requests answered after being sent again once an attempt's outcome was unknown.
     resent_after_unknown: std::sync::atomic::AtomicU32,
+    /// What it said on stderr lately, so that its requests in flight say it once.
+    notices: Notices,
 }
 
 /// A member's answer that is not a success, as an error.
@@ -167,6 +174,7 @@ impl Operator {
                 .map(str::to_owned),
             http,
             resent_after_unknown: Default::default(),
+            notices: Notices::default(),
         })
     }
 
@@ -263,14 +271,18 @@ impl Operator {
                 () = &mut slow, if next < order.len() || !told => {
                     match order.get(next) {
                         Some(company) => {
-                            say_silent(&order[next - 1], &format!("asking {company} too"));
+                            say_silent(
+                                &self.notices,
+                                &order[next - 1],
+                                &format!("asking {company} too"),
+                            );
                             asking.push(ask(company));
                             next += 1;
                             slow.as_mut().reset(tokio::time::Instant::now() + SLOW_NOTICE);
                         }
                         None => {
                             told = true;
-                            say_silent(&order[next - 1], "waiting for it");
+                            say_silent(&self.notices, &order[next - 1], "waiting for it");
                         }
                     }
                     continue;
@@ -416,7 +428,7 @@ impl Operator {
         loop {
             let last_try = std::time::Instant::now() + RETRY_PAUSE > deadline;
             let asked = self.member().to_owned();
-            let sent = told_if_slow(build().send(), &asked).await;
+            let sent = told_if_slow(build().send(), &asked, &self.notices).await;
             let all_failed =
                 self.handshakes_all_failed(&mut handshakes_failed, sent.as_ref().err());
             let why = match sent {
@@ -454,11 +466,11 @@ impl Operator {
             // Not silent for a minute: once the wait is noticeable, say what it waits for.
             if !told && started.elapsed() >= RETRY_NOTICE {
                 told = true;
-                eprintln!(
+                self.notices.say(format!(
                     "metaserver: {asked} cannot take the request yet ({why}); asking again for \
                      up to {} s in all",
                     RETRY_FOR.as_secs()
-                );
+                ));
             }
             if self.next_member(&asked) {
                 tokio::time::sleep(RETRY_PAUSE).await;
