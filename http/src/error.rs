@@ -111,8 +111,9 @@ pub enum ApiError {
     /// cluster forms, its members join it soon.)
     #[error("no leader: {0}")]
     NotServing(String),
-    /// A restore into the cluster has not ended: a datanode's registration or unfenced drop
-    /// waits until it does (503 `restoring`, with `Retry-After`).
+    /// A restore into the cluster has not ended: a datanode's registration or unfenced drop,
+    /// and a key's write if the restore holds keys back, waits until it does (503 `restoring`,
+    /// with `Retry-After`).
     #[error("{0}")]
     Restoring(String),
     /// This node is shutting down or its storage failed (503, with `Retry-After`).

@@ -27,7 +27,7 @@ impl ApplyBatch {
         })
     }
 
-    /// A client's write of a key (`Put`), refused while a restore runs.
+    /// A client's write of a key (`Put`), refused while a restore that holds keys back runs.
     pub(super) fn put_kv(
         &mut self,
         index: u64,
@@ -64,7 +64,7 @@ impl ApplyBatch {
         Ok(CommandResult::Put { revision: index })
     }
 
-    /// A client's delete of a key (`Delete`), refused while a restore runs.
+    /// A client's delete of a key (`Delete`), refused while a restore that holds keys back runs.
     pub(super) fn delete_kv(
         &mut self,
         index: u64,

@@ -119,8 +119,8 @@ const RESTORE_WRITE: &str = "a restore's key write (restore=true) goes on while 
 
 /// `PUT /v1/kv/{key}?if_revision=N&history=H&restore=B` with the value as body (at most 1
 /// MiB). `restore=true` (a restore's write of a key it creates, which takes a separate member
-/// token if the node has one) goes on while a restore runs; every other key write is refused
-/// then, 503 `restoring`.
+/// token if the node has one) goes on while a restore that holds keys back runs; every other
+/// key write is refused then, 503 `restoring`.
 pub async fn put(
     State(state): State<SharedState>,
     writer: Writer,

@@ -166,7 +166,7 @@ pub struct KvWriteQuery {
     /// Compare-and-swap: the key's expected revision; 0 = must not exist.
     pub if_revision: Option<QueryNumber>,
     /// `true`: the write is a restore's (it takes the member token, and the key must not
-    /// exist), which alone go on while a restore runs.
+    /// exist), which alone go on while a restore that holds keys back runs.
     pub restore: Option<String>,
     /// The history the revision counts in (the `x-history` of the read it came from): refused
     /// with 410 if this cluster's is another (a cluster restored from a backup counts
