@@ -430,8 +430,8 @@ async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<Clai
         Claim::Took(floor) => return Ok(taken(floor, true, true)),
         Claim::Older(why) => eprintln!(
             "warning: the cluster cannot hold its keys back while the restore runs, as not \
-             every member is known to run a build of cluster version 9 or later ({why}): a key \
-             that a client writes meanwhile is not refused, and fails the restore (or, \
+             every member is known to run a build of cluster version 9 or later (the cluster said: \
+             {why}); the restore goes on without it: a key that a client writes meanwhile is not refused, and fails the restore (or, \
              overwriting a restored key, goes unseen): keep clients away until it ends"
         ),
     }
@@ -439,8 +439,8 @@ async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<Clai
         Claim::Took(floor) => return Ok(taken(floor, true, false)),
         Claim::Older(why) => eprintln!(
             "warning: the cluster cannot be marked as being restored, as not every member is \
-             known to run a build of cluster version 8 or later ({why}): if this restore stops \
-             before it ends, the cluster will not say so"
+             known to run a build of cluster version 8 or later (the cluster said: {why}); the \
+             restore goes on without it: if it stops before it ends, the cluster will not say so"
         ),
     }
     marked.as_object_mut().expect("an object").remove("restore");
@@ -449,8 +449,9 @@ async fn claim(op: &Operator, floor: u64, origin: &RestoreOrigin) -> Result<Clai
         Claim::Older(why) => {
             eprintln!(
                 "warning: the cluster cannot be claimed for the restore, as not every member is \
-                 known to run a build of cluster version 6 or later ({why}): a restore run into \
-                 it at the same time would not be refused"
+                 known to run a build of cluster version 6 or later (the cluster said: {why}); the \
+                 restore goes on without it: a restore run into it at the same time would not \
+                 be refused"
             );
             Ok(Claimed {
                 floor: raise_epoch_floor(op, floor).await?,
