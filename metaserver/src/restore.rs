@@ -54,12 +54,8 @@ const KEY_WRITES_IN_FLIGHT: usize = 32;
 /// What a restore wrote.
 #[derive(Debug, Default)]
 struct Restored {
-    /// The cluster's epoch floor, `None` when it could not be raised (an older build).
-    epoch_floor: Option<u64>,
-    /// Whether the claim marked the cluster as being restored, and held its keys back (an
-    /// older build cannot).
-    marked: bool,
-    holds_keys: bool,
+    /// How far the claim went (an older build cannot mark, or hold keys back).
+    claimed: Claimed,
     datanodes: u64,
     replicas: u64,
     keys: u64,
@@ -124,7 +120,7 @@ pub async fn restore(
     let expected = (restored.datanodes, replicas, keys);
     let held = cluster_counts(&op).await.context(PART_WAY)?;
     if held != expected {
-        let kept = match restored.marked {
+        let kept = match restored.claimed.marked {
             true => "; the cluster keeps its restore mark",
             false => "",
         };
@@ -136,13 +132,13 @@ pub async fn restore(
             counts(expected)
         );
     }
-    if restored.marked {
+    if restored.claimed.marked {
         end_restore(&op).await?;
     }
     crate::output::line(json!({
         "file": file.display().to_string(),
         "index": index,
-        "epoch_floor": restored.epoch_floor,
+        "epoch_floor": restored.claimed.floor,
         "datanodes": restored.datanodes,
         "replicas": restored.replicas,
         "keys": restored.keys,
@@ -209,14 +205,12 @@ async fn replay(op: &Operator, backup: &Arc<Backup>, min_epoch: u64) -> Result<R
         replicas: backup.replicas(),
         keys: backup.keys(),
     };
-    let claimed = claim(op, min_epoch, &origin).await?;
-    (restored.epoch_floor, restored.marked) = (claimed.floor, claimed.marked);
-    restored.holds_keys = claimed.holds_keys;
+    restored.claimed = claim(op, min_epoch, &origin).await?;
     for datanode in datanodes {
         restored.replicas += restore_datanode(op, backup, &datanode, min_epoch).await?;
         restored.datanodes += 1;
     }
-    restored.keys = restore_keys(op, backup, restored.holds_keys).await?;
+    restored.keys = restore_keys(op, backup, restored.claimed.holds_keys).await?;
     Ok(restored)
 }
 
@@ -388,7 +382,7 @@ impl std::error::Error for NothingWritten {}
 /// How far a restore's claim went ([`claim`]): what the members' builds allowed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Claimed {
-    /// The cluster's epoch floor, if the restore raised it.
+    /// The cluster's epoch floor, if the restore raised it (`None`: an older build could not).
     floor: Option<u64>,
     /// The cluster is marked as being restored until [`end_restore`] (cluster version 8).
     marked: bool,

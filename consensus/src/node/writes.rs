@@ -534,8 +534,8 @@ impl MetaNode {
     /// proposed.
     ///
     /// Writes wait for room in the admission window (`max_pending_shards`; small writes in a
-    /// lane of their own, `admission.rs`) before they are proposed, for at most the request timeout ([`Error::Timeout`]); the write itself then has
-    /// the request timeout again.
+    /// lane of their own, `admission.rs`) before they are proposed, for at most the request
+    /// timeout ([`Error::Timeout`]); the write itself then has the request timeout again.
     ///
     /// A removal (`RemoveDatanode`) may be answered with its first piece only (`removal.rs`).
     pub async fn write(&self, cmd: Command) -> Result<Written> {
